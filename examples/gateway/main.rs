@@ -1,0 +1,257 @@
+//! A complete gateway server on axum, plus the operator commands.
+//!
+//! ```text
+//! MOCK_UPSTREAM=1 cargo run --release --example gateway            # serve (the default)
+//! cargo run --example gateway -- keys create --subscription 100    # prints the key last
+//! cargo run --example gateway -- credits add --key KEY --topup 50
+//! cargo run --example gateway -- balance --key KEY
+//! cargo run --example gateway -- logs --key KEY --limit 20
+//! ```
+//!
+//! Every command reads `DATABASE_URL` (default `sqlite://gateway.db?mode=rwc`), so the operator
+//! commands work against a running server's database.
+
+mod app;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use model_gateway::{
+    Catalogue, DEFAULT_MAX_BODY_BYTES, HttpUpstream, MockUpstream, SeaOrmStore, Upstream,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "gateway",
+    about = "A billing gateway in front of LLM providers"
+)]
+struct Cli {
+    /// Database URL: sqlite://FILE?mode=rwc or postgres://...
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://gateway.db?mode=rwc",
+        global = true
+    )]
+    database_url: String,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the gateway (the default).
+    Serve(ServeArgs),
+    /// Manage API keys.
+    Keys {
+        #[command(subcommand)]
+        action: KeysCommand,
+    },
+    /// Manage credits.
+    Credits {
+        #[command(subcommand)]
+        action: CreditsCommand,
+    },
+    /// Print the balance of a key's account as JSON.
+    Balance {
+        /// The API key.
+        #[arg(long)]
+        key: String,
+    },
+    /// Print a key's account's call log as JSON, newest first.
+    Logs {
+        /// The API key.
+        #[arg(long)]
+        key: String,
+        /// How many entries.
+        #[arg(long, default_value_t = 50)]
+        limit: u64,
+    },
+}
+
+#[derive(clap::Args, Default)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Model catalogue (TOML); the built-in demo catalogue when unset.
+    #[arg(long, env = "GATEWAY_MODELS")]
+    models: Option<std::path::PathBuf>,
+    /// Answer every call with a fixed demo reply instead of calling providers.
+    #[arg(long, env = "MOCK_UPSTREAM", value_parser = clap::builder::FalseyValueParser::new())]
+    mock: bool,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, env = "GATEWAY_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    max_body_bytes: usize,
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create an account with a key and credits; prints the key alone on the last line.
+    Create {
+        /// Subscription credits to grant.
+        #[arg(long, default_value_t = 0)]
+        subscription: i64,
+        /// Top-up credits to grant.
+        #[arg(long, default_value_t = 0)]
+        topup: i64,
+        /// Account name.
+        #[arg(long, default_value = "account")]
+        name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum CreditsCommand {
+    /// Grant credits to a key's account.
+    Add {
+        /// The API key.
+        #[arg(long)]
+        key: String,
+        /// Subscription credits to grant.
+        #[arg(long, default_value_t = 0)]
+        subscription: i64,
+        /// Top-up credits to grant.
+        #[arg(long, default_value_t = 0)]
+        topup: i64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn,sea_orm=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    let command = cli
+        .command
+        .unwrap_or_else(|| Command::Serve(ServeArgs::parse_from_env()));
+    let store = SeaOrmStore::connect(&cli.database_url).await?;
+    match command {
+        Command::Serve(args) => serve(store, args).await?,
+        Command::Keys {
+            action:
+                KeysCommand::Create {
+                    subscription,
+                    topup,
+                    name,
+                },
+        } => {
+            let key = app::create_key(&store, &name, subscription, topup).await?;
+            println!(
+                "created account `{name}` with {subscription} subscription and {topup} top-up credits"
+            );
+            println!("{}", key.reveal());
+        }
+        Command::Credits {
+            action:
+                CreditsCommand::Add {
+                    key,
+                    subscription,
+                    topup,
+                },
+        } => {
+            let balance = app::add_credits(&store, &key, subscription, topup).await?;
+            println!(
+                "{}",
+                serde_json::json!({
+                    "subscription": balance.subscription,
+                    "topup": balance.topup,
+                    "total": balance.total(),
+                })
+            );
+        }
+        Command::Balance { key } => println!("{}", app::balance_json(&store, &key).await?),
+        Command::Logs { key, limit } => {
+            let entries = app::logs(&store, &key, limit).await?;
+            println!("{}", serde_json::to_string_pretty(&entries)?);
+        }
+    }
+    Ok(())
+}
+
+impl ServeArgs {
+    /// `serve`'s settings when no subcommand was given: its flags' environment variables.
+    fn parse_from_env() -> ServeArgs {
+        #[derive(Parser)]
+        struct Only {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        Only::parse_from(["gateway"]).serve
+    }
+}
+
+async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let catalogue = Arc::new(match &args.models {
+        Some(path) => Catalogue::from_path(path)?,
+        None => Catalogue::demo(),
+    });
+    let upstream = if args.mock {
+        if let Some(key) = app::ensure_demo_account(&store).await? {
+            println!(
+                "created a demo account with {} credits; its key (shown once): {}",
+                app::DEMO_SUBSCRIPTION_CREDITS,
+                key.reveal()
+            );
+        }
+        Upstream::Mock(MockUpstream::new())
+    } else {
+        Upstream::Http(HttpUpstream::from_env(&catalogue)?)
+    };
+    let router = app::router(
+        Arc::new(store),
+        catalogue.clone(),
+        upstream,
+        args.max_body_bytes,
+    );
+    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
+    let address = listener.local_addr()?;
+    tracing::info!(
+        %address,
+        mock = args.mock,
+        models = catalogue.models().count(),
+        "model-gateway listening on http://{address}"
+    );
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM on Unix: stop accepting, finish the calls under way, exit.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        tokio::signal::ctrl_c().await.ok();
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}

@@ -1,0 +1,211 @@
+//! [`ApiKeyAuth`]: who is calling.
+//!
+//! Takes the key from `Authorization: Bearer KEY` or `x-api-key: KEY`, looks up its SHA-256
+//! through a [`KeyStore`], and adds the [`Caller`](crate::Caller) request extension. A missing, unknown or
+//! revoked key is answered `401 {"detail":"无效的 API Key"}` and goes no further.
+//!
+//! ```
+//! use std::{convert::Infallible, sync::Arc};
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use model_gateway::{Accounts, ApiKeyAuthLayer, Caller, MemoryStore, NewApiKey};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = Arc::new(MemoryStore::new());
+//! let account = store.create_account("demo").await.unwrap();
+//! let key = NewApiKey::generate();
+//! store.add_key(account, &key).await.unwrap();
+//!
+//! let service = ServiceBuilder::new()
+//!     .layer(ApiKeyAuthLayer::new(store))
+//!     .service(service_fn(|request: Request<Full<Bytes>>| async move {
+//!         let caller = request.extensions().get::<Caller>().unwrap();
+//!         Ok::<_, Infallible>(Response::new(Full::from(format!("account {}", caller.account.0))))
+//!     }));
+//!
+//! let request = Request::post("/v1/messages")
+//!     .header("x-api-key", key.reveal())
+//!     .body(Full::default())
+//!     .unwrap();
+//! assert_eq!(service.clone().oneshot(request).await.unwrap().status(), StatusCode::OK);
+//!
+//! let request = Request::post("/v1/messages")
+//!     .header("authorization", "Bearer sk-mg-not-a-key")
+//!     .body(Full::default())
+//!     .unwrap();
+//! assert_eq!(service.oneshot(request).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, header};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::BoxFuture;
+use crate::error::GatewayError;
+use crate::keys::KeyHash;
+use crate::store::KeyStore;
+
+/// Configuration of [`ApiKeyAuth`]: the key store to ask.
+#[derive(Clone)]
+#[must_use]
+pub struct ApiKeyAuthLayer {
+    keys: Arc<dyn KeyStore>,
+}
+
+impl ApiKeyAuthLayer {
+    /// Authenticates against `keys`.
+    pub fn new(keys: Arc<dyn KeyStore>) -> ApiKeyAuthLayer {
+        ApiKeyAuthLayer { keys }
+    }
+}
+
+impl std::fmt::Debug for ApiKeyAuthLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKeyAuthLayer").finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for ApiKeyAuthLayer {
+    type Service = ApiKeyAuth<S>;
+
+    fn layer(&self, inner: S) -> ApiKeyAuth<S> {
+        ApiKeyAuth {
+            inner,
+            keys: self.keys.clone(),
+        }
+    }
+}
+
+/// Middleware that authenticates the caller and adds the [`Caller`] extension.
+#[derive(Clone)]
+pub struct ApiKeyAuth<S> {
+    inner: S,
+    keys: Arc<dyn KeyStore>,
+}
+
+impl<S> ApiKeyAuth<S> {
+    /// A [`ApiKeyAuthLayer`] asking `keys`.
+    pub fn layer(keys: Arc<dyn KeyStore>) -> ApiKeyAuthLayer {
+        ApiKeyAuthLayer::new(keys)
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for ApiKeyAuth<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiKeyAuth")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The key a client presented: `Authorization: Bearer KEY`, else `x-api-key: KEY`.
+pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let (scheme, key) = value.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(key.trim())
+        });
+    bearer
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+        .filter(|key| !key.is_empty())
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for ApiKeyAuth<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<ResBody>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        let presented = presented_key(request.headers()).map(KeyHash::of);
+        let keys = self.keys.clone();
+        // `self.inner` is the service that was polled ready; take it and leave a clone behind.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let Some(hash) = presented else {
+                return Ok(GatewayError::InvalidApiKey.into_response());
+            };
+            match keys.caller_for_key(&hash).await {
+                Ok(Some(caller)) => {
+                    request.extensions_mut().insert(caller);
+                    inner.call(request).await
+                }
+                Ok(None) => Ok(GatewayError::InvalidApiKey.into_response()),
+                Err(error) => {
+                    tracing::error!(%error, "key lookup failed");
+                    Ok(GatewayError::StoreUnavailable.into_response())
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(name, value)| {
+                (
+                    http::HeaderName::from_static(name),
+                    HeaderValue::from_static(value),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bearer_and_x_api_key_are_both_accepted() {
+        assert_eq!(
+            presented_key(&headers(&[("authorization", "Bearer k1")])),
+            Some("k1")
+        );
+        assert_eq!(presented_key(&headers(&[("x-api-key", "k2")])), Some("k2"));
+        assert_eq!(
+            presented_key(&headers(&[("authorization", "bearer  k3 ")])),
+            Some("k3")
+        );
+    }
+
+    #[test]
+    fn a_non_bearer_authorization_falls_back_to_x_api_key() {
+        let both = headers(&[("authorization", "Basic abc"), ("x-api-key", "k")]);
+        assert_eq!(presented_key(&both), Some("k"));
+        assert_eq!(
+            presented_key(&headers(&[("authorization", "Basic abc")])),
+            None
+        );
+    }
+
+    #[test]
+    fn an_empty_key_is_no_key() {
+        assert_eq!(presented_key(&headers(&[("x-api-key", "")])), None);
+        assert_eq!(
+            presented_key(&headers(&[("authorization", "Bearer ")])),
+            None
+        );
+    }
+}

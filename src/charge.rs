@@ -1,0 +1,157 @@
+//! [`CreditCharge`]: take the price before the upstream is called.
+//!
+//! Reads [`Caller`] and [`RoutedCall`], asks the [`Ledger`] to reserve the model's price
+//! (subscription credits first, then top-up) and write the `pending` call-log entry in one
+//! transaction, and adds the [`Reservation`](crate::Reservation) extension. A pool too small is answered
+//! `402 {"detail":"积分不足"}` with nothing written.
+//!
+//! ```
+//! use std::{convert::Infallible, sync::Arc};
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use model_gateway::{
+//!     Accounts, Bucket, Caller, Catalogue, CreditChargeLayer, Credits, KeyId, Ledger,
+//!     MemoryStore, Protocol, Reservation, RoutedCall,
+//! };
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = Arc::new(MemoryStore::new());
+//! let account = store.create_account("demo").await.unwrap();
+//! store.grant(account, Bucket::Topup, Credits(3)).await.unwrap();
+//!
+//! let service = ServiceBuilder::new()
+//!     .layer(CreditChargeLayer::new(store.clone()))
+//!     .service(service_fn(|request: Request<Bytes>| async move {
+//!         let reservation = request.extensions().get::<Reservation>().unwrap();
+//!         Ok::<_, Infallible>(Response::new(Full::from(reservation.taken.total().to_string())))
+//!     }));
+//!
+//! let call = || {
+//!     let mut request = Request::post("/v1/chat/completions").body(Bytes::new()).unwrap();
+//!     request.extensions_mut().insert(Caller { account, key: KeyId(1) });
+//!     let model = Catalogue::demo().model("gpt-4o-mini").unwrap().clone(); // price 2
+//!     request.extensions_mut().insert(RoutedCall { protocol: Protocol::ChatCompletions, model, model_span: 0..0 });
+//!     request
+//! };
+//! assert_eq!(service.clone().oneshot(call()).await.unwrap().status(), StatusCode::OK);
+//! assert_eq!(service.oneshot(call()).await.unwrap().status(), StatusCode::PAYMENT_REQUIRED);
+//! assert_eq!(store.balance(account).await.unwrap().total(), Credits(1));
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::BoxFuture;
+use crate::error::GatewayError;
+use crate::router::RoutedCall;
+use crate::store::{Caller, ChargeRequest, Ledger, ReserveError};
+
+/// Configuration of [`CreditCharge`]: the ledger to charge.
+#[derive(Clone)]
+#[must_use]
+pub struct CreditChargeLayer {
+    ledger: Arc<dyn Ledger>,
+}
+
+impl CreditChargeLayer {
+    /// Charges through `ledger`.
+    pub fn new(ledger: Arc<dyn Ledger>) -> CreditChargeLayer {
+        CreditChargeLayer { ledger }
+    }
+}
+
+impl std::fmt::Debug for CreditChargeLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreditChargeLayer").finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for CreditChargeLayer {
+    type Service = CreditCharge<S>;
+
+    fn layer(&self, inner: S) -> CreditCharge<S> {
+        CreditCharge {
+            inner,
+            ledger: self.ledger.clone(),
+        }
+    }
+}
+
+/// Middleware that reserves the model's price and adds the [`Reservation`](crate::Reservation) extension.
+#[derive(Clone)]
+pub struct CreditCharge<S> {
+    inner: S,
+    ledger: Arc<dyn Ledger>,
+}
+
+impl<S> CreditCharge<S> {
+    /// A [`CreditChargeLayer`] over `ledger`.
+    pub fn layer(ledger: Arc<dyn Ledger>) -> CreditChargeLayer {
+        CreditChargeLayer::new(ledger)
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for CreditCharge<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreditCharge")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for CreditCharge<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    ReqBody: Send + 'static,
+    ResBody: From<Bytes>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<ResBody>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        let caller = request.extensions().get::<Caller>().copied();
+        let routed = request.extensions().get::<RoutedCall>().cloned();
+        let ledger = self.ledger.clone();
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let (Some(caller), Some(routed)) = (caller, routed) else {
+                tracing::error!("CreditCharge needs ApiKeyAuth and ProtocolRouter outside it");
+                return Ok(GatewayError::Misconfigured.into_response());
+            };
+            let charge = ChargeRequest {
+                caller,
+                protocol: routed.protocol,
+                model: &routed.model.name,
+                price: routed.model.price,
+            };
+            match ledger.reserve(charge).await {
+                Ok(reservation) => {
+                    request.extensions_mut().insert(reservation);
+                    inner.call(request).await
+                }
+                Err(ReserveError::InsufficientCredits) => {
+                    Ok(GatewayError::InsufficientCredits.into_response())
+                }
+                Err(ReserveError::Store(error)) => {
+                    tracing::error!(%error, "reservation failed; nothing charged");
+                    Ok(GatewayError::StoreUnavailable.into_response())
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! Every refusal the gateway can give, and the one place that maps each to its HTTP status and
+//! `{"detail": ...}` text.
+//!
+//! Layers return a [`GatewayError`]; only [`GatewayError::into_response`] formats JSON. A rejection
+//! is an `Ok(response)` for the service, never a service error, so the client always has
+//! something to read.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+
+/// A request the gateway refuses, or a call it could not complete.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    /// No key, an unknown key, or a revoked key.
+    #[error("无效的 API Key")]
+    InvalidApiKey,
+    /// The body is not a JSON object.
+    #[error("请求体不是有效的 JSON 对象")]
+    InvalidJson,
+    /// `model` is missing or not a string.
+    #[error("缺少 model 字段, 或 model 不是字符串")]
+    InvalidModelField,
+    /// `messages` is missing or not an array.
+    #[error("缺少 messages 字段, 或 messages 不是数组")]
+    InvalidMessagesField,
+    /// `/v1/messages` needs a positive integer `max_tokens`.
+    #[error("缺少 max_tokens 字段, 或 max_tokens 不是正整数")]
+    InvalidMaxTokens,
+    /// `stream` is not a boolean.
+    #[error("stream 必须是布尔值")]
+    InvalidStreamField,
+    /// `stream: true`: this version answers non-streaming only.
+    #[error("暂不支持流式输出 (stream: true)")]
+    StreamingUnsupported,
+    /// The body could not be read from the connection.
+    #[error("无法读取请求体")]
+    UnreadableBody,
+    /// The body is larger than the configured limit.
+    #[error("请求体过大")]
+    PayloadTooLarge,
+    /// The path is not one of the gateway's endpoints.
+    #[error("接口不存在")]
+    UnknownPath,
+    /// The endpoints accept `POST` only.
+    #[error("不支持的请求方法")]
+    MethodNotAllowed,
+    /// The model is not in the catalogue, or belongs to the other protocol's endpoint.
+    #[error("模型不存在")]
+    ModelNotFound,
+    /// The caller's credits do not cover the model's price.
+    #[error("积分不足")]
+    InsufficientCredits,
+    /// Every upstream attempt failed; the call was refunded.
+    #[error("上游服务暂时不可用")]
+    UpstreamUnavailable,
+    /// The store (database) could not be reached; nothing was charged.
+    #[error("服务暂时不可用, 请稍后重试")]
+    StoreUnavailable,
+    /// The layers were assembled wrongly (a required request extension is missing).
+    #[error("网关内部错误")]
+    Misconfigured,
+}
+
+impl GatewayError {
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            Self::InvalidJson
+            | Self::InvalidModelField
+            | Self::InvalidMessagesField
+            | Self::InvalidMaxTokens
+            | Self::InvalidStreamField
+            | Self::StreamingUnsupported
+            | Self::UnreadableBody => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnknownPath | Self::ModelNotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::InsufficientCredits => StatusCode::PAYMENT_REQUIRED,
+            Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The `{"detail": ...}` body as bytes.
+    pub fn body(&self) -> Bytes {
+        detail_body(&self.to_string())
+    }
+
+    /// The complete HTTP response, for any body type that can be built from bytes.
+    pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
+        let mut response = json_response(self.status(), self.body());
+        if self == Self::MethodNotAllowed {
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        }
+        response
+    }
+}
+
+/// `{"detail": text}` as JSON bytes, with `text` escaped.
+pub(crate) fn detail_body(text: &str) -> Bytes {
+    Bytes::from(serde_json::json!({ "detail": text }).to_string())
+}
+
+/// A response with `content-type: application/json`.
+pub(crate) fn json_response<B: From<Bytes>>(status: StatusCode, body: Bytes) -> Response<B> {
+    let mut response = Response::new(B::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_refusal_has_a_json_detail_and_the_specified_status() {
+        let cases = [
+            (GatewayError::InvalidApiKey, 401, "无效的 API Key"),
+            (GatewayError::InsufficientCredits, 402, "积分不足"),
+            (GatewayError::ModelNotFound, 404, "模型不存在"),
+            (GatewayError::UpstreamUnavailable, 502, "上游服务暂时不可用"),
+        ];
+        for (error, status, detail) in cases {
+            let response: Response<Bytes> = error.into_response();
+            assert_eq!(response.status().as_u16(), status);
+            let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            assert_eq!(body, serde_json::json!({ "detail": detail }));
+        }
+    }
+
+    #[test]
+    fn method_not_allowed_names_the_allowed_method() {
+        let response: Response<Bytes> = GatewayError::MethodNotAllowed.into_response();
+        assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(response.headers()[header::ALLOW], "POST");
+    }
+}

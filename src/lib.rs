@@ -1,0 +1,120 @@
+//! # model-gateway
+//!
+//! Tower layers and storage for a gateway that sells access to large language models: clients
+//! call OpenAI-style `POST /v1/chat/completions` or Anthropic-style `POST /v1/messages` with one
+//! API key and one credit pool, and every successful call is charged its model's price.
+//!
+//! ## The stack
+//!
+//! Outermost first, as [`ServiceBuilder`](tower::ServiceBuilder) lists them (see [`stack`]):
+//!
+//! 1. [`ApiKeyAuth`]: who is calling (401).
+//! 2. [`ProtocolRouter`]: which endpoint and model, at what price (413, 405, 400, 404).
+//! 3. [`CreditCharge`]: reserve the price and write a `pending` call-log entry (402).
+//! 4. [`RefundOnUpstreamError`]: settle on success, refund on failure (502).
+//! 5. The upstream: [`Upstream`] ([`MockUpstream`] or [`HttpUpstream`]), or your own service.
+//!
+//! So every request gets one clear answer, in this order: 401, then 400/413, then 404, then 402,
+//! then the upstream. A request refused at any step is never charged.
+//!
+//! ## Request extensions
+//!
+//! Layers talk to each other only through typed request extensions:
+//!
+//! | Extension        | Added by            | Read by                                   |
+//! |------------------|---------------------|-------------------------------------------|
+//! | [`Caller`]       | [`ApiKeyAuth`]      | [`CreditCharge`]                          |
+//! | [`RoutedCall`]   | [`ProtocolRouter`]  | [`CreditCharge`], the upstream            |
+//! | [`Reservation`]  | [`CreditCharge`]    | [`RefundOnUpstreamError`]                 |
+//!
+//! [`ProtocolRouter`] also turns the body into [`Bytes`](bytes::Bytes), exactly as the client
+//! sent it; layers inside it see `Request<Bytes>`.
+//!
+//! ## Errors
+//!
+//! Every refusal is a [`GatewayError`], mapped to its status and `{"detail": ...}` body in one
+//! place ([`GatewayError::into_response`]). Rejections are `Ok(response)`: no layer fails the
+//! connection.
+//!
+//! ## Storage
+//!
+//! [`KeyStore`], [`Ledger`], [`CallLog`] and [`Accounts`] are the traits an embedder can implement
+//! over its own database. [`SeaOrmStore`] implements them on SQLite and PostgreSQL;
+//! [`MemoryStore`] is an in-memory implementation and the reference model in tests.
+
+#![warn(missing_docs)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+mod auth;
+mod catalogue;
+mod charge;
+mod credits;
+mod error;
+mod keys;
+mod protocol;
+mod refund;
+mod router;
+mod store;
+mod upstream;
+
+pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
+pub use catalogue::{
+    Catalogue, CatalogueError, DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE, ModelRoute,
+    UpstreamConfig, UpstreamKind,
+};
+pub use charge::{CreditCharge, CreditChargeLayer};
+pub use credits::{Balance, Bucket, Credits, Split};
+pub use error::GatewayError;
+pub use keys::{KEY_PREFIX, KeyHash, NewApiKey};
+pub use protocol::Protocol;
+pub use refund::{RefundOnUpstreamError, RefundOnUpstreamErrorLayer, reply_usage};
+pub use router::{DEFAULT_MAX_BODY_BYTES, ProtocolRouter, ProtocolRouterLayer, RoutedCall, route};
+pub use store::{
+    AccountAudit, AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus,
+    CallSuccess, Caller, ChargeRequest, KeyId, KeyStore, Ledger, MemoryStore, Migrator,
+    Reservation, ReserveError, SeaOrmStore, Store, StoreError, TokenUsage,
+};
+pub use upstream::mock::MOCK_REPLY_TEXT;
+pub use upstream::{HttpUpstream, MockUpstream, Upstream, UpstreamError};
+
+/// The boxed, `Send` future the layers return.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// An error of any type, boxed; what request bodies may fail with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The full gateway service: the four layers around upstream `U`.
+pub type GatewayStack<U> = ApiKeyAuth<ProtocolRouter<CreditCharge<RefundOnUpstreamError<U>>>>;
+
+/// Builds the whole gateway around `upstream`, outermost first:
+///
+/// | Layer                       | Reads                       | Adds            | Refuses with   |
+/// |-----------------------------|-----------------------------|-----------------|----------------|
+/// | [`ApiKeyAuth`]              | `Authorization`/`x-api-key` | [`Caller`]      | 401            |
+/// | [`ProtocolRouter`]          | path, method, body          | [`RoutedCall`]  | 404, 405, 413, 400 |
+/// | [`CreditCharge`]            | [`Caller`], [`RoutedCall`]  | [`Reservation`] | 402            |
+/// | [`RefundOnUpstreamError`]   | [`Reservation`]             |                 | 502 (refunded) |
+/// | `upstream`                  | [`RoutedCall`], body        |                 |                |
+///
+/// The result is a `Service<Request<B>>` for any request body `B`, answering
+/// `Response<Full<Bytes>>` and never failing, so it mounts directly in an axum `Router` or on
+/// bare hyper.
+pub fn stack<S, U>(
+    store: Arc<S>,
+    catalogue: Arc<Catalogue>,
+    max_body_bytes: usize,
+    upstream: U,
+) -> GatewayStack<U>
+where
+    S: Store + 'static,
+{
+    tower::ServiceBuilder::new()
+        .layer(ApiKeyAuthLayer::new(store.clone()))
+        .layer(ProtocolRouterLayer::new(catalogue).max_body_bytes(max_body_bytes))
+        .layer(CreditChargeLayer::new(store.clone()))
+        .layer(RefundOnUpstreamErrorLayer::new(store))
+        .service(upstream)
+}

@@ -1,0 +1,285 @@
+//! [`RefundOnUpstreamError`]: settle on success, refund on failure.
+//!
+//! Wraps the upstream service. When the upstream answers 2xx with a JSON body, the call's entry
+//! becomes `ok` (with the token usage the reply reports) and the reply goes to the client
+//! unchanged. On any failure (connection error, time-out, non-2xx status, unreadable or non-JSON
+//! body) the [`Reservation`]'s credits go back to the buckets they came from, the entry becomes
+//! `refunded` with the upstream's status and error kept for the operator, and the client gets
+//! `502 {"detail":"上游服务暂时不可用"}`.
+//!
+//! The upstream is any `Service<Request<B>, Response = Response<Bytes>, Error = UpstreamError>`,
+//! such as [`Upstream`](crate::Upstream).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use model_gateway::{
+//!     Accounts, Bucket, Caller, Credits, KeyId, Ledger, MemoryStore, Protocol, ChargeRequest,
+//!     RefundOnUpstreamErrorLayer, UpstreamError,
+//! };
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let store = Arc::new(MemoryStore::new());
+//! let account = store.create_account("demo").await.unwrap();
+//! store.grant(account, Bucket::Subscription, Credits(5)).await.unwrap();
+//! let caller = Caller { account, key: KeyId(1) };
+//! let charge = ChargeRequest { caller, protocol: Protocol::Messages, model: "m", price: Credits(5) };
+//! let reservation = store.reserve(charge).await.unwrap();
+//!
+//! let failing_upstream = service_fn(|_: Request<Bytes>| async {
+//!     Err::<Response<Bytes>, _>(UpstreamError::transport("connection refused"))
+//! });
+//! let service = ServiceBuilder::new()
+//!     .layer(RefundOnUpstreamErrorLayer::new(store.clone()))
+//!     .service(failing_upstream);
+//!
+//! let mut request = Request::post("/v1/messages").body(Bytes::new()).unwrap();
+//! request.extensions_mut().insert(reservation);
+//! let response = service.oneshot(request).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+//! assert_eq!(store.balance(account).await.unwrap().subscription, Credits(5));
+//! # }
+//! ```
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use serde::Deserialize;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::BoxFuture;
+use crate::error::GatewayError;
+use crate::store::{CallFailure, CallSuccess, Ledger, Reservation, TokenUsage};
+use crate::upstream::UpstreamError;
+
+/// Configuration of [`RefundOnUpstreamError`]: the ledger that settles and refunds.
+#[derive(Clone)]
+#[must_use]
+pub struct RefundOnUpstreamErrorLayer {
+    ledger: Arc<dyn Ledger>,
+}
+
+impl RefundOnUpstreamErrorLayer {
+    /// Settles and refunds through `ledger`.
+    pub fn new(ledger: Arc<dyn Ledger>) -> RefundOnUpstreamErrorLayer {
+        RefundOnUpstreamErrorLayer { ledger }
+    }
+}
+
+impl std::fmt::Debug for RefundOnUpstreamErrorLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefundOnUpstreamErrorLayer")
+            .finish_non_exhaustive()
+    }
+}
+
+impl<U> Layer<U> for RefundOnUpstreamErrorLayer {
+    type Service = RefundOnUpstreamError<U>;
+
+    fn layer(&self, upstream: U) -> RefundOnUpstreamError<U> {
+        RefundOnUpstreamError {
+            upstream,
+            ledger: self.ledger.clone(),
+            not_ready: None,
+        }
+    }
+}
+
+/// Middleware around the upstream that turns its outcome into a settle or a refund.
+pub struct RefundOnUpstreamError<U> {
+    upstream: U,
+    ledger: Arc<dyn Ledger>,
+    /// An upstream that failed `poll_ready` fails the next call (which is refunded) rather than
+    /// the whole service: every service the router sees is infallible.
+    not_ready: Option<UpstreamError>,
+}
+
+impl<U: Clone> Clone for RefundOnUpstreamError<U> {
+    fn clone(&self) -> Self {
+        RefundOnUpstreamError {
+            upstream: self.upstream.clone(),
+            ledger: self.ledger.clone(),
+            not_ready: None,
+        }
+    }
+}
+
+impl<U> RefundOnUpstreamError<U> {
+    /// A [`RefundOnUpstreamErrorLayer`] over `ledger`.
+    pub fn layer(ledger: Arc<dyn Ledger>) -> RefundOnUpstreamErrorLayer {
+        RefundOnUpstreamErrorLayer::new(ledger)
+    }
+}
+
+impl<U: std::fmt::Debug> std::fmt::Debug for RefundOnUpstreamError<U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefundOnUpstreamError")
+            .field("upstream", &self.upstream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<U, ReqBody> Service<Request<ReqBody>> for RefundOnUpstreamError<U>
+where
+    U: Service<Request<ReqBody>, Response = Response<Bytes>, Error = UpstreamError>
+        + Clone
+        + Send
+        + 'static,
+    U::Future: Send,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response<Full<Bytes>>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if self.not_ready.is_none() {
+            match self.upstream.poll_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(error)) => self.not_ready = Some(error),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let reservation = request.extensions().get::<Reservation>().copied();
+        let ledger = self.ledger.clone();
+        let not_ready = self.not_ready.take();
+        let clone = self.upstream.clone();
+        let mut upstream = std::mem::replace(&mut self.upstream, clone);
+        Box::pin(async move {
+            let Some(reservation) = reservation else {
+                tracing::error!("RefundOnUpstreamError needs CreditCharge outside it");
+                return Ok(GatewayError::Misconfigured.into_response());
+            };
+            let outcome = match not_ready {
+                Some(error) => Err(error),
+                None => upstream.call(request).await,
+            };
+            match judge(outcome) {
+                Ok((reply, success)) => {
+                    if let Err(error) = ledger.settle(reservation.call, success).await {
+                        // The client got its answer and the credits stay taken; the entry stays
+                        // `pending`, which the audit counts as charged.
+                        tracing::error!(call = reservation.call.0, %error, "settle failed");
+                    }
+                    Ok(reply.map(Full::new))
+                }
+                Err(failure) => {
+                    tracing::warn!(
+                        call = reservation.call.0,
+                        status = failure.upstream_status,
+                        error = %failure.error,
+                        "upstream failed; refunding"
+                    );
+                    if let Err(error) = ledger.refund(reservation.call, &failure).await {
+                        tracing::error!(call = reservation.call.0, %error, "refund failed");
+                    }
+                    Ok(GatewayError::UpstreamUnavailable.into_response())
+                }
+            }
+        })
+    }
+}
+
+/// Decides whether an upstream outcome is a success worth paying for.
+fn judge(
+    outcome: Result<Response<Bytes>, UpstreamError>,
+) -> Result<(Response<Bytes>, CallSuccess), CallFailure> {
+    let reply = outcome.map_err(CallFailure::from)?;
+    let status = reply.status();
+    if !status.is_success() {
+        return Err(UpstreamError::status(status.as_u16(), reply.body()).into());
+    }
+    let usage = reply_usage(reply.body()).ok_or_else(|| CallFailure {
+        upstream_status: Some(status.as_u16()),
+        error: "upstream answered with a body that is not a JSON object".to_owned(),
+    })?;
+    Ok((
+        reply,
+        CallSuccess {
+            upstream_status: status.as_u16(),
+            usage,
+        },
+    ))
+}
+
+/// Token usage from a reply of either protocol; `None` if the body is not a JSON object.
+pub fn reply_usage(body: &[u8]) -> Option<TokenUsage> {
+    #[derive(Deserialize)]
+    struct Reply {
+        #[serde(default)]
+        usage: Option<Usage>,
+    }
+    #[derive(Deserialize)]
+    struct Usage {
+        #[serde(alias = "prompt_tokens")]
+        input_tokens: Option<i64>,
+        #[serde(alias = "completion_tokens")]
+        output_tokens: Option<i64>,
+    }
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    let reply: Reply = serde_json::from_slice(body).ok()?;
+    Some(
+        reply
+            .usage
+            .map_or_else(TokenUsage::default, |usage| TokenUsage {
+                input_tokens: usage.input_tokens,
+                output_tokens: usage.output_tokens,
+            }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_is_read_from_both_reply_shapes() {
+        let chat = br#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#;
+        assert_eq!(
+            reply_usage(chat),
+            Some(TokenUsage {
+                input_tokens: Some(3),
+                output_tokens: Some(4)
+            })
+        );
+        let messages = br#"{"type":"message","usage":{"input_tokens":5,"output_tokens":6}}"#;
+        assert_eq!(
+            reply_usage(messages),
+            Some(TokenUsage {
+                input_tokens: Some(5),
+                output_tokens: Some(6)
+            })
+        );
+        assert_eq!(reply_usage(b"{}"), Some(TokenUsage::default()));
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_json_object_is_a_failure() {
+        assert_eq!(reply_usage(b"<html>oops</html>"), None);
+        assert_eq!(reply_usage(b"[1,2]"), None);
+        let reply = Response::new(Bytes::from_static(b"not json"));
+        assert!(judge(Ok(reply)).is_err());
+    }
+
+    #[test]
+    fn a_non_2xx_reply_is_a_failure_that_keeps_the_status() {
+        let mut reply = Response::new(Bytes::from_static(br#"{"error":"overloaded"}"#));
+        *reply.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+        let failure = judge(Ok(reply)).unwrap_err();
+        assert_eq!(failure.upstream_status, Some(429));
+        assert!(failure.error.contains("overloaded"));
+    }
+}

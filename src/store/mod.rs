@@ -1,0 +1,277 @@
+//! Storage: the traits an embedder implements over its own database, and the types the layers
+//! exchange with it.
+//!
+//! - [`KeyStore`]: who is calling (key hash → [`Caller`]).
+//! - [`Ledger`]: credits: [`reserve`](Ledger::reserve) a call's price and write its `pending`
+//!   call-log entry in one transaction, then [`settle`](Ledger::settle) it (`ok`) or
+//!   [`refund`](Ledger::refund) it (`refunded`, credits back to the buckets they came from), each
+//!   once, guarded by the entry's status.
+//! - [`CallLog`]: reading the call log back.
+//! - [`Accounts`]: administration (accounts, keys, grants), used by tools rather than per call.
+//!
+//! Two implementations ship: [`SeaOrmStore`] (SQLite, PostgreSQL) and [`MemoryStore`], the
+//! reference model the database backends are tested against.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::credits::{Balance, Bucket, Credits, Split};
+use crate::keys::KeyHash;
+use crate::protocol::Protocol;
+
+mod memory;
+mod sea;
+
+pub use memory::MemoryStore;
+pub use sea::{AccountAudit, Migrator, SeaOrmStore};
+
+/// An account: the owner of one credit pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct AccountId(pub i64);
+
+/// One API key of an account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct KeyId(pub i64);
+
+/// One call-log entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct CallId(pub i64);
+
+/// The authenticated caller. Request extension added by [`ApiKeyAuth`](crate::ApiKeyAuth).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// Whose credits pay.
+    pub account: AccountId,
+    /// Which key was presented.
+    pub key: KeyId,
+}
+
+/// What [`Ledger::reserve`] is asked to charge.
+#[derive(Debug, Clone, Copy)]
+pub struct ChargeRequest<'a> {
+    /// Who pays.
+    pub caller: Caller,
+    /// The endpoint called.
+    pub protocol: Protocol,
+    /// The model's catalogue name.
+    pub model: &'a str,
+    /// The model's price.
+    pub price: Credits,
+}
+
+/// Credits taken for a call that is under way. Request extension added by
+/// [`CreditCharge`](crate::CreditCharge), consumed by
+/// [`RefundOnUpstreamError`](crate::RefundOnUpstreamError).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    /// The `pending` call-log entry.
+    pub call: CallId,
+    /// Whose credits were taken.
+    pub account: AccountId,
+    /// How many from each bucket.
+    pub taken: Split,
+}
+
+/// Token counts as the upstream reported them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TokenUsage {
+    /// Prompt (input) tokens.
+    pub input_tokens: Option<i64>,
+    /// Completion (output) tokens.
+    pub output_tokens: Option<i64>,
+}
+
+/// A successful upstream call, recorded when it is settled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallSuccess {
+    /// The upstream's HTTP status.
+    pub upstream_status: u16,
+    /// Token usage, when the reply carries it.
+    pub usage: TokenUsage,
+}
+
+/// A failed upstream call, recorded when it is refunded; for the operator, never for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallFailure {
+    /// The upstream's HTTP status, when it answered at all.
+    pub upstream_status: Option<u16>,
+    /// What went wrong (connection error, time-out, an excerpt of the upstream's error body).
+    pub error: String,
+}
+
+/// Where a call-log entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    /// Credits reserved, upstream call under way.
+    Pending,
+    /// Upstream succeeded; the credits are spent.
+    Ok,
+    /// Upstream failed; the credits went back.
+    Refunded,
+}
+
+impl CallStatus {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallStatus::Pending => "pending",
+            CallStatus::Ok => "ok",
+            CallStatus::Refunded => "refunded",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(name: &str) -> Option<CallStatus> {
+        match name {
+            "pending" => Some(CallStatus::Pending),
+            "ok" => Some(CallStatus::Ok),
+            "refunded" => Some(CallStatus::Refunded),
+            _ => None,
+        }
+    }
+}
+
+/// One call-log entry as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CallRecord {
+    /// Entry id.
+    pub id: CallId,
+    /// Paying account.
+    pub account: AccountId,
+    /// Key used.
+    pub key: KeyId,
+    /// Endpoint called.
+    pub protocol: Protocol,
+    /// Catalogue model name.
+    pub model: String,
+    /// Price at the time of the call.
+    pub price: Credits,
+    /// Credits taken from the subscription bucket.
+    pub charged_subscription: Credits,
+    /// Credits taken from the top-up bucket.
+    pub charged_topup: Credits,
+    /// Outcome.
+    pub status: CallStatus,
+    /// Upstream HTTP status, when it answered.
+    pub upstream_status: Option<u16>,
+    /// Upstream failure, for refunded calls.
+    pub upstream_error: Option<String>,
+    /// Prompt tokens reported by the upstream.
+    pub input_tokens: Option<i64>,
+    /// Completion tokens reported by the upstream.
+    pub output_tokens: Option<i64>,
+    /// When the credits were reserved.
+    pub created_at: DateTime<Utc>,
+    /// When the call was settled or refunded.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// The store could not do what was asked (database unreachable, a constraint violated, ...).
+#[derive(Debug, thiserror::Error)]
+#[error("store error: {0}")]
+pub struct StoreError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+
+impl StoreError {
+    /// A store error with a plain message.
+    pub fn msg(message: impl Into<String>) -> StoreError {
+        StoreError(message.into().into())
+    }
+}
+
+/// Why a reservation was not made. Nothing was written in either case.
+#[derive(Debug, thiserror::Error)]
+pub enum ReserveError {
+    /// Both buckets together hold less than the price.
+    #[error("insufficient credits")]
+    InsufficientCredits,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Key lookup.
+#[async_trait]
+pub trait KeyStore: Send + Sync {
+    /// The caller a key belongs to; `None` for an unknown or revoked key.
+    async fn caller_for_key(&self, key: &KeyHash) -> Result<Option<Caller>, StoreError>;
+}
+
+/// The credit ledger.
+#[async_trait]
+pub trait Ledger: Send + Sync {
+    /// Takes `request.price` from the caller's pool, subscription credits first, and writes a
+    /// `pending` call-log entry, atomically: either both happen or neither. Two reservations never
+    /// spend the same credit, whatever the concurrency.
+    async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError>;
+
+    /// Marks a `pending` call `ok`. Returns `false`, changing nothing, if it was not pending.
+    async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError>;
+
+    /// Returns a `pending` call's credits to the buckets they came from and marks it `refunded`,
+    /// in one transaction guarded by the status. Returns `false`, changing nothing, if it was not
+    /// pending, so a second refund of the same call moves no credits.
+    async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError>;
+
+    /// The account's credits, bucket by bucket.
+    async fn balance(&self, account: AccountId) -> Result<Balance, StoreError>;
+}
+
+/// Reading the call log.
+#[async_trait]
+pub trait CallLog: Send + Sync {
+    /// The account's entries, newest first.
+    async fn recent_calls(
+        &self,
+        account: AccountId,
+        limit: u64,
+    ) -> Result<Vec<CallRecord>, StoreError>;
+}
+
+/// Administration: accounts, keys and grants.
+#[async_trait]
+pub trait Accounts: Send + Sync {
+    /// Creates an account with empty buckets.
+    async fn create_account(&self, name: &str) -> Result<AccountId, StoreError>;
+
+    /// Stores a key for the account (hash and display prefix only).
+    async fn add_key(
+        &self,
+        account: AccountId,
+        key: &crate::NewApiKey,
+    ) -> Result<KeyId, StoreError>;
+
+    /// Refuses the key from now on. Returns `false` if no active key had that hash.
+    async fn revoke_key(&self, key: &KeyHash) -> Result<bool, StoreError>;
+
+    /// Adds credits to one bucket, recording the grant in the ledger. `amount` must be positive.
+    async fn grant(
+        &self,
+        account: AccountId,
+        bucket: Bucket,
+        amount: Credits,
+    ) -> Result<Balance, StoreError>;
+
+    /// How many accounts exist.
+    async fn account_count(&self) -> Result<u64, StoreError>;
+}
+
+/// Everything the gateway and its tools need from one backend.
+pub trait Store: KeyStore + Ledger + CallLog + Accounts {}
+
+impl<T: KeyStore + Ledger + CallLog + Accounts> Store for T {}
+
+/// Refuses a grant of zero or fewer credits before it reaches any backend.
+pub(crate) fn check_grant_amount(amount: Credits) -> Result<(), StoreError> {
+    if amount.get() > 0 {
+        Ok(())
+    } else {
+        Err(StoreError::msg(format!(
+            "a grant must be positive, got {amount}"
+        )))
+    }
+}

@@ -1,0 +1,27 @@
+//! `mg_accounts`: one credit pool per account, bucket by bucket. `CHECK`s keep both buckets
+//! non-negative whatever the code does.
+
+use sea_orm::entity::prelude::*;
+
+/// An account row.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "mg_accounts")]
+pub struct Model {
+    /// Account id.
+    #[sea_orm(primary_key)]
+    pub id: i64,
+    /// Operator's label.
+    pub name: String,
+    /// Subscription credits left.
+    pub subscription_credits: i64,
+    /// Top-up credits left.
+    pub topup_credits: i64,
+    /// Creation time.
+    pub created_at: DateTimeUtc,
+}
+
+/// No relations are navigated through the ORM.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,29 @@
+//! `mg_api_keys`: keys are stored as their SHA-256 only, plus a display prefix.
+
+use sea_orm::entity::prelude::*;
+
+/// An API key row.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "mg_api_keys")]
+pub struct Model {
+    /// Key id.
+    #[sea_orm(primary_key)]
+    pub id: i64,
+    /// Owning account.
+    pub account_id: i64,
+    /// SHA-256 of the key, lowercase hex.
+    #[sea_orm(unique)]
+    pub key_hash: String,
+    /// The first characters of the key, to tell keys apart.
+    pub display_prefix: String,
+    /// Set when the key is revoked; a revoked key is refused.
+    pub revoked_at: Option<DateTimeUtc>,
+    /// Creation time.
+    pub created_at: DateTimeUtc,
+}
+
+/// No relations are navigated through the ORM.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,47 @@
+//! `mg_calls`: the call log, one row per charged call, and the ledger's record of what each call
+//! took from each bucket.
+
+use sea_orm::entity::prelude::*;
+
+/// A call-log row.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "mg_calls")]
+pub struct Model {
+    /// Entry id.
+    #[sea_orm(primary_key)]
+    pub id: i64,
+    /// Paying account.
+    pub account_id: i64,
+    /// Key used.
+    pub key_id: i64,
+    /// `chat_completions` or `messages`.
+    pub protocol: String,
+    /// Catalogue model name.
+    pub model: String,
+    /// Price at the time of the call.
+    pub price: i64,
+    /// Taken from the subscription bucket.
+    pub charged_subscription: i64,
+    /// Taken from the top-up bucket.
+    pub charged_topup: i64,
+    /// `pending`, `ok` or `refunded`.
+    pub status: String,
+    /// Upstream HTTP status.
+    pub upstream_status: Option<i32>,
+    /// Upstream failure, for refunded calls.
+    pub upstream_error: Option<String>,
+    /// Prompt tokens.
+    pub input_tokens: Option<i64>,
+    /// Completion tokens.
+    pub output_tokens: Option<i64>,
+    /// Reservation time.
+    pub created_at: DateTimeUtc,
+    /// Settle or refund time.
+    pub finished_at: Option<DateTimeUtc>,
+}
+
+/// No relations are navigated through the ORM.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,21 @@
+//! Schema migrations, run at start under the crate's own migration table (`mg_migrations`) so
+//! they never mix with the host application's.
+
+use sea_orm_migration::prelude::*;
+
+mod m20261122_000001_create_ledger;
+
+/// Applies the gateway's schema: `Migrator::up(&db, None)`.
+#[derive(Debug)]
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261122_000001_create_ledger::Migration)]
+    }
+
+    fn migration_table_name() -> DynIden {
+        "mg_migrations".into_iden()
+    }
+}

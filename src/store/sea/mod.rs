@@ -1,0 +1,504 @@
+//! The sea-orm backend: SQLite (the embedded default) and PostgreSQL through the same code.
+//!
+//! How each money movement stays atomic:
+//! - **reserve** runs in one short write transaction: read the account row under a lock
+//!   (`SELECT ... FOR UPDATE` on PostgreSQL; `BEGIN IMMEDIATE` takes the database write lock on
+//!   SQLite), compute the subscription-first split, debit with an `UPDATE` guarded by
+//!   `bucket >= taken` whose affected-row count decides, and insert the `pending` entry. The
+//!   `CHECK (bucket >= 0)` constraints back the guard up.
+//! - **refund** flips the entry from `pending` to `refunded` with an `UPDATE ... WHERE status =
+//!   'pending'` and, only if that changed a row, credits the buckets back, in one transaction:
+//!   a second refund finds nothing pending and moves nothing.
+//! - **settle** is one guarded `UPDATE`: no money moves.
+//!
+//! No transaction is held open across an upstream call.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
+    DatabaseTransaction, DbErr, EntityTrait, NotSet, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
+use sea_orm_migration::MigratorTrait;
+
+use super::{
+    AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus, CallSuccess, Caller,
+    ChargeRequest, KeyId, KeyStore, Ledger, Reservation, ReserveError, StoreError,
+    check_grant_amount,
+};
+use crate::credits::{Balance, Bucket, Credits};
+use crate::keys::{KeyHash, NewApiKey};
+use crate::protocol::Protocol;
+
+mod entity;
+mod migration;
+
+use entity::{account, api_key, call, credit_grant};
+pub use migration::Migrator;
+
+/// How long a SQLite connection waits for another writer before giving up. Writers hold the lock
+/// for one short transaction, so reaching this means the database is stuck, not busy.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A [`Store`](super::Store) on a relational database through sea-orm.
+#[derive(Debug, Clone)]
+pub struct SeaOrmStore {
+    db: DatabaseConnection,
+}
+
+impl From<DbErr> for StoreError {
+    fn from(error: DbErr) -> StoreError {
+        StoreError(Box::new(error))
+    }
+}
+
+impl From<DbErr> for ReserveError {
+    fn from(error: DbErr) -> ReserveError {
+        ReserveError::Store(error.into())
+    }
+}
+
+impl SeaOrmStore {
+    /// Connects to `url` (`sqlite://gateway.db?mode=rwc`, `postgres://...`) and applies the
+    /// migrations.
+    pub async fn connect(url: &str) -> Result<SeaOrmStore, StoreError> {
+        SeaOrmStore::connect_with(ConnectOptions::new(url)).await
+    }
+
+    /// Connects with explicit options (pool size, PostgreSQL schema search path, ...) and applies
+    /// the migrations. On SQLite this also sets WAL mode, `synchronous = FULL` (an acknowledged
+    /// charge survives a power loss) and a busy time-out, so concurrent writers queue instead of
+    /// failing with "database is locked".
+    pub async fn connect_with(mut options: ConnectOptions) -> Result<SeaOrmStore, StoreError> {
+        options.sqlx_logging(false);
+        #[cfg(feature = "sqlite")]
+        if options.get_url().starts_with("sqlite:") {
+            use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+            options.map_sqlx_sqlite_opts(|sqlite| {
+                sqlite
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .busy_timeout(SQLITE_BUSY_TIMEOUT)
+                    .foreign_keys(true)
+            });
+        }
+        let db = Database::connect(options).await?;
+        Migrator::up(&db, None).await?;
+        Ok(SeaOrmStore { db })
+    }
+
+    /// The underlying connection, for embedders that keep their own tables beside ours.
+    pub fn connection(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    /// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it
+    /// reads cannot change before it writes (a deferred transaction would fail to upgrade).
+    async fn begin_write(&self) -> Result<DatabaseTransaction, DbErr> {
+        self.db
+            .begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..TransactionOptions::default()
+            })
+            .await
+    }
+
+    /// Checks every account: granted credits minus the charges of `ok` and `pending` calls must
+    /// equal the balance, bucket by bucket, and no bucket may be negative.
+    pub async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError> {
+        let mut audits: Vec<AccountAudit> = account::Entity::find()
+            .order_by_asc(account::Column::Id)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(|row| AccountAudit {
+                account: AccountId(row.id),
+                balance: balance_of(&row),
+                granted: Balance::default(),
+                charged: Balance::default(),
+            })
+            .collect();
+        let index = |audits: &[AccountAudit], id: i64| {
+            audits.binary_search_by_key(&AccountId(id), |audit| audit.account)
+        };
+
+        let grants: Vec<(i64, String, i64)> = credit_grant::Entity::find()
+            .select_only()
+            .column(credit_grant::Column::AccountId)
+            .column(credit_grant::Column::Bucket)
+            .column_as(Expr::cust("CAST(SUM(amount) AS BIGINT)"), "total")
+            .group_by(credit_grant::Column::AccountId)
+            .group_by(credit_grant::Column::Bucket)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        for (account, bucket, total) in grants {
+            let Ok(at) = index(&audits, account) else {
+                return Err(StoreError::msg(format!(
+                    "grant for missing account {account}"
+                )));
+            };
+            match Bucket::parse(&bucket) {
+                Some(Bucket::Subscription) => audits[at].granted.subscription = Credits(total),
+                Some(Bucket::Topup) => audits[at].granted.topup = Credits(total),
+                None => return Err(StoreError::msg(format!("unknown bucket {bucket}"))),
+            }
+        }
+
+        let charges: Vec<(i64, i64, i64)> = call::Entity::find()
+            .select_only()
+            .column(call::Column::AccountId)
+            .column_as(
+                Expr::cust("CAST(SUM(charged_subscription) AS BIGINT)"),
+                "subscription",
+            )
+            .column_as(Expr::cust("CAST(SUM(charged_topup) AS BIGINT)"), "topup")
+            .filter(call::Column::Status.is_in(["ok", "pending"]))
+            .group_by(call::Column::AccountId)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        for (account, subscription, topup) in charges {
+            let Ok(at) = index(&audits, account) else {
+                return Err(StoreError::msg(format!(
+                    "call for missing account {account}"
+                )));
+            };
+            audits[at].charged = Balance {
+                subscription: Credits(subscription),
+                topup: Credits(topup),
+            };
+        }
+        Ok(audits)
+    }
+}
+
+/// One account's audit: what was granted, what `ok` and `pending` calls took, what is left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountAudit {
+    /// The account.
+    pub account: AccountId,
+    /// Sum of grants, per bucket.
+    pub granted: Balance,
+    /// Sum of what `ok` and `pending` calls took, per bucket.
+    pub charged: Balance,
+    /// The stored balance.
+    pub balance: Balance,
+}
+
+impl AccountAudit {
+    /// `granted - charged == balance` in both buckets, and neither bucket negative.
+    pub fn holds(&self) -> bool {
+        let expected = |granted: Credits, charged: Credits| Credits(granted.0 - charged.0);
+        expected(self.granted.subscription, self.charged.subscription) == self.balance.subscription
+            && expected(self.granted.topup, self.charged.topup) == self.balance.topup
+            && self.balance.subscription >= Credits::ZERO
+            && self.balance.topup >= Credits::ZERO
+    }
+}
+
+fn balance_of(row: &account::Model) -> Balance {
+    Balance {
+        subscription: Credits(row.subscription_credits),
+        topup: Credits(row.topup_credits),
+    }
+}
+
+fn unknown_account(account: AccountId) -> StoreError {
+    StoreError::msg(format!("unknown account {}", account.0))
+}
+
+async fn locked_account<C: ConnectionTrait>(
+    txn: &C,
+    account: AccountId,
+) -> Result<account::Model, StoreError> {
+    account::Entity::find_by_id(account.0)
+        .lock_exclusive()
+        .one(txn)
+        .await?
+        .ok_or_else(|| unknown_account(account))
+}
+
+#[async_trait]
+impl KeyStore for SeaOrmStore {
+    async fn caller_for_key(&self, key: &KeyHash) -> Result<Option<Caller>, StoreError> {
+        let found: Option<(i64, i64)> = api_key::Entity::find()
+            .select_only()
+            .column(api_key::Column::Id)
+            .column(api_key::Column::AccountId)
+            .filter(api_key::Column::KeyHash.eq(key.as_str()))
+            .filter(api_key::Column::RevokedAt.is_null())
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        Ok(found.map(|(key, account)| Caller {
+            account: AccountId(account),
+            key: KeyId(key),
+        }))
+    }
+}
+
+#[async_trait]
+impl Ledger for SeaOrmStore {
+    async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
+        let account = request.caller.account;
+        let txn = self.begin_write().await?;
+        let row = locked_account(&txn, account).await?;
+        let Some(taken) = balance_of(&row).split_charge(request.price) else {
+            txn.rollback().await?;
+            return Err(ReserveError::InsufficientCredits);
+        };
+        let debited = account::Entity::update_many()
+            .col_expr(
+                account::Column::SubscriptionCredits,
+                Expr::col(account::Column::SubscriptionCredits).sub(taken.subscription.0),
+            )
+            .col_expr(
+                account::Column::TopupCredits,
+                Expr::col(account::Column::TopupCredits).sub(taken.topup.0),
+            )
+            .filter(account::Column::Id.eq(account.0))
+            .filter(account::Column::SubscriptionCredits.gte(taken.subscription.0))
+            .filter(account::Column::TopupCredits.gte(taken.topup.0))
+            .exec(&txn)
+            .await?;
+        if debited.rows_affected != 1 {
+            // Unreachable while the row lock holds; refuse rather than over-spend if it does not.
+            txn.rollback().await?;
+            return Err(StoreError::msg("account balance changed during reservation").into());
+        }
+        let entry = call::ActiveModel {
+            id: NotSet,
+            account_id: Set(account.0),
+            key_id: Set(request.caller.key.0),
+            protocol: Set(request.protocol.as_str().to_owned()),
+            model: Set(request.model.to_owned()),
+            price: Set(request.price.0),
+            charged_subscription: Set(taken.subscription.0),
+            charged_topup: Set(taken.topup.0),
+            status: Set(CallStatus::Pending.as_str().to_owned()),
+            upstream_status: Set(None),
+            upstream_error: Set(None),
+            input_tokens: Set(None),
+            output_tokens: Set(None),
+            created_at: Set(Utc::now()),
+            finished_at: Set(None),
+        };
+        let call = call::Entity::insert(entry).exec(&txn).await?.last_insert_id;
+        txn.commit().await?;
+        Ok(Reservation {
+            call: CallId(call),
+            account,
+            taken,
+        })
+    }
+
+    async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
+        let settled = call::Entity::update_many()
+            .col_expr(call::Column::Status, Expr::value(CallStatus::Ok.as_str()))
+            .col_expr(
+                call::Column::UpstreamStatus,
+                Expr::value(i32::from(success.upstream_status)),
+            )
+            .col_expr(
+                call::Column::InputTokens,
+                Expr::value(success.usage.input_tokens),
+            )
+            .col_expr(
+                call::Column::OutputTokens,
+                Expr::value(success.usage.output_tokens),
+            )
+            .col_expr(call::Column::FinishedAt, Expr::value(Utc::now()))
+            .filter(call::Column::Id.eq(call.0))
+            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
+            .exec(&self.db)
+            .await?;
+        Ok(settled.rows_affected == 1)
+    }
+
+    async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
+        let txn = self.begin_write().await?;
+        let marked = call::Entity::update_many()
+            .col_expr(
+                call::Column::Status,
+                Expr::value(CallStatus::Refunded.as_str()),
+            )
+            .col_expr(
+                call::Column::UpstreamStatus,
+                Expr::value(failure.upstream_status.map(i32::from)),
+            )
+            .col_expr(
+                call::Column::UpstreamError,
+                Expr::value(failure.error.clone()),
+            )
+            .col_expr(call::Column::FinishedAt, Expr::value(Utc::now()))
+            .filter(call::Column::Id.eq(call.0))
+            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
+            .exec(&txn)
+            .await?;
+        if marked.rows_affected != 1 {
+            txn.rollback().await?;
+            return Ok(false);
+        }
+        let entry = call::Entity::find_by_id(call.0)
+            .one(&txn)
+            .await?
+            .ok_or_else(|| StoreError::msg(format!("call {} vanished during refund", call.0)))?;
+        let credited = account::Entity::update_many()
+            .col_expr(
+                account::Column::SubscriptionCredits,
+                Expr::col(account::Column::SubscriptionCredits).add(entry.charged_subscription),
+            )
+            .col_expr(
+                account::Column::TopupCredits,
+                Expr::col(account::Column::TopupCredits).add(entry.charged_topup),
+            )
+            .filter(account::Column::Id.eq(entry.account_id))
+            .exec(&txn)
+            .await?;
+        if credited.rows_affected != 1 {
+            txn.rollback().await?;
+            return Err(unknown_account(AccountId(entry.account_id)));
+        }
+        txn.commit().await?;
+        Ok(true)
+    }
+
+    async fn balance(&self, account: AccountId) -> Result<Balance, StoreError> {
+        account::Entity::find_by_id(account.0)
+            .one(&self.db)
+            .await?
+            .map(|row| balance_of(&row))
+            .ok_or_else(|| unknown_account(account))
+    }
+}
+
+fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
+    let protocol = Protocol::parse(&row.protocol)
+        .ok_or_else(|| StoreError::msg(format!("unknown protocol {}", row.protocol)))?;
+    let status = CallStatus::parse(&row.status)
+        .ok_or_else(|| StoreError::msg(format!("unknown status {}", row.status)))?;
+    Ok(CallRecord {
+        id: CallId(row.id),
+        account: AccountId(row.account_id),
+        key: KeyId(row.key_id),
+        protocol,
+        model: row.model,
+        price: Credits(row.price),
+        charged_subscription: Credits(row.charged_subscription),
+        charged_topup: Credits(row.charged_topup),
+        status,
+        upstream_status: row.upstream_status.and_then(|s| u16::try_from(s).ok()),
+        upstream_error: row.upstream_error,
+        input_tokens: row.input_tokens,
+        output_tokens: row.output_tokens,
+        created_at: row.created_at,
+        finished_at: row.finished_at,
+    })
+}
+
+#[async_trait]
+impl CallLog for SeaOrmStore {
+    async fn recent_calls(
+        &self,
+        account: AccountId,
+        limit: u64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        call::Entity::find()
+            .filter(call::Column::AccountId.eq(account.0))
+            .order_by_desc(call::Column::Id)
+            .limit(limit)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(call_record)
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Accounts for SeaOrmStore {
+    async fn create_account(&self, name: &str) -> Result<AccountId, StoreError> {
+        let row = account::ActiveModel {
+            id: NotSet,
+            name: Set(name.to_owned()),
+            subscription_credits: Set(0),
+            topup_credits: Set(0),
+            created_at: Set(Utc::now()),
+        };
+        let id = account::Entity::insert(row)
+            .exec(&self.db)
+            .await?
+            .last_insert_id;
+        Ok(AccountId(id))
+    }
+
+    async fn add_key(&self, account: AccountId, key: &NewApiKey) -> Result<KeyId, StoreError> {
+        let row = api_key::ActiveModel {
+            id: NotSet,
+            account_id: Set(account.0),
+            key_hash: Set(key.hash().as_str().to_owned()),
+            display_prefix: Set(key.display_prefix().to_owned()),
+            revoked_at: Set(None),
+            created_at: Set(Utc::now()),
+        };
+        let id = api_key::Entity::insert(row)
+            .exec(&self.db)
+            .await?
+            .last_insert_id;
+        Ok(KeyId(id))
+    }
+
+    async fn revoke_key(&self, key: &KeyHash) -> Result<bool, StoreError> {
+        let revoked = api_key::Entity::update_many()
+            .col_expr(api_key::Column::RevokedAt, Expr::value(Utc::now()))
+            .filter(api_key::Column::KeyHash.eq(key.as_str()))
+            .filter(api_key::Column::RevokedAt.is_null())
+            .exec(&self.db)
+            .await?;
+        Ok(revoked.rows_affected > 0)
+    }
+
+    async fn grant(
+        &self,
+        account: AccountId,
+        bucket: Bucket,
+        amount: Credits,
+    ) -> Result<Balance, StoreError> {
+        check_grant_amount(amount)?;
+        let txn = self.begin_write().await?;
+        let column = match bucket {
+            Bucket::Subscription => account::Column::SubscriptionCredits,
+            Bucket::Topup => account::Column::TopupCredits,
+        };
+        let credited = account::Entity::update_many()
+            .col_expr(column, Expr::col(column).add(amount.0))
+            .filter(account::Column::Id.eq(account.0))
+            .exec(&txn)
+            .await?;
+        if credited.rows_affected != 1 {
+            txn.rollback().await?;
+            return Err(unknown_account(account));
+        }
+        credit_grant::ActiveModel {
+            id: NotSet,
+            account_id: Set(account.0),
+            bucket: Set(bucket.as_str().to_owned()),
+            amount: Set(amount.0),
+            created_at: Set(Utc::now()),
+        }
+        .insert(&txn)
+        .await?;
+        let balance = balance_of(&locked_account(&txn, account).await?);
+        txn.commit().await?;
+        Ok(balance)
+    }
+
+    async fn account_count(&self) -> Result<u64, StoreError> {
+        Ok(account::Entity::find().count(&self.db).await?)
+    }
+}
