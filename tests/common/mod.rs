@@ -88,6 +88,17 @@ pub async fn postgres_store(url: &str, schema: &str) -> SeaOrmStore {
 }
 
 impl TestDb {
+    /// A handle on the same database through another store (another process's pool).
+    /// Dropping it drops nothing.
+    pub fn sharing(other: &TestDb, store: Arc<SeaOrmStore>) -> TestDb {
+        TestDb {
+            store,
+            url: other.url.clone(),
+            _dir: None,
+            pg_schema: None,
+        }
+    }
+
     pub fn pg_schema(&self) -> Option<&str> {
         self.pg_schema.as_deref()
     }

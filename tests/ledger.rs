@@ -1,0 +1,268 @@
+//! Ledger semantics on every backend: the in-memory model, SQLite, and PostgreSQL when
+//! `TEST_POSTGRES_URL` is set. The database backends must agree with the model step by step,
+//! and concurrency must never spend a credit twice.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use model_gateway::{
+    AccountId, Bucket, CallFailure, CallStatus, CallSuccess, Caller,
+    ChargeRequest, Credits, Ledger, MemoryStore, NewApiKey, Protocol, ReserveError, Store,
+    TokenUsage,
+};
+use sea_orm::ConnectionTrait;
+
+fn failure() -> CallFailure {
+    CallFailure {
+        upstream_status: Some(503),
+        error: "upstream answered 503".into(),
+    }
+}
+
+fn success() -> CallSuccess {
+    CallSuccess {
+        upstream_status: 200,
+        usage: TokenUsage {
+            input_tokens: Some(3),
+            output_tokens: Some(4),
+        },
+    }
+}
+
+async fn caller_with<S: Store>(store: &S, subscription: i64, topup: i64) -> Caller {
+    let account = store.create_account("scenario").await.unwrap();
+    let key = store.add_key(account, &NewApiKey::generate()).await.unwrap();
+    for (bucket, amount) in [(Bucket::Subscription, subscription), (Bucket::Topup, topup)] {
+        if amount > 0 {
+            store.grant(account, bucket, Credits(amount)).await.unwrap();
+        }
+    }
+    Caller { account, key }
+}
+
+fn charge(caller: Caller, price: i64) -> ChargeRequest<'static> {
+    ChargeRequest {
+        caller,
+        protocol: Protocol::ChatCompletions,
+        model: "gpt-4o-mini",
+        price: Credits(price),
+    }
+}
+
+/// A scripted life of one account. Asserts the rules on the way and returns a trace of every
+/// observable outcome, so that backends can be compared with the model.
+async fn scenario<S: Store>(store: &S) -> Vec<String> {
+    let mut trace = Vec::new();
+    let caller = caller_with(store, 5, 4).await;
+    let account = caller.account;
+
+    // Subscription first, then a split, then top-up only.
+    let first = store.reserve(charge(caller, 3)).await.unwrap();
+    let split = store.reserve(charge(caller, 3)).await.unwrap();
+    assert_eq!((split.taken.subscription, split.taken.topup), (Credits(2), Credits(1)));
+    trace.push(format!("after two reserves {:?}", store.balance(account).await.unwrap()));
+
+    // Settle once; a second settle and a refund of a settled call change nothing.
+    assert!(store.settle(first.call, success()).await.unwrap());
+    assert!(!store.settle(first.call, success()).await.unwrap());
+    assert!(!store.refund(first.call, &failure()).await.unwrap());
+    trace.push(format!("after settle {:?}", store.balance(account).await.unwrap()));
+
+    // Refund returns each credit to its bucket, once.
+    assert!(store.refund(split.call, &failure()).await.unwrap());
+    assert_eq!(store.balance(account).await.unwrap(), common::balance(2, 4));
+    assert!(!store.refund(split.call, &failure()).await.unwrap());
+    assert!(!store.settle(split.call, success()).await.unwrap());
+    assert_eq!(store.balance(account).await.unwrap(), common::balance(2, 4));
+    trace.push(format!("after refunds {:?}", store.balance(account).await.unwrap()));
+
+    // Spending to exactly zero, then a refusal that writes nothing.
+    let rest = store.reserve(charge(caller, 6)).await.unwrap();
+    assert_eq!(store.balance(account).await.unwrap(), common::balance(0, 0));
+    let refused = store.reserve(charge(caller, 1)).await;
+    assert!(matches!(refused, Err(ReserveError::InsufficientCredits)));
+    trace.push(format!("after refusal {:?}", store.balance(account).await.unwrap()));
+
+    // A grant tops up; the pending call still counts as charged until settled.
+    store.grant(account, Bucket::Topup, Credits(10)).await.unwrap();
+    assert!(store.settle(rest.call, success()).await.unwrap());
+    trace.push(format!("final {:?}", store.balance(account).await.unwrap()));
+
+    let calls = store.recent_calls(account, 100).await.unwrap();
+    for call in &calls {
+        trace.push(format!(
+            "{:?} price {} sub {} top {} upstream {:?} tokens {:?}/{:?}",
+            call.status,
+            call.price,
+            call.charged_subscription,
+            call.charged_topup,
+            call.upstream_status,
+            call.input_tokens,
+            call.output_tokens
+        ));
+        assert_eq!(call.charged_subscription.0 + call.charged_topup.0, call.price.0);
+    }
+    let statuses: Vec<_> = calls.iter().map(|c| c.status).collect();
+    assert_eq!(statuses, [CallStatus::Ok, CallStatus::Refunded, CallStatus::Ok]);
+    trace
+}
+
+#[tokio::test]
+async fn sqlite_agrees_with_the_memory_model_and_the_audit_holds() {
+    let model = scenario(&MemoryStore::new()).await;
+    let db = sqlite_db().await;
+    assert_eq!(scenario(db.store.as_ref()).await, model);
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn postgres_agrees_with_the_memory_model_and_the_audit_holds() {
+    let Some(db) = postgres_db().await else { return };
+    let model = scenario(&MemoryStore::new()).await;
+    assert_eq!(scenario(db.store.as_ref()).await, model);
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+/// The CHECK constraints stand behind the code: no statement can make a bucket negative.
+async fn assert_database_refuses_negative_buckets(db: &TestDb) {
+    let caller = caller_with(db.store.as_ref(), 1, 0).await;
+    for column in ["subscription_credits", "topup_credits"] {
+        let sql = format!(
+            "UPDATE mg_accounts SET {column} = {column} - 5 WHERE id = {}",
+            caller.account.0
+        );
+        let result = db.store.connection().execute_unprepared(&sql).await;
+        assert!(result.is_err(), "{column} went negative");
+    }
+    assert_eq!(db.store.balance(caller.account).await.unwrap(), balance(1, 0));
+}
+
+#[tokio::test]
+async fn sqlite_refuses_a_negative_bucket() {
+    assert_database_refuses_negative_buckets(&sqlite_db().await).await;
+}
+
+#[tokio::test]
+async fn postgres_refuses_a_negative_bucket() {
+    let Some(db) = postgres_db().await else { return };
+    assert_database_refuses_negative_buckets(&db).await;
+    db.drop_schema().await;
+}
+
+/// Many simultaneous refunds of one call return its credits once.
+async fn assert_concurrent_refunds_pay_back_once<S: Store + 'static>(store: Arc<S>) {
+    let caller = caller_with(store.as_ref(), 10, 0).await;
+    let reservation = store.reserve(charge(caller, 4)).await.unwrap();
+    let refunds: Vec<_> = (0..20)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.refund(reservation.call, &failure()).await.unwrap() })
+        })
+        .collect();
+    let mut applied = 0;
+    for refund in refunds {
+        applied += usize::from(refund.await.unwrap());
+    }
+    assert_eq!(applied, 1);
+    assert_eq!(store.balance(caller.account).await.unwrap(), balance(10, 0));
+}
+
+#[tokio::test]
+async fn sqlite_concurrent_refunds_of_one_call_pay_back_once() {
+    assert_concurrent_refunds_pay_back_once(sqlite_db().await.store).await;
+}
+
+#[tokio::test]
+async fn postgres_concurrent_refunds_of_one_call_pay_back_once() {
+    let Some(db) = postgres_db().await else { return };
+    assert_concurrent_refunds_pay_back_once(db.store.clone()).await;
+    db.drop_schema().await;
+}
+
+/// 200 simultaneous calls on an account that can afford 50, spread over the given gateways
+/// (one per process that shares the database): exactly 50 succeed, 150 get 402, nothing else.
+async fn assert_200_calls_on_50_credits(db: &TestDb, gateways: &[Gateway]) {
+    // 50 calls at price 2, split across buckets so the boundary crossing is raced too.
+    let key = db.funded_key(61, 39).await;
+    let mut calls = Vec::new();
+    for i in 0..200 {
+        let gateway_base = gateways[i % gateways.len()].base.clone();
+        let client = gateways[i % gateways.len()].client.clone();
+        let key = key.clone();
+        calls.push(tokio::spawn(async move {
+            client
+                .post(format!("{gateway_base}{CHAT}"))
+                .bearer_auth(key)
+                .body(chat_body(CHAT_MODEL))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }));
+    }
+    let mut statuses = std::collections::BTreeMap::new();
+    for call in calls {
+        *statuses.entry(call.await.unwrap()).or_insert(0) += 1;
+    }
+    assert_eq!(statuses, [(200, 50), (402, 150)].into_iter().collect());
+    assert_eq!(db.balance(&key).await, balance(0, 0));
+    let entries = db.calls(&key).await;
+    assert_eq!(entries.len(), 50);
+    assert!(entries.iter().all(|c| c.status == CallStatus::Ok));
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
+    let db = sqlite_db().await;
+    let gateway = start_mock_gateway(&db).await;
+    assert_200_calls_on_50_credits(&db, &[gateway]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
+    let Some(db) = postgres_db().await else { return };
+    let gateway = start_mock_gateway(&db).await;
+    assert_200_calls_on_50_credits(&db, &[gateway]).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateways_on_one_postgres_never_spend_the_same_credit() {
+    let Some(db) = postgres_db().await else { return };
+    // A second gateway with its own connection pool, as a second process would have.
+    let schema = db.pg_schema().unwrap().to_owned();
+    let second = TestDb::sharing(&db, Arc::new(postgres_store(&db.url, &schema).await));
+    let gateways = [start_mock_gateway(&db).await, start_mock_gateway(&second).await];
+    assert_200_calls_on_50_credits(&db, &gateways).await;
+    drop(gateways);
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_sqlite_connections_pools_on_one_file_never_spend_the_same_credit() {
+    let db = sqlite_db().await;
+    let second = TestDb::sharing(
+        &db,
+        Arc::new(model_gateway::SeaOrmStore::connect(&db.url).await.unwrap()),
+    );
+    let gateways = [start_mock_gateway(&db).await, start_mock_gateway(&second).await];
+    assert_200_calls_on_50_credits(&db, &gateways).await;
+}
+
+#[tokio::test]
+async fn a_grant_must_be_positive_on_every_backend() {
+    let memory = MemoryStore::new();
+    let db = sqlite_db().await;
+    let stores: [&dyn Store; 2] = [&memory, db.store.as_ref()];
+    for store in stores {
+        let account: AccountId = store.create_account("x").await.unwrap();
+        assert!(store.grant(account, Bucket::Topup, Credits(0)).await.is_err());
+        assert!(store.grant(account, Bucket::Topup, Credits(-5)).await.is_err());
+        assert_eq!(store.balance(account).await.unwrap(), balance(0, 0));
+    }
+}
