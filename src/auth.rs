@@ -83,7 +83,7 @@ impl<S> Layer<S> for ApiKeyAuthLayer {
     }
 }
 
-/// Middleware that authenticates the caller and adds the [`Caller`] extension.
+/// Middleware that authenticates the caller and adds the [`Caller`](crate::Caller) extension.
 #[derive(Clone)]
 pub struct ApiKeyAuth<S> {
     inner: S,

@@ -27,7 +27,7 @@
 //! let call = |body: &'static str| {
 //!     Request::post("/v1/messages").body(Full::new(Bytes::from(body))).unwrap()
 //! };
-//! let ok = r#"{"model":"claude-3-5-haiku-latest","max_tokens":16,"messages":[]}"#;
+//! let ok = r#"{"model":"claude-haiku-4-5","max_tokens":16,"messages":[]}"#;
 //! assert_eq!(service.clone().oneshot(call(ok)).await.unwrap().status(), StatusCode::OK);
 //! // A chat-completions model on the messages endpoint does not exist there.
 //! let wrong = r#"{"model":"gpt-4o-mini","max_tokens":16,"messages":[]}"#;
@@ -331,7 +331,7 @@ mod tests {
 
     #[test]
     fn messages_requires_a_positive_max_tokens() {
-        let model = "claude-3-5-haiku-latest";
+        let model = "claude-haiku-4-5";
         for max_tokens in ["", r#","max_tokens":0"#, r#","max_tokens":"10""#] {
             let body = format!(r#"{{"model":"{model}","messages":[]{max_tokens}}}"#);
             assert_eq!(
@@ -345,7 +345,7 @@ mod tests {
 
     #[test]
     fn a_model_of_the_other_protocol_is_not_found_on_either_endpoint() {
-        let messages_model = r#"{"model":"claude-3-5-haiku-latest","max_tokens":5,"messages":[]}"#;
+        let messages_model = r#"{"model":"claude-haiku-4-5","max_tokens":5,"messages":[]}"#;
         assert_eq!(
             route_chat(messages_model).unwrap_err(),
             GatewayError::ModelNotFound

@@ -98,13 +98,10 @@ async fn malformed_requests_get_400_with_a_detail_and_are_not_charged() {
             CHAT,
             r#"{"model":"gpt-4o-mini","messages":[],"stream":true}"#,
         ),
+        (MESSAGES, r#"{"model":"claude-haiku-4-5","messages":[]}"#),
         (
             MESSAGES,
-            r#"{"model":"claude-3-5-haiku-latest","messages":[]}"#,
-        ),
-        (
-            MESSAGES,
-            r#"{"model":"claude-3-5-haiku-latest","max_tokens":16,"messages":[],"stream":true}"#,
+            r#"{"model":"claude-haiku-4-5","max_tokens":16,"messages":[],"stream":true}"#,
         ),
         (MESSAGES, "[]"),
         (MESSAGES, ""),

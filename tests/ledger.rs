@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use common::*;
 use model_gateway::{
-    AccountId, Bucket, CallFailure, CallStatus, CallSuccess, Caller,
-    ChargeRequest, Credits, Ledger, MemoryStore, NewApiKey, Protocol, ReserveError, Store,
-    TokenUsage,
+    AccountId, Bucket, CallFailure, CallStatus, CallSuccess, Caller, ChargeRequest, Credits,
+    Ledger, MemoryStore, NewApiKey, Protocol, ReserveError, Store, TokenUsage,
 };
 use sea_orm::ConnectionTrait;
 
@@ -33,7 +32,10 @@ fn success() -> CallSuccess {
 
 async fn caller_with<S: Store>(store: &S, subscription: i64, topup: i64) -> Caller {
     let account = store.create_account("scenario").await.unwrap();
-    let key = store.add_key(account, &NewApiKey::generate()).await.unwrap();
+    let key = store
+        .add_key(account, &NewApiKey::generate())
+        .await
+        .unwrap();
     for (bucket, amount) in [(Bucket::Subscription, subscription), (Bucket::Topup, topup)] {
         if amount > 0 {
             store.grant(account, bucket, Credits(amount)).await.unwrap();
@@ -61,14 +63,23 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
     // Subscription first, then a split, then top-up only.
     let first = store.reserve(charge(caller, 3)).await.unwrap();
     let split = store.reserve(charge(caller, 3)).await.unwrap();
-    assert_eq!((split.taken.subscription, split.taken.topup), (Credits(2), Credits(1)));
-    trace.push(format!("after two reserves {:?}", store.balance(account).await.unwrap()));
+    assert_eq!(
+        (split.taken.subscription, split.taken.topup),
+        (Credits(2), Credits(1))
+    );
+    trace.push(format!(
+        "after two reserves {:?}",
+        store.balance(account).await.unwrap()
+    ));
 
     // Settle once; a second settle and a refund of a settled call change nothing.
     assert!(store.settle(first.call, success()).await.unwrap());
     assert!(!store.settle(first.call, success()).await.unwrap());
     assert!(!store.refund(first.call, &failure()).await.unwrap());
-    trace.push(format!("after settle {:?}", store.balance(account).await.unwrap()));
+    trace.push(format!(
+        "after settle {:?}",
+        store.balance(account).await.unwrap()
+    ));
 
     // Refund returns each credit to its bucket, once.
     assert!(store.refund(split.call, &failure()).await.unwrap());
@@ -76,17 +87,26 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
     assert!(!store.refund(split.call, &failure()).await.unwrap());
     assert!(!store.settle(split.call, success()).await.unwrap());
     assert_eq!(store.balance(account).await.unwrap(), common::balance(2, 4));
-    trace.push(format!("after refunds {:?}", store.balance(account).await.unwrap()));
+    trace.push(format!(
+        "after refunds {:?}",
+        store.balance(account).await.unwrap()
+    ));
 
     // Spending to exactly zero, then a refusal that writes nothing.
     let rest = store.reserve(charge(caller, 6)).await.unwrap();
     assert_eq!(store.balance(account).await.unwrap(), common::balance(0, 0));
     let refused = store.reserve(charge(caller, 1)).await;
     assert!(matches!(refused, Err(ReserveError::InsufficientCredits)));
-    trace.push(format!("after refusal {:?}", store.balance(account).await.unwrap()));
+    trace.push(format!(
+        "after refusal {:?}",
+        store.balance(account).await.unwrap()
+    ));
 
     // A grant tops up; the pending call still counts as charged until settled.
-    store.grant(account, Bucket::Topup, Credits(10)).await.unwrap();
+    store
+        .grant(account, Bucket::Topup, Credits(10))
+        .await
+        .unwrap();
     assert!(store.settle(rest.call, success()).await.unwrap());
     trace.push(format!("final {:?}", store.balance(account).await.unwrap()));
 
@@ -102,10 +122,16 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
             call.input_tokens,
             call.output_tokens
         ));
-        assert_eq!(call.charged_subscription.0 + call.charged_topup.0, call.price.0);
+        assert_eq!(
+            call.charged_subscription.0 + call.charged_topup.0,
+            call.price.0
+        );
     }
     let statuses: Vec<_> = calls.iter().map(|c| c.status).collect();
-    assert_eq!(statuses, [CallStatus::Ok, CallStatus::Refunded, CallStatus::Ok]);
+    assert_eq!(
+        statuses,
+        [CallStatus::Ok, CallStatus::Refunded, CallStatus::Ok]
+    );
     trace
 }
 
@@ -119,7 +145,9 @@ async fn sqlite_agrees_with_the_memory_model_and_the_audit_holds() {
 
 #[tokio::test]
 async fn postgres_agrees_with_the_memory_model_and_the_audit_holds() {
-    let Some(db) = postgres_db().await else { return };
+    let Some(db) = postgres_db().await else {
+        return;
+    };
     let model = scenario(&MemoryStore::new()).await;
     assert_eq!(scenario(db.store.as_ref()).await, model);
     db.assert_audit_holds().await;
@@ -137,7 +165,10 @@ async fn assert_database_refuses_negative_buckets(db: &TestDb) {
         let result = db.store.connection().execute_unprepared(&sql).await;
         assert!(result.is_err(), "{column} went negative");
     }
-    assert_eq!(db.store.balance(caller.account).await.unwrap(), balance(1, 0));
+    assert_eq!(
+        db.store.balance(caller.account).await.unwrap(),
+        balance(1, 0)
+    );
 }
 
 #[tokio::test]
@@ -147,7 +178,9 @@ async fn sqlite_refuses_a_negative_bucket() {
 
 #[tokio::test]
 async fn postgres_refuses_a_negative_bucket() {
-    let Some(db) = postgres_db().await else { return };
+    let Some(db) = postgres_db().await else {
+        return;
+    };
     assert_database_refuses_negative_buckets(&db).await;
     db.drop_schema().await;
 }
@@ -177,7 +210,9 @@ async fn sqlite_concurrent_refunds_of_one_call_pay_back_once() {
 
 #[tokio::test]
 async fn postgres_concurrent_refunds_of_one_call_pay_back_once() {
-    let Some(db) = postgres_db().await else { return };
+    let Some(db) = postgres_db().await else {
+        return;
+    };
     assert_concurrent_refunds_pay_back_once(db.store.clone()).await;
     db.drop_schema().await;
 }
@@ -225,7 +260,9 @@ async fn sqlite_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
-    let Some(db) = postgres_db().await else { return };
+    let Some(db) = postgres_db().await else {
+        return;
+    };
     let gateway = start_mock_gateway(&db).await;
     assert_200_calls_on_50_credits(&db, &[gateway]).await;
     db.drop_schema().await;
@@ -233,11 +270,16 @@ async fn postgres_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_gateways_on_one_postgres_never_spend_the_same_credit() {
-    let Some(db) = postgres_db().await else { return };
+    let Some(db) = postgres_db().await else {
+        return;
+    };
     // A second gateway with its own connection pool, as a second process would have.
     let schema = db.pg_schema().unwrap().to_owned();
     let second = TestDb::sharing(&db, Arc::new(postgres_store(&db.url, &schema).await));
-    let gateways = [start_mock_gateway(&db).await, start_mock_gateway(&second).await];
+    let gateways = [
+        start_mock_gateway(&db).await,
+        start_mock_gateway(&second).await,
+    ];
     assert_200_calls_on_50_credits(&db, &gateways).await;
     drop(gateways);
     db.drop_schema().await;
@@ -250,7 +292,10 @@ async fn two_sqlite_connections_pools_on_one_file_never_spend_the_same_credit() 
         &db,
         Arc::new(model_gateway::SeaOrmStore::connect(&db.url).await.unwrap()),
     );
-    let gateways = [start_mock_gateway(&db).await, start_mock_gateway(&second).await];
+    let gateways = [
+        start_mock_gateway(&db).await,
+        start_mock_gateway(&second).await,
+    ];
     assert_200_calls_on_50_credits(&db, &gateways).await;
 }
 
@@ -261,8 +306,18 @@ async fn a_grant_must_be_positive_on_every_backend() {
     let stores: [&dyn Store; 2] = [&memory, db.store.as_ref()];
     for store in stores {
         let account: AccountId = store.create_account("x").await.unwrap();
-        assert!(store.grant(account, Bucket::Topup, Credits(0)).await.is_err());
-        assert!(store.grant(account, Bucket::Topup, Credits(-5)).await.is_err());
+        assert!(
+            store
+                .grant(account, Bucket::Topup, Credits(0))
+                .await
+                .is_err()
+        );
+        assert!(
+            store
+                .grant(account, Bucket::Topup, Credits(-5))
+                .await
+                .is_err()
+        );
         assert_eq!(store.balance(account).await.unwrap(), balance(0, 0));
     }
 }

@@ -38,31 +38,29 @@ impl FakeProvider {
     async fn start() -> (FakeProvider, String) {
         let provider = FakeProvider::default();
         let state = provider.clone();
-        let app = axum::Router::new().fallback(
-            move |uri: Uri, headers: HeaderMap, body: Bytes| {
-                let state = state.clone();
-                async move {
-                    state.seen.lock().unwrap().push(Seen {
-                        path: uri.path().to_owned(),
-                        headers,
-                        body,
-                    });
-                    let next = state.script.lock().unwrap().pop_front();
-                    let (status, reply) = match next.expect("the test scripted a reply") {
-                        Script::Reply(status, reply) => (status, reply),
-                        Script::Delay(delay, status, reply) => {
-                            tokio::time::sleep(delay).await;
-                            (status, reply)
-                        }
-                    };
-                    (
-                        StatusCode::from_u16(status).unwrap(),
-                        [("content-type", "application/json")],
-                        reply,
-                    )
-                }
-            },
-        );
+        let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
+            let state = state.clone();
+            async move {
+                state.seen.lock().unwrap().push(Seen {
+                    path: uri.path().to_owned(),
+                    headers,
+                    body,
+                });
+                let next = state.script.lock().unwrap().pop_front();
+                let (status, reply) = match next.expect("the test scripted a reply") {
+                    Script::Reply(status, reply) => (status, reply),
+                    Script::Delay(delay, status, reply) => {
+                        tokio::time::sleep(delay).await;
+                        (status, reply)
+                    }
+                };
+                (
+                    StatusCode::from_u16(status).unwrap(),
+                    [("content-type", "application/json")],
+                    reply,
+                )
+            }
+        });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -75,7 +73,12 @@ impl FakeProvider {
     }
 
     fn last_seen(&self) -> Seen {
-        self.seen.lock().unwrap().last().cloned().expect("the provider was called")
+        self.seen
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("the provider was called")
     }
 }
 
@@ -181,21 +184,35 @@ async fn a_chat_request_reaches_the_provider_byte_for_byte_with_the_provider_key
         .await;
 
     assert_eq!(answer.status, 200);
-    assert_eq!(answer.bytes, CHAT_REPLY.as_bytes(), "the reply must come back unchanged");
+    assert_eq!(
+        answer.bytes,
+        CHAT_REPLY.as_bytes(),
+        "the reply must come back unchanged"
+    );
     let seen = s.provider.last_seen();
     assert_eq!(seen.path, "/v1/chat/completions");
-    assert_eq!(seen.body, CHAT_REQUEST.as_bytes(), "the request must arrive unchanged");
-    assert_eq!(seen.headers["authorization"], format!("Bearer {OPENAI_KEY}"));
+    assert_eq!(
+        seen.body,
+        CHAT_REQUEST.as_bytes(),
+        "the request must arrive unchanged"
+    );
+    assert_eq!(
+        seen.headers["authorization"],
+        format!("Bearer {OPENAI_KEY}")
+    );
     assert_eq!(seen.headers["openai-organization"], "org-123");
     assert!(seen.headers.get("x-unrelated").is_none());
     assert_no_header_carries(&seen, &s.key);
 
     let call = &s.db.calls(&s.key).await[0];
     assert_eq!(call.status, CallStatus::Ok);
-    assert_eq!((call.input_tokens, call.output_tokens), (Some(57), Some(15)));
+    assert_eq!(
+        (call.input_tokens, call.output_tokens),
+        (Some(57), Some(15))
+    );
 }
 
-const MESSAGES_REQUEST: &str = r#"{"model":"claude-3-5-haiku-latest","max_tokens":1024,
+const MESSAGES_REQUEST: &str = r#"{"model":"claude-haiku-4-5","max_tokens":1024,
  "system":[{"type":"text","text":"You are a weather bot.","cache_control":{"type":"ephemeral"}}],
  "tools":[{"name":"get_weather","description":"Weather by city","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}],
  "messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}},{"type":"text","text":"Weather in Paris?"}]},
@@ -235,7 +252,10 @@ async fn a_messages_request_reaches_the_provider_with_x_api_key_and_the_clients_
     assert_no_header_carries(&seen, &s.key);
 
     let call = &s.db.calls(&s.key).await[0];
-    assert_eq!((call.input_tokens, call.output_tokens), (Some(410), Some(33)));
+    assert_eq!(
+        (call.input_tokens, call.output_tokens),
+        (Some(410), Some(33))
+    );
 }
 
 #[tokio::test]
@@ -243,7 +263,10 @@ async fn anthropic_version_defaults_when_the_client_sends_none() {
     let s = setup(30).await;
     s.provider.then(Script::Reply(200, MESSAGES_REPLY));
     assert_eq!(s.gateway.messages(&s.key, MESSAGES_MODEL).await.status, 200);
-    assert_eq!(s.provider.last_seen().headers["anthropic-version"], "2023-06-01");
+    assert_eq!(
+        s.provider.last_seen().headers["anthropic-version"],
+        "2023-06-01"
+    );
 }
 
 #[tokio::test]
@@ -251,7 +274,13 @@ async fn upstream_model_renames_the_model_and_nothing_else() {
     let s = setup(30).await;
     s.provider.then(Script::Reply(200, CHAT_REPLY));
     let sent = CHAT_REQUEST.replace("\"gpt-4o-mini\"", "\"house-chat\"");
-    assert_eq!(s.gateway.post_bearer(CHAT, &s.key, sent.clone()).await.status, 200);
+    assert_eq!(
+        s.gateway
+            .post_bearer(CHAT, &s.key, sent.clone())
+            .await
+            .status,
+        200
+    );
     let expected = CHAT_REQUEST.replace("\"gpt-4o-mini\"", "\"qwen2.5-7b-instruct\"");
     assert_eq!(s.provider.last_seen().body, expected.as_bytes());
 }
@@ -268,7 +297,10 @@ async fn assert_refunded(s: &Setup, expected_status: Option<u16>, error_contains
     assert_eq!(call.upstream_status, expected_status);
     let error = call.upstream_error.as_deref().unwrap();
     assert!(error.contains(error_contains), "{error}");
-    assert!(!error.contains(OPENAI_KEY) && !error.contains(&s.key), "{error}");
+    assert!(
+        !error.contains(OPENAI_KEY) && !error.contains(&s.key),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -289,13 +321,15 @@ async fn provider_error_statuses_are_refunded_and_answer_502() {
 #[tokio::test]
 async fn a_provider_time_out_is_refunded_and_answers_502() {
     let s = setup(1).await;
-    s.provider.then(Script::Delay(Duration::from_secs(3), 200, CHAT_REPLY));
+    s.provider
+        .then(Script::Delay(Duration::from_secs(3), 200, CHAT_REPLY));
     assert_refunded(&s, None, "timed out").await;
 }
 
 #[tokio::test]
 async fn a_2xx_reply_that_is_not_json_is_refunded() {
     let s = setup(30).await;
-    s.provider.then(Script::Reply(200, "<html>gateway error</html>"));
+    s.provider
+        .then(Script::Reply(200, "<html>gateway error</html>"));
     assert_refunded(&s, Some(200), "not a JSON object").await;
 }

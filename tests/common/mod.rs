@@ -295,7 +295,7 @@ pub const MESSAGES: &str = "/v1/messages";
 /// Demo catalogue prices.
 pub const CHAT_MODEL: &str = "gpt-4o-mini";
 pub const CHAT_PRICE: i64 = 2;
-pub const MESSAGES_MODEL: &str = "claude-3-5-haiku-latest";
+pub const MESSAGES_MODEL: &str = "claude-haiku-4-5";
 pub const MESSAGES_PRICE: i64 = 3;
 
 pub fn chat_body(model: &str) -> String {

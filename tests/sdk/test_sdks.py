@@ -1,0 +1,168 @@
+"""The official Python SDKs call the example gateway in mock mode, changing only base URL and key.
+
+The gateway binary is built by .ci/run (`cargo build --example gateway`); GATEWAY_BIN overrides
+its path. Each test module run starts one gateway on a free port with a temporary SQLite file.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GATEWAY_BIN = os.environ.get("GATEWAY_BIN", str(ROOT / "target" / "debug" / "examples" / "gateway"))
+MOCK_TEXT = "This is a demo reply from model-gateway's mock upstream; no model was called."
+CHAT_MODEL, CHAT_PRICE = "gpt-4o-mini", 2
+MESSAGES_MODEL, MESSAGES_PRICE = "claude-haiku-4-5", 3
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    db = tmp_path_factory.mktemp("gateway") / "gateway.db"
+    env = {**os.environ, "DATABASE_URL": f"sqlite://{db}?mode=rwc", "MOCK_UPSTREAM": "1"}
+    env["GATEWAY_LISTEN"] = f"127.0.0.1:{free_port()}"
+
+    def command(*args):
+        done = subprocess.run([GATEWAY_BIN, *args], env=env, capture_output=True, text=True, check=True)
+        return done.stdout
+
+    server = subprocess.Popen([GATEWAY_BIN, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    host, port = env["GATEWAY_LISTEN"].split(":")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway did not start: {server.stderr.read().decode()}")
+            time.sleep(0.1)
+
+    class Gateway:
+        base = f"http://{env['GATEWAY_LISTEN']}"
+
+        @staticmethod
+        def new_key(subscription=0, topup=0):
+            out = command("keys", "create", "--subscription", str(subscription), "--topup", str(topup))
+            return out.strip().splitlines()[-1]
+
+        @staticmethod
+        def balance(key):
+            return json.loads(command("balance", "--key", key))
+
+        @staticmethod
+        def logs(key):
+            return json.loads(command("logs", "--key", key))
+
+    yield Gateway
+    server.terminate()
+    server.wait(timeout=10)
+
+
+def detail(error):
+    """The gateway's `detail`, as the SDK error exposes the parsed body."""
+    body = error.body
+    return body.get("detail") if isinstance(body, dict) else str(body)
+
+
+def openai_client(gateway, key):
+    return openai.OpenAI(base_url=f"{gateway.base}/v1", api_key=key, max_retries=0)
+
+
+def anthropic_client(gateway, key):
+    return anthropic.Anthropic(base_url=gateway.base, api_key=key, max_retries=0)
+
+
+def test_openai_sdk_gets_a_chat_completion(gateway):
+    key = gateway.new_key(subscription=10)
+    reply = openai_client(gateway, key).chat.completions.create(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "Hello"}]
+    )
+    assert reply.choices[0].message.content == MOCK_TEXT
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.model == CHAT_MODEL
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    assert gateway.balance(key) == {"subscription": 10 - CHAT_PRICE, "topup": 0, "total": 10 - CHAT_PRICE}
+
+
+def test_anthropic_sdk_gets_a_message(gateway):
+    key = gateway.new_key(topup=10)
+    reply = anthropic_client(gateway, key).messages.create(
+        model=MESSAGES_MODEL, max_tokens=64, messages=[{"role": "user", "content": "Hello"}]
+    )
+    assert reply.content[0].type == "text"
+    assert reply.content[0].text == MOCK_TEXT
+    assert reply.stop_reason == "end_turn"
+    assert reply.usage.output_tokens > 0
+    assert gateway.balance(key)["total"] == 10 - MESSAGES_PRICE
+    assert [entry["status"] for entry in gateway.logs(key)] == ["ok"]
+
+
+def test_one_key_serves_both_sdks_from_one_pool(gateway):
+    key = gateway.new_key(subscription=CHAT_PRICE, topup=MESSAGES_PRICE)
+    openai_client(gateway, key).chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "a"}])
+    anthropic_client(gateway, key).messages.create(
+        model=MESSAGES_MODEL, max_tokens=8, messages=[{"role": "user", "content": "b"}]
+    )
+    assert gateway.balance(key)["total"] == 0
+    assert sorted(entry["protocol"] for entry in gateway.logs(key)) == ["chat_completions", "messages"]
+
+
+def test_sdks_see_401_as_authentication_errors(gateway):
+    with pytest.raises(openai.AuthenticationError) as raised:
+        openai_client(gateway, "sk-mg-wrong").chat.completions.create(
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "x"}]
+        )
+    assert detail(raised.value) == "无效的 API Key"
+    with pytest.raises(anthropic.AuthenticationError) as raised:
+        anthropic_client(gateway, "sk-mg-wrong").messages.create(
+            model=MESSAGES_MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    assert detail(raised.value) == "无效的 API Key"
+
+
+def test_sdks_see_402_with_its_detail_and_nothing_is_charged(gateway):
+    key = gateway.new_key(subscription=1)
+    with pytest.raises(openai.APIStatusError) as raised:
+        openai_client(gateway, key).chat.completions.create(
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "x"}]
+        )
+    assert raised.value.status_code == 402
+    assert detail(raised.value) == "积分不足"
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        anthropic_client(gateway, key).messages.create(
+            model=MESSAGES_MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    assert raised.value.status_code == 402
+    assert detail(raised.value) == "积分不足"
+    assert gateway.balance(key)["total"] == 1
+    assert gateway.logs(key) == []
+
+
+def test_sdks_see_404_for_unknown_and_cross_protocol_models(gateway):
+    key = gateway.new_key(subscription=100)
+    for model in ["no-such-model", MESSAGES_MODEL]:
+        with pytest.raises(openai.NotFoundError) as raised:
+            openai_client(gateway, key).chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "x"}]
+            )
+        assert detail(raised.value) == "模型不存在"
+    for model in ["no-such-model", CHAT_MODEL]:
+        with pytest.raises(anthropic.NotFoundError) as raised:
+            anthropic_client(gateway, key).messages.create(
+                model=model, max_tokens=8, messages=[{"role": "user", "content": "x"}]
+            )
+        assert detail(raised.value) == "模型不存在"
+    assert gateway.balance(key)["total"] == 100
