@@ -22,7 +22,7 @@
 //!     .layer(ApiKeyAuthLayer::new(store))
 //!     .service(service_fn(|request: Request<Full<Bytes>>| async move {
 //!         let caller = request.extensions().get::<Caller>().unwrap();
-//!         Ok::<_, Infallible>(Response::new(Full::from(format!("account {}", caller.account.0))))
+//!         Ok::<_, Infallible>(Response::new(Full::<Bytes>::from(format!("account {}", caller.account.0))))
 //!     }));
 //!
 //! let request = Request::post("/v1/messages")

@@ -25,7 +25,7 @@
 //!     .layer(CreditChargeLayer::new(store.clone()))
 //!     .service(service_fn(|request: Request<Bytes>| async move {
 //!         let reservation = request.extensions().get::<Reservation>().unwrap();
-//!         Ok::<_, Infallible>(Response::new(Full::from(reservation.taken.total().to_string())))
+//!         Ok::<_, Infallible>(Response::new(Full::<Bytes>::from(reservation.taken.total().to_string())))
 //!     }));
 //!
 //! let call = || {

@@ -21,7 +21,7 @@
 //!     .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
 //!     .service(service_fn(|request: Request<Bytes>| async move {
 //!         let routed = request.extensions().get::<RoutedCall>().unwrap();
-//!         Ok::<_, Infallible>(Response::new(Full::from(routed.model.price.to_string())))
+//!         Ok::<_, Infallible>(Response::new(Full::<Bytes>::from(routed.model.price.to_string())))
 //!     }));
 //!
 //! let call = |body: &'static str| {
