@@ -428,3 +428,66 @@ async fn operator_commands_create_grant_and_report() {
     );
     db.assert_audit_holds().await;
 }
+
+#[tokio::test]
+async fn the_stack_serves_on_bare_hyper_without_axum() {
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+
+    let db = sqlite_db().await;
+    let key = db.funded_key(10, 0).await;
+    let service = model_gateway::stack(
+        db.store.clone(),
+        std::sync::Arc::new(Catalogue::demo()),
+        model_gateway::DEFAULT_MAX_BODY_BYTES,
+        Upstream::Mock(model_gateway::MockUpstream::new()),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let service = TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+            });
+        }
+    });
+
+    let client = reqwest::Client::new();
+    let ok = client
+        .post(format!("{base}{CHAT}"))
+        .bearer_auth(&key)
+        .body(chat_body(CHAT_MODEL))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let refused = client
+        .post(format!("{base}{MESSAGES}"))
+        .header("x-api-key", &key)
+        .body(messages_body(CHAT_MODEL))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 404);
+    assert_eq!(refused.text().await.unwrap(), r#"{"detail":"模型不存在"}"#);
+    assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
+    server.abort();
+}
+
+#[tokio::test]
+async fn mock_mode_creates_one_demo_account_on_an_empty_database_only() {
+    let db = sqlite_db().await;
+    let demo = app::ensure_demo_account(&db.store)
+        .await
+        .unwrap()
+        .expect("created");
+    assert_eq!(
+        db.balance(demo.reveal()).await,
+        balance(app::DEMO_SUBSCRIPTION_CREDITS, 0)
+    );
+    assert!(app::ensure_demo_account(&db.store).await.unwrap().is_none());
+}

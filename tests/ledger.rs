@@ -321,3 +321,70 @@ async fn a_grant_must_be_positive_on_every_backend() {
         assert_eq!(store.balance(account).await.unwrap(), balance(0, 0));
     }
 }
+
+#[tokio::test]
+async fn migrations_use_their_own_table_and_keys_are_stored_only_as_hashes() {
+    use sea_orm::{DbBackend, Statement};
+
+    let db = sqlite_db().await;
+    let key = db.funded_key(1, 0).await;
+    let connection = db.store.connection();
+    let tables: Vec<String> = connection
+        .query_all_raw(Statement::from_string(
+            DbBackend::Sqlite,
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name",
+        ))
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.try_get::<String>("", "name").unwrap())
+        .collect();
+    assert!(tables.contains(&"mg_migrations".to_owned()), "{tables:?}");
+    assert!(
+        !tables.contains(&"seaql_migrations".to_owned()),
+        "{tables:?}"
+    );
+    assert!(
+        tables
+            .iter()
+            .filter(|t| *t != "sqlite_sequence")
+            .all(|t| t.starts_with("mg_"))
+    );
+
+    // A reconnect (a restart) finds the schema applied and changes nothing.
+    drop(model_gateway::SeaOrmStore::connect(&db.url).await.unwrap());
+
+    let row = connection
+        .query_one_raw(Statement::from_string(
+            DbBackend::Sqlite,
+            "SELECT key_hash, display_prefix FROM mg_api_keys",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let stored_hash: String = row.try_get("", "key_hash").unwrap();
+    let prefix: String = row.try_get("", "display_prefix").unwrap();
+    assert_eq!(stored_hash, model_gateway::KeyHash::of(&key).as_str());
+    assert!(key.starts_with(&prefix) && prefix.len() < 16);
+    let file = std::fs::read(
+        db.url
+            .trim_start_matches("sqlite://")
+            .trim_end_matches("?mode=rwc"),
+    )
+    .unwrap();
+    let wal = std::fs::read(format!(
+        "{}-wal",
+        db.url
+            .trim_start_matches("sqlite://")
+            .trim_end_matches("?mode=rwc")
+    ))
+    .unwrap_or_default();
+    for bytes in [file, wal] {
+        assert!(
+            !bytes
+                .windows(key.len())
+                .any(|window| window == key.as_bytes()),
+            "the clear key is on disk"
+        );
+    }
+}

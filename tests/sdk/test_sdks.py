@@ -6,6 +6,7 @@ its path. Each test module run starts one gateway on a free port with a temporar
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -67,8 +68,12 @@ def gateway(tmp_path_factory):
             return json.loads(command("logs", "--key", key))
 
     yield Gateway
-    server.terminate()
-    server.wait(timeout=10)
+    # Ctrl-C shuts the server down gracefully: a clean exit that said where it listened.
+    server.send_signal(signal.SIGINT)
+    assert server.wait(timeout=10) == 0
+    log = server.stderr.read().decode()
+    assert f"listening on http://{env['GATEWAY_LISTEN']}" in log
+    assert "shut down" in log
 
 
 def detail(error):
