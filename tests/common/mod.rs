@@ -253,14 +253,8 @@ impl Gateway {
         key: &str,
         body: impl Into<reqwest::Body>,
     ) -> Answer {
-        self.send(
-            self.client
-                .post(format!("{}{path}", self.base))
-                .bearer_auth(key)
-                .header("content-type", "application/json")
-                .body(body),
-        )
-        .await
+        self.post_with(path, "authorization", &format!("Bearer {key}"), body)
+            .await
     }
 
     /// POST `body` to `path` with `x-api-key: key`.
@@ -270,10 +264,20 @@ impl Gateway {
         key: &str,
         body: impl Into<reqwest::Body>,
     ) -> Answer {
+        self.post_with(path, "x-api-key", key, body).await
+    }
+
+    async fn post_with(
+        &self,
+        path: &str,
+        auth_header: &str,
+        auth_value: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> Answer {
         self.send(
             self.client
                 .post(format!("{}{path}", self.base))
-                .header("x-api-key", key)
+                .header(auth_header, auth_value)
                 .header("content-type", "application/json")
                 .body(body),
         )
