@@ -54,6 +54,10 @@ pub enum GatewayError {
     /// Every upstream attempt failed; the call was refunded.
     #[error("上游服务暂时不可用")]
     UpstreamUnavailable,
+    /// The provider refused the request itself (a 4xx other than 401, 403, 429); the call was
+    /// refunded and the provider's message is passed on so SDKs can show it.
+    #[error("上游服务暂时不可用: {0}")]
+    UpstreamRejected(String),
     /// The store (database) could not be reached; nothing was charged.
     #[error("服务暂时不可用, 请稍后重试")]
     StoreUnavailable,
@@ -78,7 +82,7 @@ impl GatewayError {
             Self::UnknownPath | Self::ModelNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::InsufficientCredits => StatusCode::PAYMENT_REQUIRED,
-            Self::UpstreamUnavailable => StatusCode::BAD_GATEWAY,
+            Self::UpstreamUnavailable | Self::UpstreamRejected(_) => StatusCode::BAD_GATEWAY,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -62,8 +62,9 @@ mod upstream;
 
 pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
 pub use catalogue::{
-    Catalogue, CatalogueError, DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE, ModelRoute,
-    UpstreamConfig, UpstreamKind,
+    Catalogue, CatalogueError, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
+    DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE,
+    ModelChannel, ModelRoute, UpstreamConfig, UpstreamKind,
 };
 pub use charge::{CreditCharge, CreditChargeLayer};
 pub use credits::{Balance, Bucket, Credits, Split};
@@ -78,7 +79,7 @@ pub use store::{
     Reservation, ReserveError, SeaOrmStore, Store, StoreError, TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
-pub use upstream::{HttpUpstream, MockUpstream, Upstream, UpstreamError};
+pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream, UpstreamError};
 
 /// The boxed, `Send` future the layers return.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

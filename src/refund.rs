@@ -57,7 +57,7 @@ use tower_service::Service;
 use crate::BoxFuture;
 use crate::error::GatewayError;
 use crate::store::{CallFailure, CallSuccess, Ledger, Reservation, TokenUsage};
-use crate::upstream::UpstreamError;
+use crate::upstream::{ServedBy, UpstreamError};
 
 /// Configuration of [`RefundOnUpstreamError`]: the ledger that settles and refunds.
 #[derive(Clone)]
@@ -174,7 +174,7 @@ where
                     }
                     Ok(reply.map(Full::new))
                 }
-                Err(failure) => {
+                Err((failure, client_message)) => {
                     tracing::warn!(
                         call = reservation.call.0,
                         status = failure.upstream_status,
@@ -184,31 +184,57 @@ where
                     if let Err(error) = ledger.refund(reservation.call, &failure).await {
                         tracing::error!(call = reservation.call.0, %error, "refund failed");
                     }
-                    Ok(GatewayError::UpstreamUnavailable.into_response())
+                    let refusal = match client_message {
+                        Some(message) => GatewayError::UpstreamRejected(message),
+                        None => GatewayError::UpstreamUnavailable,
+                    };
+                    Ok(refusal.into_response())
                 }
             }
         })
     }
 }
 
-/// Decides whether an upstream outcome is a success worth paying for.
+/// Decides whether an upstream outcome is a success worth paying for. A failure comes with
+/// what the client may be told of it.
 fn judge(
     outcome: Result<Response<Bytes>, UpstreamError>,
-) -> Result<(Response<Bytes>, CallSuccess), CallFailure> {
-    let reply = outcome.map_err(CallFailure::from)?;
+) -> Result<(Response<Bytes>, CallSuccess), (CallFailure, Option<String>)> {
+    let mut reply = match outcome {
+        Ok(reply) => reply,
+        Err(error) => {
+            let client_message = error.client_message.clone();
+            return Err((error.into(), client_message));
+        }
+    };
     let status = reply.status();
     if !status.is_success() {
-        return Err(UpstreamError::status(status.as_u16(), reply.body()).into());
+        return Err((
+            UpstreamError::status(status.as_u16(), reply.body()).into(),
+            None,
+        ));
     }
-    let usage = reply_usage(reply.body()).ok_or_else(|| CallFailure {
-        upstream_status: Some(status.as_u16()),
-        error: "upstream answered with a body that is not a JSON object".to_owned(),
-    })?;
+    // An upstream that already parsed the reply says so; otherwise parse it here.
+    let usage = match reply.extensions_mut().remove::<TokenUsage>() {
+        Some(usage) => usage,
+        None => reply_usage(reply.body()).ok_or_else(|| {
+            let failure = CallFailure {
+                upstream_status: Some(status.as_u16()),
+                error: "upstream answered with a body that is not a JSON object".to_owned(),
+            };
+            (failure, None)
+        })?,
+    };
+    let channel = reply
+        .extensions_mut()
+        .remove::<ServedBy>()
+        .map(|served| served.0);
     Ok((
         reply,
         CallSuccess {
             upstream_status: status.as_u16(),
             usage,
+            channel,
         },
     ))
 }
@@ -279,7 +305,7 @@ mod tests {
         let mut reply = Response::new(Bytes::from_static(br#"{"error":"overloaded"}"#));
         *reply.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
         let failure = judge(Ok(reply)).unwrap_err();
-        assert_eq!(failure.upstream_status, Some(429));
-        assert!(failure.error.contains("overloaded"));
+        assert_eq!(failure.0.upstream_status, Some(429));
+        assert!(failure.0.error.contains("overloaded"));
     }
 }

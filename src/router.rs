@@ -69,10 +69,10 @@ pub struct RoutedCall {
 }
 
 impl RoutedCall {
-    /// The body to send upstream: the client's bytes, with `model` replaced by the catalogue's
-    /// `upstream_model` when one is set. Nothing else is touched.
-    pub fn upstream_body(&self, body: &Bytes) -> Bytes {
-        let Some(upstream_model) = &self.model.upstream_model else {
+    /// The body to send upstream: the client's bytes, with `model` replaced by `upstream_model`
+    /// (a channel's name for the model) when there is one. Nothing else is touched.
+    pub fn upstream_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
+        let Some(upstream_model) = upstream_model else {
             return body.clone();
         };
         let quoted = serde_json::to_string(upstream_model).expect("a string serialises");
@@ -383,8 +383,9 @@ mod tests {
             br#"{ "temperature" : 0.70, "model" : "house-chat", "messages":[{"x":1e3}] }"#,
         );
         let routed = route_chat(std::str::from_utf8(&body).unwrap()).unwrap();
+        let upstream_model = routed.model.channels[0].upstream_model.as_deref();
         assert_eq!(
-            routed.upstream_body(&body),
+            routed.upstream_body(&body, upstream_model),
             Bytes::from_static(
                 br#"{ "temperature" : 0.70, "model" : "qwen2.5-7b-instruct", "messages":[{"x":1e3}] }"#
             )
@@ -395,6 +396,7 @@ mod tests {
     fn without_upstream_model_the_body_is_forwarded_as_is() {
         let body = Bytes::from_static(br#"{"model":"gpt-4o-mini","messages":[],"n":1.0}"#);
         let routed = route_chat(std::str::from_utf8(&body).unwrap()).unwrap();
-        assert_eq!(routed.upstream_body(&body), body);
+        assert_eq!(routed.model.channels[0].upstream_model, None);
+        assert_eq!(routed.upstream_body(&body, None), body);
     }
 }

@@ -27,6 +27,7 @@ fn success() -> CallSuccess {
             input_tokens: Some(3),
             output_tokens: Some(4),
         },
+        channel: Some("primary".into()),
     }
 }
 
@@ -113,12 +114,13 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
     let calls = store.recent_calls(account, 100).await.unwrap();
     for call in &calls {
         trace.push(format!(
-            "{:?} price {} sub {} top {} upstream {:?} tokens {:?}/{:?}",
+            "{:?} price {} sub {} top {} upstream {:?} via {:?} tokens {:?}/{:?}",
             call.status,
             call.price,
             call.charged_subscription,
             call.charged_topup,
             call.upstream_status,
+            call.channel,
             call.input_tokens,
             call.output_tokens
         ));

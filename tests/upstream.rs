@@ -1,335 +1,653 @@
-//! The upstream path against a fake provider started by the test: what reaches the provider,
-//! what comes back, and the refund of every kind of provider failure.
+//! The upstream path against fake providers started by the test: fidelity (byte-exact both
+//! ways, headers), channels and failover, retries, the circuit breaker, deadlines, and what the
+//! client and the operator learn of provider failures.
 
 mod common;
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode, Uri};
+use common::fake_provider::{FakeProvider, Fault};
 use common::*;
 use model_gateway::{CallStatus, Catalogue, HttpUpstream, Upstream};
 
-/// What the fake provider saw of one request.
-#[derive(Debug, Clone)]
-struct Seen {
-    path: String,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-/// What the fake provider does with the next request.
-#[derive(Debug, Clone)]
-enum Script {
-    Reply(u16, &'static str),
-    Delay(Duration, u16, &'static str),
-}
-
-#[derive(Clone, Default)]
-struct FakeProvider {
-    seen: Arc<Mutex<Vec<Seen>>>,
-    script: Arc<Mutex<VecDeque<Script>>>,
-}
-
-impl FakeProvider {
-    /// Starts the provider on an ephemeral port; returns it and its base URL.
-    async fn start() -> (FakeProvider, String) {
-        let provider = FakeProvider::default();
-        let state = provider.clone();
-        let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
-            let state = state.clone();
-            async move {
-                state.seen.lock().unwrap().push(Seen {
-                    path: uri.path().to_owned(),
-                    headers,
-                    body,
-                });
-                let next = state.script.lock().unwrap().pop_front();
-                let (status, reply) = match next.expect("the test scripted a reply") {
-                    Script::Reply(status, reply) => (status, reply),
-                    Script::Delay(delay, status, reply) => {
-                        tokio::time::sleep(delay).await;
-                        (status, reply)
-                    }
-                };
-                (
-                    StatusCode::from_u16(status).unwrap(),
-                    [("content-type", "application/json")],
-                    reply,
-                )
-            }
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        (provider, base)
-    }
-
-    fn then(&self, script: Script) -> &Self {
-        self.script.lock().unwrap().push_back(script);
-        self
-    }
-
-    fn last_seen(&self) -> Seen {
-        self.seen
-            .lock()
-            .unwrap()
-            .last()
-            .cloned()
-            .expect("the provider was called")
-    }
-}
-
-const OPENAI_KEY: &str = "prov-openai-secret";
-const ANTHROPIC_KEY: &str = "prov-anthropic-secret";
-
-/// A catalogue with one model of each protocol on the fake provider.
-fn catalogue(base: &str, timeout_secs: u64) -> Catalogue {
-    Catalogue::from_toml(&format!(
-        r#"
-        [[upstreams]]
-        name = "fake-openai"
-        kind = "openai"
-        base_url = "{base}/v1"
-        api_key_env = "FAKE_OPENAI_KEY"
-        timeout_secs = {timeout_secs}
-        [[upstreams]]
-        name = "fake-anthropic"
-        kind = "anthropic"
-        base_url = "{base}"
-        api_key_env = "FAKE_ANTHROPIC_KEY"
-        timeout_secs = {timeout_secs}
-        [[models]]
-        name = "{CHAT_MODEL}"
-        protocol = "chat_completions"
-        price = {CHAT_PRICE}
-        upstream = "fake-openai"
-        [[models]]
-        name = "house-chat"
-        protocol = "chat_completions"
-        price = 1
-        upstream = "fake-openai"
-        upstream_model = "qwen2.5-7b-instruct"
-        [[models]]
-        name = "{MESSAGES_MODEL}"
-        protocol = "messages"
-        price = {MESSAGES_PRICE}
-        upstream = "fake-anthropic"
-        "#
-    ))
-    .unwrap()
-}
-
-struct Setup {
+/// A gateway on a fresh SQLite file in front of the given catalogue, with a funded key.
+struct Rig {
     db: TestDb,
     gateway: Gateway,
-    provider: FakeProvider,
     key: String,
 }
 
-async fn setup(timeout_secs: u64) -> Setup {
-    let (provider, base) = FakeProvider::start().await;
-    let catalogue = catalogue(&base, timeout_secs);
-    let upstream = HttpUpstream::with_keys(&catalogue, |variable| match variable {
-        "FAKE_OPENAI_KEY" => Some(OPENAI_KEY.into()),
-        "FAKE_ANTHROPIC_KEY" => Some(ANTHROPIC_KEY.into()),
-        _ => None,
-    })
-    .unwrap();
+/// Every provider key is `secret-for-VARIABLE`.
+fn provider_secret(variable: &str) -> String {
+    format!("secret-for-{variable}")
+}
+
+fn upstream(name: &str, kind: &str, base_url: &str, extra: &str) -> String {
+    format!(
+        "[[upstreams]]\nname = \"{name}\"\nkind = \"{kind}\"\nbase_url = \"{base_url}\"\napi_key_env = \"{}\"\n{extra}\n",
+        name.to_uppercase().replace('-', "_")
+    )
+}
+
+fn chat_model(name: &str, price: i64, channels: &str) -> String {
+    format!(
+        "[[models]]\nname = \"{name}\"\nprotocol = \"chat_completions\"\nprice = {price}\n{channels}\n"
+    )
+}
+
+async fn rig(catalogue_toml: String) -> Rig {
+    let catalogue = Catalogue::from_toml(&catalogue_toml).unwrap();
+    let upstream =
+        HttpUpstream::with_keys(&catalogue, |variable| Some(provider_secret(variable))).unwrap();
     let db = sqlite_db().await;
-    let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 1 << 20).await;
-    let key = db.funded_key(50, 50).await;
-    Setup {
-        db,
-        gateway,
-        provider,
-        key,
+    let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 64 << 20).await;
+    let key = db.funded_key(1_000, 0).await;
+    Rig { db, gateway, key }
+}
+
+impl Rig {
+    async fn chat(&self, model: &str) -> Answer {
+        self.gateway.chat(&self.key, model).await
+    }
+
+    async fn total(&self) -> i64 {
+        self.db.balance(&self.key).await.total().get()
+    }
+
+    async fn newest_call(&self) -> model_gateway::CallRecord {
+        self.db.calls(&self.key).await.remove(0)
     }
 }
 
-fn assert_no_header_carries(seen: &Seen, secret: &str) {
-    for (name, value) in &seen.headers {
-        assert!(
-            !value.to_str().unwrap_or_default().contains(secret),
-            "header {name} leaks the client's key"
-        );
+const OK_REPLY: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}"#;
+
+fn ok() -> Fault {
+    Fault::json(200, OK_REPLY)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fidelity
+
+/// One fake provider serving a chat model and a messages model.
+async fn one_provider_rig() -> (FakeProvider, Rig) {
+    let provider = FakeProvider::start().await;
+    let toml = format!(
+        "{}{}{}[[models]]\nname = \"{MESSAGES_MODEL}\"\nprotocol = \"messages\"\nprice = {MESSAGES_PRICE}\nupstream = \"fake-anthropic\"\n",
+        upstream(
+            "fake-openai",
+            "openai",
+            &format!("{}/v1", provider.base),
+            ""
+        ),
+        upstream("fake-anthropic", "anthropic", &provider.base, ""),
+        chat_model(CHAT_MODEL, CHAT_PRICE, "upstream = \"fake-openai\""),
+    );
+    (provider, rig(toml).await)
+}
+
+fn reported_usage(reply: &[u8]) -> (Option<i64>, Option<i64>) {
+    let reply: serde_json::Value = serde_json::from_slice(reply).unwrap();
+    let usage = &reply["usage"];
+    let pick = |a: &str, b: &str| usage[a].as_i64().or(usage[b].as_i64());
+    (
+        pick("prompt_tokens", "input_tokens"),
+        pick("completion_tokens", "output_tokens"),
+    )
+}
+
+#[tokio::test]
+async fn the_corpus_crosses_the_gateway_byte_for_byte_on_both_protocols() {
+    let (provider, rig) = one_provider_rig().await;
+    let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
+    let mut cases = 0;
+    for (directory, path) in [("chat_completions", CHAT), ("messages", MESSAGES)] {
+        let mut requests: Vec<_> = std::fs::read_dir(corpus.join(directory))
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|p| p.to_string_lossy().ends_with(".request.json"))
+            .collect();
+        requests.sort();
+        for request_path in requests {
+            let name = request_path.display().to_string();
+            let request = std::fs::read(&request_path).unwrap();
+            let reply = std::fs::read(name.replace(".request.json", ".reply.json")).unwrap();
+            provider.then(Fault::Reply {
+                status: 200,
+                headers: Vec::new(),
+                body: reply.clone(),
+            });
+
+            let answer = rig
+                .gateway
+                .post_bearer(path, &rig.key, request.clone())
+                .await;
+
+            assert_eq!(answer.status, 200, "{name}: {answer:?}");
+            assert_eq!(
+                answer.bytes, reply,
+                "{name}: the reply changed on the way back"
+            );
+            assert_eq!(
+                provider.last().body,
+                request,
+                "{name}: the request changed on the way"
+            );
+            let call = rig.newest_call().await;
+            assert_eq!(call.status, CallStatus::Ok, "{name}");
+            assert_eq!(
+                (call.input_tokens, call.output_tokens),
+                reported_usage(&reply),
+                "{name}"
+            );
+            cases += 1;
+        }
     }
+    assert!(cases >= 12, "only {cases} corpus cases");
 }
 
-// Odd spacing, key order, number formats and unknown fields: all must arrive byte for byte.
-const CHAT_REQUEST: &str = r#"{"messages": [{"role":"system","content":"Be terse."},{"role":"user","content":[{"type":"text","text":"What is in this image? 你好"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo=","detail":"low"}}]}],
-  "model":"gpt-4o-mini", "temperature": 0.70, "tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],
-  "tool_choice":"auto", "response_format":{"type":"json_object"}, "x_vendor_extension":{"n":1e2,"keep":[true,null]}}"#;
-
-const CHAT_REPLY: &str = r#"{"id":"chatcmpl-abc","object":"chat.completion","created":1700000000,"model":"gpt-4o-mini-2024-07-18","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":57,"completion_tokens":15,"total_tokens":72},"system_fingerprint":"fp_x","vendor_extra":1.50}"#;
-
 #[tokio::test]
-async fn a_chat_request_reaches_the_provider_byte_for_byte_with_the_provider_key() {
-    let s = setup(30).await;
-    s.provider.then(Script::Reply(200, CHAT_REPLY));
+async fn very_long_unicode_contents_cross_byte_for_byte() {
+    let (provider, rig) = one_provider_rig().await;
+    let long = "长文本 · émojis 🚀 \"quotes\" \\ tabs\t ".repeat(120_000); // ~4.7 MB
+    let request = serde_json::json!({
+        "model": CHAT_MODEL,
+        "messages": [{ "role": "user", "content": long }]
+    })
+    .to_string();
+    let reply = OK_REPLY.replace("\"hi\"", &serde_json::to_string(&long).unwrap());
+    provider.then(Fault::json(200, &reply));
 
-    let answer = s
+    let answer = rig
         .gateway
-        .send(
-            s.gateway
-                .client
-                .post(format!("{}{CHAT}", s.gateway.base))
-                .bearer_auth(&s.key)
-                .header("openai-organization", "org-123")
-                .header("x-unrelated", "stays-here")
-                .body(CHAT_REQUEST),
-        )
+        .post_bearer(CHAT, &rig.key, request.clone())
         .await;
 
     assert_eq!(answer.status, 200);
-    assert_eq!(
-        answer.bytes,
-        CHAT_REPLY.as_bytes(),
-        "the reply must come back unchanged"
-    );
-    let seen = s.provider.last_seen();
-    assert_eq!(seen.path, "/v1/chat/completions");
-    assert_eq!(
-        seen.body,
-        CHAT_REQUEST.as_bytes(),
-        "the request must arrive unchanged"
-    );
-    assert_eq!(
-        seen.headers["authorization"],
-        format!("Bearer {OPENAI_KEY}")
-    );
-    assert_eq!(seen.headers["openai-organization"], "org-123");
-    assert!(seen.headers.get("x-unrelated").is_none());
-    assert_no_header_carries(&seen, &s.key);
-
-    let call = &s.db.calls(&s.key).await[0];
-    assert_eq!(call.status, CallStatus::Ok);
-    assert_eq!(
-        (call.input_tokens, call.output_tokens),
-        (Some(57), Some(15))
+    assert!(answer.bytes == reply.as_bytes(), "the long reply changed");
+    assert!(
+        provider.last().body == request.as_bytes(),
+        "the long request changed"
     );
 }
 
-const MESSAGES_REQUEST: &str = r#"{"model":"claude-haiku-4-5","max_tokens":1024,
- "system":[{"type":"text","text":"You are a weather bot.","cache_control":{"type":"ephemeral"}}],
- "tools":[{"name":"get_weather","description":"Weather by city","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}],
- "messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}},{"type":"text","text":"Weather in Paris?"}]},
-  {"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}]},
-  {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"18°C, cloudy"}]}],
- "metadata":{"user_id":"u-42"},"temperature":0.5}"#;
-
-const MESSAGES_REPLY: &str = r#"{"id":"msg_01","type":"message","role":"assistant","model":"claude-3-5-haiku-20241022","content":[{"type":"text","text":"It is 18°C and cloudy."},{"type":"tool_use","id":"toolu_2","name":"get_weather","input":{"city":"Lyon"}}],"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":410,"output_tokens":33,"cache_read_input_tokens":0}}"#;
-
 #[tokio::test]
-async fn a_messages_request_reaches_the_provider_with_x_api_key_and_the_clients_headers() {
-    let s = setup(30).await;
-    s.provider.then(Script::Reply(200, MESSAGES_REPLY));
-
-    let answer = s
+async fn headers_that_matter_reach_the_provider_and_the_gateway_key_never_does() {
+    let (provider, rig) = one_provider_rig().await;
+    let forwarded_chat = [
+        ("openai-organization", "org-123"),
+        ("openai-project", "proj_9"),
+        ("idempotency-key", "idem-1"),
+        (
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ),
+        ("x-request-id", "req-42"),
+    ];
+    provider.then(ok());
+    let mut request = rig
         .gateway
-        .send(
-            s.gateway
-                .client
-                .post(format!("{}{MESSAGES}", s.gateway.base))
-                .header("x-api-key", &s.key)
-                .header("anthropic-version", "2023-01-01")
-                .header("anthropic-beta", "prompt-caching-2024-07-31")
-                .body(MESSAGES_REQUEST),
-        )
-        .await;
+        .client
+        .post(format!("{}{CHAT}", rig.gateway.base))
+        .bearer_auth(&rig.key)
+        .header("x-api-key", &rig.key)
+        .header("cookie", "session=abc")
+        .body(chat_body(CHAT_MODEL));
+    for (name, value) in forwarded_chat {
+        request = request.header(name, value);
+    }
+    assert_eq!(rig.gateway.send(request).await.status, 200);
+    let seen = provider.last();
+    assert_eq!(seen.target, "/v1/chat/completions");
+    for (name, value) in forwarded_chat {
+        assert_eq!(seen.header(name), Some(value), "{name}");
+    }
+    let bearer = format!("Bearer {}", provider_secret("FAKE_OPENAI"));
+    assert_eq!(seen.header("authorization"), Some(bearer.as_str()));
+    assert_eq!(seen.header("x-api-key"), None);
+    assert_eq!(seen.header("cookie"), None);
+    assert!(seen.headers.iter().all(|(_, v)| !v.contains(&rig.key)));
 
-    assert_eq!(answer.status, 200);
-    assert_eq!(answer.bytes, MESSAGES_REPLY.as_bytes());
-    let seen = s.provider.last_seen();
-    assert_eq!(seen.path, "/v1/messages");
-    assert_eq!(seen.body, MESSAGES_REQUEST.as_bytes());
-    assert_eq!(seen.headers["x-api-key"], ANTHROPIC_KEY);
-    assert_eq!(seen.headers["anthropic-version"], "2023-01-01");
-    assert_eq!(seen.headers["anthropic-beta"], "prompt-caching-2024-07-31");
-    assert!(seen.headers.get("authorization").is_none());
-    assert_no_header_carries(&seen, &s.key);
-
-    let call = &s.db.calls(&s.key).await[0];
-    assert_eq!(
-        (call.input_tokens, call.output_tokens),
-        (Some(410), Some(33))
-    );
+    let forwarded_messages = [
+        ("anthropic-version", "2023-01-01"),
+        (
+            "anthropic-beta",
+            "prompt-caching-2024-07-31,tools-2024-05-16",
+        ),
+        ("idempotency-key", "idem-2"),
+        (
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01",
+        ),
+    ];
+    provider.then(Fault::json(200, r#"{"type":"message","content":[]}"#));
+    let mut request = rig
+        .gateway
+        .client
+        .post(format!("{}{MESSAGES}", rig.gateway.base))
+        .header("x-api-key", &rig.key)
+        .body(messages_body(MESSAGES_MODEL));
+    for (name, value) in forwarded_messages {
+        request = request.header(name, value);
+    }
+    assert_eq!(rig.gateway.send(request).await.status, 200);
+    let seen = provider.last();
+    assert_eq!(seen.target, "/v1/messages");
+    for (name, value) in forwarded_messages {
+        assert_eq!(seen.header(name), Some(value), "{name}");
+    }
+    let secret = provider_secret("FAKE_ANTHROPIC");
+    assert_eq!(seen.header("x-api-key"), Some(secret.as_str()));
+    assert_eq!(seen.header("authorization"), None);
+    assert!(seen.headers.iter().all(|(_, v)| !v.contains(&rig.key)));
 }
 
 #[tokio::test]
 async fn anthropic_version_defaults_when_the_client_sends_none() {
-    let s = setup(30).await;
-    s.provider.then(Script::Reply(200, MESSAGES_REPLY));
-    assert_eq!(s.gateway.messages(&s.key, MESSAGES_MODEL).await.status, 200);
+    let (provider, rig) = one_provider_rig().await;
+    provider.then(Fault::json(200, r#"{"type":"message","content":[]}"#));
     assert_eq!(
-        s.provider.last_seen().headers["anthropic-version"],
-        "2023-06-01"
-    );
-}
-
-#[tokio::test]
-async fn upstream_model_renames_the_model_and_nothing_else() {
-    let s = setup(30).await;
-    s.provider.then(Script::Reply(200, CHAT_REPLY));
-    let sent = CHAT_REQUEST.replace("\"gpt-4o-mini\"", "\"house-chat\"");
-    assert_eq!(
-        s.gateway
-            .post_bearer(CHAT, &s.key, sent.clone())
-            .await
-            .status,
+        rig.gateway.messages(&rig.key, MESSAGES_MODEL).await.status,
         200
     );
-    let expected = CHAT_REQUEST.replace("\"gpt-4o-mini\"", "\"qwen2.5-7b-instruct\"");
-    assert_eq!(s.provider.last_seen().body, expected.as_bytes());
+    assert_eq!(
+        provider.last().header("anthropic-version"),
+        Some("2023-06-01")
+    );
 }
 
-/// Runs one call that the provider fails, and checks the refund.
-async fn assert_refunded(s: &Setup, expected_status: Option<u16>, error_contains: &str) {
-    let before = s.db.balance(&s.key).await;
-    let answer = s.gateway.chat(&s.key, CHAT_MODEL).await;
-    assert_eq!(answer.status, 502, "{answer:?}");
-    assert_eq!(answer.detail(), "上游服务暂时不可用");
-    assert_eq!(s.db.balance(&s.key).await, before, "credits must come back");
-    let call = &s.db.calls(&s.key).await[0];
+// ---------------------------------------------------------------------------------------------
+// Channels, retries and failover
+
+/// `primary` then `backup`, each its own fake provider; the primary's time-out is 1 s unless
+/// `primary_extra` sets one.
+async fn two_channel_rig(
+    primary_extra: &str,
+    backup_extra: &str,
+    deadline: Option<u64>,
+) -> (FakeProvider, FakeProvider, Rig) {
+    let primary = FakeProvider::start().await;
+    let backup = FakeProvider::start().await;
+    let deadline = deadline.map_or(String::new(), |secs| {
+        format!("call_deadline_secs = {secs}\n")
+    });
+    let toml = format!(
+        "{deadline}{}{}{}",
+        upstream(
+            "primary",
+            "openai",
+            &format!("{}/v1", primary.base),
+            &if primary_extra.contains("timeout_secs") {
+                primary_extra.to_owned()
+            } else {
+                format!("timeout_secs = 1\n{primary_extra}")
+            }
+        ),
+        upstream(
+            "backup",
+            "openai",
+            &format!("{}/v1", backup.base),
+            backup_extra
+        ),
+        chat_model(
+            CHAT_MODEL,
+            CHAT_PRICE,
+            "upstreams = [{ name = \"primary\", upstream_model = \"name-on-primary\" }, { name = \"backup\", upstream_model = \"name-on-backup\" }]"
+        ),
+    );
+    (primary, backup, rig(toml).await)
+}
+
+#[tokio::test]
+async fn each_retryable_failure_moves_on_to_the_next_channel_and_charges_once() {
+    let (primary, backup, rig) = two_channel_rig("breaker_failures = 1000", "", None).await;
+    let faults = [
+        ("500", Fault::json(500, r#"{"error":{"message":"boom"}}"#)),
+        ("503", Fault::json(503, "overloaded")),
+        (
+            "429",
+            Fault::json(429, r#"{"error":{"message":"slow down"}}"#),
+        ),
+        (
+            "401 (the channel's key)",
+            Fault::json(401, r#"{"error":{"message":"bad key"}}"#),
+        ),
+        ("connection reset", Fault::Reset),
+        ("garbage", Fault::Garbage),
+        ("time-out", ok().after(Duration::from_secs(3))),
+        ("2xx not JSON", Fault::json(200, "<html>maintenance</html>")),
+    ];
+    for (case, fault) in faults {
+        let before = rig.total().await;
+        let primary_before = primary.requests();
+        primary.then(fault);
+        backup.then(ok());
+
+        let answer = rig.chat(CHAT_MODEL).await;
+
+        assert_eq!(answer.status, 200, "{case}: {answer:?}");
+        assert_eq!(answer.bytes, OK_REPLY.as_bytes(), "{case}");
+        assert_eq!(
+            rig.total().await,
+            before - CHAT_PRICE,
+            "{case}: charged once"
+        );
+        assert_eq!(primary.requests(), primary_before + 1, "{case}");
+        let call = rig.newest_call().await;
+        assert_eq!(call.status, CallStatus::Ok, "{case}");
+        assert_eq!(call.channel.as_deref(), Some("backup"), "{case}");
+    }
+    // Each channel got the model under its own upstream name.
+    let model_of =
+        |body: &[u8]| serde_json::from_slice::<serde_json::Value>(body).unwrap()["model"].clone();
+    assert_eq!(model_of(&primary.last().body), "name-on-primary");
+    assert_eq!(model_of(&backup.last().body), "name-on-backup");
+    assert_eq!(rig.db.calls(&rig.key).await.len(), 8);
+    rig.db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn a_refused_connection_moves_on_to_the_next_channel() {
+    let backup = FakeProvider::start().await;
+    let closed_port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let rig = rig(format!(
+        "{}{}{}",
+        upstream(
+            "dead",
+            "openai",
+            &format!("http://127.0.0.1:{closed_port}/v1"),
+            ""
+        ),
+        upstream("backup", "openai", &format!("{}/v1", backup.base), ""),
+        chat_model(CHAT_MODEL, CHAT_PRICE, "upstreams = [\"dead\", \"backup\"]"),
+    ))
+    .await;
+    backup.then(ok());
+    assert_eq!(rig.chat(CHAT_MODEL).await.status, 200);
+    assert_eq!(rig.newest_call().await.channel.as_deref(), Some("backup"));
+}
+
+#[tokio::test]
+async fn a_request_the_provider_rejects_is_refunded_at_once_and_the_client_learns_why() {
+    let (primary, backup, rig) = two_channel_rig("", "", None).await;
+    let before = rig.total().await;
+    primary.then(Fault::json(
+        400,
+        r#"{"error":{"message":"Invalid 'messages[0].role': 'robot'.","type":"invalid_request_error"}}"#,
+    ));
+
+    let answer = rig.chat(CHAT_MODEL).await;
+
+    assert_eq!(answer.status, 502);
+    assert_eq!(
+        answer.detail(),
+        "上游服务暂时不可用: Invalid 'messages[0].role': 'robot'."
+    );
+    assert_eq!(
+        backup.requests(),
+        0,
+        "a request error is not retried elsewhere"
+    );
+    assert_eq!(rig.total().await, before);
+    let call = rig.newest_call().await;
     assert_eq!(call.status, CallStatus::Refunded);
-    assert_eq!(call.upstream_status, expected_status);
-    let error = call.upstream_error.as_deref().unwrap();
-    assert!(error.contains(error_contains), "{error}");
+    assert_eq!(call.upstream_status, Some(400));
     assert!(
-        !error.contains(OPENAI_KEY) && !error.contains(&s.key),
-        "{error}"
+        call.upstream_error
+            .unwrap()
+            .contains("invalid_request_error")
     );
 }
 
 #[tokio::test]
-async fn provider_error_statuses_are_refunded_and_answer_502() {
-    let s = setup(30).await;
-    for (status, body) in [
-        (500, r#"{"error":{"message":"internal boom"}}"#),
-        (429, r#"{"error":{"message":"rate limited"}}"#),
-        (400, r#"{"error":{"message":"bad tool schema"}}"#),
-    ] {
-        s.provider.then(Script::Reply(status, body));
-        let message = body.split('"').nth(5).unwrap();
-        assert_refunded(&s, Some(status), message).await;
+async fn the_anthropic_error_shape_also_reaches_the_client() {
+    let (provider, rig) = one_provider_rig().await;
+    provider.then(Fault::json(
+        400,
+        r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: 64000 > 8192"}}"#,
+    ));
+    let answer = rig.gateway.messages(&rig.key, MESSAGES_MODEL).await;
+    assert_eq!(answer.status, 502);
+    assert_eq!(
+        answer.detail(),
+        "上游服务暂时不可用: max_tokens: 64000 > 8192"
+    );
+}
+
+#[tokio::test]
+async fn when_every_channel_fails_the_call_is_refunded_once_and_each_failure_is_logged() {
+    let (primary, backup, rig) = two_channel_rig("", "", None).await;
+    let before = rig.total().await;
+    primary.then(Fault::json(500, r#"{"error":{"message":"primary down"}}"#));
+    backup.then(Fault::Reset);
+
+    let answer = rig.chat(CHAT_MODEL).await;
+
+    assert_eq!(answer.status, 502);
+    assert_eq!(answer.detail(), "上游服务暂时不可用");
+    assert_eq!(rig.total().await, before);
+    let calls = rig.db.calls(&rig.key).await;
+    assert_eq!(calls.len(), 1);
+    let error = calls[0].upstream_error.clone().unwrap();
+    assert!(
+        error.contains("primary: answered 500") && error.contains("primary down"),
+        "{error}"
+    );
+    assert!(error.contains("backup: "), "{error}");
+    rig.db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured_within_the_call_deadline() {
+    let provider = FakeProvider::start().await;
+    let rig = rig(format!(
+        "{}{}",
+        upstream("only", "openai", &format!("{}/v1", provider.base), ""),
+        chat_model(CHAT_MODEL, CHAT_PRICE, "upstream = \"only\""),
+    ))
+    .await;
+    provider.then(Fault::json(429, "{}").with_header("retry-after", "1"));
+    provider.then(ok());
+    let before = rig.total().await;
+
+    let started = Instant::now();
+    let answer = rig.chat(CHAT_MODEL).await;
+
+    assert_eq!(answer.status, 200);
+    assert!(started.elapsed() >= Duration::from_secs(1), "did not wait");
+    assert_eq!(provider.requests(), 2);
+    assert_eq!(rig.total().await, before - CHAT_PRICE);
+}
+
+#[tokio::test]
+async fn a_retry_after_beyond_the_deadline_is_not_awaited() {
+    let provider = FakeProvider::start().await;
+    let rig = rig(format!(
+        "call_deadline_secs = 5\n{}{}",
+        upstream("only", "openai", &format!("{}/v1", provider.base), ""),
+        chat_model(CHAT_MODEL, CHAT_PRICE, "upstream = \"only\""),
+    ))
+    .await;
+    provider.then(Fault::json(429, "{}").with_header("retry-after", "60"));
+
+    let started = Instant::now();
+    let answer = rig.chat(CHAT_MODEL).await;
+
+    assert_eq!(answer.status, 502);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "waited past the deadline"
+    );
+    assert_eq!(provider.requests(), 1);
+    assert_eq!(rig.newest_call().await.upstream_status, Some(429));
+}
+
+#[tokio::test]
+async fn the_call_deadline_bounds_all_attempts_together() {
+    let (primary, backup, rig) = two_channel_rig("timeout_secs = 30", "", Some(2)).await;
+    primary.then(ok().after(Duration::from_secs(10)));
+    backup.then(ok().after(Duration::from_secs(10)));
+    let before = rig.total().await;
+
+    let started = Instant::now();
+    let answer = rig.chat(CHAT_MODEL).await;
+
+    let elapsed = started.elapsed();
+    assert_eq!(answer.status, 502);
+    assert!(
+        elapsed >= Duration::from_secs(2) && elapsed < Duration::from_secs(4),
+        "{elapsed:?}"
+    );
+    assert_eq!(rig.total().await, before);
+    assert_eq!(backup.requests(), 0, "no time was left for the backup");
+}
+
+#[tokio::test]
+async fn a_failing_channel_is_skipped_while_its_breaker_is_open_and_tried_after_the_cooldown() {
+    let (primary, backup, rig) =
+        two_channel_rig("breaker_failures = 2\nbreaker_cooldown_secs = 1", "", None).await;
+    primary.always(Fault::json(500, "{}"));
+    backup.always(ok());
+
+    for expected_primary_requests in [1, 2, 2, 2] {
+        assert_eq!(rig.chat(CHAT_MODEL).await.status, 200);
+        assert_eq!(
+            primary.requests(),
+            expected_primary_requests,
+            "breaker after 2 failures"
+        );
+        assert_eq!(rig.newest_call().await.channel.unwrap(), "backup");
     }
-    s.db.assert_audit_holds().await;
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(rig.chat(CHAT_MODEL).await.status, 200);
+    assert_eq!(primary.requests(), 3, "one trial after the cooldown");
+    assert_eq!(rig.chat(CHAT_MODEL).await.status, 200);
+    assert_eq!(
+        primary.requests(),
+        3,
+        "the failed trial reopened the breaker"
+    );
+
+    primary.always(ok());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(rig.chat(CHAT_MODEL).await.status, 200);
+    assert_eq!(
+        rig.newest_call().await.channel.unwrap(),
+        "primary",
+        "the trial succeeded"
+    );
+    assert_eq!(rig.chat(CHAT_MODEL).await.status, 200);
+    assert_eq!(
+        rig.newest_call().await.channel.unwrap(),
+        "primary",
+        "the breaker is closed again"
+    );
+    assert_eq!(primary.requests(), 5);
 }
 
 #[tokio::test]
-async fn a_provider_time_out_is_refunded_and_answers_502() {
-    let s = setup(1).await;
-    s.provider
-        .then(Script::Delay(Duration::from_secs(3), 200, CHAT_REPLY));
-    assert_refunded(&s, None, "timed out").await;
+async fn when_every_breaker_is_open_the_channels_are_still_tried() {
+    let breaker = "breaker_failures = 1\nbreaker_cooldown_secs = 60";
+    let (primary, backup, rig) = two_channel_rig(breaker, breaker, None).await;
+    primary.always(Fault::json(500, "{}"));
+    backup.then(Fault::json(500, "{}")).then(ok());
+    // One failure each opens both breakers for a minute.
+    assert_eq!(rig.chat(CHAT_MODEL).await.status, 502);
+    // With every breaker open, the call still tries them all rather than fail untried.
+    assert_eq!(rig.chat(CHAT_MODEL).await.status, 200);
+    assert_eq!((primary.requests(), backup.requests()), (2, 2));
+    assert_eq!(rig.newest_call().await.channel.as_deref(), Some("backup"));
 }
 
 #[tokio::test]
-async fn a_2xx_reply_that_is_not_json_is_refunded() {
-    let s = setup(30).await;
-    s.provider
-        .then(Script::Reply(200, "<html>gateway error</html>"));
-    assert_refunded(&s, Some(200), "not a JSON object").await;
+async fn equal_priorities_share_calls_by_weight() {
+    let a = FakeProvider::start().await;
+    let b = FakeProvider::start().await;
+    a.always(ok());
+    b.always(ok());
+    let rig = rig(format!(
+        "{}{}{}",
+        upstream("a", "openai", &format!("{}/v1", a.base), ""),
+        upstream("b", "openai", &format!("{}/v1", b.base), ""),
+        chat_model(
+            "spread",
+            1,
+            "upstreams = [{ name = \"a\", priority = 1, weight = 3 }, { name = \"b\", priority = 1, weight = 1 }]"
+        ),
+    ))
+    .await;
+    for _ in 0..200 {
+        assert_eq!(rig.chat("spread").await.status, 200);
+    }
+    // Expected 150 : 50; the bounds are five standard deviations wide.
+    assert_eq!(a.requests() + b.requests(), 200);
+    assert!(
+        (120..=180).contains(&a.requests()),
+        "a served {}",
+        a.requests()
+    );
+}
+
+#[tokio::test]
+async fn one_connection_per_upstream_is_kept_alive_across_calls() {
+    let (provider, rig) = one_provider_rig().await;
+    provider.always(ok());
+    for _ in 0..5 {
+        assert_eq!(rig.chat(CHAT_MODEL).await.status, 200);
+    }
+    assert_eq!(provider.requests(), 5);
+    assert_eq!(provider.connections(), 1);
+}
+
+#[tokio::test]
+async fn an_upstream_can_use_its_own_proxy_and_extra_headers() {
+    let proxy = FakeProvider::start().await;
+    proxy.then(ok());
+    let rig = rig(format!(
+        "{}{}",
+        upstream(
+            "proxied",
+            "openai",
+            "http://provider.invalid/v1",
+            &format!(
+                "proxy = \"{}\"\nheaders = {{ \"x-tenant\" = \"acme\" }}",
+                proxy.base
+            )
+        ),
+        chat_model(CHAT_MODEL, CHAT_PRICE, "upstream = \"proxied\""),
+    ))
+    .await;
+    assert_eq!(rig.chat(CHAT_MODEL).await.status, 200);
+    let seen = proxy.last();
+    assert_eq!(seen.target, "http://provider.invalid/v1/chat/completions");
+    assert_eq!(seen.header("x-tenant"), Some("acme"));
+}
+
+#[tokio::test]
+async fn provider_credentials_never_reach_the_client_or_the_call_log() {
+    let (primary, backup, rig) = two_channel_rig("", "", None).await;
+    let secret = provider_secret("PRIMARY");
+    primary.then(Fault::json(
+        400,
+        &format!(r#"{{"error":{{"message":"Incorrect API key provided: {secret}"}}}}"#),
+    ));
+    let answer = rig.chat(CHAT_MODEL).await;
+    assert_eq!(answer.status, 502);
+    assert!(!answer.detail().contains(&secret), "{}", answer.detail());
+    assert!(answer.detail().contains("[redacted]"));
+    let logged = rig.newest_call().await.upstream_error.unwrap();
+    assert!(!logged.contains(&secret), "{logged}");
+
+    primary.then(Fault::json(500, &format!("echo {secret}")));
+    backup.then(Fault::json(
+        500,
+        &format!("echo {}", provider_secret("BACKUP")),
+    ));
+    assert_eq!(rig.chat(CHAT_MODEL).await.status, 502);
+    let logged = rig.newest_call().await.upstream_error.unwrap();
+    assert!(!logged.contains("secret-for-"), "{logged}");
+    assert!(!logged.contains(&rig.key), "{logged}");
 }

@@ -35,8 +35,20 @@ use crate::protocol::Protocol;
 /// model and two Anthropic messages models.
 pub const DEMO_CATALOGUE: &str = include_str!("demo.toml");
 
-/// Default total time-out of one upstream call.
+/// Default total time-out of one upstream attempt.
 pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Default time allowed to open a connection to an upstream.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default deadline of one call, across every channel and retry.
+pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(300);
+
+/// Default number of consecutive failures that open an upstream's circuit breaker.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+
+/// Default time an open circuit breaker skips its upstream.
+pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 
 /// The wire format an upstream speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -59,8 +71,18 @@ pub struct UpstreamConfig {
     pub base_url: String,
     /// Environment variable holding the provider key.
     pub api_key_env: String,
-    /// Total time-out of one call.
+    /// Total time-out of one attempt (connect, send, read the whole reply).
     pub timeout: Duration,
+    /// Time allowed to open a connection.
+    pub connect_timeout: Duration,
+    /// HTTP(S) proxy every request to this upstream goes through.
+    pub proxy: Option<String>,
+    /// Extra headers sent with every request to this upstream.
+    pub headers: Vec<(String, String)>,
+    /// Consecutive retryable failures that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker skips this upstream before letting one call try it again.
+    pub breaker_cooldown: Duration,
 }
 
 /// One model clients can call.
@@ -72,10 +94,21 @@ pub struct ModelRoute {
     pub protocol: Protocol,
     /// Credits charged per successful call.
     pub price: Credits,
-    /// Who serves it.
+    /// Who can serve it; tried by ascending `priority`, spread by `weight` within a priority.
+    pub channels: Vec<ModelChannel>,
+}
+
+/// One upstream that can serve a model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelChannel {
+    /// The upstream.
     pub upstream: Arc<UpstreamConfig>,
-    /// The name sent upstream, when it differs from `name`.
+    /// The model name sent to this upstream, when it differs from the catalogue name.
     pub upstream_model: Option<String>,
+    /// Lower is preferred. Channels of equal priority are equals.
+    pub priority: u32,
+    /// Share of calls among equals.
+    pub weight: u32,
 }
 
 /// A validated set of upstreams and models.
@@ -83,6 +116,7 @@ pub struct ModelRoute {
 pub struct Catalogue {
     models: HashMap<String, Arc<ModelRoute>>,
     upstreams: Vec<Arc<UpstreamConfig>>,
+    call_deadline: Duration,
 }
 
 /// Why a catalogue was refused.
@@ -121,9 +155,33 @@ pub enum CatalogueError {
         /// The price given.
         price: i64,
     },
-    /// An upstream time-out of zero.
-    #[error("invalid model catalogue: upstream `{0}` has timeout_secs = 0")]
-    ZeroTimeout(String),
+    /// A time-out, deadline, cool-down, threshold or weight of zero.
+    #[error("invalid model catalogue: {0} must be positive")]
+    Zero(String),
+    /// A custom header that is not a valid HTTP header.
+    #[error("invalid model catalogue: upstream `{upstream}` has an invalid header `{header}`")]
+    InvalidHeader {
+        /// The upstream.
+        upstream: String,
+        /// The header name.
+        header: String,
+    },
+    /// A model with neither or both of `upstream` and `upstreams`, or an empty list.
+    #[error(
+        "invalid model catalogue: model `{0}` needs exactly one of `upstream` or a non-empty `upstreams`"
+    )]
+    NoChannel(String),
+    /// A model that lists the same upstream twice.
+    #[error("invalid model catalogue: model `{model}` lists upstream `{upstream}` twice")]
+    DuplicateChannel {
+        /// The model.
+        model: String,
+        /// The upstream listed twice.
+        upstream: String,
+    },
+    /// Some channels of a model give a `priority` and some do not.
+    #[error("invalid model catalogue: model `{0}` gives `priority` for some upstreams but not all")]
+    PartialPriority(String),
     /// A model whose protocol its upstream cannot serve.
     #[error(
         "invalid model catalogue: model `{model}` is a {protocol} model but upstream `{upstream}` speaks the other protocol"
@@ -141,6 +199,7 @@ pub enum CatalogueError {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CatalogueFile {
+    call_deadline_secs: Option<u64>,
     #[serde(default)]
     upstreams: Vec<UpstreamEntry>,
     #[serde(default)]
@@ -155,6 +214,12 @@ struct UpstreamEntry {
     base_url: String,
     api_key_env: String,
     timeout_secs: Option<u64>,
+    connect_timeout_secs: Option<u64>,
+    proxy: Option<String>,
+    #[serde(default)]
+    headers: std::collections::BTreeMap<String, String>,
+    breaker_failures: Option<u32>,
+    breaker_cooldown_secs: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -163,8 +228,53 @@ struct ModelEntry {
     name: String,
     protocol: Protocol,
     price: i64,
-    upstream: String,
+    upstream: Option<String>,
+    upstreams: Option<Vec<ChannelEntry>>,
     upstream_model: Option<String>,
+}
+
+/// `"name"`, or `{ name = "...", priority = 1, weight = 3, upstream_model = "..." }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ChannelEntry {
+    Name(String),
+    Table(ChannelTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChannelTable {
+    name: String,
+    priority: Option<u32>,
+    weight: Option<u32>,
+    upstream_model: Option<String>,
+}
+
+impl ChannelEntry {
+    fn into_table(self) -> ChannelTable {
+        match self {
+            ChannelEntry::Name(name) => ChannelTable {
+                name,
+                priority: None,
+                weight: None,
+                upstream_model: None,
+            },
+            ChannelEntry::Table(table) => table,
+        }
+    }
+}
+
+/// `Some(value)` as a duration in seconds, refusing zero.
+fn positive_secs(
+    value: Option<u64>,
+    default: Duration,
+    what: impl FnOnce() -> String,
+) -> Result<Duration, CatalogueError> {
+    match value {
+        None => Ok(default),
+        Some(0) => Err(CatalogueError::Zero(what())),
+        Some(secs) => Ok(Duration::from_secs(secs)),
+    }
 }
 
 impl Catalogue {
@@ -186,51 +296,64 @@ impl Catalogue {
     /// Parses and validates a catalogue.
     pub fn from_toml(text: &str) -> Result<Catalogue, CatalogueError> {
         let file: CatalogueFile = toml::from_str(text)?;
+        let call_deadline = positive_secs(file.call_deadline_secs, DEFAULT_CALL_DEADLINE, || {
+            "call_deadline_secs".to_owned()
+        })?;
         let mut upstreams: HashMap<String, Arc<UpstreamConfig>> = HashMap::new();
         for entry in file.upstreams {
-            if entry.timeout_secs == Some(0) {
-                return Err(CatalogueError::ZeroTimeout(entry.name));
+            let name = entry.name;
+            let setting = |key: &str| format!("`{key}` of upstream `{name}`");
+            for (header, value) in &entry.headers {
+                let valid = http::HeaderName::try_from(header.as_str()).is_ok()
+                    && http::HeaderValue::try_from(value.as_str()).is_ok();
+                if !valid {
+                    return Err(CatalogueError::InvalidHeader {
+                        upstream: name.clone(),
+                        header: header.clone(),
+                    });
+                }
             }
+            let breaker_failures = match entry.breaker_failures {
+                Some(0) => return Err(CatalogueError::Zero(setting("breaker_failures"))),
+                other => other.unwrap_or(DEFAULT_BREAKER_FAILURES),
+            };
             let config = UpstreamConfig {
-                timeout: entry
-                    .timeout_secs
-                    .map_or(DEFAULT_UPSTREAM_TIMEOUT, Duration::from_secs),
+                timeout: positive_secs(entry.timeout_secs, DEFAULT_UPSTREAM_TIMEOUT, || {
+                    setting("timeout_secs")
+                })?,
+                connect_timeout: positive_secs(
+                    entry.connect_timeout_secs,
+                    DEFAULT_CONNECT_TIMEOUT,
+                    || setting("connect_timeout_secs"),
+                )?,
+                breaker_cooldown: positive_secs(
+                    entry.breaker_cooldown_secs,
+                    DEFAULT_BREAKER_COOLDOWN,
+                    || setting("breaker_cooldown_secs"),
+                )?,
+                breaker_failures,
                 base_url: entry.base_url.trim_end_matches('/').to_owned(),
                 kind: entry.kind,
                 api_key_env: entry.api_key_env,
-                name: entry.name,
+                proxy: entry.proxy,
+                headers: entry.headers.into_iter().collect(),
+                name: name.clone(),
             };
-            if upstreams.contains_key(&config.name) {
-                return Err(CatalogueError::DuplicateUpstream(config.name));
+            if upstreams.contains_key(&name) {
+                return Err(CatalogueError::DuplicateUpstream(name));
             }
-            upstreams.insert(config.name.clone(), Arc::new(config));
+            upstreams.insert(name, Arc::new(config));
         }
 
         let mut models = HashMap::new();
         for entry in file.models {
-            let upstream = upstreams.get(&entry.upstream).cloned().ok_or_else(|| {
-                CatalogueError::UnknownUpstream {
-                    model: entry.name.clone(),
-                    upstream: entry.upstream.clone(),
-                }
-            })?;
             if entry.price <= 0 {
                 return Err(CatalogueError::NonPositivePrice {
                     model: entry.name,
                     price: entry.price,
                 });
             }
-            let speaks = match upstream.kind {
-                UpstreamKind::Openai => Protocol::ChatCompletions,
-                UpstreamKind::Anthropic => Protocol::Messages,
-            };
-            if speaks != entry.protocol {
-                return Err(CatalogueError::ProtocolMismatch {
-                    model: entry.name,
-                    protocol: entry.protocol.as_str(),
-                    upstream: entry.upstream,
-                });
-            }
+            let channels = model_channels(&entry, &upstreams)?;
             if models.contains_key(&entry.name) {
                 return Err(CatalogueError::DuplicateModel(entry.name));
             }
@@ -238,14 +361,17 @@ impl Catalogue {
                 name: entry.name.clone(),
                 protocol: entry.protocol,
                 price: Credits(entry.price),
-                upstream,
-                upstream_model: entry.upstream_model,
+                channels,
             };
             models.insert(entry.name, Arc::new(route));
         }
         let mut upstreams: Vec<_> = upstreams.into_values().collect();
         upstreams.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Catalogue { models, upstreams })
+        Ok(Catalogue {
+            models,
+            upstreams,
+            call_deadline,
+        })
     }
 
     /// The model called `name`, on whichever protocol.
@@ -262,6 +388,84 @@ impl Catalogue {
     pub fn upstreams(&self) -> &[Arc<UpstreamConfig>] {
         &self.upstreams
     }
+
+    /// The longest one call may take, across every channel and retry.
+    pub fn call_deadline(&self) -> Duration {
+        self.call_deadline
+    }
+}
+
+/// The channels of one model entry, validated against the upstreams.
+fn model_channels(
+    entry: &ModelEntry,
+    upstreams: &HashMap<String, Arc<UpstreamConfig>>,
+) -> Result<Vec<ModelChannel>, CatalogueError> {
+    let model = &entry.name;
+    let tables: Vec<ChannelTable> = match (&entry.upstream, &entry.upstreams) {
+        (Some(name), None) => vec![ChannelEntry::Name(name.clone()).into_table()],
+        (None, Some(list)) if !list.is_empty() => list
+            .iter()
+            .map(|channel| match channel {
+                ChannelEntry::Name(name) => ChannelEntry::Name(name.clone()).into_table(),
+                ChannelEntry::Table(table) => ChannelTable {
+                    name: table.name.clone(),
+                    priority: table.priority,
+                    weight: table.weight,
+                    upstream_model: table.upstream_model.clone(),
+                },
+            })
+            .collect(),
+        _ => return Err(CatalogueError::NoChannel(model.clone())),
+    };
+    let with_priority = tables.iter().filter(|t| t.priority.is_some()).count();
+    if with_priority != 0 && with_priority != tables.len() {
+        return Err(CatalogueError::PartialPriority(model.clone()));
+    }
+    let mut channels: Vec<ModelChannel> = Vec::with_capacity(tables.len());
+    for (position, table) in tables.into_iter().enumerate() {
+        let upstream =
+            upstreams
+                .get(&table.name)
+                .cloned()
+                .ok_or_else(|| CatalogueError::UnknownUpstream {
+                    model: model.clone(),
+                    upstream: table.name.clone(),
+                })?;
+        if channels.iter().any(|c| c.upstream.name == table.name) {
+            return Err(CatalogueError::DuplicateChannel {
+                model: model.clone(),
+                upstream: table.name,
+            });
+        }
+        let speaks = match upstream.kind {
+            UpstreamKind::Openai => Protocol::ChatCompletions,
+            UpstreamKind::Anthropic => Protocol::Messages,
+        };
+        if speaks != entry.protocol {
+            return Err(CatalogueError::ProtocolMismatch {
+                model: model.clone(),
+                protocol: entry.protocol.as_str(),
+                upstream: table.name,
+            });
+        }
+        if table.weight == Some(0) {
+            return Err(CatalogueError::Zero(format!(
+                "`weight` of upstream `{}` in model `{model}`",
+                table.name
+            )));
+        }
+        channels.push(ModelChannel {
+            upstream,
+            upstream_model: table
+                .upstream_model
+                .or_else(|| entry.upstream_model.clone()),
+            // Without explicit priorities, the list order is the order of preference.
+            priority: table.priority.unwrap_or(position as u32),
+            weight: table.weight.unwrap_or(1),
+        });
+    }
+    channels.sort_by_key(|channel| channel.priority);
+    Ok(channels)
 }
 
 #[cfg(test)]
@@ -293,10 +497,11 @@ mod tests {
         .unwrap();
         let model = catalogue.model("gpt-4o-mini").unwrap();
         assert_eq!(model.price, Credits(2));
-        assert_eq!(model.upstream.base_url, "https://api.openai.com/v1");
-        assert_eq!(model.upstream.timeout, Duration::from_secs(60));
+        let channel = &model.channels[0];
+        assert_eq!(channel.upstream.base_url, "https://api.openai.com/v1");
+        assert_eq!(channel.upstream.timeout, Duration::from_secs(60));
         assert_eq!(
-            model.upstream_model.as_deref(),
+            channel.upstream_model.as_deref(),
             Some("gpt-4o-mini-2024-07-18")
         );
     }
@@ -313,8 +518,10 @@ mod tests {
             .filter(|m| m.protocol == Protocol::Messages)
             .count();
         assert!(chat.len() >= 3 && messages >= 2);
-        let vendors: std::collections::HashSet<_> =
-            chat.iter().map(|m| m.upstream.name.as_str()).collect();
+        let vendors: std::collections::HashSet<_> = chat
+            .iter()
+            .map(|m| m.channels[0].upstream.name.as_str())
+            .collect();
         assert!(vendors.len() >= 3, "{vendors:?}");
     }
 
@@ -388,5 +595,138 @@ mod tests {
             matches!(error, CatalogueError::ProtocolMismatch { .. }),
             "{error}"
         );
+    }
+
+    const TWO_UPSTREAMS: &str = r#"
+        [[upstreams]]
+        name = "primary"
+        kind = "openai"
+        base_url = "http://a/v1"
+        api_key_env = "A"
+        connect_timeout_secs = 2
+        proxy = "http://proxy:3128"
+        headers = { "x-tenant" = "acme" }
+        breaker_failures = 2
+        breaker_cooldown_secs = 7
+        [[upstreams]]
+        name = "backup"
+        kind = "openai"
+        base_url = "http://b/v1"
+        api_key_env = "B"
+    "#;
+
+    fn with_channels(model: &str) -> Result<Catalogue, CatalogueError> {
+        Catalogue::from_toml(&format!("{TWO_UPSTREAMS}\n[[models]]\n{model}"))
+    }
+
+    #[test]
+    fn a_list_of_upstreams_is_an_order_of_preference() {
+        let catalogue = with_channels(
+            "name = \"m\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream_model = \"m-v2\"\nupstreams = [\"backup\", \"primary\"]",
+        )
+        .unwrap();
+        let channels = &catalogue.model("m").unwrap().channels;
+        let names: Vec<_> = channels.iter().map(|c| c.upstream.name.as_str()).collect();
+        assert_eq!(names, ["backup", "primary"]);
+        assert!(channels[0].priority < channels[1].priority);
+        assert!(
+            channels
+                .iter()
+                .all(|c| c.upstream_model.as_deref() == Some("m-v2"))
+        );
+    }
+
+    #[test]
+    fn channels_can_carry_priority_weight_and_their_own_upstream_model() {
+        let catalogue = with_channels(
+            r#"name = "m"
+            protocol = "chat_completions"
+            price = 1
+            upstreams = [
+                { name = "backup", priority = 2 },
+                { name = "primary", priority = 1, weight = 3, upstream_model = "m-on-a" },
+            ]"#,
+        )
+        .unwrap();
+        let channels = &catalogue.model("m").unwrap().channels;
+        assert_eq!(channels[0].upstream.name, "primary");
+        assert_eq!((channels[0].weight, channels[1].weight), (3, 1));
+        assert_eq!(channels[0].upstream_model.as_deref(), Some("m-on-a"));
+        assert_eq!(channels[1].upstream_model, None);
+    }
+
+    #[test]
+    fn upstream_settings_load_with_defaults() {
+        let catalogue = with_channels(
+            "name = \"m\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream = \"primary\"",
+        )
+        .unwrap();
+        let primary = &catalogue.upstreams()[1];
+        assert_eq!(primary.name, "primary");
+        assert_eq!(primary.connect_timeout, Duration::from_secs(2));
+        assert_eq!(primary.proxy.as_deref(), Some("http://proxy:3128"));
+        assert_eq!(
+            primary.headers,
+            [("x-tenant".to_owned(), "acme".to_owned())]
+        );
+        assert_eq!(
+            (primary.breaker_failures, primary.breaker_cooldown),
+            (2, Duration::from_secs(7))
+        );
+        let backup = &catalogue.upstreams()[0];
+        assert_eq!(backup.breaker_failures, DEFAULT_BREAKER_FAILURES);
+        assert_eq!(catalogue.call_deadline(), DEFAULT_CALL_DEADLINE);
+    }
+
+    #[test]
+    fn bad_channel_lists_are_refused_by_name() {
+        let base = "name = \"m\"\nprotocol = \"chat_completions\"\nprice = 1\n";
+        let cases = [
+            ("", "exactly one of"),
+            ("upstreams = []", "exactly one of"),
+            (
+                "upstream = \"primary\"\nupstreams = [\"backup\"]",
+                "exactly one of",
+            ),
+            (
+                "upstreams = [\"primary\", \"primary\"]",
+                "lists upstream `primary` twice",
+            ),
+            (
+                "upstreams = [\"primary\", \"nowhere\"]",
+                "unknown upstream `nowhere`",
+            ),
+            (
+                "upstreams = [{ name = \"primary\", priority = 1 }, \"backup\"]",
+                "not all",
+            ),
+            (
+                "upstreams = [{ name = \"primary\", weight = 0 }]",
+                "must be positive",
+            ),
+        ];
+        for (channels, expected) in cases {
+            let error = with_channels(&format!("{base}{channels}")).unwrap_err();
+            assert!(error.to_string().contains(expected), "{channels}: {error}");
+        }
+    }
+
+    #[test]
+    fn zero_timeouts_and_invalid_headers_are_refused() {
+        let error = Catalogue::from_toml("call_deadline_secs = 0").unwrap_err();
+        assert!(error.to_string().contains("call_deadline_secs"), "{error}");
+        let upstream = |extra: &str| {
+            Catalogue::from_toml(&format!(
+                "[[upstreams]]\nname = \"u\"\nkind = \"openai\"\nbase_url = \"http://u\"\napi_key_env = \"U\"\n{extra}"
+            ))
+        };
+        assert!(
+            upstream("timeout_secs = 0")
+                .unwrap_err()
+                .to_string()
+                .contains("timeout_secs")
+        );
+        let error = upstream("headers = { \"bad header\" = \"x\" }").unwrap_err();
+        assert!(error.to_string().contains("bad header"), "{error}");
     }
 }

@@ -87,6 +87,7 @@ impl Ledger for MemoryStore {
             charged_topup: taken.topup,
             status: CallStatus::Pending,
             upstream_status: None,
+            channel: None,
             upstream_error: None,
             input_tokens: None,
             output_tokens: None,
@@ -107,6 +108,7 @@ impl Ledger for MemoryStore {
         };
         record.status = CallStatus::Ok;
         record.upstream_status = Some(success.upstream_status);
+        record.channel = success.channel;
         record.input_tokens = success.usage.input_tokens;
         record.output_tokens = success.usage.output_tokens;
         record.finished_at = Some(Utc::now());

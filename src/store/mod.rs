@@ -86,12 +86,14 @@ pub struct TokenUsage {
 }
 
 /// A successful upstream call, recorded when it is settled.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CallSuccess {
     /// The upstream's HTTP status.
     pub upstream_status: u16,
     /// Token usage, when the reply carries it.
     pub usage: TokenUsage,
+    /// The catalogue upstream (channel) that served the call, when the upstream says.
+    pub channel: Option<String>,
 }
 
 /// A failed upstream call, recorded when it is refunded; for the operator, never for the client.
@@ -159,7 +161,9 @@ pub struct CallRecord {
     pub status: CallStatus,
     /// Upstream HTTP status, when it answered.
     pub upstream_status: Option<u16>,
-    /// Upstream failure, for refunded calls.
+    /// The upstream (channel) that served the call.
+    pub channel: Option<String>,
+    /// Upstream failure, for refunded calls: each channel's failure in the order tried.
     pub upstream_error: Option<String>,
     /// Prompt tokens reported by the upstream.
     pub input_tokens: Option<i64>,

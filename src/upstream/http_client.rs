@@ -1,42 +1,75 @@
-//! The HTTP upstream: one reqwest client per catalogue upstream, reused across calls.
+//! The HTTP upstream: one reqwest client per catalogue upstream, reused across calls, and the
+//! failover across a model's channels.
+//!
+//! A call tries the model's channels by ascending priority (equals in weighted random order),
+//! skipping those whose circuit breaker is open, until one answers 2xx with a JSON body:
+//! - connection failures, time-outs, 429, 5xx, 401/403 (the channel's own credentials) and a 2xx
+//!   that is not JSON move on to the next channel and count against the breaker;
+//! - any other 4xx means the request itself is wrong: no other channel is tried, and the
+//!   provider's message is passed on to the client;
+//! - a 429's `Retry-After` is honoured within the call's deadline: when every channel has failed,
+//!   the call waits that long and tries that channel once more.
+//!
+//! If every channel's breaker is open, they are all tried anyway: a call never fails untried.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use serde::Deserialize;
 use tower_service::Service;
 
-use super::UpstreamError;
+use super::breaker::CircuitBreaker;
+use super::{ServedBy, UpstreamError, excerpt};
 use crate::BoxFuture;
-use crate::catalogue::{Catalogue, UpstreamConfig, UpstreamKind};
+use crate::catalogue::{Catalogue, ModelChannel, UpstreamConfig, UpstreamKind};
+use crate::refund::reply_usage;
 use crate::router::RoutedCall;
 
 /// `anthropic-version` sent when the client sent none.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Client headers passed on to the provider, per wire format. Everything else (and in
 /// particular the client's own gateway key) stays at the gateway.
-const OPENAI_PASSED_HEADERS: &[&str] =
-    &["openai-organization", "openai-project", "idempotency-key"];
-const ANTHROPIC_PASSED_HEADERS: &[&str] = &["anthropic-beta", "idempotency-key"];
+const OPENAI_PASSED_HEADERS: &[&str] = &[
+    "openai-organization",
+    "openai-project",
+    "openai-beta",
+    "idempotency-key",
+    "traceparent",
+    "tracestate",
+    "x-request-id",
+];
+const ANTHROPIC_PASSED_HEADERS: &[&str] = &[
+    "anthropic-beta",
+    "idempotency-key",
+    "traceparent",
+    "tracestate",
+    "x-request-id",
+];
+
+/// Longest provider message passed on to a client.
+const CLIENT_MESSAGE_CHARS: usize = 300;
 
 /// Calls the providers named in the catalogue.
 #[derive(Clone)]
 pub struct HttpUpstream {
     channels: Arc<HashMap<String, Channel>>,
+    call_deadline: Duration,
 }
 
 struct Channel {
     config: Arc<UpstreamConfig>,
     client: reqwest::Client,
-    /// The provider key from the environment; `None` when the variable is unset, in which case
-    /// calls fail (and are refunded) without contacting the provider.
+    /// The provider key as a header value; `None` when the variable is unset, in which case
+    /// this channel fails without being contacted.
     api_key: Option<HeaderValue>,
+    /// The provider key in clear, only to scrub it from anything the provider echoes back.
+    secret: Option<String>,
+    breaker: CircuitBreaker,
 }
 
 impl std::fmt::Debug for HttpUpstream {
@@ -45,6 +78,7 @@ impl std::fmt::Debug for HttpUpstream {
         names.sort();
         f.debug_struct("HttpUpstream")
             .field("upstreams", &names)
+            .field("call_deadline", &self.call_deadline)
             .finish()
     }
 }
@@ -63,14 +97,11 @@ impl HttpUpstream {
     ) -> Result<HttpUpstream, reqwest::Error> {
         let mut channels = HashMap::new();
         for config in catalogue.upstreams() {
-            let client = reqwest::Client::builder()
-                .connect_timeout(CONNECT_TIMEOUT.min(config.timeout))
-                .timeout(config.timeout)
-                .build()?;
-            let api_key = key_for(&config.api_key_env).and_then(|key| {
+            let secret = key_for(&config.api_key_env).filter(|key| !key.is_empty());
+            let api_key = secret.as_deref().and_then(|key| {
                 let value = match config.kind {
                     UpstreamKind::Openai => format!("Bearer {key}"),
-                    UpstreamKind::Anthropic => key,
+                    UpstreamKind::Anthropic => key.to_owned(),
                 };
                 let mut value = HeaderValue::try_from(value).ok()?;
                 value.set_sensitive(true);
@@ -80,22 +111,60 @@ impl HttpUpstream {
                 tracing::warn!(
                     upstream = %config.name,
                     variable = %config.api_key_env,
-                    "provider key not set; calls to this upstream will fail and be refunded"
+                    "provider key not set; this upstream will fail without being contacted"
                 );
             }
             channels.insert(
                 config.name.clone(),
                 Channel {
+                    client: build_client(config)?,
+                    breaker: CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown),
                     config: config.clone(),
-                    client,
                     api_key,
+                    secret,
                 },
             );
         }
         Ok(HttpUpstream {
             channels: Arc::new(channels),
+            call_deadline: catalogue.call_deadline(),
         })
     }
+}
+
+fn build_client(config: &UpstreamConfig) -> Result<reqwest::Client, reqwest::Error> {
+    let mut default_headers = HeaderMap::new();
+    for (name, value) in &config.headers {
+        // Validated when the catalogue was loaded.
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::try_from(value.as_str()),
+        ) {
+            default_headers.append(name, value);
+        }
+    }
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(config.connect_timeout)
+        .timeout(config.timeout)
+        .default_headers(default_headers)
+        // A redirected POST would be replayed as a GET elsewhere: treat it as a failure.
+        .redirect(reqwest::redirect::Policy::none());
+    if let Some(proxy) = &config.proxy {
+        builder = builder.proxy(reqwest::Proxy::all(proxy)?);
+    }
+    builder.build()
+}
+
+/// How one attempt on one channel ended, when it did not succeed.
+enum AttemptError {
+    /// Worth trying another channel.
+    Retryable {
+        status: Option<u16>,
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    /// The provider refused the request itself: no other channel will do better.
+    Rejected(UpstreamError),
 }
 
 impl Channel {
@@ -134,6 +203,186 @@ impl Channel {
         }
         headers
     }
+
+    /// Removes the provider key from text the provider sent back.
+    fn scrub(&self, text: String) -> String {
+        match &self.secret {
+            Some(secret) if text.contains(secret.as_str()) => {
+                text.replace(secret.as_str(), "[redacted]")
+            }
+            _ => text,
+        }
+    }
+
+    async fn attempt(
+        &self,
+        channel: &ModelChannel,
+        routed: &RoutedCall,
+        request: &Request<Bytes>,
+        deadline: Instant,
+    ) -> Result<Response<Bytes>, AttemptError> {
+        let retryable = |status: Option<u16>, message: String| AttemptError::Retryable {
+            status,
+            message,
+            retry_after: None,
+        };
+        let Some(api_key) = self.api_key.clone() else {
+            return Err(retryable(
+                None,
+                format!(
+                    "provider key variable {} is not set",
+                    self.config.api_key_env
+                ),
+            ));
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let reply = self
+            .client
+            .post(self.url())
+            .headers(self.headers(request.headers(), api_key))
+            .timeout(remaining.min(self.config.timeout))
+            .body(routed.upstream_body(request.body(), channel.upstream_model.as_deref()))
+            .send()
+            .await
+            .map_err(|error| retryable(None, transport_error(error)))?;
+        let status = reply.status();
+        let reply_headers = reply.headers().clone();
+        let body = reply
+            .bytes()
+            .await
+            .map_err(|error| retryable(Some(status.as_u16()), transport_error(error)))?;
+
+        if status.is_success() {
+            let Some(usage) = reply_usage(&body) else {
+                return Err(retryable(
+                    Some(status.as_u16()),
+                    format!("answered {status} with a body that is not a JSON object"),
+                ));
+            };
+            let mut response = Response::new(body);
+            *response.status_mut() = status;
+            let content_type = reply_headers
+                .get(header::CONTENT_TYPE)
+                .cloned()
+                .unwrap_or(HeaderValue::from_static("application/json"));
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+            response.extensions_mut().insert(usage);
+            response
+                .extensions_mut()
+                .insert(ServedBy(self.config.name.clone()));
+            return Ok(response);
+        }
+
+        let message = self.scrub(format!("answered {status}: {}", excerpt(&body)));
+        if is_retryable(status) {
+            return Err(AttemptError::Retryable {
+                status: Some(status.as_u16()),
+                message,
+                retry_after: (status == StatusCode::TOO_MANY_REQUESTS)
+                    .then(|| retry_after(&reply_headers))
+                    .flatten(),
+            });
+        }
+        Err(AttemptError::Rejected(UpstreamError {
+            status: Some(status.as_u16()),
+            message: format!("{}: {message}", self.config.name),
+            client_message: provider_message(&body).map(|text| self.scrub(text)),
+        }))
+    }
+}
+
+/// Failures another channel may not share: rate limits, server errors, and the channel's own
+/// credentials being refused (401/403), which says nothing about the client's request.
+fn is_retryable(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::UNAUTHORIZED
+        || status == StatusCode::FORBIDDEN
+        || status.is_server_error()
+        || status.is_redirection()
+}
+
+/// `retry-after-ms` (OpenAI) or `retry-after` in seconds. An HTTP date is not honoured.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let number = |name: &str| -> Option<f64> {
+        let value: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
+        (value.is_finite() && value >= 0.0).then_some(value)
+    };
+    number("retry-after-ms")
+        .map(|ms| Duration::from_secs_f64(ms / 1000.0))
+        .or_else(|| number("retry-after").map(Duration::from_secs_f64))
+}
+
+/// The provider's own error message: `{"error":{"message":...}}` (both OpenAI and Anthropic),
+/// `{"error":"..."}` or `{"message":"..."}`.
+fn provider_message(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ErrorField {
+        Text(String),
+        Object { message: String },
+    }
+    #[derive(Deserialize)]
+    struct ErrorBody {
+        error: Option<ErrorField>,
+        message: Option<String>,
+    }
+    let parsed: ErrorBody = serde_json::from_slice(body).ok()?;
+    let message = match parsed.error {
+        Some(ErrorField::Text(text)) | Some(ErrorField::Object { message: text }) => text,
+        None => parsed.message?,
+    };
+    let message = message.trim();
+    (!message.is_empty()).then(|| message.chars().take(CLIENT_MESSAGE_CHARS).collect())
+}
+
+/// A transport failure, described without the URL (it may carry credentials in a query), with
+/// its causes (reqwest's own text alone, "error sending request", does not say what failed).
+fn transport_error(error: reqwest::Error) -> String {
+    let what = if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "connection failed"
+    } else if error.is_body() || error.is_decode() {
+        "reply body unreadable"
+    } else {
+        "request failed"
+    };
+    let error = error.without_url();
+    let mut text = format!("{what}: {error}");
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// The order in which to try a model's channels: by priority; equals in weighted random order.
+fn attempt_order(channels: &[ModelChannel]) -> Vec<&ModelChannel> {
+    let mut order = Vec::with_capacity(channels.len());
+    for group in channels.chunk_by(|a, b| a.priority == b.priority) {
+        let mut rest: Vec<&ModelChannel> = group.iter().collect();
+        while !rest.is_empty() {
+            let total: u64 = rest.iter().map(|c| u64::from(c.weight)).sum();
+            let mut pick = fastrand::u64(0..total);
+            let index = rest
+                .iter()
+                .position(|c| {
+                    let weight = u64::from(c.weight);
+                    if pick < weight {
+                        true
+                    } else {
+                        pick -= weight;
+                        false
+                    }
+                })
+                .unwrap_or(0);
+            order.push(rest.remove(index));
+        }
+    }
+    order
 }
 
 impl Service<Request<Bytes>> for HttpUpstream {
@@ -147,65 +396,163 @@ impl Service<Request<Bytes>> for HttpUpstream {
 
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         let channels = self.channels.clone();
+        let deadline = Instant::now() + self.call_deadline;
         Box::pin(async move {
             let routed = request
                 .extensions()
                 .get::<RoutedCall>()
+                .cloned()
                 .ok_or_else(|| UpstreamError::transport("no RoutedCall extension"))?;
-            let channel = channels.get(&routed.model.upstream.name).ok_or_else(|| {
-                UpstreamError::transport(format!(
-                    "upstream `{}` is not configured",
-                    routed.model.upstream.name
-                ))
-            })?;
-            let api_key = channel.api_key.clone().ok_or_else(|| {
-                UpstreamError::transport(format!(
-                    "provider key variable {} is not set",
-                    channel.config.api_key_env
-                ))
-            })?;
-            let reply = channel
-                .client
-                .post(channel.url())
-                .headers(channel.headers(request.headers(), api_key))
-                .body(routed.upstream_body(request.body()))
-                .send()
-                .await
-                .map_err(|error| transport_error(&channel.config, error))?;
-            let status = reply.status();
-            let content_type = reply.headers().get(header::CONTENT_TYPE).cloned();
-            let body = reply
-                .bytes()
-                .await
-                .map_err(|error| transport_error(&channel.config, error))?;
-            if !status.is_success() {
-                return Err(UpstreamError::status(status.as_u16(), &body));
+            let mut failures: Vec<String> = Vec::new();
+            let mut last_status = None;
+            let mut retry_later: Option<(&ModelChannel, Instant)> = None;
+
+            // Channels whose breaker is open are skipped, unless that would leave none at all.
+            let order = attempt_order(&routed.model.channels);
+            let now = Instant::now();
+            let admitted: Vec<&ModelChannel> = order
+                .iter()
+                .copied()
+                .filter(|c| {
+                    channels
+                        .get(&c.upstream.name)
+                        .is_none_or(|ch| ch.breaker.admits(now))
+                })
+                .collect();
+            for skipped in order.iter().filter(|c| !admitted.contains(c)) {
+                if !admitted.is_empty() {
+                    failures.push(format!("{}: skipped, circuit open", skipped.upstream.name));
+                }
             }
-            let mut response = Response::new(body);
-            *response.status_mut() = status;
-            response.headers_mut().insert(
-                header::CONTENT_TYPE,
-                content_type.unwrap_or(HeaderValue::from_static("application/json")),
-            );
-            Ok(response)
+            let plan = if admitted.is_empty() { order } else { admitted };
+
+            for model_channel in plan {
+                let name = &model_channel.upstream.name;
+                let Some(channel) = channels.get(name) else {
+                    failures.push(format!("{name}: not configured"));
+                    continue;
+                };
+                if Instant::now() >= deadline {
+                    failures.push("call deadline reached".to_owned());
+                    break;
+                }
+                match channel
+                    .attempt(model_channel, &routed, &request, deadline)
+                    .await
+                {
+                    Ok(response) => {
+                        channel.breaker.record_success();
+                        return Ok(response);
+                    }
+                    Err(AttemptError::Rejected(mut error)) => {
+                        failures.push(error.message);
+                        error.message = failures.join("; ");
+                        return Err(error);
+                    }
+                    Err(AttemptError::Retryable {
+                        status,
+                        message,
+                        retry_after,
+                    }) => {
+                        channel.breaker.record_failure(Instant::now());
+                        failures.push(format!("{name}: {message}"));
+                        last_status = status.or(last_status);
+                        if let Some(wait) = retry_after {
+                            let at = Instant::now() + wait;
+                            if retry_later.is_none() && at < deadline {
+                                retry_later = Some((model_channel, at));
+                            }
+                        }
+                    }
+                }
+            }
+
+            if let Some((model_channel, at)) = retry_later {
+                tokio::time::sleep_until(at.into()).await;
+                let channel = &channels[&model_channel.upstream.name];
+                match channel
+                    .attempt(model_channel, &routed, &request, deadline)
+                    .await
+                {
+                    Ok(response) => {
+                        channel.breaker.record_success();
+                        return Ok(response);
+                    }
+                    Err(AttemptError::Rejected(mut error)) => {
+                        failures.push(error.message);
+                        error.message = failures.join("; ");
+                        return Err(error);
+                    }
+                    Err(AttemptError::Retryable {
+                        status, message, ..
+                    }) => {
+                        channel.breaker.record_failure(Instant::now());
+                        let name = &model_channel.upstream.name;
+                        failures.push(format!("{name} after Retry-After: {message}"));
+                        last_status = status.or(last_status);
+                    }
+                }
+            }
+            Err(UpstreamError {
+                status: last_status,
+                message: failures.join("; "),
+                client_message: None,
+            })
         })
     }
 }
 
-/// A transport failure, described without the URL's query or any header (no credentials).
-fn transport_error(config: &UpstreamConfig, error: reqwest::Error) -> UpstreamError {
-    let what = if error.is_timeout() {
-        "timed out"
-    } else if error.is_connect() {
-        "connection failed"
-    } else if error.is_body() || error.is_decode() {
-        "reply body unreadable"
-    } else {
-        "request failed"
-    };
-    UpstreamError::transport(format!(
-        "upstream `{}` {what}: {}",
-        config.name,
-        error.without_url()
-    ))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_messages_are_read_from_both_error_shapes() {
+        let openai =
+            br#"{"error":{"message":"Invalid 'messages[0].role'","type":"invalid_request_error"}}"#;
+        assert_eq!(
+            provider_message(openai).as_deref(),
+            Some("Invalid 'messages[0].role'")
+        );
+        let anthropic = br#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: too large"}}"#;
+        assert_eq!(
+            provider_message(anthropic).as_deref(),
+            Some("max_tokens: too large")
+        );
+        assert_eq!(
+            provider_message(br#"{"message":"plain"}"#).as_deref(),
+            Some("plain")
+        );
+        assert_eq!(provider_message(b"<html>"), None);
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_milliseconds() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
+        headers.insert("retry-after-ms", HeaderValue::from_static("150"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_millis(150)));
+        let date = HeaderMap::from_iter([(
+            header::RETRY_AFTER,
+            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        )]);
+        assert_eq!(retry_after(&date), None);
+    }
+
+    #[test]
+    fn only_request_errors_are_final() {
+        for status in [400, 404, 413, 422] {
+            assert!(
+                !is_retryable(StatusCode::from_u16(status).unwrap()),
+                "{status}"
+            );
+        }
+        for status in [401, 403, 429, 500, 502, 503, 529] {
+            assert!(
+                is_retryable(StatusCode::from_u16(status).unwrap()),
+                "{status}"
+            );
+        }
+    }
 }

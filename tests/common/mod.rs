@@ -4,6 +4,7 @@
 
 #[path = "../../examples/gateway/app.rs"]
 pub mod app;
+pub mod fake_provider;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

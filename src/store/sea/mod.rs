@@ -282,6 +282,7 @@ impl Ledger for SeaOrmStore {
             charged_topup: Set(taken.topup.0),
             status: Set(CallStatus::Pending.as_str().to_owned()),
             upstream_status: Set(None),
+            upstream_channel: Set(None),
             upstream_error: Set(None),
             input_tokens: Set(None),
             output_tokens: Set(None),
@@ -304,6 +305,7 @@ impl Ledger for SeaOrmStore {
                 call::Column::UpstreamStatus,
                 Expr::value(i32::from(success.upstream_status)),
             )
+            .col_expr(call::Column::UpstreamChannel, Expr::value(success.channel))
             .col_expr(
                 call::Column::InputTokens,
                 Expr::value(success.usage.input_tokens),
@@ -393,6 +395,7 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
         charged_topup: Credits(row.charged_topup),
         status,
         upstream_status: row.upstream_status.and_then(|s| u16::try_from(s).ok()),
+        channel: row.upstream_channel,
         upstream_error: row.upstream_error,
         input_tokens: row.input_tokens,
         output_tokens: row.output_tokens,

@@ -28,6 +28,8 @@ pub struct Model {
     pub status: String,
     /// Upstream HTTP status.
     pub upstream_status: Option<i32>,
+    /// The upstream (channel) that served the call.
+    pub upstream_channel: Option<String>,
     /// Upstream failure, for refunded calls.
     pub upstream_error: Option<String>,
     /// Prompt tokens.

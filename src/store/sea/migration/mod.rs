@@ -4,6 +4,7 @@
 use sea_orm_migration::prelude::*;
 
 mod m20261122_000001_create_ledger;
+mod m20261122_000002_add_call_channel;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`.
 #[derive(Debug)]
@@ -12,7 +13,10 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261122_000001_create_ledger::Migration)]
+        vec![
+            Box::new(m20261122_000001_create_ledger::Migration),
+            Box::new(m20261122_000002_add_call_channel::Migration),
+        ]
     }
 
     fn migration_table_name() -> DynIden {
