@@ -651,3 +651,55 @@ async fn provider_credentials_never_reach_the_client_or_the_call_log() {
     assert!(!logged.contains("secret-for-"), "{logged}");
     assert!(!logged.contains(&rig.key), "{logged}");
 }
+
+#[tokio::test]
+async fn a_connect_that_hangs_is_cut_by_the_connect_time_out() {
+    // A listener that never accepts, with its accept queue filled: the kernel then drops new
+    // connection attempts, so connecting hangs (on loopback, no other host involved).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let address = socket.local_addr().unwrap();
+    let listener = socket.listen(0).unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(stream)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(address),
+        )
+        .await
+        {
+            fillers.push(stream);
+        }
+    }
+    let backup = FakeProvider::start().await;
+    backup.then(ok());
+    let rig = rig(format!(
+        "{}{}{}",
+        upstream(
+            "stuck",
+            "openai",
+            &format!("http://{address}/v1"),
+            "connect_timeout_secs = 1\ntimeout_secs = 60"
+        ),
+        upstream("backup", "openai", &format!("{}/v1", backup.base), ""),
+        chat_model(
+            CHAT_MODEL,
+            CHAT_PRICE,
+            "upstreams = [\"stuck\", \"backup\"]"
+        ),
+    ))
+    .await;
+
+    let started = Instant::now();
+    let answer = rig.chat(CHAT_MODEL).await;
+
+    let elapsed = started.elapsed();
+    assert_eq!(answer.status, 200);
+    assert!(
+        elapsed >= Duration::from_millis(900) && elapsed < Duration::from_secs(5),
+        "{elapsed:?}"
+    );
+    let call = rig.newest_call().await;
+    assert_eq!(call.channel.as_deref(), Some("backup"));
+    drop((listener, fillers));
+}
