@@ -55,6 +55,7 @@ mod credits;
 mod error;
 mod keys;
 mod protocol;
+mod recovery;
 mod refund;
 mod router;
 mod store;
@@ -71,7 +72,11 @@ pub use credits::{Balance, Bucket, Credits, Split};
 pub use error::GatewayError;
 pub use keys::{KEY_PREFIX, KeyHash, NewApiKey};
 pub use protocol::Protocol;
-pub use refund::{RefundOnUpstreamError, RefundOnUpstreamErrorLayer, reply_usage};
+pub use recovery::recover_stale_reservations;
+pub use refund::{
+    CANCELLED_BEFORE_ANSWER, DEFAULT_UPSTREAM_BOUND, RefundOnUpstreamError,
+    RefundOnUpstreamErrorLayer, reply_usage,
+};
 pub use router::{DEFAULT_MAX_BODY_BYTES, ProtocolRouter, ProtocolRouterLayer, RoutedCall, route};
 pub use store::{
     AccountAudit, AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus,
@@ -102,7 +107,8 @@ pub type GatewayStack<U> = ApiKeyAuth<ProtocolRouter<CreditCharge<RefundOnUpstre
 ///
 /// The result is a `Service<Request<B>>` for any request body `B`, answering
 /// `Response<Full<Bytes>>` and never failing, so it mounts directly in an axum `Router` or on
-/// bare hyper.
+/// bare hyper. Every call is bounded by the catalogue's call deadline plus
+/// [`UPSTREAM_BOUND_MARGIN`]; see [`recovery_age`] for what that means for recovery.
 pub fn stack<S, U>(
     store: Arc<S>,
     catalogue: Arc<Catalogue>,
@@ -112,10 +118,21 @@ pub fn stack<S, U>(
 where
     S: Store + 'static,
 {
+    let upstream_bound = catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN;
     tower::ServiceBuilder::new()
         .layer(ApiKeyAuthLayer::new(store.clone()))
         .layer(ProtocolRouterLayer::new(catalogue).max_body_bytes(max_body_bytes))
         .layer(CreditChargeLayer::new(store.clone()))
-        .layer(RefundOnUpstreamErrorLayer::new(store))
+        .layer(RefundOnUpstreamErrorLayer::new(store).upstream_bound(upstream_bound))
         .service(upstream)
+}
+
+/// How far past the catalogue's call deadline [`stack`] bounds an upstream call. The HTTP
+/// upstream stops at the deadline itself; this bound catches any other upstream.
+pub const UPSTREAM_BOUND_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How old a `pending` reservation must be before recovery refunds it, for gateways built with
+/// [`stack`] on `catalogue`: the upstream bound, plus a minute for settling and refunding.
+pub fn recovery_age(catalogue: &Catalogue) -> std::time::Duration {
+    catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN + std::time::Duration::from_secs(60)
 }

@@ -8,7 +8,13 @@
 //! `502 {"detail":"上游服务暂时不可用"}`.
 //!
 //! The upstream is any `Service<Request<B>, Response = Response<Bytes>, Error = UpstreamError>`,
-//! such as [`Upstream`](crate::Upstream).
+//! such as [`Upstream`](crate::Upstream). A panic in it, or no answer within the layer's bound,
+//! is a failure like any other: refunded, 502.
+//!
+//! Credits are never left hanging by a call that stops half-way: if the request future is
+//! dropped (the client disconnected, a time-out layer above gave up) before the upstream
+//! answered, the reservation is refunded; if the upstream had already answered, the call is
+//! settled and billed, because the provider did the work and the reply was ready.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -44,8 +50,12 @@
 //! ```
 
 use std::convert::Infallible;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -56,20 +66,43 @@ use tower_service::Service;
 
 use crate::BoxFuture;
 use crate::error::GatewayError;
-use crate::store::{CallFailure, CallSuccess, Ledger, Reservation, TokenUsage};
+use crate::store::{CallFailure, CallId, CallSuccess, Ledger, Reservation, TokenUsage};
 use crate::upstream::{ServedBy, UpstreamError};
 
-/// Configuration of [`RefundOnUpstreamError`]: the ledger that settles and refunds.
+/// Default bound on one upstream call, whatever the upstream: beyond it the call is refunded.
+/// [`HttpUpstream`](crate::HttpUpstream) keeps its own, shorter deadline
+/// ([`DEFAULT_CALL_DEADLINE`](crate::DEFAULT_CALL_DEADLINE)).
+pub const DEFAULT_UPSTREAM_BOUND: Duration = Duration::from_secs(330);
+
+/// What a refund records when the call's future was dropped before the upstream answered.
+pub const CANCELLED_BEFORE_ANSWER: &str =
+    "cancelled before the upstream answered (the client went away or the request was dropped)";
+
+/// Configuration of [`RefundOnUpstreamError`]: the ledger that settles and refunds, and the
+/// longest an upstream may take.
 #[derive(Clone)]
 #[must_use]
 pub struct RefundOnUpstreamErrorLayer {
     ledger: Arc<dyn Ledger>,
+    upstream_bound: Duration,
 }
 
 impl RefundOnUpstreamErrorLayer {
     /// Settles and refunds through `ledger`.
     pub fn new(ledger: Arc<dyn Ledger>) -> RefundOnUpstreamErrorLayer {
-        RefundOnUpstreamErrorLayer { ledger }
+        RefundOnUpstreamErrorLayer {
+            ledger,
+            upstream_bound: DEFAULT_UPSTREAM_BOUND,
+        }
+    }
+
+    /// Refunds a call whose upstream has not answered within `bound`. With every call bounded,
+    /// a reservation still `pending` after the bound plus a margin belongs to no live call,
+    /// which is what makes [`recover_stale_reservations`](crate::recover_stale_reservations)
+    /// safe beside running gateways.
+    pub fn upstream_bound(mut self, bound: Duration) -> RefundOnUpstreamErrorLayer {
+        self.upstream_bound = bound;
+        self
     }
 }
 
@@ -87,6 +120,7 @@ impl<U> Layer<U> for RefundOnUpstreamErrorLayer {
         RefundOnUpstreamError {
             upstream,
             ledger: self.ledger.clone(),
+            upstream_bound: self.upstream_bound,
             not_ready: None,
         }
     }
@@ -96,6 +130,7 @@ impl<U> Layer<U> for RefundOnUpstreamErrorLayer {
 pub struct RefundOnUpstreamError<U> {
     upstream: U,
     ledger: Arc<dyn Ledger>,
+    upstream_bound: Duration,
     /// An upstream that failed `poll_ready` fails the next call (which is refunded) rather than
     /// the whole service: every service the router sees is infallible.
     not_ready: Option<UpstreamError>,
@@ -106,6 +141,7 @@ impl<U: Clone> Clone for RefundOnUpstreamError<U> {
         RefundOnUpstreamError {
             upstream: self.upstream.clone(),
             ledger: self.ledger.clone(),
+            upstream_bound: self.upstream_bound,
             not_ready: None,
         }
     }
@@ -151,39 +187,52 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let reservation = request.extensions().get::<Reservation>().copied();
-        let ledger = self.ledger.clone();
+        // The guard exists from here on, so even a future dropped before its first poll
+        // returns its credits.
+        let unsettled = request
+            .extensions()
+            .get::<Reservation>()
+            .map(|reservation| UnsettledCall::new(self.ledger.clone(), reservation.call));
         let not_ready = self.not_ready.take();
+        let bound = self.upstream_bound;
         let clone = self.upstream.clone();
         let mut upstream = std::mem::replace(&mut self.upstream, clone);
         Box::pin(async move {
-            let Some(reservation) = reservation else {
+            let Some(mut unsettled) = unsettled else {
                 tracing::error!("RefundOnUpstreamError needs CreditCharge outside it");
                 return Ok(GatewayError::Misconfigured.into_response());
             };
-            let outcome = match not_ready {
-                Some(error) => Err(error),
-                None => upstream.call(request).await,
+            let upstream_call = async move {
+                match not_ready {
+                    Some(error) => Err(error),
+                    None => upstream.call(request).await,
+                }
+            };
+            let outcome = match tokio::time::timeout(bound, CatchPanic::new(upstream_call)).await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(panic)) => {
+                    tracing::error!(call = unsettled.call.0, %panic, "the upstream panicked");
+                    Err(UpstreamError::transport(format!(
+                        "the upstream panicked: {panic}"
+                    )))
+                }
+                Err(_) => Err(UpstreamError::transport(format!(
+                    "no answer within the gateway's bound of {bound:?}"
+                ))),
             };
             match judge(outcome) {
                 Ok((reply, success)) => {
-                    if let Err(error) = ledger.settle(reservation.call, success).await {
-                        // The client got its answer and the credits stay taken; the entry stays
-                        // `pending`, which the audit counts as charged.
-                        tracing::error!(call = reservation.call.0, %error, "settle failed");
-                    }
+                    unsettled.settle(success).await;
                     Ok(reply.map(Full::new))
                 }
                 Err((failure, client_message)) => {
                     tracing::warn!(
-                        call = reservation.call.0,
+                        call = unsettled.call.0,
                         status = failure.upstream_status,
                         error = %failure.error,
                         "upstream failed; refunding"
                     );
-                    if let Err(error) = ledger.refund(reservation.call, &failure).await {
-                        tracing::error!(call = reservation.call.0, %error, "refund failed");
-                    }
+                    unsettled.refund(failure).await;
                     let refusal = match client_message {
                         Some(message) => GatewayError::UpstreamRejected(message),
                         None => GatewayError::UpstreamUnavailable,
@@ -192,6 +241,111 @@ where
                 }
             }
         })
+    }
+}
+
+/// A reservation whose outcome is not written yet. If it is dropped unwritten (the request
+/// future was dropped because the client went away or a time-out above gave up, or a panic
+/// unwound through it), the outcome is still written, on a spawned task: a refund if the
+/// upstream had not answered, a settle if it had. Settle and refund are guarded by the
+/// entry's status, so writing twice (a drop during a write) changes nothing the second time.
+struct UnsettledCall {
+    ledger: Arc<dyn Ledger>,
+    call: CallId,
+    /// The upstream's success, once it answered: a client that leaves after that is billed.
+    answered: Option<CallSuccess>,
+    written: bool,
+}
+
+impl UnsettledCall {
+    fn new(ledger: Arc<dyn Ledger>, call: CallId) -> UnsettledCall {
+        UnsettledCall {
+            ledger,
+            call,
+            answered: None,
+            written: false,
+        }
+    }
+
+    async fn settle(&mut self, success: CallSuccess) {
+        self.answered = Some(success.clone());
+        if let Err(error) = self.ledger.settle(self.call, success).await {
+            // The entry stays `pending` (counted as charged) until recovery refunds it.
+            tracing::error!(call = self.call.0, %error, "settle failed");
+        }
+        self.written = true;
+    }
+
+    async fn refund(&mut self, failure: CallFailure) {
+        if let Err(error) = self.ledger.refund(self.call, &failure).await {
+            // The entry stays `pending` until recovery refunds it.
+            tracing::error!(call = self.call.0, %error, "refund failed");
+        }
+        self.written = true;
+    }
+}
+
+impl Drop for UnsettledCall {
+    fn drop(&mut self) {
+        if self.written {
+            return;
+        }
+        let (ledger, call, answered) = (self.ledger.clone(), self.call, self.answered.take());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::error!(
+                call = call.0,
+                "no runtime to finish a dropped call; left for recovery"
+            );
+            return;
+        };
+        runtime.spawn(async move {
+            let written = match answered {
+                Some(success) => ledger.settle(call, success).await,
+                None => {
+                    let failure = CallFailure {
+                        upstream_status: None,
+                        error: CANCELLED_BEFORE_ANSWER.to_owned(),
+                    };
+                    ledger.refund(call, &failure).await
+                }
+            };
+            if let Err(error) = written {
+                tracing::error!(call = call.0, %error, "finishing a dropped call failed; left for recovery");
+            }
+        });
+    }
+}
+
+/// Turns a panic while polling the inner future into an error value.
+struct CatchPanic<F> {
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future> CatchPanic<F> {
+    fn new(inner: F) -> CatchPanic<F> {
+        CatchPanic {
+            inner: Box::pin(inner),
+        }
+    }
+}
+
+impl<F: Future> Future for CatchPanic<F> {
+    type Output = Result<F::Output, String>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.inner.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(payload) => {
+                let text = payload
+                    .downcast_ref::<&str>()
+                    .map(|text| (*text).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-text panic".to_owned());
+                Poll::Ready(Err(text))
+            }
+        }
     }
 }
 

@@ -102,6 +102,45 @@ pub async fn logs(
     Ok(store.recent_calls(account, limit).await?)
 }
 
+/// Revokes `key`: it is refused from its very next call, on every gateway sharing the database.
+pub async fn revoke(store: &SeaOrmStore, key: &str) -> Result<(), CommandError> {
+    if store.revoke_key(&KeyHash::of(key)).await? {
+        Ok(())
+    } else {
+        Err(CommandError("unknown or already revoked key".into()))
+    }
+}
+
+/// What `audit` found.
+pub struct AuditReport {
+    /// One line per account.
+    pub lines: Vec<serde_json::Value>,
+    /// Accounts whose books do not balance.
+    pub failures: usize,
+}
+
+/// Checks every account: `grants - charges of ok and pending calls = balance`, per bucket, and no
+/// negative bucket. A refund that returned other than what its call took would break the first
+/// equation for that account, since refunded calls are not counted as charges.
+pub async fn audit(store: &SeaOrmStore) -> Result<AuditReport, CommandError> {
+    let audits = store.audit().await?;
+    let failures = audits.iter().filter(|audit| !audit.holds()).count();
+    let bucket = |balance: Balance| serde_json::json!({ "subscription": balance.subscription, "topup": balance.topup });
+    let lines = audits
+        .iter()
+        .map(|audit| {
+            serde_json::json!({
+                "account": audit.account,
+                "granted": bucket(audit.granted),
+                "charged": bucket(audit.charged),
+                "balance": bucket(audit.balance),
+                "ok": audit.holds(),
+            })
+        })
+        .collect();
+    Ok(AuditReport { lines, failures })
+}
+
 /// In mock mode on an empty database, creates a demo account so a new user can call at once.
 pub async fn ensure_demo_account(store: &SeaOrmStore) -> Result<Option<NewApiKey>, CommandError> {
     if store.account_count().await? > 0 {

@@ -59,6 +59,10 @@ enum Command {
         #[arg(long)]
         key: String,
     },
+    /// Check every account's books; exits non-zero on any mismatch.
+    Audit,
+    /// Refund reservations left pending by a gateway that stopped mid-call.
+    Recover,
     /// Print a key's account's call log as JSON, newest first.
     Logs {
         /// The API key.
@@ -99,6 +103,12 @@ enum KeysCommand {
         /// Account name.
         #[arg(long, default_value = "account")]
         name: String,
+    },
+    /// Revoke a key: refused from its next call on, on every gateway sharing the database.
+    Revoke {
+        /// The API key.
+        #[arg(long)]
+        key: String,
     },
 }
 
@@ -143,6 +153,35 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     let store = SeaOrmStore::connect(&cli.database_url).await?;
     match command {
         Command::Serve(args) => serve(store, args).await?,
+        Command::Keys {
+            action: KeysCommand::Revoke { key },
+        } => {
+            app::revoke(&store, &key).await?;
+            println!("revoked");
+        }
+        Command::Audit => {
+            let report = app::audit(&store).await?;
+            for line in &report.lines {
+                println!("{line}");
+            }
+            let accounts = report.lines.len();
+            if report.failures > 0 {
+                return Err(format!(
+                    "audit FAILED for {} of {accounts} accounts: balances differ from grants minus ok and pending charges",
+                    report.failures
+                )
+                .into());
+            }
+            println!(
+                "audit passed: {accounts} accounts; in both buckets every balance equals grants minus ok and pending charges, and none is negative"
+            );
+        }
+        Command::Recover => {
+            let catalogue = load_catalogue(&ServeArgs::parse_from_env())?;
+            let age = model_gateway::recovery_age(&catalogue);
+            let refunded = model_gateway::recover_stale_reservations(&store, age).await?;
+            println!("refunded {} stale reservations", refunded.len());
+        }
         Command::Keys {
             action:
                 KeysCommand::Create {
@@ -196,11 +235,33 @@ impl ServeArgs {
     }
 }
 
+fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::CatalogueError> {
+    match &args.models {
+        Some(path) => Catalogue::from_path(path),
+        None => Ok(Catalogue::demo()),
+    }
+}
+
+/// How often a serving gateway looks for reservations left pending by a stopped gateway.
+const RECOVERY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Refunds stale reservations now, then every [`RECOVERY_INTERVAL`], for as long as it runs.
+async fn recover_periodically(store: Arc<SeaOrmStore>, older_than: std::time::Duration) {
+    let mut ticks = tokio::time::interval(RECOVERY_INTERVAL);
+    loop {
+        ticks.tick().await;
+        match model_gateway::recover_stale_reservations(store.as_ref(), older_than).await {
+            Ok(refunded) if !refunded.is_empty() => {
+                tracing::warn!(count = refunded.len(), "refunded stale reservations")
+            }
+            Ok(_) => {}
+            Err(error) => tracing::error!(%error, "recovery pass failed; will retry"),
+        }
+    }
+}
+
 async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let catalogue = Arc::new(match &args.models {
-        Some(path) => Catalogue::from_path(path)?,
-        None => Catalogue::demo(),
-    });
+    let catalogue = Arc::new(load_catalogue(&args)?);
     let upstream = if args.mock {
         if let Some(key) = app::ensure_demo_account(&store).await? {
             println!(
@@ -213,12 +274,12 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     } else {
         Upstream::Http(HttpUpstream::from_env(&catalogue)?)
     };
-    let router = app::router(
-        Arc::new(store),
-        catalogue.clone(),
-        upstream,
-        args.max_body_bytes,
-    );
+    let store = Arc::new(store);
+    let recovery = tokio::spawn(recover_periodically(
+        store.clone(),
+        model_gateway::recovery_age(&catalogue),
+    ));
+    let router = app::router(store, catalogue.clone(), upstream, args.max_body_bytes);
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     let address = listener.local_addr()?;
     tracing::info!(
@@ -230,6 +291,7 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown_signal())
         .await?;
+    recovery.abort();
     tracing::info!("shut down");
     Ok(())
 }

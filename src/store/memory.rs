@@ -135,6 +135,22 @@ impl Ledger for MemoryStore {
         Ok(true)
     }
 
+    async fn stale_reservations(
+        &self,
+        cutoff: chrono::DateTime<Utc>,
+        limit: u64,
+    ) -> Result<Vec<CallId>, StoreError> {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        Ok(self
+            .lock()
+            .calls
+            .iter()
+            .filter(|c| c.status == CallStatus::Pending && c.created_at < cutoff)
+            .take(limit)
+            .map(|c| c.id)
+            .collect())
+    }
+
     async fn balance(&self, account: AccountId) -> Result<Balance, StoreError> {
         self.lock()
             .balances

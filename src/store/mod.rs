@@ -223,6 +223,13 @@ pub trait Ledger: Send + Sync {
 
     /// The account's credits, bucket by bucket.
     async fn balance(&self, account: AccountId) -> Result<Balance, StoreError>;
+
+    /// Calls still `pending` that were reserved before `cutoff`, oldest first, at most `limit`.
+    async fn stale_reservations(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: u64,
+    ) -> Result<Vec<CallId>, StoreError>;
 }
 
 /// Reading the call log.

@@ -370,6 +370,24 @@ impl Ledger for SeaOrmStore {
         Ok(true)
     }
 
+    async fn stale_reservations(
+        &self,
+        cutoff: chrono::DateTime<Utc>,
+        limit: u64,
+    ) -> Result<Vec<CallId>, StoreError> {
+        let ids: Vec<i64> = call::Entity::find()
+            .select_only()
+            .column(call::Column::Id)
+            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
+            .filter(call::Column::CreatedAt.lt(cutoff))
+            .order_by_asc(call::Column::CreatedAt)
+            .limit(limit)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(ids.into_iter().map(CallId).collect())
+    }
+
     async fn balance(&self, account: AccountId) -> Result<Balance, StoreError> {
         account::Entity::find_by_id(account.0)
             .one(&self.db)

@@ -1,0 +1,409 @@
+//! Money integrity when calls stop half-way: dropped request futures, client disconnects,
+//! panicking or silent upstreams, crashed gateways (recovery), and the audit that checks it all.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use common::fake_provider::{FakeProvider, Fault};
+use common::*;
+use http::{Request, Response};
+use http_body_util::Full;
+use model_gateway::{
+    AccountId, Accounts, ApiKeyAuthLayer, Balance, Bucket, CANCELLED_BEFORE_ANSWER, CallFailure,
+    CallId, CallLog, CallRecord, CallStatus, CallSuccess, Catalogue, ChargeRequest,
+    CreditChargeLayer, Credits, HttpUpstream, KeyHash, KeyStore, Ledger, MemoryStore, NewApiKey,
+    ProtocolRouterLayer, RefundOnUpstreamErrorLayer, Reservation, ReserveError, StoreError,
+    Upstream, UpstreamError, recover_stale_reservations,
+};
+use sea_orm::ConnectionTrait;
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+
+type Upstreamish = tower::util::BoxCloneSyncService<Request<Bytes>, Response<Bytes>, UpstreamError>;
+
+fn never_answers() -> Upstreamish {
+    tower::util::BoxCloneSyncService::new(service_fn(|_: Request<Bytes>| async {
+        std::future::pending::<Result<Response<Bytes>, UpstreamError>>().await
+    }))
+}
+
+fn chat_request(key: &str) -> Request<Full<Bytes>> {
+    Request::post(CHAT)
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from(chat_body(CHAT_MODEL))))
+        .unwrap()
+}
+
+async fn funded(store: &MemoryStore, credits: i64) -> (AccountId, String) {
+    let account = store.create_account("t").await.unwrap();
+    let key = NewApiKey::generate();
+    store.add_key(account, &key).await.unwrap();
+    store
+        .grant(account, Bucket::Subscription, Credits(credits))
+        .await
+        .unwrap();
+    (account, key.reveal().to_owned())
+}
+
+/// Waits (up to 5 s) for the account's newest call to leave `pending`.
+async fn finished_call(store: &dyn CallLog, account: AccountId) -> CallRecord {
+    for _ in 0..100 {
+        let calls = store.recent_calls(account, 1).await.unwrap();
+        if let Some(call) = calls
+            .into_iter()
+            .next()
+            .filter(|c| c.status != CallStatus::Pending)
+        {
+            return call;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the call stayed pending");
+}
+
+#[tokio::test]
+async fn a_call_dropped_before_the_upstream_answered_is_refunded() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let service = model_gateway::stack(
+        store.clone(),
+        Arc::new(Catalogue::demo()),
+        1 << 20,
+        never_answers(),
+    );
+
+    let call = service.oneshot(chat_request(&key));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), call)
+            .await
+            .is_err()
+    );
+
+    let call = finished_call(store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Refunded);
+    assert_eq!(
+        call.upstream_error.as_deref(),
+        Some(CANCELLED_BEFORE_ANSWER)
+    );
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_before_the_answer_is_not_charged() {
+    let provider = FakeProvider::start().await;
+    provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(5)));
+    let catalogue = Catalogue::from_toml(&format!(
+        "[[upstreams]]\nname = \"slow\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\napi_key_env = \"K\"\n\
+         [[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\nprice = {CHAT_PRICE}\nupstream = \"slow\"\n",
+        provider.base
+    ))
+    .unwrap();
+    let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("k".into())).unwrap();
+    let db = sqlite_db().await;
+    let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 1 << 20).await;
+    let key = db.funded_key(10, 0).await;
+
+    let hung_up = gateway
+        .client
+        .post(format!("{}{CHAT}", gateway.base))
+        .bearer_auth(&key)
+        .timeout(Duration::from_millis(500))
+        .body(chat_body(CHAT_MODEL))
+        .send()
+        .await;
+    assert!(hung_up.is_err(), "the client gave up");
+
+    let account = db.account(&key).await;
+    let call = finished_call(db.store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Refunded);
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+    db.assert_audit_holds().await;
+}
+
+/// A ledger whose `settle` hangs while `blocked` is set: it holds a call between the upstream's
+/// answer and the settle, where a client might hang up.
+struct SlowSettle {
+    inner: Arc<MemoryStore>,
+    blocked: AtomicBool,
+    entered: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl Ledger for SlowSettle {
+    async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
+        self.inner.reserve(request).await
+    }
+    async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
+        self.entered.notify_one();
+        if self.blocked.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.settle(call, success).await
+    }
+    async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
+        self.inner.refund(call, failure).await
+    }
+    async fn balance(&self, account: AccountId) -> Result<Balance, StoreError> {
+        self.inner.balance(account).await
+    }
+    async fn stale_reservations(
+        &self,
+        cutoff: chrono::DateTime<chrono::Utc>,
+        limit: u64,
+    ) -> Result<Vec<CallId>, StoreError> {
+        self.inner.stale_reservations(cutoff, limit).await
+    }
+}
+
+#[tokio::test]
+async fn a_call_dropped_after_the_upstream_answered_is_billed() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = Arc::new(SlowSettle {
+        inner: store.clone(),
+        blocked: AtomicBool::new(true),
+        entered: tokio::sync::Notify::new(),
+    });
+    let service = ServiceBuilder::new()
+        .layer(ApiKeyAuthLayer::new(store.clone()))
+        .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
+        .layer(CreditChargeLayer::new(store.clone()))
+        .layer(RefundOnUpstreamErrorLayer::new(ledger.clone()))
+        .service(model_gateway::MockUpstream::new());
+
+    let call = tokio::spawn(service.oneshot(chat_request(&key)));
+    ledger.entered.notified().await; // the upstream answered; settling has begun
+    ledger.blocked.store(false, Ordering::SeqCst);
+    call.abort(); // the client hangs up before the reply is sent
+
+    let call = finished_call(store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Ok);
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits(10 - CHAT_PRICE)
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_upstream_is_refunded_and_answers_502() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let panics = service_fn(|_: Request<Bytes>| async {
+        if true {
+            panic!("upstream bug");
+        }
+        Ok::<Response<Bytes>, UpstreamError>(Response::new(Bytes::new()))
+    });
+    let service = model_gateway::stack(store.clone(), Arc::new(Catalogue::demo()), 1 << 20, panics);
+
+    let response = service.oneshot(chat_request(&key)).await.unwrap();
+
+    assert_eq!(response.status(), 502);
+    let call = finished_call(store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Refunded);
+    assert!(call.upstream_error.unwrap().contains("upstream bug"));
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+}
+
+#[tokio::test]
+async fn an_upstream_that_never_answers_is_refunded_at_the_bound() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let service = ServiceBuilder::new()
+        .layer(ApiKeyAuthLayer::new(store.clone()))
+        .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
+        .layer(CreditChargeLayer::new(store.clone()))
+        .layer(
+            RefundOnUpstreamErrorLayer::new(store.clone())
+                .upstream_bound(Duration::from_millis(300)),
+        )
+        .service(never_answers());
+
+    let response = service.oneshot(chat_request(&key)).await.unwrap();
+
+    assert_eq!(response.status(), 502);
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+    let call = store.recent_calls(account, 1).await.unwrap().remove(0);
+    assert_eq!(call.status, CallStatus::Refunded);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recovery
+
+/// Makes a reservation look `age` old, as if its gateway had died that long ago.
+async fn backdate(db: &TestDb, call: CallId, age: Duration) {
+    use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+    let when = chrono::Utc::now() - chrono::Duration::from_std(age).unwrap();
+    let statement = Query::update()
+        .table(Alias::new("mg_calls"))
+        .value(Alias::new("created_at"), when)
+        .and_where(Expr::col(Alias::new("id")).eq(call.0))
+        .to_owned();
+    let connection = db.store.connection();
+    let built = connection.get_database_backend().build(&statement);
+    assert_eq!(
+        connection.execute_raw(built).await.unwrap().rows_affected(),
+        1
+    );
+}
+
+async fn reserve(db: &TestDb, key: &str) -> Reservation {
+    let caller = db
+        .store
+        .caller_for_key(&KeyHash::of(key))
+        .await
+        .unwrap()
+        .unwrap();
+    db.store
+        .reserve(ChargeRequest {
+            caller,
+            protocol: model_gateway::Protocol::ChatCompletions,
+            model: CHAT_MODEL,
+            price: Credits(CHAT_PRICE),
+        })
+        .await
+        .unwrap()
+}
+
+async fn assert_recovery_refunds_only_old_reservations(db: TestDb) {
+    let key = db.funded_key(3, 10).await;
+    let stale = reserve(&db, &key).await;
+    let live = reserve(&db, &key).await;
+    backdate(&db, stale.call, Duration::from_secs(3600)).await;
+
+    let refunded = recover_stale_reservations(db.store.as_ref(), Duration::from_secs(600))
+        .await
+        .unwrap();
+
+    assert_eq!(refunded, [stale.call]);
+    // The stale call took 2 subscription credits; the live one 1 + 1. Only the first came back.
+    assert_eq!(db.balance(&key).await, balance(2, 9));
+    let calls = db.calls(&key).await;
+    let status_of = |id: CallId| calls.iter().find(|c| c.id == id).unwrap().status;
+    assert_eq!(
+        (status_of(stale.call), status_of(live.call)),
+        (CallStatus::Refunded, CallStatus::Pending)
+    );
+    let reason = calls
+        .iter()
+        .find(|c| c.id == stale.call)
+        .unwrap()
+        .upstream_error
+        .clone();
+    assert!(reason.unwrap().starts_with("recovered"));
+    let again = recover_stale_reservations(db.store.as_ref(), Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "a second pass refunds nothing");
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn sqlite_recovery_refunds_only_reservations_older_than_the_age() {
+    assert_recovery_refunds_only_old_reservations(sqlite_db().await).await;
+}
+
+#[tokio::test]
+async fn postgres_recovery_refunds_only_reservations_older_than_the_age() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    assert_recovery_refunds_only_old_reservations(db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_recovering_at_once_refund_each_reservation_once() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let key = db.funded_key(100, 0).await;
+    let mut stale = Vec::new();
+    for _ in 0..40 {
+        let reservation = reserve(&db, &key).await;
+        backdate(&db, reservation.call, Duration::from_secs(3600)).await;
+        stale.push(reservation.call);
+    }
+    let other = Arc::new(postgres_store(&db.url, db.pg_schema().unwrap()).await);
+    let age = Duration::from_secs(600);
+    let (mine, theirs) = tokio::join!(
+        recover_stale_reservations(db.store.as_ref(), age),
+        recover_stale_reservations(other.as_ref(), age),
+    );
+    let (mine, theirs) = (mine.unwrap(), theirs.unwrap());
+
+    assert_eq!(mine.len() + theirs.len(), 40, "each refunded exactly once");
+    assert!(mine.iter().all(|call| !theirs.contains(call)));
+    assert_eq!(db.balance(&key).await, balance(100, 0));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Audit and revocation
+
+#[tokio::test]
+async fn the_audit_passes_on_honest_books_and_names_the_account_that_does_not_balance() {
+    let db = sqlite_db().await;
+    let gateway = start_mock_gateway(&db).await;
+    let honest = db.funded_key(5, 5).await;
+    let tampered = db.funded_key(5, 5).await;
+    for key in [&honest, &tampered] {
+        assert_eq!(gateway.chat(key, CHAT_MODEL).await.status, 200);
+    }
+    let report = app::audit(&db.store).await.unwrap();
+    assert_eq!((report.lines.len(), report.failures), (2, 0));
+
+    // Credits that appear without a grant.
+    let account = db.account(&tampered).await;
+    let sql = format!(
+        "UPDATE mg_accounts SET topup_credits = topup_credits + 1 WHERE id = {}",
+        account.0
+    );
+    db.store
+        .connection()
+        .execute_unprepared(&sql)
+        .await
+        .unwrap();
+
+    let report = app::audit(&db.store).await.unwrap();
+    assert_eq!(report.failures, 1);
+    let failed: Vec<_> = report
+        .lines
+        .iter()
+        .filter(|line| line["ok"] == false)
+        .collect();
+    assert_eq!(failed[0]["account"], account.0);
+}
+
+#[tokio::test]
+async fn a_revoked_key_is_refused_on_its_next_call_on_every_gateway() {
+    let db = sqlite_db().await;
+    let other = TestDb::sharing(
+        &db,
+        Arc::new(model_gateway::SeaOrmStore::connect(&db.url).await.unwrap()),
+    );
+    let gateways = [
+        start_mock_gateway(&db).await,
+        start_mock_gateway(&other).await,
+    ];
+    let key = db.funded_key(100, 0).await;
+    for gateway in &gateways {
+        assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200);
+    }
+
+    app::revoke(&db.store, &key).await.unwrap();
+
+    for gateway in &gateways {
+        let answer = gateway.messages(&key, MESSAGES_MODEL).await;
+        assert_eq!((answer.status, answer.detail()), (401, "无效的 API Key"));
+    }
+    assert!(
+        app::revoke(&db.store, &key).await.is_err(),
+        "already revoked"
+    );
+}
