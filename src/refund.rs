@@ -222,8 +222,13 @@ where
             };
             match judge(outcome) {
                 Ok((reply, success)) => {
-                    unsettled.settle(success).await;
-                    Ok(reply.map(Full::new))
+                    if unsettled.settle(success).await {
+                        Ok(reply.map(Full::new))
+                    } else {
+                        // Not billed: the entry stays `pending` until recovery refunds it, so
+                        // the reply is not handed out either.
+                        Ok(GatewayError::StoreUnavailable.into_response())
+                    }
                 }
                 Err((failure, client_message)) => {
                     tracing::warn!(
@@ -232,8 +237,8 @@ where
                         error = %failure.error,
                         "upstream failed; refunding"
                     );
-                    unsettled.refund(failure).await;
                     let refusal = match client_message {
+                        _ if !unsettled.refund(failure).await => GatewayError::StoreUnavailable,
                         Some(message) => GatewayError::UpstreamRejected(message),
                         None => GatewayError::UpstreamUnavailable,
                     };
@@ -267,21 +272,21 @@ impl UnsettledCall {
         }
     }
 
-    async fn settle(&mut self, success: CallSuccess) {
+    /// Settles; `false` if the store stayed unreachable through every retry.
+    async fn settle(&mut self, success: CallSuccess) -> bool {
         self.answered = Some(success.clone());
-        if let Err(error) = self.ledger.settle(self.call, success).await {
-            // The entry stays `pending` (counted as charged) until recovery refunds it.
-            tracing::error!(call = self.call.0, %error, "settle failed");
-        }
+        let (ledger, call) = (self.ledger.clone(), self.call);
+        let settled = with_retries(call, "settle", || ledger.settle(call, success.clone())).await;
         self.written = true;
+        settled
     }
 
-    async fn refund(&mut self, failure: CallFailure) {
-        if let Err(error) = self.ledger.refund(self.call, &failure).await {
-            // The entry stays `pending` until recovery refunds it.
-            tracing::error!(call = self.call.0, %error, "refund failed");
-        }
+    /// Refunds; `false` if the store stayed unreachable through every retry.
+    async fn refund(&mut self, failure: CallFailure) -> bool {
+        let (ledger, call) = (self.ledger.clone(), self.call);
+        let refunded = with_retries(call, "refund", || ledger.refund(call, &failure)).await;
         self.written = true;
+        refunded
     }
 }
 
@@ -314,6 +319,40 @@ impl Drop for UnsettledCall {
             }
         });
     }
+}
+
+/// Pauses between attempts to write an outcome while the store is unreachable (a dropped
+/// connection is replaced by the pool within these).
+const WRITE_RETRY_PAUSES: [Duration; 3] = [
+    Duration::from_millis(50),
+    Duration::from_millis(250),
+    Duration::from_secs(1),
+];
+
+/// Runs a settle or refund until the store answers. Both are guarded by the entry's status, so
+/// repeating one whose first attempt did land changes nothing. An entry whose write never
+/// lands stays `pending`, and recovery refunds it later.
+async fn with_retries<F, Fut>(call: CallId, what: &str, mut write: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, crate::StoreError>>,
+{
+    for pause in WRITE_RETRY_PAUSES.iter().map(Some).chain([None]) {
+        match write().await {
+            Ok(_) => return true,
+            Err(error) => {
+                tracing::error!(call = call.0, %error, "{what} failed");
+                match pause {
+                    Some(pause) => tokio::time::sleep(*pause).await,
+                    None => {
+                        tracing::error!(call = call.0, "{what} left for recovery");
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+    false
 }
 
 /// Turns a panic while polling the inner future into an error value.

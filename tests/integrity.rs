@@ -124,23 +124,51 @@ async fn a_client_that_hangs_up_before_the_answer_is_not_charged() {
     db.assert_audit_holds().await;
 }
 
-/// A ledger whose `settle` hangs while `blocked` is set: it holds a call between the upstream's
-/// answer and the settle, where a client might hang up.
-struct SlowSettle {
+/// A ledger in front of a [`MemoryStore`] that can misbehave: hang in `settle` while `blocked`
+/// (holding a call between the upstream's answer and the settle, where a client might hang up),
+/// fail the next `failing_settles` settles, or fail every reservation.
+struct TestLedger {
     inner: Arc<MemoryStore>,
     blocked: AtomicBool,
     entered: tokio::sync::Notify,
+    failing_settles: std::sync::atomic::AtomicUsize,
+    failing_reserves: AtomicBool,
+}
+
+impl TestLedger {
+    fn new(inner: Arc<MemoryStore>) -> Arc<TestLedger> {
+        Arc::new(TestLedger {
+            inner,
+            blocked: AtomicBool::new(false),
+            entered: tokio::sync::Notify::new(),
+            failing_settles: std::sync::atomic::AtomicUsize::new(0),
+            failing_reserves: AtomicBool::new(false),
+        })
+    }
+}
+
+fn store_down() -> StoreError {
+    StoreError::msg("connection refused (test)")
 }
 
 #[async_trait]
-impl Ledger for SlowSettle {
+impl Ledger for TestLedger {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
+        if self.failing_reserves.load(Ordering::SeqCst) {
+            return Err(store_down().into());
+        }
         self.inner.reserve(request).await
     }
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
         self.entered.notify_one();
         if self.blocked.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
+        }
+        let failing = self
+            .failing_settles
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if failing.is_ok() {
+            return Err(store_down());
         }
         self.inner.settle(call, success).await
     }
@@ -159,21 +187,33 @@ impl Ledger for SlowSettle {
     }
 }
 
+/// The four layers with `ledger` charging and settling, over the mock upstream.
+fn stack_with_ledger(
+    store: &Arc<MemoryStore>,
+    ledger: &Arc<TestLedger>,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<Full<Bytes>>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static {
+    ServiceBuilder::new()
+        .layer(ApiKeyAuthLayer::new(store.clone()))
+        .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
+        .layer(CreditChargeLayer::new(ledger.clone()))
+        .layer(RefundOnUpstreamErrorLayer::new(ledger.clone()))
+        .service(model_gateway::MockUpstream::new())
+}
+
 #[tokio::test]
 async fn a_call_dropped_after_the_upstream_answered_is_billed() {
     let store = Arc::new(MemoryStore::new());
     let (account, key) = funded(&store, 10).await;
-    let ledger = Arc::new(SlowSettle {
-        inner: store.clone(),
-        blocked: AtomicBool::new(true),
-        entered: tokio::sync::Notify::new(),
-    });
-    let service = ServiceBuilder::new()
-        .layer(ApiKeyAuthLayer::new(store.clone()))
-        .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
-        .layer(CreditChargeLayer::new(store.clone()))
-        .layer(RefundOnUpstreamErrorLayer::new(ledger.clone()))
-        .service(model_gateway::MockUpstream::new());
+    let ledger = TestLedger::new(store.clone());
+    ledger.blocked.store(true, Ordering::SeqCst);
+    let service = stack_with_ledger(&store, &ledger);
 
     let call = tokio::spawn(service.oneshot(chat_request(&key)));
     ledger.entered.notified().await; // the upstream answered; settling has begun
@@ -186,6 +226,102 @@ async fn a_call_dropped_after_the_upstream_answered_is_billed() {
         store.balance(account).await.unwrap().total(),
         Credits(10 - CHAT_PRICE)
     );
+}
+
+#[tokio::test]
+async fn a_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = TestLedger::new(store.clone());
+    ledger.failing_settles.store(2, Ordering::SeqCst);
+
+    let response = stack_with_ledger(&store, &ledger).oneshot(chat_request(&key)).await.unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(store.recent_calls(account, 10).await.unwrap()[0].status, CallStatus::Ok);
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10 - CHAT_PRICE));
+}
+
+#[tokio::test]
+async fn when_the_store_stays_down_the_client_gets_503_and_recovery_refunds_the_call() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = TestLedger::new(store.clone());
+    ledger.failing_settles.store(usize::MAX, Ordering::SeqCst);
+
+    let response = stack_with_ledger(&store, &ledger).oneshot(chat_request(&key)).await.unwrap();
+
+    assert_eq!(response.status(), 503, "no reply without a settled bill");
+    let calls = store.recent_calls(account, 10).await.unwrap();
+    assert_eq!(calls[0].status, CallStatus::Pending, "counted as charged until recovered");
+    let refunded = recover_stale_reservations(store.as_ref(), Duration::ZERO).await.unwrap();
+    assert_eq!(refunded, [calls[0].id]);
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+}
+
+#[tokio::test]
+async fn an_unreachable_store_at_reservation_answers_503_and_charges_nothing() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = TestLedger::new(store.clone());
+    ledger.failing_reserves.store(true, Ordering::SeqCst);
+
+    let response = stack_with_ledger(&store, &ledger).oneshot(chat_request(&key)).await.unwrap();
+
+    assert_eq!(response.status(), 503);
+    assert!(store.recent_calls(account, 10).await.unwrap().is_empty());
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_connections_cut_mid_call_lose_nothing_and_charge_once() {
+    let Some(db) = postgres_db().await else { return };
+    let provider = FakeProvider::start().await;
+    provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_millis(800)));
+    let catalogue = Catalogue::from_toml(&format!(
+        "[[upstreams]]\nname = \"slow\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\napi_key_env = \"K\"\n\
+         [[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\nprice = {CHAT_PRICE}\nupstream = \"slow\"\n",
+        provider.base
+    ))
+    .unwrap();
+    let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("k".into())).unwrap();
+    let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 1 << 20).await;
+    let key = db.funded_key(20, 0).await;
+
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url, key) = (gateway.client.clone(), format!("{}{CHAT}", gateway.base), key.clone());
+            tokio::spawn(async move {
+                client.post(url).bearer_auth(key).body(chat_body(CHAT_MODEL)).send().await.unwrap().status().as_u16()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await; // reserved, waiting on the provider
+    let admin = sea_orm::Database::connect(&db.url).await.unwrap();
+    let killed = admin
+        .execute_unprepared(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = '{}'",
+            db.pg_schema().unwrap()
+        ))
+        .await
+        .unwrap();
+    assert!(killed.rows_affected() > 0, "no gateway connection was cut");
+
+    let mut statuses = Vec::new();
+    for call in calls {
+        statuses.push(call.await.unwrap());
+    }
+    // Each call either completed and was billed once, or answered a clear 5xx and is pending
+    // for recovery; none is lost and none charged twice.
+    assert!(statuses.iter().all(|s| *s == 200 || *s == 503), "{statuses:?}");
+    let ok = statuses.iter().filter(|s| **s == 200).count() as i64;
+    recover_stale_reservations(db.store.as_ref(), Duration::ZERO).await.unwrap();
+    assert_eq!(db.balance(&key).await.total().get(), 20 - ok * CHAT_PRICE);
+    db.assert_audit_holds().await;
+    // And the gateway serves again, without a restart.
+    assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200);
+    drop(gateway);
+    db.drop_schema().await;
 }
 
 #[tokio::test]

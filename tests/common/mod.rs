@@ -84,7 +84,10 @@ pub async fn postgres_db() -> Option<TestDb> {
 /// Another connection pool on the same schema: what a second gateway process would have.
 pub async fn postgres_store(url: &str, schema: &str) -> SeaOrmStore {
     let mut options = ConnectOptions::new(url);
-    options.set_schema_search_path(schema).max_connections(10);
+    options
+        .set_schema_search_path(schema)
+        .set_application_name(schema)
+        .max_connections(10);
     SeaOrmStore::connect_with(options).await.unwrap()
 }
 
