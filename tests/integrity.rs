@@ -235,11 +235,20 @@ async fn a_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
     let ledger = TestLedger::new(store.clone());
     ledger.failing_settles.store(2, Ordering::SeqCst);
 
-    let response = stack_with_ledger(&store, &ledger).oneshot(chat_request(&key)).await.unwrap();
+    let response = stack_with_ledger(&store, &ledger)
+        .oneshot(chat_request(&key))
+        .await
+        .unwrap();
 
     assert_eq!(response.status(), 200);
-    assert_eq!(store.recent_calls(account, 10).await.unwrap()[0].status, CallStatus::Ok);
-    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10 - CHAT_PRICE));
+    assert_eq!(
+        store.recent_calls(account, 10).await.unwrap()[0].status,
+        CallStatus::Ok
+    );
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits(10 - CHAT_PRICE)
+    );
 }
 
 #[tokio::test]
@@ -249,12 +258,21 @@ async fn when_the_store_stays_down_the_client_gets_503_and_recovery_refunds_the_
     let ledger = TestLedger::new(store.clone());
     ledger.failing_settles.store(usize::MAX, Ordering::SeqCst);
 
-    let response = stack_with_ledger(&store, &ledger).oneshot(chat_request(&key)).await.unwrap();
+    let response = stack_with_ledger(&store, &ledger)
+        .oneshot(chat_request(&key))
+        .await
+        .unwrap();
 
     assert_eq!(response.status(), 503, "no reply without a settled bill");
     let calls = store.recent_calls(account, 10).await.unwrap();
-    assert_eq!(calls[0].status, CallStatus::Pending, "counted as charged until recovered");
-    let refunded = recover_stale_reservations(store.as_ref(), Duration::ZERO).await.unwrap();
+    assert_eq!(
+        calls[0].status,
+        CallStatus::Pending,
+        "counted as charged until recovered"
+    );
+    let refunded = recover_stale_reservations(store.as_ref(), Duration::ZERO)
+        .await
+        .unwrap();
     assert_eq!(refunded, [calls[0].id]);
     assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
 }
@@ -266,7 +284,10 @@ async fn an_unreachable_store_at_reservation_answers_503_and_charges_nothing() {
     let ledger = TestLedger::new(store.clone());
     ledger.failing_reserves.store(true, Ordering::SeqCst);
 
-    let response = stack_with_ledger(&store, &ledger).oneshot(chat_request(&key)).await.unwrap();
+    let response = stack_with_ledger(&store, &ledger)
+        .oneshot(chat_request(&key))
+        .await
+        .unwrap();
 
     assert_eq!(response.status(), 503);
     assert!(store.recent_calls(account, 10).await.unwrap().is_empty());
@@ -275,7 +296,9 @@ async fn an_unreachable_store_at_reservation_answers_503_and_charges_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_connections_cut_mid_call_lose_nothing_and_charge_once() {
-    let Some(db) = postgres_db().await else { return };
+    let Some(db) = postgres_db().await else {
+        return;
+    };
     let provider = FakeProvider::start().await;
     provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_millis(800)));
     let catalogue = Catalogue::from_toml(&format!(
@@ -290,9 +313,21 @@ async fn postgres_connections_cut_mid_call_lose_nothing_and_charge_once() {
 
     let calls: Vec<_> = (0..4)
         .map(|_| {
-            let (client, url, key) = (gateway.client.clone(), format!("{}{CHAT}", gateway.base), key.clone());
+            let (client, url, key) = (
+                gateway.client.clone(),
+                format!("{}{CHAT}", gateway.base),
+                key.clone(),
+            );
             tokio::spawn(async move {
-                client.post(url).bearer_auth(key).body(chat_body(CHAT_MODEL)).send().await.unwrap().status().as_u16()
+                client
+                    .post(url)
+                    .bearer_auth(key)
+                    .body(chat_body(CHAT_MODEL))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
             })
         })
         .collect();
@@ -313,9 +348,14 @@ async fn postgres_connections_cut_mid_call_lose_nothing_and_charge_once() {
     }
     // Each call either completed and was billed once, or answered a clear 5xx and is pending
     // for recovery; none is lost and none charged twice.
-    assert!(statuses.iter().all(|s| *s == 200 || *s == 503), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 503),
+        "{statuses:?}"
+    );
     let ok = statuses.iter().filter(|s| **s == 200).count() as i64;
-    recover_stale_reservations(db.store.as_ref(), Duration::ZERO).await.unwrap();
+    recover_stale_reservations(db.store.as_ref(), Duration::ZERO)
+        .await
+        .unwrap();
     assert_eq!(db.balance(&key).await.total().get(), 20 - ok * CHAT_PRICE);
     db.assert_audit_holds().await;
     // And the gateway serves again, without a restart.

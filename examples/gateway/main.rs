@@ -88,6 +88,19 @@ struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "GATEWAY_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
+    /// Refund reservations still pending after this many seconds (default: the call deadline
+    /// plus margins). Shorter than any call can last is unsafe while other gateways serve.
+    #[arg(long, env = "GATEWAY_RECOVERY_AGE_SECS")]
+    recovery_age_secs: Option<u64>,
+}
+
+impl ServeArgs {
+    fn recovery_age(&self, catalogue: &Catalogue) -> std::time::Duration {
+        self.recovery_age_secs.map_or_else(
+            || model_gateway::recovery_age(catalogue),
+            std::time::Duration::from_secs,
+        )
+    }
 }
 
 #[derive(Subcommand)]
@@ -177,8 +190,8 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             );
         }
         Command::Recover => {
-            let catalogue = load_catalogue(&ServeArgs::parse_from_env())?;
-            let age = model_gateway::recovery_age(&catalogue);
+            let args = ServeArgs::parse_from_env();
+            let age = args.recovery_age(&load_catalogue(&args)?);
             let refunded = model_gateway::recover_stale_reservations(&store, age).await?;
             println!("refunded {} stale reservations", refunded.len());
         }
@@ -277,7 +290,7 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     let store = Arc::new(store);
     let recovery = tokio::spawn(recover_periodically(
         store.clone(),
-        model_gateway::recovery_age(&catalogue),
+        args.recovery_age(&catalogue),
     ));
     let router = app::router(store, catalogue.clone(), upstream, args.max_body_bytes);
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;

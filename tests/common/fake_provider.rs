@@ -25,6 +25,8 @@ pub enum Fault {
     Reset,
     /// Answer bytes that are not HTTP, then close.
     Garbage,
+    /// One of these, picked at random each time.
+    OneOf(Vec<Fault>),
 }
 
 impl Fault {
@@ -150,6 +152,9 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
         let mut fault = next_fault(&state);
         loop {
             match fault {
+                Fault::OneOf(choices) => {
+                    fault = choices[fastrand::usize(..choices.len())].clone();
+                }
                 Fault::Delay(delay, inner) => {
                     tokio::time::sleep(delay).await;
                     fault = *inner;

@@ -1,0 +1,309 @@
+//! The example gateway as real processes (`cargo test` builds the examples before running
+//! tests): killed with SIGKILL mid-call and restarted, and two of them sharing one PostgreSQL
+//! under many clients while the provider fails a random share of calls.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::fake_provider::{FakeProvider, Fault};
+use common::*;
+use model_gateway::{CallLog, CallStatus, KeyHash, KeyStore, SeaOrmStore};
+
+fn free_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+fn gateway_binary() -> PathBuf {
+    // target/debug/deps/crash-HASH -> target/debug/examples/gateway
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("gateway");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --example gateway`",
+        path.display()
+    );
+    path
+}
+
+struct Env {
+    vars: Vec<(&'static str, String)>,
+}
+
+impl Env {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(gateway_binary());
+        command
+            .args(args)
+            .envs(self.vars.iter().map(|(k, v)| (*k, v.as_str())));
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> (bool, String) {
+        let output = self
+            .command(args)
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8(output.stdout).unwrap(),
+        )
+    }
+
+    fn serve(&self) -> Child {
+        self.command(&["serve"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+}
+
+async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let started = Instant::now();
+    while !done().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_cut_by_a_sigkill_are_refunded_after_restart_and_the_audit_passes() {
+    let provider = FakeProvider::start().await;
+    provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models.toml");
+    std::fs::write(
+        &models,
+        format!(
+            "[[upstreams]]\nname = \"slow\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\napi_key_env = \"SLOW_KEY\"\n\
+             [[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\nprice = {CHAT_PRICE}\nupstream = \"slow\"\n",
+            provider.base
+        ),
+    )
+    .unwrap();
+    let listen = free_address();
+    let database_url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("gateway.db").display()
+    );
+    let env = Env {
+        vars: vec![
+            ("DATABASE_URL", database_url.clone()),
+            ("GATEWAY_MODELS", models.display().to_string()),
+            ("GATEWAY_LISTEN", listen.clone()),
+            ("GATEWAY_RECOVERY_AGE_SECS", "2".into()),
+            ("SLOW_KEY", "provider-key".into()),
+            ("RUST_LOG", "warn".into()),
+        ],
+    };
+    let (created, stdout) = env.run(&["keys", "create", "--subscription", "10"]);
+    assert!(created);
+    let key = stdout.lines().last().unwrap().to_owned();
+
+    let mut server = env.serve();
+    let client = reqwest::Client::new();
+    wait_for("the gateway to listen", async || {
+        std::net::TcpStream::connect(&listen).is_ok()
+    })
+    .await;
+    for _ in 0..3 {
+        let (client, url, key) = (
+            client.clone(),
+            format!("http://{listen}{CHAT}"),
+            key.clone(),
+        );
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .bearer_auth(key)
+                .body(chat_body(CHAT_MODEL))
+                .send()
+                .await
+        });
+    }
+    let store = SeaOrmStore::connect(&database_url).await.unwrap();
+    let account = store
+        .caller_for_key(&KeyHash::of(&key))
+        .await
+        .unwrap()
+        .unwrap()
+        .account;
+    let pending = async || {
+        let calls = store.recent_calls(account, 10).await.unwrap();
+        calls
+            .iter()
+            .filter(|c| c.status == CallStatus::Pending)
+            .count()
+    };
+    wait_for("three reservations", async || pending().await == 3).await;
+
+    server.kill().unwrap(); // SIGKILL: no chance to refund anything
+    server.wait().unwrap();
+    let (audited, _) = env.run(&["audit"]);
+    assert!(
+        audited,
+        "pending calls count as charged, so the books balance even now"
+    );
+    assert_eq!(
+        env.run(&["balance", "--key", &key]).1.trim(),
+        r#"{"subscription":4,"topup":0,"total":4}"#
+    );
+
+    tokio::time::sleep(Duration::from_millis(2500)).await; // older than the recovery age
+    let mut restarted = env.serve();
+    wait_for("recovery at start", async || pending().await == 0).await;
+    restarted.kill().unwrap();
+    restarted.wait().unwrap();
+
+    let calls = store.recent_calls(account, 10).await.unwrap();
+    assert_eq!(calls.len(), 3);
+    assert!(calls.iter().all(|c| c.status == CallStatus::Refunded));
+    assert!(calls.iter().all(|c| {
+        c.upstream_error
+            .as_deref()
+            .unwrap()
+            .starts_with("recovered")
+    }));
+    assert_eq!(
+        env.run(&["balance", "--key", &key]).1.trim(),
+        r#"{"subscription":10,"topup":0,"total":10}"#
+    );
+    let (audited, report) = env.run(&["audit"]);
+    assert!(audited, "{report}");
+    assert!(report.contains("audit passed: 1 accounts"), "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateway_processes_on_one_postgres_spend_exactly_the_credits_there_are() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    const AFFORDABLE: i64 = 40;
+    let key = db
+        .funded_key(AFFORDABLE * CHAT_PRICE / 2, AFFORDABLE * CHAT_PRICE / 2)
+        .await;
+    let provider = FakeProvider::start().await;
+    let reply = Fault::json(
+        200,
+        r#"{"usage":{"prompt_tokens":1,"completion_tokens":1}}"#,
+    );
+    provider.always(Fault::OneOf(vec![
+        reply.clone(),
+        reply,
+        Fault::json(500, r#"{"error":{"message":"flaky"}}"#),
+        Fault::Reset,
+    ]));
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models.toml");
+    std::fs::write(
+        &models,
+        format!(
+            "[[upstreams]]\nname = \"flaky\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\napi_key_env = \"FLAKY_KEY\"\nbreaker_failures = 1000\n\
+             [[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\nprice = {CHAT_PRICE}\nupstream = \"flaky\"\n",
+            provider.base
+        ),
+    )
+    .unwrap();
+    let separator = if db.url.contains('?') { '&' } else { '?' };
+    let database_url = format!(
+        "{}{separator}options=-c%20search_path%3D{}",
+        db.url,
+        db.pg_schema().unwrap()
+    );
+    let addresses = [free_address(), free_address()];
+    let mut servers: Vec<Child> = addresses
+        .iter()
+        .map(|listen| {
+            Env {
+                vars: vec![
+                    ("DATABASE_URL", database_url.clone()),
+                    ("GATEWAY_MODELS", models.display().to_string()),
+                    ("GATEWAY_LISTEN", listen.clone()),
+                    ("FLAKY_KEY", "provider-key".into()),
+                    ("RUST_LOG", "error".into()),
+                ],
+            }
+            .serve()
+        })
+        .collect();
+    for listen in &addresses {
+        wait_for("a gateway to listen", async || {
+            std::net::TcpStream::connect(listen).is_ok()
+        })
+        .await;
+    }
+
+    // 16 clients call until each is told 402.
+    let client = reqwest::Client::new();
+    let clients: Vec<_> = (0..16)
+        .map(|i| {
+            let (client, key) = (client.clone(), key.clone());
+            let url = format!("http://{}{CHAT}", addresses[i % 2]);
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                loop {
+                    let status = client
+                        .post(&url)
+                        .bearer_auth(&key)
+                        .body(chat_body(CHAT_MODEL))
+                        .send()
+                        .await
+                        .unwrap()
+                        .status()
+                        .as_u16();
+                    statuses.push(status);
+                    if status == 402 || statuses.len() > 500 {
+                        return statuses;
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut count = std::collections::BTreeMap::<u16, i64>::new();
+    for client in clients {
+        for status in client.await.unwrap() {
+            *count.entry(status).or_default() += 1;
+        }
+    }
+    for server in &mut servers {
+        server.kill().unwrap();
+        server.wait().unwrap();
+    }
+
+    assert!(
+        count.keys().all(|s| [200, 402, 502].contains(s)),
+        "{count:?}"
+    );
+    assert_eq!(count.get(&200), Some(&AFFORDABLE), "{count:?}");
+    assert_eq!(count.get(&402), Some(&16));
+    assert!(
+        count.get(&502).copied().unwrap_or(0) > 0,
+        "the provider failed no call: {count:?}"
+    );
+    let calls = db.calls(&key).await;
+    let with = |status| calls.iter().filter(|c| c.status == status).count() as i64;
+    assert_eq!(with(CallStatus::Ok), AFFORDABLE);
+    assert_eq!(with(CallStatus::Refunded), count[&502]);
+    assert_eq!(with(CallStatus::Pending), 0);
+    assert_eq!(db.balance(&key).await, balance(0, 0));
+    let env = Env {
+        vars: vec![("DATABASE_URL", database_url.clone())],
+    };
+    let (audited, report) = env.run(&["audit"]);
+    assert!(audited, "{report}");
+    db.drop_schema().await;
+}
