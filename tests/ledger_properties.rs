@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use model_gateway::{
-    AccountId, Accounts, Bucket, CallFailure, CallId, CallSuccess, Caller, ChargeRequest, Credits,
-    KeyId, Ledger, MemoryStore, NewApiKey, Protocol, ReserveError, Store,
+    AccountId, Bucket, CallFailure, CallId, CallSuccess, Caller, ChargeRequest, Credits, KeyId,
+    MemoryStore, NewApiKey, Protocol, ReserveError, Store,
 };
 use proptest::prelude::*;
 

@@ -51,13 +51,17 @@ def gateway(tmp_path_factory):
                 raise RuntimeError(f"gateway did not start: {server.stderr.read().decode()}")
             time.sleep(0.1)
 
+    keys = []
+
     class Gateway:
         base = f"http://{env['GATEWAY_LISTEN']}"
 
         @staticmethod
         def new_key(subscription=0, topup=0):
             out = command("keys", "create", "--subscription", str(subscription), "--topup", str(topup))
-            return out.strip().splitlines()[-1]
+            key = out.strip().splitlines()[-1]
+            keys.append(key)
+            return key
 
         @staticmethod
         def balance(key):
@@ -74,6 +78,12 @@ def gateway(tmp_path_factory):
     log = server.stderr.read().decode()
     assert f"listening on http://{env['GATEWAY_LISTEN']}" in log
     assert "shut down" in log
+    # No key, valid or not, ever reaches the server's log.
+    for key in keys + ["sk-mg-wrong"]:
+        assert key not in log
+    audited = subprocess.run([GATEWAY_BIN, "audit"], env=env, capture_output=True, text=True)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+    assert "audit passed" in audited.stdout
 
 
 def detail(error):
