@@ -492,6 +492,12 @@ async fn postgres_recovery_refunds_only_reservations_older_than_the_age() {
     assert_recovery_refunds_only_old_reservations(db).await;
 }
 
+#[tokio::test]
+async fn mysql_recovery_refunds_only_reservations_older_than_the_age() {
+    let Some(db) = mysql_db().await else { return };
+    assert_recovery_refunds_only_old_reservations(db).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_recovering_at_once_refund_each_reservation_once() {
     let Some(db) = postgres_db().await else {

@@ -156,6 +156,15 @@ async fn postgres_agrees_with_the_memory_model_and_the_audit_holds() {
     db.drop_schema().await;
 }
 
+#[tokio::test]
+async fn mysql_agrees_with_the_memory_model_and_the_audit_holds() {
+    let Some(db) = mysql_db().await else { return };
+    let model = scenario(&MemoryStore::new()).await;
+    assert_eq!(scenario(db.store.as_ref()).await, model);
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
 /// The CHECK constraints stand behind the code: no statement can make a bucket negative.
 async fn assert_database_refuses_negative_buckets(db: &TestDb) {
     let caller = caller_with(db.store.as_ref(), 1, 0).await;
@@ -183,6 +192,13 @@ async fn postgres_refuses_a_negative_bucket() {
     let Some(db) = postgres_db().await else {
         return;
     };
+    assert_database_refuses_negative_buckets(&db).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn mysql_refuses_a_negative_bucket() {
+    let Some(db) = mysql_db().await else { return };
     assert_database_refuses_negative_buckets(&db).await;
     db.drop_schema().await;
 }
@@ -215,6 +231,13 @@ async fn postgres_concurrent_refunds_of_one_call_pay_back_once() {
     let Some(db) = postgres_db().await else {
         return;
     };
+    assert_concurrent_refunds_pay_back_once(db.store.clone()).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn mysql_concurrent_refunds_of_one_call_pay_back_once() {
+    let Some(db) = mysql_db().await else { return };
     assert_concurrent_refunds_pay_back_once(db.store.clone()).await;
     db.drop_schema().await;
 }
@@ -267,6 +290,30 @@ async fn postgres_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
     };
     let gateway = start_mock_gateway(&db).await;
     assert_200_calls_on_50_credits(&db, &[gateway]).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
+    let Some(db) = mysql_db().await else { return };
+    let gateway = start_mock_gateway(&db).await;
+    assert_200_calls_on_50_credits(&db, &[gateway]).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_gateways_on_one_mysql_never_spend_the_same_credit() {
+    let Some(db) = mysql_db().await else { return };
+    let second = TestDb::sharing(
+        &db,
+        Arc::new(model_gateway::SeaOrmStore::connect(&db.url).await.unwrap()),
+    );
+    let gateways = [
+        start_mock_gateway(&db).await,
+        start_mock_gateway(&second).await,
+    ];
+    assert_200_calls_on_50_credits(&db, &gateways).await;
+    drop(gateways);
     db.drop_schema().await;
 }
 

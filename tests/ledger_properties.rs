@@ -192,3 +192,16 @@ proptest! {
         });
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mysql_agrees_with_the_model_on_any_sequence(ops in prop::collection::vec(op(), 1..40)) {
+        runtime().block_on(async {
+            let Some(db) = mysql_db().await else { return };
+            run_against_model(&db, &ops).await;
+            db.drop_schema().await;
+        });
+    }
+}

@@ -22,6 +22,8 @@ pub struct TestDb {
     pub url: String,
     _dir: Option<tempfile::TempDir>,
     pg_schema: Option<String>,
+    /// For MySQL: the server URL without a database, and the test's own database.
+    mysql_database: Option<(String, String)>,
 }
 
 pub async fn sqlite_db() -> TestDb {
@@ -36,29 +38,31 @@ pub async fn sqlite_db() -> TestDb {
         url,
         _dir: Some(dir),
         pg_schema: None,
+        mysql_database: None,
     }
 }
 
-/// The PostgreSQL URL for tests, or `None` to skip. Under CI the variable must be set: a
-/// PostgreSQL test silently skipped in CI would be a check that cannot fail.
-pub fn postgres_url() -> Option<String> {
-    match std::env::var("TEST_POSTGRES_URL") {
+/// A test database URL from `variable`, or `None` to skip. Under CI the variable must be set:
+/// a database test silently skipped in CI would be a check that cannot fail.
+fn database_url(variable: &str) -> Option<String> {
+    match std::env::var(variable) {
         Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("TEST_POSTGRES_URL must be set when CI is set")
-        }
+        _ if std::env::var_os("CI").is_some() => panic!("{variable} must be set when CI is set"),
         _ => {
-            eprintln!("TEST_POSTGRES_URL is not set; skipping the PostgreSQL part");
+            eprintln!("{variable} is not set; skipping this database's part");
             None
         }
     }
 }
 
-/// A fresh schema on the test PostgreSQL, so parallel tests and runs never collide.
-pub async fn postgres_db() -> Option<TestDb> {
-    let url = postgres_url()?;
+pub fn postgres_url() -> Option<String> {
+    database_url("TEST_POSTGRES_URL")
+}
+
+/// A unique name for one test's schema or database.
+fn unique_name() -> String {
     static SERIAL: AtomicU32 = AtomicU32::new(0);
-    let schema = format!(
+    format!(
         "mg_test_{}_{}_{}",
         std::process::id(),
         SERIAL.fetch_add(1, Ordering::Relaxed),
@@ -66,7 +70,44 @@ pub async fn postgres_db() -> Option<TestDb> {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .subsec_nanos()
-    );
+    )
+}
+
+/// A fresh database on the test MySQL/MariaDB server.
+pub async fn mysql_db() -> Option<TestDb> {
+    let server = database_url("TEST_MYSQL_URL")?;
+    let database = unique_name();
+    let admin = Database::connect(&server).await.unwrap();
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE {database}"))
+        .await
+        .unwrap();
+    admin.close().await.unwrap();
+    // mysql://user@host:port/db?params -> the same with this test's database.
+    let (base, params) = server.split_once('?').unwrap_or((&server, ""));
+    let root = &base[..base
+        .rfind('/')
+        .filter(|&i| i > "mysql://".len())
+        .unwrap_or(base.len())];
+    let url = if params.is_empty() {
+        format!("{root}/{database}")
+    } else {
+        format!("{root}/{database}?{params}")
+    };
+    let store = Arc::new(SeaOrmStore::connect(&url).await.unwrap());
+    Some(TestDb {
+        store,
+        url,
+        _dir: None,
+        pg_schema: None,
+        mysql_database: Some((server, database)),
+    })
+}
+
+/// A fresh schema on the test PostgreSQL, so parallel tests and runs never collide.
+pub async fn postgres_db() -> Option<TestDb> {
+    let url = postgres_url()?;
+    let schema = unique_name();
     let admin = Database::connect(&url).await.unwrap();
     admin
         .execute_unprepared(&format!("CREATE SCHEMA {schema}"))
@@ -78,6 +119,7 @@ pub async fn postgres_db() -> Option<TestDb> {
         url,
         _dir: None,
         pg_schema: Some(schema),
+        mysql_database: None,
     })
 }
 
@@ -100,6 +142,7 @@ impl TestDb {
             url: other.url.clone(),
             _dir: None,
             pg_schema: None,
+            mysql_database: None,
         }
     }
 
@@ -107,12 +150,20 @@ impl TestDb {
         self.pg_schema.as_deref()
     }
 
-    /// Drops the PostgreSQL schema (SQLite files go with the temporary directory).
+    /// Drops the PostgreSQL schema or MySQL database (SQLite files go with their directory).
     pub async fn drop_schema(self) {
         if let Some(schema) = &self.pg_schema {
             let admin = Database::connect(&self.url).await.unwrap();
             admin
                 .execute_unprepared(&format!("DROP SCHEMA {schema} CASCADE"))
+                .await
+                .unwrap();
+        }
+        if let Some((server, database)) = &self.mysql_database {
+            self.store.connection().clone().close().await.unwrap();
+            let admin = Database::connect(server).await.unwrap();
+            admin
+                .execute_unprepared(&format!("DROP DATABASE {database}"))
                 .await
                 .unwrap();
         }

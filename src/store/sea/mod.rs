@@ -126,11 +126,17 @@ impl SeaOrmStore {
             audits.binary_search_by_key(&AccountId(id), |audit| audit.account)
         };
 
+        // SUM widens to a decimal on some databases; bring it back to a 64-bit integer.
+        let integer = match self.db.get_database_backend() {
+            sea_orm::DbBackend::MySql => "SIGNED",
+            _ => "BIGINT",
+        };
+        let sum = |column: &str| Expr::cust(format!("CAST(SUM({column}) AS {integer})"));
         let grants: Vec<(i64, String, i64)> = credit_grant::Entity::find()
             .select_only()
             .column(credit_grant::Column::AccountId)
             .column(credit_grant::Column::Bucket)
-            .column_as(Expr::cust("CAST(SUM(amount) AS BIGINT)"), "total")
+            .column_as(sum("amount"), "total")
             .group_by(credit_grant::Column::AccountId)
             .group_by(credit_grant::Column::Bucket)
             .into_tuple()
@@ -152,11 +158,8 @@ impl SeaOrmStore {
         let charges: Vec<(i64, i64, i64)> = call::Entity::find()
             .select_only()
             .column(call::Column::AccountId)
-            .column_as(
-                Expr::cust("CAST(SUM(charged_subscription) AS BIGINT)"),
-                "subscription",
-            )
-            .column_as(Expr::cust("CAST(SUM(charged_topup) AS BIGINT)"), "topup")
+            .column_as(sum("charged_subscription"), "subscription")
+            .column_as(sum("charged_topup"), "topup")
             .filter(call::Column::Status.is_in(["ok", "pending"]))
             .group_by(call::Column::AccountId)
             .into_tuple()

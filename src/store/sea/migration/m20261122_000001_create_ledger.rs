@@ -58,6 +58,23 @@ enum MgCalls {
     FinishedAt,
 }
 
+/// A point in time: `timestamptz` on PostgreSQL, text on SQLite, and `DATETIME(6)` on MySQL,
+/// whose `TIMESTAMP` ends in 2038 and may update itself.
+fn moment<T: IntoIden>(manager: &SchemaManager, column: T, nullable: bool) -> ColumnDef {
+    let mut definition = ColumnDef::new(column);
+    if manager.get_database_backend() == sea_orm::DbBackend::MySql {
+        definition.custom("DATETIME(6)".into_iden());
+    } else {
+        definition.timestamp_with_time_zone();
+    }
+    if nullable {
+        definition.null();
+    } else {
+        definition.not_null();
+    }
+    definition
+}
+
 fn non_negative<T: IntoIden + Copy + 'static>(column: T) -> ColumnDef {
     big_integer(column).check(Expr::col(column).gte(0)).take()
 }
@@ -84,7 +101,7 @@ impl MigrationTrait for Migration {
                     .col(string(MgAccounts::Name))
                     .col(non_negative(MgAccounts::SubscriptionCredits))
                     .col(non_negative(MgAccounts::TopupCredits))
-                    .col(timestamp_with_time_zone(MgAccounts::CreatedAt))
+                    .col(moment(manager, MgAccounts::CreatedAt, false))
                     .take(),
             )
             .await?;
@@ -97,8 +114,8 @@ impl MigrationTrait for Migration {
                     .col(big_integer(MgApiKeys::AccountId))
                     .col(string_len_uniq(MgApiKeys::KeyHash, 64))
                     .col(string_len(MgApiKeys::DisplayPrefix, 32))
-                    .col(timestamp_with_time_zone_null(MgApiKeys::RevokedAt))
-                    .col(timestamp_with_time_zone(MgApiKeys::CreatedAt))
+                    .col(moment(manager, MgApiKeys::RevokedAt, true))
+                    .col(moment(manager, MgApiKeys::CreatedAt, false))
                     .foreign_key(&mut account_fk(MgApiKeys::Table, MgApiKeys::AccountId))
                     .take(),
             )
@@ -119,7 +136,7 @@ impl MigrationTrait for Migration {
                         big_integer(MgCreditGrants::Amount)
                             .check(Expr::col(MgCreditGrants::Amount).gt(0)),
                     )
-                    .col(timestamp_with_time_zone(MgCreditGrants::CreatedAt))
+                    .col(moment(manager, MgCreditGrants::CreatedAt, false))
                     .foreign_key(&mut account_fk(
                         MgCreditGrants::Table,
                         MgCreditGrants::AccountId,
@@ -157,8 +174,8 @@ impl MigrationTrait for Migration {
                     .col(text_null(MgCalls::UpstreamError))
                     .col(big_integer_null(MgCalls::InputTokens))
                     .col(big_integer_null(MgCalls::OutputTokens))
-                    .col(timestamp_with_time_zone(MgCalls::CreatedAt))
-                    .col(timestamp_with_time_zone_null(MgCalls::FinishedAt))
+                    .col(moment(manager, MgCalls::CreatedAt, false))
+                    .col(moment(manager, MgCalls::FinishedAt, true))
                     .check((
                         "mg_calls_charged_adds_up_to_price",
                         Expr::col(MgCalls::ChargedSubscription)
