@@ -1,91 +1,191 @@
-//! The charging path: reserve+settle and reserve+refund on the in-memory store and on a SQLite
-//! file in WAL mode (as deployed), one caller at a time; and one request through all four layers
-//! against the bare mock upstream, so the layers' own cost shows.
+//! The charging path, and the stack's own cost.
 //!
-//! `cargo bench --bench charging`
+//! - `charging/<backend>/<op>/<accounts>/c<callers>`: reserve+settle or reserve+refund on the
+//!   in-memory store, a SQLite file in WAL mode (as deployed) and PostgreSQL (when
+//!   `TEST_POSTGRES_URL` is set, in a schema of its own); one hot account or 64 accounts; 1, 16
+//!   and 64 concurrent callers. Throughput is printed as `elem/s` = charged calls per second.
+//! - `stack/...`: one request through all four layers (in-memory store, mock upstream), against
+//!   the bare mock upstream.
+//!
+//! `cargo bench --bench charging` (add `-- charging/sqlite` to filter).
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use http::Request;
 use http_body_util::Full;
 use model_gateway::{
     Bucket, CallFailure, CallSuccess, Caller, Catalogue, ChargeRequest, Credits, MemoryStore,
     MockUpstream, NewApiKey, Protocol, SeaOrmStore, Store,
 };
+use sea_orm::ConnectionTrait;
 use tower::{Service, ServiceExt};
 
-async fn rich_caller<S: Store>(store: &S) -> (Caller, NewApiKey) {
-    let account = store.create_account("bench").await.unwrap();
-    let key = NewApiKey::generate();
-    let key_id = store.add_key(account, &key).await.unwrap();
-    store
-        .grant(account, Bucket::Subscription, Credits(1 << 50))
-        .await
-        .unwrap();
-    (
-        Caller {
-            account,
-            key: key_id,
-        },
-        key,
-    )
+async fn rich_callers(store: &dyn Store, count: usize) -> Vec<Caller> {
+    let mut callers = Vec::new();
+    for _ in 0..count {
+        let account = store.create_account("bench").await.unwrap();
+        let key = store
+            .add_key(account, &NewApiKey::generate())
+            .await
+            .unwrap();
+        store
+            .grant(account, Bucket::Subscription, Credits(1 << 50))
+            .await
+            .unwrap();
+        callers.push(Caller { account, key });
+    }
+    callers
 }
 
-fn charge(caller: Caller) -> ChargeRequest<'static> {
-    ChargeRequest {
+#[derive(Clone, Copy)]
+enum Outcome {
+    Settle,
+    Refund,
+}
+
+/// One reserve followed by its settle or refund.
+async fn charge_once(store: &dyn Store, caller: Caller, outcome: Outcome) {
+    let request = ChargeRequest {
         caller,
         protocol: Protocol::ChatCompletions,
         model: "gpt-4o-mini",
         price: Credits(2),
-    }
+    };
+    let reservation = store.reserve(request).await.unwrap();
+    let done = match outcome {
+        Outcome::Settle => store.settle(reservation.call, CallSuccess::default()).await,
+        Outcome::Refund => {
+            let failure = CallFailure {
+                upstream_status: Some(500),
+                error: "bench".into(),
+            };
+            store.refund(reservation.call, &failure).await
+        }
+    };
+    assert!(done.unwrap());
 }
 
-fn ledger_benches<S: Store + 'static>(c: &mut Criterion, name: &str, store: Arc<S>) {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (caller, _) = runtime.block_on(rich_caller(store.as_ref()));
-    let failure = CallFailure {
-        upstream_status: Some(500),
-        error: "bench".into(),
-    };
-    c.bench_function(&format!("{name}/reserve+settle"), |b| {
-        b.to_async(&runtime).iter(|| async {
-            let reservation = store.reserve(charge(caller)).await.unwrap();
-            assert!(
-                store
-                    .settle(reservation.call, CallSuccess::default())
-                    .await
-                    .unwrap()
-            );
+/// `total` charges spread over `callers` concurrent tasks; returns the elapsed time.
+async fn charge_concurrently(
+    store: Arc<dyn Store>,
+    accounts: Arc<Vec<Caller>>,
+    outcome: Outcome,
+    callers: usize,
+    total: u64,
+) -> Duration {
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|task| {
+            let (store, accounts) = (store.clone(), accounts.clone());
+            let share = total / callers as u64 + u64::from((task as u64) < total % callers as u64);
+            tokio::spawn(async move {
+                for i in 0..share {
+                    let caller = accounts[(task + i as usize) % accounts.len()];
+                    charge_once(store.as_ref(), caller, outcome).await;
+                }
+            })
         })
-    });
-    c.bench_function(&format!("{name}/reserve+refund"), |b| {
-        b.to_async(&runtime).iter(|| async {
-            let reservation = store.reserve(charge(caller)).await.unwrap();
-            assert!(store.refund(reservation.call, &failure).await.unwrap());
-        })
-    });
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    started.elapsed()
+}
+
+fn bench_backend(
+    c: &mut Criterion,
+    runtime: &tokio::runtime::Runtime,
+    name: &str,
+    store: Arc<dyn Store>,
+) {
+    let mut group = c.benchmark_group(format!("charging/{name}"));
+    group.throughput(Throughput::Elements(1));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1));
+    for (label, accounts) in [("hot-account", 1), ("64-accounts", 64)] {
+        let accounts = Arc::new(runtime.block_on(rich_callers(store.as_ref(), accounts)));
+        for (op, outcome) in [
+            ("reserve+settle", Outcome::Settle),
+            ("reserve+refund", Outcome::Refund),
+        ] {
+            for callers in [1usize, 16, 64] {
+                let id = BenchmarkId::new(format!("{op}/{label}"), format!("c{callers}"));
+                group.bench_function(id, |b| {
+                    b.to_async(runtime).iter_custom(|iters| {
+                        charge_concurrently(
+                            store.clone(),
+                            accounts.clone(),
+                            outcome,
+                            callers,
+                            iters,
+                        )
+                    })
+                });
+            }
+        }
+    }
+    group.finish();
 }
 
 fn charging_path(c: &mut Criterion) {
-    ledger_benches(c, "memory", Arc::new(MemoryStore::new()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    bench_backend(c, &runtime, "memory", Arc::new(MemoryStore::new()));
+
     let dir = tempfile::tempdir().unwrap();
     let url = format!(
         "sqlite://{}?mode=rwc",
         dir.path().join("bench.db").display()
     );
-    let sqlite = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(SeaOrmStore::connect(&url))
-        .unwrap();
-    ledger_benches(c, "sqlite-wal", Arc::new(sqlite));
+    let sqlite = runtime.block_on(SeaOrmStore::connect(&url)).unwrap();
+    bench_backend(c, &runtime, "sqlite-wal", Arc::new(sqlite));
+
+    match std::env::var("TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => {
+            let schema = format!("mg_bench_{}", std::process::id());
+            let postgres = runtime.block_on(async {
+                let admin = sea_orm::Database::connect(&url).await.unwrap();
+                admin
+                    .execute_unprepared(&format!(
+                        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+                    ))
+                    .await
+                    .unwrap();
+                let mut options = sea_orm::ConnectOptions::new(&url);
+                options.set_schema_search_path(&schema).max_connections(32);
+                SeaOrmStore::connect_with(options).await.unwrap()
+            });
+            bench_backend(c, &runtime, "postgres", Arc::new(postgres));
+            runtime.block_on(async {
+                let admin = sea_orm::Database::connect(&url).await.unwrap();
+                admin
+                    .execute_unprepared(&format!("DROP SCHEMA {schema} CASCADE"))
+                    .await
+                    .unwrap();
+            });
+        }
+        _ => eprintln!("TEST_POSTGRES_URL is not set: skipping the PostgreSQL charging benchmarks"),
+    }
 }
 
 fn stack_overhead(c: &mut Criterion) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let store = Arc::new(MemoryStore::new());
-    let (_, key) = runtime.block_on(rich_caller(store.as_ref()));
+    let key = runtime.block_on(async {
+        let callers = rich_callers(store.as_ref(), 1).await;
+        let key = NewApiKey::generate();
+        model_gateway::Accounts::add_key(store.as_ref(), callers[0].account, &key)
+            .await
+            .unwrap();
+        key
+    });
     let body = Bytes::from_static(
         br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello"}]}"#,
     );

@@ -80,8 +80,9 @@ pub use refund::{
 pub use router::{DEFAULT_MAX_BODY_BYTES, ProtocolRouter, ProtocolRouterLayer, RoutedCall, route};
 pub use store::{
     AccountAudit, AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus,
-    CallSuccess, Caller, ChargeRequest, KeyId, KeyStore, Ledger, MemoryStore, Migrator,
-    Reservation, ReserveError, SeaOrmStore, Store, StoreError, TokenUsage,
+    CallSuccess, Caller, ChargeRequest, DEFAULT_MAX_BATCH, GroupCommitStats, KeyId, KeyStore,
+    Ledger, MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store, StoreError,
+    TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
 pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream, UpstreamError};

@@ -437,3 +437,66 @@ async fn migrations_use_their_own_table_and_keys_are_stored_only_as_hashes() {
         );
     }
 }
+
+/// Many simultaneous reservations on one store share transactions (group commit), and each is
+/// still answered by exactly its own outcome.
+async fn assert_group_commit_keeps_each_outcome(db: &TestDb) {
+    let before = db.store.group_commit_stats();
+    let caller = caller_with(db.store.as_ref(), 40, 0).await;
+    let stranger = Caller {
+        account: AccountId(i64::MAX),
+        key: caller.key,
+    };
+    let reservations: Vec<_> = (0..64)
+        .map(|i| {
+            let store = db.store.clone();
+            let who = if i == 17 { stranger } else { caller };
+            tokio::spawn(async move { store.reserve(charge(who, 1)).await })
+        })
+        .collect();
+    let (mut reserved, mut refused, mut failed) = (0, 0, 0);
+    for reservation in reservations {
+        match reservation.await.unwrap() {
+            Ok(_) => reserved += 1,
+            Err(ReserveError::InsufficientCredits) => refused += 1,
+            Err(ReserveError::Store(_)) => failed += 1,
+        }
+    }
+    // The unknown account fails alone; its batch-mates are rerun and keep their outcomes.
+    assert_eq!((reserved, refused, failed), (40, 23, 1));
+    assert_eq!(
+        db.store.balance(caller.account).await.unwrap(),
+        balance(0, 0)
+    );
+    let after = db.store.group_commit_stats();
+    let (transactions, writes) = (
+        after.transactions - before.transactions,
+        after.writes - before.writes,
+    );
+    assert!(
+        writes >= 64 && transactions < writes,
+        "{transactions} transactions for {writes} writes"
+    );
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_group_commit_keeps_each_outcome() {
+    assert_group_commit_keeps_each_outcome(&sqlite_db().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_group_commit_keeps_each_outcome() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    assert_group_commit_keeps_each_outcome(&db).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_group_commit_keeps_each_outcome() {
+    let Some(db) = mysql_db().await else { return };
+    assert_group_commit_keeps_each_outcome(&db).await;
+    db.drop_schema().await;
+}

@@ -24,7 +24,7 @@ mod memory;
 mod sea;
 
 pub use memory::MemoryStore;
-pub use sea::{AccountAudit, Migrator, SeaOrmStore};
+pub use sea::{AccountAudit, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
 
 /// An account: the owner of one credit pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

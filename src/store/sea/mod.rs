@@ -35,9 +35,13 @@ use crate::keys::{KeyHash, NewApiKey};
 use crate::protocol::Protocol;
 
 mod entity;
+mod group_commit;
+mod ledger_ops;
 mod migration;
 
 use entity::{account, api_key, call, credit_grant};
+use group_commit::{Committer, OwnedCharge};
+pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats};
 pub use migration::Migrator;
 
 /// How long a SQLite connection waits for another writer before giving up. Writers hold the lock
@@ -45,9 +49,15 @@ pub use migration::Migrator;
 const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A [`Store`](super::Store) on a relational database through sea-orm.
+///
+/// Reservations, settles and refunds go through one committer task per store, which applies up
+/// to [`DEFAULT_MAX_BATCH`] queued ones in a single transaction (group commit) and answers each
+/// only after that transaction committed. The store must be created inside the Tokio runtime
+/// that will use it.
 #[derive(Debug, Clone)]
 pub struct SeaOrmStore {
     db: DatabaseConnection,
+    committer: Committer,
 }
 
 impl From<DbErr> for StoreError {
@@ -88,7 +98,23 @@ impl SeaOrmStore {
         }
         let db = Database::connect(options).await?;
         Migrator::up(&db, None).await?;
-        Ok(SeaOrmStore { db })
+        Ok(SeaOrmStore {
+            committer: Committer::start(db.clone(), DEFAULT_MAX_BATCH),
+            db,
+        })
+    }
+
+    /// How the ledger's writes have been grouped into transactions so far.
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.committer.stats()
+    }
+
+    /// The same store with at most `max_batch` ledger writes per transaction (1: none shared).
+    pub fn with_max_batch(self, max_batch: usize) -> SeaOrmStore {
+        SeaOrmStore {
+            committer: Committer::start(self.db.clone(), max_batch.max(1)),
+            db: self.db,
+        }
     }
 
     /// The underlying connection, for embedders that keep their own tables beside ours.
@@ -96,15 +122,8 @@ impl SeaOrmStore {
         &self.db
     }
 
-    /// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it
-    /// reads cannot change before it writes (a deferred transaction would fail to upgrade).
     async fn begin_write(&self) -> Result<DatabaseTransaction, DbErr> {
-        self.db
-            .begin_with_options(TransactionOptions {
-                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-                ..TransactionOptions::default()
-            })
-            .await
+        begin_write(&self.db).await
     }
 
     /// Checks every account: granted credits minus the charges of `ok` and `pending` calls must
@@ -204,6 +223,16 @@ impl AccountAudit {
     }
 }
 
+/// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it reads
+/// cannot change before it writes (a deferred transaction would fail to upgrade).
+async fn begin_write(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+    db.begin_with_options(TransactionOptions {
+        sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+        ..TransactionOptions::default()
+    })
+    .await
+}
+
 fn balance_of(row: &account::Model) -> Balance {
     Balance {
         subscription: Credits(row.subscription_credits),
@@ -248,129 +277,15 @@ impl KeyStore for SeaOrmStore {
 #[async_trait]
 impl Ledger for SeaOrmStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
-        let account = request.caller.account;
-        let txn = self.begin_write().await?;
-        let row = locked_account(&txn, account).await?;
-        let Some(taken) = balance_of(&row).split_charge(request.price) else {
-            txn.rollback().await?;
-            return Err(ReserveError::InsufficientCredits);
-        };
-        let debited = account::Entity::update_many()
-            .col_expr(
-                account::Column::SubscriptionCredits,
-                Expr::col(account::Column::SubscriptionCredits).sub(taken.subscription.0),
-            )
-            .col_expr(
-                account::Column::TopupCredits,
-                Expr::col(account::Column::TopupCredits).sub(taken.topup.0),
-            )
-            .filter(account::Column::Id.eq(account.0))
-            .filter(account::Column::SubscriptionCredits.gte(taken.subscription.0))
-            .filter(account::Column::TopupCredits.gte(taken.topup.0))
-            .exec(&txn)
-            .await?;
-        if debited.rows_affected != 1 {
-            // Unreachable while the row lock holds; refuse rather than over-spend if it does not.
-            txn.rollback().await?;
-            return Err(StoreError::msg("account balance changed during reservation").into());
-        }
-        let entry = call::ActiveModel {
-            id: NotSet,
-            account_id: Set(account.0),
-            key_id: Set(request.caller.key.0),
-            protocol: Set(request.protocol.as_str().to_owned()),
-            model: Set(request.model.to_owned()),
-            price: Set(request.price.0),
-            charged_subscription: Set(taken.subscription.0),
-            charged_topup: Set(taken.topup.0),
-            status: Set(CallStatus::Pending.as_str().to_owned()),
-            upstream_status: Set(None),
-            upstream_channel: Set(None),
-            upstream_error: Set(None),
-            input_tokens: Set(None),
-            output_tokens: Set(None),
-            created_at: Set(Utc::now()),
-            finished_at: Set(None),
-        };
-        let call = call::Entity::insert(entry).exec(&txn).await?.last_insert_id;
-        txn.commit().await?;
-        Ok(Reservation {
-            call: CallId(call),
-            account,
-            taken,
-        })
+        self.committer.reserve(OwnedCharge::from(request)).await
     }
 
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
-        let settled = call::Entity::update_many()
-            .col_expr(call::Column::Status, Expr::value(CallStatus::Ok.as_str()))
-            .col_expr(
-                call::Column::UpstreamStatus,
-                Expr::value(i32::from(success.upstream_status)),
-            )
-            .col_expr(call::Column::UpstreamChannel, Expr::value(success.channel))
-            .col_expr(
-                call::Column::InputTokens,
-                Expr::value(success.usage.input_tokens),
-            )
-            .col_expr(
-                call::Column::OutputTokens,
-                Expr::value(success.usage.output_tokens),
-            )
-            .col_expr(call::Column::FinishedAt, Expr::value(Utc::now()))
-            .filter(call::Column::Id.eq(call.0))
-            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
-            .exec(&self.db)
-            .await?;
-        Ok(settled.rows_affected == 1)
+        self.committer.settle(call, success).await
     }
 
     async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
-        let txn = self.begin_write().await?;
-        let marked = call::Entity::update_many()
-            .col_expr(
-                call::Column::Status,
-                Expr::value(CallStatus::Refunded.as_str()),
-            )
-            .col_expr(
-                call::Column::UpstreamStatus,
-                Expr::value(failure.upstream_status.map(i32::from)),
-            )
-            .col_expr(
-                call::Column::UpstreamError,
-                Expr::value(failure.error.clone()),
-            )
-            .col_expr(call::Column::FinishedAt, Expr::value(Utc::now()))
-            .filter(call::Column::Id.eq(call.0))
-            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
-            .exec(&txn)
-            .await?;
-        if marked.rows_affected != 1 {
-            txn.rollback().await?;
-            return Ok(false);
-        }
-        let entry = call::Entity::find_by_id(call.0)
-            .one(&txn)
-            .await?
-            .ok_or_else(|| StoreError::msg(format!("call {} vanished during refund", call.0)))?;
-        let credited = account::Entity::update_many()
-            .col_expr(
-                account::Column::SubscriptionCredits,
-                Expr::col(account::Column::SubscriptionCredits).add(entry.charged_subscription),
-            )
-            .col_expr(
-                account::Column::TopupCredits,
-                Expr::col(account::Column::TopupCredits).add(entry.charged_topup),
-            )
-            .filter(account::Column::Id.eq(entry.account_id))
-            .exec(&txn)
-            .await?;
-        if credited.rows_affected != 1 {
-            txn.rollback().await?;
-            return Err(unknown_account(AccountId(entry.account_id)));
-        }
-        txn.commit().await?;
-        Ok(true)
+        self.committer.refund(call, failure.clone()).await
     }
 
     async fn stale_reservations(

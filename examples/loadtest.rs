@@ -1,0 +1,348 @@
+//! End-to-end load test, in one run, on this machine:
+//!
+//! 1. the floor: an axum server that parses the body and returns the same mock reply, with
+//!    none of our layers;
+//! 2. the full example gateway (all four layers) in mock mode on a SQLite file (WAL);
+//! 3. the same on PostgreSQL, when `TEST_POSTGRES_URL` is set (a schema of its own);
+//!
+//! each driven with the same HTTP load (keep-alive connections, one hot account) at
+//! concurrency 1, 16 and 64. Prints requests per second, p50 and p99 latency, and each
+//! gateway's throughput as a share of the floor's; then checks that every 200 answer has an `ok`
+//! call-log entry. Last, it starts the release gateway binary, holds 1000 client connections
+//! open against it and prints its resident memory.
+//!
+//! ```text
+//! cargo build --release --example gateway && cargo run --release --example loadtest
+//! ```
+//! `LOADTEST_REQUESTS` (default 10000) sets the requests per run at concurrency 16 and 64; a
+//! fifth of that runs at concurrency 1.
+
+#[path = "gateway/app.rs"]
+#[allow(dead_code)]
+mod app;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use model_gateway::{
+    Catalogue, DEFAULT_MAX_BODY_BYTES, MockUpstream, Protocol, SeaOrmStore, Upstream,
+};
+use sea_orm::{ConnectionTrait, Statement};
+use tower::Service;
+
+const CONCURRENCY: [usize; 3] = [1, 16, 64];
+const BODY: &str =
+    r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
+
+struct Target {
+    name: &'static str,
+    base: String,
+    key: Option<String>,
+    store: Option<Arc<SeaOrmStore>>,
+}
+
+#[derive(Clone, Copy)]
+struct Figures {
+    rps: f64,
+    p50: Duration,
+    p99: Duration,
+    ok: u64,
+}
+
+async fn serve(router: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    base
+}
+
+/// The floor: parse the body as the gateway does, answer the mock reply, nothing else.
+async fn floor() -> Target {
+    let catalogue = Arc::new(Catalogue::demo());
+    let mock = MockUpstream::new();
+    let handler = move |body: Bytes| {
+        let (catalogue, mut mock) = (catalogue.clone(), mock.clone());
+        async move {
+            let routed =
+                model_gateway::route(&catalogue, Protocol::ChatCompletions, &body).unwrap();
+            let mut request = http::Request::new(body);
+            request.extensions_mut().insert(routed);
+            let reply = mock.call(request).into_inner().unwrap();
+            reply.map(axum::body::Body::from)
+        }
+    };
+    let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
+    Target {
+        name: "floor (no layers)",
+        base: serve(router).await,
+        key: None,
+        store: None,
+    }
+}
+
+async fn gateway(name: &'static str, store: SeaOrmStore) -> Target {
+    let store = Arc::new(store);
+    let key = app::create_key(&store, "load", 1 << 50, 0).await.unwrap();
+    let router = app::router(
+        store.clone(),
+        Arc::new(Catalogue::demo()),
+        Upstream::Mock(MockUpstream::new()),
+        DEFAULT_MAX_BODY_BYTES,
+    );
+    Target {
+        name,
+        base: serve(router).await,
+        key: Some(key.reveal().to_owned()),
+        store: Some(store),
+    }
+}
+
+/// `requests` calls over `concurrency` keep-alive connections.
+async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figures {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", target.base);
+    let issued = Arc::new(AtomicU64::new(0));
+    let ok = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, url, key) = (client.clone(), url.clone(), target.key.clone());
+            let (issued, ok) = (issued.clone(), ok.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while issued.fetch_add(1, Ordering::Relaxed) < requests {
+                    let mut request = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(BODY);
+                    if let Some(key) = &key {
+                        request = request.bearer_auth(key);
+                    }
+                    let sent = Instant::now();
+                    let response = request.send().await.unwrap();
+                    let status = response.status();
+                    response.bytes().await.unwrap();
+                    latencies.push(sent.elapsed());
+                    if status == 200 {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(requests as usize);
+    for worker in workers {
+        latencies.extend(worker.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    Figures {
+        rps: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50: at(0.50),
+        p99: at(0.99),
+        ok: ok.load(Ordering::Relaxed),
+    }
+}
+
+async fn ok_entries(store: &SeaOrmStore) -> u64 {
+    let connection = store.connection();
+    let row = connection
+        .query_one_raw(Statement::from_string(
+            connection.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM mg_calls WHERE status = 'ok'",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get::<i64>("", "n").unwrap() as u64
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+/// Starts the release gateway binary, opens 1000 keep-alive connections that each made one
+/// call, and reads the process's resident memory.
+async fn resident_memory_with_1000_connections() -> Option<(u64, u64)> {
+    let binary = std::env::current_exe().ok()?.with_file_name("gateway");
+    if !binary.exists() {
+        eprintln!("{} not built; skipping the memory check", binary.display());
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let listen = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("rss.db").display());
+    let env = |command: &mut std::process::Command| {
+        command
+            .env("DATABASE_URL", &url)
+            .env("GATEWAY_LISTEN", &listen)
+            .env("MOCK_UPSTREAM", "1")
+            .env("RUST_LOG", "warn");
+    };
+    let mut create = std::process::Command::new(&binary);
+    create.args(["keys", "create", "--subscription", "100000"]);
+    env(&mut create);
+    let output = create.output().unwrap();
+    let key = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned();
+    let mut serve = std::process::Command::new(&binary);
+    serve.arg("serve").stdout(std::process::Stdio::null());
+    env(&mut serve);
+    let mut child = serve.spawn().unwrap();
+    while std::net::TcpStream::connect(&listen).is_err() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let rss = || -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find(|line| line.starts_with("VmRSS:"))
+            .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    let idle = rss();
+    let mut connections = Vec::new();
+    for _ in 0..1000 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&listen).await.unwrap();
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer {key}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{BODY}",
+            BODY.len()
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut buffer = [0u8; 2048];
+        let read = stream.read(&mut buffer).await.unwrap();
+        assert!(buffer[..read].starts_with(b"HTTP/1.1 200"));
+        connections.push(stream); // kept open (keep-alive)
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let loaded = rss();
+    drop(connections);
+    child.kill().ok();
+    child.wait().ok();
+    Some((idle, loaded))
+}
+
+#[tokio::main]
+async fn main() {
+    let requests: u64 = std::env::var("LOADTEST_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite_url = format!("sqlite://{}?mode=rwc", dir.path().join("load.db").display());
+    let mut targets = vec![
+        floor().await,
+        gateway(
+            "gateway, SQLite",
+            SeaOrmStore::connect(&sqlite_url).await.unwrap(),
+        )
+        .await,
+    ];
+    let postgres = std::env::var("TEST_POSTGRES_URL")
+        .ok()
+        .filter(|url| !url.is_empty());
+    let schema = format!("mg_loadtest_{}", std::process::id());
+    if let Some(url) = &postgres {
+        let admin = sea_orm::Database::connect(url).await.unwrap();
+        admin
+            .execute_unprepared(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+            ))
+            .await
+            .unwrap();
+        let mut options = sea_orm::ConnectOptions::new(url);
+        options.set_schema_search_path(&schema).max_connections(32);
+        targets.push(
+            gateway(
+                "gateway, PostgreSQL",
+                SeaOrmStore::connect_with(options).await.unwrap(),
+            )
+            .await,
+        );
+    } else {
+        eprintln!("TEST_POSTGRES_URL is not set: skipping the PostgreSQL gateway");
+    }
+
+    println!(
+        "machine: {} cores; {} requests per run at c16/c64, {} at c1",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        requests,
+        requests / 5
+    );
+    println!(
+        "{:<22} {:>4} {:>10} {:>9} {:>9} {:>12} {:>14}",
+        "target", "c", "req/s", "p50 ms", "p99 ms", "vs floor", "p99 - floor"
+    );
+    let mut answered = vec![0u64; targets.len()];
+    for concurrency in CONCURRENCY {
+        let count = if concurrency == 1 {
+            requests / 5
+        } else {
+            requests
+        };
+        let mut floor_figures: Option<Figures> = None;
+        for (index, target) in targets.iter().enumerate() {
+            drive(target, concurrency, 200).await; // warm-up
+            answered[index] += 200;
+            let figures = drive(target, concurrency, count).await;
+            answered[index] += count;
+            assert_eq!(
+                figures.ok, count,
+                "{}: not every call answered 200",
+                target.name
+            );
+            let floor = *floor_figures.get_or_insert(figures);
+            println!(
+                "{:<22} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>11.2}x {:>+13.3}",
+                target.name,
+                concurrency,
+                figures.rps,
+                ms(figures.p50),
+                ms(figures.p99),
+                figures.rps / floor.rps,
+                ms(figures.p99) - ms(floor.p99),
+            );
+        }
+    }
+    for (target, answered) in targets.iter().zip(&answered) {
+        if let Some(store) = &target.store {
+            let ok = ok_entries(store).await;
+            println!(
+                "{}: {answered} answers of 200, {ok} ok call-log entries: {}",
+                target.name,
+                if ok == *answered { "match" } else { "MISMATCH" }
+            );
+            assert_eq!(ok, *answered);
+        }
+    }
+    if let Some(url) = &postgres {
+        let admin = sea_orm::Database::connect(url).await.unwrap();
+        admin
+            .execute_unprepared(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    }
+    if let Some((idle, loaded)) = resident_memory_with_1000_connections().await {
+        println!(
+            "gateway process resident memory: {:.1} MiB idle, {:.1} MiB with 1000 open client connections",
+            idle as f64 / 1024.0,
+            loaded as f64 / 1024.0
+        );
+    }
+}
