@@ -68,9 +68,11 @@ async fn charge_once(store: &dyn Store, caller: Caller, outcome: Outcome) {
     assert!(done.unwrap());
 }
 
-/// `total` charges spread over `callers` concurrent tasks; returns the elapsed time.
+/// `total` charges spread over `callers` concurrent tasks, task `i` going through
+/// `stores[i % stores.len()]` (several stores on one database stand for several gateway
+/// instances); returns the elapsed time.
 async fn charge_concurrently(
-    store: Arc<dyn Store>,
+    stores: Arc<Vec<Arc<dyn Store>>>,
     accounts: Arc<Vec<Caller>>,
     outcome: Outcome,
     callers: usize,
@@ -79,7 +81,7 @@ async fn charge_concurrently(
     let started = Instant::now();
     let tasks: Vec<_> = (0..callers)
         .map(|task| {
-            let (store, accounts) = (store.clone(), accounts.clone());
+            let (store, accounts) = (stores[task % stores.len()].clone(), accounts.clone());
             let share = total / callers as u64 + u64::from((task as u64) < total % callers as u64);
             tokio::spawn(async move {
                 for i in 0..share {
@@ -99,8 +101,10 @@ fn bench_backend(
     c: &mut Criterion,
     runtime: &tokio::runtime::Runtime,
     name: &str,
-    store: Arc<dyn Store>,
+    stores: Vec<Arc<dyn Store>>,
 ) {
+    let stores = Arc::new(stores);
+    let store = stores[0].clone();
     let mut group = c.benchmark_group(format!("charging/{name}"));
     group.throughput(Throughput::Elements(1));
     group
@@ -118,7 +122,7 @@ fn bench_backend(
                 group.bench_function(id, |b| {
                     b.to_async(runtime).iter_custom(|iters| {
                         charge_concurrently(
-                            store.clone(),
+                            stores.clone(),
                             accounts.clone(),
                             outcome,
                             callers,
@@ -137,7 +141,7 @@ fn charging_path(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    bench_backend(c, &runtime, "memory", Arc::new(MemoryStore::new()));
+    bench_backend(c, &runtime, "memory", vec![Arc::new(MemoryStore::new())]);
 
     let dir = tempfile::tempdir().unwrap();
     let url = format!(
@@ -145,12 +149,17 @@ fn charging_path(c: &mut Criterion) {
         dir.path().join("bench.db").display()
     );
     let sqlite = runtime.block_on(SeaOrmStore::connect(&url)).unwrap();
-    bench_backend(c, &runtime, "sqlite-wal", Arc::new(sqlite));
+    bench_backend(c, &runtime, "sqlite-wal", vec![Arc::new(sqlite)]);
 
     match std::env::var("TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => {
             let schema = format!("mg_bench_{}", std::process::id());
-            let postgres = runtime.block_on(async {
+            let connect = || async {
+                let mut options = sea_orm::ConnectOptions::new(&url);
+                options.set_schema_search_path(&schema).max_connections(32);
+                Arc::new(SeaOrmStore::connect_with(options).await.unwrap()) as Arc<dyn Store>
+            };
+            let (one, two) = runtime.block_on(async {
                 let admin = sea_orm::Database::connect(&url).await.unwrap();
                 admin
                     .execute_unprepared(&format!(
@@ -158,11 +167,10 @@ fn charging_path(c: &mut Criterion) {
                     ))
                     .await
                     .unwrap();
-                let mut options = sea_orm::ConnectOptions::new(&url);
-                options.set_schema_search_path(&schema).max_connections(32);
-                SeaOrmStore::connect_with(options).await.unwrap()
+                (connect().await, connect().await)
             });
-            bench_backend(c, &runtime, "postgres", Arc::new(postgres));
+            bench_backend(c, &runtime, "postgres", vec![one.clone()]);
+            bench_backend(c, &runtime, "postgres-2-instances", vec![one, two]);
             runtime.block_on(async {
                 let admin = sea_orm::Database::connect(&url).await.unwrap();
                 admin
