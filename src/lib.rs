@@ -39,8 +39,12 @@
 //! ## Storage
 //!
 //! [`KeyStore`], [`Ledger`], [`CallLog`] and [`Accounts`] are the traits an embedder can implement
-//! over its own database. [`SeaOrmStore`] implements them on SQLite and PostgreSQL;
-//! [`MemoryStore`] is an in-memory implementation and the reference model in tests.
+//! over its own database. [`SeaOrmStore`] implements them on SQLite, PostgreSQL and MySQL/MariaDB,
+//! grouping the ledger's writes into shared transactions (group commit); [`MemoryStore`] is an
+//! in-memory implementation and the reference model in tests.
+//!
+//! A reservation always ends: settled, refunded, or, if its gateway died or its database was
+//! unreachable, refunded later by [`recover_stale_reservations`].
 
 #![warn(missing_docs)]
 

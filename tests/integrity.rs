@@ -96,12 +96,8 @@ async fn a_call_dropped_before_the_upstream_answered_is_refunded() {
 async fn a_client_that_hangs_up_before_the_answer_is_not_charged() {
     let provider = FakeProvider::start().await;
     provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(5)));
-    let catalogue = Catalogue::from_toml(&format!(
-        "[[upstreams]]\nname = \"slow\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\napi_key_env = \"K\"\n\
-         [[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\nprice = {CHAT_PRICE}\nupstream = \"slow\"\n",
-        provider.base
-    ))
-    .unwrap();
+    let catalogue =
+        Catalogue::from_toml(&one_upstream_toml("slow", &provider.base, "K", "")).unwrap();
     let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("k".into())).unwrap();
     let db = sqlite_db().await;
     let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 1 << 20).await;
@@ -301,12 +297,8 @@ async fn postgres_connections_cut_mid_call_lose_nothing_and_charge_once() {
     };
     let provider = FakeProvider::start().await;
     provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_millis(800)));
-    let catalogue = Catalogue::from_toml(&format!(
-        "[[upstreams]]\nname = \"slow\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\napi_key_env = \"K\"\n\
-         [[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\nprice = {CHAT_PRICE}\nupstream = \"slow\"\n",
-        provider.base
-    ))
-    .unwrap();
+    let catalogue =
+        Catalogue::from_toml(&one_upstream_toml("slow", &provider.base, "K", "")).unwrap();
     let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("k".into())).unwrap();
     let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 1 << 20).await;
     let key = db.funded_key(20, 0).await;

@@ -88,11 +88,7 @@ async fn calls_cut_by_a_sigkill_are_refunded_after_restart_and_the_audit_passes(
     let models = dir.path().join("models.toml");
     std::fs::write(
         &models,
-        format!(
-            "[[upstreams]]\nname = \"slow\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\napi_key_env = \"SLOW_KEY\"\n\
-             [[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\nprice = {CHAT_PRICE}\nupstream = \"slow\"\n",
-            provider.base
-        ),
+        one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
     )
     .unwrap();
     let listen = free_address();
@@ -211,10 +207,11 @@ async fn two_gateway_processes_on_one_postgres_spend_exactly_the_credits_there_a
     let models = dir.path().join("models.toml");
     std::fs::write(
         &models,
-        format!(
-            "[[upstreams]]\nname = \"flaky\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\napi_key_env = \"FLAKY_KEY\"\nbreaker_failures = 1000\n\
-             [[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\nprice = {CHAT_PRICE}\nupstream = \"flaky\"\n",
-            provider.base
+        one_upstream_toml(
+            "flaky",
+            &provider.base,
+            "FLAKY_KEY",
+            "breaker_failures = 1000",
         ),
     )
     .unwrap();

@@ -436,61 +436,32 @@ impl Service<Request<Bytes>> for HttpUpstream {
                     failures.push("call deadline reached".to_owned());
                     break;
                 }
-                match channel
+                let outcome = channel
                     .attempt(model_channel, &routed, &request, deadline)
-                    .await
-                {
-                    Ok(response) => {
-                        channel.breaker.record_success();
-                        return Ok(response);
-                    }
-                    Err(AttemptError::Rejected(mut error)) => {
-                        failures.push(error.message);
-                        error.message = failures.join("; ");
-                        return Err(error);
-                    }
-                    Err(AttemptError::Retryable {
-                        status,
-                        message,
-                        retry_after,
-                    }) => {
-                        channel.breaker.record_failure(Instant::now());
-                        failures.push(format!("{name}: {message}"));
-                        last_status = status.or(last_status);
-                        if let Some(wait) = retry_after {
-                            let at = Instant::now() + wait;
-                            if retry_later.is_none() && at < deadline {
-                                retry_later = Some((model_channel, at));
-                            }
+                    .await;
+                match record(channel, name, outcome, &mut failures, &mut last_status) {
+                    Next::Answer(answer) => return answer,
+                    Next::GoOn(Some(wait)) => {
+                        let at = Instant::now() + wait;
+                        if retry_later.is_none() && at < deadline {
+                            retry_later = Some((model_channel, at));
                         }
                     }
+                    Next::GoOn(None) => {}
                 }
             }
 
             if let Some((model_channel, at)) = retry_later {
                 tokio::time::sleep_until(at.into()).await;
                 let channel = &channels[&model_channel.upstream.name];
-                match channel
+                let outcome = channel
                     .attempt(model_channel, &routed, &request, deadline)
-                    .await
+                    .await;
+                let label = format!("{} after Retry-After", model_channel.upstream.name);
+                if let Next::Answer(answer) =
+                    record(channel, &label, outcome, &mut failures, &mut last_status)
                 {
-                    Ok(response) => {
-                        channel.breaker.record_success();
-                        return Ok(response);
-                    }
-                    Err(AttemptError::Rejected(mut error)) => {
-                        failures.push(error.message);
-                        error.message = failures.join("; ");
-                        return Err(error);
-                    }
-                    Err(AttemptError::Retryable {
-                        status, message, ..
-                    }) => {
-                        channel.breaker.record_failure(Instant::now());
-                        let name = &model_channel.upstream.name;
-                        failures.push(format!("{name} after Retry-After: {message}"));
-                        last_status = status.or(last_status);
-                    }
+                    return answer;
                 }
             }
             Err(UpstreamError {
@@ -499,6 +470,46 @@ impl Service<Request<Bytes>> for HttpUpstream {
                 client_message: None,
             })
         })
+    }
+}
+
+/// What the failover loop does after one attempt.
+enum Next {
+    /// Stop: the call's answer.
+    Answer(Result<Response<Bytes>, UpstreamError>),
+    /// Try the next channel; a 429's `Retry-After`, if it gave one.
+    GoOn(Option<Duration>),
+}
+
+/// Feeds one attempt's outcome to the channel's breaker and the call's list of failures
+/// (labelled `label`), and says whether the call is decided.
+fn record(
+    channel: &Channel,
+    label: &str,
+    outcome: Result<Response<Bytes>, AttemptError>,
+    failures: &mut Vec<String>,
+    last_status: &mut Option<u16>,
+) -> Next {
+    match outcome {
+        Ok(response) => {
+            channel.breaker.record_success();
+            Next::Answer(Ok(response))
+        }
+        Err(AttemptError::Rejected(mut error)) => {
+            failures.push(std::mem::take(&mut error.message));
+            error.message = failures.join("; ");
+            Next::Answer(Err(error))
+        }
+        Err(AttemptError::Retryable {
+            status,
+            message,
+            retry_after,
+        }) => {
+            channel.breaker.record_failure(Instant::now());
+            failures.push(format!("{label}: {message}"));
+            *last_status = status.or(*last_status);
+            Next::GoOn(retry_after)
+        }
     }
 }
 

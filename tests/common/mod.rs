@@ -380,6 +380,15 @@ pub async fn grant(db: &TestDb, key: &str, bucket: Bucket, amount: i64) {
         .unwrap();
 }
 
+/// A catalogue TOML with one OpenAI-style upstream `name` at `base` (key variable `key_env`)
+/// serving the chat test model; `extra` goes into the upstream's table.
+pub fn one_upstream_toml(name: &str, base: &str, key_env: &str, extra: &str) -> String {
+    format!(
+        "[[upstreams]]\nname = \"{name}\"\nkind = \"openai\"\nbase_url = \"{base}/v1\"\napi_key_env = \"{key_env}\"\n{extra}\n\
+         [[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\nprice = {CHAT_PRICE}\nupstream = \"{name}\"\n"
+    )
+}
+
 /// A key that exists nowhere.
 pub fn stranger_key() -> String {
     NewApiKey::generate().reveal().to_owned()
