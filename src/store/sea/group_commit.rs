@@ -16,7 +16,7 @@ use sea_orm::{DatabaseConnection, DatabaseTransaction};
 use tokio::sync::{mpsc, oneshot};
 
 use super::begin_write;
-use super::ledger_ops::{Insufficient, refund_in, reserve_in, settle_in};
+use super::ledger_ops::{Insufficient, LockedAccounts, refund_in, reserve_in, settle_in};
 use crate::credits::Credits;
 use crate::protocol::Protocol;
 use crate::store::{
@@ -200,8 +200,9 @@ async fn apply(db: &DatabaseConnection, jobs: &[Job]) -> Result<Vec<Decided>, Fa
         .await
         .map_err(|error| Failure::Statement(error.into()))?;
     let mut decided = Vec::with_capacity(jobs.len());
+    let mut accounts = LockedAccounts::default();
     for job in jobs {
-        match decide(&txn, job).await {
+        match decide(&txn, &mut accounts, job).await {
             Ok(outcome) => decided.push(outcome),
             Err(error) => {
                 let _ = txn.rollback().await;
@@ -209,17 +210,27 @@ async fn apply(db: &DatabaseConnection, jobs: &[Job]) -> Result<Vec<Decided>, Fa
             }
         }
     }
+    if let Err(error) = accounts.write(&txn).await {
+        let _ = txn.rollback().await;
+        return Err(Failure::Statement(error));
+    }
     txn.commit()
         .await
         .map_err(|error| Failure::Commit(error.into()))?;
     Ok(decided)
 }
 
-async fn decide(txn: &DatabaseTransaction, job: &Job) -> Result<Decided, StoreError> {
+async fn decide(
+    txn: &DatabaseTransaction,
+    accounts: &mut LockedAccounts,
+    job: &Job,
+) -> Result<Decided, StoreError> {
     Ok(match job {
-        Job::Reserve(charge, _) => Decided::Reserved(reserve_in(txn, charge).await?),
+        Job::Reserve(charge, _) => Decided::Reserved(reserve_in(txn, accounts, charge).await?),
         Job::Settle(call, success, _) => Decided::Written(settle_in(txn, *call, success).await?),
-        Job::Refund(call, failure, _) => Decided::Written(refund_in(txn, *call, failure).await?),
+        Job::Refund(call, failure, _) => {
+            Decided::Written(refund_in(txn, accounts, *call, failure).await?)
+        }
     })
 }
 
@@ -227,7 +238,12 @@ async fn decide(txn: &DatabaseTransaction, job: &Job) -> Result<Decided, StoreEr
 async fn run_alone(db: &DatabaseConnection, job: Job) {
     let outcome = async {
         let txn = begin_write(db).await?;
-        match decide(&txn, &job).await {
+        let mut accounts = LockedAccounts::default();
+        let decided = match decide(&txn, &mut accounts, &job).await {
+            Ok(decided) => accounts.write(&txn).await.map(|()| decided),
+            Err(error) => Err(error),
+        };
+        match decided {
             Ok(decided) => {
                 txn.commit().await?;
                 Ok(decided)

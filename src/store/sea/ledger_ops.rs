@@ -2,6 +2,14 @@
 //! alone, or several together (group commit). None of them commits or rolls back by itself, and
 //! none leaves a partial write behind when it returns an error, because the caller then rolls
 //! the whole transaction back.
+//!
+//! Account balances go through [`LockedAccounts`]: the first write that touches an account in a
+//! transaction locks and reads its row; later writes in the same transaction decide on the
+//! balance as tracked in memory (nobody else can change the row while the lock is held), and
+//! [`LockedAccounts::write`] stores each account's net change with one guarded `UPDATE` before
+//! the transaction commits.
+
+use std::collections::BTreeMap;
 
 use chrono::Utc;
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -10,43 +18,107 @@ use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, NotSet, QueryFilter, Se
 use super::entity::{account, call};
 use super::group_commit::OwnedCharge;
 use super::{balance_of, locked_account, unknown_account};
-use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Reservation, StoreError};
+use crate::credits::{Balance, Credits, Split};
+use crate::store::{
+    AccountId, CallFailure, CallId, CallStatus, CallSuccess, Reservation, StoreError,
+};
+
+/// The accounts a write transaction has locked: their balances as the transaction sees them,
+/// and the changes not yet written.
+#[derive(Debug, Default)]
+pub(super) struct LockedAccounts {
+    held: BTreeMap<i64, Held>,
+}
+
+#[derive(Debug)]
+struct Held {
+    balance: Balance,
+    change: Balance,
+}
+
+impl LockedAccounts {
+    /// The account, locked and read on first use in this transaction.
+    async fn hold<C: ConnectionTrait>(
+        &mut self,
+        txn: &C,
+        account: AccountId,
+    ) -> Result<&mut Held, StoreError> {
+        if !self.held.contains_key(&account.0) {
+            let row = locked_account(txn, account).await?;
+            let held = Held {
+                balance: balance_of(&row),
+                change: Balance::default(),
+            };
+            self.held.insert(account.0, held);
+        }
+        Ok(self.held.get_mut(&account.0).expect("just inserted"))
+    }
+
+    /// Writes each account's net change with an `UPDATE` guarded so that no bucket goes
+    /// negative; its affected-row count must be 1, or the transaction must be rolled back.
+    pub(super) async fn write<C: ConnectionTrait>(self, txn: &C) -> Result<(), StoreError> {
+        for (account, held) in self.held {
+            let Balance {
+                subscription,
+                topup,
+            } = held.change;
+            if subscription == Credits::ZERO && topup == Credits::ZERO {
+                continue;
+            }
+            let sub = Expr::col(account::Column::SubscriptionCredits).add(subscription.0);
+            let top = Expr::col(account::Column::TopupCredits).add(topup.0);
+            let written = account::Entity::update_many()
+                .col_expr(account::Column::SubscriptionCredits, sub.clone())
+                .col_expr(account::Column::TopupCredits, top.clone())
+                .filter(account::Column::Id.eq(account))
+                .filter(sub.gte(0))
+                .filter(top.gte(0))
+                .exec(txn)
+                .await?;
+            if written.rows_affected != 1 {
+                // Unreachable while the row lock holds; refuse rather than over-spend.
+                return Err(StoreError::msg(format!(
+                    "account {account} changed while locked; batch refused"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Held {
+    fn take(&mut self, split: Split) {
+        self.balance.subscription.0 -= split.subscription.0;
+        self.balance.topup.0 -= split.topup.0;
+        self.change.subscription.0 -= split.subscription.0;
+        self.change.topup.0 -= split.topup.0;
+    }
+
+    fn give_back(&mut self, split: Split) {
+        self.balance.subscription.0 += split.subscription.0;
+        self.balance.topup.0 += split.topup.0;
+        self.change.subscription.0 += split.subscription.0;
+        self.change.topup.0 += split.topup.0;
+    }
+}
 
 /// The pool cannot pay; nothing was written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Insufficient;
 
-/// Reads the account under a lock, takes the price subscription-first with a guarded `UPDATE`
-/// whose affected-row count decides, and inserts the `pending` entry.
+/// Takes the price from the locked account, subscription-first, and inserts the `pending`
+/// entry. The debit itself is written by [`LockedAccounts::write`] before the commit.
 pub(super) async fn reserve_in<C: ConnectionTrait>(
     txn: &C,
+    accounts: &mut LockedAccounts,
     charge: &OwnedCharge,
 ) -> Result<Result<Reservation, Insufficient>, StoreError> {
     let account = charge.caller.account;
-    let row = locked_account(txn, account).await?;
-    let Some(taken) = balance_of(&row).split_charge(charge.price) else {
+    let held = accounts.hold(txn, account).await?;
+    let Some(taken) = held.balance.split_charge(charge.price) else {
         return Ok(Err(Insufficient));
     };
-    let debited = account::Entity::update_many()
-        .col_expr(
-            account::Column::SubscriptionCredits,
-            Expr::col(account::Column::SubscriptionCredits).sub(taken.subscription.0),
-        )
-        .col_expr(
-            account::Column::TopupCredits,
-            Expr::col(account::Column::TopupCredits).sub(taken.topup.0),
-        )
-        .filter(account::Column::Id.eq(account.0))
-        .filter(account::Column::SubscriptionCredits.gte(taken.subscription.0))
-        .filter(account::Column::TopupCredits.gte(taken.topup.0))
-        .exec(txn)
-        .await?;
-    if debited.rows_affected != 1 {
-        // Unreachable while the row lock holds; refuse rather than over-spend if it does not.
-        return Err(StoreError::msg(
-            "account balance changed during reservation",
-        ));
-    }
+    held.take(taken);
     let entry = call::ActiveModel {
         id: NotSet,
         account_id: Set(account.0),
@@ -109,6 +181,7 @@ pub(super) async fn settle_in<C: ConnectionTrait>(
 /// what the call took from it; `false`, writing nothing, if it was not pending.
 pub(super) async fn refund_in<C: ConnectionTrait>(
     txn: &C,
+    accounts: &mut LockedAccounts,
     call: CallId,
     failure: &CallFailure,
 ) -> Result<bool, StoreError> {
@@ -137,20 +210,13 @@ pub(super) async fn refund_in<C: ConnectionTrait>(
         .one(txn)
         .await?
         .ok_or_else(|| StoreError::msg(format!("call {} vanished during refund", call.0)))?;
-    let credited = account::Entity::update_many()
-        .col_expr(
-            account::Column::SubscriptionCredits,
-            Expr::col(account::Column::SubscriptionCredits).add(entry.charged_subscription),
-        )
-        .col_expr(
-            account::Column::TopupCredits,
-            Expr::col(account::Column::TopupCredits).add(entry.charged_topup),
-        )
-        .filter(account::Column::Id.eq(entry.account_id))
-        .exec(txn)
-        .await?;
-    if credited.rows_affected != 1 {
-        return Err(unknown_account(crate::store::AccountId(entry.account_id)));
-    }
+    let held = accounts
+        .hold(txn, AccountId(entry.account_id))
+        .await
+        .map_err(|_| unknown_account(AccountId(entry.account_id)))?;
+    held.give_back(Split {
+        subscription: Credits(entry.charged_subscription),
+        topup: Credits(entry.charged_topup),
+    });
     Ok(true)
 }
