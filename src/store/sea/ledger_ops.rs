@@ -10,6 +10,7 @@
 //! the transaction commits.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use chrono::Utc;
 use sea_orm::sea_query::{Expr, ExprTrait};
@@ -43,15 +44,16 @@ impl LockedAccounts {
         txn: &C,
         account: AccountId,
     ) -> Result<&mut Held, StoreError> {
-        if !self.held.contains_key(&account.0) {
-            let row = locked_account(txn, account).await?;
-            let held = Held {
-                balance: balance_of(&row),
-                change: Balance::default(),
-            };
-            self.held.insert(account.0, held);
-        }
-        Ok(self.held.get_mut(&account.0).expect("just inserted"))
+        Ok(match self.held.entry(account.0) {
+            Entry::Occupied(held) => held.into_mut(),
+            Entry::Vacant(slot) => {
+                let row = locked_account(txn, account).await?;
+                slot.insert(Held {
+                    balance: balance_of(&row),
+                    change: Balance::default(),
+                })
+            }
+        })
     }
 
     /// Writes each account's net change with an `UPDATE` guarded so that no bucket goes
