@@ -557,10 +557,7 @@ async fn the_audit_passes_on_honest_books_and_names_the_account_that_does_not_ba
 #[tokio::test]
 async fn a_revoked_key_is_refused_on_its_next_call_on_every_gateway() {
     let db = sqlite_db().await;
-    let other = TestDb::sharing(
-        &db,
-        Arc::new(model_gateway::SeaOrmStore::connect(&db.url).await.unwrap()),
-    );
+    let other = db.second_instance().await;
     let gateways = [
         start_mock_gateway(&db).await,
         start_mock_gateway(&other).await,

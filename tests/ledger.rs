@@ -304,10 +304,7 @@ async fn mysql_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_gateways_on_one_mysql_never_spend_the_same_credit() {
     let Some(db) = mysql_db().await else { return };
-    let second = TestDb::sharing(
-        &db,
-        Arc::new(model_gateway::SeaOrmStore::connect(&db.url).await.unwrap()),
-    );
+    let second = db.second_instance().await;
     let gateways = [
         start_mock_gateway(&db).await,
         start_mock_gateway(&second).await,
@@ -322,9 +319,7 @@ async fn two_gateways_on_one_postgres_never_spend_the_same_credit() {
     let Some(db) = postgres_db().await else {
         return;
     };
-    // A second gateway with its own connection pool, as a second process would have.
-    let schema = db.pg_schema().unwrap().to_owned();
-    let second = TestDb::sharing(&db, Arc::new(postgres_store(&db.url, &schema).await));
+    let second = db.second_instance().await;
     let gateways = [
         start_mock_gateway(&db).await,
         start_mock_gateway(&second).await,
@@ -337,10 +332,7 @@ async fn two_gateways_on_one_postgres_never_spend_the_same_credit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_sqlite_connections_pools_on_one_file_never_spend_the_same_credit() {
     let db = sqlite_db().await;
-    let second = TestDb::sharing(
-        &db,
-        Arc::new(model_gateway::SeaOrmStore::connect(&db.url).await.unwrap()),
-    );
+    let second = db.second_instance().await;
     let gateways = [
         start_mock_gateway(&db).await,
         start_mock_gateway(&second).await,

@@ -146,6 +146,16 @@ impl TestDb {
         }
     }
 
+    /// The same database through a second store with its own pool, as a second gateway
+    /// process would have it.
+    pub async fn second_instance(&self) -> TestDb {
+        let store = match &self.pg_schema {
+            Some(schema) => postgres_store(&self.url, schema).await,
+            None => SeaOrmStore::connect(&self.url).await.unwrap(),
+        };
+        TestDb::sharing(self, Arc::new(store))
+    }
+
     pub fn pg_schema(&self) -> Option<&str> {
         self.pg_schema.as_deref()
     }

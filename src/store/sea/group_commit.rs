@@ -114,13 +114,18 @@ impl Committer {
         }
     }
 
-    pub(super) async fn reserve(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
+    /// Queues a job built around its reply channel and waits for the reply.
+    async fn submit<T, E: From<StoreError>>(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Job,
+    ) -> Result<T, E> {
         let (answer, answered) = oneshot::channel();
-        self.jobs
-            .send(Job::Reserve(charge, answer))
-            .await
-            .map_err(|_| stopped())?;
+        self.jobs.send(job(answer)).await.map_err(|_| stopped())?;
         answered.await.map_err(|_| stopped())?
+    }
+
+    pub(super) async fn reserve(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
+        self.submit(|answer| Job::Reserve(charge, answer)).await
     }
 
     pub(super) async fn settle(
@@ -128,12 +133,8 @@ impl Committer {
         call: CallId,
         success: CallSuccess,
     ) -> Result<bool, StoreError> {
-        let (answer, answered) = oneshot::channel();
-        self.jobs
-            .send(Job::Settle(call, success, answer))
+        self.submit(|answer| Job::Settle(call, success, answer))
             .await
-            .map_err(|_| stopped())?;
-        answered.await.map_err(|_| stopped())?
     }
 
     pub(super) async fn refund(
@@ -141,12 +142,8 @@ impl Committer {
         call: CallId,
         failure: CallFailure,
     ) -> Result<bool, StoreError> {
-        let (answer, answered) = oneshot::channel();
-        self.jobs
-            .send(Job::Refund(call, failure, answer))
+        self.submit(|answer| Job::Refund(call, failure, answer))
             .await
-            .map_err(|_| stopped())?;
-        answered.await.map_err(|_| stopped())?
     }
 }
 
@@ -182,7 +179,7 @@ async fn run(
             Err(Failure::Commit(error)) => {
                 tracing::error!(%error, size = batch.len(), "batch commit failed; outcome in doubt");
                 for job in batch.drain(..) {
-                    answer(job, Err(StoreError::msg(format!("commit failed: {error}"))));
+                    job.fail(StoreError::msg(format!("commit failed: {error}")));
                 }
             }
         }
@@ -258,32 +255,30 @@ async fn run_alone(db: &DatabaseConnection, job: Job) {
     answer(job, outcome);
 }
 
+impl Job {
+    fn fail(self, error: StoreError) {
+        match self {
+            Job::Reserve(_, to) => {
+                let _ = to.send(Err(ReserveError::Store(error)));
+            }
+            Job::Settle(_, _, to) | Job::Refund(_, _, to) => {
+                let _ = to.send(Err(error));
+            }
+        }
+    }
+}
+
 fn answer(job: Job, outcome: Result<Decided, StoreError>) {
     // A caller that stopped waiting (its future was dropped) is not an error here: the write
     // stands, and the call's guard or recovery finishes it.
     match (job, outcome) {
+        (job, Err(error)) => job.fail(error),
         (Job::Reserve(_, to), Ok(Decided::Reserved(reserved))) => {
             let _ = to.send(reserved.map_err(|Insufficient| ReserveError::InsufficientCredits));
-        }
-        (Job::Reserve(_, to), Err(error)) => {
-            let _ = to.send(Err(ReserveError::Store(error)));
         }
         (Job::Settle(_, _, to) | Job::Refund(_, _, to), Ok(Decided::Written(written))) => {
             let _ = to.send(Ok(written));
         }
-        (Job::Settle(_, _, to) | Job::Refund(_, _, to), Err(error)) => {
-            let _ = to.send(Err(error));
-        }
-        (Job::Reserve(_, to), Ok(Decided::Written(_))) => {
-            let _ = to.send(Err(StoreError::msg(
-                "internal: a reservation decided a write",
-            )
-            .into()));
-        }
-        (Job::Settle(_, _, to) | Job::Refund(_, _, to), Ok(Decided::Reserved(_))) => {
-            let _ = to.send(Err(StoreError::msg(
-                "internal: a write decided a reservation",
-            )));
-        }
+        (job, Ok(_)) => job.fail(StoreError::msg("internal: an outcome of the wrong kind")),
     }
 }
