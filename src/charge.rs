@@ -147,6 +147,7 @@ where
                 Err(ReserveError::InsufficientCredits) => {
                     Ok(GatewayError::InsufficientCredits.into_response())
                 }
+                Err(ReserveError::KeyRevoked) => Ok(GatewayError::InvalidApiKey.into_response()),
                 Err(ReserveError::Store(error)) => {
                     tracing::error!(%error, "reservation failed; nothing charged");
                     Ok(GatewayError::StoreUnavailable.into_response())

@@ -1,7 +1,7 @@
 //! An in-memory store: for embedding without a database, and the reference model the database
 //! backends are tested against. Nothing survives a restart.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -26,6 +26,7 @@ pub struct MemoryStore {
 struct State {
     balances: HashMap<AccountId, Balance>,
     keys: HashMap<KeyHash, (Caller, bool)>,
+    revoked: HashSet<KeyId>,
     calls: Vec<CallRecord>,
     next_key: i64,
 }
@@ -65,6 +66,9 @@ impl KeyStore for MemoryStore {
 impl Ledger for MemoryStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
         let mut state = self.lock();
+        if state.revoked.contains(&request.caller.key) {
+            return Err(ReserveError::KeyRevoked);
+        }
         let account = request.caller.account;
         let balance = state
             .balances
@@ -211,13 +215,16 @@ impl Accounts for MemoryStore {
     }
 
     async fn revoke_key(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        Ok(match self.lock().keys.get_mut(key) {
-            Some((_, active)) if *active => {
+        let mut state = self.lock();
+        let revoked = match state.keys.get_mut(key) {
+            Some((caller, active)) if *active => {
                 *active = false;
-                true
+                caller.key
             }
-            _ => false,
-        })
+            _ => return Ok(false),
+        };
+        state.revoked.insert(revoked);
+        Ok(true)
     }
 
     async fn grant(

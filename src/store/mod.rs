@@ -193,6 +193,11 @@ pub enum ReserveError {
     /// Both buckets together hold less than the price.
     #[error("insufficient credits")]
     InsufficientCredits,
+    /// The caller's key was revoked (or is unknown) when the reservation ran. Stores check this
+    /// inside the reserving transaction, so a key lookup answered from a cache cannot let a
+    /// revoked key spend.
+    #[error("the API key is revoked")]
+    KeyRevoked,
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -201,7 +206,8 @@ pub enum ReserveError {
 /// Key lookup.
 #[async_trait]
 pub trait KeyStore: Send + Sync {
-    /// The caller a key belongs to; `None` for an unknown or revoked key.
+    /// The caller a key belongs to; `None` for an unknown or revoked key. May answer from a
+    /// cache: [`Ledger::reserve`] is what refuses a key revoked since.
     async fn caller_for_key(&self, key: &KeyHash) -> Result<Option<Caller>, StoreError>;
 }
 
@@ -210,7 +216,9 @@ pub trait KeyStore: Send + Sync {
 pub trait Ledger: Send + Sync {
     /// Takes `request.price` from the caller's pool, subscription credits first, and writes a
     /// `pending` call-log entry, atomically: either both happen or neither. Two reservations never
-    /// spend the same credit, whatever the concurrency.
+    /// spend the same credit, whatever the concurrency. Refuses with
+    /// [`ReserveError::KeyRevoked`], writing nothing, when the caller's key is no longer active,
+    /// checked in the same transaction.
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError>;
 
     /// Marks a `pending` call `ok`. Returns `false`, changing nothing, if it was not pending.

@@ -2,26 +2,23 @@
 //! batches, one write transaction per batch, so that many calls share one commit (one fsync)
 //! instead of paying one each.
 //!
-//! Each write's outcome is decided by exactly the logic it has alone ([`super::ledger_ops`]),
-//! applied in queue order, and is answered only after its batch committed: durable before the
-//! caller hears of it. If a statement fails, the batch is rolled back and each write is run
-//! again alone, so one bad write cannot fail its neighbours. If the commit itself fails, its
-//! outcome is in doubt, so nothing is rerun: every write in the batch answers a store error, and
-//! a reservation that did land stays `pending` until recovery refunds it.
+//! A batch is applied by [`super::ledger_ops`] with a fixed number of set-based statements,
+//! each write decided in queue order exactly as it would be alone, and each is answered only
+//! after its batch committed: durable before the caller hears of it. If a statement fails, the
+//! batch is rolled back and each write is run again alone, so one bad write cannot fail its
+//! neighbours. If the commit itself fails, its outcome is in doubt, so nothing is rerun: every
+//! write in the batch answers a store error, and a reservation that did land stays `pending`
+//! until recovery refunds it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sea_orm::{DatabaseConnection, DatabaseTransaction};
+use sea_orm::DatabaseConnection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::begin_write;
-use super::ledger_ops::{Insufficient, LockedAccounts, refund_in, reserve_in, settle_in};
-use crate::credits::Credits;
-use crate::protocol::Protocol;
-use crate::store::{
-    CallFailure, CallId, CallSuccess, Caller, ChargeRequest, Reservation, ReserveError, StoreError,
-};
+use super::ledger_ops::{Outcome, OwnedCharge, Write, apply_in};
+use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
 /// Most ledger writes one transaction carries.
 pub const DEFAULT_MAX_BATCH: usize = 64;
@@ -29,47 +26,15 @@ pub const DEFAULT_MAX_BATCH: usize = 64;
 /// Writes waiting beyond this make callers wait to queue (back-pressure).
 const QUEUE: usize = 4096;
 
-/// A [`ChargeRequest`] that can wait in a queue.
-#[derive(Debug, Clone)]
-pub(super) struct OwnedCharge {
-    pub(super) caller: Caller,
-    pub(super) protocol: Protocol,
-    pub(super) model: String,
-    pub(super) price: Credits,
+/// A write and where its answer goes.
+struct Job {
+    write: Write,
+    reply: Reply,
 }
 
-impl From<ChargeRequest<'_>> for OwnedCharge {
-    fn from(request: ChargeRequest<'_>) -> OwnedCharge {
-        OwnedCharge {
-            caller: request.caller,
-            protocol: request.protocol,
-            model: request.model.to_owned(),
-            price: request.price,
-        }
-    }
-}
-
-enum Job {
-    Reserve(
-        OwnedCharge,
-        oneshot::Sender<Result<Reservation, ReserveError>>,
-    ),
-    Settle(
-        CallId,
-        CallSuccess,
-        oneshot::Sender<Result<bool, StoreError>>,
-    ),
-    Refund(
-        CallId,
-        CallFailure,
-        oneshot::Sender<Result<bool, StoreError>>,
-    ),
-}
-
-/// What one write decided, before its batch committed.
-enum Decided {
-    Reserved(Result<Reservation, Insufficient>),
-    Written(bool),
+enum Reply {
+    Reserve(oneshot::Sender<Result<Reservation, ReserveError>>),
+    Finish(oneshot::Sender<Result<bool, StoreError>>),
 }
 
 /// The queue to a store's committer task.
@@ -83,6 +48,7 @@ pub(super) struct Committer {
 struct Counters {
     transactions: AtomicU64,
     writes: AtomicU64,
+    rolled_back: AtomicU64,
 }
 
 /// How the committer has grouped the ledger's writes so far.
@@ -92,6 +58,10 @@ pub struct GroupCommitStats {
     pub transactions: u64,
     /// Ledger writes (reserve, settle, refund) applied.
     pub writes: u64,
+    /// Transactions rolled back because a statement failed (a batch's writes are then run again
+    /// one by one). Valid writes never cause one; a count that grows points at a database
+    /// problem.
+    pub rolled_back: u64,
 }
 
 fn stopped() -> StoreError {
@@ -111,21 +81,27 @@ impl Committer {
         GroupCommitStats {
             transactions: self.stats.transactions.load(Ordering::Relaxed),
             writes: self.stats.writes.load(Ordering::Relaxed),
+            rolled_back: self.stats.rolled_back.load(Ordering::Relaxed),
         }
     }
 
-    /// Queues a job built around its reply channel and waits for the reply.
+    /// Queues a write with its reply channel and waits for the reply.
     async fn submit<T, E: From<StoreError>>(
         &self,
-        job: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Job,
+        write: Write,
+        reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
     ) -> Result<T, E> {
         let (answer, answered) = oneshot::channel();
-        self.jobs.send(job(answer)).await.map_err(|_| stopped())?;
+        let job = Job {
+            write,
+            reply: reply(answer),
+        };
+        self.jobs.send(job).await.map_err(|_| stopped())?;
         answered.await.map_err(|_| stopped())?
     }
 
     pub(super) async fn reserve(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
-        self.submit(|answer| Job::Reserve(charge, answer)).await
+        self.submit(Write::Reserve(charge), Reply::Reserve).await
     }
 
     pub(super) async fn settle(
@@ -133,7 +109,7 @@ impl Committer {
         call: CallId,
         success: CallSuccess,
     ) -> Result<bool, StoreError> {
-        self.submit(|answer| Job::Settle(call, success, answer))
+        self.submit(Write::Settle(call, success), Reply::Finish)
             .await
     }
 
@@ -142,7 +118,7 @@ impl Committer {
         call: CallId,
         failure: CallFailure,
     ) -> Result<bool, StoreError> {
-        self.submit(|answer| Job::Refund(call, failure, answer))
+        self.submit(Write::Refund(call, failure), Reply::Finish)
             .await
     }
 }
@@ -153,27 +129,31 @@ async fn run(
     max_batch: usize,
     stats: Arc<Counters>,
 ) {
-    let mut batch = Vec::with_capacity(max_batch);
+    let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
     while queue.recv_many(&mut batch, max_batch).await > 0 {
         stats.transactions.fetch_add(1, Ordering::Relaxed);
         stats
             .writes
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        if batch.len() == 1 {
-            let job = batch.pop().expect("one job");
-            run_alone(&db, job).await;
-            continue;
-        }
-        match apply(&db, &batch).await {
-            Ok(decided) => {
-                for (job, decided) in batch.drain(..).zip(decided) {
-                    answer(job, Ok(decided));
+        let applied = apply(&db, &stats, batch.iter().map(|job| &job.write).collect()).await;
+        match applied {
+            Ok(outcomes) => {
+                for (job, outcome) in batch.drain(..).zip(outcomes) {
+                    job.answer(outcome);
+                }
+            }
+            Err(Failure::Statement(error)) if batch.len() > 1 => {
+                tracing::warn!(%error, size = batch.len(), "batch rolled back; running its writes alone");
+                for job in batch.drain(..) {
+                    match apply(&db, &stats, vec![&job.write]).await {
+                        Ok(mut outcome) => job.answer(outcome.pop().expect("one outcome")),
+                        Err(Failure::Statement(error) | Failure::Commit(error)) => job.fail(error),
+                    }
                 }
             }
             Err(Failure::Statement(error)) => {
-                tracing::warn!(%error, size = batch.len(), "batch rolled back; running its writes alone");
-                for job in batch.drain(..) {
-                    run_alone(&db, job).await;
+                if let Some(job) = batch.pop() {
+                    job.fail(error);
                 }
             }
             Err(Failure::Commit(error)) => {
@@ -191,94 +171,62 @@ enum Failure {
     Commit(StoreError),
 }
 
-/// Applies every job in one transaction, in order, and commits.
-async fn apply(db: &DatabaseConnection, jobs: &[Job]) -> Result<Vec<Decided>, Failure> {
+/// Applies the writes in one transaction, in order, and commits.
+async fn apply(
+    db: &DatabaseConnection,
+    stats: &Counters,
+    writes: Vec<&Write>,
+) -> Result<Vec<Outcome>, Failure> {
     let txn = begin_write(db)
         .await
         .map_err(|error| Failure::Statement(error.into()))?;
-    let mut decided = Vec::with_capacity(jobs.len());
-    let mut accounts = LockedAccounts::default();
-    for job in jobs {
-        match decide(&txn, &mut accounts, job).await {
-            Ok(outcome) => decided.push(outcome),
-            Err(error) => {
-                let _ = txn.rollback().await;
-                return Err(Failure::Statement(error));
-            }
+    match apply_in(&txn, &writes).await {
+        Ok(outcomes) => {
+            txn.commit()
+                .await
+                .map_err(|error| Failure::Commit(error.into()))?;
+            Ok(outcomes)
+        }
+        Err(error) => {
+            stats.rolled_back.fetch_add(1, Ordering::Relaxed);
+            let _ = txn.rollback().await;
+            Err(Failure::Statement(error))
         }
     }
-    if let Err(error) = accounts.write(&txn).await {
-        let _ = txn.rollback().await;
-        return Err(Failure::Statement(error));
-    }
-    txn.commit()
-        .await
-        .map_err(|error| Failure::Commit(error.into()))?;
-    Ok(decided)
-}
-
-async fn decide(
-    txn: &DatabaseTransaction,
-    accounts: &mut LockedAccounts,
-    job: &Job,
-) -> Result<Decided, StoreError> {
-    Ok(match job {
-        Job::Reserve(charge, _) => Decided::Reserved(reserve_in(txn, accounts, charge).await?),
-        Job::Settle(call, success, _) => Decided::Written(settle_in(txn, *call, success).await?),
-        Job::Refund(call, failure, _) => {
-            Decided::Written(refund_in(txn, accounts, *call, failure).await?)
-        }
-    })
-}
-
-/// One job in a transaction of its own.
-async fn run_alone(db: &DatabaseConnection, job: Job) {
-    let outcome = async {
-        let txn = begin_write(db).await?;
-        let mut accounts = LockedAccounts::default();
-        let decided = match decide(&txn, &mut accounts, &job).await {
-            Ok(decided) => accounts.write(&txn).await.map(|()| decided),
-            Err(error) => Err(error),
-        };
-        match decided {
-            Ok(decided) => {
-                txn.commit().await?;
-                Ok(decided)
-            }
-            Err(error) => {
-                let _ = txn.rollback().await;
-                Err(error)
-            }
-        }
-    }
-    .await;
-    answer(job, outcome);
 }
 
 impl Job {
     fn fail(self, error: StoreError) {
-        match self {
-            Job::Reserve(_, to) => {
+        match self.reply {
+            Reply::Reserve(to) => {
                 let _ = to.send(Err(ReserveError::Store(error)));
             }
-            Job::Settle(_, _, to) | Job::Refund(_, _, to) => {
+            Reply::Finish(to) => {
                 let _ = to.send(Err(error));
+            }
+        }
+    }
+
+    fn answer(self, outcome: Outcome) {
+        // A caller that stopped waiting (its future was dropped) is not an error here: the write
+        // stands, and the call's guard or recovery finishes it.
+        match (self.reply, outcome) {
+            (Reply::Reserve(to), Outcome::Reserved(reserved)) => {
+                let _ = to.send(reserved);
+            }
+            (Reply::Finish(to), Outcome::Finished(finished)) => {
+                let _ = to.send(Ok(finished));
+            }
+            (Reply::Reserve(to), Outcome::Finished(_)) => {
+                let _ = to.send(Err(ReserveError::Store(wrong_kind())));
+            }
+            (Reply::Finish(to), Outcome::Reserved(_)) => {
+                let _ = to.send(Err(wrong_kind()));
             }
         }
     }
 }
 
-fn answer(job: Job, outcome: Result<Decided, StoreError>) {
-    // A caller that stopped waiting (its future was dropped) is not an error here: the write
-    // stands, and the call's guard or recovery finishes it.
-    match (job, outcome) {
-        (job, Err(error)) => job.fail(error),
-        (Job::Reserve(_, to), Ok(Decided::Reserved(reserved))) => {
-            let _ = to.send(reserved.map_err(|Insufficient| ReserveError::InsufficientCredits));
-        }
-        (Job::Settle(_, _, to) | Job::Refund(_, _, to), Ok(Decided::Written(written))) => {
-            let _ = to.send(Ok(written));
-        }
-        (job, Ok(_)) => job.fail(StoreError::msg("internal: an outcome of the wrong kind")),
-    }
+fn wrong_kind() -> StoreError {
+    StoreError::msg("internal: an outcome of the wrong kind")
 }

@@ -40,8 +40,9 @@ mod ledger_ops;
 mod migration;
 
 use entity::{account, api_key, call, credit_grant};
-use group_commit::{Committer, OwnedCharge};
+use group_commit::Committer;
 pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats};
+use ledger_ops::OwnedCharge;
 pub use migration::Migrator;
 
 /// How long a SQLite connection waits for another writer before giving up. Writers hold the lock
