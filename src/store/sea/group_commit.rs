@@ -10,14 +10,16 @@
 //! write in the batch answers a store error, and a reservation that did land stays `pending`
 //! until recovery refunds it.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sea_orm::DatabaseConnection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::batch::{Outcome, OwnedCharge, Write};
 use super::begin_write;
-use super::ledger_ops::{Outcome, OwnedCharge, Write, apply_in};
+use super::ledger_ops::apply_in;
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
 /// Most ledger writes one transaction carries.
@@ -27,7 +29,7 @@ pub const DEFAULT_MAX_BATCH: usize = 64;
 const QUEUE: usize = 4096;
 
 /// A write and where its answer goes.
-struct Job {
+pub(super) struct Job {
     write: Write,
     reply: Reply,
 }
@@ -73,8 +75,25 @@ impl Committer {
     pub(super) fn start(db: DatabaseConnection, max_batch: usize) -> Committer {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
-        tokio::spawn(run(db, queue, max_batch, stats.clone()));
+        tokio::spawn(run(db, queue, Batches::new(max_batch, stats.clone())));
         Committer { jobs, stats }
+    }
+
+    /// Starts the committer on a thread of its own, writing through `connection` to a SQLite
+    /// file (see [`super::sqlite_direct`]). The thread ends when the last sender is dropped.
+    #[cfg(feature = "sqlite")]
+    pub(super) fn start_direct(
+        connection: rusqlite::Connection,
+        max_batch: usize,
+    ) -> Result<Committer, StoreError> {
+        let (jobs, queue) = mpsc::channel(QUEUE);
+        let stats = Arc::new(Counters::default());
+        let batches = Batches::new(max_batch, stats.clone());
+        std::thread::Builder::new()
+            .name("mg-sqlite-committer".into())
+            .spawn(move || super::sqlite_direct::run(connection, queue, batches))
+            .map_err(|error| StoreError(Box::new(error)))?;
+        Ok(Committer { jobs, stats })
     }
 
     pub(super) fn stats(&self) -> GroupCommitStats {
@@ -123,42 +142,89 @@ impl Committer {
     }
 }
 
-async fn run(
-    db: DatabaseConnection,
-    mut queue: mpsc::Receiver<Job>,
-    max_batch: usize,
+async fn run(db: DatabaseConnection, mut queue: mpsc::Receiver<Job>, mut batches: Batches) {
+    while batches.next_alone() || queue.recv_many(&mut batches.current, batches.max).await > 0 {
+        let applied = apply(&db, batches.writes()).await;
+        batches.conclude(applied);
+    }
+}
+
+/// Why a batch's transaction did not commit.
+pub(super) enum Failure {
+    /// A statement failed; the transaction was rolled back and wrote nothing.
+    Statement(StoreError),
+    /// The commit failed: whether it wrote is unknown.
+    Commit(StoreError),
+}
+
+/// What a committer loop does with each batch, whichever way it writes it: counts it, and
+/// answers its writes from the outcome. A batch of several rolled back by a failing statement
+/// is not answered; its writes are queued to run again one by one, ahead of anything new.
+pub(super) struct Batches {
+    current: Vec<Job>,
+    alone: VecDeque<Job>,
+    max: usize,
     stats: Arc<Counters>,
-) {
-    let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
-    while queue.recv_many(&mut batch, max_batch).await > 0 {
+}
+
+impl Batches {
+    fn new(max: usize, stats: Arc<Counters>) -> Batches {
+        Batches {
+            current: Vec::with_capacity(max),
+            alone: VecDeque::new(),
+            max,
+            stats,
+        }
+    }
+
+    /// Takes a write waiting to run alone as the next batch, if there is one.
+    pub(super) fn next_alone(&mut self) -> bool {
+        match self.alone.pop_front() {
+            Some(job) => {
+                self.current.push(job);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Receives the next batch on a thread outside the runtime; `false` once every sender is
+    /// gone.
+    pub(super) fn next_blocking(&mut self, queue: &mut mpsc::Receiver<Job>) -> bool {
+        self.next_alone() || queue.blocking_recv_many(&mut self.current, self.max) > 0
+    }
+
+    /// The current batch's writes, in queue order.
+    pub(super) fn writes(&self) -> Vec<&Write> {
+        self.current.iter().map(|job| &job.write).collect()
+    }
+
+    /// Answers the current batch from how its transaction ended.
+    pub(super) fn conclude(&mut self, applied: Result<Vec<Outcome>, Failure>) {
+        let stats = &self.stats;
         stats.transactions.fetch_add(1, Ordering::Relaxed);
-        stats
-            .writes
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let applied = apply(&db, &stats, batch.iter().map(|job| &job.write).collect()).await;
+        let size = self.current.len();
+        stats.writes.fetch_add(size as u64, Ordering::Relaxed);
         match applied {
             Ok(outcomes) => {
-                for (job, outcome) in batch.drain(..).zip(outcomes) {
+                for (job, outcome) in self.current.drain(..).zip(outcomes) {
                     job.answer(outcome);
                 }
             }
-            Err(Failure::Statement(error)) if batch.len() > 1 => {
-                tracing::warn!(%error, size = batch.len(), "batch rolled back; running its writes alone");
-                for job in batch.drain(..) {
-                    match apply(&db, &stats, vec![&job.write]).await {
-                        Ok(mut outcome) => job.answer(outcome.pop().expect("one outcome")),
-                        Err(Failure::Statement(error) | Failure::Commit(error)) => job.fail(error),
+            Err(Failure::Statement(error)) => {
+                stats.rolled_back.fetch_add(1, Ordering::Relaxed);
+                if size > 1 {
+                    tracing::warn!(%error, size, "batch rolled back; running its writes alone");
+                    self.alone.extend(self.current.drain(..));
+                } else {
+                    if let Some(job) = self.current.pop() {
+                        job.fail(error);
                     }
                 }
             }
-            Err(Failure::Statement(error)) => {
-                if let Some(job) = batch.pop() {
-                    job.fail(error);
-                }
-            }
             Err(Failure::Commit(error)) => {
-                tracing::error!(%error, size = batch.len(), "batch commit failed; outcome in doubt");
-                for job in batch.drain(..) {
+                tracing::error!(%error, size, "batch commit failed; outcome in doubt");
+                for job in self.current.drain(..) {
                     job.fail(StoreError::msg(format!("commit failed: {error}")));
                 }
             }
@@ -166,17 +232,8 @@ async fn run(
     }
 }
 
-enum Failure {
-    Statement(StoreError),
-    Commit(StoreError),
-}
-
 /// Applies the writes in one transaction, in order, and commits.
-async fn apply(
-    db: &DatabaseConnection,
-    stats: &Counters,
-    writes: Vec<&Write>,
-) -> Result<Vec<Outcome>, Failure> {
+async fn apply(db: &DatabaseConnection, writes: Vec<&Write>) -> Result<Vec<Outcome>, Failure> {
     let txn = begin_write(db)
         .await
         .map_err(|error| Failure::Statement(error.into()))?;
@@ -188,7 +245,6 @@ async fn apply(
             Ok(outcomes)
         }
         Err(error) => {
-            stats.rolled_back.fetch_add(1, Ordering::Relaxed);
             let _ = txn.rollback().await;
             Err(Failure::Statement(error))
         }

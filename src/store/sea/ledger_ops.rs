@@ -1,14 +1,12 @@
-//! The ledger's writes, applied a batch at a time inside one write transaction that the caller
-//! opens and commits (group commit; a batch may hold a single write). A batch costs the same
-//! handful of statements whatever its size:
+//! A batch written through sea-orm, with the same handful of set-based statements whatever its
+//! size, inside one write transaction that the caller opens and commits:
 //!
 //! 1. lock the entries that its settles and refunds finish (`SELECT ... FOR UPDATE`, id order);
 //! 2. lock the accounts that its reservations and refunds touch (id order, so two gateway
 //!    instances never wait on each other in a cycle);
 //! 3. read which of its callers' keys are still active: revocation is checked here, in the
-//!    transaction that reserves, so a key answered from the auth cache cannot spend once revoked;
-//! 4. decide every write in queue order, in memory, against the locked rows — the same
-//!    decisions the in-memory model makes, so nobody else can change what they rest on;
+//!    transaction that reserves, so a key answered from the key cache cannot spend once revoked;
+//! 4. decide every write in queue order ([`Plan::decide`]);
 //! 5. write: one `INSERT` for the new `pending` entries, one `UPDATE ... WHERE status =
 //!    'pending'` for the finished ones, one `UPDATE` for the accounts' net changes, each
 //!    checked to touch exactly the rows it must (and the `CHECK (bucket >= 0)` constraints
@@ -26,226 +24,35 @@ use sea_orm::{
     Set, Statement,
 };
 
+use super::batch::{Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split};
 use super::entity::{account, api_key, call};
-use super::unknown_account;
-use crate::credits::{Balance, Credits, Split};
-use crate::protocol::Protocol;
-use crate::store::{
-    AccountId, CallFailure, CallId, CallStatus, CallSuccess, Caller, ChargeRequest, Reservation,
-    ReserveError, StoreError,
-};
-
-/// A [`ChargeRequest`] that can wait in a queue.
-#[derive(Debug, Clone)]
-pub(super) struct OwnedCharge {
-    pub(super) caller: Caller,
-    pub(super) protocol: Protocol,
-    pub(super) model: String,
-    pub(super) price: Credits,
-}
-
-impl From<ChargeRequest<'_>> for OwnedCharge {
-    fn from(request: ChargeRequest<'_>) -> OwnedCharge {
-        OwnedCharge {
-            caller: request.caller,
-            protocol: request.protocol,
-            model: request.model.to_owned(),
-            price: request.price,
-        }
-    }
-}
-
-/// One ledger write waiting for its batch.
-#[derive(Debug)]
-pub(super) enum Write {
-    Reserve(OwnedCharge),
-    Settle(CallId, CallSuccess),
-    Refund(CallId, CallFailure),
-}
-
-/// What one write came to, once its batch is written (and, for the caller to hear it,
-/// committed).
-#[derive(Debug)]
-pub(super) enum Outcome {
-    Reserved(Result<Reservation, ReserveError>),
-    /// A settle or refund: `true` if it finished a `pending` entry.
-    Finished(bool),
-}
+use crate::credits::{Balance, Credits};
+use crate::store::{CallStatus, StoreError};
 
 /// Applies `writes` in order inside `txn`; see the module documentation.
 pub(super) async fn apply_in<C: ConnectionTrait>(
     txn: &C,
     writes: &[&Write],
 ) -> Result<Vec<Outcome>, StoreError> {
-    let finishing = writes.iter().filter_map(|write| match write {
-        Write::Settle(call, _) | Write::Refund(call, _) => Some(call.0),
-        Write::Reserve(_) => None,
-    });
-    let mut entries = lock_entries(txn, finishing.collect()).await?;
-
-    let mut touched: BTreeSet<i64> = writes
-        .iter()
-        .filter_map(|write| match write {
-            Write::Reserve(charge) => Some(charge.caller.account.0),
-            _ => None,
-        })
-        .collect();
-    touched.extend(entries.values().map(|entry| entry.account));
-    let mut plan = Plan {
-        accounts: lock_accounts(txn, touched).await?,
-        ..Plan::default()
+    let wanted = Wanted::of(writes);
+    let entries = lock_entries(txn, &wanted.entries).await?;
+    let accounts = lock_accounts(txn, wanted.accounts_with(&entries)).await?;
+    let active_keys = active_keys(txn, &wanted.keys).await?;
+    let reads = Reads {
+        entries,
+        accounts,
+        active_keys,
     };
-
-    let keys = writes.iter().filter_map(|write| match write {
-        Write::Reserve(charge) => Some(charge.caller.key.0),
-        _ => None,
-    });
-    let active_keys = active_keys(txn, keys.collect()).await?;
-
-    let decisions: Vec<Decision> = writes
-        .iter()
-        .map(|write| plan.decide(write, &mut entries, &active_keys))
-        .collect::<Result<_, _>>()?;
-
+    let plan = Plan::decide(writes, reads)?;
     let ids = insert_entries(txn, &plan.new_entries).await?;
     finish_entries(txn, &plan.finished).await?;
-    write_accounts(txn, &plan.accounts).await?;
-
-    Ok(decisions
-        .into_iter()
-        .map(|decision| match decision {
-            Decision::Reserved(new) => {
-                let entry = &plan.new_entries[new];
-                Outcome::Reserved(Ok(Reservation {
-                    call: CallId(ids[new]),
-                    account: AccountId(entry.account),
-                    taken: entry.taken,
-                }))
-            }
-            Decision::Refused(error) => Outcome::Reserved(Err(error)),
-            Decision::Finished(finished) => Outcome::Finished(finished),
-        })
-        .collect())
-}
-
-/// A locked account: its balance as this transaction sees it, and the change not yet written.
-#[derive(Debug)]
-struct Held {
-    balance: Balance,
-    change: Balance,
-}
-
-impl Held {
-    fn take(&mut self, split: Split) {
-        self.balance.subscription.0 -= split.subscription.0;
-        self.balance.topup.0 -= split.topup.0;
-        self.change.subscription.0 -= split.subscription.0;
-        self.change.topup.0 -= split.topup.0;
-    }
-
-    fn give_back(&mut self, split: Split) {
-        self.balance.subscription.0 += split.subscription.0;
-        self.balance.topup.0 += split.topup.0;
-        self.change.subscription.0 += split.subscription.0;
-        self.change.topup.0 += split.topup.0;
-    }
-}
-
-/// A locked call-log entry that a settle or refund may finish.
-#[derive(Debug)]
-struct Entry {
-    account: i64,
-    pending: bool,
-    taken: Split,
-}
-
-/// A `pending` entry to insert.
-#[derive(Debug)]
-struct NewEntry<'a> {
-    account: i64,
-    charge: &'a OwnedCharge,
-    taken: Split,
-}
-
-/// How a finished entry ends.
-#[derive(Debug)]
-enum Finish<'a> {
-    Settled(&'a CallSuccess),
-    Refunded(&'a CallFailure),
-}
-
-/// The batch's decisions so far and the writes they call for.
-#[derive(Debug, Default)]
-struct Plan<'a> {
-    accounts: BTreeMap<i64, Held>,
-    new_entries: Vec<NewEntry<'a>>,
-    finished: Vec<(i64, Finish<'a>)>,
-}
-
-enum Decision {
-    /// Index into [`Plan::new_entries`].
-    Reserved(usize),
-    Refused(ReserveError),
-    Finished(bool),
-}
-
-impl<'a> Plan<'a> {
-    fn decide(
-        &mut self,
-        write: &'a Write,
-        entries: &mut BTreeMap<i64, Entry>,
-        active_keys: &BTreeSet<i64>,
-    ) -> Result<Decision, StoreError> {
-        Ok(match write {
-            Write::Reserve(charge) => self.reserve(charge, active_keys),
-            Write::Settle(call, success) => match entries.get_mut(&call.0) {
-                Some(entry) if entry.pending => {
-                    entry.pending = false;
-                    self.finished.push((call.0, Finish::Settled(success)));
-                    Decision::Finished(true)
-                }
-                _ => Decision::Finished(false),
-            },
-            Write::Refund(call, failure) => match entries.get_mut(&call.0) {
-                Some(entry) if entry.pending => {
-                    let held = self
-                        .accounts
-                        .get_mut(&entry.account)
-                        .ok_or_else(|| unknown_account(AccountId(entry.account)))?;
-                    held.give_back(entry.taken);
-                    entry.pending = false;
-                    self.finished.push((call.0, Finish::Refunded(failure)));
-                    Decision::Finished(true)
-                }
-                _ => Decision::Finished(false),
-            },
-        })
-    }
-
-    fn reserve(&mut self, charge: &'a OwnedCharge, active_keys: &BTreeSet<i64>) -> Decision {
-        let account = charge.caller.account;
-        if !active_keys.contains(&charge.caller.key.0) {
-            return Decision::Refused(ReserveError::KeyRevoked);
-        }
-        let Some(held) = self.accounts.get_mut(&account.0) else {
-            return Decision::Refused(unknown_account(account).into());
-        };
-        let Some(taken) = held.balance.split_charge(charge.price) else {
-            return Decision::Refused(ReserveError::InsufficientCredits);
-        };
-        held.take(taken);
-        self.new_entries.push(NewEntry {
-            account: account.0,
-            charge,
-            taken,
-        });
-        Decision::Reserved(self.new_entries.len() - 1)
-    }
+    write_accounts(txn, &plan.account_changes()).await?;
+    Ok(plan.outcomes(&ids))
 }
 
 async fn lock_entries<C: ConnectionTrait>(
     txn: &C,
-    ids: BTreeSet<i64>,
+    ids: &BTreeSet<i64>,
 ) -> Result<BTreeMap<i64, Entry>, StoreError> {
     if ids.is_empty() {
         return Ok(BTreeMap::new());
@@ -259,7 +66,7 @@ async fn lock_entries<C: ConnectionTrait>(
             call::Column::ChargedSubscription,
             call::Column::ChargedTopup,
         ])
-        .filter(call::Column::Id.is_in(ids))
+        .filter(call::Column::Id.is_in(ids.iter().copied()))
         .order_by_asc(call::Column::Id)
         .lock_exclusive()
         .into_tuple()
@@ -271,10 +78,7 @@ async fn lock_entries<C: ConnectionTrait>(
             let entry = Entry {
                 account,
                 pending: status == CallStatus::Pending.as_str(),
-                taken: Split {
-                    subscription: Credits(subscription),
-                    topup: Credits(topup),
-                },
+                taken: split(subscription, topup),
             };
             (id, entry)
         })
@@ -284,7 +88,7 @@ async fn lock_entries<C: ConnectionTrait>(
 async fn lock_accounts<C: ConnectionTrait>(
     txn: &C,
     ids: BTreeSet<i64>,
-) -> Result<BTreeMap<i64, Held>, StoreError> {
+) -> Result<BTreeMap<i64, Balance>, StoreError> {
     if ids.is_empty() {
         return Ok(BTreeMap::new());
     }
@@ -304,21 +108,18 @@ async fn lock_accounts<C: ConnectionTrait>(
     Ok(rows
         .into_iter()
         .map(|(id, subscription, topup)| {
-            let held = Held {
-                balance: Balance {
-                    subscription: Credits(subscription),
-                    topup: Credits(topup),
-                },
-                change: Balance::default(),
+            let balance = Balance {
+                subscription: Credits(subscription),
+                topup: Credits(topup),
             };
-            (id, held)
+            (id, balance)
         })
         .collect())
 }
 
 async fn active_keys<C: ConnectionTrait>(
     txn: &C,
-    ids: BTreeSet<i64>,
+    ids: &BTreeSet<i64>,
 ) -> Result<BTreeSet<i64>, StoreError> {
     if ids.is_empty() {
         return Ok(BTreeSet::new());
@@ -326,7 +127,7 @@ async fn active_keys<C: ConnectionTrait>(
     let active: Vec<i64> = api_key::Entity::find()
         .select_only()
         .column(api_key::Column::Id)
-        .filter(api_key::Column::Id.is_in(ids))
+        .filter(api_key::Column::Id.is_in(ids.iter().copied()))
         .filter(api_key::Column::RevokedAt.is_null())
         .into_tuple()
         .all(txn)
@@ -506,13 +307,8 @@ async fn finish_entries<C: ConnectionTrait>(
 /// negative; it must change every account it names, or the transaction is rolled back.
 async fn write_accounts<C: ConnectionTrait>(
     txn: &C,
-    accounts: &BTreeMap<i64, Held>,
+    changed: &[(i64, Balance)],
 ) -> Result<(), StoreError> {
-    let changed: Vec<(i64, Balance)> = accounts
-        .iter()
-        .filter(|(_, held)| held.change != Balance::default())
-        .map(|(id, held)| (*id, held.change))
-        .collect();
     if changed.is_empty() {
         return Ok(());
     }

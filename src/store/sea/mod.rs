@@ -13,6 +13,8 @@
 //!
 //! No transaction is held open across an upstream call.
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -34,15 +36,20 @@ use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::protocol::Protocol;
 
+mod batch;
 mod entity;
 mod group_commit;
+mod key_cache;
 mod ledger_ops;
 mod migration;
+#[cfg(feature = "sqlite")]
+mod sqlite_direct;
 
+use batch::OwnedCharge;
 use entity::{account, api_key, call, credit_grant};
 use group_commit::Committer;
 pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats};
-use ledger_ops::OwnedCharge;
+use key_cache::KeyCache;
 pub use migration::Migrator;
 
 /// How long a SQLite connection waits for another writer before giving up. Writers hold the lock
@@ -53,12 +60,17 @@ const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 ///
 /// Reservations, settles and refunds go through one committer task per store, which applies up
 /// to [`DEFAULT_MAX_BATCH`] queued ones in a single transaction (group commit) and answers each
-/// only after that transaction committed. The store must be created inside the Tokio runtime
-/// that will use it.
+/// only after that transaction committed. Key lookups are answered from a cache of active keys
+/// after the first; reservations check the key in their transaction, so a revoked key is
+/// refused on its next charged call on every store sharing the database. The store must be
+/// created inside the Tokio runtime that will use it.
 #[derive(Debug, Clone)]
 pub struct SeaOrmStore {
     db: DatabaseConnection,
     committer: Committer,
+    keys: Arc<KeyCache>,
+    /// The database file, when it is a SQLite file: its ledger writes bypass sqlx.
+    sqlite_file: Option<Arc<Path>>,
 }
 
 impl From<DbErr> for StoreError {
@@ -97,11 +109,14 @@ impl SeaOrmStore {
                     .foreign_keys(true)
             });
         }
+        let sqlite_file = sqlite_file(options.get_url()).map(Arc::from);
         let db = Database::connect(options).await?;
         Migrator::up(&db, None).await?;
         Ok(SeaOrmStore {
-            committer: Committer::start(db.clone(), DEFAULT_MAX_BATCH),
+            committer: committer(&db, sqlite_file.as_deref(), DEFAULT_MAX_BATCH)?,
             db,
+            keys: Arc::default(),
+            sqlite_file,
         })
     }
 
@@ -111,11 +126,14 @@ impl SeaOrmStore {
     }
 
     /// The same store with at most `max_batch` ledger writes per transaction (1: none shared).
-    pub fn with_max_batch(self, max_batch: usize) -> SeaOrmStore {
-        SeaOrmStore {
-            committer: Committer::start(self.db.clone(), max_batch.max(1)),
+    /// Fails only if a SQLite file cannot be opened again for the new committer.
+    pub fn with_max_batch(self, max_batch: usize) -> Result<SeaOrmStore, StoreError> {
+        Ok(SeaOrmStore {
+            committer: committer(&self.db, self.sqlite_file.as_deref(), max_batch.max(1))?,
             db: self.db,
-        }
+            keys: self.keys,
+            sqlite_file: self.sqlite_file,
+        })
     }
 
     /// The underlying connection, for embedders that keep their own tables beside ours.
@@ -224,6 +242,34 @@ impl AccountAudit {
     }
 }
 
+/// The file behind a `sqlite:` URL; `None` for other databases and in-memory SQLite (which a
+/// second connection could not see).
+fn sqlite_file(url: &str) -> Option<PathBuf> {
+    #[cfg(feature = "sqlite")]
+    if url.starts_with("sqlite:") && !url.contains(":memory:") && !url.contains("mode=memory") {
+        use std::str::FromStr;
+        let options = sea_orm::sqlx::sqlite::SqliteConnectOptions::from_str(url).ok()?;
+        return Some(options.get_filename().to_path_buf());
+    }
+    let _ = url;
+    None
+}
+
+/// The committer for a store: on a SQLite file, a thread calling SQLite directly; otherwise a
+/// task on the sea-orm pool.
+fn committer(
+    db: &DatabaseConnection,
+    sqlite_file: Option<&Path>,
+    max_batch: usize,
+) -> Result<Committer, StoreError> {
+    #[cfg(feature = "sqlite")]
+    if let Some(file) = sqlite_file {
+        return Committer::start_direct(sqlite_direct::open(file)?, max_batch);
+    }
+    let _ = sqlite_file;
+    Ok(Committer::start(db.clone(), max_batch))
+}
+
 /// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it reads
 /// cannot change before it writes (a deferred transaction would fail to upgrade).
 async fn begin_write(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
@@ -258,7 +304,12 @@ async fn locked_account<C: ConnectionTrait>(
 
 #[async_trait]
 impl KeyStore for SeaOrmStore {
+    /// Answers from the store's cache of active keys when it can (see [`Ledger::reserve`] for
+    /// how a key revoked since is refused).
     async fn caller_for_key(&self, key: &KeyHash) -> Result<Option<Caller>, StoreError> {
+        if let Some(caller) = self.keys.get(key) {
+            return Ok(Some(caller));
+        }
         let found: Option<(i64, i64)> = api_key::Entity::find()
             .select_only()
             .column(api_key::Column::Id)
@@ -268,17 +319,25 @@ impl KeyStore for SeaOrmStore {
             .into_tuple()
             .one(&self.db)
             .await?;
-        Ok(found.map(|(key, account)| Caller {
+        let caller = found.map(|(id, account)| Caller {
             account: AccountId(account),
-            key: KeyId(key),
-        }))
+            key: KeyId(id),
+        });
+        if let Some(caller) = caller {
+            self.keys.remember(key, caller);
+        }
+        Ok(caller)
     }
 }
 
 #[async_trait]
 impl Ledger for SeaOrmStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
-        self.committer.reserve(OwnedCharge::from(request)).await
+        let reserved = self.committer.reserve(OwnedCharge::from(request)).await;
+        if let Err(ReserveError::KeyRevoked) = reserved {
+            self.keys.forget_id(request.caller.key);
+        }
+        reserved
     }
 
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
@@ -400,6 +459,7 @@ impl Accounts for SeaOrmStore {
             .filter(api_key::Column::RevokedAt.is_null())
             .exec(&self.db)
             .await?;
+        self.keys.forget(key);
         Ok(revoked.rows_affected > 0)
     }
 
