@@ -61,6 +61,8 @@ pub(super) struct Wanted {
     pub(super) entries: BTreeSet<i64>,
     pub(super) accounts: BTreeSet<i64>,
     pub(super) keys: BTreeSet<i64>,
+    /// How many reservations the batch holds (each may need a new entry).
+    pub(super) reservations: usize,
 }
 
 impl Wanted {
@@ -71,6 +73,7 @@ impl Wanted {
                 Write::Reserve(charge) => {
                     wanted.accounts.insert(charge.caller.account.0);
                     wanted.keys.insert(charge.caller.key.0);
+                    wanted.reservations += 1;
                 }
                 Write::Settle(call, _) | Write::Refund(call, _) => {
                     wanted.entries.insert(call.0);

@@ -2,11 +2,12 @@
 //! size, inside one write transaction that the caller opens and commits:
 //!
 //! 1. lock the entries that its settles and refunds finish (`SELECT ... FOR UPDATE`, id order);
-//! 2. lock the accounts that its reservations and refunds touch (id order, so two gateway
-//!    instances never wait on each other in a cycle);
-//! 3. read which of its callers' keys are still active: revocation is checked here, in the
+//! 2. read which of its callers' keys are still active: revocation is checked here, in the
 //!    transaction that reserves, so a key answered from the key cache cannot spend once revoked;
-//! 4. decide every write in queue order ([`Plan::decide`]);
+//! 3. take ids for its reservations (PostgreSQL: from the sequence);
+//! 4. lock the accounts that its reservations and refunds touch (id order, so two gateway
+//!    instances never wait on each other in a cycle), as late as possible, and decide every
+//!    write in queue order ([`Plan::decide`]);
 //! 5. write: one `INSERT` for the new `pending` entries, one `UPDATE ... WHERE status =
 //!    'pending'` for the finished ones, one `UPDATE` for the accounts' net changes, each
 //!    checked to touch exactly the rows it must (and the `CHECK (bucket >= 0)` constraints
@@ -36,15 +37,19 @@ pub(super) async fn apply_in<C: ConnectionTrait>(
 ) -> Result<Vec<Outcome>, StoreError> {
     let wanted = Wanted::of(writes);
     let entries = lock_entries(txn, &wanted.entries).await?;
-    let accounts = lock_accounts(txn, wanted.accounts_with(&entries)).await?;
     let active_keys = active_keys(txn, &wanted.keys).await?;
+    // Everything that does not need the accounts comes before their lock, which other gateway
+    // instances charging the same account wait on. An id a refused reservation leaves unused
+    // is a gap in the sequence, nothing more.
+    let ids = new_ids(txn, wanted.reservations).await?;
+    let accounts = lock_accounts(txn, wanted.accounts_with(&entries)).await?;
     let reads = Reads {
         entries,
         accounts,
         active_keys,
     };
     let plan = Plan::decide(writes, reads)?;
-    let ids = insert_entries(txn, &plan.new_entries).await?;
+    let ids = insert_entries(txn, &plan.new_entries, ids).await?;
     finish_entries(txn, &plan.finished).await?;
     write_accounts(txn, &plan.account_changes()).await?;
     Ok(plan.outcomes(&ids))
@@ -139,6 +144,7 @@ async fn active_keys<C: ConnectionTrait>(
 async fn insert_entries<C: ConnectionTrait>(
     txn: &C,
     entries: &[NewEntry<'_>],
+    ids: Option<Vec<i64>>,
 ) -> Result<Vec<i64>, StoreError> {
     if entries.is_empty() {
         return Ok(Vec::new());
@@ -162,7 +168,7 @@ async fn insert_entries<C: ConnectionTrait>(
         created_at: Set(now),
         finished_at: Set(None),
     };
-    let Some(ids) = new_ids(txn, entries.len()).await? else {
+    let Some(mut ids) = ids else {
         // No way to know a multi-row insert's ids here: one insert per entry.
         let mut ids = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -171,6 +177,10 @@ async fn insert_entries<C: ConnectionTrait>(
         }
         return Ok(ids);
     };
+    if ids.len() < entries.len() {
+        return Err(StoreError::msg("fewer ids than new entries"));
+    }
+    ids.truncate(entries.len());
     let rows = entries
         .iter()
         .zip(&ids)
@@ -196,6 +206,9 @@ async fn new_ids<C: ConnectionTrait>(
     txn: &C,
     count: usize,
 ) -> Result<Option<Vec<i64>>, StoreError> {
+    if count == 0 {
+        return Ok(Some(Vec::new()));
+    }
     let count = i64::try_from(count).map_err(|_| StoreError::msg("batch too large"))?;
     let backend = txn.get_database_backend();
     Ok(Some(match backend {
