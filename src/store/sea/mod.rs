@@ -1,15 +1,19 @@
-//! The sea-orm backend: SQLite (the embedded default) and PostgreSQL through the same code.
+//! The sea-orm backend: SQLite (the embedded default), PostgreSQL and MySQL through the same
+//! code, except that a SQLite file's ledger writes bypass sqlx (see `sqlite_direct`).
 //!
-//! How each money movement stays atomic:
-//! - **reserve** runs in one short write transaction: read the account row under a lock
-//!   (`SELECT ... FOR UPDATE` on PostgreSQL; `BEGIN IMMEDIATE` takes the database write lock on
-//!   SQLite), compute the subscription-first split, debit with an `UPDATE` guarded by
-//!   `bucket >= taken` whose affected-row count decides, and insert the `pending` entry. The
-//!   `CHECK (bucket >= 0)` constraints back the guard up.
-//! - **refund** flips the entry from `pending` to `refunded` with an `UPDATE ... WHERE status =
-//!   'pending'` and, only if that changed a row, credits the buckets back, in one transaction:
-//!   a second refund finds nothing pending and moves nothing.
-//! - **settle** is one guarded `UPDATE`: no money moves.
+//! How each money movement stays atomic: reserves, settles and refunds go through the store's
+//! committer, which applies them in batches, one write transaction per batch, and answers each
+//! only after the commit (`group_commit`). A batch reads what it needs under lock (`SELECT ...
+//! FOR UPDATE` on PostgreSQL and MySQL; `BEGIN IMMEDIATE` takes the database write lock on
+//! SQLite), decides every write in queue order in memory (`batch`), then writes:
+//! - **reserve**: subscription-first split of the locked balance, the debit as an `UPDATE`
+//!   guarded by `bucket + change >= 0` whose affected-row count must match, the `pending` entry
+//!   inserted; refused if the key was revoked. The `CHECK (bucket >= 0)` constraints back the
+//!   guard up.
+//! - **refund**: only an entry still `pending` (as locked, and as earlier writes in the batch
+//!   left it) flips to `refunded`, with an `UPDATE ... WHERE status = 'pending'`, and its
+//!   buckets get back what it took: a second refund finds nothing pending and moves nothing.
+//! - **settle**: the same guarded flip to `ok`; no money moves.
 //!
 //! No transaction is held open across an upstream call.
 
