@@ -310,17 +310,7 @@ async fn postgres_connections_cut_mid_call_lose_nothing_and_charge_once() {
                 format!("{}{CHAT}", gateway.base),
                 key.clone(),
             );
-            tokio::spawn(async move {
-                client
-                    .post(url)
-                    .bearer_auth(key)
-                    .body(chat_body(CHAT_MODEL))
-                    .send()
-                    .await
-                    .unwrap()
-                    .status()
-                    .as_u16()
-            })
+            tokio::spawn(async move { chat_status(&client, &url, &key).await })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300)).await; // reserved, waiting on the provider

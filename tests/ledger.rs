@@ -253,15 +253,7 @@ async fn assert_200_calls_on_50_credits(db: &TestDb, gateways: &[Gateway]) {
         let client = gateways[i % gateways.len()].client.clone();
         let key = key.clone();
         calls.push(tokio::spawn(async move {
-            client
-                .post(format!("{gateway_base}{CHAT}"))
-                .bearer_auth(key)
-                .body(chat_body(CHAT_MODEL))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
+            chat_status(&client, &format!("{gateway_base}{CHAT}"), &key).await
         }));
     }
     let mut statuses = std::collections::BTreeMap::new();
@@ -301,16 +293,20 @@ async fn mysql_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
     db.drop_schema().await;
 }
 
+/// Two gateways, each with its own store on the same database, share one pool of credits.
+async fn assert_two_gateways_never_spend_the_same_credit(db: &TestDb) {
+    let second = db.second_instance().await;
+    let gateways = [
+        start_mock_gateway(db).await,
+        start_mock_gateway(&second).await,
+    ];
+    assert_200_calls_on_50_credits(db, &gateways).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_gateways_on_one_mysql_never_spend_the_same_credit() {
     let Some(db) = mysql_db().await else { return };
-    let second = db.second_instance().await;
-    let gateways = [
-        start_mock_gateway(&db).await,
-        start_mock_gateway(&second).await,
-    ];
-    assert_200_calls_on_50_credits(&db, &gateways).await;
-    drop(gateways);
+    assert_two_gateways_never_spend_the_same_credit(&db).await;
     db.drop_schema().await;
 }
 
@@ -319,25 +315,13 @@ async fn two_gateways_on_one_postgres_never_spend_the_same_credit() {
     let Some(db) = postgres_db().await else {
         return;
     };
-    let second = db.second_instance().await;
-    let gateways = [
-        start_mock_gateway(&db).await,
-        start_mock_gateway(&second).await,
-    ];
-    assert_200_calls_on_50_credits(&db, &gateways).await;
-    drop(gateways);
+    assert_two_gateways_never_spend_the_same_credit(&db).await;
     db.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_sqlite_connections_pools_on_one_file_never_spend_the_same_credit() {
-    let db = sqlite_db().await;
-    let second = db.second_instance().await;
-    let gateways = [
-        start_mock_gateway(&db).await,
-        start_mock_gateway(&second).await,
-    ];
-    assert_200_calls_on_50_credits(&db, &gateways).await;
+    assert_two_gateways_never_spend_the_same_credit(&sqlite_db().await).await;
 }
 
 #[tokio::test]

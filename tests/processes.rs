@@ -253,15 +253,7 @@ async fn two_gateway_processes_on_one_postgres_spend_exactly_the_credits_there_a
             tokio::spawn(async move {
                 let mut statuses = Vec::new();
                 loop {
-                    let status = client
-                        .post(&url)
-                        .bearer_auth(&key)
-                        .body(chat_body(CHAT_MODEL))
-                        .send()
-                        .await
-                        .unwrap()
-                        .status()
-                        .as_u16();
+                    let status = chat_status(&client, &url, &key).await;
                     statuses.push(status);
                     if status == 402 || statuses.len() > 500 {
                         return statuses;

@@ -359,6 +359,20 @@ impl Gateway {
     }
 }
 
+/// One chat call with the demo chat model, for spawned tasks (which cannot borrow a
+/// [`Gateway`]): the answer's status.
+pub async fn chat_status(client: &reqwest::Client, url: &str, key: &str) -> u16 {
+    client
+        .post(url)
+        .bearer_auth(key)
+        .body(chat_body(CHAT_MODEL))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 pub const CHAT: &str = "/v1/chat/completions";
 pub const MESSAGES: &str = "/v1/messages";
 /// Demo catalogue prices.

@@ -12,6 +12,7 @@
 //! row; the decisions are [`Plan::decide`]'s, as for every backend. Reads (balances, call log,
 //! audit, key lookups) stay on the sea-orm pool.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use chrono::{SecondsFormat, Utc};
@@ -94,14 +95,14 @@ fn apply_in(txn: &Transaction<'_>, writes: &[&Write]) -> Result<Vec<Outcome>, St
 fn read_entries(
     txn: &Transaction<'_>,
     wanted: &Wanted,
-) -> Result<std::collections::BTreeMap<i64, Entry>, StoreError> {
+) -> Result<BTreeMap<i64, Entry>, StoreError> {
     let mut statement = txn
         .prepare_cached(
             "SELECT account_id, status, charged_subscription, charged_topup \
              FROM mg_calls WHERE id = ?1",
         )
         .map_err(store_error)?;
-    let mut entries = std::collections::BTreeMap::new();
+    let mut entries = BTreeMap::new();
     for &id in &wanted.entries {
         let entry = statement
             .query_row([id], |row| {
@@ -123,12 +124,12 @@ fn read_entries(
 fn read_accounts(
     txn: &Transaction<'_>,
     wanted: &Wanted,
-    entries: &std::collections::BTreeMap<i64, Entry>,
-) -> Result<std::collections::BTreeMap<i64, Balance>, StoreError> {
+    entries: &BTreeMap<i64, Entry>,
+) -> Result<BTreeMap<i64, Balance>, StoreError> {
     let mut statement = txn
         .prepare_cached("SELECT subscription_credits, topup_credits FROM mg_accounts WHERE id = ?1")
         .map_err(store_error)?;
-    let mut accounts = std::collections::BTreeMap::new();
+    let mut accounts = BTreeMap::new();
     for id in wanted.accounts_with(entries) {
         let balance = statement
             .query_row([id], |row| {
@@ -146,14 +147,11 @@ fn read_accounts(
     Ok(accounts)
 }
 
-fn active_keys(
-    txn: &Transaction<'_>,
-    wanted: &Wanted,
-) -> Result<std::collections::BTreeSet<i64>, StoreError> {
+fn active_keys(txn: &Transaction<'_>, wanted: &Wanted) -> Result<BTreeSet<i64>, StoreError> {
     let mut statement = txn
         .prepare_cached("SELECT 1 FROM mg_api_keys WHERE id = ?1 AND revoked_at IS NULL")
         .map_err(store_error)?;
-    let mut active = std::collections::BTreeSet::new();
+    let mut active = BTreeSet::new();
     for &id in &wanted.keys {
         if statement.exists([id]).map_err(store_error)? {
             active.insert(id);
