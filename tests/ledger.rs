@@ -477,3 +477,127 @@ async fn mysql_group_commit_keeps_each_outcome() {
     assert_group_commit_keeps_each_outcome(&db).await;
     db.drop_schema().await;
 }
+
+/// A text answer to one SQL query on PostgreSQL.
+async fn pg_text(sql: &impl ConnectionTrait, query: &str) -> String {
+    use sea_orm::{DbBackend, Statement};
+    let row = sql
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, query))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index::<String>(0).unwrap()
+}
+
+/// Whether the WAL between `from` and `to` (both flushed positions) holds the commit record of
+/// the transaction that last wrote call-log entry `call`.
+async fn commit_of_entry_flushed(
+    sql: &impl ConnectionTrait,
+    call: model_gateway::CallId,
+    from: &str,
+    to: &str,
+) -> bool {
+    if pg_text(
+        sql,
+        &format!("SELECT ('{to}'::pg_lsn > '{from}'::pg_lsn)::text"),
+    )
+    .await
+        != "true"
+    {
+        return false; // nothing was flushed at all
+    }
+    let found = pg_text(
+        sql,
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM public.pg_get_wal_records_info('{from}', '{to}') r \
+             WHERE r.resource_manager = 'Transaction' AND r.record_type = 'COMMIT' \
+             AND r.xid = (SELECT xmin FROM mg_calls WHERE id = {}))::text",
+            call.0
+        ),
+    )
+    .await;
+    found == "true"
+}
+
+/// On PostgreSQL a batch commits without waiting for the disk (the hot account's lock is not
+/// held through an fsync), and the flusher makes it durable: no reservation, settle or refund
+/// is answered before the WAL holding its commit is flushed. Checked in the WAL itself: the
+/// commit record of the transaction that wrote the entry lies in WAL that was already flushed
+/// when the answer came back. (Other tests' commits can only flush more, never less.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_answers_each_write_only_once_its_commit_is_flushed() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let sql = db.store.connection();
+    sql.execute_unprepared("CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public")
+        .await
+        .unwrap();
+    let flushed = "SELECT pg_current_wal_flush_lsn()::text";
+    let caller = caller_with(db.store.as_ref(), 100, 0).await;
+    for round in 0..10 {
+        let before = pg_text(sql, flushed).await;
+        let reservation = db.store.reserve(charge(caller, 1)).await.unwrap();
+        let after = pg_text(sql, flushed).await;
+        assert!(
+            commit_of_entry_flushed(sql, reservation.call, &before, &after).await,
+            "round {round}: reservation answered before its commit was flushed"
+        );
+
+        let before = pg_text(sql, flushed).await;
+        if round % 2 == 0 {
+            assert!(db.store.settle(reservation.call, success()).await.unwrap());
+        } else {
+            assert!(db.store.refund(reservation.call, &failure()).await.unwrap());
+        }
+        let after = pg_text(sql, flushed).await;
+        assert!(
+            commit_of_entry_flushed(sql, reservation.call, &before, &after).await,
+            "round {round}: settle or refund answered before its commit was flushed"
+        );
+    }
+    assert!(db.store.group_commit_stats().flushes >= 20);
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+/// Every backend answers a settle only after its batch is durable: a SQLite file and
+/// PostgreSQL through their flusher (which counts its flushes), MySQL at its synchronous commit.
+async fn assert_settles_are_flushed_where_commits_do_not_wait(db: &TestDb, flushed_later: bool) {
+    let caller = caller_with(db.store.as_ref(), 10, 0).await;
+    for _ in 0..5 {
+        let reservation = db.store.reserve(charge(caller, 1)).await.unwrap();
+        assert!(db.store.settle(reservation.call, success()).await.unwrap());
+    }
+    let flushes = db.store.group_commit_stats().flushes;
+    if flushed_later {
+        assert!(
+            (1..=10).contains(&flushes),
+            "{flushes} flushes for 10 writes"
+        );
+    } else {
+        assert_eq!(flushes, 0);
+    }
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn sqlite_settles_are_answered_after_a_flush() {
+    assert_settles_are_flushed_where_commits_do_not_wait(&sqlite_db().await, true).await;
+}
+
+#[tokio::test]
+async fn postgres_settles_are_answered_after_a_flush() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    assert_settles_are_flushed_where_commits_do_not_wait(&db, true).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn mysql_commits_are_durable_when_they_return() {
+    let Some(db) = mysql_db().await else { return };
+    assert_settles_are_flushed_where_commits_do_not_wait(&db, false).await;
+    db.drop_schema().await;
+}

@@ -4,7 +4,7 @@
 //!
 //! A batch is applied by [`super::ledger_ops`] with a fixed number of set-based statements,
 //! each write decided in queue order exactly as it would be alone, and each is answered only
-//! after its batch committed: durable before the caller hears of it. If a statement fails, the
+//! after its batch committed and, where [`super::flush`] says so, was flushed to disk. If a statement fails, the
 //! batch is rolled back and each write is run again alone, so one bad write cannot fail its
 //! neighbours. If the commit itself fails, its outcome is in doubt, so nothing is rerun: every
 //! write in the batch answers a store error, and a reservation that did land stays `pending`
@@ -14,11 +14,12 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend};
 use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Outcome, OwnedCharge, Write};
 use super::begin_write;
+use super::flush::{self, Durability, Flusher};
 use super::ledger_ops::apply_in;
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
@@ -47,10 +48,11 @@ pub(super) struct Committer {
 }
 
 #[derive(Debug, Default)]
-struct Counters {
+pub(super) struct Counters {
     transactions: AtomicU64,
     writes: AtomicU64,
     rolled_back: AtomicU64,
+    pub(super) flushes: AtomicU64,
 }
 
 /// How the committer has grouped the ledger's writes so far.
@@ -64,6 +66,9 @@ pub struct GroupCommitStats {
     /// one by one). Valid writes never cause one; a count that grows points at a database
     /// problem.
     pub rolled_back: u64,
+    /// Flushes that made committed batches durable, where commits do not wait for the disk
+    /// themselves (a SQLite file, PostgreSQL); several batches may share one.
+    pub flushes: u64,
 }
 
 fn stopped() -> StoreError {
@@ -71,11 +76,20 @@ fn stopped() -> StoreError {
 }
 
 impl Committer {
-    /// Starts the committer task on the current Tokio runtime.
+    /// Starts the committer task on the current Tokio runtime. On PostgreSQL its batches commit
+    /// asynchronously and a flusher task makes them durable (see [`super::flush`]).
     pub(super) fn start(db: DatabaseConnection, max_batch: usize) -> Committer {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
-        tokio::spawn(run(db, queue, Batches::new(max_batch, stats.clone())));
+        let durability = if db.get_database_backend() == DbBackend::Postgres {
+            let (flusher, durability) = Flusher::new(stats.clone(), true, false);
+            flush::start_postgres(db.clone(), flusher);
+            durability
+        } else {
+            Durability::AtCommit
+        };
+        let batches = Batches::new(max_batch, stats.clone(), durability);
+        tokio::spawn(run(db, queue, batches));
         Committer { jobs, stats }
     }
 
@@ -84,15 +98,27 @@ impl Committer {
     #[cfg(feature = "sqlite")]
     pub(super) fn start_direct(
         connection: rusqlite::Connection,
+        wal: std::fs::File,
         max_batch: usize,
     ) -> Result<Committer, StoreError> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
-        let batches = Batches::new(max_batch, stats.clone());
-        std::thread::Builder::new()
-            .name("mg-sqlite-committer".into())
-            .spawn(move || super::sqlite_direct::run(connection, queue, batches))
-            .map_err(|error| StoreError(Box::new(error)))?;
+        let (flusher, durability) = Flusher::new(stats.clone(), false, true);
+        let batches = Batches::new(max_batch, stats.clone(), durability);
+        let spawn = |name: &str, work: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(work)
+                .map_err(|error| StoreError(Box::new(error)))
+        };
+        spawn(
+            "mg-sqlite-flusher",
+            Box::new(move || super::sqlite_direct::flush(wal, flusher)),
+        )?;
+        spawn(
+            "mg-sqlite-committer",
+            Box::new(move || super::sqlite_direct::run(connection, queue, batches)),
+        )?;
         Ok(Committer { jobs, stats })
     }
 
@@ -101,6 +127,7 @@ impl Committer {
             transactions: self.stats.transactions.load(Ordering::Relaxed),
             writes: self.stats.writes.load(Ordering::Relaxed),
             rolled_back: self.stats.rolled_back.load(Ordering::Relaxed),
+            flushes: self.stats.flushes.load(Ordering::Relaxed),
         }
     }
 
@@ -144,7 +171,8 @@ impl Committer {
 
 async fn run(db: DatabaseConnection, mut queue: mpsc::Receiver<Job>, mut batches: Batches) {
     while batches.next_alone() || queue.recv_many(&mut batches.current, batches.max).await > 0 {
-        let applied = apply(&db, batches.writes()).await;
+        let flushed_later = matches!(batches.durability, Durability::Flushed { .. });
+        let applied = apply(&db, batches.writes(), flushed_later).await;
         batches.conclude(applied);
     }
 }
@@ -155,6 +183,8 @@ pub(super) enum Failure {
     Statement(StoreError),
     /// The commit failed: whether it wrote is unknown.
     Commit(StoreError),
+    /// Nothing was tried: a failed flush stopped the committer (see [`super::flush`]).
+    Halted,
 }
 
 /// What a committer loop does with each batch, whichever way it writes it: counts it, and
@@ -165,16 +195,23 @@ pub(super) struct Batches {
     alone: VecDeque<Job>,
     max: usize,
     stats: Arc<Counters>,
+    durability: Durability,
 }
 
 impl Batches {
-    fn new(max: usize, stats: Arc<Counters>) -> Batches {
+    fn new(max: usize, stats: Arc<Counters>, durability: Durability) -> Batches {
         Batches {
             current: Vec::with_capacity(max),
             alone: VecDeque::new(),
             max,
             stats,
+            durability,
         }
+    }
+
+    /// Whether a failed flush has stopped this committer: its batches must not be written.
+    pub(super) fn halted(&self) -> bool {
+        self.durability.halted()
     }
 
     /// Takes a write waiting to run alone as the next batch, if there is one.
@@ -207,8 +244,16 @@ impl Batches {
         stats.writes.fetch_add(size as u64, Ordering::Relaxed);
         match applied {
             Ok(outcomes) => {
+                let mut waiting = Vec::new();
                 for (job, outcome) in self.current.drain(..).zip(outcomes) {
-                    job.answer(outcome);
+                    if self.durability.waits(&job) {
+                        waiting.push((job, outcome));
+                    } else {
+                        job.answer(outcome);
+                    }
+                }
+                if !waiting.is_empty() {
+                    self.durability.hand_over(waiting);
                 }
             }
             Err(Failure::Statement(error)) => {
@@ -228,16 +273,36 @@ impl Batches {
                     job.fail(StoreError::msg(format!("commit failed: {error}")));
                 }
             }
+            Err(Failure::Halted) => {
+                for job in self.current.drain(..) {
+                    job.fail(StoreError::msg(
+                        "an earlier flush of the ledger failed; it takes no writes until the \
+                         gateway is restarted",
+                    ));
+                }
+            }
         }
     }
 }
 
-/// Applies the writes in one transaction, in order, and commits.
-async fn apply(db: &DatabaseConnection, writes: Vec<&Write>) -> Result<Vec<Outcome>, Failure> {
+/// Applies the writes in one transaction, in order, and commits; with `flushed_later`, the
+/// commit does not wait for the disk (PostgreSQL's asynchronous commit): the flusher does.
+async fn apply(
+    db: &DatabaseConnection,
+    writes: Vec<&Write>,
+    flushed_later: bool,
+) -> Result<Vec<Outcome>, Failure> {
     let txn = begin_write(db)
         .await
         .map_err(|error| Failure::Statement(error.into()))?;
-    match apply_in(&txn, &writes).await {
+    let applied = async {
+        if flushed_later {
+            txn.execute_unprepared("SET LOCAL synchronous_commit TO off")
+                .await?;
+        }
+        apply_in(&txn, &writes).await
+    };
+    match applied.await {
         Ok(outcomes) => {
             txn.commit()
                 .await
@@ -252,7 +317,11 @@ async fn apply(db: &DatabaseConnection, writes: Vec<&Write>) -> Result<Vec<Outco
 }
 
 impl Job {
-    fn fail(self, error: StoreError) {
+    pub(super) fn is_reservation(&self) -> bool {
+        matches!(self.write, Write::Reserve(_))
+    }
+
+    pub(super) fn fail(self, error: StoreError) {
         match self.reply {
             Reply::Reserve(to) => {
                 let _ = to.send(Err(ReserveError::Store(error)));
@@ -263,7 +332,7 @@ impl Job {
         }
     }
 
-    fn answer(self, outcome: Outcome) {
+    pub(super) fn answer(self, outcome: Outcome) {
         // A caller that stopped waiting (its future was dropped) is not an error here: the write
         // stands, and the call's guard or recovery finishes it.
         match (self.reply, outcome) {
@@ -285,4 +354,142 @@ impl Job {
 
 fn wrong_kind() -> StoreError {
     StoreError::msg("internal: an outcome of the wrong kind")
+}
+
+#[cfg(test)]
+mod tests {
+    //! The answering rule of [`super::super::flush`], driven by hand: no flusher thread, no
+    //! database, every step taken by the test.
+
+    use super::*;
+    use crate::credits::{Credits, Split};
+    use crate::protocol::Protocol;
+    use crate::store::{AccountId, CallId, Caller, KeyId};
+    use oneshot::error::TryRecvError;
+
+    type Reserved = oneshot::Receiver<Result<Reservation, ReserveError>>;
+    type Finished = oneshot::Receiver<Result<bool, StoreError>>;
+
+    fn reservation(call: i64) -> Reservation {
+        Reservation {
+            call: CallId(call),
+            account: AccountId(1),
+            taken: Split {
+                subscription: Credits(1),
+                topup: Credits::ZERO,
+            },
+        }
+    }
+
+    /// A reservation and a settle committed together, as `batches` concludes them.
+    fn commit_reserve_and_settle(batches: &mut Batches, call: i64) -> (Reserved, Finished) {
+        let (reserve_to, reserved) = oneshot::channel();
+        let (settle_to, settled) = oneshot::channel();
+        let charge = OwnedCharge {
+            caller: Caller {
+                account: AccountId(1),
+                key: KeyId(1),
+            },
+            protocol: Protocol::ChatCompletions,
+            model: "m".into(),
+            price: Credits(1),
+        };
+        batches.current.push(Job {
+            write: Write::Reserve(charge),
+            reply: Reply::Reserve(reserve_to),
+        });
+        batches.current.push(Job {
+            write: Write::Settle(CallId(call - 1), CallSuccess::default()),
+            reply: Reply::Finish(settle_to),
+        });
+        let outcomes = vec![
+            Outcome::Reserved(Ok(reservation(call))),
+            Outcome::Finished(true),
+        ];
+        batches.conclude(Ok(outcomes));
+        (reserved, settled)
+    }
+
+    fn flushed_committer(reservations_wait: bool, halt: bool) -> (Batches, Flusher) {
+        let stats = Arc::new(Counters::default());
+        let (flusher, durability) = Flusher::new(stats.clone(), reservations_wait, halt);
+        (Batches::new(64, stats, durability), flusher)
+    }
+
+    #[test]
+    fn on_sqlite_a_settle_waits_for_the_flush_and_a_reservation_does_not() {
+        let (mut batches, mut flusher) = flushed_committer(false, true);
+        let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);
+        assert_eq!(reserved.try_recv().unwrap().unwrap(), reservation(2));
+        assert_eq!(settled.try_recv().unwrap_err(), TryRecvError::Empty);
+
+        assert!(flusher.next_blocking());
+        assert_eq!(settled.try_recv().unwrap_err(), TryRecvError::Empty);
+        flusher.conclude(Ok(()));
+        assert!(settled.try_recv().unwrap().unwrap());
+    }
+
+    #[test]
+    fn on_postgres_a_reservation_waits_for_the_flush_too() {
+        let (mut batches, mut flusher) = flushed_committer(true, false);
+        let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);
+        assert_eq!(reserved.try_recv().unwrap_err(), TryRecvError::Empty);
+        assert_eq!(settled.try_recv().unwrap_err(), TryRecvError::Empty);
+
+        assert!(flusher.next_blocking());
+        flusher.conclude(Ok(()));
+        assert_eq!(reserved.try_recv().unwrap().unwrap(), reservation(2));
+        assert!(settled.try_recv().unwrap().unwrap());
+    }
+
+    #[test]
+    fn a_flush_answers_only_what_committed_before_it_began() {
+        let (mut batches, mut flusher) = flushed_committer(true, false);
+        let (mut first, _) = commit_reserve_and_settle(&mut batches, 2);
+        assert!(flusher.next_blocking());
+        // Committed while the flush is under way: the flush may not cover it.
+        let (mut second, _) = commit_reserve_and_settle(&mut batches, 4);
+        flusher.conclude(Ok(()));
+        assert!(first.try_recv().unwrap().is_ok());
+        assert_eq!(second.try_recv().unwrap_err(), TryRecvError::Empty);
+
+        assert!(flusher.next_blocking());
+        flusher.conclude(Ok(()));
+        assert_eq!(second.try_recv().unwrap().unwrap(), reservation(4));
+    }
+
+    #[test]
+    fn a_failed_flush_on_sqlite_fails_its_writes_and_every_later_one() {
+        let (mut batches, mut flusher) = flushed_committer(false, true);
+        let (_, mut settled) = commit_reserve_and_settle(&mut batches, 2);
+        assert!(flusher.next_blocking());
+        flusher.conclude(Err(StoreError::msg("EIO")));
+        assert!(settled.try_recv().unwrap().is_err());
+        assert!(batches.halted());
+
+        let (answer, mut refunded) = oneshot::channel();
+        batches.current.push(Job {
+            write: Write::Refund(
+                CallId(1),
+                CallFailure {
+                    upstream_status: None,
+                    error: "test".into(),
+                },
+            ),
+            reply: Reply::Finish(answer),
+        });
+        batches.conclude(Err(Failure::Halted));
+        assert!(refunded.try_recv().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_failed_flush_on_postgres_fails_its_writes_but_not_later_ones() {
+        let (mut batches, mut flusher) = flushed_committer(true, false);
+        let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);
+        assert!(flusher.next_blocking());
+        flusher.conclude(Err(StoreError::msg("connection reset")));
+        assert!(reserved.try_recv().unwrap().is_err());
+        assert!(settled.try_recv().unwrap().is_err());
+        assert!(!batches.halted());
+    }
 }

@@ -42,6 +42,7 @@ use crate::protocol::Protocol;
 
 mod batch;
 mod entity;
+mod flush;
 mod group_commit;
 mod key_cache;
 mod ledger_ops;
@@ -268,7 +269,8 @@ fn committer(
 ) -> Result<Committer, StoreError> {
     #[cfg(feature = "sqlite")]
     if let Some(file) = sqlite_file {
-        return Committer::start_direct(sqlite_direct::open(file)?, max_batch);
+        let (connection, wal) = sqlite_direct::open(file)?;
+        return Committer::start_direct(connection, wal, max_batch);
     }
     let _ = sqlite_file;
     Ok(Committer::start(db.clone(), max_batch))

@@ -8,11 +8,19 @@
 //!
 //! It is an ordinary SQLite connection: `BEGIN IMMEDIATE` takes the file's write lock as every
 //! other writer does (the sea-orm pool for grants and keys, another process on the same file),
-//! with the same WAL mode, `synchronous = FULL` and busy time-out. Each statement works on one
-//! row; the decisions are [`Plan::decide`]'s, as for every backend. Reads (balances, call log,
-//! audit, key lookups) stay on the sea-orm pool.
+//! with the same WAL mode and busy time-out. Each statement works on one row; the decisions are
+//! [`Plan::decide`]'s, as for every backend. Reads (balances, call log, audit, key lookups)
+//! stay on the sea-orm pool.
+//!
+//! Its commits do not wait for the disk (`synchronous = NORMAL`: SQLite writes the WAL frames
+//! but does not fsync them); a second thread, the flusher, fsyncs the WAL file and only then
+//! are the batch's settles and refunds answered (see [`super::flush`]). That is what
+//! `synchronous = FULL` does at each commit, moved off the write lock and shared by every batch
+//! committed meanwhile. Checkpoints still sync the WAL before and the database file after, as
+//! SQLite does in both modes, so a flushed batch stays durable when the WAL is reused.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
 use std::path::Path;
 
 use chrono::{SecondsFormat, Utc};
@@ -21,6 +29,7 @@ use tokio::sync::mpsc;
 
 use super::SQLITE_BUSY_TIMEOUT;
 use super::batch::{Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split};
+use super::flush::Flusher;
 use super::group_commit::{Batches, Failure, Job};
 use crate::credits::{Balance, Credits};
 use crate::store::{CallStatus, StoreError};
@@ -29,15 +38,17 @@ fn store_error(error: rusqlite::Error) -> StoreError {
     StoreError(Box::new(error))
 }
 
-/// Opens the committer's own connection to a database file the sea-orm pool has migrated.
-pub(super) fn open(file: &Path) -> Result<Connection, StoreError> {
+/// Opens the committer's own connection to a database file the sea-orm pool has migrated, and
+/// the WAL file that its flusher syncs.
+pub(super) fn open(file: &Path) -> Result<(Connection, File), StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let connection = Connection::open_with_flags(file, flags).map_err(store_error)?;
     connection
         .busy_timeout(SQLITE_BUSY_TIMEOUT)
         .map_err(store_error)?;
+    // Durable at the flusher's fsync instead of at each commit; see the module docs.
     connection
-        .pragma_update(None, "synchronous", "FULL")
+        .pragma_update(None, "synchronous", "NORMAL")
         .map_err(store_error)?;
     connection
         .pragma_update(None, "foreign_keys", "ON")
@@ -50,7 +61,32 @@ pub(super) fn open(file: &Path) -> Result<Connection, StoreError> {
             "SQLite refused WAL mode (journal_mode is {mode})"
         )));
     }
-    Ok(connection)
+    let wal = open_wal(&connection)?;
+    Ok((connection, wal))
+}
+
+/// The database's WAL file, which SQLite keeps (same file, same inode) while any connection,
+/// such as the committer's own, has the database open. Its directory entry is synced once here,
+/// as SQLite does when it creates the file.
+fn open_wal(connection: &Connection) -> Result<File, StoreError> {
+    let database = connection
+        .path()
+        .filter(|path| !path.is_empty())
+        .ok_or_else(|| StoreError::msg("the SQLite committer needs a database file"))?;
+    let io = |error: std::io::Error| StoreError(Box::new(error));
+    let wal = File::open(format!("{database}-wal")).map_err(io)?;
+    wal.sync_all().map_err(io)?;
+    if let Some(directory) = Path::new(database).parent() {
+        let directory = if directory.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            directory
+        };
+        File::open(directory)
+            .and_then(|d| d.sync_all())
+            .map_err(io)?;
+    }
+    Ok(wal)
 }
 
 /// The committer's loop, on its own thread: until every sender is gone, take a batch, write it
@@ -61,8 +97,21 @@ pub(super) fn run(
     mut batches: Batches,
 ) {
     while batches.next_blocking(&mut queue) {
-        let applied = apply(&mut connection, &batches.writes());
+        let applied = if batches.halted() {
+            Err(Failure::Halted)
+        } else {
+            apply(&mut connection, &batches.writes())
+        };
         batches.conclude(applied);
+    }
+}
+
+/// The flusher's loop, on its own thread: until the committer is gone, take every batch
+/// committed since the last flush, fsync the WAL, answer them.
+pub(super) fn flush(wal: File, mut flusher: Flusher) {
+    while flusher.next_blocking() {
+        let synced = wal.sync_data().map_err(|error| StoreError(Box::new(error)));
+        flusher.conclude(synced);
     }
 }
 

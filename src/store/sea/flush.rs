@@ -1,0 +1,181 @@
+//! When a committed batch is durable, and so when each of its writes may be answered.
+//!
+//! With a synchronous commit, a batch is durable when its `COMMIT` returns, but the commit then
+//! waits for the disk (an fsync) while it still holds its locks: on PostgreSQL the hot account's
+//! row lock, which every other gateway instance charging that account waits on; on SQLite the
+//! database's write lock, which the next batch waits on. So where the database allows it, a
+//! batch commits without waiting for the disk and a flusher, beside the committer, makes it
+//! durable: each flush covers every batch that committed before it began, since both databases
+//! write their log in commit order. Many batches share one flush, and the next batch is written
+//! while the disk works.
+//!
+//! Which writes wait for the flush:
+//! - a **settle** or **refund** always does: the client hears of its call (the reply, or the
+//!   502) only after its outcome is durable;
+//! - a **reservation** does on PostgreSQL, whose server can crash and lose a commit while the
+//!   gateway goes on holding the reservation. On a SQLite file it is answered at commit: its
+//!   frames are in the file (in the OS's cache), so only a power loss or an OS crash can undo
+//!   it, and that also stops the gateway, with the call not yet answered (no reply, nothing
+//!   billed). The settle that follows flushes it with itself.
+//!
+//! A flush that fails leaves what it covered in doubt, so its writes answer a store error. On
+//! SQLite the committer then refuses every later write: after a failed fsync Linux may drop the
+//! unwritten pages and report the next fsync as a success, so nothing written since could be
+//! trusted. On PostgreSQL a failed flush is a lost connection (the server itself stops on a
+//! failed fsync); a settle retried after it waits for a later flush, which covers the first
+//! commit too.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use sea_orm::{ConnectionTrait, DatabaseConnection};
+use tokio::sync::mpsc;
+
+use super::batch::Outcome;
+use super::group_commit::{Counters, Job};
+use crate::store::StoreError;
+
+/// Writes of one committed batch that wait for a flush, with their outcomes.
+pub(super) type Committed = Vec<(Job, Outcome)>;
+
+/// Most committed batches one flush answers (a bound on one loop turn, not on throughput).
+const MOST_BATCHES_PER_FLUSH: usize = 1024;
+
+/// How a committer's batches become durable.
+#[derive(Debug)]
+pub(super) enum Durability {
+    /// Each commit is durable when it returns: every write is answered then.
+    AtCommit,
+    /// Commits return before they are durable; the flusher answers the writes that wait.
+    Flushed {
+        flusher: mpsc::UnboundedSender<Committed>,
+        reservations_wait: bool,
+        halted: Arc<AtomicBool>,
+    },
+}
+
+impl Durability {
+    /// Whether `job` must wait for a flush before it is answered.
+    pub(super) fn waits(&self, job: &Job) -> bool {
+        match self {
+            Durability::AtCommit => false,
+            Durability::Flushed {
+                reservations_wait, ..
+            } => *reservations_wait || !job.is_reservation(),
+        }
+    }
+
+    /// Hands a batch's waiting writes to the flusher.
+    pub(super) fn hand_over(&self, committed: Committed) {
+        let Durability::Flushed { flusher, .. } = self else {
+            unreachable!("only a flushed committer has writes waiting for a flush")
+        };
+        if let Err(mpsc::error::SendError(committed)) = flusher.send(committed) {
+            for (job, _) in committed {
+                job.fail(StoreError::msg("the ledger's flusher has stopped"));
+            }
+        }
+    }
+
+    /// Whether a failed flush has stopped the committer for good (see the module docs).
+    pub(super) fn halted(&self) -> bool {
+        match self {
+            Durability::AtCommit => false,
+            Durability::Flushed { halted, .. } => halted.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// The flusher's side: where committed writes arrive, and how a flush is concluded.
+pub(super) struct Flusher {
+    queue: mpsc::UnboundedReceiver<Committed>,
+    stats: Arc<Counters>,
+    halted: Arc<AtomicBool>,
+    halt_on_failure: bool,
+    waiting: Vec<Committed>,
+}
+
+impl Flusher {
+    /// A flusher and the committer's [`Durability`] that feeds it. `reservations_wait` and
+    /// `halt_on_failure` are the database's rules (see the module docs).
+    pub(super) fn new(
+        stats: Arc<Counters>,
+        reservations_wait: bool,
+        halt_on_failure: bool,
+    ) -> (Flusher, Durability) {
+        let (sender, queue) = mpsc::unbounded_channel();
+        let halted = Arc::new(AtomicBool::new(false));
+        let durability = Durability::Flushed {
+            flusher: sender,
+            reservations_wait,
+            halted: halted.clone(),
+        };
+        let flusher = Flusher {
+            queue,
+            stats,
+            halted,
+            halt_on_failure,
+            waiting: Vec::new(),
+        };
+        (flusher, durability)
+    }
+
+    /// Waits, on a thread outside the runtime, for committed writes; `false` once the committer
+    /// is gone and everything was answered.
+    pub(super) fn next_blocking(&mut self) -> bool {
+        self.queue
+            .blocking_recv_many(&mut self.waiting, MOST_BATCHES_PER_FLUSH)
+            > 0
+    }
+
+    /// Waits for committed writes; `false` once the committer is gone and everything was
+    /// answered.
+    async fn next(&mut self) -> bool {
+        self.queue
+            .recv_many(&mut self.waiting, MOST_BATCHES_PER_FLUSH)
+            .await
+            > 0
+    }
+
+    /// Answers everything taken by the last `next` from how the flush that began after it
+    /// ended.
+    pub(super) fn conclude(&mut self, flushed: Result<(), StoreError>) {
+        self.stats.flushes.fetch_add(1, Ordering::Relaxed);
+        match flushed {
+            Ok(()) => {
+                for (job, outcome) in self.waiting.drain(..).flatten() {
+                    job.answer(outcome);
+                }
+            }
+            Err(error) => {
+                if self.halt_on_failure {
+                    self.halted.store(true, Ordering::Release);
+                }
+                tracing::error!(%error, halted = self.halt_on_failure, "ledger flush failed; its writes are in doubt");
+                for (job, _) in self.waiting.drain(..).flatten() {
+                    job.fail(StoreError::msg(format!("flush failed: {error}")));
+                }
+            }
+        }
+    }
+}
+
+/// Makes every transaction committed before it durable on PostgreSQL: a transaction that writes
+/// a (transactional, logical-decoding) WAL message and commits synchronously flushes the WAL up
+/// to its own commit record, and so every asynchronous commit before it. The message is the
+/// least WAL a transaction can write that needs no table and no privilege; a logical-decoding
+/// consumer sees it with the prefix `model-gateway` and can ignore it. One statement, so a
+/// failure cannot leave the pooled connection inside an open transaction; `set_config(.., true)`
+/// makes this one commit synchronous whatever the server's default.
+const POSTGRES_FLUSH: &str = "SELECT set_config('synchronous_commit', 'on', true), \
+     pg_logical_emit_message(true, 'model-gateway', 'flush')";
+
+/// Starts the PostgreSQL flusher on the current Tokio runtime, on the store's pool.
+pub(super) fn start_postgres(db: DatabaseConnection, mut flusher: Flusher) {
+    tokio::spawn(async move {
+        while flusher.next().await {
+            let flushed = db.execute_unprepared(POSTGRES_FLUSH).await;
+            flusher.conclude(flushed.map(drop).map_err(StoreError::from));
+        }
+    });
+}
