@@ -66,8 +66,13 @@ pub struct GroupCommitStats {
     /// one by one). Valid writes never cause one; a count that grows points at a database
     /// problem.
     pub rolled_back: u64,
-    /// Flushes that made committed batches durable, where commits do not wait for the disk
-    /// themselves (a SQLite file, PostgreSQL); several batches may share one.
+    /// Flushes that made committed batches durable. On a SQLite file and on PostgreSQL a batch
+    /// commits without waiting for the disk (so no lock is held through an fsync), and a flusher
+    /// beside the committer then makes it durable (an fsync of the WAL file; a synchronous
+    /// commit that flushes PostgreSQL's WAL) before the writes that need it are answered:
+    /// settles and refunds always, reservations on PostgreSQL. Several batches may share one
+    /// flush. Always 0 on MySQL and in-memory SQLite, whose commits are durable when they
+    /// return.
     pub flushes: u64,
 }
 

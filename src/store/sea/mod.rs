@@ -15,7 +15,9 @@
 //!   buckets get back what it took: a second refund finds nothing pending and moves nothing.
 //! - **settle**: the same guarded flip to `ok`; no money moves.
 //!
-//! No transaction is held open across an upstream call.
+//! No transaction is held open across an upstream call, and on SQLite files and PostgreSQL no
+//! lock is held through an fsync: batches commit without waiting for the disk and a flusher
+//! makes them durable before the writes that need it are answered (`flush`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -98,9 +100,11 @@ impl SeaOrmStore {
     }
 
     /// Connects with explicit options (pool size, PostgreSQL schema search path, ...) and applies
-    /// the migrations. On SQLite this also sets WAL mode, `synchronous = FULL` (an acknowledged
-    /// charge survives a power loss) and a busy time-out, so concurrent writers queue instead of
-    /// failing with "database is locked".
+    /// the migrations. On SQLite this also sets WAL mode, `synchronous = FULL` on the pool's
+    /// connections and a busy time-out, so concurrent writers queue instead of failing with
+    /// "database is locked". Ledger writes are answered only once durable (an acknowledged charge
+    /// survives a power loss), though their commits do not wait for the disk themselves: see
+    /// [`GroupCommitStats::flushes`].
     pub async fn connect_with(mut options: ConnectOptions) -> Result<SeaOrmStore, StoreError> {
         options.sqlx_logging(false);
         #[cfg(feature = "sqlite")]
