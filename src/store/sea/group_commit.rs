@@ -4,9 +4,9 @@
 //!
 //! A batch is applied by [`super::ledger_ops`] with a fixed number of set-based statements,
 //! each write decided in queue order exactly as it would be alone, and each is answered only
-//! after its batch committed and, where [`super::flush`] says so, was flushed to disk. If a statement fails, the
-//! batch is rolled back and each write is run again alone, so one bad write cannot fail its
-//! neighbours. If the commit itself fails, its outcome is in doubt, so nothing is rerun: every
+//! after its batch committed and, where [`super::flush`] says so, was flushed to disk. If a
+//! statement fails, the batch is rolled back and each write is run again alone, so one bad
+//! write cannot fail its neighbours. If the commit itself fails, its outcome is in doubt, so nothing is rerun: every
 //! write in the batch answers a store error, and a reservation that did land stays `pending`
 //! until recovery refunds it.
 
@@ -87,6 +87,7 @@ impl Committer {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
         let durability = if db.get_database_backend() == DbBackend::Postgres {
+            // Reservations wait for the flush; a failed flush does not halt (see `flush`).
             let (flusher, durability) = Flusher::new(stats.clone(), true, false);
             flush::start_postgres(db.clone(), flusher);
             durability
@@ -108,6 +109,7 @@ impl Committer {
     ) -> Result<Committer, StoreError> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
+        // Reservations are answered at commit; a failed fsync halts (see `flush`).
         let (flusher, durability) = Flusher::new(stats.clone(), false, true);
         let batches = Batches::new(max_batch, stats.clone(), durability);
         let spawn = |name: &str, work: Box<dyn FnOnce() + Send>| {
