@@ -165,9 +165,13 @@ impl Flusher {
 /// to its own commit record, and so every asynchronous commit before it. The message is the
 /// least WAL a transaction can write that needs no table and no privilege; a logical-decoding
 /// consumer sees it with the prefix `model-gateway` and can ignore it. One statement, so a
-/// failure cannot leave the pooled connection inside an open transaction; `set_config(.., true)`
-/// makes this one commit synchronous whatever the server's default.
-const POSTGRES_FLUSH: &str = "SELECT set_config('synchronous_commit', 'on', true), \
+/// failure cannot leave the pooled connection inside an open transaction. Its commit waits as
+/// the server's `synchronous_commit` says (with synchronous standbys, for them too), except that
+/// `off` is raised to `local` for this one commit: a flush that does not flush would acknowledge
+/// charges a crash can undo.
+const POSTGRES_FLUSH: &str = "SELECT set_config('synchronous_commit', \
+     CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' \
+     ELSE current_setting('synchronous_commit') END, true), \
      pg_logical_emit_message(true, 'model-gateway', 'flush')";
 
 /// Starts the PostgreSQL flusher on the current Tokio runtime, on the store's pool.
