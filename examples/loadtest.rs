@@ -2,8 +2,10 @@
 //!
 //! 1. the floor: an axum server that parses the body and returns the same mock reply, with
 //!    none of our layers;
-//! 2. the full example gateway (all four layers) in mock mode on a SQLite file (WAL);
-//! 3. the same on PostgreSQL, when `TEST_POSTGRES_URL` is set (a schema of its own);
+//! 2. the full example gateway (all four layers) in mock mode on the in-memory store: what
+//!    HTTP and the layers cost without a database;
+//! 3. the same on a SQLite file (WAL);
+//! 4. the same on PostgreSQL, when `TEST_POSTGRES_URL` is set (a schema of its own);
 //!
 //! each driven with the same HTTP load (keep-alive connections, one hot account) at
 //! concurrency 1, 16 and 64. Prints requests per second, p50 and p99 latency, and each
@@ -27,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use model_gateway::{
-    Catalogue, DEFAULT_MAX_BODY_BYTES, MockUpstream, Protocol, SeaOrmStore, Upstream,
+    Accounts, Bucket, Catalogue, Credits, DEFAULT_MAX_BODY_BYTES, MemoryStore, MockUpstream,
+    NewApiKey, Protocol, SeaOrmStore, Upstream,
 };
 use sea_orm::{ConnectionTrait, Statement};
 use tower::Service;
@@ -78,6 +81,30 @@ async fn floor() -> Target {
         name: "floor (no layers)",
         base: serve(router).await,
         key: None,
+        store: None,
+    }
+}
+
+/// The full gateway on the in-memory store. It keeps no call log to check afterwards.
+async fn memory_gateway() -> Target {
+    let store = Arc::new(MemoryStore::new());
+    let account = store.create_account("load").await.unwrap();
+    let key = NewApiKey::generate();
+    store.add_key(account, &key).await.unwrap();
+    store
+        .grant(account, Bucket::Subscription, Credits(1 << 50))
+        .await
+        .unwrap();
+    let router = app::router(
+        store,
+        Arc::new(Catalogue::demo()),
+        Upstream::Mock(MockUpstream::new()),
+        DEFAULT_MAX_BODY_BYTES,
+    );
+    Target {
+        name: "gateway, in-memory",
+        base: serve(router).await,
+        key: Some(key.reveal().to_owned()),
         store: None,
     }
 }
@@ -248,6 +275,7 @@ async fn main() {
     let sqlite_url = format!("sqlite://{}?mode=rwc", dir.path().join("load.db").display());
     let mut targets = vec![
         floor().await,
+        memory_gateway().await,
         gateway(
             "gateway, SQLite",
             SeaOrmStore::connect(&sqlite_url).await.unwrap(),
