@@ -55,23 +55,31 @@ pub(super) enum Durability {
 }
 
 impl Durability {
-    /// Whether `job` must wait for a flush before it is answered.
-    pub(super) fn waits(&self, job: &Job) -> bool {
-        match self {
-            Durability::AtCommit => false,
-            Durability::Flushed {
-                reservations_wait, ..
-            } => *reservations_wait || !job.is_reservation(),
-        }
-    }
-
-    /// Hands a batch's waiting writes to the flusher.
-    pub(super) fn hand_over(&self, committed: Committed) {
-        let Durability::Flushed { flusher, .. } = self else {
-            unreachable!("only a flushed committer has writes waiting for a flush")
+    /// Answers each write of a committed batch that may hear its outcome now, and hands the
+    /// others to the flusher.
+    pub(super) fn answer(&self, committed: impl Iterator<Item = (Job, Outcome)>) {
+        let Durability::Flushed {
+            flusher,
+            reservations_wait,
+            ..
+        } = self
+        else {
+            committed.for_each(|(job, outcome)| job.answer(outcome));
+            return;
         };
-        if let Err(mpsc::error::SendError(committed)) = flusher.send(committed) {
-            for (job, _) in committed {
+        let mut waiting = Vec::new();
+        for (job, outcome) in committed {
+            if *reservations_wait || !job.is_reservation() {
+                waiting.push((job, outcome));
+            } else {
+                job.answer(outcome);
+            }
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        if let Err(mpsc::error::SendError(waiting)) = flusher.send(waiting) {
+            for (job, _) in waiting {
                 job.fail(StoreError::msg("the ledger's flusher has stopped"));
             }
         }

@@ -251,17 +251,7 @@ impl Batches {
         stats.writes.fetch_add(size as u64, Ordering::Relaxed);
         match applied {
             Ok(outcomes) => {
-                let mut waiting = Vec::new();
-                for (job, outcome) in self.current.drain(..).zip(outcomes) {
-                    if self.durability.waits(&job) {
-                        waiting.push((job, outcome));
-                    } else {
-                        job.answer(outcome);
-                    }
-                }
-                if !waiting.is_empty() {
-                    self.durability.hand_over(waiting);
-                }
+                self.durability.answer(self.current.drain(..).zip(outcomes));
             }
             Err(Failure::Statement(error)) => {
                 stats.rolled_back.fetch_add(1, Ordering::Relaxed);
