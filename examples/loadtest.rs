@@ -8,8 +8,10 @@
 //! 4. the same on PostgreSQL, when `TEST_POSTGRES_URL` is set (a schema of its own);
 //!
 //! each driven with the same HTTP load (keep-alive connections, one hot account) at
-//! concurrency 1, 16 and 64. Prints requests per second, p50 and p99 latency, and each
-//! gateway's throughput as a share of the floor's; then checks that every 200 answer has an `ok`
+//! concurrency 1, 16 and 64. Prints requests per second, p50 and p99 latency, each gateway's
+//! throughput as a share of the floor's, the CPU time the whole process (load generator
+//! included) spent per request, and for the database gateways how many ledger writes each
+//! transaction and each flush carried; then checks that every 200 answer has an `ok`
 //! call-log entry. Last, it starts the release gateway binary, holds 1000 client connections
 //! open against it and prints its resident memory.
 //!
@@ -17,7 +19,8 @@
 //! cargo build --release --example gateway && cargo run --release --example loadtest
 //! ```
 //! `LOADTEST_REQUESTS` (default 10000) sets the requests per run at concurrency 16 and 64; a
-//! fifth of that runs at concurrency 1.
+//! fifth of that runs at concurrency 1. `LOADTEST_CONCURRENCY` runs one level instead of all
+//! three.
 
 #[path = "gateway/app.rs"]
 #[allow(dead_code)]
@@ -52,6 +55,18 @@ struct Figures {
     p50: Duration,
     p99: Duration,
     ok: u64,
+    /// CPU time of the whole process (load generator included) per request, where the OS says.
+    cpu_per_request: Option<Duration>,
+}
+
+/// CPU time this process has used so far (user + system), from `/proc/self/stat` on Linux.
+fn process_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // Linux reports these in USER_HZ, which is 100 on every architecture it supports.
+    Some(Duration::from_millis(ticks * 10))
 }
 
 async fn serve(router: axum::Router) -> String {
@@ -135,6 +150,7 @@ async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figures {
     let url = format!("{}/v1/chat/completions", target.base);
     let issued = Arc::new(AtomicU64::new(0));
     let ok = Arc::new(AtomicU64::new(0));
+    let cpu_before = process_cpu_time();
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency)
         .map(|_| {
@@ -168,6 +184,9 @@ async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figures {
         latencies.extend(worker.await.unwrap());
     }
     let elapsed = started.elapsed();
+    let cpu_per_request = cpu_before
+        .zip(process_cpu_time())
+        .map(|(before, after)| (after - before) / requests as u32);
     latencies.sort();
     let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
     Figures {
@@ -175,6 +194,7 @@ async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figures {
         p50: at(0.50),
         p99: at(0.99),
         ok: ok.load(Ordering::Relaxed),
+        cpu_per_request,
     }
 }
 
@@ -314,11 +334,16 @@ async fn main() {
         requests / 5
     );
     println!(
-        "{:<22} {:>4} {:>10} {:>9} {:>9} {:>12} {:>14}",
-        "target", "c", "req/s", "p50 ms", "p99 ms", "vs floor", "p99 - floor"
+        "{:<22} {:>4} {:>10} {:>9} {:>9} {:>12} {:>14} {:>11}",
+        "target", "c", "req/s", "p50 ms", "p99 ms", "vs floor", "p99 - floor", "CPU us/req"
     );
     let mut answered = vec![0u64; targets.len()];
-    for concurrency in CONCURRENCY {
+    // `LOADTEST_CONCURRENCY=16` runs one level only (to profile it, say).
+    let levels: Vec<usize> = match std::env::var("LOADTEST_CONCURRENCY") {
+        Ok(level) => vec![level.parse().expect("LOADTEST_CONCURRENCY is a number")],
+        Err(_) => CONCURRENCY.to_vec(),
+    };
+    for concurrency in levels {
         let count = if concurrency == 1 {
             requests / 5
         } else {
@@ -328,6 +353,10 @@ async fn main() {
         for (index, target) in targets.iter().enumerate() {
             drive(target, concurrency, 200).await; // warm-up
             answered[index] += 200;
+            let before = target
+                .store
+                .as_ref()
+                .map(|store| store.group_commit_stats());
             let figures = drive(target, concurrency, count).await;
             answered[index] += count;
             assert_eq!(
@@ -337,7 +366,7 @@ async fn main() {
             );
             let floor = *floor_figures.get_or_insert(figures);
             println!(
-                "{:<22} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>11.2}x {:>+13.3}",
+                "{:<22} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>11.2}x {:>+13.3} {:>11}",
                 target.name,
                 concurrency,
                 figures.rps,
@@ -345,7 +374,24 @@ async fn main() {
                 ms(figures.p99),
                 figures.rps / floor.rps,
                 ms(figures.p99) - ms(floor.p99),
+                figures
+                    .cpu_per_request
+                    .map_or("n/a".to_owned(), |cpu| format!(
+                        "{:.0}",
+                        cpu.as_secs_f64() * 1e6
+                    )),
             );
+            if let (Some(store), Some(before)) = (&target.store, before) {
+                let after = store.group_commit_stats();
+                let writes = after.writes - before.writes;
+                let per = |count: u64| writes as f64 / count.max(1) as f64;
+                println!(
+                    "{:<27} ledger: {writes} writes, {:.1} per transaction, {:.1} per flush",
+                    "",
+                    per(after.transactions - before.transactions),
+                    per(after.flushes - before.flushes),
+                );
+            }
         }
     }
     for (target, answered) in targets.iter().zip(&answered) {
