@@ -20,7 +20,7 @@
 //! ```
 //! `LOADTEST_REQUESTS` (default 10000) sets the requests per run at concurrency 16 and 64; a
 //! fifth of that runs at concurrency 1. `LOADTEST_CONCURRENCY` runs one level instead of all
-//! three.
+//! three; `LOADTEST_ROUNDS` repeats each level that many times and prints the medians.
 
 #[path = "gateway/app.rs"]
 #[allow(dead_code)]
@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use model_gateway::{
-    Accounts, Bucket, Catalogue, Credits, DEFAULT_MAX_BODY_BYTES, MemoryStore, MockUpstream,
-    NewApiKey, Protocol, SeaOrmStore, Upstream,
+    Accounts, Bucket, Catalogue, Credits, DEFAULT_MAX_BODY_BYTES, GroupCommitStats, MemoryStore,
+    MockUpstream, NewApiKey, Protocol, SeaOrmStore, Upstream,
 };
 use sea_orm::{ConnectionTrait, Statement};
 use tower::Service;
@@ -285,6 +285,37 @@ async fn resident_memory_with_1000_connections() -> Option<(u64, u64)> {
     Some((idle, loaded))
 }
 
+fn print_figures(target: &Target, concurrency: usize, figures: &Figures, floor: &Figures) {
+    println!(
+        "{:<22} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>11.2}x {:>+13.3} {:>11}",
+        target.name,
+        concurrency,
+        figures.rps,
+        ms(figures.p50),
+        ms(figures.p99),
+        figures.rps / floor.rps,
+        ms(figures.p99) - ms(floor.p99),
+        figures
+            .cpu_per_request
+            .map_or("n/a".to_owned(), |cpu| format!(
+                "{:.0}",
+                cpu.as_secs_f64() * 1e6
+            )),
+    );
+}
+
+/// How many ledger writes each transaction and each flush carried between two readings.
+fn print_ledger(before: GroupCommitStats, after: GroupCommitStats) {
+    let writes = after.writes - before.writes;
+    let per = |count: u64| writes as f64 / count.max(1) as f64;
+    println!(
+        "{:<27} ledger: {writes} writes, {:.1} per transaction, {:.1} per flush",
+        "",
+        per(after.transactions - before.transactions),
+        per(after.flushes - before.flushes),
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let requests: u64 = std::env::var("LOADTEST_REQUESTS")
@@ -343,53 +374,59 @@ async fn main() {
         Ok(level) => vec![level.parse().expect("LOADTEST_CONCURRENCY is a number")],
         Err(_) => CONCURRENCY.to_vec(),
     };
+    // `LOADTEST_ROUNDS=5` repeats each level's targets, one after the other, and prints the
+    // median of each gateway's figures against the floor of the same round: on a noisy machine
+    // one round can be off by a factor of two.
+    let rounds: usize = std::env::var("LOADTEST_ROUNDS")
+        .map(|rounds| rounds.parse().expect("LOADTEST_ROUNDS is a number"))
+        .unwrap_or(1);
     for concurrency in levels {
         let count = if concurrency == 1 {
             requests / 5
         } else {
             requests
         };
-        let mut floor_figures: Option<Figures> = None;
-        for (index, target) in targets.iter().enumerate() {
-            drive(target, concurrency, 200).await; // warm-up
-            answered[index] += 200;
-            let before = target
-                .store
-                .as_ref()
-                .map(|store| store.group_commit_stats());
-            let figures = drive(target, concurrency, count).await;
-            answered[index] += count;
-            assert_eq!(
-                figures.ok, count,
-                "{}: not every call answered 200",
-                target.name
-            );
-            let floor = *floor_figures.get_or_insert(figures);
-            println!(
-                "{:<22} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>11.2}x {:>+13.3} {:>11}",
-                target.name,
-                concurrency,
-                figures.rps,
-                ms(figures.p50),
-                ms(figures.p99),
-                figures.rps / floor.rps,
-                ms(figures.p99) - ms(floor.p99),
-                figures
-                    .cpu_per_request
-                    .map_or("n/a".to_owned(), |cpu| format!(
-                        "{:.0}",
-                        cpu.as_secs_f64() * 1e6
-                    )),
-            );
-            if let (Some(store), Some(before)) = (&target.store, before) {
-                let after = store.group_commit_stats();
-                let writes = after.writes - before.writes;
-                let per = |count: u64| writes as f64 / count.max(1) as f64;
+        // Per target, each round's (throughput / floor's, p99 - floor's p99 in ms).
+        let mut against_floor = vec![Vec::new(); targets.len()];
+        for _ in 0..rounds {
+            let mut floor_figures: Option<Figures> = None;
+            for (index, target) in targets.iter().enumerate() {
+                drive(target, concurrency, 200).await; // warm-up
+                answered[index] += 200;
+                let before = target
+                    .store
+                    .as_ref()
+                    .map(|store| store.group_commit_stats());
+                let figures = drive(target, concurrency, count).await;
+                answered[index] += count;
+                assert_eq!(
+                    figures.ok, count,
+                    "{}: not every call answered 200",
+                    target.name
+                );
+                let floor = *floor_figures.get_or_insert(figures);
+                against_floor[index]
+                    .push((figures.rps / floor.rps, ms(figures.p99) - ms(floor.p99)));
+                print_figures(target, concurrency, &figures, &floor);
+                if let (Some(store), Some(before)) = (&target.store, before) {
+                    print_ledger(before, store.group_commit_stats());
+                }
+            }
+        }
+        if rounds > 1 {
+            for (target, rounds) in targets.iter().zip(&against_floor).skip(1) {
+                let median = |pick: fn(&(f64, f64)) -> f64| {
+                    let mut values: Vec<f64> = rounds.iter().map(pick).collect();
+                    values.sort_by(f64::total_cmp);
+                    values[values.len() / 2]
+                };
                 println!(
-                    "{:<27} ledger: {writes} writes, {:.1} per transaction, {:.1} per flush",
-                    "",
-                    per(after.transactions - before.transactions),
-                    per(after.flushes - before.flushes),
+                    "{:<22} {:>4} median of {} rounds: {:.2}x the floor, p99 {:+.3} ms above it",
+                    target.name,
+                    concurrency,
+                    rounds.len(),
+                    median(|round| round.0),
+                    median(|round| round.1),
                 );
             }
         }
