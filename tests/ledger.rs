@@ -556,6 +556,90 @@ async fn postgres_flushes_even_where_the_server_commits_asynchronously() {
     db.drop_schema().await;
 }
 
+/// Where the store's role may not write the flush's WAL message (`EXECUTE` on
+/// `pg_logical_emit_message` revoked, as a provider might), the store still charges: it finds
+/// out when it connects and commits each batch synchronously, so every write is durable when it
+/// is answered (checked in the WAL, as above), and nothing goes through the flusher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_without_the_flush_message_commits_each_batch_synchronously() {
+    let Some(url) = postgres_url() else {
+        return;
+    };
+    // A database and a role of this test's own: function privileges are per database, and a
+    // superuser would pass every privilege check.
+    let name = unique_name();
+    let admin = sea_orm::Database::connect(&url).await.unwrap();
+    for sql in [
+        format!("CREATE ROLE {name} LOGIN"),
+        format!("CREATE DATABASE {name} OWNER {name}"),
+    ] {
+        admin.execute_unprepared(&sql).await.unwrap();
+    }
+    let on_database = |user: Option<&str>| {
+        let mut url = reqwest::Url::parse(&url).unwrap();
+        if let Some(user) = user {
+            url.set_username(user).unwrap();
+        }
+        url.set_path(&name);
+        url.to_string()
+    };
+    let superuser = sea_orm::Database::connect(&on_database(None))
+        .await
+        .unwrap();
+    superuser
+        .execute_unprepared(
+            "DO $$ DECLARE f regprocedure; BEGIN \
+             FOR f IN SELECT oid::regprocedure FROM pg_proc \
+             WHERE proname = 'pg_logical_emit_message' LOOP \
+             EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); \
+             END LOOP; END $$; \
+             CREATE EXTENSION pg_walinspect SCHEMA public",
+        )
+        .await
+        .unwrap();
+
+    let store = model_gateway::SeaOrmStore::connect(&on_database(Some(&name)))
+        .await
+        .unwrap();
+    let refused = store
+        .connection()
+        .execute_unprepared("SELECT pg_logical_emit_message(true, 'test', 'refused')")
+        .await;
+    assert!(refused.is_err(), "the role may still write the message");
+    let caller = caller_with(&store, 10, 0).await;
+    let flushed = "SELECT pg_current_wal_flush_lsn()::text";
+    for round in 0..4 {
+        let before = pg_text(&superuser, flushed).await;
+        let reservation = store.reserve(charge(caller, 1)).await.unwrap();
+        let after = pg_text(&superuser, flushed).await;
+        assert!(
+            commit_of_entry_flushed(&superuser, reservation.call, &before, &after).await,
+            "round {round}: reservation answered before its commit was flushed"
+        );
+        let before = pg_text(&superuser, flushed).await;
+        assert!(store.settle(reservation.call, success()).await.unwrap());
+        let after = pg_text(&superuser, flushed).await;
+        assert!(
+            commit_of_entry_flushed(&superuser, reservation.call, &before, &after).await,
+            "round {round}: settle answered before its commit was flushed"
+        );
+    }
+    assert_eq!(store.group_commit_stats().flushes, 0);
+    assert_eq!(
+        store.balance(caller.account).await.unwrap().total(),
+        Credits(6)
+    );
+
+    store.connection().clone().close().await.unwrap();
+    superuser.close().await.unwrap();
+    for sql in [
+        format!("DROP DATABASE {name} WITH (FORCE)"),
+        format!("DROP ROLE {name}"),
+    ] {
+        admin.execute_unprepared(&sql).await.unwrap();
+    }
+}
+
 async fn assert_each_write_is_answered_once_flushed(db: &TestDb) {
     let sql = db.store.connection();
     sql.execute_unprepared("CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public")

@@ -60,7 +60,7 @@ pub fn postgres_url() -> Option<String> {
 }
 
 /// A unique name for one test's schema or database.
-fn unique_name() -> String {
+pub fn unique_name() -> String {
     static SERIAL: AtomicU32 = AtomicU32::new(0);
     format!(
         "mg_test_{}_{}_{}",

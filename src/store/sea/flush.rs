@@ -24,11 +24,14 @@
 //! trusted. On PostgreSQL a failed flush is a lost connection (the server itself stops on a
 //! failed fsync); a settle retried after it waits for a later flush, which covers the first
 //! commit too.
+//!
+//! The PostgreSQL flush writes a WAL message; a store whose role may not (see
+//! [`postgres_flush_allowed`]) has no flusher and commits each batch synchronously.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use sea_orm::{ConnectionTrait, DatabaseConnection};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, RuntimeErr};
 use tokio::sync::mpsc;
 
 use super::batch::Outcome;
@@ -181,6 +184,32 @@ const POSTGRES_FLUSH: &str = "SELECT set_config('synchronous_commit', \
      CASE current_setting('synchronous_commit') WHEN 'off' THEN 'local' \
      ELSE current_setting('synchronous_commit') END, true), \
      pg_logical_emit_message(true, 'model-gateway', 'flush')";
+
+/// Whether this database lets the store's role write the flush (see [`POSTGRES_FLUSH`]), tried
+/// once when the store connects. Where it may not (`EXECUTE` on `pg_logical_emit_message`
+/// revoked, or a PostgreSQL-compatible server without the function), `false`: the committer
+/// then commits each batch synchronously, as durable and slower under contention, instead of
+/// failing every charged call. Any other error (the server is unreachable, say) is returned.
+pub(super) async fn postgres_flush_allowed(db: &DatabaseConnection) -> Result<bool, StoreError> {
+    let Err(error) = db.execute_unprepared(POSTGRES_FLUSH).await else {
+        return Ok(true);
+    };
+    let code = match &error {
+        DbErr::Exec(RuntimeErr::SqlxError(sqlx)) | DbErr::Query(RuntimeErr::SqlxError(sqlx)) => {
+            sqlx.as_database_error().and_then(|error| error.code())
+        }
+        _ => None,
+    };
+    // insufficient_privilege, undefined_function
+    if matches!(code.as_deref(), Some("42501" | "42883")) {
+        tracing::warn!(
+            %error,
+            "the ledger cannot write its flush message; its batches will commit synchronously"
+        );
+        return Ok(false);
+    }
+    Err(error.into())
+}
 
 /// Starts the PostgreSQL flusher on the current Tokio runtime, on the store's pool.
 pub(super) fn start_postgres(db: DatabaseConnection, mut flusher: Flusher) {

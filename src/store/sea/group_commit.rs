@@ -81,12 +81,17 @@ fn stopped() -> StoreError {
 }
 
 impl Committer {
-    /// Starts the committer task on the current Tokio runtime. On PostgreSQL its batches commit
-    /// asynchronously and a flusher task makes them durable (see [`super::flush`]).
-    pub(super) fn start(db: DatabaseConnection, max_batch: usize) -> Committer {
+    /// Starts the committer task on the current Tokio runtime. With `postgres_flusher` its
+    /// batches commit asynchronously and a flusher task makes them durable (see
+    /// [`super::flush`]); otherwise each commit is durable when it returns.
+    pub(super) fn start(
+        db: DatabaseConnection,
+        max_batch: usize,
+        postgres_flusher: bool,
+    ) -> Committer {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
-        let durability = if db.get_database_backend() == DbBackend::Postgres {
+        let durability = if postgres_flusher && db.get_database_backend() == DbBackend::Postgres {
             // Reservations wait for the flush; a failed flush does not halt (see `flush`).
             let (flusher, durability) = Flusher::new(stats.clone(), true, false);
             flush::start_postgres(db.clone(), flusher);

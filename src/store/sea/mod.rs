@@ -78,6 +78,9 @@ pub struct SeaOrmStore {
     keys: Arc<KeyCache>,
     /// The database file, when it is a SQLite file: its ledger writes bypass sqlx.
     sqlite_file: Option<Arc<Path>>,
+    /// On PostgreSQL, whether the ledger's batches may commit asynchronously and be made
+    /// durable by the flusher (see [`flush::postgres_flush_allowed`]).
+    postgres_flusher: bool,
 }
 
 impl From<DbErr> for StoreError {
@@ -121,11 +124,20 @@ impl SeaOrmStore {
         let sqlite_file = sqlite_file(options.get_url()).map(Arc::from);
         let db = Database::connect(options).await?;
         Migrator::up(&db, None).await?;
+        let postgres_flusher = db.get_database_backend() == sea_orm::DbBackend::Postgres
+            && flush::postgres_flush_allowed(&db).await?;
+        let committer = committer(
+            &db,
+            sqlite_file.as_deref(),
+            DEFAULT_MAX_BATCH,
+            postgres_flusher,
+        )?;
         Ok(SeaOrmStore {
-            committer: committer(&db, sqlite_file.as_deref(), DEFAULT_MAX_BATCH)?,
+            committer,
             db,
             keys: Arc::default(),
             sqlite_file,
+            postgres_flusher,
         })
     }
 
@@ -138,10 +150,16 @@ impl SeaOrmStore {
     /// Fails only if a SQLite file cannot be opened again for the new committer.
     pub fn with_max_batch(self, max_batch: usize) -> Result<SeaOrmStore, StoreError> {
         Ok(SeaOrmStore {
-            committer: committer(&self.db, self.sqlite_file.as_deref(), max_batch.max(1))?,
+            committer: committer(
+                &self.db,
+                self.sqlite_file.as_deref(),
+                max_batch.max(1),
+                self.postgres_flusher,
+            )?,
             db: self.db,
             keys: self.keys,
             sqlite_file: self.sqlite_file,
+            postgres_flusher: self.postgres_flusher,
         })
     }
 
@@ -265,11 +283,12 @@ fn sqlite_file(url: &str) -> Option<PathBuf> {
 }
 
 /// The committer for a store: on a SQLite file, a thread calling SQLite directly; otherwise a
-/// task on the sea-orm pool.
+/// task on the sea-orm pool, with PostgreSQL's flusher where it may run.
 fn committer(
     db: &DatabaseConnection,
     sqlite_file: Option<&Path>,
     max_batch: usize,
+    postgres_flusher: bool,
 ) -> Result<Committer, StoreError> {
     #[cfg(feature = "sqlite")]
     if let Some(file) = sqlite_file {
@@ -277,7 +296,7 @@ fn committer(
         return Committer::start_direct(connection, wal, max_batch);
     }
     let _ = sqlite_file;
-    Ok(Committer::start(db.clone(), max_batch))
+    Ok(Committer::start(db.clone(), max_batch, postgres_flusher))
 }
 
 /// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it reads
