@@ -640,6 +640,101 @@ async fn postgres_without_the_flush_message_commits_each_batch_synchronously() {
     }
 }
 
+/// Connects a store per set of options, all at once, as gateway instances starting together.
+async fn start_together(
+    options: Vec<sea_orm::ConnectOptions>,
+) -> Vec<Result<model_gateway::SeaOrmStore, model_gateway::StoreError>> {
+    let starting = options
+        .into_iter()
+        .map(|options| tokio::spawn(model_gateway::SeaOrmStore::connect_with(options)));
+    futures::future::join_all(starting)
+        .await
+        .into_iter()
+        .map(|started| started.unwrap())
+        .collect()
+}
+
+/// Every instance started and the schema's migrations were each recorded once.
+async fn assert_all_started_and_migrated_once(
+    started: Vec<Result<model_gateway::SeaOrmStore, model_gateway::StoreError>>,
+) {
+    use sea_orm_migration::MigratorTrait;
+    let mut stores = Vec::new();
+    for store in started {
+        stores.push(store.expect("an instance failed to start"));
+    }
+    let sql = stores[0].connection();
+    let row = sql
+        .query_one_raw(sea_orm::Statement::from_string(
+            sql.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM mg_migrations",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let applied: i64 = row.try_get("", "n").unwrap();
+    assert_eq!(
+        applied as usize,
+        model_gateway::Migrator::migrations().len()
+    );
+    for store in stores {
+        store.connection().clone().close().await.unwrap();
+    }
+}
+
+/// Four gateway instances starting together on an empty PostgreSQL schema all start (five
+/// times over): the migrations run one instance at a time instead of racing to create the same
+/// tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_instances_starting_together_on_an_empty_schema_all_start() {
+    let Some(url) = postgres_url() else {
+        return;
+    };
+    let admin = sea_orm::Database::connect(&url).await.unwrap();
+    for _ in 0..5 {
+        let schema = unique_name();
+        admin
+            .execute_unprepared(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        let options = (0..4)
+            .map(|_| {
+                let mut options = sea_orm::ConnectOptions::new(&url);
+                options.set_schema_search_path(&schema).max_connections(2);
+                options
+            })
+            .collect();
+        assert_all_started_and_migrated_once(start_together(options).await).await;
+        admin
+            .execute_unprepared(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    }
+}
+
+/// The same on an empty MySQL/MariaDB database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_instances_starting_together_on_an_empty_database_all_start() {
+    for _ in 0..5 {
+        let Some((server, database, url)) = empty_mysql_database().await else {
+            return;
+        };
+        let options = (0..4)
+            .map(|_| {
+                let mut options = sea_orm::ConnectOptions::new(&url);
+                options.max_connections(2);
+                options
+            })
+            .collect();
+        assert_all_started_and_migrated_once(start_together(options).await).await;
+        let admin = sea_orm::Database::connect(&server).await.unwrap();
+        admin
+            .execute_unprepared(&format!("DROP DATABASE {database}"))
+            .await
+            .unwrap();
+    }
+}
+
 async fn assert_each_write_is_answered_once_flushed(db: &TestDb) {
     let sql = db.store.connection();
     sql.execute_unprepared("CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public")

@@ -75,6 +75,20 @@ pub fn unique_name() -> String {
 
 /// A fresh database on the test MySQL/MariaDB server.
 pub async fn mysql_db() -> Option<TestDb> {
+    let (server, database, url) = empty_mysql_database().await?;
+    let store = Arc::new(SeaOrmStore::connect(&url).await.unwrap());
+    Some(TestDb {
+        store,
+        url,
+        _dir: None,
+        pg_schema: None,
+        mysql_database: Some((server, database)),
+    })
+}
+
+/// A new, empty database on the test MySQL/MariaDB server: the server's URL, the database's
+/// name and its URL. The caller drops it.
+pub async fn empty_mysql_database() -> Option<(String, String, String)> {
     let server = database_url("TEST_MYSQL_URL")?;
     let database = unique_name();
     let admin = Database::connect(&server).await.unwrap();
@@ -94,14 +108,7 @@ pub async fn mysql_db() -> Option<TestDb> {
     } else {
         format!("{root}/{database}?{params}")
     };
-    let store = Arc::new(SeaOrmStore::connect(&url).await.unwrap());
-    Some(TestDb {
-        store,
-        url,
-        _dir: None,
-        pg_schema: None,
-        mysql_database: Some((server, database)),
-    })
+    Some((server, database, url))
 }
 
 /// A fresh schema on the test PostgreSQL, so parallel tests and runs never collide.

@@ -123,7 +123,7 @@ impl SeaOrmStore {
         }
         let sqlite_file = sqlite_file(options.get_url()).map(Arc::from);
         let db = Database::connect(options).await?;
-        Migrator::up(&db, None).await?;
+        migrate(&db).await?;
         let postgres_flusher = db.get_database_backend() == sea_orm::DbBackend::Postgres
             && flush::postgres_flush_allowed(&db).await?;
         let committer = committer(
@@ -297,6 +297,51 @@ fn committer(
     }
     let _ = sqlite_file;
     Ok(Committer::start(db.clone(), max_batch, postgres_flusher))
+}
+
+/// Applies the migrations one store at a time. Several gateway instances starting together on
+/// an empty PostgreSQL or MySQL database would otherwise all try to create the same tables, and
+/// all but one would fail to start. PostgreSQL: the whole migration runs in one transaction
+/// (its DDL is transactional) that first takes an advisory lock for the schema, so the others
+/// wait and then find nothing to do. MySQL commits each DDL statement as it goes, so the
+/// migration runs on one session holding a named lock for the database.
+async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
+    let lock = match db.get_database_backend() {
+        sea_orm::DbBackend::Postgres => {
+            "SELECT pg_advisory_xact_lock(\
+             hashtextextended('model-gateway migrations ' || current_schema(), 0))"
+        }
+        sea_orm::DbBackend::MySql => {
+            "SELECT GET_LOCK(CONCAT('model-gateway migrations ', DATABASE()), 60) AS locked"
+        }
+        _ => return Migrator::up(db, None).await,
+    };
+    let session = db.begin().await?;
+    let locked = session
+        .query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            lock,
+        ))
+        .await?;
+    if db.get_database_backend() == sea_orm::DbBackend::MySql {
+        // 1: taken; 0: another instance held it for a minute; NULL: an error.
+        let taken = locked.and_then(|row| row.try_get::<Option<i64>>("", "locked").ok().flatten());
+        if taken != Some(1) {
+            return Err(DbErr::Custom(
+                "another gateway instance has held the migration lock for a minute".into(),
+            ));
+        }
+    }
+    let migrated = Migrator::up(&session, None).await;
+    if db.get_database_backend() == sea_orm::DbBackend::MySql {
+        // A named lock belongs to the session, which goes back to the pool: release it whether
+        // or not the migration succeeded.
+        session
+            .execute_unprepared("DO RELEASE_LOCK(CONCAT('model-gateway migrations ', DATABASE()))")
+            .await?;
+    }
+    migrated?;
+    session.commit().await
 }
 
 /// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it reads

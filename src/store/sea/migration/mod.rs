@@ -6,7 +6,12 @@ use sea_orm_migration::prelude::*;
 mod m20261122_000001_create_ledger;
 mod m20261122_000002_add_call_channel;
 
-/// Applies the gateway's schema: `Migrator::up(&db, None)`.
+/// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
+/// under a database lock, so that gateway instances starting together on an empty database do
+/// not race to create the same tables; an embedder running it directly on a database that
+/// several processes share should do likewise.
+///
+/// [`SeaOrmStore::connect`]: crate::SeaOrmStore::connect
 #[derive(Debug)]
 pub struct Migrator;
 
