@@ -312,7 +312,8 @@ async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
              hashtextextended('model-gateway migrations ' || current_schema(), 0))"
         }
         sea_orm::DbBackend::MySql => {
-            "SELECT GET_LOCK(CONCAT('model-gateway migrations ', DATABASE()), 60) AS locked"
+            "SELECT CAST(GET_LOCK(CONCAT('model-gateway migrations ', DATABASE()), 60) AS SIGNED) \
+             AS locked"
         }
         _ => return Migrator::up(db, None).await,
     };
