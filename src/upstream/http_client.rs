@@ -7,8 +7,9 @@
 //!   that is not JSON move on to the next channel and count against the breaker;
 //! - any other 4xx means the request itself is wrong: no other channel is tried, and the
 //!   provider's message is passed on to the client;
-//! - a 429's `Retry-After` is honoured within the call's deadline: when every channel has failed,
-//!   the call waits that long and tries that channel once more.
+//! - a 429's `Retry-After` (seconds, milliseconds or an HTTP date) is honoured within the
+//!   call's deadline: when every channel has failed, the call waits that long and tries that
+//!   channel once more.
 //!
 //! If every channel's breaker is open, they are all tried anyway: a call never fails untried.
 
@@ -303,15 +304,25 @@ fn is_retryable(status: StatusCode) -> bool {
         || status.is_redirection()
 }
 
-/// `retry-after-ms` (OpenAI) or `retry-after` in seconds. An HTTP date is not honoured.
+/// `retry-after-ms` (OpenAI), or `retry-after` in seconds or as an HTTP date (a date already
+/// past means now).
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let text = |name: &str| Some(headers.get(name)?.to_str().ok()?.trim());
     let number = |name: &str| -> Option<f64> {
-        let value: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
+        let value: f64 = text(name)?.parse().ok()?;
         (value.is_finite() && value >= 0.0).then_some(value)
+    };
+    let date = || {
+        let at = httpdate::parse_http_date(text("retry-after")?).ok()?;
+        Some(
+            at.duration_since(std::time::SystemTime::now())
+                .unwrap_or_default(),
+        )
     };
     number("retry-after-ms")
         .map(|ms| Duration::from_secs_f64(ms / 1000.0))
         .or_else(|| number("retry-after").map(Duration::from_secs_f64))
+        .or_else(date)
 }
 
 /// The provider's own error message: `{"error":{"message":...}}` (both OpenAI and Anthropic),
@@ -544,11 +555,27 @@ mod tests {
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
         headers.insert("retry-after-ms", HeaderValue::from_static("150"));
         assert_eq!(retry_after(&headers), Some(Duration::from_millis(150)));
-        let date = HeaderMap::from_iter([(
+        let past = HeaderMap::from_iter([(
             header::RETRY_AFTER,
             HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
         )]);
-        assert_eq!(retry_after(&date), None);
+        assert_eq!(retry_after(&past), Some(Duration::ZERO));
+        let garbled =
+            HeaderMap::from_iter([(header::RETRY_AFTER, HeaderValue::from_static("soon"))]);
+        assert_eq!(retry_after(&garbled), None);
+    }
+
+    #[test]
+    fn retry_after_reads_an_http_date() {
+        let in_three_seconds = std::time::SystemTime::now() + Duration::from_secs(3);
+        let date = httpdate::fmt_http_date(in_three_seconds);
+        let headers = HeaderMap::from_iter([(header::RETRY_AFTER, date.parse().unwrap())]);
+        let wait = retry_after(&headers).unwrap();
+        // The date has whole seconds: three from now, less what was cut off and what has passed.
+        assert!(
+            wait > Duration::from_secs(1) && wait <= Duration::from_secs(3),
+            "{wait:?}"
+        );
     }
 
     #[test]
