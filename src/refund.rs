@@ -16,6 +16,11 @@
 //! answered, the reservation is refunded; if the upstream had already answered, the call is
 //! settled and billed, because the provider did the work and the reply was ready.
 //!
+//! A reply goes out only for a call the ledger holds as `ok`. If the settle finds the entry
+//! already finished, the entry is read: `ok` (an earlier attempt landed but its answer was lost)
+//! is replied; `refunded` (recovery took the call back while the upstream worked) answers 502,
+//! and a store that stays unreachable 503, both unbilled.
+//!
 //! ```
 //! use std::sync::Arc;
 //! use bytes::Bytes;
@@ -66,7 +71,7 @@ use tower_service::Service;
 
 use crate::BoxFuture;
 use crate::error::GatewayError;
-use crate::store::{CallFailure, CallId, CallSuccess, Ledger, Reservation, TokenUsage};
+use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger, Reservation, TokenUsage};
 use crate::upstream::{ServedBy, UpstreamError};
 
 /// Default bound on one upstream call, whatever the upstream: beyond it the call is refunded.
@@ -221,15 +226,11 @@ where
                 ))),
             };
             match judge(outcome) {
-                Ok((reply, success)) => {
-                    if unsettled.settle(success).await {
-                        Ok(reply.map(Full::new))
-                    } else {
-                        // Not billed: the entry stays `pending` until recovery refunds it, so
-                        // the reply is not handed out either.
-                        Ok(GatewayError::StoreUnavailable.into_response())
-                    }
-                }
+                Ok((reply, success)) => match unsettled.settle(success).await {
+                    Ok(()) => Ok(reply.map(Full::new)),
+                    // Not billed, so the reply is not handed out either.
+                    Err(unbilled) => Ok(unbilled.into_response()),
+                },
                 Err((failure, client_message)) => {
                     tracing::warn!(
                         call = unsettled.call.0,
@@ -272,21 +273,43 @@ impl UnsettledCall {
         }
     }
 
-    /// Settles; `false` if the store stayed unreachable through every retry.
-    async fn settle(&mut self, success: CallSuccess) -> bool {
+    /// Settles. `Ok` once the call is billed; otherwise the reply must not be handed out, and
+    /// the error says why: the store stayed unreachable through every retry (the entry stays
+    /// `pending` until recovery refunds it), or the call was refunded meanwhile.
+    async fn settle(&mut self, success: CallSuccess) -> Result<(), GatewayError> {
         self.answered = Some(success.clone());
         let (ledger, call) = (self.ledger.clone(), self.call);
         let settled = with_retries(call, "settle", || ledger.settle(call, success.clone())).await;
         self.written = true;
-        settled
+        match settled {
+            Some(true) => Ok(()),
+            // Not `pending` any more: billed by an earlier attempt whose answer was lost, or
+            // refunded meanwhile (by recovery, if its age is shorter than this call lasted).
+            // Only a billed call may have its reply.
+            Some(false) => match with_retries(call, "read", || ledger.call_status(call)).await {
+                Some(Some(CallStatus::Ok)) => Ok(()),
+                Some(status) => {
+                    tracing::error!(
+                        call = call.0,
+                        ?status,
+                        "the call was finished by someone else while its upstream answered \
+                         (a recovery age shorter than the call?); its reply is withheld"
+                    );
+                    Err(GatewayError::UpstreamUnavailable)
+                }
+                None => Err(GatewayError::StoreUnavailable),
+            },
+            None => Err(GatewayError::StoreUnavailable),
+        }
     }
 
-    /// Refunds; `false` if the store stayed unreachable through every retry.
+    /// Refunds; `false` if the store stayed unreachable through every retry. A refund that
+    /// finds its entry no longer `pending` is done: its credits are back, or were never to be.
     async fn refund(&mut self, failure: CallFailure) -> bool {
         let (ledger, call) = (self.ledger.clone(), self.call);
         let refunded = with_retries(call, "refund", || ledger.refund(call, &failure)).await;
         self.written = true;
-        refunded
+        refunded.is_some()
     }
 }
 
@@ -329,30 +352,31 @@ const WRITE_RETRY_PAUSES: [Duration; 3] = [
     Duration::from_secs(1),
 ];
 
-/// Runs a settle or refund until the store answers. Both are guarded by the entry's status, so
-/// repeating one whose first attempt did land changes nothing. An entry whose write never
-/// lands stays `pending`, and recovery refunds it later.
-async fn with_retries<F, Fut>(call: CallId, what: &str, mut write: F) -> bool
+/// Runs a settle, a refund or a read until the store answers; `None` if it never does. Settles
+/// and refunds are guarded by the entry's status, so repeating one whose first attempt did land
+/// changes nothing. An entry whose write never lands stays `pending`, and recovery refunds it
+/// later.
+async fn with_retries<F, Fut, T>(call: CallId, what: &str, mut write: F) -> Option<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool, crate::StoreError>>,
+    Fut: Future<Output = Result<T, crate::StoreError>>,
 {
     for pause in WRITE_RETRY_PAUSES.iter().map(Some).chain([None]) {
         match write().await {
-            Ok(_) => return true,
+            Ok(answer) => return Some(answer),
             Err(error) => {
                 tracing::error!(call = call.0, %error, "{what} failed");
                 match pause {
                     Some(pause) => tokio::time::sleep(*pause).await,
                     None => {
                         tracing::error!(call = call.0, "{what} left for recovery");
-                        return false;
+                        return None;
                     }
                 }
             }
         }
     }
-    false
+    None
 }
 
 /// Turns a panic while polling the inner future into an error value.

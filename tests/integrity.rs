@@ -120,13 +120,18 @@ async fn a_client_that_hangs_up_before_the_answer_is_not_charged() {
     db.assert_audit_holds().await;
 }
 
-/// A ledger in front of a [`MemoryStore`] that can misbehave: hang in `settle` while `blocked`
-/// (holding a call between the upstream's answer and the settle, where a client might hang up),
-/// fail the next `failing_settles` settles, or fail every reservation.
+/// A ledger in front of a [`MemoryStore`] that can misbehave: hold `settle` while `blocked`
+/// until `released` (a call between the upstream's answer and the settle, where a client might
+/// hang up or recovery step in), fail the next `failing_settles` settles, apply the next
+/// `lost_settle_answers` settles and then fail them, or fail every reservation.
 struct TestLedger {
     inner: Arc<MemoryStore>,
     blocked: AtomicBool,
     entered: tokio::sync::Notify,
+    /// Lets a settle held by `blocked` go on.
+    released: tokio::sync::Notify,
+    /// Settles that are applied and then answer an error, as a commit whose reply is lost.
+    lost_settle_answers: std::sync::atomic::AtomicUsize,
     failing_settles: std::sync::atomic::AtomicUsize,
     failing_reserves: AtomicBool,
 }
@@ -136,6 +141,8 @@ impl TestLedger {
         Arc::new(TestLedger {
             inner,
             blocked: AtomicBool::new(false),
+            released: tokio::sync::Notify::new(),
+            lost_settle_answers: std::sync::atomic::AtomicUsize::new(0),
             entered: tokio::sync::Notify::new(),
             failing_settles: std::sync::atomic::AtomicUsize::new(0),
             failing_reserves: AtomicBool::new(false),
@@ -158,7 +165,7 @@ impl Ledger for TestLedger {
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
         self.entered.notify_one();
         if self.blocked.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
+            self.released.notified().await;
         }
         let failing = self
             .failing_settles
@@ -166,13 +173,23 @@ impl Ledger for TestLedger {
         if failing.is_ok() {
             return Err(store_down());
         }
-        self.inner.settle(call, success).await
+        let settled = self.inner.settle(call, success).await;
+        let lost = self
+            .lost_settle_answers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if lost.is_ok() {
+            return Err(store_down());
+        }
+        settled
     }
     async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
         self.inner.refund(call, failure).await
     }
     async fn balance(&self, account: AccountId) -> Result<Balance, StoreError> {
         self.inner.balance(account).await
+    }
+    async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {
+        self.inner.call_status(call).await
     }
     async fn stale_reservations(
         &self,
@@ -218,6 +235,58 @@ async fn a_call_dropped_after_the_upstream_answered_is_billed() {
 
     let call = finished_call(store.as_ref(), account).await;
     assert_eq!(call.status, CallStatus::Ok);
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits(10 - CHAT_PRICE)
+    );
+}
+
+/// Recovery refunds a call while its upstream is still answering (its age was set shorter than
+/// the call lasted): the settle then finds the entry refunded, and the reply is not handed out.
+/// Handing it out would be a free reply.
+#[tokio::test]
+async fn a_call_refunded_by_recovery_while_its_upstream_answered_gets_no_reply() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = TestLedger::new(store.clone());
+    ledger.blocked.store(true, Ordering::SeqCst);
+    let call = tokio::spawn(stack_with_ledger(&store, &ledger).oneshot(chat_request(&key)));
+    ledger.entered.notified().await; // the upstream answered; the settle is held
+
+    let refunded = recover_stale_reservations(store.as_ref(), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(refunded.len(), 1);
+    ledger.released.notify_one();
+    let response = call.await.unwrap().unwrap();
+
+    assert_eq!(
+        response.status(),
+        502,
+        "a refunded call's reply was handed out"
+    );
+    let calls = store.recent_calls(account, 10).await.unwrap();
+    assert_eq!(calls[0].status, CallStatus::Refunded);
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+}
+
+/// A settle whose first attempt landed but whose answer was lost is billed once and answered:
+/// the retry finds the entry `ok`.
+#[tokio::test]
+async fn a_settle_that_landed_but_failed_to_answer_is_billed_once_and_replied() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = TestLedger::new(store.clone());
+    ledger.lost_settle_answers.store(1, Ordering::SeqCst);
+
+    let response = stack_with_ledger(&store, &ledger)
+        .oneshot(chat_request(&key))
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 200);
+    let calls = store.recent_calls(account, 10).await.unwrap();
+    assert_eq!(calls[0].status, CallStatus::Ok);
     assert_eq!(
         store.balance(account).await.unwrap().total(),
         Credits(10 - CHAT_PRICE)

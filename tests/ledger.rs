@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::*;
 use model_gateway::{
-    AccountId, Bucket, CallFailure, CallStatus, CallSuccess, Caller, ChargeRequest, Credits,
-    Ledger, MemoryStore, NewApiKey, Protocol, ReserveError, Store, TokenUsage,
+    AccountId, Bucket, CallFailure, CallId, CallStatus, CallSuccess, Caller, ChargeRequest,
+    Credits, Ledger, MemoryStore, NewApiKey, Protocol, ReserveError, Store, TokenUsage,
 };
 use sea_orm::ConnectionTrait;
 
@@ -134,6 +134,29 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
         statuses,
         [CallStatus::Ok, CallStatus::Refunded, CallStatus::Ok]
     );
+
+    // Each entry's status read alone, as a settle that finds its entry finished reads it.
+    let pending = store.reserve(charge(caller, 1)).await.unwrap();
+    let mut read = Vec::new();
+    for call in [
+        first.call,
+        split.call,
+        pending.call,
+        CallId(pending.call.0 + 1000),
+    ] {
+        read.push(store.call_status(call).await.unwrap());
+    }
+    assert_eq!(
+        read,
+        [
+            Some(CallStatus::Ok),
+            Some(CallStatus::Refunded),
+            Some(CallStatus::Pending),
+            None
+        ]
+    );
+    assert!(store.refund(pending.call, &failure()).await.unwrap());
+    trace.push(format!("statuses read alone {read:?}"));
     trace
 }
 

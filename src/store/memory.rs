@@ -119,6 +119,16 @@ impl Ledger for MemoryStore {
         Ok(true)
     }
 
+    async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {
+        let state = self.lock();
+        let index = usize::try_from(call.0)
+            .ok()
+            .and_then(|id| id.checked_sub(1));
+        Ok(index
+            .and_then(|index| state.calls.get(index))
+            .map(|record| record.status))
+    }
+
     async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
         let mut state = self.lock();
         let Some(record) = pending_call(&mut state, call) else {

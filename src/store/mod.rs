@@ -232,6 +232,11 @@ pub trait Ledger: Send + Sync {
     /// The account's credits, bucket by bucket.
     async fn balance(&self, account: AccountId) -> Result<Balance, StoreError>;
 
+    /// A call-log entry's status; `None` if there is no such entry. A settle that finds its
+    /// entry no longer `pending` asks this to learn whether the call was billed (an earlier
+    /// attempt whose answer was lost) or refunded meanwhile.
+    async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError>;
+
     /// Calls still `pending` that were reserved before `cutoff`, oldest first, at most `limit`.
     async fn stale_reservations(
         &self,

@@ -423,6 +423,21 @@ impl Ledger for SeaOrmStore {
         self.committer.refund(call, failure.clone()).await
     }
 
+    async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {
+        let status: Option<String> = call::Entity::find_by_id(call.0)
+            .select_only()
+            .column(call::Column::Status)
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        status
+            .map(|status| {
+                CallStatus::parse(&status)
+                    .ok_or_else(|| StoreError::msg(format!("unknown status {status}")))
+            })
+            .transpose()
+    }
+
     async fn stale_reservations(
         &self,
         cutoff: chrono::DateTime<Utc>,
