@@ -306,7 +306,9 @@ fn committer(
 /// wait and then find nothing to do. MySQL commits each DDL statement as it goes, so the
 /// migration runs on one session holding a named lock for the database.
 async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
-    let lock = match db.get_database_backend() {
+    let backend = db.get_database_backend();
+    let mysql = backend == sea_orm::DbBackend::MySql;
+    let lock = match backend {
         sea_orm::DbBackend::Postgres => {
             "SELECT pg_advisory_xact_lock(\
              hashtextextended('model-gateway migrations ' || current_schema(), 0))"
@@ -319,12 +321,9 @@ async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     };
     let session = db.begin().await?;
     let locked = session
-        .query_one_raw(sea_orm::Statement::from_string(
-            db.get_database_backend(),
-            lock,
-        ))
+        .query_one_raw(sea_orm::Statement::from_string(backend, lock))
         .await?;
-    if db.get_database_backend() == sea_orm::DbBackend::MySql {
+    if mysql {
         // 1: taken; 0: another instance held it for a minute; NULL: an error.
         let taken = locked.and_then(|row| row.try_get::<Option<i64>>("", "locked").ok().flatten());
         if taken != Some(1) {
@@ -334,7 +333,7 @@ async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
         }
     }
     let migrated = Migrator::up(&session, None).await;
-    if db.get_database_backend() == sea_orm::DbBackend::MySql {
+    if mysql {
         // A named lock belongs to the session, which goes back to the pool: release it whether
         // or not the migration succeeded.
         session
