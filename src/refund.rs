@@ -369,7 +369,7 @@ where
                 match pause {
                     Some(pause) => tokio::time::sleep(*pause).await,
                     None => {
-                        tracing::error!(call = call.0, "{what} left for recovery");
+                        tracing::error!(call = call.0, "{what} given up after retries");
                         return None;
                     }
                 }

@@ -270,35 +270,12 @@ async fn a_call_refunded_by_recovery_while_its_upstream_answered_gets_no_reply()
     assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
 }
 
-/// A settle whose first attempt landed but whose answer was lost is billed once and answered:
-/// the retry finds the entry `ok`.
-#[tokio::test]
-async fn a_settle_that_landed_but_failed_to_answer_is_billed_once_and_replied() {
+/// One call through a ledger that `misbehave` sets up: answered 200, its entry `ok`, billed once.
+async fn assert_answered_and_billed_once(misbehave: impl FnOnce(&TestLedger)) {
     let store = Arc::new(MemoryStore::new());
     let (account, key) = funded(&store, 10).await;
     let ledger = TestLedger::new(store.clone());
-    ledger.lost_settle_answers.store(1, Ordering::SeqCst);
-
-    let response = stack_with_ledger(&store, &ledger)
-        .oneshot(chat_request(&key))
-        .await
-        .unwrap();
-
-    assert_eq!(response.status(), 200);
-    let calls = store.recent_calls(account, 10).await.unwrap();
-    assert_eq!(calls[0].status, CallStatus::Ok);
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits(10 - CHAT_PRICE)
-    );
-}
-
-#[tokio::test]
-async fn a_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
-    ledger.failing_settles.store(2, Ordering::SeqCst);
+    misbehave(&ledger);
 
     let response = stack_with_ledger(&store, &ledger)
         .oneshot(chat_request(&key))
@@ -314,6 +291,22 @@ async fn a_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
         store.balance(account).await.unwrap().total(),
         Credits(10 - CHAT_PRICE)
     );
+}
+
+/// A settle whose first attempt landed but whose answer was lost is billed once and answered:
+/// the retry finds the entry `ok`.
+#[tokio::test]
+async fn a_settle_that_landed_but_failed_to_answer_is_billed_once_and_replied() {
+    assert_answered_and_billed_once(|ledger| {
+        ledger.lost_settle_answers.store(1, Ordering::SeqCst);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
+    assert_answered_and_billed_once(|ledger| ledger.failing_settles.store(2, Ordering::SeqCst))
+        .await;
 }
 
 #[tokio::test]

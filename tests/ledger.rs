@@ -542,6 +542,23 @@ async fn commit_of_entry_flushed(
     found == "true"
 }
 
+/// Runs `write`, which answers the call-log entry it wrote, and tells whether the commit of
+/// that write was already flushed when the answer came (read through `sql`, which may use
+/// `pg_walinspect`).
+async fn flushed_when_answered(
+    sql: &impl ConnectionTrait,
+    write: impl std::future::Future<Output = model_gateway::CallId>,
+) -> (model_gateway::CallId, bool) {
+    let flushed = "SELECT pg_current_wal_flush_lsn()::text";
+    let before = pg_text(sql, flushed).await;
+    let call = write.await;
+    let after = pg_text(sql, flushed).await;
+    (
+        call,
+        commit_of_entry_flushed(sql, call, &before, &after).await,
+    )
+}
+
 /// On PostgreSQL a batch commits without waiting for the disk (the hot account's lock is not
 /// held through an fsync), and the flusher makes it durable: no reservation, settle or refund
 /// is answered before the WAL holding its commit is flushed. Checked in the WAL itself: the
@@ -630,20 +647,20 @@ async fn postgres_without_the_flush_message_commits_each_batch_synchronously() {
         .await;
     assert!(refused.is_err(), "the role may still write the message");
     let caller = caller_with(&store, 10, 0).await;
-    let flushed = "SELECT pg_current_wal_flush_lsn()::text";
     for round in 0..4 {
-        let before = pg_text(&superuser, flushed).await;
-        let reservation = store.reserve(charge(caller, 1)).await.unwrap();
-        let after = pg_text(&superuser, flushed).await;
+        let reserve = async { store.reserve(charge(caller, 1)).await.unwrap().call };
+        let (call, flushed) = flushed_when_answered(&superuser, reserve).await;
         assert!(
-            commit_of_entry_flushed(&superuser, reservation.call, &before, &after).await,
+            flushed,
             "round {round}: reservation answered before its commit was flushed"
         );
-        let before = pg_text(&superuser, flushed).await;
-        assert!(store.settle(reservation.call, success()).await.unwrap());
-        let after = pg_text(&superuser, flushed).await;
+        let settle = async {
+            assert!(store.settle(call, success()).await.unwrap());
+            call
+        };
+        let (_, flushed) = flushed_when_answered(&superuser, settle).await;
         assert!(
-            commit_of_entry_flushed(&superuser, reservation.call, &before, &after).await,
+            flushed,
             "round {round}: settle answered before its commit was flushed"
         );
     }
@@ -763,26 +780,27 @@ async fn assert_each_write_is_answered_once_flushed(db: &TestDb) {
     sql.execute_unprepared("CREATE EXTENSION IF NOT EXISTS pg_walinspect SCHEMA public")
         .await
         .unwrap();
-    let flushed = "SELECT pg_current_wal_flush_lsn()::text";
-    let caller = caller_with(db.store.as_ref(), 100, 0).await;
+    let store = &db.store;
+    let caller = caller_with(store.as_ref(), 100, 0).await;
     for round in 0..10 {
-        let before = pg_text(sql, flushed).await;
-        let reservation = db.store.reserve(charge(caller, 1)).await.unwrap();
-        let after = pg_text(sql, flushed).await;
+        let reserve = async { store.reserve(charge(caller, 1)).await.unwrap().call };
+        let (call, flushed) = flushed_when_answered(sql, reserve).await;
         assert!(
-            commit_of_entry_flushed(sql, reservation.call, &before, &after).await,
+            flushed,
             "round {round}: reservation answered before its commit was flushed"
         );
 
-        let before = pg_text(sql, flushed).await;
-        if round % 2 == 0 {
-            assert!(db.store.settle(reservation.call, success()).await.unwrap());
-        } else {
-            assert!(db.store.refund(reservation.call, &failure()).await.unwrap());
-        }
-        let after = pg_text(sql, flushed).await;
+        let finish = async {
+            if round % 2 == 0 {
+                assert!(store.settle(call, success()).await.unwrap());
+            } else {
+                assert!(store.refund(call, &failure()).await.unwrap());
+            }
+            call
+        };
+        let (_, flushed) = flushed_when_answered(sql, finish).await;
         assert!(
-            commit_of_entry_flushed(sql, reservation.call, &before, &after).await,
+            flushed,
             "round {round}: settle or refund answered before its commit was flushed"
         );
     }
