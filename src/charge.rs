@@ -50,8 +50,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::BoxFuture;
+use crate::call::RoutedCall;
 use crate::error::GatewayError;
-use crate::router::RoutedCall;
 use crate::store::{Caller, ChargeRequest, Ledger, ReserveError};
 
 /// Configuration of [`CreditCharge`]: the ledger to charge.

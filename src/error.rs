@@ -105,6 +105,52 @@ impl GatewayError {
     }
 }
 
+/// An upstream call that failed. `message` is for the operator (the call log), never for the
+/// client; `client_message` is what the client may learn when the provider rejected the request
+/// itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct UpstreamError {
+    /// The upstream's HTTP status, when it answered.
+    pub status: Option<u16>,
+    /// What went wrong, for the operator.
+    pub message: String,
+    /// The provider's own explanation of why it refused the request (a 4xx other than 401, 403
+    /// and 429), passed on to the client.
+    pub client_message: Option<String>,
+}
+
+impl UpstreamError {
+    /// The upstream could not be reached or did not answer in time.
+    pub fn transport(message: impl Into<String>) -> UpstreamError {
+        UpstreamError {
+            status: None,
+            message: message.into(),
+            client_message: None,
+        }
+    }
+
+    /// The upstream answered with a non-success status; keeps an excerpt of its body.
+    pub fn status(status: u16, body: &[u8]) -> UpstreamError {
+        UpstreamError {
+            status: Some(status),
+            message: format!("upstream answered {status}: {}", excerpt(body)),
+            client_message: None,
+        }
+    }
+}
+
+/// How much of an upstream's error body is kept in the call log.
+const ERROR_EXCERPT_CHARS: usize = 512;
+
+/// The start of a body as text, for the call log.
+pub(crate) fn excerpt(body: &[u8]) -> String {
+    String::from_utf8_lossy(body)
+        .chars()
+        .take(ERROR_EXCERPT_CHARS)
+        .collect()
+}
+
 /// `{"detail": text}` as JSON bytes, with `text` escaped.
 pub(crate) fn detail_body(text: &str) -> Bytes {
     Bytes::from(serde_json::json!({ "detail": text }).to_string())

@@ -19,17 +19,35 @@
 //!
 //! ## Request extensions
 //!
-//! Layers talk to each other only through typed request extensions:
+//! Layers talk to each other only through typed request extensions, defined in one module below
+//! the layers (`call`), so that the upstreams read them without knowing any layer:
 //!
 //! | Extension        | Added by            | Read by                                   |
 //! |------------------|---------------------|-------------------------------------------|
 //! | [`Caller`]       | [`ApiKeyAuth`]      | [`CreditCharge`]                          |
-//! | [`RoutedCall`]   | [`ProtocolRouter`]  | [`CreditCharge`], the upstream            |
+//! | [`RoutedCall`]   | [`ProtocolRouter`]  | [`CreditCharge`], [`RefundOnUpstreamError`] (streams), the upstream |
 //! | [`Reservation`]  | [`CreditCharge`]    | [`RefundOnUpstreamError`]                 |
+//! | [`ServedBy`] (on the response) | [`HttpUpstream`] | [`RefundOnUpstreamError`]     |
 //!
 //! [`ProtocolRouter`] also turns the body into [`Bytes`](bytes::Bytes), exactly as the client
 //! sent it; layers inside it see `Request<Bytes>`.
 //!
+//! ## Where things live
+//!
+//! Dependencies run one way, from the bottom up; a module uses only what is below it:
+//!
+//! 1. Plain types: `credits`, `keys`, `protocol` (the two wire formats: usage, provider error
+//!    messages, and `protocol::sse` for their event streams), `call` (the extensions and ids),
+//!    `error` ([`GatewayError`], [`UpstreamError`]), `classify` (what a provider's answer
+//!    means: billable, retry elsewhere, refused; `Retry-After`), `catalogue`.
+//! 2. Storage: the traits in `store`, and the backends `store::memory` and `store::sea`
+//!    (inside it: `batch` decides, `jobs` is the committer's vocabulary, `flush` and `batches`
+//!    answer, `group_commit` and `sqlite_direct` write).
+//! 3. Upstreams: `upstream` ([`MockUpstream`], [`HttpUpstream`] with its breaker).
+//! 4. The four layers, each in its own module: `auth`, `router`, `charge`, and `refund` (a
+//!    folder: layer, service, the guard that writes a call's outcome once, the streaming body).
+//! 5. The stack ([`stack`]) and recovery.
+
 //! ## Errors
 //!
 //! Every refusal is a [`GatewayError`], mapped to its status and `{"detail": ...}` body in one
@@ -53,8 +71,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 mod auth;
+mod call;
 mod catalogue;
 mod charge;
+mod classify;
 mod credits;
 mod error;
 mod keys;
@@ -66,6 +86,7 @@ mod store;
 mod upstream;
 
 pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
+pub use call::RoutedCall;
 pub use catalogue::{
     Catalogue, CatalogueError, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
     DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE,
@@ -73,15 +94,16 @@ pub use catalogue::{
 };
 pub use charge::{CreditCharge, CreditChargeLayer};
 pub use credits::{Balance, Bucket, Credits, Split};
-pub use error::GatewayError;
+pub use error::{GatewayError, UpstreamError};
 pub use keys::{KEY_PREFIX, KeyHash, NewApiKey};
 pub use protocol::Protocol;
+pub use protocol::reply_usage;
 pub use recovery::recover_stale_reservations;
 pub use refund::{
     CANCELLED_BEFORE_ANSWER, DEFAULT_UPSTREAM_BOUND, RefundOnUpstreamError,
-    RefundOnUpstreamErrorLayer, reply_usage,
+    RefundOnUpstreamErrorLayer,
 };
-pub use router::{DEFAULT_MAX_BODY_BYTES, ProtocolRouter, ProtocolRouterLayer, RoutedCall, route};
+pub use router::{DEFAULT_MAX_BODY_BYTES, ProtocolRouter, ProtocolRouterLayer, route};
 pub use store::{
     AccountAudit, AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus,
     CallSuccess, Caller, ChargeRequest, DEFAULT_MAX_BATCH, GroupCommitStats, KeyId, KeyStore,
@@ -89,7 +111,7 @@ pub use store::{
     TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
-pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream, UpstreamError};
+pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};
 
 /// The boxed, `Send` future the layers return.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;

@@ -35,7 +35,6 @@
 //! # }
 //! ```
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -48,41 +47,14 @@ use serde_json::value::RawValue;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::catalogue::{Catalogue, ModelRoute};
+use crate::call::RoutedCall;
+use crate::catalogue::Catalogue;
 use crate::error::GatewayError;
 use crate::protocol::Protocol;
 use crate::{BoxError, BoxFuture};
 
 /// Default body limit: 32 MiB, room for a few base64 images.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
-
-/// The resolved call. Request extension added by [`ProtocolRouter`].
-#[derive(Debug, Clone)]
-pub struct RoutedCall {
-    /// The endpoint called.
-    pub protocol: Protocol,
-    /// The catalogue entry: name, price, upstream.
-    pub model: Arc<ModelRoute>,
-    /// Byte range of the `model` value (with its quotes) in the body, for renaming it upstream
-    /// without re-serialising anything else.
-    pub model_span: Range<usize>,
-}
-
-impl RoutedCall {
-    /// The body to send upstream: the client's bytes, with `model` replaced by `upstream_model`
-    /// (a channel's name for the model) when there is one. Nothing else is touched.
-    pub fn upstream_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
-        let Some(upstream_model) = upstream_model else {
-            return body.clone();
-        };
-        let quoted = serde_json::to_string(upstream_model).expect("a string serialises");
-        let mut renamed = Vec::with_capacity(body.len() + quoted.len());
-        renamed.extend_from_slice(&body[..self.model_span.start]);
-        renamed.extend_from_slice(quoted.as_bytes());
-        renamed.extend_from_slice(&body[self.model_span.end..]);
-        Bytes::from(renamed)
-    }
-}
 
 /// Configuration of [`ProtocolRouter`]: the catalogue and the body limit.
 #[derive(Debug, Clone)]

@@ -16,39 +16,18 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::credits::{Balance, Bucket, Credits, Split};
+pub use crate::call::{AccountId, CallId, Caller, KeyId, Reservation};
+use crate::credits::{Balance, Bucket, Credits};
+use crate::error::UpstreamError;
 use crate::keys::KeyHash;
 use crate::protocol::Protocol;
+pub use crate::protocol::TokenUsage;
 
 mod memory;
 mod sea;
 
 pub use memory::MemoryStore;
 pub use sea::{AccountAudit, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
-
-/// An account: the owner of one credit pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct AccountId(pub i64);
-
-/// One API key of an account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(transparent)]
-pub struct KeyId(pub i64);
-
-/// One call-log entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
-pub struct CallId(pub i64);
-
-/// The authenticated caller. Request extension added by [`ApiKeyAuth`](crate::ApiKeyAuth).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller {
-    /// Whose credits pay.
-    pub account: AccountId,
-    /// Which key was presented.
-    pub key: KeyId,
-}
 
 /// What [`Ledger::reserve`] is asked to charge.
 #[derive(Debug, Clone, Copy)]
@@ -61,28 +40,6 @@ pub struct ChargeRequest<'a> {
     pub model: &'a str,
     /// The model's price.
     pub price: Credits,
-}
-
-/// Credits taken for a call that is under way. Request extension added by
-/// [`CreditCharge`](crate::CreditCharge), consumed by
-/// [`RefundOnUpstreamError`](crate::RefundOnUpstreamError).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reservation {
-    /// The `pending` call-log entry.
-    pub call: CallId,
-    /// Whose credits were taken.
-    pub account: AccountId,
-    /// How many from each bucket.
-    pub taken: Split,
-}
-
-/// Token counts as the upstream reported them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct TokenUsage {
-    /// Prompt (input) tokens.
-    pub input_tokens: Option<i64>,
-    /// Completion (output) tokens.
-    pub output_tokens: Option<i64>,
 }
 
 /// A successful upstream call, recorded when it is settled.
@@ -297,5 +254,14 @@ pub(crate) fn check_grant_amount(amount: Credits) -> Result<(), StoreError> {
         Err(StoreError::msg(format!(
             "a grant must be positive, got {amount}"
         )))
+    }
+}
+
+impl From<UpstreamError> for CallFailure {
+    fn from(error: UpstreamError) -> CallFailure {
+        CallFailure {
+            upstream_status: error.status,
+            error: error.message,
+        }
     }
 }

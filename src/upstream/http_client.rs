@@ -20,15 +20,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
-use serde::Deserialize;
 use tower_service::Service;
 
 use super::breaker::CircuitBreaker;
-use super::{ServedBy, UpstreamError, excerpt};
 use crate::BoxFuture;
+use crate::call::{RoutedCall, ServedBy};
 use crate::catalogue::{Catalogue, ModelChannel, UpstreamConfig, UpstreamKind};
-use crate::refund::reply_usage;
-use crate::router::RoutedCall;
+use crate::classify::{complete_reply, is_retryable, retry_after};
+use crate::error::{UpstreamError, excerpt};
+use crate::protocol::provider_message;
 
 /// `anthropic-version` sent when the client sent none.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -51,9 +51,6 @@ const ANTHROPIC_PASSED_HEADERS: &[&str] = &[
     "tracestate",
     "x-request-id",
 ];
-
-/// Longest provider message passed on to a client.
-const CLIENT_MESSAGE_CHARS: usize = 300;
 
 /// Calls the providers named in the catalogue.
 #[derive(Clone)]
@@ -254,12 +251,8 @@ impl Channel {
             .map_err(|error| retryable(Some(status.as_u16()), transport_error(error)))?;
 
         if status.is_success() {
-            let Some(usage) = reply_usage(&body) else {
-                return Err(retryable(
-                    Some(status.as_u16()),
-                    format!("answered {status} with a body that is not a JSON object"),
-                ));
-            };
+            let usage = complete_reply(status, &body)
+                .map_err(|error| retryable(error.status, error.message))?;
             let mut response = Response::new(body);
             *response.status_mut() = status;
             let content_type = reply_headers
@@ -292,60 +285,6 @@ impl Channel {
             client_message: provider_message(&body).map(|text| self.scrub(text)),
         }))
     }
-}
-
-/// Failures another channel may not share: rate limits, server errors, and the channel's own
-/// credentials being refused (401/403), which says nothing about the client's request.
-fn is_retryable(status: StatusCode) -> bool {
-    status == StatusCode::TOO_MANY_REQUESTS
-        || status == StatusCode::UNAUTHORIZED
-        || status == StatusCode::FORBIDDEN
-        || status.is_server_error()
-        || status.is_redirection()
-}
-
-/// `retry-after-ms` (OpenAI), or `retry-after` in seconds or as an HTTP date (a date already
-/// past means now).
-fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let text = |name: &str| Some(headers.get(name)?.to_str().ok()?.trim());
-    let number = |name: &str| -> Option<f64> {
-        let value: f64 = text(name)?.parse().ok()?;
-        (value.is_finite() && value >= 0.0).then_some(value)
-    };
-    let date = || {
-        let at = httpdate::parse_http_date(text("retry-after")?).ok()?;
-        Some(
-            at.duration_since(std::time::SystemTime::now())
-                .unwrap_or_default(),
-        )
-    };
-    number("retry-after-ms")
-        .map(|ms| Duration::from_secs_f64(ms / 1000.0))
-        .or_else(|| number("retry-after").map(Duration::from_secs_f64))
-        .or_else(date)
-}
-
-/// The provider's own error message: `{"error":{"message":...}}` (both OpenAI and Anthropic),
-/// `{"error":"..."}` or `{"message":"..."}`.
-fn provider_message(body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum ErrorField {
-        Text(String),
-        Object { message: String },
-    }
-    #[derive(Deserialize)]
-    struct ErrorBody {
-        error: Option<ErrorField>,
-        message: Option<String>,
-    }
-    let parsed: ErrorBody = serde_json::from_slice(body).ok()?;
-    let message = match parsed.error {
-        Some(ErrorField::Text(text)) | Some(ErrorField::Object { message: text }) => text,
-        None => parsed.message?,
-    };
-    let message = message.trim();
-    (!message.is_empty()).then(|| message.chars().take(CLIENT_MESSAGE_CHARS).collect())
 }
 
 /// A transport failure, described without the URL (it may carry credentials in a query), with
@@ -520,77 +459,6 @@ fn record(
             failures.push(format!("{label}: {message}"));
             *last_status = status.or(*last_status);
             Next::GoOn(retry_after)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn provider_messages_are_read_from_both_error_shapes() {
-        let openai =
-            br#"{"error":{"message":"Invalid 'messages[0].role'","type":"invalid_request_error"}}"#;
-        assert_eq!(
-            provider_message(openai).as_deref(),
-            Some("Invalid 'messages[0].role'")
-        );
-        let anthropic = br#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: too large"}}"#;
-        assert_eq!(
-            provider_message(anthropic).as_deref(),
-            Some("max_tokens: too large")
-        );
-        assert_eq!(
-            provider_message(br#"{"message":"plain"}"#).as_deref(),
-            Some("plain")
-        );
-        assert_eq!(provider_message(b"<html>"), None);
-    }
-
-    #[test]
-    fn retry_after_reads_seconds_and_milliseconds() {
-        let mut headers = HeaderMap::new();
-        headers.insert("retry-after", HeaderValue::from_static("2"));
-        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
-        headers.insert("retry-after-ms", HeaderValue::from_static("150"));
-        assert_eq!(retry_after(&headers), Some(Duration::from_millis(150)));
-        let past = HeaderMap::from_iter([(
-            header::RETRY_AFTER,
-            HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
-        )]);
-        assert_eq!(retry_after(&past), Some(Duration::ZERO));
-        let garbled =
-            HeaderMap::from_iter([(header::RETRY_AFTER, HeaderValue::from_static("soon"))]);
-        assert_eq!(retry_after(&garbled), None);
-    }
-
-    #[test]
-    fn retry_after_reads_an_http_date() {
-        let in_three_seconds = std::time::SystemTime::now() + Duration::from_secs(3);
-        let date = httpdate::fmt_http_date(in_three_seconds);
-        let headers = HeaderMap::from_iter([(header::RETRY_AFTER, date.parse().unwrap())]);
-        let wait = retry_after(&headers).unwrap();
-        // The date has whole seconds: three from now, less what was cut off and what has passed.
-        assert!(
-            wait > Duration::from_secs(1) && wait <= Duration::from_secs(3),
-            "{wait:?}"
-        );
-    }
-
-    #[test]
-    fn only_request_errors_are_final() {
-        for status in [400, 404, 413, 422] {
-            assert!(
-                !is_retryable(StatusCode::from_u16(status).unwrap()),
-                "{status}"
-            );
-        }
-        for status in [401, 403, 429, 500, 502, 503, 529] {
-            assert!(
-                is_retryable(StatusCode::from_u16(status).unwrap()),
-                "{status}"
-            );
         }
     }
 }

@@ -11,8 +11,8 @@ use serde_json::json;
 use tower_service::Service;
 
 use super::UpstreamError;
+use crate::call::RoutedCall;
 use crate::protocol::Protocol;
-use crate::router::RoutedCall;
 
 /// The text of every mock reply.
 pub const MOCK_REPLY_TEXT: &str =

@@ -15,74 +15,15 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::BoxFuture;
-use crate::store::CallFailure;
 
 mod breaker;
 mod http_client;
 pub(crate) mod mock;
 
+pub use crate::call::ServedBy;
+pub use crate::error::UpstreamError;
 pub use http_client::HttpUpstream;
 pub use mock::MockUpstream;
-
-/// How much of an upstream's error body is kept in the call log.
-const ERROR_EXCERPT_CHARS: usize = 512;
-
-/// An upstream call that failed. `message` is for the operator (the call log), never for the
-/// client; `client_message` is what the client may learn when the provider rejected the request
-/// itself.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct UpstreamError {
-    /// The upstream's HTTP status, when it answered.
-    pub status: Option<u16>,
-    /// What went wrong, for the operator.
-    pub message: String,
-    /// The provider's own explanation of why it refused the request (a 4xx other than 401, 403
-    /// and 429), passed on to the client.
-    pub client_message: Option<String>,
-}
-
-impl UpstreamError {
-    /// The upstream could not be reached or did not answer in time.
-    pub fn transport(message: impl Into<String>) -> UpstreamError {
-        UpstreamError {
-            status: None,
-            message: message.into(),
-            client_message: None,
-        }
-    }
-
-    /// The upstream answered with a non-success status; keeps an excerpt of its body.
-    pub fn status(status: u16, body: &[u8]) -> UpstreamError {
-        UpstreamError {
-            status: Some(status),
-            message: format!("upstream answered {status}: {}", excerpt(body)),
-            client_message: None,
-        }
-    }
-}
-
-/// The start of a body as text, for the call log.
-pub(crate) fn excerpt(body: &[u8]) -> String {
-    String::from_utf8_lossy(body)
-        .chars()
-        .take(ERROR_EXCERPT_CHARS)
-        .collect()
-}
-
-/// The upstream (channel) that served a call. Response extension added by [`HttpUpstream`],
-/// read by [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) for the call log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServedBy(pub String);
-
-impl From<UpstreamError> for CallFailure {
-    fn from(error: UpstreamError) -> CallFailure {
-        CallFailure {
-            upstream_status: error.status,
-            error: error.message,
-        }
-    }
-}
 
 /// The mock or the real providers, chosen at start.
 #[derive(Debug, Clone)]

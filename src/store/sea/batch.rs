@@ -14,8 +14,6 @@ use crate::store::{
     StoreError,
 };
 
-use super::unknown_account;
-
 /// A [`ChargeRequest`] that can wait in a queue.
 #[derive(Debug, Clone)]
 pub(super) struct OwnedCharge {
@@ -268,4 +266,9 @@ pub(super) fn split(subscription: i64, topup: i64) -> Split {
         subscription: Credits(subscription),
         topup: Credits(topup),
     }
+}
+
+/// The error for a write on an account that does not exist.
+pub(super) fn unknown_account(account: AccountId) -> StoreError {
+    StoreError::msg(format!("unknown account {}", account.0))
 }

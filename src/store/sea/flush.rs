@@ -35,7 +35,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, RuntimeErr};
 use tokio::sync::mpsc;
 
 use super::batch::Outcome;
-use super::group_commit::{Counters, Job};
+use super::jobs::{Counters, Job};
 use crate::store::StoreError;
 
 /// Writes of one committed batch that wait for a flush, with their outcomes.

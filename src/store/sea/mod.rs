@@ -21,7 +21,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::Utc;
@@ -29,7 +28,7 @@ use sea_orm::sea_query::{Expr, ExprTrait};
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
     DatabaseTransaction, DbErr, EntityTrait, NotSet, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect, Set, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    QuerySelect, Set, TransactionTrait,
 };
 use sea_orm_migration::MigratorTrait;
 
@@ -43,25 +42,25 @@ use crate::keys::{KeyHash, NewApiKey};
 use crate::protocol::Protocol;
 
 mod batch;
+mod batches;
 mod entity;
 mod flush;
 mod group_commit;
+mod jobs;
 mod key_cache;
 mod ledger_ops;
 mod migration;
 #[cfg(feature = "sqlite")]
 mod sqlite_direct;
 
-use batch::OwnedCharge;
+use batch::{OwnedCharge, unknown_account};
 use entity::{account, api_key, call, credit_grant};
 use group_commit::Committer;
-pub use group_commit::{DEFAULT_MAX_BATCH, GroupCommitStats};
+pub use group_commit::DEFAULT_MAX_BATCH;
+pub use jobs::GroupCommitStats;
+use jobs::{SQLITE_BUSY_TIMEOUT, begin_write};
 use key_cache::KeyCache;
 pub use migration::Migrator;
-
-/// How long a SQLite connection waits for another writer before giving up. Writers hold the lock
-/// for one short transaction, so reaching this means the database is stuck, not busy.
-const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A [`Store`](super::Store) on a relational database through sea-orm.
 ///
@@ -344,25 +343,11 @@ async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     session.commit().await
 }
 
-/// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it reads
-/// cannot change before it writes (a deferred transaction would fail to upgrade).
-async fn begin_write(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
-    db.begin_with_options(TransactionOptions {
-        sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-        ..TransactionOptions::default()
-    })
-    .await
-}
-
 fn balance_of(row: &account::Model) -> Balance {
     Balance {
         subscription: Credits(row.subscription_credits),
         topup: Credits(row.topup_credits),
     }
-}
-
-fn unknown_account(account: AccountId) -> StoreError {
-    StoreError::msg(format!("unknown account {}", account.0))
 }
 
 async fn locked_account<C: ConnectionTrait>(

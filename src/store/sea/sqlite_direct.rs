@@ -27,10 +27,10 @@ use chrono::{SecondsFormat, Utc};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior};
 use tokio::sync::mpsc;
 
-use super::SQLITE_BUSY_TIMEOUT;
 use super::batch::{Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split};
+use super::batches::Batches;
 use super::flush::Flusher;
-use super::group_commit::{Batches, Failure, Job};
+use super::jobs::{Failure, Job, SQLITE_BUSY_TIMEOUT};
 use crate::credits::{Balance, Credits};
 use crate::store::{CallStatus, StoreError};
 

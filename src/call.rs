@@ -1,0 +1,90 @@
+//! What the layers hand each other about one call, as typed request and response extensions,
+//! and the ids they name. Plain data: every layer and upstream may read these, and they know no
+//! layer.
+//!
+//! | Extension       | Added by                                      | Read by                          |
+//! |-----------------|-----------------------------------------------|----------------------------------|
+//! | [`Caller`]      | [`ApiKeyAuth`](crate::ApiKeyAuth)             | [`CreditCharge`](crate::CreditCharge) |
+//! | [`RoutedCall`]  | [`ProtocolRouter`](crate::ProtocolRouter)     | [`CreditCharge`](crate::CreditCharge), the upstream |
+//! | [`Reservation`] | [`CreditCharge`](crate::CreditCharge)         | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
+//! | [`ServedBy`] (response) | [`HttpUpstream`](crate::HttpUpstream) | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::catalogue::ModelRoute;
+use crate::credits::Split;
+use crate::protocol::Protocol;
+
+/// An account: the owner of one credit pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct AccountId(pub i64);
+
+/// One API key of an account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct KeyId(pub i64);
+
+/// One call-log entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct CallId(pub i64);
+
+/// The authenticated caller. Request extension added by [`ApiKeyAuth`](crate::ApiKeyAuth).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// Whose credits pay.
+    pub account: AccountId,
+    /// Which key was presented.
+    pub key: KeyId,
+}
+
+/// Credits taken for a call that is under way. Request extension added by
+/// [`CreditCharge`](crate::CreditCharge), consumed by
+/// [`RefundOnUpstreamError`](crate::RefundOnUpstreamError).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reservation {
+    /// The `pending` call-log entry.
+    pub call: CallId,
+    /// Whose credits were taken.
+    pub account: AccountId,
+    /// How many from each bucket.
+    pub taken: Split,
+}
+
+/// The resolved call. Request extension added by [`ProtocolRouter`](crate::ProtocolRouter).
+#[derive(Debug, Clone)]
+pub struct RoutedCall {
+    /// The endpoint called.
+    pub protocol: Protocol,
+    /// The catalogue entry: name, price, upstream.
+    pub model: Arc<ModelRoute>,
+    /// Byte range of the `model` value (with its quotes) in the body, for renaming it upstream
+    /// without re-serialising anything else.
+    pub model_span: Range<usize>,
+}
+
+impl RoutedCall {
+    /// The body to send upstream: the client's bytes, with `model` replaced by `upstream_model`
+    /// (a channel's name for the model) when there is one. Nothing else is touched.
+    pub fn upstream_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
+        let Some(upstream_model) = upstream_model else {
+            return body.clone();
+        };
+        let quoted = serde_json::to_string(upstream_model).expect("a string serialises");
+        let mut renamed = Vec::with_capacity(body.len() + quoted.len());
+        renamed.extend_from_slice(&body[..self.model_span.start]);
+        renamed.extend_from_slice(quoted.as_bytes());
+        renamed.extend_from_slice(&body[self.model_span.end..]);
+        Bytes::from(renamed)
+    }
+}
+
+/// The upstream (channel) that served a call. Response extension added by [`HttpUpstream`](crate::HttpUpstream),
+/// read by [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) for the call log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedBy(pub String);

@@ -1,0 +1,234 @@
+//! [`RefundOnUpstreamError`]: the service.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use tower_service::Service;
+
+use super::guard::UnsettledCall;
+use super::layer::RefundOnUpstreamErrorLayer;
+use crate::BoxFuture;
+use crate::call::{Reservation, ServedBy};
+use crate::classify::complete_reply;
+use crate::error::{GatewayError, UpstreamError};
+use crate::protocol::TokenUsage;
+use crate::store::{CallFailure, CallSuccess, Ledger};
+
+/// Middleware around the upstream that turns its outcome into a settle or a refund.
+pub struct RefundOnUpstreamError<U> {
+    upstream: U,
+    ledger: Arc<dyn Ledger>,
+    upstream_bound: Duration,
+    /// An upstream that failed `poll_ready` fails the next call (which is refunded) rather than
+    /// the whole service: every service the router sees is infallible.
+    not_ready: Option<UpstreamError>,
+}
+
+impl<U: Clone> Clone for RefundOnUpstreamError<U> {
+    fn clone(&self) -> Self {
+        RefundOnUpstreamError {
+            upstream: self.upstream.clone(),
+            ledger: self.ledger.clone(),
+            upstream_bound: self.upstream_bound,
+            not_ready: None,
+        }
+    }
+}
+
+impl<U> RefundOnUpstreamError<U> {
+    pub(super) fn new(upstream: U, ledger: Arc<dyn Ledger>, upstream_bound: Duration) -> Self {
+        RefundOnUpstreamError {
+            upstream,
+            ledger,
+            upstream_bound,
+            not_ready: None,
+        }
+    }
+
+    /// A [`RefundOnUpstreamErrorLayer`] over `ledger`.
+    pub fn layer(ledger: Arc<dyn Ledger>) -> RefundOnUpstreamErrorLayer {
+        RefundOnUpstreamErrorLayer::new(ledger)
+    }
+}
+
+impl<U: std::fmt::Debug> std::fmt::Debug for RefundOnUpstreamError<U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefundOnUpstreamError")
+            .field("upstream", &self.upstream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<U, ReqBody> Service<Request<ReqBody>> for RefundOnUpstreamError<U>
+where
+    U: Service<Request<ReqBody>, Response = Response<Bytes>, Error = UpstreamError>
+        + Clone
+        + Send
+        + 'static,
+    U::Future: Send,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response<Full<Bytes>>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if self.not_ready.is_none() {
+            match self.upstream.poll_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(error)) => self.not_ready = Some(error),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The guard exists from here on, so even a future dropped before its first poll
+        // returns its credits.
+        let unsettled = request
+            .extensions()
+            .get::<Reservation>()
+            .map(|reservation| UnsettledCall::new(self.ledger.clone(), reservation.call));
+        let not_ready = self.not_ready.take();
+        let bound = self.upstream_bound;
+        let clone = self.upstream.clone();
+        let mut upstream = std::mem::replace(&mut self.upstream, clone);
+        Box::pin(async move {
+            let Some(mut unsettled) = unsettled else {
+                tracing::error!("RefundOnUpstreamError needs CreditCharge outside it");
+                return Ok(GatewayError::Misconfigured.into_response());
+            };
+            let upstream_call = async move {
+                match not_ready {
+                    Some(error) => Err(error),
+                    None => upstream.call(request).await,
+                }
+            };
+            let outcome = match tokio::time::timeout(bound, CatchPanic::new(upstream_call)).await {
+                Ok(Ok(outcome)) => outcome,
+                Ok(Err(panic)) => {
+                    tracing::error!(call = unsettled.call.0, %panic, "the upstream panicked");
+                    Err(UpstreamError::transport(format!(
+                        "the upstream panicked: {panic}"
+                    )))
+                }
+                Err(_) => Err(UpstreamError::transport(format!(
+                    "no answer within the gateway's bound of {bound:?}"
+                ))),
+            };
+            match judge(outcome) {
+                Ok((reply, success)) => match unsettled.settle(success).await {
+                    Ok(()) => Ok(reply.map(Full::new)),
+                    // Not billed, so the reply is not handed out either.
+                    Err(unbilled) => Ok(unbilled.into_response()),
+                },
+                Err((failure, client_message)) => {
+                    tracing::warn!(
+                        call = unsettled.call.0,
+                        status = failure.upstream_status,
+                        error = %failure.error,
+                        "upstream failed; refunding"
+                    );
+                    let refusal = match client_message {
+                        _ if !unsettled.refund(failure).await => GatewayError::StoreUnavailable,
+                        Some(message) => GatewayError::UpstreamRejected(message),
+                        None => GatewayError::UpstreamUnavailable,
+                    };
+                    Ok(refusal.into_response())
+                }
+            }
+        })
+    }
+}
+
+/// Turns a panic while polling the inner future into an error value.
+struct CatchPanic<F> {
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future> CatchPanic<F> {
+    fn new(inner: F) -> CatchPanic<F> {
+        CatchPanic {
+            inner: Box::pin(inner),
+        }
+    }
+}
+
+impl<F: Future> Future for CatchPanic<F> {
+    type Output = Result<F::Output, String>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.inner.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(payload) => {
+                let text = payload
+                    .downcast_ref::<&str>()
+                    .map(|text| (*text).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-text panic".to_owned());
+                Poll::Ready(Err(text))
+            }
+        }
+    }
+}
+
+/// Decides whether an upstream outcome is a success worth paying for (see [`crate::classify`]).
+/// A failure comes with what the client may be told of it.
+fn judge(
+    outcome: Result<Response<Bytes>, UpstreamError>,
+) -> Result<(Response<Bytes>, CallSuccess), (CallFailure, Option<String>)> {
+    let failed = |error: UpstreamError| {
+        let client_message = error.client_message.clone();
+        (CallFailure::from(error), client_message)
+    };
+    let mut reply = outcome.map_err(failed)?;
+    let status = reply.status();
+    // An upstream that already parsed the reply says so; otherwise classify it here.
+    let usage = match reply.extensions_mut().remove::<TokenUsage>() {
+        Some(usage) if status.is_success() => usage,
+        _ => complete_reply(status, reply.body()).map_err(failed)?,
+    };
+    let channel = reply
+        .extensions_mut()
+        .remove::<ServedBy>()
+        .map(|served| served.0);
+    Ok((
+        reply,
+        CallSuccess {
+            upstream_status: status.as_u16(),
+            usage,
+            channel,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_that_is_not_a_json_object_is_a_failure() {
+        let reply = Response::new(Bytes::from_static(b"not json"));
+        assert!(judge(Ok(reply)).is_err());
+    }
+
+    #[test]
+    fn a_non_2xx_reply_is_a_failure_that_keeps_the_status() {
+        let mut reply = Response::new(Bytes::from_static(br#"{"error":"overloaded"}"#));
+        *reply.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+        let failure = judge(Ok(reply)).unwrap_err();
+        assert_eq!(failure.0.upstream_status, Some(429));
+        assert!(failure.0.error.contains("overloaded"));
+    }
+}

@@ -1,0 +1,253 @@
+//! [`Batches`]: what a committer loop does with each batch, whichever way it writes it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::sync::mpsc;
+
+use super::batch::{Outcome, Write};
+use super::flush::Durability;
+use super::jobs::{Counters, Failure, Job};
+use crate::store::StoreError;
+
+/// What a committer loop does with each batch, whichever way it writes it: counts it, and
+/// answers its writes from the outcome. A batch of several rolled back by a failing statement
+/// is not answered; its writes are queued to run again one by one, ahead of anything new.
+pub(super) struct Batches {
+    current: Vec<Job>,
+    alone: VecDeque<Job>,
+    max: usize,
+    stats: Arc<Counters>,
+    durability: Durability,
+}
+
+impl Batches {
+    pub(super) fn new(max: usize, stats: Arc<Counters>, durability: Durability) -> Batches {
+        Batches {
+            current: Vec::with_capacity(max),
+            alone: VecDeque::new(),
+            max,
+            stats,
+            durability,
+        }
+    }
+
+    /// Whether a failed flush has stopped this committer: its batches must not be written.
+    pub(super) fn halted(&self) -> bool {
+        self.durability.halted()
+    }
+
+    /// Takes a write waiting to run alone as the next batch, if there is one.
+    pub(super) fn next_alone(&mut self) -> bool {
+        match self.alone.pop_front() {
+            Some(job) => {
+                self.current.push(job);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Receives the next batch on the runtime; `false` once every sender is gone.
+    pub(super) async fn next(&mut self, queue: &mut mpsc::Receiver<Job>) -> bool {
+        self.next_alone() || queue.recv_many(&mut self.current, self.max).await > 0
+    }
+
+    /// Whether commits return before they are durable (the flusher makes them so).
+    pub(super) fn flushed_later(&self) -> bool {
+        matches!(self.durability, Durability::Flushed { .. })
+    }
+
+    /// Receives the next batch on a thread outside the runtime; `false` once every sender is
+    /// gone.
+    pub(super) fn next_blocking(&mut self, queue: &mut mpsc::Receiver<Job>) -> bool {
+        self.next_alone() || queue.blocking_recv_many(&mut self.current, self.max) > 0
+    }
+
+    /// The current batch's writes, in queue order.
+    pub(super) fn writes(&self) -> Vec<&Write> {
+        self.current.iter().map(|job| &job.write).collect()
+    }
+
+    /// Answers the current batch from how its transaction ended.
+    pub(super) fn conclude(&mut self, applied: Result<Vec<Outcome>, Failure>) {
+        let stats = &self.stats;
+        stats.transactions.fetch_add(1, Ordering::Relaxed);
+        let size = self.current.len();
+        stats.writes.fetch_add(size as u64, Ordering::Relaxed);
+        match applied {
+            Ok(outcomes) => {
+                self.durability.answer(self.current.drain(..).zip(outcomes));
+            }
+            Err(Failure::Statement(error)) => {
+                stats.rolled_back.fetch_add(1, Ordering::Relaxed);
+                if size > 1 {
+                    tracing::warn!(%error, size, "batch rolled back; running its writes alone");
+                    self.alone.extend(self.current.drain(..));
+                } else {
+                    if let Some(job) = self.current.pop() {
+                        job.fail(error);
+                    }
+                }
+            }
+            Err(Failure::Commit(error)) => {
+                tracing::error!(%error, size, "batch commit failed; outcome in doubt");
+                for job in self.current.drain(..) {
+                    job.fail(StoreError::msg(format!("commit failed: {error}")));
+                }
+            }
+            Err(Failure::Halted) => {
+                for job in self.current.drain(..) {
+                    job.fail(StoreError::msg(
+                        "an earlier flush of the ledger failed; it takes no writes until the \
+                         gateway is restarted",
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The answering rule of [`super::super::flush`], driven by hand: no flusher thread, no
+    //! database, every step taken by the test.
+
+    use super::*;
+    use crate::credits::{Credits, Split};
+    use crate::protocol::Protocol;
+    use crate::store::sea::batch::OwnedCharge;
+    use crate::store::sea::flush::Flusher;
+    use crate::store::sea::jobs::Reply;
+    use crate::store::{AccountId, CallId, Caller, KeyId};
+    use crate::store::{CallFailure, CallSuccess, Reservation, ReserveError};
+    use oneshot::error::TryRecvError;
+    use tokio::sync::oneshot;
+
+    type Reserved = oneshot::Receiver<Result<Reservation, ReserveError>>;
+    type Finished = oneshot::Receiver<Result<bool, StoreError>>;
+
+    fn reservation(call: i64) -> Reservation {
+        Reservation {
+            call: CallId(call),
+            account: AccountId(1),
+            taken: Split {
+                subscription: Credits(1),
+                topup: Credits::ZERO,
+            },
+        }
+    }
+
+    /// A reservation and a settle committed together, as `batches` concludes them.
+    fn commit_reserve_and_settle(batches: &mut Batches, call: i64) -> (Reserved, Finished) {
+        let (reserve_to, reserved) = oneshot::channel();
+        let (settle_to, settled) = oneshot::channel();
+        let charge = OwnedCharge {
+            caller: Caller {
+                account: AccountId(1),
+                key: KeyId(1),
+            },
+            protocol: Protocol::ChatCompletions,
+            model: "m".into(),
+            price: Credits(1),
+        };
+        batches.current.push(Job {
+            write: Write::Reserve(charge),
+            reply: Reply::Reserve(reserve_to),
+        });
+        batches.current.push(Job {
+            write: Write::Settle(CallId(call - 1), CallSuccess::default()),
+            reply: Reply::Finish(settle_to),
+        });
+        let outcomes = vec![
+            Outcome::Reserved(Ok(reservation(call))),
+            Outcome::Finished(true),
+        ];
+        batches.conclude(Ok(outcomes));
+        (reserved, settled)
+    }
+
+    fn flushed_committer(reservations_wait: bool, halt: bool) -> (Batches, Flusher) {
+        let stats = Arc::new(Counters::default());
+        let (flusher, durability) = Flusher::new(stats.clone(), reservations_wait, halt);
+        (Batches::new(64, stats, durability), flusher)
+    }
+
+    #[test]
+    fn on_sqlite_a_settle_waits_for_the_flush_and_a_reservation_does_not() {
+        let (mut batches, mut flusher) = flushed_committer(false, true);
+        let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);
+        assert_eq!(reserved.try_recv().unwrap().unwrap(), reservation(2));
+        assert_eq!(settled.try_recv().unwrap_err(), TryRecvError::Empty);
+
+        assert!(flusher.next_blocking());
+        assert_eq!(settled.try_recv().unwrap_err(), TryRecvError::Empty);
+        flusher.conclude(Ok(()));
+        assert!(settled.try_recv().unwrap().unwrap());
+    }
+
+    #[test]
+    fn on_postgres_a_reservation_waits_for_the_flush_too() {
+        let (mut batches, mut flusher) = flushed_committer(true, false);
+        let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);
+        assert_eq!(reserved.try_recv().unwrap_err(), TryRecvError::Empty);
+        assert_eq!(settled.try_recv().unwrap_err(), TryRecvError::Empty);
+
+        assert!(flusher.next_blocking());
+        flusher.conclude(Ok(()));
+        assert_eq!(reserved.try_recv().unwrap().unwrap(), reservation(2));
+        assert!(settled.try_recv().unwrap().unwrap());
+    }
+
+    #[test]
+    fn a_flush_answers_only_what_committed_before_it_began() {
+        let (mut batches, mut flusher) = flushed_committer(true, false);
+        let (mut first, _) = commit_reserve_and_settle(&mut batches, 2);
+        assert!(flusher.next_blocking());
+        // Committed while the flush is under way: the flush may not cover it.
+        let (mut second, _) = commit_reserve_and_settle(&mut batches, 4);
+        flusher.conclude(Ok(()));
+        assert!(first.try_recv().unwrap().is_ok());
+        assert_eq!(second.try_recv().unwrap_err(), TryRecvError::Empty);
+
+        assert!(flusher.next_blocking());
+        flusher.conclude(Ok(()));
+        assert_eq!(second.try_recv().unwrap().unwrap(), reservation(4));
+    }
+
+    #[test]
+    fn a_failed_flush_on_sqlite_fails_its_writes_and_every_later_one() {
+        let (mut batches, mut flusher) = flushed_committer(false, true);
+        let (_, mut settled) = commit_reserve_and_settle(&mut batches, 2);
+        assert!(flusher.next_blocking());
+        flusher.conclude(Err(StoreError::msg("EIO")));
+        assert!(settled.try_recv().unwrap().is_err());
+        assert!(batches.halted());
+
+        let (answer, mut refunded) = oneshot::channel();
+        batches.current.push(Job {
+            write: Write::Refund(
+                CallId(1),
+                CallFailure {
+                    upstream_status: None,
+                    error: "test".into(),
+                },
+            ),
+            reply: Reply::Finish(answer),
+        });
+        batches.conclude(Err(Failure::Halted));
+        assert!(refunded.try_recv().unwrap().is_err());
+    }
+
+    #[test]
+    fn a_failed_flush_on_postgres_fails_its_writes_but_not_later_ones() {
+        let (mut batches, mut flusher) = flushed_committer(true, false);
+        let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);
+        assert!(flusher.next_blocking());
+        flusher.conclude(Err(StoreError::msg("connection reset")));
+        assert!(reserved.try_recv().unwrap().is_err());
+        assert!(settled.try_recv().unwrap().is_err());
+        assert!(!batches.halted());
+    }
+}

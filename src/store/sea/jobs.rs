@@ -1,0 +1,138 @@
+//! The committer's vocabulary, shared by the writers ([`super::group_commit`],
+//! [`super::sqlite_direct`]), the flusher ([`super::flush`]) and [`super::batches`]: a queued
+//! write and its reply, the counters, why a batch failed, and how a write transaction begins.
+//! It imports none of them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sea_orm::{
+    DatabaseConnection, DatabaseTransaction, DbErr, SqliteTransactionMode, TransactionOptions,
+    TransactionTrait,
+};
+use tokio::sync::oneshot;
+
+use super::batch::{Outcome, Write};
+use crate::store::{Reservation, ReserveError, StoreError};
+
+/// A write and where its answer goes.
+pub(super) struct Job {
+    pub(super) write: Write,
+    pub(super) reply: Reply,
+}
+
+/// Where a write's answer goes: a reservation, or a settle or refund.
+pub(super) enum Reply {
+    Reserve(oneshot::Sender<Result<Reservation, ReserveError>>),
+    Finish(oneshot::Sender<Result<bool, StoreError>>),
+}
+
+/// What a committer has done so far, counted as it goes.
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    pub(super) transactions: AtomicU64,
+    pub(super) writes: AtomicU64,
+    pub(super) rolled_back: AtomicU64,
+    pub(super) flushes: AtomicU64,
+}
+
+impl Counters {
+    pub(super) fn snapshot(&self) -> GroupCommitStats {
+        GroupCommitStats {
+            transactions: self.transactions.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            rolled_back: self.rolled_back.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How the committer has grouped the ledger's writes so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupCommitStats {
+    /// Transactions committed (or attempted) for ledger writes.
+    pub transactions: u64,
+    /// Ledger writes (reserve, settle, refund) applied.
+    pub writes: u64,
+    /// Transactions rolled back because a statement failed (a batch's writes are then run again
+    /// one by one). Valid writes never cause one; a count that grows points at a database
+    /// problem.
+    pub rolled_back: u64,
+    /// Flushes that made committed batches durable. On a SQLite file and on PostgreSQL a batch
+    /// commits without waiting for the disk (so no lock is held through an fsync), and a flusher
+    /// beside the committer then makes it durable (an fsync of the WAL file; a synchronous
+    /// commit that flushes PostgreSQL's WAL) before the writes that need it are answered:
+    /// settles and refunds always, reservations on PostgreSQL. Several batches may share one
+    /// flush. Always 0 on MySQL and in-memory SQLite, whose commits are durable when they
+    /// return.
+    pub flushes: u64,
+}
+
+/// The answer when the committer is gone.
+pub(super) fn stopped() -> StoreError {
+    StoreError::msg("the ledger's committer task has stopped (its runtime shut down)")
+}
+
+/// Why a batch's transaction did not commit.
+pub(super) enum Failure {
+    /// A statement failed; the transaction was rolled back and wrote nothing.
+    Statement(StoreError),
+    /// The commit failed: whether it wrote is unknown.
+    Commit(StoreError),
+    /// Nothing was tried: a failed flush stopped the committer (see [`super::flush`]).
+    Halted,
+}
+
+impl Job {
+    pub(super) fn is_reservation(&self) -> bool {
+        matches!(self.write, Write::Reserve(_))
+    }
+
+    pub(super) fn fail(self, error: StoreError) {
+        match self.reply {
+            Reply::Reserve(to) => {
+                let _ = to.send(Err(ReserveError::Store(error)));
+            }
+            Reply::Finish(to) => {
+                let _ = to.send(Err(error));
+            }
+        }
+    }
+
+    pub(super) fn answer(self, outcome: Outcome) {
+        // A caller that stopped waiting (its future was dropped) is not an error here: the write
+        // stands, and the call's guard or recovery finishes it.
+        match (self.reply, outcome) {
+            (Reply::Reserve(to), Outcome::Reserved(reserved)) => {
+                let _ = to.send(reserved);
+            }
+            (Reply::Finish(to), Outcome::Finished(finished)) => {
+                let _ = to.send(Ok(finished));
+            }
+            (Reply::Reserve(to), Outcome::Finished(_)) => {
+                let _ = to.send(Err(ReserveError::Store(wrong_kind())));
+            }
+            (Reply::Finish(to), Outcome::Reserved(_)) => {
+                let _ = to.send(Err(wrong_kind()));
+            }
+        }
+    }
+}
+
+fn wrong_kind() -> StoreError {
+    StoreError::msg("internal: an outcome of the wrong kind")
+}
+
+/// How long a SQLite connection waits for another writer before giving up. Writers hold the lock
+/// for one short transaction, so reaching this means the database is stuck, not busy.
+pub(super) const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it reads
+/// cannot change before it writes (a deferred transaction would fail to upgrade).
+pub(super) async fn begin_write(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+    db.begin_with_options(TransactionOptions {
+        sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+        ..TransactionOptions::default()
+    })
+    .await
+}
