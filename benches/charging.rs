@@ -219,7 +219,7 @@ fn stack_overhead(c: &mut Criterion) {
     });
     // The floor: the mock alone, given the extension the router would have added.
     let routed =
-        model_gateway::route(&Catalogue::demo(), Protocol::ChatCompletions, &body).unwrap();
+        model_gateway::route(&Catalogue::demo(), Protocol::ChatCompletions, &body, false).unwrap();
     let mut mock = MockUpstream::new();
     c.bench_function("stack/bare mock upstream", |b| {
         b.iter(|| {

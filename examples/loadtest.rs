@@ -84,11 +84,12 @@ async fn floor() -> Target {
         let (catalogue, mut mock) = (catalogue.clone(), mock.clone());
         async move {
             let routed =
-                model_gateway::route(&catalogue, Protocol::ChatCompletions, &body).unwrap();
+                model_gateway::route(&catalogue, Protocol::ChatCompletions, &body, false).unwrap();
             let mut request = http::Request::new(body);
             request.extensions_mut().insert(routed);
             let reply = mock.call(request).into_inner().unwrap();
-            reply.map(axum::body::Body::from)
+            reply
+                .map(|body| axum::body::Body::from(body.as_complete().cloned().unwrap_or_default()))
         }
     };
     let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));

@@ -63,6 +63,9 @@ pub struct RoutedCall {
     pub protocol: Protocol,
     /// The catalogue entry: name, price, upstream.
     pub model: Arc<ModelRoute>,
+    /// Whether the client asked for a streamed reply (`stream: true`), which the router lets
+    /// through only when streaming is on.
+    pub stream: bool,
     /// Byte range of the `model` value (with its quotes) in the body, for renaming it upstream
     /// without re-serialising anything else.
     pub model_span: Range<usize>,

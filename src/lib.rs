@@ -81,6 +81,7 @@ mod keys;
 mod protocol;
 mod recovery;
 mod refund;
+mod reply;
 mod router;
 mod store;
 mod upstream;
@@ -89,8 +90,9 @@ pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
 pub use call::RoutedCall;
 pub use catalogue::{
     Catalogue, CatalogueError, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
-    DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE,
-    ModelChannel, ModelRoute, UpstreamConfig, UpstreamKind,
+    DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STREAM_DEADLINE,
+    DEFAULT_STREAM_IDLE_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE, ModelChannel,
+    ModelRoute, UpstreamConfig, UpstreamKind,
 };
 pub use charge::{CreditCharge, CreditChargeLayer};
 pub use credits::{Balance, Bucket, Credits, Split};
@@ -100,9 +102,10 @@ pub use protocol::Protocol;
 pub use protocol::reply_usage;
 pub use recovery::recover_stale_reservations;
 pub use refund::{
-    CANCELLED_BEFORE_ANSWER, DEFAULT_UPSTREAM_BOUND, RefundOnUpstreamError,
-    RefundOnUpstreamErrorLayer,
+    CANCELLED_BEFORE_ANSWER, CLIENT_LEFT_BEFORE_CONTENT, DEFAULT_UPSTREAM_BOUND,
+    RefundOnUpstreamError, RefundOnUpstreamErrorLayer, ResponseBody,
 };
+pub use reply::UpstreamBody;
 pub use router::{DEFAULT_MAX_BODY_BYTES, ProtocolRouter, ProtocolRouterLayer, route};
 pub use store::{
     AccountAudit, AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus,
@@ -133,9 +136,12 @@ pub type GatewayStack<U> = ApiKeyAuth<ProtocolRouter<CreditCharge<RefundOnUpstre
 /// | `upstream`                  | [`RoutedCall`], body        |                 |                |
 ///
 /// The result is a `Service<Request<B>>` for any request body `B`, answering
-/// `Response<Full<Bytes>>` and never failing, so it mounts directly in an axum `Router` or on
+/// `Response<ResponseBody>` and never failing, so it mounts directly in an axum `Router` or on
 /// bare hyper. Every call is bounded by the catalogue's call deadline plus
-/// [`UPSTREAM_BOUND_MARGIN`]; see [`recovery_age`] for what that means for recovery.
+/// [`UPSTREAM_BOUND_MARGIN`] until its reply (or first event) arrives, and a stream by the
+/// catalogue's stream deadline after that; see [`recovery_age`] for what that means for
+/// recovery. Streaming (`stream: true` answered with server-sent events) is on when the
+/// catalogue says so ([`Catalogue::with_streaming`]).
 pub fn stack<S, U>(
     store: Arc<S>,
     catalogue: Arc<Catalogue>,
@@ -148,9 +154,14 @@ where
     let upstream_bound = catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN;
     tower::ServiceBuilder::new()
         .layer(ApiKeyAuthLayer::new(store.clone()))
-        .layer(ProtocolRouterLayer::new(catalogue).max_body_bytes(max_body_bytes))
+        .layer(ProtocolRouterLayer::new(catalogue.clone()).max_body_bytes(max_body_bytes))
         .layer(CreditChargeLayer::new(store.clone()))
-        .layer(RefundOnUpstreamErrorLayer::new(store).upstream_bound(upstream_bound))
+        .layer(
+            RefundOnUpstreamErrorLayer::new(store)
+                .upstream_bound(upstream_bound)
+                .stream_deadline(catalogue.stream_deadline())
+                .stream_idle_timeout(catalogue.stream_idle_timeout()),
+        )
         .service(upstream)
 }
 
@@ -159,7 +170,13 @@ where
 pub const UPSTREAM_BOUND_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How old a `pending` reservation must be before recovery refunds it, for gateways built with
-/// [`stack`] on `catalogue`: the upstream bound, plus a minute for settling and refunding.
+/// [`stack`] on `catalogue`: the upstream bound, plus the stream deadline when streaming is on,
+/// plus a minute for settling and refunding.
 pub fn recovery_age(catalogue: &Catalogue) -> std::time::Duration {
-    catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN + std::time::Duration::from_secs(60)
+    let streams = if catalogue.streaming() {
+        catalogue.stream_deadline()
+    } else {
+        std::time::Duration::ZERO
+    };
+    catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN + streams + std::time::Duration::from_secs(60)
 }

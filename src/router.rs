@@ -62,15 +62,25 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 pub struct ProtocolRouterLayer {
     catalogue: Arc<Catalogue>,
     max_body_bytes: usize,
+    streaming: bool,
 }
 
 impl ProtocolRouterLayer {
-    /// Routes against `catalogue`, with the default body limit.
+    /// Routes against `catalogue`, with the default body limit; streaming as the catalogue
+    /// says ([`Catalogue::streaming`]).
     pub fn new(catalogue: Arc<Catalogue>) -> ProtocolRouterLayer {
         ProtocolRouterLayer {
+            streaming: catalogue.streaming(),
             catalogue,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
+    }
+
+    /// Lets `stream: true` through (marked on the [`RoutedCall`]) instead of refusing it with
+    /// 400. The layers inside must be able to stream: [`stack`](crate::stack) is.
+    pub fn streaming(mut self, streaming: bool) -> ProtocolRouterLayer {
+        self.streaming = streaming;
+        self
     }
 
     /// Refuses bodies over `limit` bytes with 413.
@@ -88,6 +98,7 @@ impl<S> Layer<S> for ProtocolRouterLayer {
             inner,
             catalogue: self.catalogue.clone(),
             max_body_bytes: self.max_body_bytes,
+            streaming: self.streaming,
         }
     }
 }
@@ -98,6 +109,7 @@ pub struct ProtocolRouter<S> {
     inner: S,
     catalogue: Arc<Catalogue>,
     max_body_bytes: usize,
+    streaming: bool,
 }
 
 impl<S> ProtocolRouter<S> {
@@ -127,10 +139,11 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let catalogue = self.catalogue.clone();
         let limit = self.max_body_bytes;
+        let streaming = self.streaming;
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            match read_and_route(request, &catalogue, limit).await {
+            match read_and_route(request, &catalogue, limit, streaming).await {
                 Ok(request) => inner.call(request).await,
                 Err(refusal) => Ok(refusal.into_response()),
             }
@@ -142,6 +155,7 @@ async fn read_and_route<B>(
     request: Request<B>,
     catalogue: &Catalogue,
     limit: usize,
+    streaming: bool,
 ) -> Result<Request<Bytes>, GatewayError>
 where
     B: Body,
@@ -164,7 +178,7 @@ where
         Err(error) if error.is::<LengthLimitError>() => return Err(GatewayError::PayloadTooLarge),
         Err(_) => return Err(GatewayError::UnreadableBody),
     };
-    let routed = route(catalogue, protocol, &body)?;
+    let routed = route(catalogue, protocol, &body, streaming)?;
     parts.extensions.insert(routed);
     Ok(Request::from_parts(parts, body))
 }
@@ -184,11 +198,13 @@ struct Envelope<'a> {
 }
 
 /// Checks a buffered request body and resolves its model, in the order the contract gives:
-/// malformed request (400) before unknown model (404).
+/// malformed request (400) before unknown model (404). `stream: true` is refused with 400
+/// unless `streaming` is on.
 pub fn route(
     catalogue: &Catalogue,
     protocol: Protocol,
     body: &[u8],
+    streaming: bool,
 ) -> Result<RoutedCall, GatewayError> {
     // serde would also accept an array for a struct; requests are objects.
     if body.trim_ascii_start().first() != Some(&b'{') {
@@ -211,11 +227,12 @@ pub fn route(
             _ => return Err(GatewayError::InvalidMaxTokens),
         }
     }
-    match envelope.stream.map(RawValue::get) {
-        None | Some("false") | Some("null") => {}
+    let stream = match envelope.stream.map(RawValue::get) {
+        None | Some("false") | Some("null") => false,
+        Some("true") if streaming => true,
         Some("true") => return Err(GatewayError::StreamingUnsupported),
         Some(_) => return Err(GatewayError::InvalidStreamField),
-    }
+    };
 
     let model = catalogue
         .model(&model_name)
@@ -226,6 +243,7 @@ pub fn route(
     Ok(RoutedCall {
         protocol,
         model: model.clone(),
+        stream,
         model_span: start..start + model_raw.get().len(),
     })
 }
@@ -249,11 +267,36 @@ mod tests {
             &Catalogue::demo(),
             Protocol::ChatCompletions,
             body.as_bytes(),
+            false,
         )
     }
 
     fn route_messages(body: &str) -> Result<RoutedCall, GatewayError> {
-        route(&Catalogue::demo(), Protocol::Messages, body.as_bytes())
+        route(
+            &Catalogue::demo(),
+            Protocol::Messages,
+            body.as_bytes(),
+            false,
+        )
+    }
+
+    #[test]
+    fn with_streaming_on_stream_true_is_routed_and_marked() {
+        let body = br#"{"model":"gpt-4o-mini","messages":[],"stream":true}"#;
+        let catalogue = Catalogue::demo();
+        let routed = route(&catalogue, Protocol::ChatCompletions, body, true).unwrap();
+        assert!(routed.stream);
+        let plain = br#"{"model":"gpt-4o-mini","messages":[],"stream":false}"#;
+        assert!(
+            !route(&catalogue, Protocol::ChatCompletions, plain, true)
+                .unwrap()
+                .stream
+        );
+        let wrong = br#"{"model":"gpt-4o-mini","messages":[],"stream":1}"#;
+        assert_eq!(
+            route(&catalogue, Protocol::ChatCompletions, wrong, true).unwrap_err(),
+            GatewayError::InvalidStreamField
+        );
     }
 
     #[test]

@@ -206,7 +206,7 @@ fn stack_with_ledger(
     ledger: &Arc<TestLedger>,
 ) -> impl tower::Service<
     Request<Full<Bytes>>,
-    Response = Response<Full<Bytes>>,
+    Response = Response<model_gateway::ResponseBody>,
     Error = std::convert::Infallible,
     Future = impl Send,
 > + Clone

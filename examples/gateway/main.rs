@@ -85,6 +85,10 @@ struct ServeArgs {
     /// Answer every call with a fixed demo reply instead of calling providers.
     #[arg(long, env = "MOCK_UPSTREAM", value_parser = clap::builder::FalseyValueParser::new())]
     mock: bool,
+    /// Serve `stream: true` as server-sent events (default: the catalogue's `streaming`, off);
+    /// when set, this wins over the catalogue.
+    #[arg(long, env = "GATEWAY_STREAMING", value_parser = clap::builder::FalseyValueParser::new())]
+    streaming: Option<bool>,
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "GATEWAY_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -249,10 +253,14 @@ impl ServeArgs {
 }
 
 fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::CatalogueError> {
-    match &args.models {
-        Some(path) => Catalogue::from_path(path),
-        None => Ok(Catalogue::demo()),
-    }
+    let catalogue = match &args.models {
+        Some(path) => Catalogue::from_path(path)?,
+        None => Catalogue::demo(),
+    };
+    Ok(match args.streaming {
+        Some(streaming) => catalogue.with_streaming(streaming),
+        None => catalogue,
+    })
 }
 
 /// How often a serving gateway looks for reservations left pending by a stopped gateway.
@@ -298,6 +306,7 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     tracing::info!(
         %address,
         mock = args.mock,
+        streaming = catalogue.streaming(),
         models = catalogue.models().count(),
         "model-gateway listening on http://{address}"
     );

@@ -44,6 +44,12 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default deadline of one call, across every channel and retry.
 pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(300);
 
+/// Default longest a streamed reply may last, from its first event.
+pub const DEFAULT_STREAM_DEADLINE: Duration = Duration::from_secs(600);
+
+/// Default longest a streamed reply may go without a complete event (providers send pings).
+pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Default number of consecutive failures that open an upstream's circuit breaker.
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 
@@ -112,11 +118,28 @@ pub struct ModelChannel {
 }
 
 /// A validated set of upstreams and models.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Catalogue {
     models: HashMap<String, Arc<ModelRoute>>,
     upstreams: Vec<Arc<UpstreamConfig>>,
     call_deadline: Duration,
+    streaming: bool,
+    stream_deadline: Duration,
+    stream_idle_timeout: Duration,
+}
+
+impl Default for Catalogue {
+    /// An empty catalogue with the default settings.
+    fn default() -> Catalogue {
+        Catalogue {
+            models: HashMap::new(),
+            upstreams: Vec::new(),
+            call_deadline: DEFAULT_CALL_DEADLINE,
+            streaming: false,
+            stream_deadline: DEFAULT_STREAM_DEADLINE,
+            stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
+        }
+    }
 }
 
 /// Why a catalogue was refused.
@@ -200,6 +223,10 @@ pub enum CatalogueError {
 #[serde(deny_unknown_fields)]
 struct CatalogueFile {
     call_deadline_secs: Option<u64>,
+    #[serde(default)]
+    streaming: bool,
+    stream_deadline_secs: Option<u64>,
+    stream_idle_timeout_secs: Option<u64>,
     #[serde(default)]
     upstreams: Vec<UpstreamEntry>,
     #[serde(default)]
@@ -299,6 +326,15 @@ impl Catalogue {
         let call_deadline = positive_secs(file.call_deadline_secs, DEFAULT_CALL_DEADLINE, || {
             "call_deadline_secs".to_owned()
         })?;
+        let stream_deadline =
+            positive_secs(file.stream_deadline_secs, DEFAULT_STREAM_DEADLINE, || {
+                "stream_deadline_secs".to_owned()
+            })?;
+        let stream_idle_timeout = positive_secs(
+            file.stream_idle_timeout_secs,
+            DEFAULT_STREAM_IDLE_TIMEOUT,
+            || "stream_idle_timeout_secs".to_owned(),
+        )?;
         let mut upstreams: HashMap<String, Arc<UpstreamConfig>> = HashMap::new();
         for entry in file.upstreams {
             let name = entry.name;
@@ -371,6 +407,9 @@ impl Catalogue {
             models,
             upstreams,
             call_deadline,
+            streaming: file.streaming,
+            stream_deadline,
+            stream_idle_timeout,
         })
     }
 
@@ -392,6 +431,32 @@ impl Catalogue {
     /// The longest one call may take, across every channel and retry.
     pub fn call_deadline(&self) -> Duration {
         self.call_deadline
+    }
+
+    /// Whether `stream: true` is served (as server-sent events) rather than refused with 400.
+    /// Off unless the catalogue says `streaming = true` or [`with_streaming`](Self::with_streaming)
+    /// turns it on.
+    pub fn streaming(&self) -> bool {
+        self.streaming
+    }
+
+    /// The same catalogue with streaming turned on or off (an operator's switch overriding the
+    /// file's `streaming`).
+    #[must_use]
+    pub fn with_streaming(mut self, streaming: bool) -> Catalogue {
+        self.streaming = streaming;
+        self
+    }
+
+    /// The longest a streamed reply may last from its first event (`stream_deadline_secs`).
+    pub fn stream_deadline(&self) -> Duration {
+        self.stream_deadline
+    }
+
+    /// The longest a streamed reply may go without a complete event
+    /// (`stream_idle_timeout_secs`).
+    pub fn stream_idle_timeout(&self) -> Duration {
+        self.stream_idle_timeout
     }
 }
 

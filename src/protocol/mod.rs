@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod sse;
+
 /// Which API style a call uses; decided by the request path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

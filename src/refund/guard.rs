@@ -9,16 +9,24 @@ use crate::error::GatewayError;
 use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger};
 
 /// A reservation whose outcome is not written yet. If it is dropped unwritten (the request
-/// future was dropped because the client went away or a time-out above gave up, or a panic
-/// unwound through it), the outcome is still written, on a spawned task: a refund if the
-/// upstream had not answered, a settle if it had. Settle and refund are guarded by the
-/// entry's status, so writing twice (a drop during a write) changes nothing the second time.
+/// future or the stream was dropped because the client went away or a time-out above gave up,
+/// or a panic unwound through it), the outcome is still written, on a spawned task: by default
+/// a refund; a settle once the call is to be billed whatever happens (the upstream answered, or
+/// a stream's content reached the client). Settle and refund are guarded by the entry's status,
+/// so writing twice (a drop during a write) changes nothing the second time.
 pub(super) struct UnsettledCall {
     ledger: Arc<dyn Ledger>,
     pub(super) call: CallId,
-    /// The upstream's success, once it answered: a client that leaves after that is billed.
-    answered: Option<CallSuccess>,
+    /// What to write if this is dropped unwritten.
+    if_dropped: Outcome,
     written: bool,
+}
+
+/// An outcome to write.
+#[derive(Debug, Clone)]
+pub(super) enum Outcome {
+    Settle(CallSuccess),
+    Refund(CallFailure),
 }
 
 impl UnsettledCall {
@@ -26,16 +34,25 @@ impl UnsettledCall {
         UnsettledCall {
             ledger,
             call,
-            answered: None,
+            if_dropped: Outcome::Refund(CallFailure {
+                upstream_status: None,
+                error: CANCELLED_BEFORE_ANSWER.to_owned(),
+            }),
             written: false,
         }
+    }
+
+    /// Chooses what is written if the call is dropped before [`settle`](Self::settle) or
+    /// [`refund`](Self::refund) finishes.
+    pub(super) fn if_dropped(&mut self, outcome: Outcome) {
+        self.if_dropped = outcome;
     }
 
     /// Settles. `Ok` once the call is billed; otherwise the reply must not be handed out, and
     /// the error says why: the store stayed unreachable through every retry (the entry stays
     /// `pending` until recovery refunds it), or the call was refunded meanwhile.
     pub(super) async fn settle(&mut self, success: CallSuccess) -> Result<(), GatewayError> {
-        self.answered = Some(success.clone());
+        self.if_dropped = Outcome::Settle(success.clone());
         let (ledger, call) = (self.ledger.clone(), self.call);
         let settled = with_retries(call, "settle", || ledger.settle(call, success.clone())).await;
         self.written = true;
@@ -64,6 +81,7 @@ impl UnsettledCall {
     /// Refunds; `false` if the store stayed unreachable through every retry. A refund that
     /// finds its entry no longer `pending` is done: its credits are back, or were never to be.
     pub(super) async fn refund(&mut self, failure: CallFailure) -> bool {
+        self.if_dropped = Outcome::Refund(failure.clone());
         let (ledger, call) = (self.ledger.clone(), self.call);
         let refunded = with_retries(call, "refund", || ledger.refund(call, &failure)).await;
         self.written = true;
@@ -76,7 +94,8 @@ impl Drop for UnsettledCall {
         if self.written {
             return;
         }
-        let (ledger, call, answered) = (self.ledger.clone(), self.call, self.answered.take());
+        let (ledger, call) = (self.ledger.clone(), self.call);
+        let outcome = self.if_dropped.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::error!(
                 call = call.0,
@@ -85,15 +104,9 @@ impl Drop for UnsettledCall {
             return;
         };
         runtime.spawn(async move {
-            let written = match answered {
-                Some(success) => ledger.settle(call, success).await,
-                None => {
-                    let failure = CallFailure {
-                        upstream_status: None,
-                        error: CANCELLED_BEFORE_ANSWER.to_owned(),
-                    };
-                    ledger.refund(call, &failure).await
-                }
+            let written = match outcome {
+                Outcome::Settle(success) => ledger.settle(call, success).await,
+                Outcome::Refund(failure) => ledger.refund(call, &failure).await,
             };
             if let Err(error) = written {
                 tracing::error!(call = call.0, %error, "finishing a dropped call failed; left for recovery");

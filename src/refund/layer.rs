@@ -6,7 +6,9 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use super::DEFAULT_UPSTREAM_BOUND;
+use super::body::StreamLimits;
 use super::service::RefundOnUpstreamError;
+use crate::catalogue::{DEFAULT_STREAM_DEADLINE, DEFAULT_STREAM_IDLE_TIMEOUT};
 use crate::store::Ledger;
 
 /// Configuration of [`RefundOnUpstreamError`]: the ledger that settles and refunds, and the
@@ -16,6 +18,7 @@ use crate::store::Ledger;
 pub struct RefundOnUpstreamErrorLayer {
     ledger: Arc<dyn Ledger>,
     upstream_bound: Duration,
+    stream_limits: StreamLimits,
 }
 
 impl RefundOnUpstreamErrorLayer {
@@ -24,6 +27,10 @@ impl RefundOnUpstreamErrorLayer {
         RefundOnUpstreamErrorLayer {
             ledger,
             upstream_bound: DEFAULT_UPSTREAM_BOUND,
+            stream_limits: StreamLimits {
+                deadline: DEFAULT_STREAM_DEADLINE,
+                idle: DEFAULT_STREAM_IDLE_TIMEOUT,
+            },
         }
     }
 
@@ -33,6 +40,20 @@ impl RefundOnUpstreamErrorLayer {
     /// safe beside running gateways.
     pub fn upstream_bound(mut self, bound: Duration) -> RefundOnUpstreamErrorLayer {
         self.upstream_bound = bound;
+        self
+    }
+
+    /// Ends a streamed reply that has lasted `deadline` since its first event: the provider
+    /// failed, so the call is refunded and the client gets an error event. Recovery must not
+    /// take back a reservation younger than this (see [`crate::recovery_age`]).
+    pub fn stream_deadline(mut self, deadline: Duration) -> RefundOnUpstreamErrorLayer {
+        self.stream_limits.deadline = deadline;
+        self
+    }
+
+    /// Ends a streamed reply whose provider sent no complete event for `idle`, as a failure.
+    pub fn stream_idle_timeout(mut self, idle: Duration) -> RefundOnUpstreamErrorLayer {
+        self.stream_limits.idle = idle;
         self
     }
 }
@@ -48,6 +69,11 @@ impl<U> Layer<U> for RefundOnUpstreamErrorLayer {
     type Service = RefundOnUpstreamError<U>;
 
     fn layer(&self, upstream: U) -> RefundOnUpstreamError<U> {
-        RefundOnUpstreamError::new(upstream, self.ledger.clone(), self.upstream_bound)
+        RefundOnUpstreamError::new(
+            upstream,
+            self.ledger.clone(),
+            self.upstream_bound,
+            self.stream_limits,
+        )
     }
 }

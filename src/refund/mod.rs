@@ -54,12 +54,14 @@
 //! # }
 //! ```
 
+mod body;
 mod guard;
 mod layer;
 mod service;
 
 use std::time::Duration;
 
+pub use body::{CLIENT_LEFT_BEFORE_CONTENT, ResponseBody};
 pub use layer::RefundOnUpstreamErrorLayer;
 pub use service::RefundOnUpstreamError;
 

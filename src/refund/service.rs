@@ -9,17 +9,18 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
+use http::{HeaderMap, HeaderValue, Request, Response, header};
 use tower_service::Service;
 
+use super::body::{BilledStream, ResponseBody, StreamLimits};
 use super::guard::UnsettledCall;
 use super::layer::RefundOnUpstreamErrorLayer;
 use crate::BoxFuture;
-use crate::call::{Reservation, ServedBy};
+use crate::call::{Reservation, RoutedCall, ServedBy};
 use crate::classify::complete_reply;
 use crate::error::{GatewayError, UpstreamError};
 use crate::protocol::TokenUsage;
+use crate::reply::{EventStream, Inner, UpstreamBody};
 use crate::store::{CallFailure, CallSuccess, Ledger};
 
 /// Middleware around the upstream that turns its outcome into a settle or a refund.
@@ -27,6 +28,7 @@ pub struct RefundOnUpstreamError<U> {
     upstream: U,
     ledger: Arc<dyn Ledger>,
     upstream_bound: Duration,
+    stream_limits: StreamLimits,
     /// An upstream that failed `poll_ready` fails the next call (which is refunded) rather than
     /// the whole service: every service the router sees is infallible.
     not_ready: Option<UpstreamError>,
@@ -38,17 +40,24 @@ impl<U: Clone> Clone for RefundOnUpstreamError<U> {
             upstream: self.upstream.clone(),
             ledger: self.ledger.clone(),
             upstream_bound: self.upstream_bound,
+            stream_limits: self.stream_limits,
             not_ready: None,
         }
     }
 }
 
 impl<U> RefundOnUpstreamError<U> {
-    pub(super) fn new(upstream: U, ledger: Arc<dyn Ledger>, upstream_bound: Duration) -> Self {
+    pub(super) fn new(
+        upstream: U,
+        ledger: Arc<dyn Ledger>,
+        upstream_bound: Duration,
+        stream_limits: StreamLimits,
+    ) -> Self {
         RefundOnUpstreamError {
             upstream,
             ledger,
             upstream_bound,
+            stream_limits,
             not_ready: None,
         }
     }
@@ -67,18 +76,19 @@ impl<U: std::fmt::Debug> std::fmt::Debug for RefundOnUpstreamError<U> {
     }
 }
 
-impl<U, ReqBody> Service<Request<ReqBody>> for RefundOnUpstreamError<U>
+impl<U, ReqBody, UpstreamReply> Service<Request<ReqBody>> for RefundOnUpstreamError<U>
 where
-    U: Service<Request<ReqBody>, Response = Response<Bytes>, Error = UpstreamError>
+    U: Service<Request<ReqBody>, Response = Response<UpstreamReply>, Error = UpstreamError>
         + Clone
         + Send
         + 'static,
     U::Future: Send,
+    UpstreamReply: Into<UpstreamBody>,
     ReqBody: Send + 'static,
 {
-    type Response = Response<Full<Bytes>>;
+    type Response = Response<ResponseBody>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Response<Full<Bytes>>, Infallible>>;
+    type Future = BoxFuture<Result<Response<ResponseBody>, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         if self.not_ready.is_none() {
@@ -98,8 +108,13 @@ where
             .extensions()
             .get::<Reservation>()
             .map(|reservation| UnsettledCall::new(self.ledger.clone(), reservation.call));
+        let protocol = request
+            .extensions()
+            .get::<RoutedCall>()
+            .map(|routed| routed.protocol);
         let not_ready = self.not_ready.take();
         let bound = self.upstream_bound;
+        let limits = self.stream_limits;
         let clone = self.upstream.clone();
         let mut upstream = std::mem::replace(&mut self.upstream, clone);
         Box::pin(async move {
@@ -114,7 +129,7 @@ where
                 }
             };
             let outcome = match tokio::time::timeout(bound, CatchPanic::new(upstream_call)).await {
-                Ok(Ok(outcome)) => outcome,
+                Ok(Ok(outcome)) => outcome.map(|reply| reply.map(Into::into)),
                 Ok(Err(panic)) => {
                     tracing::error!(call = unsettled.call.0, %panic, "the upstream panicked");
                     Err(UpstreamError::transport(format!(
@@ -126,11 +141,27 @@ where
                 ))),
             };
             match judge(outcome) {
-                Ok((reply, success)) => match unsettled.settle(success).await {
-                    Ok(()) => Ok(reply.map(Full::new)),
+                Ok(Judged::Complete(reply, success)) => match unsettled.settle(success).await {
+                    Ok(()) => Ok(reply.map(ResponseBody::from)),
                     // Not billed, so the reply is not handed out either.
                     Err(unbilled) => Ok(unbilled.into_response()),
                 },
+                Ok(Judged::Stream(mut parts, events, success)) => {
+                    let Some(protocol) = protocol else {
+                        tracing::error!(
+                            "a stream needs ProtocolRouter outside RefundOnUpstreamError"
+                        );
+                        let failure = CallFailure {
+                            upstream_status: Some(success.upstream_status),
+                            error: "misconfigured: a stream without a RoutedCall".to_owned(),
+                        };
+                        unsettled.refund(failure).await;
+                        return Ok(GatewayError::Misconfigured.into_response());
+                    };
+                    event_stream_headers(&mut parts.headers);
+                    let stream = BilledStream::new(events, protocol, unsettled, success, limits);
+                    Ok(Response::from_parts(parts, ResponseBody::stream(stream)))
+                }
                 Err((failure, client_message)) => {
                     tracing::warn!(
                         call = unsettled.call.0,
@@ -148,6 +179,17 @@ where
             }
         })
     }
+}
+
+/// The headers of a stream passed on: an event stream, never cached or buffered on the way.
+fn event_stream_headers(headers: &mut HeaderMap) {
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
 }
 
 /// Turns a panic while polling the inner future into an error value.
@@ -183,51 +225,77 @@ impl<F: Future> Future for CatchPanic<F> {
     }
 }
 
+/// An upstream's answer worth paying for.
+enum Judged {
+    /// A complete reply, billed now.
+    Complete(Response<Bytes>, CallSuccess),
+    /// An event stream, billed when it ends; the usage is read from its events.
+    Stream(http::response::Parts, EventStream, CallSuccess),
+}
+
 /// Decides whether an upstream outcome is a success worth paying for (see [`crate::classify`]).
 /// A failure comes with what the client may be told of it.
 fn judge(
-    outcome: Result<Response<Bytes>, UpstreamError>,
-) -> Result<(Response<Bytes>, CallSuccess), (CallFailure, Option<String>)> {
+    outcome: Result<Response<UpstreamBody>, UpstreamError>,
+) -> Result<Judged, (CallFailure, Option<String>)> {
     let failed = |error: UpstreamError| {
         let client_message = error.client_message.clone();
         (CallFailure::from(error), client_message)
     };
-    let mut reply = outcome.map_err(failed)?;
-    let status = reply.status();
-    // An upstream that already parsed the reply says so; otherwise classify it here.
-    let usage = match reply.extensions_mut().remove::<TokenUsage>() {
-        Some(usage) if status.is_success() => usage,
-        _ => complete_reply(status, reply.body()).map_err(failed)?,
+    let (mut parts, body) = outcome.map_err(failed)?.into_parts();
+    let status = parts.status;
+    let channel = parts.extensions.remove::<ServedBy>().map(|served| served.0);
+    let success = |usage| CallSuccess {
+        upstream_status: status.as_u16(),
+        usage,
+        channel,
     };
-    let channel = reply
-        .extensions_mut()
-        .remove::<ServedBy>()
-        .map(|served| served.0);
-    Ok((
-        reply,
-        CallSuccess {
-            upstream_status: status.as_u16(),
-            usage,
-            channel,
-        },
-    ))
+    match body.into_inner() {
+        Inner::Complete(body) => {
+            // An upstream that already parsed the reply says so; otherwise classify it here.
+            let usage = match parts.extensions.remove::<TokenUsage>() {
+                Some(usage) if status.is_success() => usage,
+                _ => complete_reply(status, &body).map_err(failed)?,
+            };
+            Ok(Judged::Complete(
+                Response::from_parts(parts, body),
+                success(usage),
+            ))
+        }
+        Inner::Events(_) if !status.is_success() => Err(failed(UpstreamError {
+            status: Some(status.as_u16()),
+            message: format!("answered {status} with an event stream"),
+            client_message: None,
+        })),
+        Inner::Events(events) => Ok(Judged::Stream(
+            parts,
+            events,
+            success(TokenUsage::default()),
+        )),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn judge_reply(reply: Response<Bytes>) -> Result<Judged, (CallFailure, Option<String>)> {
+        judge(Ok(reply.map(UpstreamBody::from)))
+    }
+
     #[test]
     fn a_body_that_is_not_a_json_object_is_a_failure() {
         let reply = Response::new(Bytes::from_static(b"not json"));
-        assert!(judge(Ok(reply)).is_err());
+        assert!(judge_reply(reply).is_err());
     }
 
     #[test]
     fn a_non_2xx_reply_is_a_failure_that_keeps_the_status() {
         let mut reply = Response::new(Bytes::from_static(br#"{"error":"overloaded"}"#));
         *reply.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
-        let failure = judge(Ok(reply)).unwrap_err();
+        let Err(failure) = judge_reply(reply) else {
+            panic!("a 429 was judged billable")
+        };
         assert_eq!(failure.0.upstream_status, Some(429));
         assert!(failure.0.error.contains("overloaded"));
     }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
 use tower_service::Service;
 
 use super::breaker::CircuitBreaker;
@@ -29,6 +30,8 @@ use crate::catalogue::{Catalogue, ModelChannel, UpstreamConfig, UpstreamKind};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
 use crate::protocol::provider_message;
+use crate::protocol::sse::EventSplitter;
+use crate::reply::UpstreamBody;
 
 /// `anthropic-version` sent when the client sent none.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -68,6 +71,8 @@ struct Channel {
     /// The provider key in clear, only to scrub it from anything the provider echoes back.
     secret: Option<String>,
     breaker: CircuitBreaker,
+    /// How long a streamed reply may last: the request's time-out when it streams.
+    stream_deadline: Duration,
 }
 
 impl std::fmt::Debug for HttpUpstream {
@@ -120,6 +125,7 @@ impl HttpUpstream {
                     config: config.clone(),
                     api_key,
                     secret,
+                    stream_deadline: catalogue.stream_deadline(),
                 },
             );
         }
@@ -202,6 +208,68 @@ impl Channel {
         headers
     }
 
+    /// A 2xx answer to a streamed call: an event stream is handed on once its first event has
+    /// arrived, so that a provider failing before that is still failed over; anything else is
+    /// this channel's failure.
+    async fn event_stream(
+        &self,
+        reply: reqwest::Response,
+        first_event_within: Duration,
+    ) -> Result<Response<UpstreamBody>, AttemptError> {
+        let status = reply.status();
+        let failed = |message: String| AttemptError::Retryable {
+            status: Some(status.as_u16()),
+            message,
+            retry_after: None,
+        };
+        let content_type = reply.headers().get(header::CONTENT_TYPE).cloned();
+        let is_event_stream = content_type
+            .as_ref()
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.trim_start().starts_with("text/event-stream"));
+        if !is_event_stream {
+            return Err(failed(format!(
+                "answered {status} to a streamed call without an event stream ({content_type:?})"
+            )));
+        }
+        let mut body = http::Response::<reqwest::Body>::from(reply)
+            .into_body()
+            .map_err(|error| UpstreamError::transport(transport_error(error)));
+        let mut received = Vec::new();
+        let mut splitter = EventSplitter::new();
+        let first = async {
+            while splitter.next_event().is_none() {
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            splitter.push(&data);
+                            received.push(data);
+                        }
+                    }
+                    Some(Err(error)) => return Err(error.message),
+                    None => return Err("the stream ended before its first event".to_owned()),
+                }
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(first_event_within, first).await {
+            Ok(Ok(())) => {}
+            Ok(Err(message)) => return Err(failed(self.scrub(message))),
+            Err(_) => return Err(failed("no event before the time-out".to_owned())),
+        }
+        let mut response = Response::new(UpstreamBody::events_after(received, body));
+        *response.status_mut() = status;
+        if let Some(content_type) = content_type {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+        }
+        response
+            .extensions_mut()
+            .insert(ServedBy(self.config.name.clone()));
+        Ok(response)
+    }
+
     /// Removes the provider key from text the provider sent back.
     fn scrub(&self, text: String) -> String {
         match &self.secret {
@@ -218,7 +286,7 @@ impl Channel {
         routed: &RoutedCall,
         request: &Request<Bytes>,
         deadline: Instant,
-    ) -> Result<Response<Bytes>, AttemptError> {
+    ) -> Result<Response<UpstreamBody>, AttemptError> {
         let retryable = |status: Option<u16>, message: String| AttemptError::Retryable {
             status,
             message,
@@ -234,16 +302,28 @@ impl Channel {
             ));
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let reply = self
+        let request_timeout = if routed.stream {
+            // The whole stream; the wait for its first event is bounded below.
+            self.stream_deadline
+        } else {
+            remaining.min(self.config.timeout)
+        };
+        let sent = self
             .client
             .post(self.url())
             .headers(self.headers(request.headers(), api_key))
-            .timeout(remaining.min(self.config.timeout))
+            .timeout(request_timeout)
             .body(routed.upstream_body(request.body(), channel.upstream_model.as_deref()))
-            .send()
+            .send();
+        let reply = tokio::time::timeout(remaining.min(self.config.timeout), sent)
             .await
+            .map_err(|_| retryable(None, "timed out waiting for the answer".to_owned()))?
             .map_err(|error| retryable(None, transport_error(error)))?;
         let status = reply.status();
+        if routed.stream && status.is_success() {
+            let first_event = remaining.min(self.config.timeout);
+            return self.event_stream(reply, first_event).await;
+        }
         let reply_headers = reply.headers().clone();
         let body = reply
             .bytes()
@@ -253,7 +333,7 @@ impl Channel {
         if status.is_success() {
             let usage = complete_reply(status, &body)
                 .map_err(|error| retryable(error.status, error.message))?;
-            let mut response = Response::new(body);
+            let mut response = Response::new(UpstreamBody::complete(body));
             *response.status_mut() = status;
             let content_type = reply_headers
                 .get(header::CONTENT_TYPE)
@@ -336,9 +416,9 @@ fn attempt_order(channels: &[ModelChannel]) -> Vec<&ModelChannel> {
 }
 
 impl Service<Request<Bytes>> for HttpUpstream {
-    type Response = Response<Bytes>;
+    type Response = Response<UpstreamBody>;
     type Error = UpstreamError;
-    type Future = BoxFuture<Result<Response<Bytes>, UpstreamError>>;
+    type Future = BoxFuture<Result<Response<UpstreamBody>, UpstreamError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), UpstreamError>> {
         Poll::Ready(Ok(()))
@@ -426,7 +506,7 @@ impl Service<Request<Bytes>> for HttpUpstream {
 /// What the failover loop does after one attempt.
 enum Next {
     /// Stop: the call's answer.
-    Answer(Result<Response<Bytes>, UpstreamError>),
+    Answer(Result<Response<UpstreamBody>, UpstreamError>),
     /// Try the next channel; a 429's `Retry-After`, if it gave one.
     GoOn(Option<Duration>),
 }
@@ -436,7 +516,7 @@ enum Next {
 fn record(
     channel: &Channel,
     label: &str,
-    outcome: Result<Response<Bytes>, AttemptError>,
+    outcome: Result<Response<UpstreamBody>, AttemptError>,
     failures: &mut Vec<String>,
     last_status: &mut Option<u16>,
 ) -> Next {

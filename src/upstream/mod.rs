@@ -15,6 +15,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::BoxFuture;
+use crate::reply::UpstreamBody;
 
 mod breaker;
 mod http_client;
@@ -35,9 +36,9 @@ pub enum Upstream {
 }
 
 impl Service<Request<Bytes>> for Upstream {
-    type Response = Response<Bytes>;
+    type Response = Response<UpstreamBody>;
     type Error = UpstreamError;
-    type Future = BoxFuture<Result<Response<Bytes>, UpstreamError>>;
+    type Future = BoxFuture<Result<Response<UpstreamBody>, UpstreamError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), UpstreamError>> {
         // Both variants are always ready: the mock has no resources, reqwest pools internally.

@@ -27,6 +27,24 @@ pub enum Fault {
     Garbage,
     /// One of these, picked at random each time.
     OneOf(Vec<Fault>),
+    /// A streamed answer (chunked transfer encoding): each chunk after its delay, then `end`.
+    Stream {
+        status: u16,
+        content_type: String,
+        chunks: Vec<(Duration, Vec<u8>)>,
+        end: StreamEnd,
+    },
+}
+
+/// How a streamed answer ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The last chunk, as a good provider ends.
+    Finish,
+    /// The connection is reset mid-stream.
+    Cut,
+    /// Nothing more is sent; the connection stays open until the client closes it.
+    Hang,
 }
 
 impl Fault {
@@ -43,6 +61,45 @@ impl Fault {
     pub fn with_header(mut self, name: &str, value: &str) -> Fault {
         if let Fault::Reply { headers, .. } = &mut self {
             headers.push((name.to_owned(), value.to_owned()));
+        }
+        self
+    }
+
+    /// A 200 event stream of these chunks, sent at once, ending normally.
+    pub fn sse<C: AsRef<[u8]>>(chunks: impl IntoIterator<Item = C>) -> Fault {
+        Fault::Stream {
+            status: 200,
+            content_type: "text/event-stream".into(),
+            chunks: chunks
+                .into_iter()
+                .map(|chunk| (Duration::ZERO, chunk.as_ref().to_vec()))
+                .collect(),
+            end: StreamEnd::Finish,
+        }
+    }
+
+    /// The same stream with each chunk `gap` after the one before.
+    pub fn spaced(mut self, gap: Duration) -> Fault {
+        if let Fault::Stream { chunks, .. } = &mut self {
+            for (delay, _) in chunks.iter_mut() {
+                *delay = gap;
+            }
+        }
+        self
+    }
+
+    /// The same stream ending as `end` says.
+    pub fn ending(mut self, how: StreamEnd) -> Fault {
+        if let Fault::Stream { end, .. } = &mut self {
+            *end = how;
+        }
+        self
+    }
+
+    /// The same stream with another content type.
+    pub fn content_type(mut self, value: &str) -> Fault {
+        if let Fault::Stream { content_type, .. } = &mut self {
+            *content_type = value.to_owned();
         }
         self
     }
@@ -79,6 +136,9 @@ struct State {
     script: Mutex<VecDeque<Fault>>,
     fallback: Mutex<Option<Fault>>,
     connections: AtomicUsize,
+    /// Streams whose client closed the connection before the stream was finished.
+    hung_up: AtomicUsize,
+    hang_up: tokio::sync::Notify,
 }
 
 /// A running fake provider.
@@ -126,6 +186,26 @@ impl FakeProvider {
 
     pub fn last(&self) -> Seen {
         self.seen().pop().expect("the provider was called")
+    }
+
+    /// Streams the gateway abandoned (closed the connection) before they finished.
+    pub fn hung_up(&self) -> usize {
+        self.state.hung_up.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `count` streams have been abandoned by the gateway, at most `within`.
+    pub async fn wait_hung_up(&self, count: usize, within: Duration) -> bool {
+        tokio::time::timeout(within, async {
+            while self.hung_up() < count {
+                let notified = self.state.hang_up.notified();
+                if self.hung_up() >= count {
+                    break;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .is_ok()
     }
 
     /// TCP connections accepted so far.
@@ -184,6 +264,20 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
                     let _ = stream.set_zero_linger();
                     return;
                 }
+                Fault::Stream {
+                    status,
+                    content_type,
+                    chunks,
+                    end,
+                } => match send_stream(&mut stream, status, &content_type, chunks, end).await {
+                    Streamed::Finished => break,
+                    Streamed::Closed => return,
+                    Streamed::HungUp => {
+                        state.hung_up.fetch_add(1, Ordering::SeqCst);
+                        state.hang_up.notify_waiters();
+                        return;
+                    }
+                },
                 Fault::Garbage => {
                     let _ = stream.write_all(b"THIS IS NOT HTTP AT ALL\r\n\r\n").await;
                     let _ = stream.shutdown().await;
@@ -191,6 +285,72 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
                 }
             }
         }
+    }
+}
+
+/// How sending a stream went.
+enum Streamed {
+    /// Sent to the end; the connection may serve the next request.
+    Finished,
+    /// The provider cut it, as scripted.
+    Closed,
+    /// The client closed the connection first.
+    HungUp,
+}
+
+async fn send_stream(
+    stream: &mut TcpStream,
+    status: u16,
+    content_type: &str,
+    chunks: Vec<(Duration, Vec<u8>)>,
+    end: StreamEnd,
+) -> Streamed {
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ntransfer-encoding: chunked\r\n\r\n",
+        reason(status)
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return Streamed::HungUp;
+    }
+    for (delay, chunk) in chunks {
+        if !delay.is_zero() && closed_within(stream, delay).await {
+            return Streamed::HungUp;
+        }
+        let mut framed = format!("{:x}\r\n", chunk.len()).into_bytes();
+        framed.extend_from_slice(&chunk);
+        framed.extend_from_slice(b"\r\n");
+        if stream.write_all(&framed).await.is_err() {
+            return Streamed::HungUp;
+        }
+    }
+    match end {
+        StreamEnd::Finish => {
+            if stream.write_all(b"0\r\n\r\n").await.is_err() {
+                return Streamed::HungUp;
+            }
+            Streamed::Finished
+        }
+        StreamEnd::Cut => {
+            let _ = stream.set_zero_linger();
+            Streamed::Closed
+        }
+        StreamEnd::Hang => {
+            // Until the client closes (bounded, so a test that forgets cannot hang forever).
+            if closed_within(stream, Duration::from_secs(60)).await {
+                Streamed::HungUp
+            } else {
+                Streamed::Closed
+            }
+        }
+    }
+}
+
+/// Waits `wait`; `true` if the client closed the connection meanwhile.
+async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
+    let mut byte = [0u8; 1];
+    tokio::select! {
+        () = tokio::time::sleep(wait) => false,
+        read = stream.read(&mut byte) => matches!(read, Ok(0) | Err(_)),
     }
 }
 

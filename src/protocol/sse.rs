@@ -1,0 +1,452 @@
+//! Server-sent event streams as the two protocols send them: where each event ends, and what it
+//! says (content, usage, the end, an error).
+//!
+//! The gateway forwards a provider's events byte for byte, whole events at a time: an
+//! [`EventSplitter`] finds where each complete event ends in the bytes received so far, and a
+//! [`StreamReader`] reads each event once for what billing needs. Neither changes a byte.
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::{Protocol, TokenUsage};
+
+/// Cuts a byte stream into complete events. An event ends at a blank line; lines may end in
+/// `\n`, `\r\n` or `\r` (the SSE grammar), and a chunk may end anywhere, even inside a UTF-8
+/// character or between the `\r` and `\n` of one line ending.
+#[derive(Debug)]
+pub struct EventSplitter {
+    buffer: BytesMut,
+    /// Where to resume looking for the end of the next event, and whether a line starts there.
+    scanned: usize,
+    line_start: bool,
+}
+
+impl Default for EventSplitter {
+    fn default() -> EventSplitter {
+        EventSplitter {
+            buffer: BytesMut::new(),
+            scanned: 0,
+            line_start: true,
+        }
+    }
+}
+
+impl EventSplitter {
+    /// An empty splitter.
+    pub fn new() -> EventSplitter {
+        EventSplitter::default()
+    }
+
+    /// Adds received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buffer.extend_from_slice(bytes);
+    }
+
+    /// The next complete event, with the blank line that ends it, exactly as received.
+    pub fn next_event(&mut self) -> Option<Bytes> {
+        let end = self.event_end()?;
+        self.scanned = 0;
+        self.line_start = true;
+        Some(self.buffer.split_to(end).freeze())
+    }
+
+    /// Bytes received that do not yet make a complete event.
+    pub fn pending(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Where the first complete event ends (after its blank line), if one is complete.
+    fn event_end(&mut self) -> Option<usize> {
+        let bytes = &self.buffer[..];
+        let (mut i, mut line_start) = (self.scanned, self.line_start);
+        while i < bytes.len() {
+            let ending = match bytes[i] {
+                b'\n' => 1,
+                // A `\r` at the end of what arrived may be the first half of `\r\n`: wait.
+                b'\r' if i + 1 == bytes.len() => break,
+                b'\r' if bytes[i + 1] == b'\n' => 2,
+                b'\r' => 1,
+                _ => {
+                    line_start = false;
+                    i += 1;
+                    continue;
+                }
+            };
+            // A line ending at the start of a line is a blank line (but not at the very start).
+            if line_start && i > 0 {
+                return Some(i + ending);
+            }
+            line_start = true;
+            i += ending;
+        }
+        (self.scanned, self.line_start) = (i, line_start);
+        None
+    }
+}
+
+/// The fields of one event that matter here: its `event:` name and its `data:` lines joined.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// The `event:` field, if any.
+    pub name: Option<String>,
+    /// The `data:` lines, joined with `\n`.
+    pub data: String,
+}
+
+impl Event {
+    /// Parses one complete event as [`EventSplitter`] returns it. Comments (`:` lines) and other
+    /// fields are skipped; text that is not UTF-8 is read lossily (it is forwarded unchanged).
+    pub fn parse(event: &[u8]) -> Event {
+        let text = String::from_utf8_lossy(event);
+        let mut parsed = Event::default();
+        let mut data_lines = 0;
+        for line in text.split(['\n', '\r']) {
+            let (field, value) = match line.split_once(':') {
+                Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+                None => (line, ""),
+            };
+            match field {
+                "event" => parsed.name = Some(value.to_owned()),
+                "data" => {
+                    if data_lines > 0 {
+                        parsed.data.push('\n');
+                    }
+                    parsed.data.push_str(value);
+                    data_lines += 1;
+                }
+                _ => {}
+            }
+        }
+        parsed
+    }
+}
+
+/// What one event means for billing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// Part of the reply: text, a tool call, thinking. Once one reached the client, the call is
+    /// billed even if the client leaves.
+    Content,
+    /// The stream's normal end: Anthropic `message_stop`, OpenAI `data: [DONE]`.
+    End,
+    /// The provider reports a failure inside the stream, with its message.
+    Error(String),
+    /// Anything else: metadata, pings, usage.
+    Other,
+}
+
+/// Reads a protocol's events in order and keeps what billing needs: the usage reported so far
+/// and whether any content has been seen.
+#[derive(Debug, Clone)]
+pub struct StreamReader {
+    protocol: Protocol,
+    usage: TokenUsage,
+    content_seen: bool,
+}
+
+impl StreamReader {
+    /// A reader for `protocol`'s events.
+    pub fn new(protocol: Protocol) -> StreamReader {
+        StreamReader {
+            protocol,
+            usage: TokenUsage::default(),
+            content_seen: false,
+        }
+    }
+
+    /// Reads one complete event.
+    pub fn read(&mut self, event: &[u8]) -> EventKind {
+        let event = Event::parse(event);
+        let kind = match self.protocol {
+            Protocol::Messages => self.read_messages(&event),
+            Protocol::ChatCompletions => self.read_chat(&event),
+        };
+        if kind == EventKind::Content {
+            self.content_seen = true;
+        }
+        kind
+    }
+
+    /// The usage the stream has reported so far.
+    pub fn usage(&self) -> TokenUsage {
+        self.usage
+    }
+
+    /// Whether any content event has been read.
+    pub fn content_seen(&self) -> bool {
+        self.content_seen
+    }
+
+    fn read_messages(&mut self, event: &Event) -> EventKind {
+        #[derive(Deserialize)]
+        struct Data<'a> {
+            #[serde(rename = "type")]
+            kind: Option<&'a str>,
+            message: Option<Message>,
+            usage: Option<Usage>,
+            error: Option<ErrorObject>,
+        }
+        #[derive(Deserialize)]
+        struct Message {
+            usage: Option<Usage>,
+        }
+        let data: Option<Data> = serde_json::from_str(&event.data).ok();
+        let name = event
+            .name
+            .as_deref()
+            .or(data.as_ref().and_then(|data| data.kind));
+        let Some(name) = name else {
+            return EventKind::Other;
+        };
+        match name {
+            "message_start" => {
+                if let Some(usage) = data.and_then(|data| data.message?.usage) {
+                    self.merge(usage);
+                }
+                EventKind::Other
+            }
+            "message_delta" => {
+                if let Some(usage) = data.and_then(|data| data.usage) {
+                    self.merge(usage);
+                }
+                EventKind::Other
+            }
+            "content_block_start" | "content_block_delta" => EventKind::Content,
+            "message_stop" => EventKind::End,
+            "error" => EventKind::Error(
+                data.and_then(|data| data.error)
+                    .map_or_else(|| event.data.clone(), ErrorObject::describe),
+            ),
+            _ => EventKind::Other,
+        }
+    }
+
+    fn read_chat(&mut self, event: &Event) -> EventKind {
+        #[derive(Deserialize)]
+        struct Chunk<'a> {
+            #[serde(default, borrow)]
+            choices: Vec<Choice<'a>>,
+            usage: Option<Usage>,
+            error: Option<ErrorObject>,
+        }
+        #[derive(Deserialize)]
+        struct Choice<'a> {
+            #[serde(borrow)]
+            delta: Option<std::collections::HashMap<&'a str, &'a RawValue>>,
+        }
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            return EventKind::End;
+        }
+        if data.is_empty() {
+            return EventKind::Other;
+        }
+        let Ok(chunk) = serde_json::from_str::<Chunk>(data) else {
+            return EventKind::Other;
+        };
+        if let Some(error) = chunk.error {
+            return EventKind::Error(error.describe());
+        }
+        if let Some(usage) = chunk.usage {
+            self.merge(usage);
+        }
+        // The first chunk usually carries only `role` and an empty `content`: not content yet.
+        let has_content = chunk.choices.iter().any(|choice| {
+            choice.delta.as_ref().is_some_and(|delta| {
+                delta.iter().any(|(field, value)| {
+                    *field != "role" && !matches!(value.get(), "null" | "\"\"" | "[]")
+                })
+            })
+        });
+        if has_content {
+            EventKind::Content
+        } else {
+            EventKind::Other
+        }
+    }
+
+    fn merge(&mut self, usage: Usage) {
+        if usage.input_tokens.is_some() {
+            self.usage.input_tokens = usage.input_tokens;
+        }
+        if usage.output_tokens.is_some() {
+            self.usage.output_tokens = usage.output_tokens;
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(alias = "prompt_tokens")]
+    input_tokens: Option<i64>,
+    #[serde(alias = "completion_tokens")]
+    output_tokens: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct ErrorObject {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    message: Option<String>,
+}
+
+impl ErrorObject {
+    fn describe(self) -> String {
+        match (self.kind, self.message) {
+            (Some(kind), Some(message)) => format!("{kind}: {message}"),
+            (kind, message) => message.or(kind).unwrap_or_default(),
+        }
+    }
+}
+
+/// The last event the gateway sends when the provider failed after the stream started, in the
+/// protocol's own error shape, with the contract's text.
+pub fn error_event(protocol: Protocol, detail: &str) -> Bytes {
+    let error = serde_json::json!({ "type": "api_error", "message": detail });
+    let event = match protocol {
+        Protocol::Messages => format!(
+            "event: error\ndata: {}\n\n",
+            serde_json::json!({ "type": "error", "error": error })
+        ),
+        Protocol::ChatCompletions => format!(
+            "data: {}\n\n",
+            serde_json::json!({ "error": { "message": detail, "type": "api_error", "code": null } })
+        ),
+    };
+    Bytes::from(event)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split_all(chunks: &[&[u8]]) -> Vec<Bytes> {
+        let mut splitter = EventSplitter::new();
+        let mut events = Vec::new();
+        for chunk in chunks {
+            splitter.push(chunk);
+            while let Some(event) = splitter.next_event() {
+                events.push(event);
+            }
+        }
+        events
+    }
+
+    #[test]
+    fn events_end_at_a_blank_line_with_any_line_ending() {
+        for stream in [
+            &b"data: a\n\ndata: b\n\n"[..],
+            b"data: a\r\n\r\ndata: b\r\n\r\n",
+        ] {
+            let events = split_all(&[stream]);
+            assert_eq!(events.len(), 2, "{stream:?}");
+            assert_eq!(events.concat(), stream);
+        }
+        // A lone `\r` at the end may be half of `\r\n`: the event is complete only once the
+        // next byte shows it is not.
+        let events = split_all(&[b"data: a\r\rdata: b\r\r", b"d"]);
+        assert_eq!(events, [&b"data: a\r\r"[..], b"data: b\r\r"]);
+    }
+
+    #[test]
+    fn an_event_cut_anywhere_is_put_back_together_unchanged() {
+        let stream = "event: content_block_delta\r\ndata: {\"text\":\"你好\"}\r\n\r\nevent: ping\r\ndata: {}\r\n\r\n".as_bytes();
+        for cut in 0..stream.len() {
+            let events = split_all(&[&stream[..cut], &stream[cut..]]);
+            assert_eq!(events.len(), 2, "cut at {cut}");
+            assert_eq!(events.concat(), stream, "cut at {cut}");
+        }
+        let byte_by_byte: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(split_all(&byte_by_byte).concat(), stream);
+    }
+
+    #[test]
+    fn an_incomplete_event_is_held_back() {
+        let mut splitter = EventSplitter::new();
+        splitter.push(b"data: {\"a\":1}\n");
+        assert_eq!(splitter.next_event(), None);
+        assert_eq!(splitter.pending(), 14);
+        splitter.push(b"\n");
+        assert_eq!(
+            splitter.next_event().as_deref(),
+            Some(&b"data: {\"a\":1}\n\n"[..])
+        );
+    }
+
+    #[test]
+    fn messages_events_report_usage_content_and_the_end() {
+        let mut reader = StreamReader::new(Protocol::Messages);
+        let start = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n";
+        assert_eq!(reader.read(start), EventKind::Other);
+        assert!(!reader.content_seen());
+        assert_eq!(
+            reader.read(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
+            EventKind::Other
+        );
+        let delta = b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
+        assert_eq!(reader.read(delta), EventKind::Content);
+        let end = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n";
+        assert_eq!(reader.read(end), EventKind::Other);
+        assert_eq!(
+            reader.read(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+            EventKind::End
+        );
+        assert!(reader.content_seen());
+        assert_eq!(
+            reader.usage(),
+            TokenUsage {
+                input_tokens: Some(25),
+                output_tokens: Some(15)
+            }
+        );
+    }
+
+    #[test]
+    fn a_messages_error_event_is_a_failure_with_its_message() {
+        let mut reader = StreamReader::new(Protocol::Messages);
+        let error = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+        assert_eq!(
+            reader.read(error),
+            EventKind::Error("overloaded_error: Overloaded".into())
+        );
+    }
+
+    #[test]
+    fn chat_chunks_report_content_usage_errors_and_done() {
+        let mut reader = StreamReader::new(Protocol::ChatCompletions);
+        let role = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+        assert_eq!(reader.read(role), EventKind::Other);
+        let text = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+        assert_eq!(reader.read(text), EventKind::Content);
+        let tool = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\"}}]}}]}\n\n";
+        assert_eq!(reader.read(tool), EventKind::Content);
+        let usage = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":3,\"total_tokens\":12}}\n\n";
+        assert_eq!(reader.read(usage), EventKind::Other);
+        assert_eq!(reader.usage().output_tokens, Some(3));
+        assert_eq!(reader.read(b"data: [DONE]\n\n"), EventKind::End);
+        let error =
+            b"data: {\"error\":{\"message\":\"server overloaded\",\"type\":\"server_error\"}}\n\n";
+        assert_eq!(
+            reader.read(error),
+            EventKind::Error("server_error: server overloaded".into())
+        );
+    }
+
+    #[test]
+    fn the_gateways_error_events_parse_as_each_protocol_expects() {
+        let mut messages = StreamReader::new(Protocol::Messages);
+        assert_eq!(
+            messages.read(&error_event(Protocol::Messages, "上游服务暂时不可用")),
+            EventKind::Error("api_error: 上游服务暂时不可用".into())
+        );
+        let mut chat = StreamReader::new(Protocol::ChatCompletions);
+        assert_eq!(
+            chat.read(&error_event(
+                Protocol::ChatCompletions,
+                "上游服务暂时不可用"
+            )),
+            EventKind::Error("api_error: 上游服务暂时不可用".into())
+        );
+    }
+}

@@ -1,0 +1,308 @@
+//! [`ResponseBody`]: what the stack answers with, and the streaming body that bills a stream
+//! when it ends.
+//!
+//! A streamed call is decided where its body ends, as tower-http's trace body decides in
+//! `poll_frame` and `Drop`:
+//! - the provider's final event (`message_stop`, `data: [DONE]`) passes, then the call is
+//!   settled with the usage the stream reported, and only then does the client's stream end;
+//! - the provider fails after the stream started (the connection is cut, an error event, no
+//!   event within the idle time-out, the whole-stream deadline, a panic): the upstream is
+//!   dropped, the call refunded, and the client gets one last error event in its protocol's
+//!   shape before the stream closes;
+//! - the client goes away (the body is dropped): the upstream is dropped with it, so the
+//!   provider stops; the call is billed if any content event had reached the client, refunded
+//!   otherwise.
+//!
+//! Events are forwarded whole and unchanged, as soon as each is complete.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use tokio::time::{Instant, Sleep};
+
+use super::guard::{Outcome, UnsettledCall};
+use crate::error::{GatewayError, UpstreamError};
+use crate::protocol::sse::{EventKind, EventSplitter, StreamReader, error_event};
+use crate::protocol::{Protocol, TokenUsage};
+use crate::reply::EventStream;
+use crate::store::{CallFailure, CallSuccess};
+
+/// What a refund records when the client left a stream before any content reached it.
+pub const CLIENT_LEFT_BEFORE_CONTENT: &str =
+    "the client went away before any content of the stream reached it";
+
+/// The body of every response the stack gives: complete, or a billed event stream.
+pub struct ResponseBody {
+    inner: Inner,
+}
+
+enum Inner {
+    Complete(Full<Bytes>),
+    Stream(Box<BilledStream>),
+}
+
+impl ResponseBody {
+    pub(super) fn stream(stream: BilledStream) -> ResponseBody {
+        ResponseBody {
+            inner: Inner::Stream(Box::new(stream)),
+        }
+    }
+}
+
+impl From<Bytes> for ResponseBody {
+    fn from(bytes: Bytes) -> ResponseBody {
+        ResponseBody {
+            inner: Inner::Complete(Full::new(bytes)),
+        }
+    }
+}
+
+impl Default for ResponseBody {
+    fn default() -> ResponseBody {
+        ResponseBody::from(Bytes::new())
+    }
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            Inner::Complete(_) => f.write_str("ResponseBody::Complete"),
+            Inner::Stream(_) => f.write_str("ResponseBody::Stream"),
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match &mut self.get_mut().inner {
+            Inner::Complete(full) => Pin::new(full).poll_frame(cx),
+            Inner::Stream(stream) => stream
+                .poll_next(cx)
+                .map(|data| data.map(|data| Ok(Frame::data(data)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Complete(full) => full.is_end_stream(),
+            Inner::Stream(stream) => stream.done,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Complete(full) => full.size_hint(),
+            Inner::Stream(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// How long a stream may last and stay quiet.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StreamLimits {
+    pub(super) deadline: Duration,
+    pub(super) idle: Duration,
+}
+
+/// A provider's event stream on its way to the client, billed when it ends.
+pub(super) struct BilledStream {
+    upstream: Option<EventStream>,
+    splitter: EventSplitter,
+    reader: StreamReader,
+    protocol: Protocol,
+    /// `None` once the outcome is being written.
+    guard: Option<UnsettledCall>,
+    /// What a settle records, but for the usage read from the stream.
+    success: CallSuccess,
+    /// The usage the guard settles with if the client leaves; `None` while it would refund.
+    billed_if_dropped: Option<TokenUsage>,
+    limits: StreamLimits,
+    idle: Pin<Box<Sleep>>,
+    deadline: Pin<Box<Sleep>>,
+    /// The outcome being written, then the last bytes to send, if any.
+    finishing: Option<Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>>,
+    done: bool,
+}
+
+impl BilledStream {
+    pub(super) fn new(
+        upstream: EventStream,
+        protocol: Protocol,
+        mut guard: UnsettledCall,
+        success: CallSuccess,
+        limits: StreamLimits,
+    ) -> BilledStream {
+        guard.if_dropped(Outcome::Refund(CallFailure {
+            upstream_status: Some(success.upstream_status),
+            error: CLIENT_LEFT_BEFORE_CONTENT.to_owned(),
+        }));
+        let now = Instant::now();
+        BilledStream {
+            upstream: Some(upstream),
+            splitter: EventSplitter::new(),
+            reader: StreamReader::new(protocol),
+            protocol,
+            guard: Some(guard),
+            success,
+            billed_if_dropped: None,
+            limits,
+            idle: Box::pin(tokio::time::sleep_until(now + limits.idle)),
+            deadline: Box::pin(tokio::time::sleep_until(now + limits.deadline)),
+            finishing: None,
+            done: false,
+        }
+    }
+
+    /// The next bytes for the client: whole events, then possibly a last error event.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        loop {
+            if let Some(finishing) = &mut self.finishing {
+                let last = ready!(finishing.as_mut().poll(cx));
+                self.finishing = None;
+                self.done = true;
+                if last.is_some() {
+                    return Poll::Ready(last);
+                }
+            }
+            let Some(upstream) = self.upstream.as_mut() else {
+                self.done = true;
+                return Poll::Ready(None);
+            };
+            if self.deadline.as_mut().poll(cx).is_ready() {
+                let deadline = self.limits.deadline;
+                self.fail(format!("the stream passed its deadline of {deadline:?}"));
+                continue;
+            }
+            if self.idle.as_mut().poll(cx).is_ready() {
+                let idle = self.limits.idle;
+                self.fail(format!("no event from the provider for {idle:?}"));
+                continue;
+            }
+            let polled =
+                std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(upstream).poll_frame(cx)));
+            match polled {
+                Err(_) => self.fail("the upstream's stream panicked".to_owned()),
+                Ok(Poll::Pending) => return Poll::Pending,
+                Ok(Poll::Ready(Some(Ok(frame)))) => {
+                    if let Ok(data) = frame.into_data()
+                        && let Some(events) = self.take_events(&data)
+                    {
+                        return Poll::Ready(Some(events));
+                    }
+                }
+                Ok(Poll::Ready(Some(Err(error)))) => self.fail(error_text(error)),
+                Ok(Poll::Ready(None)) => {
+                    let cut = match self.splitter.pending() {
+                        0 => "the stream ended before its final event".to_owned(),
+                        n => format!("the stream ended inside an event ({n} bytes unfinished)"),
+                    };
+                    self.fail(cut);
+                }
+            }
+        }
+    }
+
+    /// Reads the complete events in `data` (with what came before), and returns those to pass
+    /// on. Stops at the stream's end or an error event, and starts writing the outcome.
+    fn take_events(&mut self, data: &[u8]) -> Option<Bytes> {
+        self.splitter.push(data);
+        let mut forward: Option<BytesMut> = None;
+        let mut first: Option<Bytes> = None;
+        while let Some(event) = self.splitter.next_event() {
+            self.idle.as_mut().reset(Instant::now() + self.limits.idle);
+            let kind = self.reader.read(&event);
+            if let EventKind::Error(message) = kind {
+                self.fail(format!("the provider sent an error event: {message}"));
+                break;
+            }
+            match (&mut first, &mut forward) {
+                (None, _) => first = Some(event),
+                (Some(head), None) => {
+                    let mut joined = BytesMut::from(&head[..]);
+                    joined.extend_from_slice(&event);
+                    forward = Some(joined);
+                }
+                (Some(_), Some(joined)) => joined.extend_from_slice(&event),
+            }
+            match kind {
+                EventKind::End => {
+                    self.settle();
+                    break;
+                }
+                // Billed from here on, with the usage known so far, if the client leaves.
+                _ if self.reader.content_seen()
+                    && self.billed_if_dropped != Some(self.reader.usage()) =>
+                {
+                    self.billed_if_dropped = Some(self.reader.usage());
+                    let success = self.success_so_far();
+                    if let Some(guard) = &mut self.guard {
+                        guard.if_dropped(Outcome::Settle(success));
+                    }
+                }
+                _ => {}
+            }
+        }
+        forward.map(BytesMut::freeze).or(first)
+    }
+
+    fn success_so_far(&self) -> CallSuccess {
+        CallSuccess {
+            usage: self.reader.usage(),
+            ..self.success.clone()
+        }
+    }
+
+    /// The stream ended normally: settle, then end the client's stream.
+    fn settle(&mut self) {
+        self.upstream = None;
+        let success = self.success_so_far();
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        self.finishing = Some(Box::pin(async move {
+            if let Err(unbilled) = guard.settle(success).await {
+                tracing::error!(call = guard.call.0, %unbilled, "a finished stream could not be billed");
+            }
+            None
+        }));
+    }
+
+    /// The provider failed after the stream started: drop it, refund, and tell the client.
+    fn fail(&mut self, reason: String) {
+        self.upstream = None;
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        tracing::warn!(call = guard.call.0, %reason, "stream failed; refunding");
+        let failure = CallFailure {
+            upstream_status: Some(self.success.upstream_status),
+            error: reason,
+        };
+        let protocol = self.protocol;
+        self.finishing = Some(Box::pin(async move {
+            let detail = if guard.refund(failure).await {
+                GatewayError::UpstreamUnavailable
+            } else {
+                GatewayError::StoreUnavailable
+            };
+            Some(error_event(protocol, &detail.to_string()))
+        }));
+    }
+}
+
+fn error_text(error: UpstreamError) -> String {
+    format!("the provider's stream failed: {}", error.message)
+}
