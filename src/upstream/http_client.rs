@@ -55,6 +55,9 @@ const ANTHROPIC_PASSED_HEADERS: &[&str] = &[
     "x-request-id",
 ];
 
+/// How far past the stream deadline a streamed request's own time-out lies.
+const STREAM_TIMEOUT_MARGIN: Duration = Duration::from_secs(30);
+
 /// Calls the providers named in the catalogue.
 #[derive(Clone)]
 pub struct HttpUpstream {
@@ -303,8 +306,10 @@ impl Channel {
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let request_timeout = if routed.stream {
-            // The whole stream; the wait for its first event is bounded below.
-            self.stream_deadline
+            // The stream's own deadline is kept by the billing layer, which tells the client
+            // why; this only stops a connection that layer has somehow let go of. The wait for
+            // the first event is bounded below.
+            self.stream_deadline + STREAM_TIMEOUT_MARGIN
         } else {
             remaining.min(self.config.timeout)
         };

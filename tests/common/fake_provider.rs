@@ -134,6 +134,8 @@ impl Seen {
 struct State {
     seen: Mutex<Vec<Seen>>,
     script: Mutex<VecDeque<Fault>>,
+    /// Faults for requests carrying a given `x-request-id`, used once each.
+    by_request_id: Mutex<std::collections::HashMap<String, Fault>>,
     fallback: Mutex<Option<Fault>>,
     connections: AtomicUsize,
     /// Streams whose client closed the connection before the stream was finished.
@@ -167,6 +169,17 @@ impl FakeProvider {
     /// Does `fault` with the next request that has no earlier scripted fault.
     pub fn then(&self, fault: Fault) -> &Self {
         self.state.script.lock().unwrap().push_back(fault);
+        self
+    }
+
+    /// Does `fault` with the request whose `x-request-id` is `id` (a header the gateway passes
+    /// on), whatever order requests arrive in.
+    pub fn for_request_id(&self, id: &str, fault: Fault) -> &Self {
+        self.state
+            .by_request_id
+            .lock()
+            .unwrap()
+            .insert(id.to_owned(), fault);
         self
     }
 
@@ -214,7 +227,13 @@ impl FakeProvider {
     }
 }
 
-fn next_fault(state: &State) -> Fault {
+fn next_fault(state: &State, seen: &Seen) -> Fault {
+    let routed = seen
+        .header("x-request-id")
+        .and_then(|id| state.by_request_id.lock().unwrap().remove(id));
+    if let Some(fault) = routed {
+        return fault;
+    }
     let scripted = state.script.lock().unwrap().pop_front();
     scripted
         .or_else(|| state.fallback.lock().unwrap().clone())
@@ -228,8 +247,8 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
             return;
         };
         buffer.drain(..consumed);
+        let mut fault = next_fault(&state, &seen);
         state.seen.lock().unwrap().push(seen);
-        let mut fault = next_fault(&state);
         loop {
             match fault {
                 Fault::OneOf(choices) => {
@@ -331,6 +350,9 @@ async fn send_stream(
             Streamed::Finished
         }
         StreamEnd::Cut => {
+            // A reset discards what the peer has not read yet: give it time to read what was
+            // sent, as a connection lost in the network would have.
+            tokio::time::sleep(Duration::from_millis(100)).await;
             let _ = stream.set_zero_linger();
             Streamed::Closed
         }
