@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import anthropic
+import fake_provider
 import openai
 import pytest
 
@@ -29,10 +30,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
+def start_gateway(tmp_path_factory, **settings):
+    """Starts the example gateway with these extra environment variables; yields its handle and
+    checks, once done, that it shut down cleanly, logged no key and that the audit passes."""
     db = tmp_path_factory.mktemp("gateway") / "gateway.db"
-    env = {**os.environ, "DATABASE_URL": f"sqlite://{db}?mode=rwc", "MOCK_UPSTREAM": "1"}
+    env = {**os.environ, "DATABASE_URL": f"sqlite://{db}?mode=rwc", "MOCK_UPSTREAM": "1", **settings}
     env["GATEWAY_LISTEN"] = f"127.0.0.1:{free_port()}"
 
     def command(*args):
@@ -84,6 +86,11 @@ def gateway(tmp_path_factory):
     audited = subprocess.run([GATEWAY_BIN, "audit"], env=env, capture_output=True, text=True)
     assert audited.returncode == 0, audited.stdout + audited.stderr
     assert "audit passed" in audited.stdout
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    yield from start_gateway(tmp_path_factory)
 
 
 def detail(error):
@@ -181,3 +188,128 @@ def test_sdks_see_404_for_unknown_and_cross_protocol_models(gateway):
             )
         assert detail(raised.value) == "模型不存在"
     assert gateway.balance(key)["total"] == 100
+
+
+# --- Streaming (GATEWAY_STREAMING=1) -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def streaming_gateway(tmp_path_factory):
+    yield from start_gateway(tmp_path_factory, GATEWAY_STREAMING="1")
+
+
+@pytest.fixture(scope="module")
+def provider_gateway(tmp_path_factory):
+    """The gateway in front of a fake provider that streams tool use, streaming on."""
+    provider, base = fake_provider.start()
+    catalogue = tmp_path_factory.mktemp("catalogue") / "models.toml"
+    catalogue.write_text(
+        "streaming = true\n"
+        f'[[upstreams]]\nname = "fake-openai"\nkind = "openai"\nbase_url = "{base}/v1"\napi_key_env = "FAKE_PROVIDER_KEY"\n'
+        f'[[upstreams]]\nname = "fake-anthropic"\nkind = "anthropic"\nbase_url = "{base}"\napi_key_env = "FAKE_PROVIDER_KEY"\n'
+        f'[[models]]\nname = "{CHAT_MODEL}"\nprotocol = "chat_completions"\nprice = {CHAT_PRICE}\nupstream = "fake-openai"\n'
+        f'[[models]]\nname = "{MESSAGES_MODEL}"\nprotocol = "messages"\nprice = {MESSAGES_PRICE}\nupstream = "fake-anthropic"\n'
+    )
+    yield from start_gateway(
+        tmp_path_factory, MOCK_UPSTREAM="0", GATEWAY_MODELS=str(catalogue), FAKE_PROVIDER_KEY="sk-fake"
+    )
+    provider.shutdown()
+
+
+WEATHER_TOOL_OPENAI = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"location": {"type": "string"}}}},
+}
+WEATHER_TOOL_ANTHROPIC = {
+    "name": "get_weather",
+    "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}},
+}
+
+
+def test_openai_sdk_streams_a_chat_completion_to_the_end(streaming_gateway):
+    key = streaming_gateway.new_key(subscription=10)
+    chunks = list(
+        openai_client(streaming_gateway, key).chat.completions.create(
+            model=CHAT_MODEL,
+            messages=[{"role": "user", "content": "Hello"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == MOCK_TEXT
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    assert chunks[-1].usage.completion_tokens == 16
+    assert streaming_gateway.balance(key)["total"] == 10 - CHAT_PRICE
+    [entry] = streaming_gateway.logs(key)
+    assert (entry["status"], entry["output_tokens"]) == ("ok", 16)
+
+
+def test_anthropic_sdk_streams_a_message_and_gets_the_final_message(streaming_gateway):
+    key = streaming_gateway.new_key(topup=10)
+    client = anthropic_client(streaming_gateway, key)
+    with client.messages.stream(
+        model=MESSAGES_MODEL, max_tokens=64, messages=[{"role": "user", "content": "Hello"}]
+    ) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(pieces) == MOCK_TEXT
+    assert len(pieces) > 1
+    assert final.content[0].text == MOCK_TEXT
+    assert final.stop_reason == "end_turn"
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (12, 16)
+    assert streaming_gateway.balance(key)["total"] == 10 - MESSAGES_PRICE
+    assert [e["status"] for e in streaming_gateway.logs(key)] == ["ok"]
+
+
+def test_a_streamed_call_refused_before_it_starts_raises_the_sdks_error(streaming_gateway):
+    key = streaming_gateway.new_key(subscription=1)
+    with pytest.raises(openai.APIStatusError) as raised:
+        openai_client(streaming_gateway, key).chat.completions.create(
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "x"}], stream=True
+        )
+    assert raised.value.status_code == 402
+    assert detail(raised.value) == "积分不足"
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        with anthropic_client(streaming_gateway, key).messages.stream(
+            model=MESSAGES_MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        ) as stream:
+            stream.get_final_message()
+    assert raised.value.status_code == 402
+    assert streaming_gateway.logs(key) == []
+
+
+def test_streamed_tool_use_arrives_intact_through_both_sdks(provider_gateway):
+    key = provider_gateway.new_key(subscription=100)
+    chunks = list(
+        openai_client(provider_gateway, key).chat.completions.create(
+            model=CHAT_MODEL,
+            messages=[{"role": "user", "content": "Weather in Paris?"}],
+            tools=[WEATHER_TOOL_OPENAI],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert calls[0][0].function.name == "get_weather"
+    arguments = "".join(call[0].function.arguments or "" for call in calls)
+    assert json.loads(arguments) == fake_provider.TOOL_INPUT
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+    client = anthropic_client(provider_gateway, key)
+    with client.messages.stream(
+        model=MESSAGES_MODEL,
+        max_tokens=256,
+        tools=[WEATHER_TOOL_ANTHROPIC],
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+    ) as stream:
+        final = stream.get_final_message()
+    [tool_use] = final.content
+    assert (tool_use.type, tool_use.name) == ("tool_use", "get_weather")
+    assert tool_use.input == fake_provider.TOOL_INPUT
+    assert final.stop_reason == "tool_use"
+
+    entries = provider_gateway.logs(key)
+    assert [e["status"] for e in entries] == ["ok", "ok"]
+    assert [e["output_tokens"] for e in entries] == [20, 20]
+    assert provider_gateway.balance(key)["total"] == 100 - CHAT_PRICE - MESSAGES_PRICE

@@ -1,0 +1,232 @@
+// The official Node SDKs (`openai`, `@anthropic-ai/sdk`) against the example gateway with
+// streaming on: in mock mode, and in front of a fake provider that streams tool use. Changing
+// only the base URL and the key. Run by .ci/run: `npm ci && npm test` in this folder, with
+// GATEWAY_BIN naming the built example gateway.
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn, execFileSync } from "node:child_process";
+import { createServer } from "node:http";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import net from "node:net";
+import OpenAI from "openai";
+import Anthropic from "@anthropic-ai/sdk";
+
+const GATEWAY_BIN = process.env.GATEWAY_BIN ?? new URL("../../../target/debug/examples/gateway", import.meta.url).pathname;
+const MOCK_TEXT = "This is a demo reply from model-gateway's mock upstream; no model was called.";
+const TOOL_INPUT = { location: "Paris, France", unit: "celsius" };
+
+function freePort() {
+  return new Promise((resolve) => {
+    const server = net.createServer().listen(0, "127.0.0.1", () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+async function startGateway(env) {
+  const dir = mkdtempSync(join(tmpdir(), "mg-node-"));
+  const listen = `127.0.0.1:${await freePort()}`;
+  const fullEnv = {
+    ...process.env,
+    DATABASE_URL: `sqlite://${join(dir, "gateway.db")}?mode=rwc`,
+    MOCK_UPSTREAM: "1",
+    GATEWAY_STREAMING: "1",
+    GATEWAY_LISTEN: listen,
+    ...env,
+  };
+  const server = spawn(GATEWAY_BIN, ["serve"], { env: fullEnv, stdio: ["ignore", "ignore", "pipe"] });
+  let log = "";
+  server.stderr.on("data", (chunk) => (log += chunk));
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    const up = await new Promise((resolve) => {
+      const socket = net.connect({ host: "127.0.0.1", port: Number(listen.split(":")[1]) });
+      socket.on("connect", () => (socket.destroy(), resolve(true)));
+      socket.on("error", () => resolve(false));
+    });
+    if (up) break;
+    if (Date.now() > deadline || server.exitCode !== null) throw new Error(`gateway did not start: ${log}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const command = (...args) => execFileSync(GATEWAY_BIN, args, { env: fullEnv, encoding: "utf8" });
+  return {
+    base: `http://${listen}`,
+    newKey: (subscription) => command("keys", "create", "--subscription", String(subscription)).trim().split("\n").pop(),
+    balance: (key) => JSON.parse(command("balance", "--key", key)),
+    logs: (key) => JSON.parse(command("logs", "--key", key)),
+    stop: () => new Promise((resolve) => (server.on("exit", resolve), server.kill("SIGINT"))),
+    audit: () => command("audit"),
+  };
+}
+
+/// A provider that streams a call of `get_weather` with TOOL_INPUT, its arguments in pieces.
+function startFakeProvider() {
+  const text = JSON.stringify(TOOL_INPUT);
+  const pieces = [];
+  for (let i = 0; i < text.length; i += 7) pieces.push(text.slice(i, i + 7));
+  const chat = () => {
+    const base = { id: "chatcmpl-fake", object: "chat.completion.chunk", created: 1732000000, model: "gpt-4o-mini" };
+    const chunk = (delta, finish = null) => ({ ...base, choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] });
+    const call = { index: 0, id: "call_fake", type: "function", function: { name: "get_weather", arguments: "" } };
+    const events = [chunk({ role: "assistant", content: null, tool_calls: [call] })];
+    for (const piece of pieces) events.push(chunk({ tool_calls: [{ index: 0, function: { arguments: piece } }] }));
+    events.push(chunk({}, "tool_calls"));
+    return events.map((e) => `data: ${JSON.stringify(e)}\n\n`).concat(["data: [DONE]\n\n"]);
+  };
+  const messages = () => {
+    const events = [
+      ["message_start", { type: "message_start", message: { id: "msg_fake", type: "message", role: "assistant", model: "claude-haiku-4-5", content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 50, output_tokens: 1 } } }],
+      ["content_block_start", { type: "content_block_start", index: 0, content_block: { type: "tool_use", id: "toolu_fake", name: "get_weather", input: {} } }],
+      ...pieces.map((p) => ["content_block_delta", { type: "content_block_delta", index: 0, delta: { type: "input_json_delta", partial_json: p } }]),
+      ["content_block_stop", { type: "content_block_stop", index: 0 }],
+      ["message_delta", { type: "message_delta", delta: { stop_reason: "tool_use", stop_sequence: null }, usage: { output_tokens: 20 } }],
+      ["message_stop", { type: "message_stop" }],
+    ];
+    return events.map(([name, data]) => `event: ${name}\ndata: ${JSON.stringify(data)}\n\n`);
+  };
+  const server = createServer((request, response) => {
+    request.resume();
+    request.on("end", () => {
+      response.writeHead(200, { "content-type": "text/event-stream" });
+      for (const event of request.url.endsWith("/chat/completions") ? chat() : messages()) response.write(event);
+      response.end();
+    });
+  });
+  return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve(server)));
+}
+
+let mock, provider, fake;
+
+before(async () => {
+  mock = await startGateway({});
+  fake = await startFakeProvider();
+  const base = `http://127.0.0.1:${fake.address().port}`;
+  const catalogue = join(mkdtempSync(join(tmpdir(), "mg-node-cat-")), "models.toml");
+  writeFileSync(
+    catalogue,
+    `streaming = true
+[[upstreams]]
+name = "fake-openai"
+kind = "openai"
+base_url = "${base}/v1"
+api_key_env = "FAKE_PROVIDER_KEY"
+[[upstreams]]
+name = "fake-anthropic"
+kind = "anthropic"
+base_url = "${base}"
+api_key_env = "FAKE_PROVIDER_KEY"
+[[models]]
+name = "gpt-4o-mini"
+protocol = "chat_completions"
+price = 2
+upstream = "fake-openai"
+[[models]]
+name = "claude-haiku-4-5"
+protocol = "messages"
+price = 3
+upstream = "fake-anthropic"
+`,
+  );
+  provider = await startGateway({ MOCK_UPSTREAM: "0", GATEWAY_MODELS: catalogue, FAKE_PROVIDER_KEY: "sk-fake" });
+});
+
+after(async () => {
+  for (const gateway of [mock, provider]) {
+    await gateway.stop();
+    assert.match(gateway.audit(), /audit passed/);
+  }
+  fake.close();
+});
+
+const openai = (gateway, key) => new OpenAI({ baseURL: `${gateway.base}/v1`, apiKey: key, maxRetries: 0 });
+const anthropic = (gateway, key) => new Anthropic({ baseURL: gateway.base, apiKey: key, maxRetries: 0 });
+
+test("openai streams a chat completion to the end and it is billed once", async () => {
+  const key = mock.newKey(10);
+  const stream = await openai(mock, key).chat.completions.create({
+    model: "gpt-4o-mini",
+    messages: [{ role: "user", content: "Hello" }],
+    stream: true,
+    stream_options: { include_usage: true },
+  });
+  let text = "";
+  let usage;
+  for await (const chunk of stream) {
+    text += chunk.choices[0]?.delta?.content ?? "";
+    usage = chunk.usage ?? usage;
+  }
+  assert.equal(text, MOCK_TEXT);
+  assert.equal(usage.completion_tokens, 16);
+  assert.equal(mock.balance(key).total, 8);
+  assert.deepEqual(mock.logs(key).map((e) => e.status), ["ok"]);
+});
+
+test("anthropic streams a message and gives the final message", async () => {
+  const key = mock.newKey(10);
+  const stream = anthropic(mock, key).messages.stream({
+    model: "claude-haiku-4-5",
+    max_tokens: 64,
+    messages: [{ role: "user", content: "Hello" }],
+  });
+  const pieces = [];
+  stream.on("text", (piece) => pieces.push(piece));
+  const final = await stream.finalMessage();
+  assert.equal(pieces.join(""), MOCK_TEXT);
+  assert.ok(pieces.length > 1);
+  assert.equal(final.content[0].text, MOCK_TEXT);
+  assert.equal(final.usage.output_tokens, 16);
+  assert.equal(mock.balance(key).total, 7);
+});
+
+test("a streamed call refused before it starts is the SDK's error with the detail", async () => {
+  const key = mock.newKey(1);
+  await assert.rejects(
+    openai(mock, key).chat.completions.create({ model: "gpt-4o-mini", messages: [{ role: "user", content: "x" }], stream: true }),
+    // The OpenAI Node SDK reads only an `error` member of an error body, so the contract's
+    // `{"detail"}` is not on the error object (the Python SDKs expose it as `.body`).
+    (error) => error instanceof OpenAI.APIError && error.status === 402,
+  );
+  await assert.rejects(
+    anthropic(mock, "sk-mg-wrong").messages.stream({ model: "claude-haiku-4-5", max_tokens: 8, messages: [{ role: "user", content: "x" }] }).finalMessage(),
+    (error) => error instanceof Anthropic.AuthenticationError && error.status === 401,
+  );
+  assert.deepEqual(mock.logs(key), []);
+});
+
+test("streamed tool use arrives intact through both SDKs", async () => {
+  const key = provider.newKey(100);
+  const stream = await openai(provider, key).chat.completions.create({
+    model: "gpt-4o-mini",
+    messages: [{ role: "user", content: "Weather in Paris?" }],
+    tools: [{ type: "function", function: { name: "get_weather", parameters: { type: "object" } } }],
+    stream: true,
+  });
+  let name = "";
+  let args = "";
+  for await (const chunk of stream) {
+    for (const call of chunk.choices[0]?.delta?.tool_calls ?? []) {
+      name += call.function?.name ?? "";
+      args += call.function?.arguments ?? "";
+    }
+  }
+  assert.equal(name, "get_weather");
+  assert.deepEqual(JSON.parse(args), TOOL_INPUT);
+
+  const final = await anthropic(provider, key)
+    .messages.stream({
+      model: "claude-haiku-4-5",
+      max_tokens: 256,
+      tools: [{ name: "get_weather", input_schema: { type: "object" } }],
+      messages: [{ role: "user", content: "Weather in Paris?" }],
+    })
+    .finalMessage();
+  assert.equal(final.content[0].type, "tool_use");
+  assert.deepEqual(final.content[0].input, TOOL_INPUT);
+  assert.equal(final.stop_reason, "tool_use");
+  assert.deepEqual(provider.logs(key).map((e) => e.status), ["ok", "ok"]);
+  assert.equal(provider.balance(key).total, 95);
+});
