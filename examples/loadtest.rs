@@ -519,15 +519,18 @@ mod streaming {
                         micros_since_epoch()
                     )
                 };
-                Some((Ok::<_, std::convert::Infallible>(Bytes::from(event)), sent + 1))
+                Some((
+                    Ok::<_, std::convert::Infallible>(Bytes::from(event)),
+                    sent + 1,
+                ))
             });
             axum::response::Response::builder()
                 .header("content-type", "text/event-stream")
                 .body(axum::body::Body::from_stream(stream))
                 .unwrap()
         };
-        let router = axum::Router::new()
-            .route("/v1/chat/completions", axum::routing::post(handler));
+        let router =
+            axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
         super::serve(router).await
     }
 
@@ -579,7 +582,8 @@ mod streaming {
                             let event: Vec<u8> = pending.drain(..end + 2).collect();
                             let text = std::str::from_utf8(&event).unwrap();
                             if let Some(stamp) = text.rsplit_once("\"t\":") {
-                                let stamp: u64 = stamp.1.trim_end_matches(['}', '\n']).parse().unwrap();
+                                let stamp: u64 =
+                                    stamp.1.trim_end_matches(['}', '\n']).parse().unwrap();
                                 latencies.push(now.saturating_sub(stamp));
                             }
                         }
@@ -618,11 +622,12 @@ mod streaming {
         let streams = setting("LOADTEST_STREAMS", 1000);
         let events = setting("LOADTEST_STREAM_EVENTS", 200);
         let gap = Duration::from_millis(setting("LOADTEST_STREAM_GAP_MS", 10));
-        let binary = std::env::current_exe()
-            .unwrap()
-            .with_file_name("gateway");
+        let binary = std::env::current_exe().unwrap().with_file_name("gateway");
         if !binary.exists() {
-            eprintln!("{} not built; skipping the streaming part", binary.display());
+            eprintln!(
+                "{} not built; skipping the streaming part",
+                binary.display()
+            );
             return;
         }
         EPOCH.get_or_init(Instant::now);
@@ -644,7 +649,10 @@ mod streaming {
             .local_addr()
             .unwrap()
             .to_string();
-        let url = format!("sqlite://{}?mode=rwc", dir.path().join("streams.db").display());
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("streams.db").display()
+        );
         let command = |args: &[&str]| {
             let mut command = std::process::Command::new(&binary);
             command
@@ -660,7 +668,12 @@ mod streaming {
         let output = command(&["keys", "create", "--subscription", "100000000"])
             .output()
             .unwrap();
-        let key = String::from_utf8(output.stdout).unwrap().lines().last().unwrap().to_owned();
+        let key = String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .last()
+            .unwrap()
+            .to_owned();
         let mut gateway = command(&["serve"])
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -671,9 +684,7 @@ mod streaming {
         let pid = gateway.id();
         let idle = resident_kib(pid);
 
-        println!(
-            "\nstreaming: {streams} concurrent streams of {events} events, one every {gap:?}"
-        );
+        println!("\nstreaming: {streams} concurrent streams of {events} events, one every {gap:?}");
         let endpoint = |base: &str| format!("{base}/v1/chat/completions");
         let mut direct = drive(&endpoint(&provider), "none", streams, events).await;
         // Sample the gateway's memory while its streams are open.
@@ -687,12 +698,21 @@ mod streaming {
                 }
             })
         };
-        let mut through = drive(&endpoint(&format!("http://{listen}")), &key, streams, events).await;
+        let mut through = drive(
+            &endpoint(&format!("http://{listen}")),
+            &key,
+            streams,
+            events,
+        )
+        .await;
         sampler.abort();
 
         // One stream at a time: the time to the first event with nothing else going on.
         let mut alone = Vec::new();
-        for (base, key) in [(provider.clone(), "none"), (format!("http://{listen}"), key.as_str())] {
+        for (base, key) in [
+            (provider.clone(), "none"),
+            (format!("http://{listen}"), key.as_str()),
+        ] {
             let mut firsts = Vec::new();
             for _ in 0..FIRST_EVENT_ROUNDS {
                 firsts.extend(drive(&endpoint(&base), key, 1, 1).await.first_events);
@@ -714,9 +734,15 @@ mod streaming {
             "target", "events/s", "event p50 ms", "event p99 ms", "first p50 ms", "first p99 ms"
         );
         let mut figures = Vec::new();
-        for (name, run) in [("provider alone", &mut direct), ("through the gateway", &mut through)] {
+        for (name, run) in [
+            ("provider alone", &mut direct),
+            ("through the gateway", &mut through),
+        ] {
             let rate = run.events as f64 / run.elapsed.as_secs_f64();
-            let (p50, p99) = (percentile(&mut run.latencies, 0.5), percentile(&mut run.latencies, 0.99));
+            let (p50, p99) = (
+                percentile(&mut run.latencies, 0.5),
+                percentile(&mut run.latencies, 0.99),
+            );
             let (f50, f99) = (
                 percentile(&mut run.first_events, 0.5),
                 percentile(&mut run.first_events, 0.99),
@@ -749,11 +775,18 @@ mod streaming {
             .output()
             .unwrap();
         let entries: Vec<serde_json::Value> = serde_json::from_slice(&logs.stdout).unwrap();
-        let ok = entries.iter().filter(|entry| entry["status"] == "ok").count() as u64;
+        let ok = entries
+            .iter()
+            .filter(|entry| entry["status"] == "ok")
+            .count() as u64;
         let through_gateway = streams + FIRST_EVENT_ROUNDS;
         println!(
             "streams billed: {ok} ok of {through_gateway} through the gateway: {}",
-            if ok == through_gateway { "match" } else { "MISMATCH" }
+            if ok == through_gateway {
+                "match"
+            } else {
+                "MISMATCH"
+            }
         );
         assert_eq!(ok, through_gateway);
     }

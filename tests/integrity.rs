@@ -18,7 +18,7 @@ use model_gateway::{
     CallId, CallLog, CallRecord, CallStatus, CallSuccess, Catalogue, ChargeRequest,
     CreditChargeLayer, Credits, HttpUpstream, KeyHash, KeyStore, Ledger, MemoryStore, NewApiKey,
     ProtocolRouterLayer, RefundOnUpstreamErrorLayer, Reservation, ReserveError, StoreError,
-    Upstream, UpstreamError, recover_stale_reservations,
+    Upstream, UpstreamBody, UpstreamError, recover_stale_reservations,
 };
 use sea_orm::ConnectionTrait;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -449,6 +449,212 @@ async fn an_upstream_that_never_answers_is_refunded_at_the_bound() {
     assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
     let call = store.recent_calls(account, 1).await.unwrap().remove(0);
     assert_eq!(call.status, CallStatus::Refunded);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams: the same guarantees when the call's outcome is decided as its body ends
+
+const STREAM_EVENTS: [&str; 3] = [
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+    "data: [DONE]\n\n",
+];
+
+fn stream_request(key: &str) -> Request<Full<Bytes>> {
+    let body = serde_json::json!({
+        "model": CHAT_MODEL, "stream": true, "messages": [{ "role": "user", "content": "Hi" }]
+    });
+    Request::post(CHAT)
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// An upstream whose every answer is `events` as an event stream.
+fn streams<B, F>(
+    events: F,
+) -> impl tower::Service<
+    Request<Bytes>,
+    Response = Response<UpstreamBody>,
+    Error = UpstreamError,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static
+where
+    F: Fn() -> B + Clone + Send + 'static,
+    B: http_body::Body<Data = Bytes, Error = UpstreamError> + Send + 'static,
+{
+    service_fn(move |_: Request<Bytes>| {
+        let body = events();
+        async move { Ok::<_, UpstreamError>(Response::new(UpstreamBody::events(body))) }
+    })
+}
+
+/// The STREAM_EVENTS as a body, all there at once.
+fn good_stream() -> impl http_body::Body<Data = Bytes, Error = UpstreamError> + Send + 'static {
+    use http_body_util::BodyExt;
+    http_body_util::StreamBody::new(futures::stream::iter(
+        STREAM_EVENTS.map(|event| Ok(http_body::Frame::data(Bytes::from(event)))),
+    ))
+    .map_err(|never: std::convert::Infallible| match never {})
+}
+
+/// The four layers with streaming on, `ledger` charging and settling, over `upstream`.
+fn streaming_stack<U>(
+    store: &Arc<MemoryStore>,
+    ledger: Arc<dyn Ledger>,
+    upstream: U,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<model_gateway::ResponseBody>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ 'static
+where
+    U: tower::Service<Request<Bytes>, Response = Response<UpstreamBody>, Error = UpstreamError>
+        + Clone
+        + Send
+        + 'static,
+    U::Future: Send,
+{
+    ServiceBuilder::new()
+        .layer(ApiKeyAuthLayer::new(store.clone()))
+        .layer(ProtocolRouterLayer::new(Arc::new(
+            Catalogue::demo().with_streaming(true),
+        )))
+        .layer(CreditChargeLayer::new(ledger.clone()))
+        .layer(RefundOnUpstreamErrorLayer::new(ledger))
+        .service(upstream)
+}
+
+async fn read_all(response: Response<model_gateway::ResponseBody>) -> String {
+    use http_body_util::BodyExt;
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// A stream that sends its first event, then panics on the next poll.
+struct PanicsAfterOneEvent(bool);
+
+impl http_body::Body for PanicsAfterOneEvent {
+    type Data = Bytes;
+    type Error = UpstreamError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, UpstreamError>>> {
+        if std::mem::replace(&mut self.0, true) {
+            panic!("the provider's stream panicked (test)");
+        }
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from(
+            STREAM_EVENTS[0].to_owned() + STREAM_EVENTS[1],
+        )))))
+    }
+}
+
+#[tokio::test]
+async fn a_stream_whose_provider_panics_mid_way_is_refunded_and_ends_with_an_error_event() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let service = streaming_stack(
+        &store,
+        store.clone(),
+        streams(|| PanicsAfterOneEvent(false)),
+    );
+
+    let response = service.oneshot(stream_request(&key)).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let text = read_all(response).await;
+
+    let error_event = "data: {\"error\":{\"code\":null,\"message\":\"上游服务暂时不可用\",\"type\":\"api_error\"}}\n\n";
+    assert_eq!(
+        text,
+        STREAM_EVENTS[0].to_owned() + STREAM_EVENTS[1] + error_event
+    );
+    let call = finished_call(store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Refunded);
+    assert!(call.upstream_error.unwrap().contains("panicked"));
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+}
+
+#[tokio::test]
+async fn a_stream_dropped_before_it_was_read_is_refunded() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let service = streaming_stack(&store, store.clone(), streams(good_stream));
+
+    let response = service.oneshot(stream_request(&key)).await.unwrap();
+    assert_eq!(response.status(), 200);
+    drop(response);
+
+    let call = finished_call(store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Refunded);
+    assert_eq!(
+        call.upstream_error.as_deref(),
+        Some(model_gateway::CLIENT_LEFT_BEFORE_CONTENT)
+    );
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+}
+
+/// One stream through a ledger that `misbehave` sets up: every event arrives, its entry ends
+/// `ok`, billed once.
+async fn assert_streamed_and_billed_once(misbehave: impl FnOnce(&TestLedger)) {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = TestLedger::new(store.clone());
+    misbehave(&ledger);
+    let service = streaming_stack(&store, ledger, streams(good_stream));
+
+    let response = service.oneshot(stream_request(&key)).await.unwrap();
+    assert_eq!(read_all(response).await, STREAM_EVENTS.concat());
+
+    let calls = store.recent_calls(account, 10).await.unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].status, CallStatus::Ok);
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits(10 - CHAT_PRICE)
+    );
+}
+
+#[tokio::test]
+async fn a_streams_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
+    assert_streamed_and_billed_once(|ledger| ledger.failing_settles.store(2, Ordering::SeqCst))
+        .await;
+}
+
+#[tokio::test]
+async fn a_streams_settle_that_landed_but_lost_its_answer_is_billed_once() {
+    assert_streamed_and_billed_once(|ledger| {
+        ledger.lost_settle_answers.store(1, Ordering::SeqCst);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_stream_dropped_while_its_settle_is_under_way_is_billed_once() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = TestLedger::new(store.clone());
+    ledger.blocked.store(true, Ordering::SeqCst);
+    let service = streaming_stack(&store, ledger.clone(), streams(good_stream));
+
+    let response = service.oneshot(stream_request(&key)).await.unwrap();
+    let reading = tokio::spawn(read_all(response));
+    ledger.entered.notified().await; // the final event passed; settling has begun
+    ledger.blocked.store(false, Ordering::SeqCst);
+    reading.abort(); // the client hangs up before its stream ends
+
+    let call = finished_call(store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Ok);
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits(10 - CHAT_PRICE)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
