@@ -39,6 +39,15 @@ pub enum GatewayError {
     /// The body is larger than the configured limit.
     #[error("请求体过大")]
     PayloadTooLarge,
+    /// The request's headers are larger than the server accepts.
+    #[error("请求头过大")]
+    HeadersTooLarge,
+    /// The request body stopped arriving, or took longer than the server allows.
+    #[error("请求超时: 请求体未在规定时间内发送完")]
+    RequestTimeout,
+    /// The server is reading as many request bodies as its memory budget allows.
+    #[error("服务繁忙, 请稍后重试")]
+    Busy,
     /// The path is not one of the gateway's endpoints.
     #[error("接口不存在")]
     UnknownPath,
@@ -79,6 +88,9 @@ impl GatewayError {
             | Self::StreamingUnsupported
             | Self::UnreadableBody => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Self::UnknownPath | Self::ModelNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::InsufficientCredits => StatusCode::PAYMENT_REQUIRED,

@@ -83,6 +83,8 @@ mod recovery;
 mod refund;
 mod reply;
 mod router;
+#[cfg(feature = "server")]
+pub mod server;
 mod store;
 mod upstream;
 
@@ -106,7 +108,11 @@ pub use refund::{
     RefundOnUpstreamError, RefundOnUpstreamErrorLayer, ResponseBody,
 };
 pub use reply::UpstreamBody;
-pub use router::{DEFAULT_MAX_BODY_BYTES, ProtocolRouter, ProtocolRouterLayer, route};
+pub use router::{
+    BodyBudget, BodyLimits, BodyPermit, DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE,
+    DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES,
+    ProtocolRouter, ProtocolRouterLayer, route,
+};
 pub use store::{
     AccountAudit, AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus,
     CallSuccess, Caller, ChargeRequest, DEFAULT_MAX_BATCH, GroupCommitStats, KeyId, KeyStore,
@@ -135,6 +141,10 @@ pub type GatewayStack<U> = ApiKeyAuth<ProtocolRouter<CreditCharge<RefundOnUpstre
 /// | [`RefundOnUpstreamError`]   | [`Reservation`]             |                 | 502 (refunded) |
 /// | `upstream`                  | [`RoutedCall`], body        |                 |                |
 ///
+/// `body` says how request bodies are read ([`BodyLimits`]; a number is the largest body, with
+/// the default time-outs and memory budget), and callers who cannot pay for any model may send
+/// only a small body ([`ProtocolRouterLayer::unfunded_callers_through`]).
+///
 /// The result is a `Service<Request<B>>` for any request body `B`, answering
 /// `Response<ResponseBody>` and never failing, so it mounts directly in an axum `Router` or on
 /// bare hyper. Every call is bounded by the catalogue's call deadline plus
@@ -145,7 +155,7 @@ pub type GatewayStack<U> = ApiKeyAuth<ProtocolRouter<CreditCharge<RefundOnUpstre
 pub fn stack<S, U>(
     store: Arc<S>,
     catalogue: Arc<Catalogue>,
-    max_body_bytes: usize,
+    body: impl Into<BodyLimits>,
     upstream: U,
 ) -> GatewayStack<U>
 where
@@ -154,7 +164,11 @@ where
     let upstream_bound = catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN;
     tower::ServiceBuilder::new()
         .layer(ApiKeyAuthLayer::new(store.clone()))
-        .layer(ProtocolRouterLayer::new(catalogue.clone()).max_body_bytes(max_body_bytes))
+        .layer(
+            ProtocolRouterLayer::new(catalogue.clone())
+                .body_limits(body)
+                .unfunded_callers_through(store.clone()),
+        )
         .layer(CreditChargeLayer::new(store.clone()))
         .layer(
             RefundOnUpstreamErrorLayer::new(store)

@@ -38,19 +38,25 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{Method, Request, Response, header};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::call::RoutedCall;
+use crate::call::{Caller, RoutedCall};
 use crate::catalogue::Catalogue;
+use crate::credits::Credits;
 use crate::error::GatewayError;
 use crate::protocol::Protocol;
+use crate::store::Ledger;
 use crate::{BoxError, BoxFuture};
 
 /// Default body limit: 32 MiB, room for a few base64 images.
@@ -61,8 +67,9 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 #[must_use]
 pub struct ProtocolRouterLayer {
     catalogue: Arc<Catalogue>,
-    max_body_bytes: usize,
+    body: BodyLimits,
     streaming: bool,
+    funds: Option<Funds>,
 }
 
 impl ProtocolRouterLayer {
@@ -72,8 +79,25 @@ impl ProtocolRouterLayer {
         ProtocolRouterLayer {
             streaming: catalogue.streaming(),
             catalogue,
-            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            body: BodyLimits::default(),
+            funds: None,
         }
+    }
+
+    /// How request bodies are read: size, time-outs, the memory budget.
+    pub fn body_limits(mut self, limits: impl Into<BodyLimits>) -> ProtocolRouterLayer {
+        self.body = limits.into();
+        self
+    }
+
+    /// Lets a caller whose credits cannot pay for the catalogue's cheapest model send a body of
+    /// at most [`BodyLimits::unfunded_max_bytes`]; beyond that it is answered 413 at once
+    /// rather than buffered. The balance is read through `ledger`, once per request and only
+    /// for bodies past that size. Needs [`ApiKeyAuth`](crate::ApiKeyAuth) outside.
+    pub fn unfunded_callers_through(mut self, ledger: Arc<dyn Ledger>) -> ProtocolRouterLayer {
+        let cheapest = self.catalogue.models().map(|model| model.price).min();
+        self.funds = cheapest.map(|cheapest| Funds { ledger, cheapest });
+        self
     }
 
     /// Lets `stream: true` through (marked on the [`RoutedCall`]) instead of refusing it with
@@ -85,7 +109,7 @@ impl ProtocolRouterLayer {
 
     /// Refuses bodies over `limit` bytes with 413.
     pub fn max_body_bytes(mut self, limit: usize) -> ProtocolRouterLayer {
-        self.max_body_bytes = limit;
+        self.body.max_bytes = limit;
         self
     }
 }
@@ -97,8 +121,9 @@ impl<S> Layer<S> for ProtocolRouterLayer {
         ProtocolRouter {
             inner,
             catalogue: self.catalogue.clone(),
-            max_body_bytes: self.max_body_bytes,
+            body: self.body.clone(),
             streaming: self.streaming,
+            funds: self.funds.clone(),
         }
     }
 }
@@ -108,8 +133,9 @@ impl<S> Layer<S> for ProtocolRouterLayer {
 pub struct ProtocolRouter<S> {
     inner: S,
     catalogue: Arc<Catalogue>,
-    max_body_bytes: usize,
+    body: BodyLimits,
     streaming: bool,
+    funds: Option<Funds>,
 }
 
 impl<S> ProtocolRouter<S> {
@@ -138,12 +164,13 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let catalogue = self.catalogue.clone();
-        let limit = self.max_body_bytes;
+        let limits = self.body.clone();
+        let funds = self.funds.clone();
         let streaming = self.streaming;
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            match read_and_route(request, &catalogue, limit, streaming).await {
+            match read_and_route(request, &catalogue, &limits, funds.as_ref(), streaming).await {
                 Ok(request) => inner.call(request).await,
                 Err(refusal) => Ok(refusal.into_response()),
             }
@@ -154,7 +181,8 @@ where
 async fn read_and_route<B>(
     request: Request<B>,
     catalogue: &Catalogue,
-    limit: usize,
+    limits: &BodyLimits,
+    funds: Option<&Funds>,
     streaming: bool,
 ) -> Result<Request<Bytes>, GatewayError>
 where
@@ -169,19 +197,276 @@ where
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    if declared_length.is_some_and(|length| length > limit as u64) {
+    if declared_length.is_some_and(|length| length > limits.max_bytes as u64) {
         return Err(GatewayError::PayloadTooLarge);
     }
     let (mut parts, body) = request.into_parts();
-    let body = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => return Err(GatewayError::PayloadTooLarge),
-        Err(_) => return Err(GatewayError::UnreadableBody),
-    };
+    let payer = funds.zip(parts.extensions.get::<Caller>().copied());
+    let (body, permit) = read_body(body, limits, payer).await?;
     let routed = route(catalogue, protocol, &body, streaming)?;
     parts.extensions.insert(routed);
+    if let Some(permit) = permit {
+        parts.extensions.insert(permit);
+    }
     Ok(Request::from_parts(parts, body))
 }
+
+/// Reads a whole request body within `limits`: no more than its size, no pause between chunks
+/// longer than its idle time-out, all of it before its deadline, and no more at once than the
+/// memory budget allows across every request (waiting up to the idle time-out for room). A
+/// caller that cannot pay for any model may send only `unfunded_max_bytes`.
+async fn read_body<B>(
+    body: B,
+    limits: &BodyLimits,
+    payer: Option<(&Funds, Caller)>,
+) -> Result<(Bytes, Option<BodyPermit>), GatewayError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let deadline = Instant::now() + limits.deadline;
+    let within = |now: Instant| deadline.min(now + limits.idle_timeout);
+    let mut body = std::pin::pin!(body);
+    let mut received = Received::Empty;
+    let mut permit: Option<OwnedSemaphorePermit> = None;
+    let mut payer_checked = payer.is_none();
+    loop {
+        let frame = match tokio::time::timeout_at(within(Instant::now()), body.frame()).await {
+            Err(_) => return Err(GatewayError::RequestTimeout),
+            Ok(None) => break,
+            Ok(Some(Err(_))) => return Err(GatewayError::UnreadableBody),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let total = received.len() + data.remaining();
+        if total > limits.max_bytes {
+            return Err(GatewayError::PayloadTooLarge);
+        }
+        if !payer_checked && total > limits.unfunded_max_bytes {
+            payer_checked = true;
+            if let Some((funds, caller)) = payer
+                && !funds.can_pay(caller).await
+            {
+                return Err(GatewayError::PayloadTooLarge);
+            }
+        }
+        if let Some(budget) = &limits.budget {
+            let more = budget
+                .take(data.remaining(), within(Instant::now()))
+                .await?;
+            match &mut permit {
+                Some(held) => held.merge(more),
+                None => permit = Some(more),
+            }
+        }
+        received.push(data);
+    }
+    Ok((
+        received.into_bytes(),
+        permit.map(|held| BodyPermit {
+            _held: Arc::new(held),
+        }),
+    ))
+}
+
+/// A body as it arrives: most are one chunk, kept without a copy.
+enum Received {
+    Empty,
+    One(Bytes),
+    Many(BytesMut),
+}
+
+impl Received {
+    fn len(&self) -> usize {
+        match self {
+            Received::Empty => 0,
+            Received::One(bytes) => bytes.len(),
+            Received::Many(bytes) => bytes.len(),
+        }
+    }
+
+    fn push(&mut self, mut data: impl Buf) {
+        *self = match std::mem::replace(self, Received::Empty) {
+            Received::Empty => Received::One(data.copy_to_bytes(data.remaining())),
+            Received::One(first) => {
+                let mut joined = BytesMut::with_capacity(first.len() + data.remaining());
+                joined.extend_from_slice(&first);
+                joined.put(data);
+                Received::Many(joined)
+            }
+            Received::Many(mut joined) => {
+                joined.put(data);
+                Received::Many(joined)
+            }
+        };
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Received::Empty => Bytes::new(),
+            Received::One(bytes) => bytes,
+            Received::Many(bytes) => bytes.freeze(),
+        }
+    }
+}
+
+/// How request bodies are read by [`ProtocolRouter`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct BodyLimits {
+    /// Largest body accepted (413 beyond).
+    pub max_bytes: usize,
+    /// Longest pause between two chunks of a body (408 beyond).
+    pub idle_timeout: Duration,
+    /// Longest time to receive a whole body (408 beyond).
+    pub deadline: Duration,
+    /// Memory for bodies being read, shared by every request through the same layer (and its
+    /// clones); `None` for no budget.
+    pub budget: Option<BodyBudget>,
+    /// Largest body from a caller who cannot pay for any model (see
+    /// [`ProtocolRouterLayer::unfunded_callers_through`]).
+    pub unfunded_max_bytes: usize,
+}
+
+impl BodyLimits {
+    /// The defaults with a largest body of `max_bytes`.
+    pub fn new(max_bytes: usize) -> BodyLimits {
+        BodyLimits {
+            max_bytes,
+            ..BodyLimits::default()
+        }
+    }
+
+    /// The same limits with a pause of at most `idle` between chunks.
+    #[must_use]
+    pub fn idle_timeout(mut self, idle: Duration) -> BodyLimits {
+        self.idle_timeout = idle;
+        self
+    }
+
+    /// The same limits with a whole body due within `deadline`.
+    #[must_use]
+    pub fn deadline(mut self, deadline: Duration) -> BodyLimits {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The same limits with a memory budget of `bytes` for bodies being read (`None`: none).
+    #[must_use]
+    pub fn budget_bytes(mut self, bytes: Option<usize>) -> BodyLimits {
+        self.budget = bytes.map(BodyBudget::new);
+        self
+    }
+
+    /// The same limits letting unfunded callers send `bytes` at most.
+    #[must_use]
+    pub fn unfunded_max_bytes(mut self, bytes: usize) -> BodyLimits {
+        self.unfunded_max_bytes = bytes;
+        self
+    }
+}
+
+impl Default for BodyLimits {
+    fn default() -> BodyLimits {
+        BodyLimits {
+            max_bytes: DEFAULT_MAX_BODY_BYTES,
+            idle_timeout: DEFAULT_BODY_IDLE_TIMEOUT,
+            deadline: DEFAULT_BODY_DEADLINE,
+            budget: Some(BodyBudget::new(DEFAULT_BODY_BUDGET_BYTES)),
+            unfunded_max_bytes: DEFAULT_UNFUNDED_MAX_BODY_BYTES,
+        }
+    }
+}
+
+impl From<usize> for BodyLimits {
+    /// The defaults with a largest body of `max_bytes`.
+    fn from(max_bytes: usize) -> BodyLimits {
+        BodyLimits::new(max_bytes)
+    }
+}
+
+/// Memory for request bodies being read, shared by the requests that read through it.
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    bytes: Arc<Semaphore>,
+}
+
+impl BodyBudget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: usize) -> BodyBudget {
+        BodyBudget {
+            bytes: Arc::new(Semaphore::new(bytes.min(Semaphore::MAX_PERMITS))),
+        }
+    }
+
+    /// Bytes not held by any request now.
+    pub fn available(&self) -> usize {
+        self.bytes.available_permits()
+    }
+
+    /// Takes `bytes` of the budget, waiting until `until` for room; 503 if there is none.
+    async fn take(
+        &self,
+        bytes: usize,
+        until: Instant,
+    ) -> Result<OwnedSemaphorePermit, GatewayError> {
+        let count = u32::try_from(bytes).map_err(|_| GatewayError::PayloadTooLarge)?;
+        if let Ok(permit) = self.bytes.clone().try_acquire_many_owned(count) {
+            return Ok(permit);
+        }
+        match tokio::time::timeout_at(until, self.bytes.clone().acquire_many_owned(count)).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(GatewayError::Busy),
+        }
+    }
+}
+
+/// The share of the body budget a request holds, as a request extension, for as long as the
+/// request (and so its buffered body) lives.
+#[derive(Debug, Clone)]
+pub struct BodyPermit {
+    // Never read: dropping the last clone gives the bytes back to the budget.
+    _held: Arc<OwnedSemaphorePermit>,
+}
+
+/// Whether a caller can pay for the catalogue's cheapest model.
+#[derive(Clone)]
+struct Funds {
+    ledger: Arc<dyn Ledger>,
+    cheapest: Credits,
+}
+
+impl std::fmt::Debug for Funds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Funds")
+            .field("cheapest", &self.cheapest)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Funds {
+    /// A store that cannot answer does not stop the call: the charge decides later.
+    async fn can_pay(&self, caller: Caller) -> bool {
+        match self.ledger.balance(caller.account).await {
+            Ok(balance) => balance.total() >= self.cheapest,
+            Err(_) => true,
+        }
+    }
+}
+
+/// Default longest pause between two chunks of a request body.
+pub const DEFAULT_BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Default longest time to receive a whole request body.
+pub const DEFAULT_BODY_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Default memory for request bodies being read at once, across every request: 256 MiB.
+pub const DEFAULT_BODY_BUDGET_BYTES: usize = 256 * 1024 * 1024;
+
+/// Default largest body from a caller who cannot pay for any model: 1 MiB.
+pub const DEFAULT_UNFUNDED_MAX_BODY_BYTES: usize = 1024 * 1024;
 
 /// The fields the gateway reads; everything else passes through untouched. Each is kept as the
 /// raw JSON text so that a field of the wrong type gets a precise 400, not a generic one.

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use model_gateway::{
-    Accounts, Balance, Bucket, CallLog, CallRecord, Catalogue, Credits, GatewayError, KeyHash,
-    KeyStore, Ledger, NewApiKey, SeaOrmStore, Store, Upstream,
+    Accounts, Balance, BodyLimits, Bucket, CallLog, CallRecord, Catalogue, Credits, GatewayError,
+    KeyHash, KeyStore, Ledger, NewApiKey, SeaOrmStore, Store, Upstream,
 };
 
 /// Credits given to the demo account that mock mode creates on an empty database.
@@ -19,9 +19,9 @@ pub fn router<S: Store + 'static>(
     store: Arc<S>,
     catalogue: Arc<Catalogue>,
     upstream: Upstream,
-    max_body_bytes: usize,
+    body: impl Into<BodyLimits>,
 ) -> Router {
-    let stack = model_gateway::stack(store, catalogue, max_body_bytes, upstream);
+    let stack = model_gateway::stack(store, catalogue, body, upstream);
     Router::new()
         .route_service("/v1/chat/completions", stack.clone())
         .route_service("/v1/messages", stack)

@@ -17,8 +17,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use std::time::Duration;
+
+use model_gateway::server::{self, ServerLimits};
 use model_gateway::{
-    Catalogue, DEFAULT_MAX_BODY_BYTES, HttpUpstream, MockUpstream, SeaOrmStore, Upstream,
+    BodyLimits, Catalogue, DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE,
+    DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES,
+    HttpUpstream, MockUpstream, SeaOrmStore, Upstream,
 };
 
 #[derive(Parser)]
@@ -92,6 +97,31 @@ struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "GATEWAY_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
+    /// Longest pause between two chunks of a request body, in seconds (408 beyond).
+    #[arg(long, env = "GATEWAY_BODY_IDLE_TIMEOUT_SECS", default_value_t = DEFAULT_BODY_IDLE_TIMEOUT.as_secs())]
+    body_idle_timeout_secs: u64,
+    /// Longest time to receive a whole request body, in seconds (408 beyond).
+    #[arg(long, env = "GATEWAY_BODY_DEADLINE_SECS", default_value_t = DEFAULT_BODY_DEADLINE.as_secs())]
+    body_deadline_secs: u64,
+    /// Memory for request bodies being read at once, in bytes (503 when full); 0 for no budget.
+    #[arg(long, env = "GATEWAY_BODY_BUDGET_BYTES", default_value_t = DEFAULT_BODY_BUDGET_BYTES)]
+    body_budget_bytes: usize,
+    /// Largest body from a key whose credits cannot pay for any model, in bytes (413 beyond).
+    #[arg(long, env = "GATEWAY_UNFUNDED_MAX_BODY_BYTES", default_value_t = DEFAULT_UNFUNDED_MAX_BODY_BYTES)]
+    unfunded_max_body_bytes: usize,
+    /// Time a client has to send a request's headers, in seconds.
+    #[arg(long, env = "GATEWAY_HEADER_TIMEOUT_SECS", default_value_t = server::DEFAULT_HEADER_TIMEOUT.as_secs())]
+    header_timeout_secs: u64,
+    /// Time a connection may go without completing a request, in seconds.
+    #[arg(long, env = "GATEWAY_IDLE_TIMEOUT_SECS", default_value_t = server::DEFAULT_IDLE_TIMEOUT.as_secs())]
+    idle_timeout_secs: u64,
+    /// Most client connections at once (default: from the open-file limit, raised to its hard
+    /// value at start).
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS")]
+    max_connections: Option<usize>,
+    /// Largest request header block, in bytes (431 beyond).
+    #[arg(long, env = "GATEWAY_MAX_HEADER_BYTES", default_value_t = server::DEFAULT_MAX_HEADER_BYTES)]
+    max_header_bytes: usize,
     /// Refund reservations still pending after this many seconds (default: the call deadline
     /// plus margins). Shorter than any call can last is unsafe while other gateways serve.
     #[arg(long, env = "GATEWAY_RECOVERY_AGE_SECS")]
@@ -99,6 +129,27 @@ struct ServeArgs {
 }
 
 impl ServeArgs {
+    fn body_limits(&self) -> BodyLimits {
+        BodyLimits::new(self.max_body_bytes)
+            .idle_timeout(Duration::from_secs(self.body_idle_timeout_secs))
+            .deadline(Duration::from_secs(self.body_deadline_secs))
+            .budget_bytes((self.body_budget_bytes > 0).then_some(self.body_budget_bytes))
+            .unfunded_max_bytes(self.unfunded_max_body_bytes)
+    }
+
+    /// The server's limits; raises the open-file limit first when the connection limit is
+    /// derived from it.
+    fn server_limits(&self) -> ServerLimits {
+        let mut limits = ServerLimits::default();
+        limits.header_timeout = Duration::from_secs(self.header_timeout_secs);
+        limits.idle_timeout = Duration::from_secs(self.idle_timeout_secs);
+        limits.max_header_bytes = self.max_header_bytes;
+        limits.max_connections = self
+            .max_connections
+            .unwrap_or_else(|| server::connections_for_file_limit(server::raise_file_limit()));
+        limits
+    }
+
     fn recovery_age(&self, catalogue: &Catalogue) -> std::time::Duration {
         self.recovery_age_secs.map_or_else(
             || model_gateway::recovery_age(catalogue),
@@ -300,7 +351,8 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
         store.clone(),
         args.recovery_age(&catalogue),
     ));
-    let router = app::router(store, catalogue.clone(), upstream, args.max_body_bytes);
+    let router = app::router(store, catalogue.clone(), upstream, args.body_limits());
+    let limits = args.server_limits();
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     let address = listener.local_addr()?;
     tracing::info!(
@@ -308,11 +360,10 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
         mock = args.mock,
         streaming = catalogue.streaming(),
         models = catalogue.models().count(),
+        max_connections = limits.max_connections,
         "model-gateway listening on http://{address}"
     );
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    server::serve(listener, router, limits, shutdown_signal()).await?;
     recovery.abort();
     tracing::info!("shut down");
     Ok(())
