@@ -202,7 +202,7 @@ where
     }
     let (mut parts, body) = request.into_parts();
     let payer = funds.zip(parts.extensions.get::<Caller>().copied());
-    let (body, permit) = read_body(body, limits, payer).await?;
+    let (body, permit) = read_body(body, limits, declared_length, payer).await?;
     let routed = route(catalogue, protocol, &body, streaming)?;
     parts.extensions.insert(routed);
     if let Some(permit) = permit {
@@ -214,10 +214,13 @@ where
 /// Reads a whole request body within `limits`: no more than its size, no pause between chunks
 /// longer than its idle time-out, all of it before its deadline, and no more at once than the
 /// memory budget allows across every request (waiting up to the idle time-out for room). A
-/// caller that cannot pay for any model may send only `unfunded_max_bytes`.
+/// body of declared length takes its whole share of the budget before it is read, so that
+/// bodies never hold parts of the budget while each waits for more. A caller that cannot pay
+/// for any model may send only `unfunded_max_bytes`.
 async fn read_body<B>(
     body: B,
     limits: &BodyLimits,
+    declared_length: Option<u64>,
     payer: Option<(&Funds, Caller)>,
 ) -> Result<(Bytes, Option<BodyPermit>), GatewayError>
 where
@@ -229,6 +232,15 @@ where
     let mut body = std::pin::pin!(body);
     let mut received = Received::Empty;
     let mut permit: Option<OwnedSemaphorePermit> = None;
+    // Bytes of the budget held and not yet filled.
+    let mut reserved = 0;
+    if let (Some(budget), Some(length)) = (&limits.budget, declared_length)
+        && length > 0
+    {
+        let length = usize::try_from(length).map_err(|_| GatewayError::PayloadTooLarge)?;
+        permit = Some(budget.take(length, within(Instant::now())).await?);
+        reserved = length;
+    }
     let mut payer_checked = payer.is_none();
     loop {
         let frame = match tokio::time::timeout_at(within(Instant::now()), body.frame()).await {
@@ -252,10 +264,12 @@ where
                 return Err(GatewayError::PayloadTooLarge);
             }
         }
-        if let Some(budget) = &limits.budget {
-            let more = budget
-                .take(data.remaining(), within(Instant::now()))
-                .await?;
+        let unreserved = data.remaining().saturating_sub(reserved);
+        reserved = reserved.saturating_sub(data.remaining());
+        if let Some(budget) = &limits.budget
+            && unreserved > 0
+        {
+            let more = budget.take(unreserved, within(Instant::now())).await?;
             match &mut permit {
                 Some(held) => held.merge(more),
                 None => permit = Some(more),

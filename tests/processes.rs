@@ -4,36 +4,12 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
 use model_gateway::{CallLog, CallStatus, KeyHash, KeyStore, SeaOrmStore};
-
-fn free_address() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().to_string()
-}
-
-fn gateway_binary() -> PathBuf {
-    // target/debug/deps/crash-HASH -> target/debug/examples/gateway
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("gateway");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --example gateway`",
-        path.display()
-    );
-    path
-}
 
 struct Env {
     vars: Vec<(&'static str, String)>,

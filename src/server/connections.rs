@@ -32,14 +32,22 @@ struct Entry {
     since: Instant,
     /// Requests whose body has been read and whose response has not ended: work under way.
     busy: usize,
+    /// Requests whose headers arrived and whose body is still arriving.
+    receiving: usize,
     close: Arc<Notify>,
 }
 
 impl Entry {
     /// Whether the connection is doing nothing that was asked of it: idle, reading headers, or
-    /// receiving a body.
+    /// receiving a body. Such a connection may be closed to make room.
     fn waiting(&self) -> bool {
         self.busy == 0
+    }
+
+    /// Whether the connection has no request at all: idle or reading headers. Such a
+    /// connection is closed after the idle time-out (a body has time-outs of its own).
+    fn idle(&self) -> bool {
+        self.busy == 0 && self.receiving == 0
     }
 }
 
@@ -90,6 +98,7 @@ impl Connections {
             Entry {
                 since: Instant::now(),
                 busy: 0,
+                receiving: 0,
                 close: close.clone(),
             },
         );
@@ -108,7 +117,7 @@ impl Connections {
             let mut open = self.open();
             let now = Instant::now();
             open.by_id.retain(|_, entry| {
-                let stale = entry.waiting() && now.duration_since(entry.since) >= idle;
+                let stale = entry.idle() && now.duration_since(entry.since) >= idle;
                 if stale {
                     entry.close.notify_one();
                 }
@@ -144,9 +153,17 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    /// A request's headers have arrived; its body is coming.
+    pub(super) fn request_started(&self) {
+        if let Some(entry) = self.connections.open().by_id.get_mut(&self.id) {
+            entry.receiving += 1;
+        }
+    }
+
     /// A request's body has been read: its work is under way.
     pub(super) fn request_read(&self) {
         if let Some(entry) = self.connections.open().by_id.get_mut(&self.id) {
+            entry.receiving = entry.receiving.saturating_sub(1);
             entry.busy += 1;
         }
     }
@@ -156,6 +173,8 @@ impl Slot {
         if let Some(entry) = self.connections.open().by_id.get_mut(&self.id) {
             if read {
                 entry.busy = entry.busy.saturating_sub(1);
+            } else {
+                entry.receiving = entry.receiving.saturating_sub(1);
             }
             entry.since = Instant::now();
         }
@@ -203,6 +222,7 @@ mod tests {
     async fn a_connection_with_work_under_way_is_never_closed_to_make_room() {
         let connections = Connections::new(2);
         let working = connections.admit().unwrap();
+        working.request_started();
         working.request_read();
         let waiting = connections.admit().unwrap();
         let _new = connections.admit().unwrap();
@@ -215,6 +235,7 @@ mod tests {
         working.request_read();
         let full = Connections::new(1);
         let only = full.admit().unwrap();
+        only.request_started();
         only.request_read();
         assert!(full.admit().is_none(), "every connection is busy: refused");
     }
@@ -224,14 +245,18 @@ mod tests {
         let connections = Connections::new(10);
         let idle = connections.admit().unwrap();
         let busy = connections.admit().unwrap();
+        busy.request_started();
         busy.request_read();
+        let uploading = connections.admit().unwrap();
+        uploading.request_started();
         tokio::spawn(connections.clone().close_idle(Duration::from_secs(60)));
         tokio::time::sleep(Duration::from_secs(61)).await;
         tokio::time::timeout(Duration::from_secs(1), idle.evicted())
             .await
             .unwrap();
-        assert_eq!(connections.len(), 1, "the busy one stays");
+        assert_eq!(connections.len(), 2, "the busy and the uploading ones stay");
         busy.response_ended(true);
+        uploading.response_ended(false);
         tokio::time::sleep(Duration::from_secs(90)).await;
         assert_eq!(connections.len(), 0);
     }

@@ -125,9 +125,32 @@ impl<B> TrackedBody<B> {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .take();
-            drop(parked);
+            if let Some(unread) = parked {
+                tokio::spawn(discard(unread));
+            }
         }
     }
+}
+
+/// Most of an unread body read and thrown away after its response, and for how long.
+const DISCARD_BYTES: usize = 16 * 1024 * 1024;
+const DISCARD_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads and throws away the rest of a body whose request was answered without it, so that a
+/// client still sending it finishes and reads the answer (an HTTP/2 stream reset instead makes
+/// some clients drop the answer). Past [`DISCARD_BYTES`] or [`DISCARD_TIME`] it is dropped.
+async fn discard(mut unread: Incoming) {
+    use http_body_util::BodyExt;
+    let mut read = 0;
+    let _ = tokio::time::timeout(DISCARD_TIME, async {
+        while read < DISCARD_BYTES {
+            match unread.frame().await {
+                Some(Ok(frame)) => read += frame.data_ref().map_or(0, |data| data.len()),
+                _ => break,
+            }
+        }
+    })
+    .await;
 }
 
 impl<B> Drop for TrackedBody<B> {
@@ -208,6 +231,7 @@ where
     }
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        self.slot.request_started();
         let state = Arc::new(RequestState {
             slot: self.slot.clone(),
             read: AtomicBool::new(false),

@@ -429,3 +429,38 @@ pub fn stranger_key() -> String {
 pub async fn revoke(db: &TestDb, key: &str) {
     assert!(db.store.revoke_key(&KeyHash::of(key)).await.unwrap());
 }
+
+/// An address on loopback that was free a moment ago.
+pub fn free_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// The example gateway binary that `cargo test` builds next to the tests.
+pub fn gateway_binary() -> std::path::PathBuf {
+    // target/debug/deps/TEST-HASH -> target/debug/examples/gateway
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("gateway");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --example gateway`",
+        path.display()
+    );
+    path
+}
+
+/// Resident memory of process `pid`, in KiB, from `/proc`.
+pub fn resident_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
