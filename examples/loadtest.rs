@@ -2,8 +2,9 @@
 //!
 //! 1. the floor: an axum server that parses the body and returns the same mock reply, with
 //!    none of our layers;
-//! 2. the full example gateway (all four layers) in mock mode on the in-memory store: what
-//!    HTTP and the layers cost without a database;
+//! 2. the full example gateway (all four layers, behind `model_gateway::server` as the example
+//!    serves them) in mock mode on the in-memory store: what HTTP and the layers cost without a
+//!    database;
 //! 3. the same on a SQLite file (WAL);
 //! 4. the same on PostgreSQL, when `TEST_POSTGRES_URL` is set (a schema of its own);
 //!
@@ -85,6 +86,21 @@ async fn serve(router: axum::Router) -> String {
     base
 }
 
+/// A gateway router behind the gateway's own server (`model_gateway::server`), as the example
+/// gateway serves it.
+async fn serve_gateway(router: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let limits = model_gateway::server::ServerLimits::default();
+    tokio::spawn(model_gateway::server::serve(
+        listener,
+        router,
+        limits,
+        std::future::pending(),
+    ));
+    base
+}
+
 /// The floor: parse the body as the gateway does, answer the mock reply, nothing else.
 async fn floor() -> Target {
     let catalogue = Arc::new(Catalogue::demo());
@@ -128,7 +144,7 @@ async fn memory_gateway() -> Target {
     );
     Target {
         name: "gateway, in-memory",
-        base: serve(router).await,
+        base: serve_gateway(router).await,
         key: Some(key.reveal().to_owned()),
         store: None,
     }
@@ -145,7 +161,7 @@ async fn gateway(name: &'static str, store: SeaOrmStore) -> Target {
     );
     Target {
         name,
-        base: serve(router).await,
+        base: serve_gateway(router).await,
         key: Some(key.reveal().to_owned()),
         store: Some(store),
     }

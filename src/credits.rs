@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct Credits(pub i64);
 
 impl Credits {
+    /// The largest balance a bucket, or an account's two buckets together, can hold.
+    pub const MAX: Credits = Credits(i64::MAX);
+
     /// No credits.
     pub const ZERO: Credits = Credits(0);
 
@@ -65,9 +68,28 @@ pub struct Balance {
 }
 
 impl Balance {
-    /// Both buckets together.
+    /// Both buckets together. Never wraps: grants that would take the total past
+    /// [`Credits::MAX`] are refused, and a total past it (a database edited by hand) reads as
+    /// [`Credits::MAX`], which the audit reports.
     pub fn total(self) -> Credits {
-        Credits(self.subscription.0 + self.topup.0)
+        Credits(self.subscription.0.saturating_add(self.topup.0))
+    }
+
+    /// Both buckets together, if that can be represented.
+    pub fn checked_total(self) -> Option<Credits> {
+        self.subscription.0.checked_add(self.topup.0).map(Credits)
+    }
+
+    /// This balance with `amount` more in `bucket`, if the bucket and the total stay within
+    /// [`Credits::MAX`].
+    pub fn checked_grant(self, bucket: Bucket, amount: Credits) -> Option<Balance> {
+        let mut granted = self;
+        let credited = match bucket {
+            Bucket::Subscription => &mut granted.subscription,
+            Bucket::Topup => &mut granted.topup,
+        };
+        *credited = Credits(credited.0.checked_add(amount.0)?);
+        granted.checked_total().map(|_| granted)
     }
 
     /// How a charge of `price` is taken from this balance: subscription first, the rest from
@@ -109,6 +131,19 @@ mod tests {
             subscription: Credits(subscription),
             topup: Credits(topup),
         }
+    }
+
+    #[test]
+    fn a_grant_past_the_largest_balance_is_refused_in_a_bucket_or_in_total() {
+        let full = balance(0, i64::MAX);
+        assert_eq!(full.checked_grant(Bucket::Topup, Credits(1)), None);
+        assert_eq!(full.checked_grant(Bucket::Subscription, Credits(1)), None);
+        assert_eq!(
+            balance(1, i64::MAX - 2).checked_grant(Bucket::Subscription, Credits(1)),
+            Some(balance(2, i64::MAX - 2))
+        );
+        assert_eq!(balance(i64::MAX, 1).total(), Credits::MAX);
+        assert_eq!(balance(i64::MAX, 1).checked_total(), None);
     }
 
     #[test]

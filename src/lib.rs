@@ -114,10 +114,10 @@ pub use router::{
     ProtocolRouter, ProtocolRouterLayer, route,
 };
 pub use store::{
-    AccountAudit, AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus,
-    CallSuccess, Caller, ChargeRequest, DEFAULT_MAX_BATCH, GroupCommitStats, KeyId, KeyStore,
-    Ledger, MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store, StoreError,
-    TokenUsage,
+    AccountAudit, AccountId, Accounts, BalanceOverflow, CallFailure, CallId, CallLog, CallRecord,
+    CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_MAX_BATCH, GroupCommitStats, KeyId,
+    KeyStore, Ledger, MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store,
+    StoreError, Sums, TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
 pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};

@@ -848,3 +848,133 @@ async fn mysql_commits_are_durable_when_they_return() {
     assert_settles_are_flushed_where_commits_do_not_wait(&db, false).await;
     db.drop_schema().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sums past 64 bits
+
+/// Runs `statement` on the store's connection, in its database's dialect.
+async fn execute(db: &TestDb, statement: sea_orm::sea_query::UpdateStatement) {
+    let connection = db.store.connection();
+    let built = connection.get_database_backend().build(&statement);
+    connection.execute_raw(built).await.unwrap();
+}
+
+/// A grant that would take a bucket or the total past the largest balance is refused with a
+/// clear, typed error and writes nothing; the audit still sums exactly where grants pass 64
+/// bits, and reports an account whose two buckets together cannot be represented.
+async fn assert_grants_past_the_largest_balance_are_refused(db: TestDb) {
+    use model_gateway::{Accounts, Balance, BalanceOverflow};
+    use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
+    let store = db.store.clone();
+    let account = store.create_account("large").await.unwrap();
+    store
+        .grant(account, Bucket::Topup, Credits::MAX)
+        .await
+        .unwrap();
+    for (bucket, amount) in [
+        (Bucket::Topup, 1),
+        (Bucket::Subscription, 1),
+        (Bucket::Subscription, i64::MAX),
+    ] {
+        let error = store
+            .grant(account, bucket, Credits(amount))
+            .await
+            .unwrap_err();
+        let overflow = error
+            .0
+            .downcast_ref::<BalanceOverflow>()
+            .unwrap_or_else(|| panic!("not a BalanceOverflow: {error}"));
+        assert_eq!((overflow.account, overflow.bucket), (account, bucket));
+        assert!(error.to_string().contains("largest value"), "{error}");
+    }
+    let full = Balance {
+        subscription: Credits(0),
+        topup: Credits::MAX,
+    };
+    assert_eq!(store.balance(account).await.unwrap(), full);
+    let audits = store.audit().await.unwrap();
+    assert!(audits.iter().all(|audit| audit.holds()), "{audits:?}");
+    assert_eq!(
+        audits[0].granted.topup,
+        i128::from(i64::MAX),
+        "one grant written"
+    );
+
+    // A second grant of the largest amount, as if the first had been spent: the sum passes
+    // 64 bits, and the audit sums it exactly instead of failing.
+    let copy = format!(
+        "INSERT INTO mg_credit_grants (account_id, bucket, amount, created_at) \
+         SELECT account_id, bucket, amount, created_at FROM mg_credit_grants WHERE account_id = {}",
+        account.0
+    );
+    db.store
+        .connection()
+        .execute_unprepared(&copy)
+        .await
+        .unwrap();
+    let audit = store.audit().await.unwrap().remove(0);
+    assert_eq!(audit.granted.topup, 2 * i128::from(i64::MAX));
+    assert_eq!(
+        audit.problem(),
+        Some("the balance differs from grants minus ok and pending charges")
+    );
+
+    // Both buckets full (a database edited by hand): the total cannot be represented.
+    execute(
+        &db,
+        Query::update()
+            .table(Alias::new("mg_accounts"))
+            .value(Alias::new("subscription_credits"), i64::MAX)
+            .and_where(Expr::col(Alias::new("id")).eq(account.0))
+            .to_owned(),
+    )
+    .await;
+    let audit = store.audit().await.unwrap().remove(0);
+    assert!(
+        audit.problem().unwrap().contains("cannot be represented"),
+        "{audit:?}"
+    );
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits::MAX);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn sqlite_grants_past_the_largest_balance_are_refused() {
+    assert_grants_past_the_largest_balance_are_refused(sqlite_db().await).await;
+}
+
+#[tokio::test]
+async fn postgres_grants_past_the_largest_balance_are_refused() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    assert_grants_past_the_largest_balance_are_refused(db).await;
+}
+
+#[tokio::test]
+async fn mysql_grants_past_the_largest_balance_are_refused() {
+    let Some(db) = mysql_db().await else {
+        return;
+    };
+    assert_grants_past_the_largest_balance_are_refused(db).await;
+}
+
+#[tokio::test]
+async fn the_memory_store_refuses_grants_past_the_largest_balance_too() {
+    use model_gateway::{Accounts, BalanceOverflow};
+    let store = MemoryStore::new();
+    let account = store.create_account("large").await.unwrap();
+    store
+        .grant(account, Bucket::Subscription, Credits::MAX)
+        .await
+        .unwrap();
+    let error = store
+        .grant(account, Bucket::Topup, Credits(1))
+        .await
+        .unwrap_err();
+    assert!(
+        error.0.downcast_ref::<BalanceOverflow>().is_some(),
+        "{error}"
+    );
+    assert_eq!(store.balance(account).await.unwrap().total(), Credits::MAX);
+}

@@ -272,3 +272,44 @@ async fn two_gateway_processes_on_one_postgres_spend_exactly_the_credits_there_a
     assert!(audited, "{report}");
     db.drop_schema().await;
 }
+
+/// The operator's commands refuse credits past the largest balance with a clear message and a
+/// non-zero exit, and write nothing, however the amounts are split between the buckets.
+#[tokio::test]
+async fn credit_commands_past_the_largest_balance_fail_clearly_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = Env {
+        vars: vec![(
+            "DATABASE_URL",
+            format!(
+                "sqlite://{}?mode=rwc",
+                dir.path().join("gateway.db").display()
+            ),
+        )],
+    };
+    let max = i64::MAX.to_string();
+    let (created, out) = env.run(&["keys", "create", "--subscription", &max, "--topup", "1"]);
+    assert!(!created, "{out}");
+    let (created, out) = env.run(&["keys", "create", "--topup", &max]);
+    assert!(created, "{out}");
+    let key = out.lines().last().unwrap().to_owned();
+    for args in [["--topup", "1"], ["--subscription", "1"]] {
+        let output = env
+            .command(&["credits", "add", "--key", &key, args[0], args[1]])
+            .output()
+            .unwrap();
+        assert!(!output.status.success());
+        let error = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            error.contains("largest value a balance can hold"),
+            "{error}"
+        );
+    }
+    let (_, balance) = env.run(&["balance", "--key", &key]);
+    let balance: serde_json::Value = serde_json::from_str(&balance).unwrap();
+    assert_eq!(balance["topup"], i64::MAX);
+    assert_eq!(balance["subscription"], 0);
+    let (audited, report) = env.run(&["audit"]);
+    assert!(audited, "{report}");
+    assert!(report.contains("audit passed: 1 accounts"), "{report}");
+}

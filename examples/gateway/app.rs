@@ -8,7 +8,7 @@ use axum::Router;
 use axum::body::Body;
 use model_gateway::{
     Accounts, Balance, BodyLimits, Bucket, CallLog, CallRecord, Catalogue, Credits, GatewayError,
-    KeyHash, KeyStore, Ledger, NewApiKey, SeaOrmStore, Store, Upstream,
+    KeyHash, KeyStore, Ledger, NewApiKey, SeaOrmStore, Store, Sums, Upstream,
 };
 
 /// Credits given to the demo account that mock mode creates on an empty database.
@@ -54,6 +54,7 @@ pub async fn create_key(
     topup: i64,
 ) -> Result<NewApiKey, CommandError> {
     check_amounts(subscription, topup)?;
+    granted_together(Balance::default(), subscription, topup)?;
     let account = store.create_account(name).await?;
     let key = NewApiKey::generate();
     store.add_key(account, &key).await?;
@@ -75,6 +76,9 @@ pub async fn add_credits(
         ));
     }
     let account = account_of(store, key).await?;
+    // Checked here for both grants together so that one is not written without the other; the
+    // store refuses each alone too.
+    granted_together(store.balance(account).await?, subscription, topup)?;
     grant_both(store, account, subscription, topup).await?;
     Ok(store.balance(account).await?)
 }
@@ -119,22 +123,31 @@ pub struct AuditReport {
     pub failures: usize,
 }
 
-/// Checks every account: `grants - charges of ok and pending calls = balance`, per bucket, and no
-/// negative bucket. A refund that returned other than what its call took would break the first
+/// Checks every account: `grants - charges of ok and pending calls = balance`, per bucket, no
+/// negative bucket, and a total that can be represented. A refund that returned other than what its call took would break the first
 /// equation for that account, since refunded calls are not counted as charges.
 pub async fn audit(store: &SeaOrmStore) -> Result<AuditReport, CommandError> {
     let audits = store.audit().await?;
     let failures = audits.iter().filter(|audit| !audit.holds()).count();
-    let bucket = |balance: Balance| serde_json::json!({ "subscription": balance.subscription, "topup": balance.topup });
+    // Sums may pass what a JSON number holds exactly in every reader: those are written as text.
+    let exact = |sum: i128| {
+        i64::try_from(sum).map_or_else(
+            |_| serde_json::json!(sum.to_string()),
+            serde_json::Value::from,
+        )
+    };
+    let sums = |sums: Sums| serde_json::json!({ "subscription": exact(sums.subscription), "topup": exact(sums.topup) });
     let lines = audits
         .iter()
         .map(|audit| {
+            let balance = audit.balance;
             serde_json::json!({
                 "account": audit.account,
-                "granted": bucket(audit.granted),
-                "charged": bucket(audit.charged),
-                "balance": bucket(audit.balance),
+                "granted": sums(audit.granted),
+                "charged": sums(audit.charged),
+                "balance": { "subscription": balance.subscription, "topup": balance.topup },
                 "ok": audit.holds(),
+                "problem": audit.problem(),
             })
         })
         .collect();
@@ -160,6 +173,24 @@ async fn account_of(
         .await?
         .map(|caller| caller.account)
         .ok_or_else(|| CommandError("unknown or revoked key".into()))
+}
+
+/// `balance` with both grants, or why it cannot hold them.
+fn granted_together(
+    balance: Balance,
+    subscription: i64,
+    topup: i64,
+) -> Result<Balance, CommandError> {
+    balance
+        .checked_grant(Bucket::Subscription, Credits(subscription))
+        .and_then(|balance| balance.checked_grant(Bucket::Topup, Credits(topup)))
+        .ok_or_else(|| {
+            CommandError(format!(
+                "granting {subscription} subscription and {topup} top-up credits would take the \
+                 balance past the largest value a balance can hold ({}); nothing was granted",
+                Credits::MAX
+            ))
+        })
 }
 
 fn check_amounts(subscription: i64, topup: i64) -> Result<(), CommandError> {

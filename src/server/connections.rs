@@ -1,6 +1,7 @@
 //! The open connections, what each is doing, and which gives way when the server is full.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -18,36 +19,45 @@ struct Inner {
     open: Mutex<Open>,
     limit: usize,
     emptied: Notify,
+    /// What `since` counts from.
+    epoch: Instant,
 }
 
 #[derive(Debug, Default)]
 struct Open {
     next_id: u64,
-    by_id: HashMap<u64, Entry>,
+    by_id: HashMap<u64, Arc<Entry>>,
 }
 
+/// One connection as the server sees it. The counts are changed by the connection's own
+/// requests without taking the lock over all connections.
 #[derive(Debug)]
 struct Entry {
-    /// When the connection last completed a request, or was accepted.
-    since: Instant,
+    /// When the connection last completed a request, or was accepted: nanoseconds since the
+    /// epoch of [`Inner`].
+    since: AtomicU64,
     /// Requests whose body has been read and whose response has not ended: work under way.
-    busy: usize,
+    busy: AtomicUsize,
     /// Requests whose headers arrived and whose body is still arriving.
-    receiving: usize,
-    close: Arc<Notify>,
+    receiving: AtomicUsize,
+    close: Notify,
 }
 
 impl Entry {
     /// Whether the connection is doing nothing that was asked of it: idle, reading headers, or
     /// receiving a body. Such a connection may be closed to make room.
     fn waiting(&self) -> bool {
-        self.busy == 0
+        self.busy.load(Ordering::Acquire) == 0
     }
 
     /// Whether the connection has no request at all: idle or reading headers. Such a
     /// connection is closed after the idle time-out (a body has time-outs of its own).
     fn idle(&self) -> bool {
-        self.busy == 0 && self.receiving == 0
+        self.waiting() && self.receiving.load(Ordering::Acquire) == 0
+    }
+
+    fn since(&self) -> u64 {
+        self.since.load(Ordering::Acquire)
     }
 }
 
@@ -58,6 +68,7 @@ impl Connections {
                 open: Mutex::new(Open::default()),
                 limit,
                 emptied: Notify::new(),
+                epoch: Instant::now(),
             }),
         }
     }
@@ -80,7 +91,7 @@ impl Connections {
                 .by_id
                 .iter()
                 .filter(|(_, entry)| entry.waiting())
-                .min_by_key(|(_, entry)| entry.since)
+                .min_by_key(|(_, entry)| entry.since())
                 .map(|(id, _)| *id)?;
             if let Some(entry) = open.by_id.remove(&oldest) {
                 tracing::debug!(
@@ -92,20 +103,17 @@ impl Connections {
         }
         let id = open.next_id;
         open.next_id += 1;
-        let close = Arc::new(Notify::new());
-        open.by_id.insert(
-            id,
-            Entry {
-                since: Instant::now(),
-                busy: 0,
-                receiving: 0,
-                close: close.clone(),
-            },
-        );
+        let entry = Arc::new(Entry {
+            since: AtomicU64::new(self.now()),
+            busy: AtomicUsize::new(0),
+            receiving: AtomicUsize::new(0),
+            close: Notify::new(),
+        });
+        open.by_id.insert(id, entry.clone());
         Some(Slot {
             id,
             connections: self.clone(),
-            close,
+            entry,
         })
     }
 
@@ -114,16 +122,22 @@ impl Connections {
         let mut ticks = tokio::time::interval((idle / 4).max(Duration::from_millis(100)));
         loop {
             ticks.tick().await;
+            let now = self.now();
+            let idle = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
             let mut open = self.open();
-            let now = Instant::now();
             open.by_id.retain(|_, entry| {
-                let stale = entry.idle() && now.duration_since(entry.since) >= idle;
+                let stale = entry.idle() && now.saturating_sub(entry.since()) >= idle;
                 if stale {
                     entry.close.notify_one();
                 }
                 !stale
             });
         }
+    }
+
+    /// Nanoseconds since the epoch.
+    fn now(&self) -> u64 {
+        u64::try_from(self.inner.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Waits until every connection has closed.
@@ -149,40 +163,36 @@ impl Connections {
 pub(crate) struct Slot {
     id: u64,
     connections: Connections,
-    close: Arc<Notify>,
+    entry: Arc<Entry>,
 }
 
 impl Slot {
     /// A request's headers have arrived; its body is coming.
     pub(super) fn request_started(&self) {
-        if let Some(entry) = self.connections.open().by_id.get_mut(&self.id) {
-            entry.receiving += 1;
-        }
+        self.entry.receiving.fetch_add(1, Ordering::AcqRel);
     }
 
     /// A request's body has been read: its work is under way.
     pub(super) fn request_read(&self) {
-        if let Some(entry) = self.connections.open().by_id.get_mut(&self.id) {
-            entry.receiving = entry.receiving.saturating_sub(1);
-            entry.busy += 1;
-        }
+        self.entry.busy.fetch_add(1, Ordering::AcqRel);
+        decrement(&self.entry.receiving);
     }
 
     /// A response has ended (sent, or dropped); `read` if its request's body had been read.
     pub(super) fn response_ended(&self, read: bool) {
-        if let Some(entry) = self.connections.open().by_id.get_mut(&self.id) {
-            if read {
-                entry.busy = entry.busy.saturating_sub(1);
-            } else {
-                entry.receiving = entry.receiving.saturating_sub(1);
-            }
-            entry.since = Instant::now();
-        }
+        decrement(if read {
+            &self.entry.busy
+        } else {
+            &self.entry.receiving
+        });
+        self.entry
+            .since
+            .store(self.connections.now(), Ordering::Release);
     }
 
     /// Completes when this connection must close to make room or for idling.
     pub(super) async fn evicted(&self) {
-        self.close.notified().await;
+        self.entry.close.notified().await;
     }
 
     /// The connection has closed.
@@ -193,6 +203,11 @@ impl Slot {
             self.connections.inner.emptied.notify_waiters();
         }
     }
+}
+
+/// Counts one down, never below zero.
+fn decrement(count: &AtomicUsize) {
+    let _ = count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use chrono::Utc;
 
 use super::{
-    AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus, CallSuccess, Caller,
-    ChargeRequest, KeyId, KeyStore, Ledger, Reservation, ReserveError, StoreError,
-    check_grant_amount,
+    AccountId, Accounts, BalanceOverflow, CallFailure, CallId, CallLog, CallRecord, CallStatus,
+    CallSuccess, Caller, ChargeRequest, KeyId, KeyStore, Ledger, Reservation, ReserveError,
+    StoreError, check_grant_amount,
 };
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
@@ -249,10 +249,13 @@ impl Accounts for MemoryStore {
             .balances
             .get_mut(&account)
             .ok_or_else(|| unknown_account(account))?;
-        match bucket {
-            Bucket::Subscription => balance.subscription.0 += amount.0,
-            Bucket::Topup => balance.topup.0 += amount.0,
-        }
+        *balance = balance
+            .checked_grant(bucket, amount)
+            .ok_or(BalanceOverflow {
+                account,
+                bucket,
+                amount,
+            })?;
         Ok(*balance)
     }
 

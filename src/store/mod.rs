@@ -27,7 +27,7 @@ mod memory;
 mod sea;
 
 pub use memory::MemoryStore;
-pub use sea::{AccountAudit, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
+pub use sea::{AccountAudit, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore, Sums};
 
 /// What [`Ledger::reserve`] is asked to charge.
 #[derive(Debug, Clone, Copy)]
@@ -247,6 +247,30 @@ pub trait Store: KeyStore + Ledger + CallLog + Accounts {}
 impl<T: KeyStore + Ledger + CallLog + Accounts> Store for T {}
 
 /// Refuses a grant of zero or fewer credits before it reaches any backend.
+/// A grant refused because it would take a bucket, or the account's total, past
+/// [`Credits::MAX`]. Carried inside the [`StoreError`] that [`Accounts::grant`] returns
+/// (`error.0.downcast_ref::<BalanceOverflow>()`); nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "granting {amount} {bucket} credits to account {account} would take its balance past the largest \
+     value a balance can hold ({max}); nothing was granted",
+    account = .account.0, bucket = .bucket.as_str(), max = Credits::MAX
+)]
+pub struct BalanceOverflow {
+    /// The account.
+    pub account: AccountId,
+    /// The bucket the grant was for.
+    pub bucket: Bucket,
+    /// The amount refused.
+    pub amount: Credits,
+}
+
+impl From<BalanceOverflow> for StoreError {
+    fn from(overflow: BalanceOverflow) -> StoreError {
+        StoreError(Box::new(overflow))
+    }
+}
+
 pub(crate) fn check_grant_amount(amount: Credits) -> Result<(), StoreError> {
     if amount.get() > 0 {
         Ok(())

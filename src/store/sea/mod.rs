@@ -33,9 +33,9 @@ use sea_orm::{
 use sea_orm_migration::MigratorTrait;
 
 use super::{
-    AccountId, Accounts, CallFailure, CallId, CallLog, CallRecord, CallStatus, CallSuccess, Caller,
-    ChargeRequest, KeyId, KeyStore, Ledger, Reservation, ReserveError, StoreError,
-    check_grant_amount,
+    AccountId, Accounts, BalanceOverflow, CallFailure, CallId, CallLog, CallRecord, CallStatus,
+    CallSuccess, Caller, ChargeRequest, KeyId, KeyStore, Ledger, Reservation, ReserveError,
+    StoreError, check_grant_amount,
 };
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
@@ -182,62 +182,75 @@ impl SeaOrmStore {
             .map(|row| AccountAudit {
                 account: AccountId(row.id),
                 balance: balance_of(&row),
-                granted: Balance::default(),
-                charged: Balance::default(),
+                granted: Sums::default(),
+                charged: Sums::default(),
             })
             .collect();
         let index = |audits: &[AccountAudit], id: i64| {
             audits.binary_search_by_key(&AccountId(id), |audit| audit.account)
         };
 
-        // SUM widens to a decimal on some databases; bring it back to a 64-bit integer.
+        // Sums of many 64-bit amounts may pass 64 bits (SQLite then fails, PostgreSQL cannot
+        // cast back): each is summed as its high and low 32 bits, which fit for up to 2^31
+        // rows, and put together here exactly. SUM widens to a decimal on some databases;
+        // bring each half back to a 64-bit integer.
         let integer = match self.db.get_database_backend() {
             sea_orm::DbBackend::MySql => "SIGNED",
             _ => "BIGINT",
         };
-        let sum = |column: &str| Expr::cust(format!("CAST(SUM({column}) AS {integer})"));
-        let grants: Vec<(i64, String, i64)> = credit_grant::Entity::find()
+        let sum = |column: &str, half: &str| {
+            let part = match half {
+                "high" => format!("({column} >> 32)"),
+                _ => format!("({column} & 4294967295)"),
+            };
+            Expr::cust(format!("CAST(COALESCE(SUM({part}), 0) AS {integer})"))
+        };
+        let exact = |high: i64, low: i64| (i128::from(high) << 32) + i128::from(low);
+        let grants: Vec<(i64, String, i64, i64)> = credit_grant::Entity::find()
             .select_only()
             .column(credit_grant::Column::AccountId)
             .column(credit_grant::Column::Bucket)
-            .column_as(sum("amount"), "total")
+            .column_as(sum("amount", "high"), "high")
+            .column_as(sum("amount", "low"), "low")
             .group_by(credit_grant::Column::AccountId)
             .group_by(credit_grant::Column::Bucket)
             .into_tuple()
             .all(&self.db)
             .await?;
-        for (account, bucket, total) in grants {
+        for (account, bucket, high, low) in grants {
             let Ok(at) = index(&audits, account) else {
                 return Err(StoreError::msg(format!(
                     "grant for missing account {account}"
                 )));
             };
             match Bucket::parse(&bucket) {
-                Some(Bucket::Subscription) => audits[at].granted.subscription = Credits(total),
-                Some(Bucket::Topup) => audits[at].granted.topup = Credits(total),
+                Some(Bucket::Subscription) => audits[at].granted.subscription = exact(high, low),
+                Some(Bucket::Topup) => audits[at].granted.topup = exact(high, low),
                 None => return Err(StoreError::msg(format!("unknown bucket {bucket}"))),
             }
         }
 
-        let charges: Vec<(i64, i64, i64)> = call::Entity::find()
+        let charges: Vec<(i64, i64, i64, i64, i64)> = call::Entity::find()
             .select_only()
             .column(call::Column::AccountId)
-            .column_as(sum("charged_subscription"), "subscription")
-            .column_as(sum("charged_topup"), "topup")
+            .column_as(sum("charged_subscription", "high"), "subscription_high")
+            .column_as(sum("charged_subscription", "low"), "subscription_low")
+            .column_as(sum("charged_topup", "high"), "topup_high")
+            .column_as(sum("charged_topup", "low"), "topup_low")
             .filter(call::Column::Status.is_in(["ok", "pending"]))
             .group_by(call::Column::AccountId)
             .into_tuple()
             .all(&self.db)
             .await?;
-        for (account, subscription, topup) in charges {
+        for (account, subscription_high, subscription_low, topup_high, topup_low) in charges {
             let Ok(at) = index(&audits, account) else {
                 return Err(StoreError::msg(format!(
                     "call for missing account {account}"
                 )));
             };
-            audits[at].charged = Balance {
-                subscription: Credits(subscription),
-                topup: Credits(topup),
+            audits[at].charged = Sums {
+                subscription: exact(subscription_high, subscription_low),
+                topup: exact(topup_high, topup_low),
             };
         }
         Ok(audits)
@@ -249,22 +262,51 @@ impl SeaOrmStore {
 pub struct AccountAudit {
     /// The account.
     pub account: AccountId,
-    /// Sum of grants, per bucket.
-    pub granted: Balance,
-    /// Sum of what `ok` and `pending` calls took, per bucket.
-    pub charged: Balance,
+    /// Sum of grants, per bucket (exact: it may pass what one balance can hold).
+    pub granted: Sums,
+    /// Sum of what `ok` and `pending` calls took, per bucket (exact).
+    pub charged: Sums,
     /// The stored balance.
     pub balance: Balance,
 }
 
+/// Exact sums of credits, per bucket, wider than one balance.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Sums {
+    /// Subscription credits.
+    pub subscription: i128,
+    /// Top-up credits.
+    pub topup: i128,
+}
+
 impl AccountAudit {
-    /// `granted - charged == balance` in both buckets, and neither bucket negative.
+    /// `granted - charged == balance` in both buckets, neither bucket negative, and the two
+    /// together representable.
     pub fn holds(&self) -> bool {
-        let expected = |granted: Credits, charged: Credits| Credits(granted.0 - charged.0);
-        expected(self.granted.subscription, self.charged.subscription) == self.balance.subscription
-            && expected(self.granted.topup, self.charged.topup) == self.balance.topup
-            && self.balance.subscription >= Credits::ZERO
-            && self.balance.topup >= Credits::ZERO
+        self.problem().is_none()
+    }
+
+    /// What is wrong with this account's books, if anything.
+    pub fn problem(&self) -> Option<&'static str> {
+        let Balance {
+            subscription,
+            topup,
+        } = self.balance;
+        if subscription < Credits::ZERO || topup < Credits::ZERO {
+            return Some("a bucket is negative");
+        }
+        if self.balance.checked_total().is_none() {
+            return Some(
+                "the two buckets together cannot be represented (past the largest balance)",
+            );
+        }
+        let left = |granted: i128, charged: i128| granted - charged;
+        if left(self.granted.subscription, self.charged.subscription) != i128::from(subscription.0)
+            || left(self.granted.topup, self.charged.topup) != i128::from(topup.0)
+        {
+            return Some("the balance differs from grants minus ok and pending charges");
+        }
+        None
     }
 }
 
@@ -545,18 +587,42 @@ impl Accounts for SeaOrmStore {
     ) -> Result<Balance, StoreError> {
         check_grant_amount(amount)?;
         let txn = self.begin_write().await?;
-        let column = match bucket {
-            Bucket::Subscription => account::Column::SubscriptionCredits,
-            Bucket::Topup => account::Column::TopupCredits,
+        let (column, other) = match bucket {
+            Bucket::Subscription => (
+                account::Column::SubscriptionCredits,
+                account::Column::TopupCredits,
+            ),
+            Bucket::Topup => (
+                account::Column::TopupCredits,
+                account::Column::SubscriptionCredits,
+            ),
         };
+        // Neither the bucket nor the total may pass the largest balance; written so that no
+        // step of the check can overflow itself (every bucket is >= 0).
+        let room = Credits::MAX.0 - amount.0;
         let credited = account::Entity::update_many()
             .col_expr(column, Expr::col(column).add(amount.0))
             .filter(account::Column::Id.eq(account.0))
+            .filter(Expr::col(column).lte(room))
+            .filter(Expr::col(other).lte(Expr::val(room).sub(Expr::col(column))))
             .exec(&txn)
             .await?;
         if credited.rows_affected != 1 {
+            let exists = account::Entity::find_by_id(account.0)
+                .one(&txn)
+                .await?
+                .is_some();
             txn.rollback().await?;
-            return Err(unknown_account(account));
+            return Err(if exists {
+                BalanceOverflow {
+                    account,
+                    bucket,
+                    amount,
+                }
+                .into()
+            } else {
+                unknown_account(account)
+            });
         }
         credit_grant::ActiveModel {
             id: NotSet,
