@@ -264,8 +264,12 @@ pub async fn start_gateway(
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
+    // Served as the example gateway serves it.
     let server = tokio::spawn(async move {
-        axum::serve(listener, router).await.unwrap();
+        let limits = model_gateway::server::ServerLimits::default();
+        model_gateway::server::serve(listener, router, limits, std::future::pending())
+            .await
+            .unwrap();
     });
     Gateway {
         base,
