@@ -53,6 +53,7 @@ async fn charge_once(store: &dyn Store, caller: Caller, outcome: Outcome) {
         protocol: Protocol::ChatCompletions,
         model: "gpt-4o-mini",
         price: Credits(2),
+        request_id: None,
     };
     let reservation = store.reserve(request).await.unwrap();
     let done = match outcome {

@@ -7,6 +7,7 @@
 //! | [`Caller`]      | [`ApiKeyAuth`](crate::ApiKeyAuth)             | [`CreditCharge`](crate::CreditCharge) |
 //! | [`RoutedCall`]  | [`ProtocolRouter`](crate::ProtocolRouter)     | [`CreditCharge`](crate::CreditCharge), the upstream |
 //! | [`Reservation`] | [`CreditCharge`](crate::CreditCharge)         | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
+//! | [`RequestId`]  | [`RequestIdLayer`](crate::RequestIdLayer)      | [`CreditCharge`](crate::CreditCharge) (the call log), the log lines |
 //! | [`ServedBy`] (response) | [`HttpUpstream`](crate::HttpUpstream) | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
 
 use std::ops::Range;
@@ -91,3 +92,45 @@ impl RoutedCall {
 /// read by [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) for the call log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedBy(pub String);
+
+/// The id of one request: the client's own `x-request-id` when it sent a sane one, else a new
+/// one. Request extension added by [`RequestIdLayer`](crate::RequestIdLayer); the answer
+/// carries it as `x-request-id`, the call log keeps it, and the provider is sent it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RequestId(Arc<str>);
+
+impl RequestId {
+    /// Longest client-chosen id kept; a longer one is replaced.
+    pub const MAX_LEN: usize = 128;
+
+    /// The client's id, if it is sane: 1 to [`MAX_LEN`](Self::MAX_LEN) visible ASCII
+    /// characters.
+    pub fn from_client(value: &[u8]) -> Option<RequestId> {
+        let sane = !value.is_empty()
+            && value.len() <= RequestId::MAX_LEN
+            && value.iter().all(|byte| byte.is_ascii_graphic());
+        if !sane {
+            return None;
+        }
+        // Visible ASCII is UTF-8.
+        std::str::from_utf8(value)
+            .ok()
+            .map(|id| RequestId(Arc::from(id)))
+    }
+
+    /// A new id: `req_` and 32 random hexadecimal digits.
+    pub fn generate() -> RequestId {
+        RequestId(Arc::from(format!("req_{:032x}", fastrand::u128(..))))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}

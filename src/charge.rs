@@ -50,7 +50,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::BoxFuture;
-use crate::call::RoutedCall;
+use crate::call::{RequestId, RoutedCall};
 use crate::error::GatewayError;
 use crate::store::{Caller, ChargeRequest, Ledger, ReserveError};
 
@@ -125,6 +125,7 @@ where
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let caller = request.extensions().get::<Caller>().copied();
         let routed = request.extensions().get::<RoutedCall>().cloned();
+        let request_id = request.extensions().get::<RequestId>().cloned();
         let ledger = self.ledger.clone();
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -138,6 +139,7 @@ where
                 protocol: routed.protocol,
                 model: &routed.model.name,
                 price: routed.model.price,
+                request_id: request_id.as_ref().map(RequestId::as_str),
             };
             match ledger.reserve(charge).await {
                 Ok(reservation) => {

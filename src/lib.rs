@@ -8,6 +8,7 @@
 //!
 //! Outermost first, as [`ServiceBuilder`](tower::ServiceBuilder) lists them (see [`stack`]):
 //!
+//! 0. [`RequestIdLayer`]: every request gets an id, every answer carries it (`x-request-id`).
 //! 1. [`ApiKeyAuth`]: who is calling (401).
 //! 2. [`ProtocolRouter`]: which endpoint and model, at what price (413, 405, 400, 404).
 //! 3. [`CreditCharge`]: reserve the price and write a `pending` call-log entry (402).
@@ -82,6 +83,7 @@ mod protocol;
 mod recovery;
 mod refund;
 mod reply;
+mod request_id;
 mod router;
 #[cfg(feature = "server")]
 pub mod server;
@@ -89,7 +91,7 @@ mod store;
 mod upstream;
 
 pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
-pub use call::RoutedCall;
+pub use call::{RequestId, RoutedCall};
 pub use catalogue::{
     Catalogue, CatalogueError, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
     DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STREAM_DEADLINE,
@@ -108,6 +110,7 @@ pub use refund::{
     RefundOnUpstreamError, RefundOnUpstreamErrorLayer, ResponseBody,
 };
 pub use reply::UpstreamBody;
+pub use request_id::{REQUEST_ID_HEADER, RequestIdLayer, RequestIdService};
 pub use router::{
     BodyBudget, BodyLimits, BodyPermit, DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE,
     DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES,
@@ -129,12 +132,14 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The full gateway service: the four layers around upstream `U`.
-pub type GatewayStack<U> = ApiKeyAuth<ProtocolRouter<CreditCharge<RefundOnUpstreamError<U>>>>;
+pub type GatewayStack<U> =
+    RequestIdService<ApiKeyAuth<ProtocolRouter<CreditCharge<RefundOnUpstreamError<U>>>>>;
 
 /// Builds the whole gateway around `upstream`, outermost first:
 ///
 /// | Layer                       | Reads                       | Adds            | Refuses with   |
 /// |-----------------------------|-----------------------------|-----------------|----------------|
+/// | [`RequestIdLayer`]          | `x-request-id`              | [`RequestId`]   |                |
 /// | [`ApiKeyAuth`]              | `Authorization`/`x-api-key` | [`Caller`]      | 401            |
 /// | [`ProtocolRouter`]          | path, method, body          | [`RoutedCall`]  | 404, 405, 413, 400 |
 /// | [`CreditCharge`]            | [`Caller`], [`RoutedCall`]  | [`Reservation`] | 402            |
@@ -163,6 +168,7 @@ where
 {
     let upstream_bound = catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN;
     tower::ServiceBuilder::new()
+        .layer(RequestIdLayer::new())
         .layer(ApiKeyAuthLayer::new(store.clone()))
         .layer(
             ProtocolRouterLayer::new(catalogue.clone())

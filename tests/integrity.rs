@@ -690,6 +690,7 @@ async fn reserve(db: &TestDb, key: &str) -> Reservation {
             protocol: model_gateway::Protocol::ChatCompletions,
             model: CHAT_MODEL,
             price: Credits(CHAT_PRICE),
+            request_id: None,
         })
         .await
         .unwrap()

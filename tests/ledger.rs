@@ -51,6 +51,7 @@ fn charge(caller: Caller, price: i64) -> ChargeRequest<'static> {
         protocol: Protocol::ChatCompletions,
         model: "gpt-4o-mini",
         price: Credits(price),
+        request_id: Some("req_ledger-scenario"),
     }
 }
 
@@ -114,7 +115,7 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
     let calls = store.recent_calls(account, 100).await.unwrap();
     for call in &calls {
         trace.push(format!(
-            "{:?} price {} sub {} top {} upstream {:?} via {:?} tokens {:?}/{:?}",
+            "{:?} price {} sub {} top {} upstream {:?} via {:?} tokens {:?}/{:?} request {:?}",
             call.status,
             call.price,
             call.charged_subscription,
@@ -122,8 +123,10 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
             call.upstream_status,
             call.channel,
             call.input_tokens,
-            call.output_tokens
+            call.output_tokens,
+            call.request_id,
         ));
+        assert_eq!(call.request_id.as_deref(), Some("req_ledger-scenario"));
         assert_eq!(
             call.charged_subscription.0 + call.charged_topup.0,
             call.price.0

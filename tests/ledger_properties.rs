@@ -148,6 +148,7 @@ impl<'a> Side<'a> {
                     protocol: Protocol::Messages,
                     model: "m",
                     price: Credits(price),
+                    request_id: None,
                 };
                 match self.store.reserve(request).await {
                     Ok(reservation) => (

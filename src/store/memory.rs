@@ -97,6 +97,7 @@ impl Ledger for MemoryStore {
             output_tokens: None,
             created_at: Utc::now(),
             finished_at: None,
+            request_id: request.request_id.map(str::to_owned),
         });
         Ok(Reservation {
             call,

@@ -40,6 +40,8 @@ pub struct ChargeRequest<'a> {
     pub model: &'a str,
     /// The model's price.
     pub price: Credits,
+    /// The request's id (`x-request-id`), kept in the call log.
+    pub request_id: Option<&'a str>,
 }
 
 /// A successful upstream call, recorded when it is settled.
@@ -130,6 +132,8 @@ pub struct CallRecord {
     pub created_at: DateTime<Utc>,
     /// When the call was settled or refunded.
     pub finished_at: Option<DateTime<Utc>>,
+    /// The request's id (`x-request-id`), as the client's answer carried it.
+    pub request_id: Option<String>,
 }
 
 /// The store could not do what was asked (database unreachable, a constraint violated, ...).

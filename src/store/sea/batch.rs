@@ -21,6 +21,7 @@ pub(super) struct OwnedCharge {
     pub(super) protocol: Protocol,
     pub(super) model: String,
     pub(super) price: Credits,
+    pub(super) request_id: Option<String>,
 }
 
 impl From<ChargeRequest<'_>> for OwnedCharge {
@@ -30,6 +31,7 @@ impl From<ChargeRequest<'_>> for OwnedCharge {
             protocol: request.protocol,
             model: request.model.to_owned(),
             price: request.price,
+            request_id: request.request_id.map(str::to_owned),
         }
     }
 }

@@ -151,6 +151,7 @@ mod tests {
             protocol: Protocol::ChatCompletions,
             model: "m".into(),
             price: Credits(1),
+            request_id: None,
         };
         batches.current.push(Job {
             write: Write::Reserve(charge),

@@ -513,6 +513,7 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
         output_tokens: row.output_tokens,
         created_at: row.created_at,
         finished_at: row.finished_at,
+        request_id: row.request_id,
     })
 }
 

@@ -219,8 +219,8 @@ fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec
     let mut statement = txn
         .prepare_cached(
             "INSERT INTO mg_calls (account_id, key_id, protocol, model, price, \
-             charged_subscription, charged_topup, status, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+             charged_subscription, charged_topup, status, created_at, request_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
@@ -238,6 +238,7 @@ fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec
                 entry.taken.topup.0,
                 CallStatus::Pending.as_str(),
                 now,
+                charge.request_id,
             ])
             .map_err(store_error)?;
         ids.push(txn.last_insert_rowid());

@@ -40,6 +40,8 @@ pub struct Model {
     pub created_at: DateTimeUtc,
     /// Settle or refund time.
     pub finished_at: Option<DateTimeUtc>,
+    /// The request's `x-request-id`.
+    pub request_id: Option<String>,
 }
 
 /// No relations are navigated through the ORM.

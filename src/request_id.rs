@@ -1,0 +1,140 @@
+//! [`RequestIdLayer`]: every request gets an id, and every answer carries it.
+//!
+//! The id is the client's own `x-request-id` when it is sane (1 to 128 visible ASCII
+//! characters), else a new one (`req_` and 32 hexadecimal digits), which replaces the client's
+//! header so that the provider is sent the same id. The layer adds the [`RequestId`] extension
+//! (the call log keeps it), sets `x-request-id` on the answer, and runs the request inside a
+//! `request` tracing span with the id, so every log line of the request names it. A request
+//! that already has a [`RequestId`] (an outer instance of this layer) keeps it.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::Full;
+//! use model_gateway::{RequestId, RequestIdLayer};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let service = ServiceBuilder::new()
+//!     .layer(RequestIdLayer::new())
+//!     .service(service_fn(|request: Request<Full<Bytes>>| async move {
+//!         let id = request.extensions().get::<RequestId>().unwrap().to_string();
+//!         Ok::<_, Infallible>(Response::new(Full::<Bytes>::from(id)))
+//!     }));
+//!
+//! let sent = Request::get("/").header("x-request-id", "abc-123").body(Full::default()).unwrap();
+//! let answer = service.clone().oneshot(sent).await.unwrap();
+//! assert_eq!(answer.headers()["x-request-id"], "abc-123");
+//!
+//! let unsent = Request::get("/").body(Full::default()).unwrap();
+//! let answer = service.oneshot(unsent).await.unwrap();
+//! assert!(answer.headers()["x-request-id"].to_str().unwrap().starts_with("req_"));
+//! # }
+//! ```
+
+use std::task::{Context, Poll};
+
+use http::{HeaderName, HeaderValue, Request, Response};
+use tower_layer::Layer;
+use tower_service::Service;
+use tracing::Instrument;
+
+use crate::BoxFuture;
+use crate::call::RequestId;
+
+/// The header that carries the id.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Configuration of [`RequestIdService`] (none yet).
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct RequestIdLayer {
+    _private: (),
+}
+
+impl RequestIdLayer {
+    /// The layer.
+    pub fn new() -> RequestIdLayer {
+        RequestIdLayer::default()
+    }
+}
+
+impl<S> Layer<S> for RequestIdLayer {
+    type Service = RequestIdService<S>;
+
+    fn layer(&self, inner: S) -> RequestIdService<S> {
+        RequestIdService { inner }
+    }
+}
+
+/// Middleware that gives each request an id; see the module docs.
+#[derive(Debug, Clone)]
+pub struct RequestIdService<S> {
+    inner: S,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RequestIdService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Response<ResBody>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
+        let id = match request.extensions().get::<RequestId>() {
+            Some(id) => id.clone(),
+            None => {
+                let id = request
+                    .headers()
+                    .get(&REQUEST_ID_HEADER)
+                    .and_then(|value| RequestId::from_client(value.as_bytes()))
+                    .unwrap_or_else(RequestId::generate);
+                if let Ok(value) = HeaderValue::from_str(id.as_str()) {
+                    request.headers_mut().insert(REQUEST_ID_HEADER, value);
+                }
+                request.extensions_mut().insert(id.clone());
+                id
+            }
+        };
+        let span = tracing::info_span!("request", request_id = %id);
+        let future = self.inner.call(request);
+        Box::pin(
+            async move {
+                let mut response = future.await?;
+                if let Ok(value) = HeaderValue::from_str(id.as_str()) {
+                    response.headers_mut().insert(REQUEST_ID_HEADER, value);
+                }
+                Ok(response)
+            }
+            .instrument(span),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_sane_client_ids_are_kept() {
+        assert!(RequestId::from_client(b"abc-123_XYZ.~").is_some());
+        assert!(RequestId::from_client(b"").is_none());
+        assert!(RequestId::from_client(b"has space").is_none());
+        assert!(RequestId::from_client("ünïcode".as_bytes()).is_none());
+        assert!(RequestId::from_client(&[b'a'; 129]).is_none());
+        assert!(RequestId::from_client(&[b'a'; 128]).is_some());
+    }
+
+    #[test]
+    fn new_ids_differ() {
+        assert_ne!(RequestId::generate(), RequestId::generate());
+    }
+}
