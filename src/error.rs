@@ -48,6 +48,9 @@ pub enum GatewayError {
     /// The server is reading as many request bodies as its memory budget allows.
     #[error("服务繁忙, 请稍后重试")]
     Busy,
+    /// A query parameter is not what the endpoint takes.
+    #[error("查询参数无效")]
+    InvalidQuery,
     /// The path is not one of the gateway's endpoints.
     #[error("接口不存在")]
     UnknownPath,
@@ -86,6 +89,7 @@ impl GatewayError {
             | Self::InvalidMaxTokens
             | Self::InvalidStreamField
             | Self::StreamingUnsupported
+            | Self::InvalidQuery
             | Self::UnreadableBody => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,

@@ -78,6 +78,8 @@ mod charge;
 mod classify;
 mod credits;
 mod error;
+#[cfg(feature = "api")]
+pub mod key_holder;
 mod keys;
 mod protocol;
 mod recovery;
@@ -114,7 +116,7 @@ pub use request_id::{REQUEST_ID_HEADER, RequestIdLayer, RequestIdService};
 pub use router::{
     BodyBudget, BodyLimits, BodyPermit, DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE,
     DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES,
-    ProtocolRouter, ProtocolRouterLayer, route,
+    ProtocolRouter, ProtocolRouterLayer, route, route_model,
 };
 pub use store::{
     AccountAudit, AccountId, Accounts, BalanceOverflow, CallFailure, CallId, CallLog, CallRecord,

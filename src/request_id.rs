@@ -89,23 +89,21 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        let id = match request.extensions().get::<RequestId>() {
-            Some(id) => id.clone(),
-            None => {
-                let id = request
-                    .headers()
-                    .get(&REQUEST_ID_HEADER)
-                    .and_then(|value| RequestId::from_client(value.as_bytes()))
-                    .unwrap_or_else(RequestId::generate);
-                if let Ok(value) = HeaderValue::from_str(id.as_str()) {
-                    request.headers_mut().insert(REQUEST_ID_HEADER, value);
-                }
-                request.extensions_mut().insert(id.clone());
-                id
-            }
-        };
+        // An outer instance already gave the request its id, its span and its answer's header.
+        if request.extensions().get::<RequestId>().is_some() {
+            return Box::pin(self.inner.call(request));
+        }
+        let id = request
+            .headers()
+            .get(&REQUEST_ID_HEADER)
+            .and_then(|value| RequestId::from_client(value.as_bytes()))
+            .unwrap_or_else(RequestId::generate);
+        if let Ok(value) = HeaderValue::from_str(id.as_str()) {
+            request.headers_mut().insert(REQUEST_ID_HEADER, value);
+        }
+        request.extensions_mut().insert(id.clone());
         let span = tracing::info_span!("request", request_id = %id);
-        let future = self.inner.call(request);
+        let future = span.in_scope(|| self.inner.call(request));
         Box::pin(
             async move {
                 let mut response = future.await?;

@@ -505,12 +505,7 @@ pub fn route(
     body: &[u8],
     streaming: bool,
 ) -> Result<RoutedCall, GatewayError> {
-    // serde would also accept an array for a struct; requests are objects.
-    if body.trim_ascii_start().first() != Some(&b'{') {
-        return Err(GatewayError::InvalidJson);
-    }
-    let envelope: Envelope = serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)?;
-
+    let envelope = envelope(body)?;
     let model_raw = envelope.model.ok_or(GatewayError::InvalidModelField)?;
     let model_name = json_string(model_raw).ok_or(GatewayError::InvalidModelField)?;
     if !envelope
@@ -532,9 +527,42 @@ pub fn route(
         Some("true") => return Err(GatewayError::StreamingUnsupported),
         Some(_) => return Err(GatewayError::InvalidStreamField),
     };
+    resolve(catalogue, protocol, body, model_raw, &model_name, stream)
+}
 
+/// Resolves the model of a request that is not a call (such as `count_tokens`): a JSON object
+/// with a string `model` (400 otherwise) that the catalogue serves on `protocol` (404
+/// otherwise). Nothing else in the body is checked.
+pub fn route_model(
+    catalogue: &Catalogue,
+    protocol: Protocol,
+    body: &[u8],
+) -> Result<RoutedCall, GatewayError> {
+    let envelope = envelope(body)?;
+    let model_raw = envelope.model.ok_or(GatewayError::InvalidModelField)?;
+    let model_name = json_string(model_raw).ok_or(GatewayError::InvalidModelField)?;
+    resolve(catalogue, protocol, body, model_raw, &model_name, false)
+}
+
+/// The fields the gateway reads, from a body that must be a JSON object.
+fn envelope(body: &[u8]) -> Result<Envelope<'_>, GatewayError> {
+    // serde would also accept an array for a struct; requests are objects.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(GatewayError::InvalidJson);
+    }
+    serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)
+}
+
+fn resolve(
+    catalogue: &Catalogue,
+    protocol: Protocol,
+    body: &[u8],
+    model_raw: &RawValue,
+    model_name: &str,
+    stream: bool,
+) -> Result<RoutedCall, GatewayError> {
     let model = catalogue
-        .model(&model_name)
+        .model(model_name)
         .filter(|model| model.protocol == protocol)
         .ok_or(GatewayError::ModelNotFound)?;
     // The raw value borrows from `body`, so its position in `body` is where the model sits.

@@ -313,3 +313,56 @@ async fn credit_commands_past_the_largest_balance_fail_clearly_and_write_nothing
     assert!(audited, "{report}");
     assert!(report.contains("audit passed: 1 accounts"), "{report}");
 }
+
+/// The server's log lines for a request name its id, so an operator can find a client's failed
+/// call from the id in its answer.
+#[tokio::test]
+async fn the_log_lines_of_a_request_carry_its_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_address();
+    let env = Env {
+        vars: vec![
+            (
+                "DATABASE_URL",
+                format!(
+                    "sqlite://{}?mode=rwc",
+                    dir.path().join("gateway.db").display()
+                ),
+            ),
+            ("GATEWAY_LISTEN", listen.clone()),
+            ("OPENAI_API_KEY", String::new()), // so the provider fails without being called
+        ],
+    };
+    let (_, out) = env.run(&["keys", "create", "--subscription", "10"]);
+    let key = out.lines().last().unwrap().to_owned();
+    let log = dir.path().join("gateway.log");
+    let mut server = env
+        .command(&["serve"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the gateway to listen", async || {
+        std::net::TcpStream::connect(&listen).is_ok()
+    })
+    .await;
+    let answer = reqwest::Client::new()
+        .post(format!("http://{listen}{CHAT}"))
+        .bearer_auth(&key)
+        .header("x-request-id", "trace-me-42")
+        .body(chat_body(CHAT_MODEL))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 502);
+    assert_eq!(answer.headers()["x-request-id"], "trace-me-42");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let log = std::fs::read_to_string(&log).unwrap();
+    let line = log
+        .lines()
+        .find(|line| line.contains("upstream failed"))
+        .unwrap_or_else(|| panic!("no refund warning in {log}"));
+    assert!(line.contains("trace-me-42"), "{line}");
+    assert_eq!(line.matches("trace-me-42").count(), 1, "{line}");
+}

@@ -8,24 +8,29 @@ use axum::Router;
 use axum::body::Body;
 use model_gateway::{
     Accounts, Balance, BodyLimits, Bucket, CallLog, CallRecord, Catalogue, Credits, GatewayError,
-    KeyHash, KeyStore, Ledger, NewApiKey, SeaOrmStore, Store, Sums, Upstream,
+    KeyHash, KeyStore, Ledger, NewApiKey, RequestIdLayer, SeaOrmStore, Store, Sums, Upstream,
 };
 
 /// Credits given to the demo account that mock mode creates on an empty database.
 pub const DEMO_SUBSCRIPTION_CREDITS: i64 = 1_000;
 
-/// The whole HTTP surface: the two endpoints through the stack, and a JSON 404 for the rest.
+/// The whole HTTP surface: the two call endpoints through the stack, the key holders'
+/// endpoints and probes, and a JSON 404 for the rest, every answer with an `x-request-id`.
 pub fn router<S: Store + 'static>(
     store: Arc<S>,
     catalogue: Arc<Catalogue>,
     upstream: Upstream,
     body: impl Into<BodyLimits>,
 ) -> Router {
-    let stack = model_gateway::stack(store, catalogue, body, upstream);
+    let stack = model_gateway::stack(store.clone(), catalogue.clone(), body, upstream.clone());
     Router::new()
         .route_service("/v1/chat/completions", stack.clone())
         .route_service("/v1/messages", stack)
+        .merge(model_gateway::key_holder::router(
+            store, catalogue, upstream,
+        ))
         .fallback(|| async { GatewayError::UnknownPath.into_response::<Body>() })
+        .layer(RequestIdLayer::new())
 }
 
 /// An operator command that could not be done.

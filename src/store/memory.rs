@@ -201,6 +201,25 @@ impl CallLog for MemoryStore {
             .cloned()
             .collect())
     }
+
+    async fn calls_before(
+        &self,
+        account: AccountId,
+        before: Option<CallId>,
+        limit: u64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        Ok(self
+            .lock()
+            .calls
+            .iter()
+            .rev()
+            .filter(|record| record.account == account)
+            .filter(|record| before.is_none_or(|before| record.id < before))
+            .take(limit)
+            .cloned()
+            .collect())
+    }
 }
 
 #[async_trait]

@@ -215,6 +215,24 @@ pub trait CallLog: Send + Sync {
         account: AccountId,
         limit: u64,
     ) -> Result<Vec<CallRecord>, StoreError>;
+
+    /// The account's entries older than `before` (all of them when `None`), newest first: one
+    /// page of its call log. The default reads the whole log; the stores here read one page.
+    async fn calls_before(
+        &self,
+        account: AccountId,
+        before: Option<CallId>,
+        limit: u64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        Ok(self
+            .recent_calls(account, u64::MAX)
+            .await?
+            .into_iter()
+            .filter(|record| before.is_none_or(|before| record.id < before))
+            .take(limit)
+            .collect())
+    }
 }
 
 /// Administration: accounts, keys and grants.
@@ -243,6 +261,11 @@ pub trait Accounts: Send + Sync {
 
     /// How many accounts exist.
     async fn account_count(&self) -> Result<u64, StoreError>;
+
+    /// Whether the store can be reached now (for a readiness probe). The default says yes.
+    async fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Everything the gateway and its tools need from one backend.

@@ -508,6 +508,66 @@ impl Service<Request<Bytes>> for HttpUpstream {
     }
 }
 
+impl HttpUpstream {
+    /// Counts the tokens of a messages request at the model's first channel that is up (an
+    /// Anthropic-style upstream), and answers as the provider answered. Not a call: nothing is
+    /// retried elsewhere, and the breaker is not fed.
+    pub async fn count_tokens(
+        &self,
+        routed: &RoutedCall,
+        client_headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<Response<Bytes>, UpstreamError> {
+        let now = Instant::now();
+        let order = attempt_order(&routed.model.channels);
+        let pick = order
+            .iter()
+            .copied()
+            .filter(|c| {
+                self.channels
+                    .get(&c.upstream.name)
+                    .is_some_and(|ch| ch.config.kind == UpstreamKind::Anthropic)
+            })
+            // Channels whose breaker admits come first, in their order.
+            .min_by_key(|c| !self.channels[&c.upstream.name].breaker.admits(now))
+            .ok_or_else(|| UpstreamError::transport("no Anthropic-style channel for this model"))?;
+        let channel = &self.channels[&pick.upstream.name];
+        let api_key = channel.api_key.clone().ok_or_else(|| {
+            UpstreamError::transport(format!(
+                "provider key variable {} is not set",
+                channel.config.api_key_env
+            ))
+        })?;
+        let reply = channel
+            .client
+            .post(format!(
+                "{}/v1/messages/count_tokens",
+                channel.config.base_url
+            ))
+            .headers(channel.headers(client_headers, api_key))
+            .body(routed.upstream_body(body, pick.upstream_model.as_deref()))
+            .send()
+            .await
+            .map_err(|error| UpstreamError::transport(transport_error(error)))?;
+        let status = reply.status();
+        let content_type = reply.headers().get(header::CONTENT_TYPE).cloned();
+        let body = reply
+            .bytes()
+            .await
+            .map_err(|error| UpstreamError::transport(transport_error(error)))?;
+        let mut response = Response::new(Bytes::from(
+            channel.scrub(String::from_utf8_lossy(&body).into_owned()),
+        ));
+        *response.status_mut() = status;
+        if let Some(content_type) = content_type {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+        }
+        Ok(response)
+    }
+}
+
 /// What the failover loop does after one attempt.
 enum Next {
     /// Stop: the call's answer.

@@ -11,10 +11,11 @@
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use tower_service::Service;
 
 use crate::BoxFuture;
+use crate::call::RoutedCall;
 use crate::reply::UpstreamBody;
 
 mod breaker;
@@ -33,6 +34,32 @@ pub enum Upstream {
     Mock(MockUpstream),
     /// Real providers over HTTP.
     Http(HttpUpstream),
+}
+
+impl Upstream {
+    /// Counts the tokens of a messages request, as `POST /v1/messages/count_tokens` does: at
+    /// the provider, or, for the mock, a plausible estimate (a token per four bytes of the
+    /// body). Free: it is not a call.
+    pub async fn count_tokens(
+        &self,
+        routed: &RoutedCall,
+        client_headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Result<Response<Bytes>, UpstreamError> {
+        match self {
+            Upstream::Mock(_) => {
+                let estimate = (body.len() / 4).max(1);
+                let mut response =
+                    Response::new(Bytes::from(format!("{{\"input_tokens\":{estimate}}}")));
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                Ok(response)
+            }
+            Upstream::Http(http) => http.count_tokens(routed, client_headers, body).await,
+        }
+    }
 }
 
 impl Service<Request<Bytes>> for Upstream {

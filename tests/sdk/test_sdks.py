@@ -313,3 +313,39 @@ def test_streamed_tool_use_arrives_intact_through_both_sdks(provider_gateway):
     assert [e["status"] for e in entries] == ["ok", "ok"]
     assert [e["output_tokens"] for e in entries] == [20, 20]
     assert provider_gateway.balance(key)["total"] == 100 - CHAT_PRICE - MESSAGES_PRICE
+
+
+# --- What key holders can ask (models, count_tokens) ---------------------------------------
+
+
+def test_both_sdks_list_and_retrieve_models(gateway):
+    key = gateway.new_key(subscription=10)
+    models = openai_client(gateway, key).models.list()
+    ids = sorted(model.id for model in models)
+    assert CHAT_MODEL in ids and MESSAGES_MODEL in ids
+    model = openai_client(gateway, key).models.retrieve(CHAT_MODEL)
+    assert (model.id, model.object) == (CHAT_MODEL, "model")
+    assert model.model_extra["price"] == CHAT_PRICE
+
+    client = anthropic_client(gateway, key)
+    # Auto-pagination one model per page walks every model, in order, once.
+    walked = [model.id for model in client.models.list(limit=1)]
+    assert walked == ids
+    first_page = client.models.list(limit=1)
+    assert len(first_page.data) == 1 and first_page.has_more
+    retrieved = client.models.retrieve(MESSAGES_MODEL)
+    assert (retrieved.id, retrieved.type) == (MESSAGES_MODEL, "model")
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("no-such-model")
+    assert gateway.logs(key) == []
+    assert gateway.balance(key)["total"] == 10
+
+
+def test_the_anthropic_sdk_counts_tokens_for_free(gateway):
+    key = gateway.new_key(subscription=10)
+    counted = anthropic_client(gateway, key).messages.count_tokens(
+        model=MESSAGES_MODEL, messages=[{"role": "user", "content": "Hello, how are you?"}]
+    )
+    assert counted.input_tokens > 0
+    assert gateway.logs(key) == []
+    assert gateway.balance(key)["total"] == 10

@@ -62,6 +62,9 @@ use jobs::{SQLITE_BUSY_TIMEOUT, begin_write};
 use key_cache::KeyCache;
 pub use migration::Migrator;
 
+/// How long a readiness check waits for the database.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A [`Store`](super::Store) on a relational database through sea-orm.
 ///
 /// Reservations, settles and refunds go through one committer task per store, which applies up
@@ -534,6 +537,26 @@ impl CallLog for SeaOrmStore {
             .map(call_record)
             .collect()
     }
+
+    async fn calls_before(
+        &self,
+        account: AccountId,
+        before: Option<CallId>,
+        limit: u64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        let mut query = call::Entity::find().filter(call::Column::AccountId.eq(account.0));
+        if let Some(before) = before {
+            query = query.filter(call::Column::Id.lt(before.0));
+        }
+        query
+            .order_by_desc(call::Column::Id)
+            .limit(limit)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(call_record)
+            .collect()
+    }
 }
 
 #[async_trait]
@@ -641,5 +664,17 @@ impl Accounts for SeaOrmStore {
 
     async fn account_count(&self) -> Result<u64, StoreError> {
         Ok(account::Entity::find().count(&self.db).await?)
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        // A store that cannot be reached makes the pool wait for its connect time-out: answer
+        // within a few seconds either way.
+        let ping = self.db.execute_unprepared("SELECT 1");
+        match tokio::time::timeout(READY_WITHIN, ping).await {
+            Ok(pinged) => pinged.map(|_| ()).map_err(Into::into),
+            Err(_) => Err(StoreError::msg(format!(
+                "the database did not answer within {READY_WITHIN:?}"
+            ))),
+        }
     }
 }

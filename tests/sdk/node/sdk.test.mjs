@@ -230,3 +230,19 @@ test("streamed tool use arrives intact through both SDKs", async () => {
   assert.deepEqual(provider.logs(key).map((e) => e.status), ["ok", "ok"]);
   assert.equal(provider.balance(key).total, 95);
 });
+
+test("both SDKs list and retrieve models", async () => {
+  const key = mock.newKey(10);
+  const ids = [];
+  for await (const model of openai(mock, key).models.list()) ids.push(model.id);
+  assert.ok(ids.includes("gpt-4o-mini") && ids.includes("claude-haiku-4-5"));
+  const one = await openai(mock, key).models.retrieve("gpt-4o-mini");
+  assert.equal(one.id, "gpt-4o-mini");
+
+  const walked = [];
+  for await (const model of anthropic(mock, key).models.list({ limit: 1 })) walked.push(model.id);
+  assert.deepEqual(walked, [...ids].sort());
+  const info = await anthropic(mock, key).models.retrieve("claude-haiku-4-5");
+  assert.equal(info.type, "model");
+  assert.deepEqual(mock.logs(key), []);
+});

@@ -1,0 +1,289 @@
+//! What key holders and their clients can ask the gateway with their own key, and the probes
+//! that load balancers and clients' start-up checks call: an axum [`Router`] to merge with the
+//! one that serves the calls.
+//!
+//! | Endpoint | Key | Answer |
+//! |---|---|---|
+//! | `GET /v1/models` | yes | the catalogue's models: Anthropic's list shape when the request has `anthropic-version` (`limit`, `after_id`, `before_id` honoured), else OpenAI's; each item also has `protocol` and `price` (credits per call) |
+//! | `GET /v1/models/{id}` | yes | one model in the same shapes; `404 模型不存在` |
+//! | `GET /v1/balance` | yes | `{"subscription", "topup", "total"}` of the key's account |
+//! | `GET /v1/calls?limit=&before=` | yes | the account's own call-log entries, newest first, a page at a time |
+//! | `POST /v1/messages/count_tokens` | yes | the provider's token count for a messages request (the mock estimates); free, no call-log entry |
+//! | `GET /health` | no | 200 while the process runs (the database is not touched) |
+//! | `GET /ready` | no | 200 when the database answers, else `503 {"detail"}` |
+//! | `GET /`, `HEAD /` | no | 200 |
+//!
+//! Nothing here is charged or written to the call log. Errors are `{"detail": ...}` like the
+//! rest of the gateway.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::auth::ApiKeyAuthLayer;
+use crate::call::Caller;
+use crate::catalogue::{Catalogue, ModelRoute};
+use crate::error::GatewayError;
+use crate::protocol::Protocol;
+use crate::router::route_model;
+use crate::store::{CallId, Store};
+use crate::upstream::Upstream;
+
+/// When the models were "created", as the list shapes require a date: the catalogue has none.
+const MODELS_CREATED: i64 = 1_735_689_600; // 2025-01-01T00:00:00Z
+const MODELS_CREATED_AT: &str = "2025-01-01T00:00:00Z";
+
+/// Default and largest page of `GET /v1/calls` and of Anthropic's model list.
+const DEFAULT_PAGE: u64 = 20;
+const LARGEST_PAGE: u64 = 1000;
+
+struct Shared<S> {
+    store: Arc<S>,
+    catalogue: Arc<Catalogue>,
+    upstream: Upstream,
+}
+
+/// The key holders' endpoints and the probes; see the module docs.
+pub fn router<S: Store + 'static>(
+    store: Arc<S>,
+    catalogue: Arc<Catalogue>,
+    upstream: Upstream,
+) -> Router {
+    let shared = Arc::new(Shared {
+        store: store.clone(),
+        catalogue,
+        upstream,
+    });
+    let with_key = Router::new()
+        .route("/v1/models", get(list_models::<S>))
+        .route("/v1/models/{id}", get(one_model::<S>))
+        .route("/v1/balance", get(balance::<S>))
+        .route("/v1/calls", get(calls::<S>))
+        .route("/v1/messages/count_tokens", post(count_tokens::<S>))
+        .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(ApiKeyAuthLayer::new(store))
+        .with_state(shared.clone());
+    let probes = Router::new()
+        .route(
+            "/health",
+            get(|| async { axum::Json(json!({ "status": "ok" })) }),
+        )
+        .route("/ready", get(ready::<S>))
+        .route(
+            "/",
+            get(|| async { axum::Json(json!({ "name": "model-gateway" })) }),
+        )
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(shared);
+    with_key.merge(probes)
+}
+
+/// 405 with a detail; axum adds the `Allow` header of the route.
+async fn method_not_allowed() -> Response {
+    let mut answer = refuse(GatewayError::MethodNotAllowed);
+    answer.headers_mut().remove(axum::http::header::ALLOW);
+    answer
+}
+
+fn refuse(error: GatewayError) -> Response {
+    error.into_response::<axum::body::Body>()
+}
+
+/// The model as an OpenAI list item, with the gateway's fields.
+fn openai_model(model: &ModelRoute) -> Value {
+    json!({
+        "id": model.name,
+        "object": "model",
+        "created": MODELS_CREATED,
+        "owned_by": "model-gateway",
+        "protocol": model.protocol,
+        "price": model.price,
+    })
+}
+
+/// The model as an Anthropic list item, with the gateway's fields.
+fn anthropic_model(model: &ModelRoute) -> Value {
+    json!({
+        "type": "model",
+        "id": model.name,
+        "display_name": model.name,
+        "created_at": MODELS_CREATED_AT,
+        "protocol": model.protocol,
+        "price": model.price,
+    })
+}
+
+fn wants_anthropic(headers: &HeaderMap) -> bool {
+    headers.contains_key("anthropic-version")
+}
+
+fn sorted_models(catalogue: &Catalogue) -> Vec<&Arc<ModelRoute>> {
+    let mut models: Vec<_> = catalogue.models().collect();
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    models
+}
+
+#[derive(Deserialize)]
+struct ModelPage {
+    limit: Option<u64>,
+    after_id: Option<String>,
+    before_id: Option<String>,
+}
+
+async fn list_models<S>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    page: Result<Query<ModelPage>, QueryRejection>,
+) -> Response {
+    let models = sorted_models(&shared.catalogue);
+    if !wants_anthropic(&headers) {
+        let data: Vec<Value> = models.iter().map(|model| openai_model(model)).collect();
+        return axum::Json(json!({ "object": "list", "data": data })).into_response();
+    }
+    let Ok(Query(page)) = page else {
+        return refuse(GatewayError::InvalidQuery);
+    };
+    let limit = page.limit.unwrap_or(DEFAULT_PAGE).clamp(1, LARGEST_PAGE) as usize;
+    let position = |id: &str| models.iter().position(|model| model.name == id);
+    let window: Vec<_> = match (&page.after_id, &page.before_id) {
+        (Some(after), _) => {
+            let start = position(after).map_or(models.len(), |at| at + 1);
+            models[start..].iter().take(limit + 1).collect()
+        }
+        (None, Some(before)) => {
+            let end = position(before).unwrap_or(0);
+            let start = end.saturating_sub(limit + 1);
+            models[start..end].iter().collect()
+        }
+        (None, None) => models.iter().take(limit + 1).collect(),
+    };
+    // One more than the page tells whether there is more in the direction of travel.
+    let has_more = window.len() > limit;
+    let window: Vec<_> = if page.before_id.is_some() && page.after_id.is_none() {
+        window[window.len().saturating_sub(limit)..].to_vec()
+    } else {
+        window.into_iter().take(limit).collect()
+    };
+    let data: Vec<Value> = window.iter().map(|model| anthropic_model(model)).collect();
+    axum::Json(json!({
+        "data": data,
+        "has_more": has_more,
+        "first_id": window.first().map(|model| &model.name),
+        "last_id": window.last().map(|model| &model.name),
+    }))
+    .into_response()
+}
+
+async fn one_model<S>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    match shared.catalogue.model(&id) {
+        Some(model) if wants_anthropic(&headers) => {
+            axum::Json(anthropic_model(model)).into_response()
+        }
+        Some(model) => axum::Json(openai_model(model)).into_response(),
+        None => refuse(GatewayError::ModelNotFound),
+    }
+}
+
+async fn balance<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
+    match shared.store.balance(caller.account).await {
+        Ok(balance) => axum::Json(json!({
+            "subscription": balance.subscription,
+            "topup": balance.topup,
+            "total": balance.total(),
+        }))
+        .into_response(),
+        Err(error) => {
+            tracing::error!(%error, "balance unavailable");
+            refuse(GatewayError::StoreUnavailable)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct CallsPage {
+    limit: Option<u64>,
+    before: Option<i64>,
+}
+
+async fn calls<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Extension(caller): Extension<Caller>,
+    page: Result<Query<CallsPage>, QueryRejection>,
+) -> Response {
+    let Ok(Query(page)) = page else {
+        return refuse(GatewayError::InvalidQuery);
+    };
+    let limit = page.limit.unwrap_or(DEFAULT_PAGE).clamp(1, LARGEST_PAGE);
+    // One more than asked tells whether there is another page.
+    let read = shared
+        .store
+        .calls_before(caller.account, page.before.map(CallId), limit + 1)
+        .await;
+    match read {
+        Ok(mut entries) => {
+            let has_more = entries.len() as u64 > limit;
+            entries.truncate(limit as usize);
+            let next_before = has_more
+                .then(|| entries.last().map(|entry| entry.id))
+                .flatten();
+            axum::Json(json!({
+                "object": "list",
+                "data": entries,
+                "has_more": has_more,
+                "next_before": next_before,
+            }))
+            .into_response()
+        }
+        Err(error) => {
+            tracing::error!(%error, "call log unavailable");
+            refuse(GatewayError::StoreUnavailable)
+        }
+    }
+}
+
+async fn count_tokens<S>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let routed = match route_model(&shared.catalogue, Protocol::Messages, &body) {
+        Ok(routed) => routed,
+        Err(refusal) => return refuse(refusal),
+    };
+    match shared.upstream.count_tokens(&routed, &headers, &body).await {
+        Ok(answer) => answer.map(axum::body::Body::from).into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "count_tokens failed upstream");
+            refuse(GatewayError::UpstreamUnavailable)
+        }
+    }
+}
+
+async fn ready<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
+    match shared.store.ready().await {
+        Ok(()) => axum::Json(json!({ "status": "ready" })).into_response(),
+        Err(error) => {
+            tracing::warn!(%error, "not ready: the database does not answer");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                refuse(GatewayError::StoreUnavailable),
+            )
+                .into_response()
+        }
+    }
+}
