@@ -314,25 +314,26 @@ async fn credit_commands_past_the_largest_balance_fail_clearly_and_write_nothing
     assert!(report.contains("audit passed: 1 accounts"), "{report}");
 }
 
-/// The server's log lines for a request name its id, so an operator can find a client's failed
-/// call from the id in its answer.
-#[tokio::test]
-async fn the_log_lines_of_a_request_carry_its_id() {
+/// Serves the gateway binary (real providers, none reachable) with `format` as its log format,
+/// makes one call that fails upstream with the request id `trace-me-42`, and returns the log.
+async fn log_of_a_failed_call(format: Option<&str>) -> String {
     let dir = tempfile::tempdir().unwrap();
     let listen = free_address();
-    let env = Env {
-        vars: vec![
-            (
-                "DATABASE_URL",
-                format!(
-                    "sqlite://{}?mode=rwc",
-                    dir.path().join("gateway.db").display()
-                ),
+    let mut vars = vec![
+        (
+            "DATABASE_URL",
+            format!(
+                "sqlite://{}?mode=rwc",
+                dir.path().join("gateway.db").display()
             ),
-            ("GATEWAY_LISTEN", listen.clone()),
-            ("OPENAI_API_KEY", String::new()), // so the provider fails without being called
-        ],
-    };
+        ),
+        ("GATEWAY_LISTEN", listen.clone()),
+        ("OPENAI_API_KEY", String::new()), // so the provider fails without being called
+    ];
+    if let Some(format) = format {
+        vars.push(("GATEWAY_LOG_FORMAT", format.to_owned()));
+    }
+    let env = Env { vars };
     let (_, out) = env.run(&["keys", "create", "--subscription", "10"]);
     let key = out.lines().last().unwrap().to_owned();
     let log = dir.path().join("gateway.log");
@@ -359,10 +360,36 @@ async fn the_log_lines_of_a_request_carry_its_id() {
     server.kill().unwrap();
     server.wait().unwrap();
     let log = std::fs::read_to_string(&log).unwrap();
+    assert!(!log.contains(&key), "a key reached the log");
+    log
+}
+
+/// The server's log lines for a request name its id, so an operator can find a client's failed
+/// call from the id in its answer; written to a file, they carry no colour codes.
+#[tokio::test]
+async fn the_log_lines_of_a_request_carry_its_id() {
+    let log = log_of_a_failed_call(None).await;
+    assert!(!log.contains('\x1b'), "colour codes in a log file: {log}");
     let line = log
         .lines()
         .find(|line| line.contains("upstream failed"))
         .unwrap_or_else(|| panic!("no refund warning in {log}"));
-    assert!(line.contains("trace-me-42"), "{line}");
+    assert!(line.contains("request_id=trace-me-42"), "{line}");
     assert_eq!(line.matches("trace-me-42").count(), 1, "{line}");
+}
+
+/// `GATEWAY_LOG_FORMAT=json`: one JSON object per line, the request id in the request's span.
+#[tokio::test]
+async fn json_log_lines_are_objects_with_the_request_id() {
+    let log = log_of_a_failed_call(Some("json")).await;
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .collect();
+    let refund = lines
+        .iter()
+        .find(|line| line["fields"]["message"] == "upstream failed; refunding")
+        .unwrap_or_else(|| panic!("no refund warning in {log}"));
+    assert_eq!(refund["span"]["request_id"], "trace-me-42", "{refund}");
+    assert_eq!(refund["level"], "WARN");
 }

@@ -198,13 +198,20 @@ enum CreditsCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,sqlx=warn,sea_orm=warn".into()),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if std::env::var("GATEWAY_LOG_FORMAT").as_deref() == Ok("json") {
+        // One JSON object per line, the request's span (with its id) in each.
+        logs.json().with_current_span(true).init();
+    } else {
+        // Colour only for a person at a terminal, not in a file or a log collector.
+        logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
     match run(Cli::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
