@@ -578,6 +578,7 @@ async fn postgres_answers_each_write_only_once_its_commit_is_flushed() {
 
 /// The same where the server's own default is `synchronous_commit = off` (set here for the
 /// store's sessions): the flush must still flush.
+#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_flushes_even_where_the_server_commits_asynchronously() {
     let Some(db) = postgres_db().await else {

@@ -34,6 +34,7 @@ impl Batches {
     }
 
     /// Whether a failed flush has stopped this committer: its batches must not be written.
+    #[cfg(any(test, feature = "sqlite"))]
     pub(super) fn halted(&self) -> bool {
         self.durability.halted()
     }
@@ -61,6 +62,7 @@ impl Batches {
 
     /// Receives the next batch on a thread outside the runtime; `false` once every sender is
     /// gone.
+    #[cfg(feature = "sqlite")]
     pub(super) fn next_blocking(&mut self, queue: &mut mpsc::Receiver<Job>) -> bool {
         self.next_alone() || queue.blocking_recv_many(&mut self.current, self.max) > 0
     }

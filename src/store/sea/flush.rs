@@ -53,6 +53,8 @@ pub(super) enum Durability {
     Flushed {
         flusher: mpsc::UnboundedSender<Committed>,
         reservations_wait: bool,
+        // Read only where a failed flush halts the committer: SQLite.
+        #[cfg_attr(not(any(test, feature = "sqlite")), allow(dead_code))]
         halted: Arc<AtomicBool>,
     },
 }
@@ -89,6 +91,7 @@ impl Durability {
     }
 
     /// Whether a failed flush has stopped the committer for good (see the module docs).
+    #[cfg(any(test, feature = "sqlite"))]
     pub(super) fn halted(&self) -> bool {
         match self {
             Durability::AtCommit => false,
@@ -133,6 +136,7 @@ impl Flusher {
 
     /// Waits, on a thread outside the runtime, for committed writes; `false` once the committer
     /// is gone and everything was answered.
+    #[cfg(any(test, feature = "sqlite"))]
     pub(super) fn next_blocking(&mut self) -> bool {
         self.queue
             .blocking_recv_many(&mut self.waiting, MOST_BATCHES_PER_FLUSH)

@@ -4,7 +4,6 @@
 //! It imports none of them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use sea_orm::{
     DatabaseConnection, DatabaseTransaction, DbErr, SqliteTransactionMode, TransactionOptions,
@@ -80,6 +79,7 @@ pub(super) enum Failure {
     /// The commit failed: whether it wrote is unknown.
     Commit(StoreError),
     /// Nothing was tried: a failed flush stopped the committer (see [`super::flush`]).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     Halted,
 }
 
@@ -125,7 +125,8 @@ fn wrong_kind() -> StoreError {
 
 /// How long a SQLite connection waits for another writer before giving up. Writers hold the lock
 /// for one short transaction, so reaching this means the database is stuck, not busy.
-pub(super) const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+#[cfg(feature = "sqlite")]
+pub(super) const SQLITE_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it reads
 /// cannot change before it writes (a deferred transaction would fail to upgrade).

@@ -58,7 +58,9 @@ use entity::{account, api_key, call, credit_grant};
 use group_commit::Committer;
 pub use group_commit::DEFAULT_MAX_BATCH;
 pub use jobs::GroupCommitStats;
-use jobs::{SQLITE_BUSY_TIMEOUT, begin_write};
+#[cfg(feature = "sqlite")]
+use jobs::SQLITE_BUSY_TIMEOUT;
+use jobs::begin_write;
 use key_cache::KeyCache;
 pub use migration::Migrator;
 
