@@ -9,76 +9,107 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
 /// A request the gateway refuses, or a call it could not complete.
+///
+/// Its `Display` is English, for the operator's log; what the client reads is
+/// [`detail`](GatewayError::detail), the contract's text, which [`into_response`](GatewayError::into_response)
+/// sends as `{"detail": ...}`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum GatewayError {
     /// No key, an unknown key, or a revoked key.
-    #[error("无效的 API Key")]
+    #[error("no, unknown or revoked API key")]
     InvalidApiKey,
     /// The body is not a JSON object.
-    #[error("请求体不是有效的 JSON 对象")]
+    #[error("the request body is not a JSON object")]
     InvalidJson,
     /// `model` is missing or not a string.
-    #[error("缺少 model 字段, 或 model 不是字符串")]
+    #[error("`model` is missing or not a string")]
     InvalidModelField,
     /// `messages` is missing or not an array.
-    #[error("缺少 messages 字段, 或 messages 不是数组")]
+    #[error("`messages` is missing or not an array")]
     InvalidMessagesField,
     /// `/v1/messages` needs a positive integer `max_tokens`.
-    #[error("缺少 max_tokens 字段, 或 max_tokens 不是正整数")]
+    #[error("`max_tokens` is missing or not a positive integer")]
     InvalidMaxTokens,
     /// `stream` is not a boolean.
-    #[error("stream 必须是布尔值")]
+    #[error("`stream` is not a boolean")]
     InvalidStreamField,
     /// `stream: true`: this version answers non-streaming only.
-    #[error("暂不支持流式输出 (stream: true)")]
+    #[error("`stream: true` while streaming is off")]
     StreamingUnsupported,
     /// The body could not be read from the connection.
-    #[error("无法读取请求体")]
+    #[error("the request body could not be read")]
     UnreadableBody,
     /// The body is larger than the configured limit.
-    #[error("请求体过大")]
+    #[error("the request body is over the limit")]
     PayloadTooLarge,
     /// The request's headers are larger than the server accepts.
-    #[error("请求头过大")]
+    #[error("the request headers are over the limit")]
     HeadersTooLarge,
     /// The request body stopped arriving, or took longer than the server allows.
-    #[error("请求超时: 请求体未在规定时间内发送完")]
+    #[error("the request body stopped arriving or passed its deadline")]
     RequestTimeout,
     /// The server is reading as many request bodies as its memory budget allows.
-    #[error("服务繁忙, 请稍后重试")]
+    #[error("the memory budget for request bodies is full")]
     Busy,
     /// A query parameter is not what the endpoint takes.
-    #[error("查询参数无效")]
+    #[error("a query parameter is invalid")]
     InvalidQuery,
     /// The path is not one of the gateway's endpoints.
-    #[error("接口不存在")]
+    #[error("no such endpoint")]
     UnknownPath,
     /// The endpoints accept `POST` only.
-    #[error("不支持的请求方法")]
+    #[error("method not allowed on this path")]
     MethodNotAllowed,
     /// The model is not in the catalogue, or belongs to the other protocol's endpoint.
-    #[error("模型不存在")]
+    #[error("no such model on this endpoint")]
     ModelNotFound,
     /// The caller's credits do not cover the model's price.
-    #[error("积分不足")]
+    #[error("the credits do not cover the price")]
     InsufficientCredits,
     /// Every upstream attempt failed; the call was refunded.
-    #[error("上游服务暂时不可用")]
+    #[error("every upstream attempt failed")]
     UpstreamUnavailable,
     /// The provider refused the request itself (a 4xx other than 401, 403, 429); the call was
     /// refunded and the provider's message is passed on so SDKs can show it.
-    #[error("上游服务暂时不可用: {0}")]
+    #[error("the provider refused the request: {0}")]
     UpstreamRejected(String),
     /// The store (database) could not be reached; nothing was charged.
-    #[error("服务暂时不可用, 请稍后重试")]
+    #[error("the database could not be reached")]
     StoreUnavailable,
     /// The layers were assembled wrongly (a required request extension is missing).
-    #[error("网关内部错误")]
+    #[error("the layers are assembled wrongly (a request extension is missing)")]
     Misconfigured,
 }
 
 impl GatewayError {
+    /// What the client is told: the contract's text (Chinese), as `{"detail": ...}` carries it.
+    pub fn detail(&self) -> std::borrow::Cow<'static, str> {
+        match self {
+            Self::InvalidApiKey => "无效的 API Key".into(),
+            Self::InvalidJson => "请求体不是有效的 JSON 对象".into(),
+            Self::InvalidModelField => "缺少 model 字段, 或 model 不是字符串".into(),
+            Self::InvalidMessagesField => "缺少 messages 字段, 或 messages 不是数组".into(),
+            Self::InvalidMaxTokens => "缺少 max_tokens 字段, 或 max_tokens 不是正整数".into(),
+            Self::InvalidStreamField => "stream 必须是布尔值".into(),
+            Self::StreamingUnsupported => "暂不支持流式输出 (stream: true)".into(),
+            Self::UnreadableBody => "无法读取请求体".into(),
+            Self::PayloadTooLarge => "请求体过大".into(),
+            Self::HeadersTooLarge => "请求头过大".into(),
+            Self::RequestTimeout => "请求超时: 请求体未在规定时间内发送完".into(),
+            Self::Busy => "服务繁忙, 请稍后重试".into(),
+            Self::InvalidQuery => "查询参数无效".into(),
+            Self::UnknownPath => "接口不存在".into(),
+            Self::MethodNotAllowed => "不支持的请求方法".into(),
+            Self::ModelNotFound => "模型不存在".into(),
+            Self::InsufficientCredits => "积分不足".into(),
+            Self::UpstreamUnavailable => "上游服务暂时不可用".into(),
+            Self::UpstreamRejected(message) => format!("上游服务暂时不可用: {message}").into(),
+            Self::StoreUnavailable => "服务暂时不可用, 请稍后重试".into(),
+            Self::Misconfigured => "网关内部错误".into(),
+        }
+    }
+
     /// The HTTP status this error answers with.
     pub fn status(&self) -> StatusCode {
         match self {
@@ -106,7 +137,7 @@ impl GatewayError {
 
     /// The `{"detail": ...}` body as bytes.
     pub fn body(&self) -> Bytes {
-        detail_body(&self.to_string())
+        detail_body(&self.detail())
     }
 
     /// The complete HTTP response, for any body type that can be built from bytes.
@@ -201,6 +232,20 @@ mod tests {
             let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
             assert_eq!(body, serde_json::json!({ "detail": detail }));
         }
+    }
+
+    #[test]
+    fn the_log_reads_english_and_the_client_reads_the_contracts_text() {
+        let error = GatewayError::InsufficientCredits;
+        assert_eq!(error.to_string(), "the credits do not cover the price");
+        assert_eq!(error.detail(), "积分不足");
+        let rejected = GatewayError::UpstreamRejected("max_tokens: too large".into());
+        assert_eq!(
+            rejected.detail(),
+            "上游服务暂时不可用: max_tokens: too large"
+        );
+        assert!(rejected.to_string().contains("max_tokens: too large"));
+        assert!(rejected.to_string().is_ascii());
     }
 
     #[test]

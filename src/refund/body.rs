@@ -298,7 +298,7 @@ impl BilledStream {
             } else {
                 GatewayError::StoreUnavailable
             };
-            Some(error_event(protocol, &detail.to_string()))
+            Some(error_event(protocol, &detail.detail()))
         }));
     }
 }
