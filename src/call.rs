@@ -14,6 +14,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::HeaderValue;
 use serde::Serialize;
 
 use crate::catalogue::ModelRoute;
@@ -97,7 +98,7 @@ pub struct ServedBy(pub String);
 /// one. Request extension added by [`RequestIdLayer`](crate::RequestIdLayer); the answer
 /// carries it as `x-request-id`, the call log keeps it, and the provider is sent it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct RequestId(Arc<str>);
+pub struct RequestId(HeaderValue);
 
 impl RequestId {
     /// Longest client-chosen id kept; a longer one is replaced.
@@ -105,32 +106,36 @@ impl RequestId {
 
     /// The client's id, if it is sane: 1 to [`MAX_LEN`](Self::MAX_LEN) visible ASCII
     /// characters.
-    pub fn from_client(value: &[u8]) -> Option<RequestId> {
-        let sane = !value.is_empty()
-            && value.len() <= RequestId::MAX_LEN
-            && value.iter().all(|byte| byte.is_ascii_graphic());
-        if !sane {
-            return None;
-        }
-        // Visible ASCII is UTF-8.
-        std::str::from_utf8(value)
-            .ok()
-            .map(|id| RequestId(Arc::from(id)))
+    pub fn from_client(value: &HeaderValue) -> Option<RequestId> {
+        let bytes = value.as_bytes();
+        let sane = !bytes.is_empty()
+            && bytes.len() <= RequestId::MAX_LEN
+            && bytes.iter().all(u8::is_ascii_graphic);
+        sane.then(|| RequestId(value.clone()))
     }
 
     /// A new id: `req_` and 32 random hexadecimal digits.
     pub fn generate() -> RequestId {
-        RequestId(Arc::from(format!("req_{:032x}", fastrand::u128(..))))
+        let mut id = *b"req_00000000000000000000000000000000";
+        // Sixteen random bytes as 32 hexadecimal digits after the prefix; cannot fail.
+        let _ = hex::encode_to_slice(fastrand::u128(..).to_be_bytes(), &mut id[4..]);
+        RequestId(HeaderValue::from_bytes(&id).expect("ASCII letters and digits"))
     }
 
     /// The id as text.
     pub fn as_str(&self) -> &str {
+        // Only visible ASCII is ever kept.
+        self.0.to_str().unwrap_or_default()
+    }
+
+    /// The id as the header value that carries it.
+    pub fn header_value(&self) -> &HeaderValue {
         &self.0
     }
 }
 
 impl std::fmt::Display for RequestId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }

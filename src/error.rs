@@ -140,8 +140,36 @@ impl GatewayError {
         detail_body(&self.detail())
     }
 
+    /// A short name for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidApiKey => "invalid_api_key",
+            Self::InvalidJson => "invalid_json",
+            Self::InvalidModelField => "invalid_model_field",
+            Self::InvalidMessagesField => "invalid_messages_field",
+            Self::InvalidMaxTokens => "invalid_max_tokens",
+            Self::InvalidStreamField => "invalid_stream_field",
+            Self::StreamingUnsupported => "streaming_unsupported",
+            Self::UnreadableBody => "unreadable_body",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::HeadersTooLarge => "headers_too_large",
+            Self::RequestTimeout => "request_timeout",
+            Self::Busy => "busy",
+            Self::InvalidQuery => "invalid_query",
+            Self::UnknownPath => "unknown_path",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::ModelNotFound => "model_not_found",
+            Self::InsufficientCredits => "insufficient_credits",
+            Self::UpstreamUnavailable => "upstream_unavailable",
+            Self::UpstreamRejected(_) => "upstream_rejected",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::Misconfigured => "misconfigured",
+        }
+    }
+
     /// The complete HTTP response, for any body type that can be built from bytes.
     pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
+        crate::telemetry::refused(self.status().as_u16(), self.reason());
         let mut response = json_response(self.status(), self.body());
         if self == Self::MethodNotAllowed {
             response

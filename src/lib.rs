@@ -90,6 +90,7 @@ mod router;
 #[cfg(feature = "server")]
 pub mod server;
 mod store;
+pub mod telemetry;
 mod upstream;
 
 pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};

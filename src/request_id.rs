@@ -35,7 +35,7 @@
 
 use std::task::{Context, Poll};
 
-use http::{HeaderName, HeaderValue, Request, Response};
+use http::{HeaderName, Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument;
@@ -96,20 +96,20 @@ where
         let id = request
             .headers()
             .get(&REQUEST_ID_HEADER)
-            .and_then(|value| RequestId::from_client(value.as_bytes()))
+            .and_then(RequestId::from_client)
             .unwrap_or_else(RequestId::generate);
-        if let Ok(value) = HeaderValue::from_str(id.as_str()) {
-            request.headers_mut().insert(REQUEST_ID_HEADER, value);
-        }
+        request
+            .headers_mut()
+            .insert(REQUEST_ID_HEADER, id.header_value().clone());
         request.extensions_mut().insert(id.clone());
         let span = tracing::info_span!("request", request_id = %id);
         let future = span.in_scope(|| self.inner.call(request));
         Box::pin(
             async move {
                 let mut response = future.await?;
-                if let Ok(value) = HeaderValue::from_str(id.as_str()) {
-                    response.headers_mut().insert(REQUEST_ID_HEADER, value);
-                }
+                response
+                    .headers_mut()
+                    .insert(REQUEST_ID_HEADER, id.header_value().clone());
                 Ok(response)
             }
             .instrument(span),
@@ -120,19 +120,27 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn only_sane_client_ids_are_kept() {
-        assert!(RequestId::from_client(b"abc-123_XYZ.~").is_some());
-        assert!(RequestId::from_client(b"").is_none());
-        assert!(RequestId::from_client(b"has space").is_none());
-        assert!(RequestId::from_client("ünïcode".as_bytes()).is_none());
-        assert!(RequestId::from_client(&[b'a'; 129]).is_none());
-        assert!(RequestId::from_client(&[b'a'; 128]).is_some());
+        let id = |bytes: &[u8]| RequestId::from_client(&HeaderValue::from_bytes(bytes).unwrap());
+        assert_eq!(id(b"abc-123_XYZ.~").unwrap().as_str(), "abc-123_XYZ.~");
+        assert!(id(b"").is_none());
+        assert!(id(b"has space").is_none());
+        assert!(id("ünïcode".as_bytes()).is_none());
+        assert!(id(&[b'a'; 129]).is_none());
+        assert!(id(&[b'a'; 128]).is_some());
     }
 
     #[test]
-    fn new_ids_differ() {
-        assert_ne!(RequestId::generate(), RequestId::generate());
+    fn new_ids_differ_and_look_alike() {
+        let (one, two) = (RequestId::generate(), RequestId::generate());
+        assert_ne!(one, two);
+        assert!(
+            one.as_str().starts_with("req_") && one.as_str().len() == 36,
+            "{one}"
+        );
+        assert!(one.as_str()[4..].bytes().all(|b| b.is_ascii_hexdigit()));
     }
 }

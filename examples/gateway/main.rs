@@ -119,6 +119,9 @@ struct ServeArgs {
     /// value at start).
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
+    /// Serve Prometheus metrics at `GET /metrics` on this address (off when unset).
+    #[arg(long, env = "GATEWAY_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
     /// Largest request header block, in bytes (431 beyond).
     #[arg(long, env = "GATEWAY_MAX_HEADER_BYTES", default_value_t = server::DEFAULT_MAX_HEADER_BYTES)]
     max_header_bytes: usize,
@@ -360,6 +363,21 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     ));
     let router = app::router(store, catalogue.clone(), upstream, args.body_limits());
     let limits = args.server_limits();
+    if let Some(address) = &args.metrics_listen {
+        let metrics = model_gateway::telemetry::install_prometheus()?;
+        let listener = tokio::net::TcpListener::bind(address).await?;
+        tracing::info!(address = %listener.local_addr()?, "metrics at /metrics");
+        let router = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || std::future::ready(metrics.render())),
+        );
+        tokio::spawn(server::serve(
+            listener,
+            router,
+            ServerLimits::default(),
+            std::future::pending(),
+        ));
+    }
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     let address = listener.local_addr()?;
     tracing::info!(

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::CANCELLED_BEFORE_ANSWER;
+use crate::catalogue::ModelRoute;
 use crate::error::GatewayError;
+use crate::protocol::Protocol;
 use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger};
 
 /// A reservation whose outcome is not written yet. If it is dropped unwritten (the request
@@ -17,9 +19,31 @@ use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger};
 pub(super) struct UnsettledCall {
     ledger: Arc<dyn Ledger>,
     pub(super) call: CallId,
+    /// What the metrics say of this call when it ends.
+    meter: Meter,
     /// What to write if this is dropped unwritten.
     if_dropped: Outcome,
     written: bool,
+}
+
+/// A call as the metrics count it: its model, protocol and the credits it took.
+#[derive(Debug, Clone)]
+pub(super) struct Meter {
+    pub(super) model: Option<Arc<ModelRoute>>,
+    pub(super) protocol: Protocol,
+    pub(super) credits: i64,
+}
+
+impl Meter {
+    /// The outcome was written: the call is no longer pending here.
+    fn ended(&self, settled: bool) {
+        let model = self
+            .model
+            .as_ref()
+            .map_or("unknown", |model| model.name.as_str());
+        crate::telemetry::call_ended(model, self.protocol, settled, self.credits);
+        crate::telemetry::pending(-1.0);
+    }
 }
 
 /// An outcome to write.
@@ -30,10 +54,12 @@ pub(super) enum Outcome {
 }
 
 impl UnsettledCall {
-    pub(super) fn new(ledger: Arc<dyn Ledger>, call: CallId) -> UnsettledCall {
+    pub(super) fn new(ledger: Arc<dyn Ledger>, call: CallId, meter: Meter) -> UnsettledCall {
+        crate::telemetry::pending(1.0);
         UnsettledCall {
             ledger,
             call,
+            meter,
             if_dropped: Outcome::Refund(CallFailure {
                 upstream_status: None,
                 error: CANCELLED_BEFORE_ANSWER.to_owned(),
@@ -57,7 +83,10 @@ impl UnsettledCall {
         let settled = with_retries(call, "settle", || ledger.settle(call, success.clone())).await;
         self.written = true;
         match settled {
-            Some(true) => Ok(()),
+            Some(true) => {
+                self.meter.ended(true);
+                Ok(())
+            }
             // Not `pending` any more: billed by an earlier attempt whose answer was lost, or
             // refunded meanwhile (by recovery, if its age is shorter than this call lasted).
             // Only a billed call may have its reply.
@@ -85,6 +114,9 @@ impl UnsettledCall {
         let (ledger, call) = (self.ledger.clone(), self.call);
         let refunded = with_retries(call, "refund", || ledger.refund(call, &failure)).await;
         self.written = true;
+        if refunded == Some(true) {
+            self.meter.ended(false);
+        }
         refunded.is_some()
     }
 }
@@ -94,7 +126,7 @@ impl Drop for UnsettledCall {
         if self.written {
             return;
         }
-        let (ledger, call) = (self.ledger.clone(), self.call);
+        let (ledger, call, meter) = (self.ledger.clone(), self.call, self.meter.clone());
         let outcome = self.if_dropped.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::error!(
@@ -104,12 +136,17 @@ impl Drop for UnsettledCall {
             return;
         };
         runtime.spawn(async move {
+            let settling = matches!(outcome, Outcome::Settle(_));
             let written = match outcome {
                 Outcome::Settle(success) => ledger.settle(call, success).await,
                 Outcome::Refund(failure) => ledger.refund(call, &failure).await,
             };
-            if let Err(error) = written {
-                tracing::error!(call = call.0, %error, "finishing a dropped call failed; left for recovery");
+            match written {
+                Ok(true) => meter.ended(settling),
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::error!(call = call.0, %error, "finishing a dropped call failed; left for recovery");
+                }
             }
         });
     }

@@ -13,12 +13,13 @@ use http::{HeaderMap, HeaderValue, Request, Response, header};
 use tower_service::Service;
 
 use super::body::{BilledStream, ResponseBody, StreamLimits};
-use super::guard::UnsettledCall;
+use super::guard::{Meter, UnsettledCall};
 use super::layer::RefundOnUpstreamErrorLayer;
 use crate::BoxFuture;
 use crate::call::{Reservation, RoutedCall, ServedBy};
 use crate::classify::complete_reply;
 use crate::error::{GatewayError, UpstreamError};
+use crate::protocol::Protocol;
 use crate::protocol::TokenUsage;
 use crate::reply::{EventStream, Inner, UpstreamBody};
 use crate::store::{CallFailure, CallSuccess, Ledger};
@@ -104,14 +105,20 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         // The guard exists from here on, so even a future dropped before its first poll
         // returns its credits.
+        let routed = request.extensions().get::<RoutedCall>();
+        let protocol = routed.map(|routed| routed.protocol);
+        let model = routed.map(|routed| routed.model.clone());
         let unsettled = request
             .extensions()
             .get::<Reservation>()
-            .map(|reservation| UnsettledCall::new(self.ledger.clone(), reservation.call));
-        let protocol = request
-            .extensions()
-            .get::<RoutedCall>()
-            .map(|routed| routed.protocol);
+            .map(|reservation| {
+                let meter = Meter {
+                    model,
+                    protocol: protocol.unwrap_or(Protocol::ChatCompletions),
+                    credits: reservation.taken.total().get(),
+                };
+                UnsettledCall::new(self.ledger.clone(), reservation.call, meter)
+            });
         let not_ready = self.not_ready.take();
         let bound = self.upstream_bound;
         let limits = self.stream_limits;

@@ -471,10 +471,12 @@ impl Service<Request<Bytes>> for HttpUpstream {
                     failures.push("call deadline reached".to_owned());
                     break;
                 }
+                let started = Instant::now();
                 let outcome = channel
                     .attempt(model_channel, &routed, &request, deadline)
                     .await;
-                match record(channel, name, outcome, &mut failures, &mut last_status) {
+                let attempt = (outcome, started.elapsed());
+                match record(channel, name, attempt, &mut failures, &mut last_status) {
                     Next::Answer(answer) => return answer,
                     Next::GoOn(Some(wait)) => {
                         let at = Instant::now() + wait;
@@ -489,12 +491,14 @@ impl Service<Request<Bytes>> for HttpUpstream {
             if let Some((model_channel, at)) = retry_later {
                 tokio::time::sleep_until(at.into()).await;
                 let channel = &channels[&model_channel.upstream.name];
+                let started = Instant::now();
                 let outcome = channel
                     .attempt(model_channel, &routed, &request, deadline)
                     .await;
+                let attempt = (outcome, started.elapsed());
                 let label = format!("{} after Retry-After", model_channel.upstream.name);
                 if let Next::Answer(answer) =
-                    record(channel, &label, outcome, &mut failures, &mut last_status)
+                    record(channel, &label, attempt, &mut failures, &mut last_status)
                 {
                     return answer;
                 }
@@ -576,9 +580,28 @@ enum Next {
     GoOn(Option<Duration>),
 }
 
-/// Feeds one attempt's outcome to the channel's breaker and the call's list of failures
-/// (labelled `label`), and says whether the call is decided.
+/// Feeds one attempt's outcome (and how long it took) to the channel's breaker, the metrics and
+/// the call's list of failures (labelled `label`), and says whether the call is decided.
 fn record(
+    channel: &Channel,
+    label: &str,
+    (outcome, took): (Result<Response<UpstreamBody>, AttemptError>, Duration),
+    failures: &mut Vec<String>,
+    last_status: &mut Option<u16>,
+) -> Next {
+    let kind = match &outcome {
+        Ok(_) => "ok",
+        Err(AttemptError::Rejected(_)) => "rejected",
+        Err(AttemptError::Retryable { .. }) => "retryable",
+    };
+    let name = &channel.config.name;
+    crate::telemetry::upstream_attempt(name, kind, took.as_secs_f64());
+    let next = record_outcome(channel, label, outcome, failures, last_status);
+    crate::telemetry::breaker(name, !channel.breaker.admits(Instant::now()));
+    next
+}
+
+fn record_outcome(
     channel: &Channel,
     label: &str,
     outcome: Result<Response<UpstreamBody>, AttemptError>,

@@ -20,6 +20,8 @@ pub(super) struct Batches {
     max: usize,
     stats: Arc<Counters>,
     durability: Durability,
+    /// When the current batch began to be written.
+    started: std::time::Instant,
 }
 
 impl Batches {
@@ -30,6 +32,7 @@ impl Batches {
             max,
             stats,
             durability,
+            started: std::time::Instant::now(),
         }
     }
 
@@ -67,8 +70,9 @@ impl Batches {
         self.next_alone() || queue.blocking_recv_many(&mut self.current, self.max) > 0
     }
 
-    /// The current batch's writes, in queue order.
-    pub(super) fn writes(&self) -> Vec<&Write> {
+    /// The current batch's writes, in queue order; the batch is being written from now.
+    pub(super) fn writes(&mut self) -> Vec<&Write> {
+        self.started = std::time::Instant::now();
         self.current.iter().map(|job| &job.write).collect()
     }
 
@@ -78,6 +82,7 @@ impl Batches {
         stats.transactions.fetch_add(1, Ordering::Relaxed);
         let size = self.current.len();
         stats.writes.fetch_add(size as u64, Ordering::Relaxed);
+        crate::telemetry::ledger_batch(size, self.started.elapsed().as_secs_f64());
         match applied {
             Ok(outcomes) => {
                 self.durability.answer(self.current.drain(..).zip(outcomes));

@@ -133,7 +133,8 @@ impl Committer {
 
 async fn run(db: DatabaseConnection, mut queue: mpsc::Receiver<Job>, mut batches: Batches) {
     while batches.next(&mut queue).await {
-        let applied = apply(&db, batches.writes(), batches.flushed_later()).await;
+        let flushed_later = batches.flushed_later();
+        let applied = apply(&db, batches.writes(), flushed_later).await;
         batches.conclude(applied);
     }
 }
