@@ -279,15 +279,7 @@ async fn resident_memory_with_1000_connections() -> Option<(u64, u64)> {
     while std::net::TcpStream::connect(&listen).is_err() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let rss = || -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find(|line| line.starts_with("VmRSS:"))
-            .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or(0)
-    };
+    let rss = || streaming::resident_kib(child.id());
     let idle = rss();
     let mut connections = Vec::new();
     for _ in 0..1000 {
@@ -627,7 +619,8 @@ mod streaming {
         run
     }
 
-    fn resident_kib(pid: u32) -> u64 {
+    /// Resident memory of process `pid`, in KiB, from `/proc`.
+    pub(super) fn resident_kib(pid: u32) -> u64 {
         std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_default()
             .lines()

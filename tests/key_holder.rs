@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
-use model_gateway::{Catalogue, DEFAULT_MAX_BODY_BYTES, HttpUpstream, Upstream};
+use model_gateway::Catalogue;
 use serde_json::{Value, json};
 
 async fn get(gateway: &Gateway, path: &str, key: Option<&str>, anthropic: bool) -> Answer {
@@ -287,14 +287,7 @@ async fn count_tokens_is_answered_by_the_models_provider_as_it_answered() {
         provider.base
     );
     let catalogue = Catalogue::from_toml(&toml).unwrap();
-    let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("sk-provider".into())).unwrap();
-    let gateway = start_gateway(
-        &db,
-        catalogue,
-        Upstream::Http(upstream),
-        DEFAULT_MAX_BODY_BYTES,
-    )
-    .await;
+    let gateway = http_gateway(&db, catalogue).await;
     let key = db.funded_key(10, 0).await;
     provider.then(Fault::json(200, r#"{"input_tokens":1234}"#));
     let count = gateway
@@ -381,14 +374,7 @@ async fn every_answer_carries_a_request_id_and_the_provider_is_sent_it() {
         r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#,
     ));
     let catalogue = Catalogue::from_toml(&one_upstream_toml("p", &provider.base, "K", "")).unwrap();
-    let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("sk-provider".into())).unwrap();
-    let gateway = start_gateway(
-        &db,
-        catalogue,
-        Upstream::Http(upstream),
-        DEFAULT_MAX_BODY_BYTES,
-    )
-    .await;
+    let gateway = http_gateway(&db, catalogue).await;
     let key = db.funded_key(10, 0).await;
     let call = |id: Option<&str>, path: &str, key: &str| {
         let mut request = gateway

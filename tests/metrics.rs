@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
-use model_gateway::{Catalogue, DEFAULT_MAX_BODY_BYTES, HttpUpstream, Upstream};
+use model_gateway::Catalogue;
 
 /// The rendered text as `name{label="value",...}` (labels sorted) -> value.
 fn samples(text: &str) -> BTreeMap<String, f64> {
@@ -37,14 +37,7 @@ async fn the_metrics_count_known_traffic() {
     let ok = r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#;
     let catalogue =
         Catalogue::from_toml(&one_upstream_toml("prov", &provider.base, "K", "")).unwrap();
-    let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("sk-provider".into())).unwrap();
-    let gateway = start_gateway(
-        &db,
-        catalogue,
-        Upstream::Http(upstream),
-        DEFAULT_MAX_BODY_BYTES,
-    )
-    .await;
+    let gateway = http_gateway(&db, catalogue).await;
     let key = db.funded_key(3 * CHAT_PRICE, 0).await;
 
     provider

@@ -11,7 +11,7 @@ use common::fake_provider::{FakeProvider, Fault, StreamEnd};
 use common::*;
 use model_gateway::{
     CLIENT_LEFT_BEFORE_CONTENT, CallRecord, CallStatus, Catalogue, DEFAULT_MAX_BODY_BYTES,
-    HttpUpstream, MOCK_REPLY_TEXT, MockUpstream, Upstream,
+    MOCK_REPLY_TEXT, MockUpstream, Upstream,
 };
 use serde_json::{Value, json};
 
@@ -139,14 +139,7 @@ fn provider_catalogue(providers: &[&FakeProvider], settings: &str) -> Catalogue 
 
 async fn provider_gateway(db: &TestDb, providers: &[&FakeProvider], settings: &str) -> Gateway {
     let catalogue = provider_catalogue(providers, settings);
-    let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("sk-provider".into())).unwrap();
-    start_gateway(
-        db,
-        catalogue,
-        Upstream::Http(upstream),
-        DEFAULT_MAX_BODY_BYTES,
-    )
-    .await
+    http_gateway(db, catalogue).await
 }
 
 /// Waits until the account's newest call is no longer `pending` (outcomes written on a

@@ -51,12 +51,15 @@ impl Protocol {
     }
 }
 
-/// Token counts as the upstream reported them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+/// Token counts as the upstream reported them. Reads both protocols' names (`input_tokens` or
+/// `prompt_tokens`, `output_tokens` or `completion_tokens`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenUsage {
     /// Prompt (input) tokens.
+    #[serde(alias = "prompt_tokens")]
     pub input_tokens: Option<i64>,
     /// Completion (output) tokens.
+    #[serde(alias = "completion_tokens")]
     pub output_tokens: Option<i64>,
 }
 
@@ -65,27 +68,13 @@ pub fn reply_usage(body: &[u8]) -> Option<TokenUsage> {
     #[derive(Deserialize)]
     struct Reply {
         #[serde(default)]
-        usage: Option<Usage>,
-    }
-    #[derive(Deserialize)]
-    struct Usage {
-        #[serde(alias = "prompt_tokens")]
-        input_tokens: Option<i64>,
-        #[serde(alias = "completion_tokens")]
-        output_tokens: Option<i64>,
+        usage: Option<TokenUsage>,
     }
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
     let reply: Reply = serde_json::from_slice(body).ok()?;
-    Some(
-        reply
-            .usage
-            .map_or_else(TokenUsage::default, |usage| TokenUsage {
-                input_tokens: usage.input_tokens,
-                output_tokens: usage.output_tokens,
-            }),
-    )
+    Some(reply.usage.unwrap_or_default())
 }
 
 /// Longest provider message passed on to a client.

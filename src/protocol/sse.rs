@@ -184,12 +184,12 @@ impl StreamReader {
             #[serde(rename = "type")]
             kind: Option<&'a str>,
             message: Option<Message>,
-            usage: Option<Usage>,
+            usage: Option<TokenUsage>,
             error: Option<ErrorObject>,
         }
         #[derive(Deserialize)]
         struct Message {
-            usage: Option<Usage>,
+            usage: Option<TokenUsage>,
         }
         let data: Option<Data> = serde_json::from_str(&event.data).ok();
         let name = event
@@ -227,7 +227,7 @@ impl StreamReader {
         struct Chunk<'a> {
             #[serde(default, borrow)]
             choices: Vec<Choice<'a>>,
-            usage: Option<Usage>,
+            usage: Option<TokenUsage>,
             error: Option<ErrorObject>,
         }
         #[derive(Deserialize)]
@@ -266,7 +266,7 @@ impl StreamReader {
         }
     }
 
-    fn merge(&mut self, usage: Usage) {
+    fn merge(&mut self, usage: TokenUsage) {
         if usage.input_tokens.is_some() {
             self.usage.input_tokens = usage.input_tokens;
         }
@@ -274,14 +274,6 @@ impl StreamReader {
             self.usage.output_tokens = usage.output_tokens;
         }
     }
-}
-
-#[derive(Deserialize)]
-struct Usage {
-    #[serde(alias = "prompt_tokens")]
-    input_tokens: Option<i64>,
-    #[serde(alias = "completion_tokens")]
-    output_tokens: Option<i64>,
 }
 
 #[derive(Deserialize)]

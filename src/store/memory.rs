@@ -190,16 +190,7 @@ impl CallLog for MemoryStore {
         account: AccountId,
         limit: u64,
     ) -> Result<Vec<CallRecord>, StoreError> {
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        Ok(self
-            .lock()
-            .calls
-            .iter()
-            .rev()
-            .filter(|record| record.account == account)
-            .take(limit)
-            .cloned()
-            .collect())
+        self.calls_before(account, None, limit).await
     }
 
     async fn calls_before(

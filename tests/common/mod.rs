@@ -278,6 +278,20 @@ pub async fn start_gateway(
     }
 }
 
+/// The example gateway calling the providers `catalogue` names over HTTP, with every provider
+/// key `sk-provider`.
+pub async fn http_gateway(db: &TestDb, catalogue: Catalogue) -> Gateway {
+    let upstream =
+        model_gateway::HttpUpstream::with_keys(&catalogue, |_| Some("sk-provider".into())).unwrap();
+    start_gateway(
+        db,
+        catalogue,
+        Upstream::Http(upstream),
+        DEFAULT_MAX_BODY_BYTES,
+    )
+    .await
+}
+
 /// The example gateway in mock mode with the demo catalogue.
 pub async fn start_mock_gateway(db: &TestDb) -> Gateway {
     start_gateway(

@@ -529,15 +529,7 @@ impl CallLog for SeaOrmStore {
         account: AccountId,
         limit: u64,
     ) -> Result<Vec<CallRecord>, StoreError> {
-        call::Entity::find()
-            .filter(call::Column::AccountId.eq(account.0))
-            .order_by_desc(call::Column::Id)
-            .limit(limit)
-            .all(&self.db)
-            .await?
-            .into_iter()
-            .map(call_record)
-            .collect()
+        self.calls_before(account, None, limit).await
     }
 
     async fn calls_before(
