@@ -47,7 +47,6 @@ use http::{HeaderMap, Request, Response, header};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::BoxFuture;
 use crate::error::GatewayError;
 use crate::keys::KeyHash;
 use crate::store::KeyStore;
@@ -120,6 +119,11 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
         .filter(|key| !key.is_empty())
 }
 
+crate::macros::response_future! {
+    /// The future [`ApiKeyAuth`] answers with.
+    ResponseFuture
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for ApiKeyAuth<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -129,7 +133,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Response<ResBody>, S::Error>>;
+    type Future = ResponseFuture<Result<Response<ResBody>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -141,7 +145,7 @@ where
         // `self.inner` is the service that was polled ready; take it and leave a clone behind.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
+        ResponseFuture::new(async move {
             let Some(hash) = presented else {
                 return Ok(GatewayError::InvalidApiKey.into_response());
             };

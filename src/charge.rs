@@ -49,7 +49,6 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::BoxFuture;
 use crate::call::{RequestId, RoutedCall};
 use crate::error::GatewayError;
 use crate::store::{Caller, ChargeRequest, Ledger, ReserveError};
@@ -107,6 +106,11 @@ impl<S: std::fmt::Debug> std::fmt::Debug for CreditCharge<S> {
     }
 }
 
+crate::macros::response_future! {
+    /// The future [`CreditCharge`] answers with.
+    ResponseFuture
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for CreditCharge<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -116,7 +120,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Response<ResBody>, S::Error>>;
+    type Future = ResponseFuture<Result<Response<ResBody>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -129,7 +133,7 @@ where
         let ledger = self.ledger.clone();
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
+        ResponseFuture::new(async move {
             let (Some(caller), Some(routed)) = (caller, routed) else {
                 tracing::error!("CreditCharge needs ApiKeyAuth and ProtocolRouter outside it");
                 return Ok(GatewayError::Misconfigured.into_response());

@@ -47,7 +47,12 @@
 //! 3. Upstreams: `upstream` ([`MockUpstream`], [`HttpUpstream`] with its breaker).
 //! 4. The four layers, each in its own module: `auth`, `router`, `charge`, and `refund` (a
 //!    folder: layer, service, the guard that writes a call's outcome once, the streaming body).
-//! 5. The stack ([`stack`]) and recovery.
+//! 5. The stack ([`stack`]) and recovery; [`key_holder`] (the key holders' endpoints), [`server`]
+//!    (the front door) and [`telemetry`] (metrics).
+//!
+//! The layers' modules are public by topic ([`auth`], [`router`], [`charge`], [`refund`],
+//! [`request_id`], [`upstream`]), each with its service's named `ResponseFuture`; the headline
+//! types are also at the crate root.
 
 //! ## Errors
 //!
@@ -67,14 +72,14 @@
 
 #![warn(missing_docs)]
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
-mod auth;
+#[macro_use]
+mod macros;
+pub mod auth;
 mod call;
 mod catalogue;
-mod charge;
+pub mod charge;
 mod classify;
 mod credits;
 mod error;
@@ -83,15 +88,15 @@ pub mod key_holder;
 mod keys;
 mod protocol;
 mod recovery;
-mod refund;
+pub mod refund;
 mod reply;
-mod request_id;
-mod router;
+pub mod request_id;
+pub mod router;
 #[cfg(feature = "server")]
 pub mod server;
 mod store;
 pub mod telemetry;
-mod upstream;
+pub mod upstream;
 
 pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
 pub use call::{RequestId, RoutedCall};
@@ -128,11 +133,8 @@ pub use store::{
 pub use upstream::mock::MOCK_REPLY_TEXT;
 pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};
 
-/// The boxed, `Send` future the layers return.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-/// An error of any type, boxed; what request bodies may fail with.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// An error of any type, boxed; what request bodies may fail with (tower's).
+pub use tower::BoxError;
 
 /// The full gateway service: the four layers around upstream `U`.
 pub type GatewayStack<U> =

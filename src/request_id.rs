@@ -40,7 +40,6 @@ use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument;
 
-use crate::BoxFuture;
 use crate::call::RequestId;
 
 /// The header that carries the id.
@@ -74,6 +73,11 @@ pub struct RequestIdService<S> {
     inner: S,
 }
 
+crate::macros::response_future! {
+    /// The future [`RequestIdService`] answers with.
+    ResponseFuture
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RequestIdService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -82,7 +86,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Response<ResBody>, S::Error>>;
+    type Future = ResponseFuture<Result<Response<ResBody>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -91,7 +95,7 @@ where
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         // An outer instance already gave the request its id, its span and its answer's header.
         if request.extensions().get::<RequestId>().is_some() {
-            return Box::pin(self.inner.call(request));
+            return ResponseFuture::new(self.inner.call(request));
         }
         let id = request
             .headers()
@@ -104,7 +108,7 @@ where
         request.extensions_mut().insert(id.clone());
         let span = tracing::info_span!("request", request_id = %id);
         let future = span.in_scope(|| self.inner.call(request));
-        Box::pin(
+        ResponseFuture::new(
             async move {
                 let mut response = future.await?;
                 response

@@ -51,13 +51,13 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::BoxError;
 use crate::call::{Caller, RoutedCall};
 use crate::catalogue::Catalogue;
 use crate::credits::Credits;
 use crate::error::GatewayError;
 use crate::protocol::Protocol;
 use crate::store::Ledger;
-use crate::{BoxError, BoxFuture};
 
 /// Default body limit: 32 MiB, room for a few base64 images.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -145,6 +145,11 @@ impl<S> ProtocolRouter<S> {
     }
 }
 
+crate::macros::response_future! {
+    /// The future [`ProtocolRouter`] answers with.
+    ResponseFuture
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for ProtocolRouter<S>
 where
     S: Service<Request<Bytes>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -156,7 +161,7 @@ where
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Response<ResBody>, S::Error>>;
+    type Future = ResponseFuture<Result<Response<ResBody>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -169,7 +174,7 @@ where
         let streaming = self.streaming;
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
+        ResponseFuture::new(async move {
             match read_and_route(request, &catalogue, &limits, funds.as_ref(), streaming).await {
                 Ok(request) => inner.call(request).await,
                 Err(refusal) => Ok(refusal.into_response()),

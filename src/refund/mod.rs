@@ -3,7 +3,7 @@
 //! Wraps the upstream service. When the upstream answers 2xx with a JSON body, the call's entry
 //! becomes `ok` (with the token usage the reply reports) and the reply goes to the client
 //! unchanged. On any failure (connection error, time-out, non-2xx status, unreadable or non-JSON
-//! body) the [`Reservation`]'s credits go back to the buckets they came from, the entry becomes
+//! body) the [`Reservation`](crate::Reservation)'s credits go back to the buckets they came from, the entry becomes
 //! `refunded` with the upstream's status and error kept for the operator, and the client gets
 //! `502 {"detail":"上游服务暂时不可用"}`.
 //!
@@ -64,6 +64,7 @@ use std::time::Duration;
 pub use body::{CLIENT_LEFT_BEFORE_CONTENT, ResponseBody};
 pub use layer::RefundOnUpstreamErrorLayer;
 pub use service::RefundOnUpstreamError;
+pub use service::ResponseFuture;
 
 /// Default bound on one upstream call, whatever the upstream: beyond it the call is refunded.
 /// [`HttpUpstream`](crate::HttpUpstream) keeps its own, shorter deadline

@@ -15,7 +15,6 @@ use tower_service::Service;
 use super::body::{BilledStream, ResponseBody, StreamLimits};
 use super::guard::{Meter, UnsettledCall};
 use super::layer::RefundOnUpstreamErrorLayer;
-use crate::BoxFuture;
 use crate::call::{Reservation, RoutedCall, ServedBy};
 use crate::classify::complete_reply;
 use crate::error::{GatewayError, UpstreamError};
@@ -77,6 +76,11 @@ impl<U: std::fmt::Debug> std::fmt::Debug for RefundOnUpstreamError<U> {
     }
 }
 
+crate::macros::response_future! {
+    /// The future [`RefundOnUpstreamError`] answers with.
+    ResponseFuture
+}
+
 impl<U, ReqBody, UpstreamReply> Service<Request<ReqBody>> for RefundOnUpstreamError<U>
 where
     U: Service<Request<ReqBody>, Response = Response<UpstreamReply>, Error = UpstreamError>
@@ -89,7 +93,7 @@ where
 {
     type Response = Response<ResponseBody>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Response<ResponseBody>, Infallible>>;
+    type Future = ResponseFuture<Result<Response<ResponseBody>, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         if self.not_ready.is_none() {
@@ -124,7 +128,7 @@ where
         let limits = self.stream_limits;
         let clone = self.upstream.clone();
         let mut upstream = std::mem::replace(&mut self.upstream, clone);
-        Box::pin(async move {
+        ResponseFuture::new(async move {
             let Some(mut unsettled) = unsettled else {
                 tracing::error!("RefundOnUpstreamError needs CreditCharge outside it");
                 return Ok(GatewayError::Misconfigured.into_response());

@@ -54,7 +54,7 @@ use tower_service::Service;
 
 use crate::BoxError;
 use connections::Connections;
-pub use track::{RequestBody, Tracked, TrackedBody};
+pub use track::{RequestBody, ResponseFuture, Tracked, TrackedBody};
 
 /// Default time a client has to send a request's headers.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(15);

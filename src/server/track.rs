@@ -17,7 +17,6 @@ use tower_service::Service;
 
 use super::connections::Slot;
 use crate::BoxError;
-use crate::BoxFuture;
 use crate::error::GatewayError;
 
 /// The service on one connection: the application's service, watched by the server.
@@ -212,6 +211,11 @@ fn head_bytes<B>(request: &Request<B>) -> usize {
         + target
 }
 
+crate::macros::response_future! {
+    /// The future [`Tracked`] answers with.
+    ResponseFuture
+}
+
 impl<S, B> Service<Request<Incoming>> for Tracked<S>
 where
     S: Service<Request<RequestBody>, Response = Response<B>, Error = Infallible>
@@ -224,7 +228,7 @@ where
 {
     type Response = Response<TrackedBody<B>>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Self::Response, Infallible>>;
+    type Future = ResponseFuture<Result<Self::Response, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -250,7 +254,9 @@ where
                 inner: Inner::Refused(refusal),
                 state: Some(state),
             };
-            return Box::pin(std::future::ready(Ok(Response::from_parts(parts, tracked))));
+            return ResponseFuture::new(std::future::ready(Ok(Response::from_parts(
+                parts, tracked,
+            ))));
         }
         let request = request.map(|body| RequestBody {
             inner: Some(body),
@@ -258,7 +264,7 @@ where
         });
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move {
+        ResponseFuture::new(async move {
             let response = inner.call(request).await?;
             Ok(response.map(|body| TrackedBody {
                 inner: Inner::Service(body),

@@ -23,8 +23,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, he
 use http_body_util::BodyExt;
 use tower_service::Service;
 
+use super::ResponseFuture;
 use super::breaker::CircuitBreaker;
-use crate::BoxFuture;
 use crate::call::{RoutedCall, ServedBy};
 use crate::catalogue::{Catalogue, ModelChannel, UpstreamConfig, UpstreamKind};
 use crate::classify::{complete_reply, is_retryable, retry_after};
@@ -423,7 +423,7 @@ fn attempt_order(channels: &[ModelChannel]) -> Vec<&ModelChannel> {
 impl Service<Request<Bytes>> for HttpUpstream {
     type Response = Response<UpstreamBody>;
     type Error = UpstreamError;
-    type Future = BoxFuture<Result<Response<UpstreamBody>, UpstreamError>>;
+    type Future = ResponseFuture<Result<Response<UpstreamBody>, UpstreamError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), UpstreamError>> {
         Poll::Ready(Ok(()))
@@ -432,7 +432,7 @@ impl Service<Request<Bytes>> for HttpUpstream {
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         let channels = self.channels.clone();
         let deadline = Instant::now() + self.call_deadline;
-        Box::pin(async move {
+        ResponseFuture::new(async move {
             let routed = request
                 .extensions()
                 .get::<RoutedCall>()

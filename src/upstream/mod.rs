@@ -1,7 +1,7 @@
 //! Upstreams: the services at the bottom of the stack that produce the reply.
 //!
 //! An upstream is a `Service<Request<Bytes>, Response = Response<Bytes>, Error = UpstreamError>`
-//! that reads the [`RoutedCall`](crate::RoutedCall) extension. Two ship:
+//! that reads the [`RoutedCall`] extension. Two ship:
 //! - [`MockUpstream`]: a fixed demonstration reply in each protocol's shape, no network
 //!   (`MOCK_UPSTREAM=1` in the example gateway);
 //! - [`HttpUpstream`]: the providers named in the catalogue, over reqwest.
@@ -14,7 +14,6 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use tower_service::Service;
 
-use crate::BoxFuture;
 use crate::call::RoutedCall;
 use crate::reply::UpstreamBody;
 
@@ -26,6 +25,11 @@ pub use crate::call::ServedBy;
 pub use crate::error::UpstreamError;
 pub use http_client::HttpUpstream;
 pub use mock::MockUpstream;
+
+crate::macros::response_future! {
+    /// The future [`Upstream`] and [`HttpUpstream`] answer with.
+    ResponseFuture
+}
 
 /// The mock or the real providers, chosen at start.
 #[derive(Debug, Clone)]
@@ -65,7 +69,7 @@ impl Upstream {
 impl Service<Request<Bytes>> for Upstream {
     type Response = Response<UpstreamBody>;
     type Error = UpstreamError;
-    type Future = BoxFuture<Result<Response<UpstreamBody>, UpstreamError>>;
+    type Future = ResponseFuture<Result<Response<UpstreamBody>, UpstreamError>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), UpstreamError>> {
         // Both variants are always ready: the mock has no resources, reqwest pools internally.
@@ -74,7 +78,7 @@ impl Service<Request<Bytes>> for Upstream {
 
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         match self {
-            Upstream::Mock(mock) => Box::pin(mock.call(request)),
+            Upstream::Mock(mock) => ResponseFuture::new(mock.call(request)),
             Upstream::Http(http) => http.call(request),
         }
     }
