@@ -89,7 +89,14 @@ pub struct ApiKeyAuth<S> {
     keys: Arc<dyn KeyStore>,
 }
 
+crate::macros::inner_service_accessors!(ApiKeyAuth, S, inner);
+
 impl<S> ApiKeyAuth<S> {
+    /// Authenticates callers of `inner` against `keys`.
+    pub fn new(inner: S, keys: Arc<dyn KeyStore>) -> ApiKeyAuth<S> {
+        ApiKeyAuthLayer::new(keys).layer(inner)
+    }
+
     /// A [`ApiKeyAuthLayer`] asking `keys`.
     pub fn layer(keys: Arc<dyn KeyStore>) -> ApiKeyAuthLayer {
         ApiKeyAuthLayer::new(keys)
@@ -142,9 +149,7 @@ where
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let presented = presented_key(request.headers()).map(KeyHash::of);
         let keys = self.keys.clone();
-        // `self.inner` is the service that was polled ready; take it and leave a clone behind.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = crate::macros::take_ready(&mut self.inner);
         ResponseFuture::new(async move {
             let Some(hash) = presented else {
                 return Ok(GatewayError::InvalidApiKey.into_response());

@@ -91,7 +91,14 @@ pub struct CreditCharge<S> {
     ledger: Arc<dyn Ledger>,
 }
 
+crate::macros::inner_service_accessors!(CreditCharge, S, inner);
+
 impl<S> CreditCharge<S> {
+    /// Charges calls to `inner` through `ledger`.
+    pub fn new(inner: S, ledger: Arc<dyn Ledger>) -> CreditCharge<S> {
+        CreditChargeLayer::new(ledger).layer(inner)
+    }
+
     /// A [`CreditChargeLayer`] over `ledger`.
     pub fn layer(ledger: Arc<dyn Ledger>) -> CreditChargeLayer {
         CreditChargeLayer::new(ledger)
@@ -131,8 +138,7 @@ where
         let routed = request.extensions().get::<RoutedCall>().cloned();
         let request_id = request.extensions().get::<RequestId>().cloned();
         let ledger = self.ledger.clone();
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = crate::macros::take_ready(&mut self.inner);
         ResponseFuture::new(async move {
             let (Some(caller), Some(routed)) = (caller, routed) else {
                 tracing::error!("CreditCharge needs ApiKeyAuth and ProtocolRouter outside it");

@@ -1,4 +1,6 @@
-//! The crate's one macro: a named future around a boxed one.
+//! The crate's macros and the one helper every service shares: a named future around a boxed
+//! one, the accessors to a middleware's inner service, and taking the service that was polled
+//! ready.
 
 /// Declares `pub struct $name<T>`, a future of `T` that is a boxed future inside, so that a
 /// service's `Future` type has a name of its own and the public API never shows
@@ -39,3 +41,36 @@ macro_rules! response_future {
 }
 
 pub(crate) use response_future;
+
+/// `get_ref`, `get_mut` and `into_inner` for a middleware whose inner service is the field
+/// `$field` (tower-http's `define_inner_service_accessors!`).
+macro_rules! inner_service_accessors {
+    ($service:ident, $inner:ident, $field:ident) => {
+        impl<$inner> $service<$inner> {
+            /// The inner service.
+            pub fn get_ref(&self) -> &$inner {
+                &self.$field
+            }
+
+            /// The inner service, mutably.
+            pub fn get_mut(&mut self) -> &mut $inner {
+                &mut self.$field
+            }
+
+            /// The inner service, giving this middleware up.
+            pub fn into_inner(self) -> $inner {
+                self.$field
+            }
+        }
+    };
+}
+
+pub(crate) use inner_service_accessors;
+
+/// Takes the inner service that `poll_ready` was called on, leaving a clone in its place, for a
+/// `call` that uses it after an `await`. The clone has not been polled ready; the taken one has
+/// (tower-service's "Be careful when cloning inner services").
+pub(crate) fn take_ready<S: Clone>(service: &mut S) -> S {
+    let clone = service.clone();
+    std::mem::replace(service, clone)
+}

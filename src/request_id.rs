@@ -78,6 +78,15 @@ crate::macros::response_future! {
     ResponseFuture
 }
 
+crate::macros::inner_service_accessors!(RequestIdService, S, inner);
+
+impl<S> RequestIdService<S> {
+    /// Gives every request to `inner` an id.
+    pub fn new(inner: S) -> RequestIdService<S> {
+        RequestIdService { inner }
+    }
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RequestIdService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -135,6 +144,14 @@ mod tests {
         assert!(id("ünïcode".as_bytes()).is_none());
         assert!(id(&[b'a'; 129]).is_none());
         assert!(id(&[b'a'; 128]).is_some());
+    }
+
+    #[test]
+    fn the_inner_service_can_be_reached_and_taken_back() {
+        let mut service = RequestIdService::new(vec![1]);
+        service.get_mut().push(2);
+        assert_eq!(service.get_ref(), &[1, 2]);
+        assert_eq!(service.into_inner(), vec![1, 2]);
     }
 
     #[test]

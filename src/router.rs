@@ -138,7 +138,14 @@ pub struct ProtocolRouter<S> {
     funds: Option<Funds>,
 }
 
+crate::macros::inner_service_accessors!(ProtocolRouter, S, inner);
+
 impl<S> ProtocolRouter<S> {
+    /// Routes requests for `inner` against `catalogue`, with the default body limits.
+    pub fn new(inner: S, catalogue: Arc<Catalogue>) -> ProtocolRouter<S> {
+        ProtocolRouterLayer::new(catalogue).layer(inner)
+    }
+
     /// A [`ProtocolRouterLayer`] over `catalogue`.
     pub fn layer(catalogue: Arc<Catalogue>) -> ProtocolRouterLayer {
         ProtocolRouterLayer::new(catalogue)
@@ -172,8 +179,7 @@ where
         let limits = self.body.clone();
         let funds = self.funds.clone();
         let streaming = self.streaming;
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = crate::macros::take_ready(&mut self.inner);
         ResponseFuture::new(async move {
             match read_and_route(request, &catalogue, &limits, funds.as_ref(), streaming).await {
                 Ok(request) => inner.call(request).await,

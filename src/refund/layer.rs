@@ -69,7 +69,7 @@ impl<U> Layer<U> for RefundOnUpstreamErrorLayer {
     type Service = RefundOnUpstreamError<U>;
 
     fn layer(&self, upstream: U) -> RefundOnUpstreamError<U> {
-        RefundOnUpstreamError::new(
+        RefundOnUpstreamError::configured(
             upstream,
             self.ledger.clone(),
             self.upstream_bound,

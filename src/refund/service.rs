@@ -46,8 +46,15 @@ impl<U: Clone> Clone for RefundOnUpstreamError<U> {
     }
 }
 
+crate::macros::inner_service_accessors!(RefundOnUpstreamError, U, upstream);
+
 impl<U> RefundOnUpstreamError<U> {
-    pub(super) fn new(
+    /// Settles and refunds calls to `upstream` through `ledger`, with the default bounds.
+    pub fn new(upstream: U, ledger: Arc<dyn Ledger>) -> RefundOnUpstreamError<U> {
+        tower_layer::Layer::layer(&RefundOnUpstreamErrorLayer::new(ledger), upstream)
+    }
+
+    pub(super) fn configured(
         upstream: U,
         ledger: Arc<dyn Ledger>,
         upstream_bound: Duration,
@@ -126,8 +133,7 @@ where
         let not_ready = self.not_ready.take();
         let bound = self.upstream_bound;
         let limits = self.stream_limits;
-        let clone = self.upstream.clone();
-        let mut upstream = std::mem::replace(&mut self.upstream, clone);
+        let mut upstream = crate::macros::take_ready(&mut self.upstream);
         ResponseFuture::new(async move {
             let Some(mut unsettled) = unsettled else {
                 tracing::error!("RefundOnUpstreamError needs CreditCharge outside it");

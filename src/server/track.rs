@@ -262,8 +262,7 @@ where
             inner: Some(body),
             state: state.clone(),
         });
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = crate::macros::take_ready(&mut self.inner);
         ResponseFuture::new(async move {
             let response = inner.call(request).await?;
             Ok(response.map(|body| TrackedBody {
