@@ -185,14 +185,6 @@ fn pending_call(state: &mut State, call: CallId) -> Option<&mut CallRecord> {
 
 #[async_trait]
 impl CallLog for MemoryStore {
-    async fn recent_calls(
-        &self,
-        account: AccountId,
-        limit: u64,
-    ) -> Result<Vec<CallRecord>, StoreError> {
-        self.calls_before(account, None, limit).await
-    }
-
     async fn calls_before(
         &self,
         account: AccountId,

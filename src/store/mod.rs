@@ -209,29 +209,22 @@ pub trait Ledger: Send + Sync {
 /// Reading the call log.
 #[async_trait]
 pub trait CallLog: Send + Sync {
-    /// The account's entries, newest first.
-    async fn recent_calls(
-        &self,
-        account: AccountId,
-        limit: u64,
-    ) -> Result<Vec<CallRecord>, StoreError>;
-
-    /// The account's entries older than `before` (all of them when `None`), newest first: one
-    /// page of its call log. The default reads the whole log; the stores here read one page.
+    /// The account's entries older than `before` (all of them when `None`), newest first, at
+    /// most `limit`: one page of its call log.
     async fn calls_before(
         &self,
         account: AccountId,
         before: Option<CallId>,
         limit: u64,
+    ) -> Result<Vec<CallRecord>, StoreError>;
+
+    /// The account's newest entries, newest first.
+    async fn recent_calls(
+        &self,
+        account: AccountId,
+        limit: u64,
     ) -> Result<Vec<CallRecord>, StoreError> {
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        Ok(self
-            .recent_calls(account, u64::MAX)
-            .await?
-            .into_iter()
-            .filter(|record| before.is_none_or(|before| record.id < before))
-            .take(limit)
-            .collect())
+        self.calls_before(account, None, limit).await
     }
 }
 

@@ -524,14 +524,6 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
 
 #[async_trait]
 impl CallLog for SeaOrmStore {
-    async fn recent_calls(
-        &self,
-        account: AccountId,
-        limit: u64,
-    ) -> Result<Vec<CallRecord>, StoreError> {
-        self.calls_before(account, None, limit).await
-    }
-
     async fn calls_before(
         &self,
         account: AccountId,
