@@ -32,10 +32,6 @@
 //! fifth of that runs at concurrency 1. `LOADTEST_CONCURRENCY` runs one level instead of all
 //! three; `LOADTEST_ROUNDS` repeats each level that many times and prints the medians.
 
-#[path = "gateway/app.rs"]
-#[allow(dead_code)]
-mod app;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -136,12 +132,13 @@ async fn memory_gateway() -> Target {
         .grant(account, Bucket::Subscription, Credits(1 << 50))
         .await
         .unwrap();
-    let router = app::router(
+    let router = model_gateway::Gateway::new(
         store,
         Arc::new(Catalogue::demo()),
         Upstream::Mock(MockUpstream::new()),
-        DEFAULT_MAX_BODY_BYTES,
-    );
+    )
+    .body_limits(DEFAULT_MAX_BODY_BYTES)
+    .router();
     Target {
         name: "gateway, in-memory",
         base: serve_gateway(router).await,
@@ -152,17 +149,27 @@ async fn memory_gateway() -> Target {
 
 async fn gateway(name: &'static str, store: SeaOrmStore) -> Target {
     let store = Arc::new(store);
-    let key = app::create_key(&store, "load", 1 << 50, 0).await.unwrap();
-    let router = app::router(
+    let new = model_gateway::admin::NewAccount {
+        name: "load".into(),
+        subscription: 1 << 50,
+        topup: 0,
+    };
+    let key = model_gateway::admin::Admin::new(store.clone())
+        .create_account(&new)
+        .await
+        .unwrap()
+        .key;
+    let router = model_gateway::Gateway::new(
         store.clone(),
         Arc::new(Catalogue::demo()),
         Upstream::Mock(MockUpstream::new()),
-        DEFAULT_MAX_BODY_BYTES,
-    );
+    )
+    .body_limits(DEFAULT_MAX_BODY_BYTES)
+    .router();
     Target {
         name,
         base: serve_gateway(router).await,
-        key: Some(key.reveal().to_owned()),
+        key: Some(key),
         store: Some(store),
     }
 }

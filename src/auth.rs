@@ -1,8 +1,9 @@
 //! [`ApiKeyAuth`]: who is calling.
 //!
 //! Takes the key from `Authorization: Bearer KEY` or `x-api-key: KEY`, looks up its SHA-256
-//! through a [`KeyStore`], and adds the [`Caller`](crate::Caller) request extension. A missing, unknown or
-//! revoked key is answered `401 {"detail":"无效的 API Key"}` and goes no further.
+//! through a [`KeyStore`], and adds the [`Caller`](crate::Caller) and [`KeyRules`](crate::KeyRules)
+//! request extensions. A missing, unknown, revoked or expired key is answered
+//! `401 {"detail":"无效的 API Key"}` and goes no further.
 //!
 //! ```
 //! use std::{convert::Infallible, sync::Arc};
@@ -154,12 +155,13 @@ where
             let Some(hash) = presented else {
                 return Ok(GatewayError::InvalidApiKey.into_response());
             };
-            match keys.caller_for_key(&hash).await {
-                Ok(Some(caller)) => {
-                    request.extensions_mut().insert(caller);
+            match keys.active_key(&hash).await {
+                Ok(Some(active)) if !active.rules.expired(chrono::Utc::now()) => {
+                    request.extensions_mut().insert(active.caller);
+                    request.extensions_mut().insert(active.rules);
                     inner.call(request).await
                 }
-                Ok(None) => Ok(GatewayError::InvalidApiKey.into_response()),
+                Ok(_) => Ok(GatewayError::InvalidApiKey.into_response()),
                 Err(error) => {
                     tracing::error!(%error, "key lookup failed");
                     Ok(GatewayError::StoreUnavailable.into_response())

@@ -14,6 +14,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use http::HeaderValue;
 use serde::Serialize;
 
@@ -27,7 +28,7 @@ use crate::protocol::Protocol;
 pub struct AccountId(pub i64);
 
 /// One API key of an account.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(transparent)]
 pub struct KeyId(pub i64);
 
@@ -43,6 +44,34 @@ pub struct Caller {
     pub account: AccountId,
     /// Which key was presented.
     pub key: KeyId,
+}
+
+/// What one key may do, beyond spending its account's credits. Request extension added by
+/// [`ApiKeyAuth`](crate::ApiKeyAuth) (which refuses an expired key), read by
+/// [`ProtocolRouter`](crate::ProtocolRouter) (the models) and
+/// [`RateLimit`](crate::rate_limit::RateLimit) (requests per minute).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyRules {
+    /// The models the key may call; `None`: every model in the catalogue.
+    pub models: Option<Arc<[String]>>,
+    /// When the key stops working; `None`: never.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Requests per minute the key may make; `None`: no limit.
+    pub rpm: Option<u32>,
+}
+
+impl KeyRules {
+    /// Whether the key may call `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        self.models
+            .as_ref()
+            .is_none_or(|models| models.iter().any(|allowed| allowed == model))
+    }
+
+    /// Whether the key has expired at `now`.
+    pub fn expired(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at.is_some_and(|expires_at| expires_at <= now)
+    }
 }
 
 /// Credits taken for a call that is under way. Request extension added by

@@ -80,6 +80,38 @@ pub enum GatewayError {
     /// The layers were assembled wrongly (a required request extension is missing).
     #[error("the layers are assembled wrongly (a request extension is missing)")]
     Misconfigured,
+    /// The key may not call this model ([`KeyRules::models`](crate::KeyRules::models)).
+    #[error("the API key may not call this model")]
+    ModelNotAllowed,
+    /// The key made more requests this minute than its limit; it may try again after the given
+    /// number of seconds (`Retry-After`).
+    #[error("the API key is over its requests per minute; retry after {0} s")]
+    RateLimited(u64),
+    /// The admin API was called without the admin token.
+    #[error("no or wrong admin token")]
+    InvalidAdminToken,
+    /// The admin API was asked about an account that does not exist.
+    #[error("no such account")]
+    NoSuchAccount,
+    /// The admin API was asked about a key that does not exist.
+    #[error("no such API key")]
+    NoSuchKey,
+    /// A field of an admin request is missing or wrong; names the field and why.
+    #[error("field `{field}`: {reason}")]
+    InvalidField {
+        /// The field, as the request names it.
+        field: std::borrow::Cow<'static, str>,
+        /// What is wrong with it (Chinese, shown to the client).
+        reason: &'static str,
+    },
+    /// A grant would take the balance past the largest value it can hold; nothing was granted.
+    #[error(
+        "the grant would take the balance past the largest value a balance can hold; nothing was granted"
+    )]
+    BalanceOverflow,
+    /// An `Idempotency-Key` was sent again with a different request.
+    #[error("the idempotency key was used for a different request")]
+    IdempotencyKeyReused,
 }
 
 impl GatewayError {
@@ -107,6 +139,14 @@ impl GatewayError {
             Self::UpstreamRejected(message) => format!("上游服务暂时不可用: {message}").into(),
             Self::StoreUnavailable => "服务暂时不可用, 请稍后重试".into(),
             Self::Misconfigured => "网关内部错误".into(),
+            Self::ModelNotAllowed => "该 API Key 无权使用此模型".into(),
+            Self::RateLimited(_) => "请求过于频繁".into(),
+            Self::InvalidAdminToken => "无效的管理员令牌".into(),
+            Self::NoSuchAccount => "账户不存在".into(),
+            Self::NoSuchKey => "API Key 不存在".into(),
+            Self::InvalidField { field, reason } => format!("字段 {field} 无效: {reason}").into(),
+            Self::BalanceOverflow => "积分将超过余额上限, 未发放".into(),
+            Self::IdempotencyKeyReused => "Idempotency-Key 已用于另一个不同的请求".into(),
         }
     }
 
@@ -132,6 +172,12 @@ impl GatewayError {
             Self::UpstreamUnavailable | Self::UpstreamRejected(_) => StatusCode::BAD_GATEWAY,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::ModelNotAllowed => StatusCode::FORBIDDEN,
+            Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            Self::InvalidAdminToken => StatusCode::UNAUTHORIZED,
+            Self::NoSuchAccount | Self::NoSuchKey => StatusCode::NOT_FOUND,
+            Self::InvalidField { .. } | Self::BalanceOverflow => StatusCode::BAD_REQUEST,
+            Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 
@@ -164,6 +210,14 @@ impl GatewayError {
             Self::UpstreamRejected(_) => "upstream_rejected",
             Self::StoreUnavailable => "store_unavailable",
             Self::Misconfigured => "misconfigured",
+            Self::ModelNotAllowed => "model_not_allowed",
+            Self::RateLimited(_) => "rate_limited",
+            Self::InvalidAdminToken => "invalid_admin_token",
+            Self::NoSuchAccount => "no_such_account",
+            Self::NoSuchKey => "no_such_key",
+            Self::InvalidField { .. } => "invalid_field",
+            Self::BalanceOverflow => "balance_overflow",
+            Self::IdempotencyKeyReused => "idempotency_key_reused",
         }
     }
 
@@ -171,10 +225,18 @@ impl GatewayError {
     pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
         crate::telemetry::refused(self.status().as_u16(), self.reason());
         let mut response = json_response(self.status(), self.body());
-        if self == Self::MethodNotAllowed {
-            response
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        match self {
+            Self::MethodNotAllowed => {
+                response
+                    .headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            }
+            Self::RateLimited(seconds) => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
+            _ => {}
         }
         response
     }

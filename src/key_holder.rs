@@ -4,7 +4,7 @@
 //!
 //! | Endpoint | Key | Answer |
 //! |---|---|---|
-//! | `GET /v1/models` | yes | the catalogue's models: Anthropic's list shape when the request has `anthropic-version` (`limit`, `after_id`, `before_id` honoured), else OpenAI's; each item also has `protocol` and `price` (credits per call) |
+//! | `GET /v1/models` | yes | the catalogue's models that the key may call: Anthropic's list shape when the request has `anthropic-version` (`limit`, `after_id`, `before_id` honoured), else OpenAI's; each item also has `protocol` and `price` (credits per call) |
 //! | `GET /v1/models/{id}` | yes | one model in the same shapes; `404 模型不存在` |
 //! | `GET /v1/balance` | yes | `{"subscription", "topup", "total"}` of the key's account |
 //! | `GET /v1/calls?limit=&before=` | yes | the account's own call-log entries, newest first, a page at a time |
@@ -29,10 +29,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::auth::ApiKeyAuthLayer;
-use crate::call::Caller;
+use crate::call::{Caller, KeyRules};
 use crate::catalogue::{Catalogue, ModelRoute};
 use crate::error::GatewayError;
 use crate::protocol::Protocol;
+use crate::rate_limit::{RateLimitLayer, RateLimiter};
 use crate::router::route_model;
 use crate::store::{CallId, Store};
 use crate::upstream::Upstream;
@@ -51,11 +52,13 @@ struct Shared<S> {
     upstream: Upstream,
 }
 
-/// The key holders' endpoints and the probes; see the module docs.
+/// The key holders' endpoints and the probes; see the module docs. Requests with a key count
+/// against its requests per minute in `limiter`, as calls do.
 pub fn router<S: Store + 'static>(
     store: Arc<S>,
     catalogue: Arc<Catalogue>,
     upstream: Upstream,
+    limiter: RateLimiter,
 ) -> Router {
     let shared = Arc::new(Shared {
         store: store.clone(),
@@ -69,6 +72,7 @@ pub fn router<S: Store + 'static>(
         .route("/v1/calls", get(calls::<S>))
         .route("/v1/messages/count_tokens", post(count_tokens::<S>))
         .method_not_allowed_fallback(method_not_allowed)
+        .route_layer(RateLimitLayer::new(limiter))
         .route_layer(ApiKeyAuthLayer::new(store))
         .with_state(shared.clone());
     let probes = Router::new()
@@ -125,8 +129,12 @@ fn wants_anthropic(headers: &HeaderMap) -> bool {
     headers.contains_key("anthropic-version")
 }
 
-fn sorted_models(catalogue: &Catalogue) -> Vec<&Arc<ModelRoute>> {
-    let mut models: Vec<_> = catalogue.models().collect();
+/// The models the key may call, by name.
+fn sorted_models<'a>(catalogue: &'a Catalogue, rules: &KeyRules) -> Vec<&'a Arc<ModelRoute>> {
+    let mut models: Vec<_> = catalogue
+        .models()
+        .filter(|model| rules.allows(&model.name))
+        .collect();
     models.sort_by(|a, b| a.name.cmp(&b.name));
     models
 }
@@ -140,10 +148,11 @@ struct ModelPage {
 
 async fn list_models<S>(
     State(shared): State<Arc<Shared<S>>>,
+    Extension(rules): Extension<KeyRules>,
     headers: HeaderMap,
     page: Result<Query<ModelPage>, QueryRejection>,
 ) -> Response {
-    let models = sorted_models(&shared.catalogue);
+    let models = sorted_models(&shared.catalogue, &rules);
     if !wants_anthropic(&headers) {
         let data: Vec<Value> = models.iter().map(|model| openai_model(model)).collect();
         return axum::Json(json!({ "object": "list", "data": data })).into_response();
@@ -184,10 +193,12 @@ async fn list_models<S>(
 
 async fn one_model<S>(
     State(shared): State<Arc<Shared<S>>>,
+    Extension(rules): Extension<KeyRules>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    match shared.catalogue.model(&id) {
+    // A model the key may not call is not there for it.
+    match shared.catalogue.model(&id).filter(|_| rules.allows(&id)) {
         Some(model) if wants_anthropic(&headers) => {
             axum::Json(anthropic_model(model)).into_response()
         }
@@ -258,10 +269,14 @@ async fn calls<S: Store>(
 
 async fn count_tokens<S>(
     State(shared): State<Arc<Shared<S>>>,
+    Extension(rules): Extension<KeyRules>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let routed = match route_model(&shared.catalogue, Protocol::Messages, &body) {
+        Ok(routed) if !rules.allows(&routed.model.name) => {
+            return refuse(GatewayError::ModelNotAllowed);
+        }
         Ok(routed) => routed,
         Err(refusal) => return refuse(refusal),
     };

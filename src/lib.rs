@@ -9,14 +9,16 @@
 //! Outermost first, as [`ServiceBuilder`](tower::ServiceBuilder) lists them (see [`stack`]):
 //!
 //! 0. [`RequestIdLayer`]: every request gets an id, every answer carries it (`x-request-id`).
-//! 1. [`ApiKeyAuth`]: who is calling (401).
-//! 2. [`ProtocolRouter`]: which endpoint and model, at what price (413, 405, 400, 404).
+//! 1. [`ApiKeyAuth`]: who is calling, and what the key may do (401).
+//!    Then [`RateLimit`](rate_limit::RateLimit): the key's requests per minute (429).
+//! 2. [`ProtocolRouter`]: which endpoint and model, at what price (413, 405, 400, 404), and
+//!    whether the key may call that model (403).
 //! 3. [`CreditCharge`]: reserve the price and write a `pending` call-log entry (402).
 //! 4. [`RefundOnUpstreamError`]: settle on success, refund on failure (502).
 //! 5. The upstream: [`Upstream`] ([`MockUpstream`] or [`HttpUpstream`]), or your own service.
 //!
-//! So every request gets one clear answer, in this order: 401, then 400/413, then 404, then 402,
-//! then the upstream. A request refused at any step is never charged.
+//! So every request gets one clear answer, in this order: 401, then 429, then 400/413, then 404,
+//! then 403, then 402, then the upstream. A request refused at any step is never charged.
 //!
 //! ## Request extensions
 //!
@@ -25,7 +27,8 @@
 //!
 //! | Extension        | Added by            | Read by                                   |
 //! |------------------|---------------------|-------------------------------------------|
-//! | [`Caller`]       | [`ApiKeyAuth`]      | [`CreditCharge`]                          |
+//! | [`Caller`]       | [`ApiKeyAuth`]      | [`RateLimit`](rate_limit::RateLimit), [`CreditCharge`] |
+//! | [`KeyRules`]     | [`ApiKeyAuth`]      | [`RateLimit`](rate_limit::RateLimit), [`ProtocolRouter`] |
 //! | [`RoutedCall`]   | [`ProtocolRouter`]  | [`CreditCharge`], [`RefundOnUpstreamError`] (streams), the upstream |
 //! | [`Reservation`]  | [`CreditCharge`]    | [`RefundOnUpstreamError`]                 |
 //! | [`ServedBy`] (on the response) | [`HttpUpstream`] | [`RefundOnUpstreamError`]     |
@@ -76,6 +79,7 @@ use std::sync::Arc;
 
 #[macro_use]
 mod macros;
+pub mod admin;
 pub mod auth;
 mod call;
 mod catalogue;
@@ -84,9 +88,12 @@ mod classify;
 mod credits;
 mod error;
 #[cfg(feature = "api")]
+mod gateway;
+#[cfg(feature = "api")]
 pub mod key_holder;
 mod keys;
 mod protocol;
+pub mod rate_limit;
 mod recovery;
 pub mod refund;
 mod reply;
@@ -94,12 +101,12 @@ pub mod request_id;
 pub mod router;
 #[cfg(feature = "server")]
 pub mod server;
-mod store;
+pub mod store;
 pub mod telemetry;
 pub mod upstream;
 
 pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
-pub use call::{RequestId, RoutedCall};
+pub use call::{KeyRules, RequestId, RoutedCall};
 pub use catalogue::{
     Catalogue, CatalogueError, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
     DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STREAM_DEADLINE,
@@ -109,6 +116,8 @@ pub use catalogue::{
 pub use charge::{CreditCharge, CreditChargeLayer};
 pub use credits::{Balance, Bucket, Credits, Split};
 pub use error::{GatewayError, UpstreamError};
+#[cfg(feature = "api")]
+pub use gateway::Gateway;
 pub use keys::{KEY_PREFIX, KeyHash, NewApiKey};
 pub use protocol::Protocol;
 pub use protocol::reply_usage;
@@ -125,10 +134,10 @@ pub use router::{
     ProtocolRouter, ProtocolRouterLayer, route, route_model,
 };
 pub use store::{
-    AccountAudit, AccountId, Accounts, BalanceOverflow, CallFailure, CallId, CallLog, CallRecord,
-    CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_MAX_BATCH, GroupCommitStats, KeyId,
-    KeyStore, Ledger, MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store,
-    StoreError, Sums, TokenUsage,
+    AccountAudit, AccountId, Accounts, ActiveKey, BalanceOverflow, CallFailure, CallId, CallLog,
+    CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_MAX_BATCH,
+    GroupCommitStats, KeyId, KeyStore, Ledger, MemoryStore, Migrator, Reservation, ReserveError,
+    SeaOrmStore, Store, StoreError, Sums, TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
 pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};
@@ -136,17 +145,19 @@ pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};
 /// An error of any type, boxed; what request bodies may fail with (tower's).
 pub use tower::BoxError;
 
-/// The full gateway service: the four layers around upstream `U`.
-pub type GatewayStack<U> =
-    RequestIdService<ApiKeyAuth<ProtocolRouter<CreditCharge<RefundOnUpstreamError<U>>>>>;
+/// The full gateway service: the layers around upstream `U`.
+pub type GatewayStack<U> = RequestIdService<
+    ApiKeyAuth<rate_limit::RateLimit<ProtocolRouter<CreditCharge<RefundOnUpstreamError<U>>>>>,
+>;
 
 /// Builds the whole gateway around `upstream`, outermost first:
 ///
 /// | Layer                       | Reads                       | Adds            | Refuses with   |
 /// |-----------------------------|-----------------------------|-----------------|----------------|
 /// | [`RequestIdLayer`]          | `x-request-id`              | [`RequestId`]   |                |
-/// | [`ApiKeyAuth`]              | `Authorization`/`x-api-key` | [`Caller`]      | 401            |
-/// | [`ProtocolRouter`]          | path, method, body          | [`RoutedCall`]  | 404, 405, 413, 400 |
+/// | [`ApiKeyAuth`]              | `Authorization`/`x-api-key` | [`Caller`], [`KeyRules`] | 401   |
+/// | [`RateLimit`](rate_limit::RateLimit) | [`Caller`], [`KeyRules`] |       | 429            |
+/// | [`ProtocolRouter`]          | path, method, body, [`KeyRules`] | [`RoutedCall`] | 404, 405, 413, 400, 403 |
 /// | [`CreditCharge`]            | [`Caller`], [`RoutedCall`]  | [`Reservation`] | 402            |
 /// | [`RefundOnUpstreamError`]   | [`Reservation`]             |                 | 502 (refunded) |
 /// | `upstream`                  | [`RoutedCall`], body        |                 |                |
@@ -161,7 +172,9 @@ pub type GatewayStack<U> =
 /// [`UPSTREAM_BOUND_MARGIN`] until its reply (or first event) arrives, and a stream by the
 /// catalogue's stream deadline after that; see [`recovery_age`] for what that means for
 /// recovery. Streaming (`stream: true` answered with server-sent events) is on when the
-/// catalogue says so ([`Catalogue::with_streaming`]).
+/// catalogue says so ([`Catalogue::with_streaming`]). Keys' requests per minute are counted in
+/// this process ([`RateLimiter::local`](rate_limit::RateLimiter::local)); see
+/// [`stack_with_limiter`] to share them.
 pub fn stack<S, U>(
     store: Arc<S>,
     catalogue: Arc<Catalogue>,
@@ -171,10 +184,32 @@ pub fn stack<S, U>(
 where
     S: Store + 'static,
 {
+    stack_with_limiter(
+        store,
+        catalogue,
+        body,
+        upstream,
+        rate_limit::RateLimiter::local(),
+    )
+}
+
+/// [`stack`], counting keys' requests per minute with `limiter` (e.g. in Redis, so that the
+/// limits hold across gateway instances).
+pub fn stack_with_limiter<S, U>(
+    store: Arc<S>,
+    catalogue: Arc<Catalogue>,
+    body: impl Into<BodyLimits>,
+    upstream: U,
+    limiter: rate_limit::RateLimiter,
+) -> GatewayStack<U>
+where
+    S: Store + 'static,
+{
     let upstream_bound = catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN;
     tower::ServiceBuilder::new()
         .layer(RequestIdLayer::new())
         .layer(ApiKeyAuthLayer::new(store.clone()))
+        .layer(rate_limit::RateLimitLayer::new(limiter))
         .layer(
             ProtocolRouterLayer::new(catalogue.clone())
                 .body_limits(body)

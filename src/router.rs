@@ -6,7 +6,9 @@
 //! extension and hands the inner service the body as [`Bytes`], exactly as the client sent it.
 //!
 //! Refusals: unknown path 404, other methods than `POST` 405, a body over the limit 413, a
-//! malformed request 400, an unknown model or a model of the other protocol 404 `模型不存在`.
+//! malformed request 400, an unknown model or a model of the other protocol 404 `模型不存在`,
+//! a model the caller's key may not call (its [`KeyRules`], when
+//! [`ApiKeyAuth`](crate::ApiKeyAuth) added them) 403 `该 API Key 无权使用此模型`.
 //!
 //! ```
 //! use std::{convert::Infallible, sync::Arc};
@@ -52,7 +54,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::BoxError;
-use crate::call::{Caller, RoutedCall};
+use crate::call::{Caller, KeyRules, RoutedCall};
 use crate::catalogue::Catalogue;
 use crate::credits::Credits;
 use crate::error::GatewayError;
@@ -215,6 +217,11 @@ where
     let payer = funds.zip(parts.extensions.get::<Caller>().copied());
     let (body, permit) = read_body(body, limits, declared_length, payer).await?;
     let routed = route(catalogue, protocol, &body, streaming)?;
+    if let Some(rules) = parts.extensions.get::<KeyRules>()
+        && !rules.allows(&routed.model.name)
+    {
+        return Err(GatewayError::ModelNotAllowed);
+    }
     parts.extensions.insert(routed);
     if let Some(permit) = permit {
         parts.extensions.insert(permit);

@@ -1,4 +1,6 @@
-//! A complete gateway server on axum, plus the operator commands.
+//! A complete gateway server on axum, plus the operator commands. It only wires the library:
+//! the router is [`model_gateway::Gateway`], the commands are [`model_gateway::admin::Admin`]'s
+//! operations (the admin API's too, so both print the same JSON).
 //!
 //! ```text
 //! MOCK_UPSTREAM=1 cargo run --release --example gateway            # serve (the default)
@@ -6,12 +8,12 @@
 //! cargo run --example gateway -- credits add --key KEY --topup 50
 //! cargo run --example gateway -- balance --key KEY
 //! cargo run --example gateway -- logs --key KEY --limit 20
+//! cargo run --example gateway -- accounts list
+//! cargo run --example gateway -- keys update --id 3 --models gpt-4o-mini --rpm 60
 //! ```
 //!
 //! Every command reads `DATABASE_URL` (default `sqlite://gateway.db?mode=rwc`), so the operator
 //! commands work against a running server's database.
-
-mod app;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,11 +21,16 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use std::time::Duration;
 
+use model_gateway::admin::{
+    Admin, AdminToken, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount,
+};
+use model_gateway::rate_limit::RateLimiter;
 use model_gateway::server::{self, ServerLimits};
 use model_gateway::{
-    BodyLimits, Catalogue, DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE,
-    DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES,
-    HttpUpstream, MockUpstream, SeaOrmStore, Upstream,
+    AccountId, BodyLimits, Bucket, CallId, CallStatus, Catalogue, Credits,
+    DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE, DEFAULT_BODY_IDLE_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES, Gateway, HttpUpstream, KeyId,
+    MockUpstream, SeaOrmStore, Upstream,
 };
 
 #[derive(Parser)]
@@ -57,6 +64,34 @@ enum Command {
     Credits {
         #[command(subcommand)]
         action: CreditsCommand,
+    },
+    /// Manage accounts (prints what the admin API answers).
+    Accounts {
+        #[command(subcommand)]
+        action: AccountsCommand,
+    },
+    /// Grant credits to an account (prints what the admin API answers).
+    Grants {
+        #[command(subcommand)]
+        action: GrantsCommand,
+    },
+    /// Print an account's call log as the admin API pages it.
+    Calls {
+        /// The account id.
+        #[arg(long)]
+        account: i64,
+        /// Most entries.
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Entries older than this call id.
+        #[arg(long)]
+        before: Option<i64>,
+        /// Only `pending`, `ok` or `refunded`.
+        #[arg(long, value_parser = parse_status)]
+        status: Option<CallStatus>,
+        /// Only this model.
+        #[arg(long)]
+        model: Option<String>,
     },
     /// Print the balance of a key's account as JSON.
     Balance {
@@ -119,9 +154,21 @@ struct ServeArgs {
     /// value at start).
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS")]
     max_connections: Option<usize>,
-    /// Serve Prometheus metrics at `GET /metrics` on this address (off when unset).
+    /// Serve Prometheus metrics at `GET /metrics` on this address (off when unset). With an
+    /// admin token, `/metrics` is also served on the main address behind it.
     #[arg(long, env = "GATEWAY_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// Turns on the admin API (`/admin/*`) for `Authorization: Bearer <this token>`; at least
+    /// 16 characters. Unset: `/admin` does not exist.
+    #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Count keys' requests per minute in this Redis (`redis://127.0.0.1:6379/0`), so limits
+    /// hold across gateway instances; unset, or while it cannot be reached: per instance.
+    #[arg(long, env = "GATEWAY_REDIS_URL")]
+    redis_url: Option<String>,
+    /// Prefix of the rate limiter's Redis keys.
+    #[arg(long, env = "GATEWAY_REDIS_PREFIX", default_value = "mg:")]
+    redis_prefix: String,
     /// Largest request header block, in bytes (431 beyond).
     #[arg(long, env = "GATEWAY_MAX_HEADER_BYTES", default_value_t = server::DEFAULT_MAX_HEADER_BYTES)]
     max_header_bytes: usize,
@@ -177,19 +224,118 @@ enum KeysCommand {
     },
     /// Revoke a key: refused from its next call on, on every gateway sharing the database.
     Revoke {
-        /// The API key.
+        /// The API key, in clear.
+        #[arg(long, conflicts_with = "id", required_unless_present = "id")]
+        key: Option<String>,
+        /// The key's id (prints the key as the admin API shows it).
         #[arg(long)]
-        key: String,
+        id: Option<i64>,
     },
+    /// Add a key to an account; prints it once.
+    Add {
+        /// The account id.
+        #[arg(long)]
+        account: i64,
+    },
+    /// Change a key's rules; prints the key as the admin API shows it.
+    Update {
+        /// The key's id.
+        #[arg(long)]
+        id: i64,
+        /// Only these models (comma-separated).
+        #[arg(long, value_delimiter = ',', conflicts_with = "all_models")]
+        models: Option<Vec<String>>,
+        /// Every model again.
+        #[arg(long)]
+        all_models: bool,
+        /// Stops working at this time (RFC 3339).
+        #[arg(long, conflicts_with = "no_expiry")]
+        expires_at: Option<String>,
+        /// Never expires.
+        #[arg(long)]
+        no_expiry: bool,
+        /// Requests per minute.
+        #[arg(long, conflicts_with = "no_rpm")]
+        rpm: Option<u32>,
+        /// No rate limit.
+        #[arg(long)]
+        no_rpm: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum AccountsCommand {
+    /// Create an account with a key and credits; prints it (and the key, once) as JSON.
+    Create {
+        /// Account name.
+        #[arg(long)]
+        name: String,
+        /// Subscription credits to grant.
+        #[arg(long, default_value_t = 0)]
+        subscription: i64,
+        /// Top-up credits to grant.
+        #[arg(long, default_value_t = 0)]
+        topup: i64,
+    },
+    /// List accounts with their balances, a page at a time.
+    List {
+        /// Accounts with a larger id than this.
+        #[arg(long)]
+        after: Option<i64>,
+        /// Most accounts.
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Part of a name, the start of a key, or a whole key.
+        #[arg(long)]
+        search: Option<String>,
+    },
+    /// One account with its balance and keys.
+    Show {
+        /// The account id.
+        id: i64,
+    },
+}
+
+#[derive(Subcommand)]
+enum GrantsCommand {
+    /// Grant credits to one bucket.
+    Add {
+        /// The account id.
+        #[arg(long)]
+        account: i64,
+        /// `subscription` or `topup`.
+        #[arg(long, value_parser = parse_bucket)]
+        bucket: Bucket,
+        /// How many credits.
+        #[arg(long)]
+        credits: i64,
+        /// Why, for the books.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Applied once per account however often it is sent with this key.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+}
+
+fn parse_bucket(name: &str) -> Result<Bucket, String> {
+    Bucket::parse(name).ok_or_else(|| "subscription or topup".to_owned())
+}
+
+fn parse_status(name: &str) -> Result<CallStatus, String> {
+    CallStatus::parse(name).ok_or_else(|| "pending, ok or refunded".to_owned())
 }
 
 #[derive(Subcommand)]
 enum CreditsCommand {
     /// Grant credits to a key's account.
     Add {
-        /// The API key.
+        /// The API key, in clear.
+        #[arg(long, conflicts_with = "account", required_unless_present = "account")]
+        key: Option<String>,
+        /// The account id.
         #[arg(long)]
-        key: String,
+        account: Option<i64>,
         /// Subscription credits to grant.
         #[arg(long, default_value_t = 0)]
         subscription: i64,
@@ -224,29 +370,93 @@ async fn main() -> ExitCode {
     }
 }
 
+fn print_json(value: &impl serde::Serialize) -> Result<(), Box<dyn std::error::Error>> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
 async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     let command = cli
         .command
         .unwrap_or_else(|| Command::Serve(ServeArgs::parse_from_env()));
     let store = SeaOrmStore::connect(&cli.database_url).await?;
+    if let Command::Serve(args) = command {
+        return serve(store, args).await;
+    }
+    let admin = Admin::new(Arc::new(store));
     match command {
-        Command::Serve(args) => serve(store, args).await?,
-        Command::Keys {
-            action: KeysCommand::Revoke { key },
+        Command::Serve(_) => unreachable!("served above"),
+        Command::Keys { action } => keys(&admin, action).await?,
+        Command::Accounts { action } => match action {
+            AccountsCommand::Create {
+                name,
+                subscription,
+                topup,
+            } => {
+                let new = NewAccount {
+                    name,
+                    subscription,
+                    topup,
+                };
+                print_json(&admin.create_account(&new).await?)?;
+            }
+            AccountsCommand::List {
+                after,
+                limit,
+                search,
+            } => print_json(
+                &admin
+                    .accounts(after.map(AccountId), limit, search.as_deref())
+                    .await?,
+            )?,
+            AccountsCommand::Show { id } => print_json(&admin.account(AccountId(id)).await?)?,
+        },
+        Command::Grants {
+            action:
+                GrantsCommand::Add {
+                    account,
+                    bucket,
+                    credits,
+                    reason,
+                    idempotency_key,
+                },
         } => {
-            app::revoke(&store, &key).await?;
-            println!("revoked");
+            let mut grant = GrantRequest::new(bucket, Credits(credits));
+            grant.reason = reason;
+            let granted = admin
+                .grant(AccountId(account), &grant, idempotency_key.as_deref())
+                .await?;
+            print_json(&granted)?;
+        }
+        Command::Calls {
+            account,
+            limit,
+            before,
+            status,
+            model,
+        } => {
+            let filter = CallFilter {
+                limit,
+                before: before.map(CallId),
+                status,
+                model,
+            };
+            print_json(&admin.calls(AccountId(account), &filter).await?)?;
         }
         Command::Audit => {
-            let report = app::audit(&store).await?;
-            for line in &report.lines {
+            let report = admin.audit().await?;
+            for line in &report.accounts {
                 println!("{line}");
             }
-            let accounts = report.lines.len();
-            if report.failures > 0 {
+            let accounts = report.accounts.len();
+            if !report.ok {
+                let failures = report
+                    .accounts
+                    .iter()
+                    .filter(|line| line["ok"] != serde_json::Value::Bool(true))
+                    .count();
                 return Err(format!(
-                    "audit FAILED for {} of {accounts} accounts: balances differ from grants minus ok and pending charges",
-                    report.failures
+                    "audit FAILED for {failures} of {accounts} accounts: balances differ from grants minus ok and pending charges"
                 )
                 .into());
             }
@@ -257,45 +467,105 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Recover => {
             let args = ServeArgs::parse_from_env();
             let age = args.recovery_age(&load_catalogue(&args)?);
-            let refunded = model_gateway::recover_stale_reservations(&store, age).await?;
+            let refunded =
+                model_gateway::recover_stale_reservations(admin.store().as_ref(), age).await?;
             println!("refunded {} stale reservations", refunded.len());
-        }
-        Command::Keys {
-            action:
-                KeysCommand::Create {
-                    subscription,
-                    topup,
-                    name,
-                },
-        } => {
-            let key = app::create_key(&store, &name, subscription, topup).await?;
-            println!(
-                "created account `{name}` with {subscription} subscription and {topup} top-up credits"
-            );
-            println!("{}", key.reveal());
         }
         Command::Credits {
             action:
                 CreditsCommand::Add {
                     key,
+                    account,
                     subscription,
                     topup,
                 },
         } => {
-            let balance = app::add_credits(&store, &key, subscription, topup).await?;
+            let account = match (key, account) {
+                (Some(key), _) => admin.account_of_key(&key).await?,
+                (None, Some(account)) => AccountId(account),
+                (None, None) => return Err("give --key KEY or --account ID".into()),
+            };
+            let balance = admin.add_credits(account, subscription, topup).await?;
+            println!("{}", serde_json::to_string(&balance)?);
+        }
+        Command::Balance { key } => {
+            let account = admin.account_of_key(&key).await?;
             println!(
                 "{}",
-                serde_json::json!({
-                    "subscription": balance.subscription,
-                    "topup": balance.topup,
-                    "total": balance.total(),
-                })
+                serde_json::to_string(&admin.account(account).await?.balance)?
             );
         }
-        Command::Balance { key } => println!("{}", app::balance_json(&store, &key).await?),
         Command::Logs { key, limit } => {
-            let entries = app::logs(&store, &key, limit).await?;
-            println!("{}", serde_json::to_string_pretty(&entries)?);
+            let account = admin.account_of_key(&key).await?;
+            let filter = CallFilter {
+                limit: Some(limit),
+                ..CallFilter::default()
+            };
+            print_json(&admin.calls(account, &filter).await?.data)?;
+        }
+    }
+    Ok(())
+}
+
+async fn keys(
+    admin: &Admin<SeaOrmStore>,
+    action: KeysCommand,
+) -> Result<(), Box<dyn std::error::Error>> {
+    match action {
+        KeysCommand::Create {
+            subscription,
+            topup,
+            name,
+        } => {
+            let new = NewAccount {
+                name: name.clone(),
+                subscription,
+                topup,
+            };
+            let created = admin.create_account(&new).await?;
+            println!(
+                "created account `{name}` (id {}) with {subscription} subscription and {topup} top-up credits",
+                created.id.0
+            );
+            println!("{}", created.key);
+        }
+        KeysCommand::Revoke { key: Some(key), .. } => {
+            admin.revoke_clear_key(&key).await?;
+            println!("revoked");
+        }
+        KeysCommand::Revoke { id, .. } => {
+            let id = id.ok_or("give --key KEY or --id ID")?;
+            print_json(&admin.revoke_key(KeyId(id)).await?)?;
+        }
+        KeysCommand::Add { account } => print_json(&admin.create_key(AccountId(account)).await?)?,
+        KeysCommand::Update {
+            id,
+            models,
+            all_models,
+            expires_at,
+            no_expiry,
+            rpm,
+            no_rpm,
+        } => {
+            let expires_at = expires_at
+                .map(|at| chrono::DateTime::parse_from_rfc3339(&at))
+                .transpose()
+                .map_err(|error| format!("--expires-at: {error}"))?
+                .map(|at| at.with_timezone(&chrono::Utc));
+            let patch = KeyPatch {
+                models: if all_models {
+                    Some(None)
+                } else {
+                    models.map(Some)
+                },
+                expires_at: if no_expiry {
+                    Some(None)
+                } else {
+                    expires_at.map(Some)
+                },
+                rpm: if no_rpm { Some(None) } else { rpm.map(Some) },
+            };
+            print_json(&admin.update_key(KeyId(id), &patch).await?)?;
         }
     }
     Ok(())
@@ -344,27 +614,48 @@ async fn recover_periodically(store: Arc<SeaOrmStore>, older_than: std::time::Du
 
 async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let catalogue = Arc::new(load_catalogue(&args)?);
+    let store = Arc::new(store);
     let upstream = if args.mock {
-        if let Some(key) = app::ensure_demo_account(&store).await? {
+        if let Some(demo) = Admin::new(store.clone()).ensure_demo_account().await? {
             println!(
-                "created a demo account with {} credits; its key (shown once): {}",
-                app::DEMO_SUBSCRIPTION_CREDITS,
-                key.reveal()
+                "created a demo account with {DEMO_SUBSCRIPTION_CREDITS} credits; its key (shown once): {}",
+                demo.key
             );
         }
         Upstream::Mock(MockUpstream::new())
     } else {
         Upstream::Http(HttpUpstream::from_env(&catalogue)?)
     };
-    let store = Arc::new(store);
     let recovery = tokio::spawn(recover_periodically(
         store.clone(),
         args.recovery_age(&catalogue),
     ));
-    let router = app::router(store, catalogue.clone(), upstream, args.body_limits());
+    let admin_token = args
+        .admin_token
+        .clone()
+        .map(AdminToken::new)
+        .transpose()
+        .map_err(|error| format!("GATEWAY_ADMIN_TOKEN: {error}"))?;
+    let limiter = match &args.redis_url {
+        Some(url) => RateLimiter::redis(url, args.redis_prefix.clone())
+            .map_err(|error| format!("GATEWAY_REDIS_URL: {error}"))?,
+        None => RateLimiter::local(),
+    };
+    let mut gateway = Gateway::new(store, catalogue.clone(), upstream)
+        .body_limits(args.body_limits())
+        .rate_limiter(limiter)
+        .admin_token(admin_token.clone());
+    let metrics = match (&args.metrics_listen, &admin_token) {
+        (None, None) => None,
+        _ => Some(model_gateway::telemetry::install_prometheus()?),
+    };
+    if let (Some(metrics), Some(_)) = (&metrics, &admin_token) {
+        let metrics = metrics.clone();
+        gateway = gateway.metrics(move || metrics.render());
+    }
+    let router = gateway.router();
     let limits = args.server_limits();
-    if let Some(address) = &args.metrics_listen {
-        let metrics = model_gateway::telemetry::install_prometheus()?;
+    if let (Some(address), Some(metrics)) = (&args.metrics_listen, metrics) {
         let listener = tokio::net::TcpListener::bind(address).await?;
         tracing::info!(address = %listener.local_addr()?, "metrics at /metrics");
         let router = axum::Router::new().route(
@@ -384,6 +675,8 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
         %address,
         mock = args.mock,
         streaming = catalogue.streaming(),
+        admin_api = args.admin_token.is_some(),
+        shared_rate_limits = args.redis_url.is_some(),
         models = catalogue.models().count(),
         max_connections = limits.max_connections,
         "model-gateway listening on http://{address}"

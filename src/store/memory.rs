@@ -1,16 +1,17 @@
 //! An in-memory store: for embedding without a database, and the reference model the database
 //! backends are tested against. Nothing survives a restart.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use super::{
-    AccountId, Accounts, BalanceOverflow, CallFailure, CallId, CallLog, CallRecord, CallStatus,
-    CallSuccess, Caller, ChargeRequest, KeyId, KeyStore, Ledger, Reservation, ReserveError,
-    StoreError, check_grant_amount,
+    AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, ActiveKey, BalanceOverflow,
+    CallFailure, CallId, CallLog, CallQuery, CallRecord, CallStatus, CallSuccess, Caller,
+    ChargeRequest, Grant, Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, KeyStore,
+    Ledger, Reservation, ReserveError, StoreError, Sums, check_grant_amount,
 };
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
@@ -25,10 +26,40 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 struct State {
     balances: HashMap<AccountId, Balance>,
-    keys: HashMap<KeyHash, (Caller, bool)>,
-    revoked: HashSet<KeyId>,
+    accounts: BTreeMap<AccountId, AccountRow>,
+    keys: HashMap<KeyHash, KeyId>,
+    key_rows: BTreeMap<KeyId, KeyInfo>,
     calls: Vec<CallRecord>,
     next_key: i64,
+}
+
+#[derive(Debug)]
+struct AccountRow {
+    name: String,
+    created_at: DateTime<Utc>,
+    granted: Sums,
+    /// Idempotency keys of the grants applied, with what each granted.
+    grants_by_key: HashMap<String, (Bucket, Credits)>,
+}
+
+impl State {
+    fn summary(&self, id: AccountId) -> Option<AccountSummary> {
+        let row = self.accounts.get(&id)?;
+        Some(AccountSummary {
+            id,
+            name: row.name.clone(),
+            balance: self.balances.get(&id).copied().unwrap_or_default(),
+            created_at: row.created_at,
+        })
+    }
+
+    /// Whether the key was revoked (a key this store never saw is not: tests and examples
+    /// charge made-up callers).
+    fn key_revoked(&self, key: KeyId) -> bool {
+        self.key_rows
+            .get(&key)
+            .is_some_and(|info| info.revoked_at.is_some())
+    }
 }
 
 impl MemoryStore {
@@ -52,13 +83,20 @@ fn unknown_account(account: AccountId) -> StoreError {
 
 #[async_trait]
 impl KeyStore for MemoryStore {
-    async fn caller_for_key(&self, key: &KeyHash) -> Result<Option<Caller>, StoreError> {
-        Ok(self
-            .lock()
+    async fn active_key(&self, key: &KeyHash) -> Result<Option<ActiveKey>, StoreError> {
+        let state = self.lock();
+        Ok(state
             .keys
             .get(key)
-            .filter(|(_, active)| *active)
-            .map(|(caller, _)| *caller))
+            .and_then(|id| state.key_rows.get(id))
+            .filter(|info| info.revoked_at.is_none())
+            .map(|info| ActiveKey {
+                caller: Caller {
+                    account: info.account,
+                    key: info.id,
+                },
+                rules: info.rules.clone(),
+            }))
     }
 }
 
@@ -66,7 +104,7 @@ impl KeyStore for MemoryStore {
 impl Ledger for MemoryStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
         let mut state = self.lock();
-        if state.revoked.contains(&request.caller.key) {
+        if state.key_revoked(request.caller.key) {
             return Err(ReserveError::KeyRevoked);
         }
         let account = request.caller.account;
@@ -185,20 +223,21 @@ fn pending_call(state: &mut State, call: CallId) -> Option<&mut CallRecord> {
 
 #[async_trait]
 impl CallLog for MemoryStore {
-    async fn calls_before(
+    async fn calls(
         &self,
         account: AccountId,
-        before: Option<CallId>,
-        limit: u64,
+        query: CallQuery<'_>,
     ) -> Result<Vec<CallRecord>, StoreError> {
-        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let limit = usize::try_from(query.limit).unwrap_or(usize::MAX);
         Ok(self
             .lock()
             .calls
             .iter()
             .rev()
             .filter(|record| record.account == account)
-            .filter(|record| before.is_none_or(|before| record.id < before))
+            .filter(|record| query.before.is_none_or(|before| record.id < before))
+            .filter(|record| query.status.is_none_or(|status| record.status == status))
+            .filter(|record| query.model.is_none_or(|model| record.model == model))
             .take(limit)
             .cloned()
             .collect())
@@ -207,10 +246,19 @@ impl CallLog for MemoryStore {
 
 #[async_trait]
 impl Accounts for MemoryStore {
-    async fn create_account(&self, _name: &str) -> Result<AccountId, StoreError> {
+    async fn create_account(&self, name: &str) -> Result<AccountId, StoreError> {
         let mut state = self.lock();
         let account = AccountId(state.balances.len() as i64 + 1);
         state.balances.insert(account, Balance::default());
+        state.accounts.insert(
+            account,
+            AccountRow {
+                name: name.to_owned(),
+                created_at: Utc::now(),
+                granted: Sums::default(),
+                grants_by_key: HashMap::new(),
+            },
+        );
         Ok(account)
     }
 
@@ -221,48 +269,168 @@ impl Accounts for MemoryStore {
         }
         state.next_key += 1;
         let id = KeyId(state.next_key);
-        state
-            .keys
-            .insert(key.hash(), (Caller { account, key: id }, true));
+        state.keys.insert(key.hash(), id);
+        state.key_rows.insert(
+            id,
+            KeyInfo {
+                id,
+                account,
+                prefix: key.display_prefix().to_owned(),
+                rules: KeyRules::default(),
+                created_at: Utc::now(),
+                revoked_at: None,
+            },
+        );
         Ok(id)
     }
 
     async fn revoke_key(&self, key: &KeyHash) -> Result<bool, StoreError> {
         let mut state = self.lock();
-        let revoked = match state.keys.get_mut(key) {
-            Some((caller, active)) if *active => {
-                *active = false;
-                caller.key
-            }
-            _ => return Ok(false),
+        let Some(&id) = state.keys.get(key) else {
+            return Ok(false);
         };
-        state.revoked.insert(revoked);
-        Ok(true)
+        match state.key_rows.get_mut(&id) {
+            Some(info) if info.revoked_at.is_none() => {
+                info.revoked_at = Some(Utc::now());
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
-    async fn grant(
+    async fn revoke_key_id(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
+        let mut state = self.lock();
+        Ok(state.key_rows.get_mut(&key).map(|info| {
+            info.revoked_at.get_or_insert_with(Utc::now);
+            info.clone()
+        }))
+    }
+
+    async fn set_key_rules(
+        &self,
+        key: KeyId,
+        rules: &KeyRules,
+    ) -> Result<Option<KeyInfo>, StoreError> {
+        let mut state = self.lock();
+        Ok(state.key_rows.get_mut(&key).map(|info| {
+            info.rules = rules.clone();
+            info.clone()
+        }))
+    }
+
+    async fn key_info(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
+        Ok(self.lock().key_rows.get(&key).cloned())
+    }
+
+    async fn keys_of(&self, account: AccountId) -> Result<Vec<KeyInfo>, StoreError> {
+        Ok(self
+            .lock()
+            .key_rows
+            .values()
+            .filter(|info| info.account == account)
+            .cloned()
+            .collect())
+    }
+
+    async fn grant_once(
         &self,
         account: AccountId,
-        bucket: Bucket,
-        amount: Credits,
-    ) -> Result<Balance, StoreError> {
-        check_grant_amount(amount)?;
+        grant: Grant<'_>,
+    ) -> Result<Granted, StoreError> {
+        check_grant_amount(grant.amount)?;
         let mut state = self.lock();
-        let balance = state
+        let balance = *state
             .balances
-            .get_mut(&account)
+            .get(&account)
             .ok_or_else(|| unknown_account(account))?;
-        *balance = balance
-            .checked_grant(bucket, amount)
+        let row = state
+            .accounts
+            .get(&account)
+            .ok_or_else(|| unknown_account(account))?;
+        if let Some(key) = grant.idempotency_key
+            && let Some(&earlier) = row.grants_by_key.get(key)
+        {
+            if earlier != (grant.bucket, grant.amount) {
+                return Err(StoreError(Box::new(IdempotencyKeyReused {
+                    key: key.to_owned(),
+                })));
+            }
+            return Ok(Granted {
+                balance,
+                applied: false,
+            });
+        }
+        let granted = balance
+            .checked_grant(grant.bucket, grant.amount)
             .ok_or(BalanceOverflow {
                 account,
-                bucket,
-                amount,
+                bucket: grant.bucket,
+                amount: grant.amount,
             })?;
-        Ok(*balance)
+        state.balances.insert(account, granted);
+        let row = state
+            .accounts
+            .get_mut(&account)
+            .ok_or_else(|| unknown_account(account))?;
+        row.granted.add(grant.bucket, grant.amount);
+        if let Some(key) = grant.idempotency_key {
+            row.grants_by_key
+                .insert(key.to_owned(), (grant.bucket, grant.amount));
+        }
+        Ok(Granted {
+            balance: granted,
+            applied: true,
+        })
+    }
+
+    async fn account(&self, account: AccountId) -> Result<Option<AccountSummary>, StoreError> {
+        Ok(self.lock().summary(account))
+    }
+
+    async fn accounts(&self, query: AccountQuery<'_>) -> Result<Vec<AccountSummary>, StoreError> {
+        let state = self.lock();
+        let limit = usize::try_from(query.limit).unwrap_or(usize::MAX);
+        let matches = |id: AccountId, row: &AccountRow| {
+            query.search.is_none_or(|search| {
+                row.name.contains(search)
+                    || state.key_rows.values().any(|key| {
+                        key.account == id && !search.is_empty() && key.prefix.starts_with(search)
+                    })
+            })
+        };
+        Ok(state
+            .accounts
+            .iter()
+            .filter(|(id, _)| query.after.is_none_or(|after| **id > after))
+            .filter(|(id, row)| matches(**id, row))
+            .take(limit)
+            .filter_map(|(id, _)| state.summary(*id))
+            .collect())
     }
 
     async fn account_count(&self) -> Result<u64, StoreError> {
         Ok(self.lock().balances.len() as u64)
+    }
+
+    async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError> {
+        let state = self.lock();
+        let mut charged: HashMap<AccountId, Sums> = HashMap::new();
+        for call in &state.calls {
+            if call.status != CallStatus::Refunded {
+                let sums = charged.entry(call.account).or_default();
+                sums.add(Bucket::Subscription, call.charged_subscription);
+                sums.add(Bucket::Topup, call.charged_topup);
+            }
+        }
+        Ok(state
+            .accounts
+            .iter()
+            .map(|(id, row)| AccountAudit {
+                account: *id,
+                granted: row.granted,
+                charged: charged.get(id).copied().unwrap_or_default(),
+                balance: state.balances.get(id).copied().unwrap_or_default(),
+            })
+            .collect())
     }
 }

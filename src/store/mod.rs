@@ -7,7 +7,8 @@
 //!   [`refund`](Ledger::refund) it (`refunded`, credits back to the buckets they came from), each
 //!   once, guarded by the entry's status.
 //! - [`CallLog`]: reading the call log back.
-//! - [`Accounts`]: administration (accounts, keys, grants), used by tools rather than per call.
+//! - [`Accounts`]: administration (accounts, keys and their rules, grants, the audit), used by
+//!   the admin API and the command line rather than per call.
 //!
 //! Two implementations ship: [`SeaOrmStore`] (SQLite, PostgreSQL) and [`MemoryStore`], the
 //! reference model the database backends are tested against.
@@ -16,7 +17,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-pub use crate::call::{AccountId, CallId, Caller, KeyId, Reservation};
+pub use crate::call::{AccountId, CallId, Caller, KeyId, KeyRules, Reservation};
 use crate::credits::{Balance, Bucket, Credits};
 use crate::error::UpstreamError;
 use crate::keys::KeyHash;
@@ -24,10 +25,15 @@ use crate::protocol::Protocol;
 pub use crate::protocol::TokenUsage;
 
 mod memory;
+mod records;
 mod sea;
 
 pub use memory::MemoryStore;
-pub use sea::{AccountAudit, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore, Sums};
+pub use records::{
+    AccountAudit, AccountQuery, AccountSummary, CallQuery, Grant, Granted, IdempotencyKeyReused,
+    KeyInfo, KeyStatus, Sums,
+};
+pub use sea::{DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
 
 /// What [`Ledger::reserve`] is asked to charge.
 #[derive(Debug, Clone, Copy)]
@@ -164,12 +170,28 @@ pub enum ReserveError {
     Store(#[from] StoreError),
 }
 
+/// A key that authenticates: whose it is, and its rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveKey {
+    /// Who pays.
+    pub caller: Caller,
+    /// What the key may do.
+    pub rules: KeyRules,
+}
+
 /// Key lookup.
 #[async_trait]
 pub trait KeyStore: Send + Sync {
-    /// The caller a key belongs to; `None` for an unknown or revoked key. May answer from a
-    /// cache: [`Ledger::reserve`] is what refuses a key revoked since.
-    async fn caller_for_key(&self, key: &KeyHash) -> Result<Option<Caller>, StoreError>;
+    /// The key and its rules; `None` for an unknown or revoked key (an expired one is returned,
+    /// and refused by [`ApiKeyAuth`](crate::ApiKeyAuth)). May answer from a cache:
+    /// [`Ledger::reserve`] is what refuses a key revoked since, and rules changed on another
+    /// gateway are seen within the cache's lifetime.
+    async fn active_key(&self, key: &KeyHash) -> Result<Option<ActiveKey>, StoreError>;
+
+    /// The caller a key belongs to; `None` for an unknown or revoked key.
+    async fn caller_for_key(&self, key: &KeyHash) -> Result<Option<Caller>, StoreError> {
+        Ok(self.active_key(key).await?.map(|key| key.caller))
+    }
 }
 
 /// The credit ledger.
@@ -209,14 +231,28 @@ pub trait Ledger: Send + Sync {
 /// Reading the call log.
 #[async_trait]
 pub trait CallLog: Send + Sync {
+    /// One page of the account's call log, newest first, as `query` says.
+    async fn calls(
+        &self,
+        account: AccountId,
+        query: CallQuery<'_>,
+    ) -> Result<Vec<CallRecord>, StoreError>;
+
     /// The account's entries older than `before` (all of them when `None`), newest first, at
-    /// most `limit`: one page of its call log.
+    /// most `limit`.
     async fn calls_before(
         &self,
         account: AccountId,
         before: Option<CallId>,
         limit: u64,
-    ) -> Result<Vec<CallRecord>, StoreError>;
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        let query = CallQuery {
+            before,
+            limit,
+            ..CallQuery::default()
+        };
+        self.calls(account, query).await
+    }
 
     /// The account's newest entries, newest first.
     async fn recent_calls(
@@ -244,16 +280,54 @@ pub trait Accounts: Send + Sync {
     /// Refuses the key from now on. Returns `false` if no active key had that hash.
     async fn revoke_key(&self, key: &KeyHash) -> Result<bool, StoreError>;
 
+    /// Refuses the key from now on; `None` if there is no such key. Revoking a revoked key
+    /// changes nothing.
+    async fn revoke_key_id(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError>;
+
+    /// Replaces the key's rules; `None` if there is no such key.
+    async fn set_key_rules(
+        &self,
+        key: KeyId,
+        rules: &KeyRules,
+    ) -> Result<Option<KeyInfo>, StoreError>;
+
+    /// One key; `None` if there is no such key.
+    async fn key_info(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError>;
+
+    /// The account's keys, oldest first.
+    async fn keys_of(&self, account: AccountId) -> Result<Vec<KeyInfo>, StoreError>;
+
+    /// Adds credits to one bucket, recording the grant (and its reason) in the ledger, at most
+    /// once per idempotency key and account. `amount` must be positive. A key already used for
+    /// another grant is refused with [`IdempotencyKeyReused`].
+    async fn grant_once(&self, account: AccountId, grant: Grant<'_>)
+    -> Result<Granted, StoreError>;
+
     /// Adds credits to one bucket, recording the grant in the ledger. `amount` must be positive.
     async fn grant(
         &self,
         account: AccountId,
         bucket: Bucket,
         amount: Credits,
-    ) -> Result<Balance, StoreError>;
+    ) -> Result<Balance, StoreError> {
+        let granted = self
+            .grant_once(account, Grant::plain(bucket, amount))
+            .await?;
+        Ok(granted.balance)
+    }
+
+    /// One account; `None` if there is no such account.
+    async fn account(&self, account: AccountId) -> Result<Option<AccountSummary>, StoreError>;
+
+    /// One page of accounts, as `query` says.
+    async fn accounts(&self, query: AccountQuery<'_>) -> Result<Vec<AccountSummary>, StoreError>;
 
     /// How many accounts exist.
     async fn account_count(&self) -> Result<u64, StoreError>;
+
+    /// Checks every account: granted credits minus the charges of `ok` and `pending` calls must
+    /// equal the balance, bucket by bucket, and no bucket may be negative.
+    async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError>;
 
     /// Whether the store can be reached now (for a readiness probe). The default says yes.
     async fn ready(&self) -> Result<(), StoreError> {

@@ -24,23 +24,24 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::Utc;
-use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
-    DatabaseTransaction, DbErr, EntityTrait, NotSet, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect, Set, TransactionTrait,
+    ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
+    DatabaseTransaction, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    TransactionTrait,
 };
 use sea_orm_migration::MigratorTrait;
 
 use super::{
-    AccountId, Accounts, BalanceOverflow, CallFailure, CallId, CallLog, CallRecord, CallStatus,
-    CallSuccess, Caller, ChargeRequest, KeyId, KeyStore, Ledger, Reservation, ReserveError,
-    StoreError, check_grant_amount,
+    AccountAudit, AccountId, ActiveKey, CallFailure, CallId, CallLog, CallQuery, CallRecord,
+    CallStatus, CallSuccess, Caller, ChargeRequest, KeyId, KeyStore, Ledger, Reservation,
+    ReserveError, StoreError, Sums,
 };
 use crate::credits::{Balance, Bucket, Credits};
-use crate::keys::{KeyHash, NewApiKey};
+use crate::keys::KeyHash;
 use crate::protocol::Protocol;
 
+mod accounts;
 mod batch;
 mod batches;
 mod entity;
@@ -176,9 +177,14 @@ impl SeaOrmStore {
         begin_write(&self.db).await
     }
 
-    /// Checks every account: granted credits minus the charges of `ok` and `pending` calls must
-    /// equal the balance, bucket by bucket, and no bucket may be negative.
-    pub async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError> {
+    /// The same store trusting remembered keys' rules for `ttl` (default five seconds): how
+    /// soon rules changed on another gateway sharing the database apply here.
+    pub fn with_key_rules_ttl(mut self, ttl: std::time::Duration) -> SeaOrmStore {
+        self.keys = Arc::new(KeyCache::with_ttl(ttl));
+        self
+    }
+
+    async fn audit_accounts(&self) -> Result<Vec<AccountAudit>, StoreError> {
         let mut audits: Vec<AccountAudit> = account::Entity::find()
             .order_by_asc(account::Column::Id)
             .all(&self.db)
@@ -259,59 +265,6 @@ impl SeaOrmStore {
             };
         }
         Ok(audits)
-    }
-}
-
-/// One account's audit: what was granted, what `ok` and `pending` calls took, what is left.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AccountAudit {
-    /// The account.
-    pub account: AccountId,
-    /// Sum of grants, per bucket (exact: it may pass what one balance can hold).
-    pub granted: Sums,
-    /// Sum of what `ok` and `pending` calls took, per bucket (exact).
-    pub charged: Sums,
-    /// The stored balance.
-    pub balance: Balance,
-}
-
-/// Exact sums of credits, per bucket, wider than one balance.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Sums {
-    /// Subscription credits.
-    pub subscription: i128,
-    /// Top-up credits.
-    pub topup: i128,
-}
-
-impl AccountAudit {
-    /// `granted - charged == balance` in both buckets, neither bucket negative, and the two
-    /// together representable.
-    pub fn holds(&self) -> bool {
-        self.problem().is_none()
-    }
-
-    /// What is wrong with this account's books, if anything.
-    pub fn problem(&self) -> Option<&'static str> {
-        let Balance {
-            subscription,
-            topup,
-        } = self.balance;
-        if subscription < Credits::ZERO || topup < Credits::ZERO {
-            return Some("a bucket is negative");
-        }
-        if self.balance.checked_total().is_none() {
-            return Some(
-                "the two buckets together cannot be represented (past the largest balance)",
-            );
-        }
-        let left = |granted: i128, charged: i128| granted - charged;
-        if left(self.granted.subscription, self.charged.subscription) != i128::from(subscription.0)
-            || left(self.granted.topup, self.charged.topup) != i128::from(topup.0)
-        {
-            return Some("the balance differs from grants minus ok and pending charges");
-        }
-        None
     }
 }
 
@@ -412,27 +365,27 @@ async fn locked_account<C: ConnectionTrait>(
 impl KeyStore for SeaOrmStore {
     /// Answers from the store's cache of active keys when it can (see [`Ledger::reserve`] for
     /// how a key revoked since is refused).
-    async fn caller_for_key(&self, key: &KeyHash) -> Result<Option<Caller>, StoreError> {
-        if let Some(caller) = self.keys.get(key) {
-            return Ok(Some(caller));
+    async fn active_key(&self, key: &KeyHash) -> Result<Option<ActiveKey>, StoreError> {
+        if let Some(active) = self.keys.get(key) {
+            return Ok(Some(active));
         }
-        let found: Option<(i64, i64)> = api_key::Entity::find()
-            .select_only()
-            .column(api_key::Column::Id)
-            .column(api_key::Column::AccountId)
+        let found = api_key::Entity::find()
             .filter(api_key::Column::KeyHash.eq(key.as_str()))
             .filter(api_key::Column::RevokedAt.is_null())
-            .into_tuple()
             .one(&self.db)
             .await?;
-        let caller = found.map(|(id, account)| Caller {
-            account: AccountId(account),
-            key: KeyId(id),
-        });
-        if let Some(caller) = caller {
-            self.keys.remember(key, caller);
-        }
-        Ok(caller)
+        let Some(row) = found else {
+            return Ok(None);
+        };
+        let active = ActiveKey {
+            caller: Caller {
+                account: AccountId(row.account_id),
+                key: KeyId(row.id),
+            },
+            rules: accounts::key_rules(&row)?,
+        };
+        self.keys.remember(key, active.clone());
+        Ok(Some(active))
     }
 }
 
@@ -524,143 +477,28 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
 
 #[async_trait]
 impl CallLog for SeaOrmStore {
-    async fn calls_before(
+    async fn calls(
         &self,
         account: AccountId,
-        before: Option<CallId>,
-        limit: u64,
+        query: CallQuery<'_>,
     ) -> Result<Vec<CallRecord>, StoreError> {
-        let mut query = call::Entity::find().filter(call::Column::AccountId.eq(account.0));
-        if let Some(before) = before {
-            query = query.filter(call::Column::Id.lt(before.0));
+        let mut select = call::Entity::find().filter(call::Column::AccountId.eq(account.0));
+        if let Some(before) = query.before {
+            select = select.filter(call::Column::Id.lt(before.0));
         }
-        query
+        if let Some(status) = query.status {
+            select = select.filter(call::Column::Status.eq(status.as_str()));
+        }
+        if let Some(model) = query.model {
+            select = select.filter(call::Column::Model.eq(model));
+        }
+        select
             .order_by_desc(call::Column::Id)
-            .limit(limit)
+            .limit(query.limit)
             .all(&self.db)
             .await?
             .into_iter()
             .map(call_record)
             .collect()
-    }
-}
-
-#[async_trait]
-impl Accounts for SeaOrmStore {
-    async fn create_account(&self, name: &str) -> Result<AccountId, StoreError> {
-        let row = account::ActiveModel {
-            id: NotSet,
-            name: Set(name.to_owned()),
-            subscription_credits: Set(0),
-            topup_credits: Set(0),
-            created_at: Set(Utc::now()),
-        };
-        let id = account::Entity::insert(row)
-            .exec(&self.db)
-            .await?
-            .last_insert_id;
-        Ok(AccountId(id))
-    }
-
-    async fn add_key(&self, account: AccountId, key: &NewApiKey) -> Result<KeyId, StoreError> {
-        let row = api_key::ActiveModel {
-            id: NotSet,
-            account_id: Set(account.0),
-            key_hash: Set(key.hash().as_str().to_owned()),
-            display_prefix: Set(key.display_prefix().to_owned()),
-            revoked_at: Set(None),
-            created_at: Set(Utc::now()),
-        };
-        let id = api_key::Entity::insert(row)
-            .exec(&self.db)
-            .await?
-            .last_insert_id;
-        Ok(KeyId(id))
-    }
-
-    async fn revoke_key(&self, key: &KeyHash) -> Result<bool, StoreError> {
-        let revoked = api_key::Entity::update_many()
-            .col_expr(api_key::Column::RevokedAt, Expr::value(Utc::now()))
-            .filter(api_key::Column::KeyHash.eq(key.as_str()))
-            .filter(api_key::Column::RevokedAt.is_null())
-            .exec(&self.db)
-            .await?;
-        self.keys.forget(key);
-        Ok(revoked.rows_affected > 0)
-    }
-
-    async fn grant(
-        &self,
-        account: AccountId,
-        bucket: Bucket,
-        amount: Credits,
-    ) -> Result<Balance, StoreError> {
-        check_grant_amount(amount)?;
-        let txn = self.begin_write().await?;
-        let (column, other) = match bucket {
-            Bucket::Subscription => (
-                account::Column::SubscriptionCredits,
-                account::Column::TopupCredits,
-            ),
-            Bucket::Topup => (
-                account::Column::TopupCredits,
-                account::Column::SubscriptionCredits,
-            ),
-        };
-        // Neither the bucket nor the total may pass the largest balance; written so that no
-        // step of the check can overflow itself (every bucket is >= 0).
-        let room = Credits::MAX.0 - amount.0;
-        let credited = account::Entity::update_many()
-            .col_expr(column, Expr::col(column).add(amount.0))
-            .filter(account::Column::Id.eq(account.0))
-            .filter(Expr::col(column).lte(room))
-            .filter(Expr::col(other).lte(Expr::val(room).sub(Expr::col(column))))
-            .exec(&txn)
-            .await?;
-        if credited.rows_affected != 1 {
-            let exists = account::Entity::find_by_id(account.0)
-                .one(&txn)
-                .await?
-                .is_some();
-            txn.rollback().await?;
-            return Err(if exists {
-                BalanceOverflow {
-                    account,
-                    bucket,
-                    amount,
-                }
-                .into()
-            } else {
-                unknown_account(account)
-            });
-        }
-        credit_grant::ActiveModel {
-            id: NotSet,
-            account_id: Set(account.0),
-            bucket: Set(bucket.as_str().to_owned()),
-            amount: Set(amount.0),
-            created_at: Set(Utc::now()),
-        }
-        .insert(&txn)
-        .await?;
-        let balance = balance_of(&locked_account(&txn, account).await?);
-        txn.commit().await?;
-        Ok(balance)
-    }
-
-    async fn account_count(&self) -> Result<u64, StoreError> {
-        Ok(account::Entity::find().count(&self.db).await?)
-    }
-
-    async fn ready(&self) -> Result<(), StoreError> {
-        // A store that cannot be reached makes the pool wait for its connect time-out: answer
-        // within a few seconds either way.
-        let ping = self.db.execute_unprepared("SELECT 1");
-        match tokio::time::timeout(READY_WITHIN, ping).await {
-            Ok(pinged) => pinged.map(|_| ()).map_err(Into::into),
-            Err(_) => Err(StoreError::msg(format!(
-                "the database did not answer within {READY_WITHIN:?}"
-            ))),
-        }
     }
 }

@@ -20,6 +20,12 @@ pub struct Model {
     pub revoked_at: Option<DateTimeUtc>,
     /// Creation time.
     pub created_at: DateTimeUtc,
+    /// The models the key may call, as a JSON array of names; `NULL`: all.
+    pub models: Option<String>,
+    /// When the key stops working; `NULL`: never.
+    pub expires_at: Option<DateTimeUtc>,
+    /// Requests per minute; `NULL`: no limit.
+    pub rpm: Option<i32>,
 }
 
 /// No relations are navigated through the ORM.

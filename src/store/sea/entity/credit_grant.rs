@@ -18,6 +18,10 @@ pub struct Model {
     pub amount: i64,
     /// When.
     pub created_at: DateTimeUtc,
+    /// Why, for the books.
+    pub reason: Option<String>,
+    /// Unique per account: a grant sent again with the same key is not applied again.
+    pub idempotency_key: Option<String>,
 }
 
 /// No relations are navigated through the ORM.

@@ -60,7 +60,7 @@ enum MgCalls {
 
 /// A point in time: `timestamptz` on PostgreSQL, text on SQLite, and `DATETIME(6)` on MySQL,
 /// whose `TIMESTAMP` ends in 2038 and may update itself.
-fn moment<T: IntoIden>(manager: &SchemaManager, column: T, nullable: bool) -> ColumnDef {
+pub(super) fn moment<T: IntoIden>(manager: &SchemaManager, column: T, nullable: bool) -> ColumnDef {
     let mut definition = ColumnDef::new(column);
     if manager.get_database_backend() == sea_orm::DbBackend::MySql {
         definition.custom("DATETIME(6)".into_iden());

@@ -6,6 +6,7 @@ use sea_orm_migration::prelude::*;
 mod m20261122_000001_create_ledger;
 mod m20261122_000002_add_call_channel;
 mod m20261123_000001_add_call_request_id;
+mod m20261123_000002_key_rules_and_grant_records;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -23,6 +24,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261122_000001_create_ledger::Migration),
             Box::new(m20261122_000002_add_call_channel::Migration),
             Box::new(m20261123_000001_add_call_request_id::Migration),
+            Box::new(m20261123_000002_key_rules_and_grant_records::Migration),
         ]
     }
 

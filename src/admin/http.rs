@@ -1,0 +1,285 @@
+//! The admin HTTP API: the [`Admin`] operations as JSON resources under `/admin`, for the
+//! holder of the admin token only.
+//!
+//! | Method and path | Body | Answer |
+//! |---|---|---|
+//! | `POST /admin/accounts` | `{"name", "subscription", "topup"}` | `201` [`CreatedAccount`](super::CreatedAccount) (the key, shown once) |
+//! | `GET /admin/accounts?limit=&after=&search=` | | [`AccountList`](super::AccountList) |
+//! | `GET /admin/accounts/{id}` | | [`AccountView`](super::AccountView) (balance and keys) |
+//! | `POST /admin/accounts/{id}/keys` | | `201` [`CreatedKey`](super::CreatedKey) |
+//! | `POST /admin/accounts/{id}/grants` | `{"bucket", "credits", "reason"}`; header `Idempotency-Key` | [`GrantView`](super::GrantView) |
+//! | `GET /admin/accounts/{id}/calls?limit=&before=&status=&model=` | | [`CallList`](super::CallList) |
+//! | `PATCH /admin/keys/{id}` | any of `{"models", "expires_at", "rpm"}` | [`KeyView`](super::KeyView) |
+//! | `POST /admin/keys/{id}/revoke` | | [`KeyView`](super::KeyView) |
+//! | `GET /admin/audit` | | [`AuditView`](super::AuditView), `200` whether or not it holds |
+//!
+//! Every request needs `Authorization: Bearer <admin token>` (compared in constant time);
+//! anything else is `401 {"detail":"无效的管理员令牌"}`. Unknown accounts and keys are `404`, a
+//! bad field `400` naming it, a reused idempotency key `422`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, patch, post};
+use bytes::Bytes;
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+
+use super::{Admin, AdminError, CallFilter, GrantRequest, KeyPatch, NewAccount};
+use crate::error::GatewayError;
+use crate::store::{AccountId, CallId, CallStatus, KeyId, Store};
+
+/// Shortest admin token accepted: guessing it must be out of reach.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// The secret that opens the admin API. Its `Debug` never shows it.
+#[derive(Clone)]
+pub struct AdminToken(Arc<str>);
+
+impl AdminToken {
+    /// The token, if it is at least [`MIN_ADMIN_TOKEN_CHARS`] characters long.
+    pub fn new(token: impl Into<String>) -> Result<AdminToken, crate::BoxError> {
+        let token = token.into();
+        if token.chars().count() < MIN_ADMIN_TOKEN_CHARS {
+            return Err(format!(
+                "the admin token must be at least {MIN_ADMIN_TOKEN_CHARS} characters long"
+            )
+            .into());
+        }
+        Ok(AdminToken(token.into()))
+    }
+
+    /// Whether the request carries `Authorization: Bearer <this token>`.
+    fn opens(&self, headers: &HeaderMap) -> bool {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        presented.is_some_and(|presented| bool::from(presented.as_bytes().ct_eq(self.0.as_bytes())))
+    }
+}
+
+/// Lets through only requests carrying the admin token.
+async fn require_token(State(token): State<AdminToken>, request: Request, next: Next) -> Response {
+    if token.opens(request.headers()) {
+        next.run(request).await
+    } else {
+        refuse(GatewayError::InvalidAdminToken)
+    }
+}
+
+/// `GET /metrics` (Prometheus text, from `render`) behind the admin token, for an operator who
+/// scrapes the gateway's own address rather than a separate one.
+pub fn metrics_router<F>(render: F, token: AdminToken) -> Router
+where
+    F: Fn() -> String + Clone + Send + Sync + 'static,
+{
+    Router::new()
+        .route("/metrics", get(move || async move { render() }))
+        .route_layer(middleware::from_fn_with_state(token, require_token))
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AdminToken(..)")
+    }
+}
+
+fn refuse(error: GatewayError) -> Response {
+    error.into_response::<axum::body::Body>()
+}
+
+fn answer<T: Serialize>(status: StatusCode, result: Result<T, AdminError>) -> Response {
+    match result {
+        Ok(value) => (status, axum::Json(value)).into_response(),
+        Err(error) => refuse(error.into_refusal()),
+    }
+}
+
+fn json_body(body: &Bytes) -> Result<serde_json::Value, GatewayError> {
+    serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)
+}
+
+fn account_id(id: &str) -> Result<AccountId, GatewayError> {
+    id.parse()
+        .map(AccountId)
+        .map_err(|_| GatewayError::NoSuchAccount)
+}
+
+fn key_id(id: &str) -> Result<KeyId, GatewayError> {
+    id.parse().map(KeyId).map_err(|_| GatewayError::NoSuchKey)
+}
+
+/// A query parameter as a number, the field named when it is not one.
+fn number(
+    query: &HashMap<String, String>,
+    field: &'static str,
+) -> Result<Option<i64>, GatewayError> {
+    query
+        .get(field)
+        .map(|value| {
+            value.parse().map_err(|_| GatewayError::InvalidField {
+                field: field.into(),
+                reason: "必须是整数",
+            })
+        })
+        .transpose()
+}
+
+fn limit(query: &HashMap<String, String>) -> Result<Option<u64>, GatewayError> {
+    number(query, "limit")?
+        .map(|limit| {
+            u64::try_from(limit).map_err(|_| GatewayError::InvalidField {
+                field: "limit".into(),
+                reason: "必须是正整数",
+            })
+        })
+        .transpose()
+}
+
+/// The admin API over `admin`, opened by `token`; see the module docs. Merge it into the
+/// gateway's router only when an admin token is configured: without one, `/admin` does not
+/// exist.
+pub fn router<S: Store + 'static>(admin: Admin<S>, token: AdminToken) -> Router {
+    Router::new()
+        .route(
+            "/admin/accounts",
+            post(create_account::<S>).get(list_accounts::<S>),
+        )
+        .route("/admin/accounts/{id}", get(one_account::<S>))
+        .route("/admin/accounts/{id}/keys", post(create_key::<S>))
+        .route("/admin/accounts/{id}/grants", post(grant::<S>))
+        .route("/admin/accounts/{id}/calls", get(calls::<S>))
+        .route("/admin/keys/{id}", patch(update_key::<S>))
+        .route("/admin/keys/{id}/revoke", post(revoke_key::<S>))
+        .route("/admin/audit", get(audit::<S>))
+        .method_not_allowed_fallback(|| async {
+            let mut answer = refuse(GatewayError::MethodNotAllowed);
+            answer.headers_mut().remove(header::ALLOW);
+            answer
+        })
+        .route_layer(middleware::from_fn_with_state(token, require_token))
+        .with_state(admin)
+}
+
+async fn create_account<S: Store>(State(admin): State<Admin<S>>, body: Bytes) -> Response {
+    let new = match json_body(&body).and_then(|body| NewAccount::from_json(&body)) {
+        Ok(new) => new,
+        Err(refusal) => return refuse(refusal),
+    };
+    answer(StatusCode::CREATED, admin.create_account(&new).await)
+}
+
+async fn list_accounts<S: Store>(
+    State(admin): State<Admin<S>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let page = number(&query, "after").and_then(|after| Ok((after, limit(&query)?)));
+    let (after, limit) = match page {
+        Ok(page) => page,
+        Err(refusal) => return refuse(refusal),
+    };
+    let search = query.get("search").map(String::as_str);
+    answer(
+        StatusCode::OK,
+        admin.accounts(after.map(AccountId), limit, search).await,
+    )
+}
+
+async fn one_account<S: Store>(State(admin): State<Admin<S>>, Path(id): Path<String>) -> Response {
+    match account_id(&id) {
+        Ok(account) => answer(StatusCode::OK, admin.account(account).await),
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+async fn create_key<S: Store>(State(admin): State<Admin<S>>, Path(id): Path<String>) -> Response {
+    match account_id(&id) {
+        Ok(account) => answer(StatusCode::CREATED, admin.create_key(account).await),
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+async fn grant<S: Store>(
+    State(admin): State<Admin<S>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let read = account_id(&id).and_then(|account| {
+        let grant = GrantRequest::from_json(&json_body(&body)?)?;
+        let key = match headers.get("idempotency-key") {
+            None => None,
+            Some(key) => Some(key.to_str().map_err(|_| GatewayError::InvalidField {
+                field: "Idempotency-Key".into(),
+                reason: "必须是可见 ASCII 字符",
+            })?),
+        };
+        Ok((account, grant, key))
+    });
+    match read {
+        Ok((account, grant, key)) => {
+            answer(StatusCode::OK, admin.grant(account, &grant, key).await)
+        }
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+async fn calls<S: Store>(
+    State(admin): State<Admin<S>>,
+    Path(id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let read = account_id(&id).and_then(|account| {
+        let status = query
+            .get("status")
+            .map(|status| {
+                CallStatus::parse(status).ok_or(GatewayError::InvalidField {
+                    field: "status".into(),
+                    reason: "必须是 pending, ok 或 refunded",
+                })
+            })
+            .transpose()?;
+        let filter = CallFilter {
+            limit: limit(&query)?,
+            before: number(&query, "before")?.map(CallId),
+            status,
+            model: query.get("model").cloned(),
+        };
+        Ok((account, filter))
+    });
+    match read {
+        Ok((account, filter)) => answer(StatusCode::OK, admin.calls(account, &filter).await),
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+async fn update_key<S: Store>(
+    State(admin): State<Admin<S>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Response {
+    let read = key_id(&id).and_then(|key| Ok((key, KeyPatch::from_json(&json_body(&body)?)?)));
+    match read {
+        Ok((key, patch)) => answer(StatusCode::OK, admin.update_key(key, &patch).await),
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+async fn revoke_key<S: Store>(State(admin): State<Admin<S>>, Path(id): Path<String>) -> Response {
+    match key_id(&id) {
+        Ok(key) => answer(StatusCode::OK, admin.revoke_key(key).await),
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+async fn audit<S: Store>(State(admin): State<Admin<S>>) -> Response {
+    answer(StatusCode::OK, admin.audit().await)
+}

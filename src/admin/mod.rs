@@ -1,0 +1,626 @@
+//! Running the gateway as a business: the operator's operations on accounts, keys, grants, the
+//! call log and the audit, in one place that both the admin HTTP API ([`router`], feature
+//! `api`) and a command line call, so that the two always agree.
+//!
+//! Every operation takes and returns plain types ([`NewAccount`], [`KeyPatch`],
+//! [`GrantRequest`]; [`AccountView`], [`KeyView`], ...) whose JSON is what the API answers and
+//! what the example's command line prints. A refusal is a [`GatewayError`] (`404 账户不存在`,
+//! `400` naming the field, ...); a store failure is kept whole for the operator's log.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use model_gateway::admin::{Admin, GrantRequest, NewAccount};
+//! use model_gateway::{Bucket, Credits, MemoryStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let admin = Admin::new(Arc::new(MemoryStore::new()));
+//! let created = admin
+//!     .create_account(&NewAccount { name: "alice".into(), subscription: 100, topup: 0 })
+//!     .await
+//!     .unwrap();
+//! assert!(created.key.starts_with("sk-mg-"));
+//!
+//! let grant = GrantRequest::new(Bucket::Topup, Credits(50)).reason("pack bought");
+//! let granted = admin.grant(created.id, &grant, Some("order-17")).await.unwrap();
+//! let again = admin.grant(created.id, &grant, Some("order-17")).await.unwrap();
+//! assert_eq!(granted.balance.total, Credits(150));
+//! assert_eq!(again.balance.total, Credits(150)); // applied once
+//! assert!(!again.applied);
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::call::KeyRules;
+use crate::catalogue::Catalogue;
+use crate::credits::{Balance, Bucket, Credits};
+use crate::error::GatewayError;
+use crate::keys::{KeyHash, NewApiKey};
+use crate::store::{
+    AccountAudit, AccountId, AccountQuery, AccountSummary, BalanceOverflow, CallId, CallQuery,
+    CallRecord, CallStatus, Grant, IdempotencyKeyReused, KeyId, KeyInfo, KeyStatus, Store,
+    StoreError,
+};
+
+#[cfg(feature = "api")]
+mod http;
+mod requests;
+
+#[cfg(feature = "api")]
+pub use http::{AdminToken, MIN_ADMIN_TOKEN_CHARS, metrics_router, router};
+pub use requests::{GrantRequest, KeyPatch, NewAccount};
+
+/// Credits given to the demo account that mock mode creates on an empty database.
+pub const DEMO_SUBSCRIPTION_CREDITS: i64 = 1_000;
+
+/// Default and largest page of the listings.
+pub const DEFAULT_PAGE: u64 = 20;
+/// The largest page of the listings.
+pub const LARGEST_PAGE: u64 = 1000;
+
+/// An operation that could not be done: refused (with the status and text the API answers), or
+/// failed in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// Refused: unknown account or key, a bad field, a grant past the largest balance, an
+    /// idempotency key reused.
+    #[error(transparent)]
+    Refused(GatewayError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl From<GatewayError> for AdminError {
+    fn from(refusal: GatewayError) -> AdminError {
+        AdminError::Refused(refusal)
+    }
+}
+
+impl From<StoreError> for AdminError {
+    fn from(error: StoreError) -> AdminError {
+        // Refusals the store found are the operator's to fix, not outages.
+        if error.0.downcast_ref::<BalanceOverflow>().is_some() {
+            return AdminError::Refused(GatewayError::BalanceOverflow);
+        }
+        if error.0.downcast_ref::<IdempotencyKeyReused>().is_some() {
+            return AdminError::Refused(GatewayError::IdempotencyKeyReused);
+        }
+        AdminError::Store(error)
+    }
+}
+
+impl AdminError {
+    /// What the API answers: the refusal, or `503` for a store failure (logged here).
+    pub fn into_refusal(self) -> GatewayError {
+        match self {
+            AdminError::Refused(refusal) => refusal,
+            AdminError::Store(error) => {
+                tracing::error!(%error, "admin operation failed in the store");
+                GatewayError::StoreUnavailable
+            }
+        }
+    }
+}
+
+/// An account's credits as the API shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BalanceView {
+    /// Subscription credits left.
+    pub subscription: Credits,
+    /// Top-up credits left.
+    pub topup: Credits,
+    /// Both together.
+    pub total: Credits,
+}
+
+impl From<Balance> for BalanceView {
+    fn from(balance: Balance) -> BalanceView {
+        BalanceView {
+            subscription: balance.subscription,
+            topup: balance.topup,
+            total: balance.total(),
+        }
+    }
+}
+
+/// One key as the API shows it (never the key itself).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyView {
+    /// The key's id.
+    pub id: KeyId,
+    /// Its account.
+    pub account: AccountId,
+    /// Its first characters.
+    pub prefix: String,
+    /// `active`, `expired` or `revoked`.
+    pub status: KeyStatus,
+    /// The models it may call; `null`: all.
+    pub models: Option<Vec<String>>,
+    /// When it stops working; `null`: never.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Its requests per minute; `null`: no limit.
+    pub rpm: Option<u32>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it was revoked.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl KeyView {
+    fn of(info: KeyInfo, now: DateTime<Utc>) -> KeyView {
+        KeyView {
+            id: info.id,
+            account: info.account,
+            status: info.status(now),
+            models: info.rules.models.as_deref().map(<[String]>::to_vec),
+            expires_at: info.rules.expires_at,
+            rpm: info.rules.rpm,
+            prefix: info.prefix,
+            created_at: info.created_at,
+            revoked_at: info.revoked_at,
+        }
+    }
+}
+
+/// An account as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AccountListItem {
+    /// The account's id.
+    pub id: AccountId,
+    /// Its name.
+    pub name: String,
+    /// Its credits.
+    pub balance: BalanceView,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+}
+
+impl From<AccountSummary> for AccountListItem {
+    fn from(summary: AccountSummary) -> AccountListItem {
+        AccountListItem {
+            id: summary.id,
+            name: summary.name,
+            balance: summary.balance.into(),
+            created_at: summary.created_at,
+        }
+    }
+}
+
+/// One account with its keys.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AccountView {
+    /// The account's id.
+    pub id: AccountId,
+    /// Its name.
+    pub name: String,
+    /// Its credits.
+    pub balance: BalanceView,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// Its keys, oldest first.
+    pub keys: Vec<KeyView>,
+}
+
+/// A page of accounts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AccountList {
+    /// The accounts, ascending by id.
+    pub data: Vec<AccountListItem>,
+    /// Whether there are more after this page.
+    pub has_more: bool,
+    /// The `after` that asks for the next page.
+    pub next_after: Option<AccountId>,
+}
+
+/// A new account and its first key, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CreatedAccount {
+    /// The account's id.
+    pub id: AccountId,
+    /// Its name.
+    pub name: String,
+    /// Its first key, in clear: shown this once.
+    pub key: String,
+    /// The key's id.
+    pub key_id: KeyId,
+    /// Its credits.
+    pub balance: BalanceView,
+}
+
+/// A new key, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CreatedKey {
+    /// The key's id.
+    pub id: KeyId,
+    /// The key in clear: shown this once.
+    pub key: String,
+    /// Its first characters, as listings show them.
+    pub prefix: String,
+    /// Its account.
+    pub account: AccountId,
+}
+
+/// What a grant did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GrantView {
+    /// The account.
+    pub account: AccountId,
+    /// Its credits afterwards.
+    pub balance: BalanceView,
+    /// `false` when the same idempotency key had been applied before and nothing moved.
+    pub applied: bool,
+}
+
+/// A page of the call log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CallList {
+    /// Always `"list"`.
+    pub object: &'static str,
+    /// The entries, newest first.
+    pub data: Vec<CallRecord>,
+    /// Whether there are older entries.
+    pub has_more: bool,
+    /// The `before` that asks for the next page.
+    pub next_before: Option<CallId>,
+}
+
+/// The audit: whether every account's books balance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AuditView {
+    /// `true` when every account's books balance.
+    pub ok: bool,
+    /// One line per account.
+    pub accounts: Vec<serde_json::Value>,
+}
+
+/// Which calls [`Admin::calls`] lists.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallFilter {
+    /// Most entries (default [`DEFAULT_PAGE`], at most [`LARGEST_PAGE`]).
+    pub limit: Option<u64>,
+    /// Entries older than this one.
+    pub before: Option<CallId>,
+    /// Only this status.
+    pub status: Option<CallStatus>,
+    /// Only this model.
+    pub model: Option<String>,
+}
+
+/// The operator's operations over a store; see the module docs.
+#[derive(Debug)]
+pub struct Admin<S> {
+    store: Arc<S>,
+    catalogue: Option<Arc<Catalogue>>,
+}
+
+impl<S> Clone for Admin<S> {
+    fn clone(&self) -> Self {
+        Admin {
+            store: self.store.clone(),
+            catalogue: self.catalogue.clone(),
+        }
+    }
+}
+
+fn page_size(limit: Option<u64>) -> u64 {
+    limit.unwrap_or(DEFAULT_PAGE).clamp(1, LARGEST_PAGE)
+}
+
+impl<S: Store> Admin<S> {
+    /// Operations on `store`.
+    pub fn new(store: Arc<S>) -> Admin<S> {
+        Admin {
+            store,
+            catalogue: None,
+        }
+    }
+
+    /// Checks the models that keys are limited to against `catalogue` (an unknown name is a
+    /// `400` rather than a key that can call nothing).
+    #[must_use]
+    pub fn with_catalogue(mut self, catalogue: Arc<Catalogue>) -> Admin<S> {
+        self.catalogue = Some(catalogue);
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// Creates an account with one key and the given credits.
+    pub async fn create_account(&self, new: &NewAccount) -> Result<CreatedAccount, AdminError> {
+        new.check()?;
+        let account = self.store.create_account(&new.name).await?;
+        let key = NewApiKey::generate();
+        let key_id = self.store.add_key(account, &key).await?;
+        let mut balance = Balance::default();
+        for (bucket, amount) in [
+            (Bucket::Subscription, new.subscription),
+            (Bucket::Topup, new.topup),
+        ] {
+            if amount > 0 {
+                balance = self.store.grant(account, bucket, Credits(amount)).await?;
+            }
+        }
+        Ok(CreatedAccount {
+            id: account,
+            name: new.name.clone(),
+            key: key.reveal().to_owned(),
+            key_id,
+            balance: balance.into(),
+        })
+    }
+
+    /// One page of accounts, ascending by id; `search` matches part of a name, the start of a
+    /// key's prefix, or a whole key.
+    pub async fn accounts(
+        &self,
+        after: Option<AccountId>,
+        limit: Option<u64>,
+        search: Option<&str>,
+    ) -> Result<AccountList, AdminError> {
+        let limit = page_size(limit);
+        // One more than asked tells whether there is another page.
+        let mut found = self
+            .store
+            .accounts(AccountQuery {
+                after,
+                limit: limit + 1,
+                search,
+            })
+            .await?;
+        let has_more = found.len() as u64 > limit;
+        found.truncate(limit as usize);
+        let next_after = has_more
+            .then(|| found.last().map(|account| account.id))
+            .flatten();
+        Ok(AccountList {
+            data: found.into_iter().map(Into::into).collect(),
+            has_more,
+            next_after,
+        })
+    }
+
+    /// One account with its keys.
+    pub async fn account(&self, account: AccountId) -> Result<AccountView, AdminError> {
+        let summary = self.existing(account).await?;
+        let now = Utc::now();
+        let keys = self.store.keys_of(account).await?;
+        Ok(AccountView {
+            id: summary.id,
+            name: summary.name,
+            balance: summary.balance.into(),
+            created_at: summary.created_at,
+            keys: keys.into_iter().map(|key| KeyView::of(key, now)).collect(),
+        })
+    }
+
+    /// A new key for the account.
+    pub async fn create_key(&self, account: AccountId) -> Result<CreatedKey, AdminError> {
+        self.existing(account).await?;
+        let key = NewApiKey::generate();
+        let id = self.store.add_key(account, &key).await?;
+        Ok(CreatedKey {
+            id,
+            key: key.reveal().to_owned(),
+            prefix: key.display_prefix().to_owned(),
+            account,
+        })
+    }
+
+    /// Changes the fields of the key's rules that `patch` names.
+    pub async fn update_key(&self, key: KeyId, patch: &KeyPatch) -> Result<KeyView, AdminError> {
+        if let (Some(Some(models)), Some(catalogue)) = (&patch.models, &self.catalogue)
+            && models.iter().any(|model| catalogue.model(model).is_none())
+        {
+            return Err(GatewayError::InvalidField {
+                field: "models".into(),
+                reason: "含有目录中没有的模型",
+            }
+            .into());
+        }
+        let info = self
+            .store
+            .key_info(key)
+            .await?
+            .ok_or(GatewayError::NoSuchKey)?;
+        let rules = patch.applied_to(&info.rules);
+        let info = self
+            .store
+            .set_key_rules(key, &rules)
+            .await?
+            .ok_or(GatewayError::NoSuchKey)?;
+        Ok(KeyView::of(info, Utc::now()))
+    }
+
+    /// Revokes the key: refused from its next call on, on every gateway sharing the database.
+    pub async fn revoke_key(&self, key: KeyId) -> Result<KeyView, AdminError> {
+        let info = self
+            .store
+            .revoke_key_id(key)
+            .await?
+            .ok_or(GatewayError::NoSuchKey)?;
+        Ok(KeyView::of(info, Utc::now()))
+    }
+
+    /// Revokes a key given in clear (the command line's `keys revoke --key`).
+    pub async fn revoke_clear_key(&self, key: &str) -> Result<(), AdminError> {
+        if self.store.revoke_key(&KeyHash::of(key)).await? {
+            Ok(())
+        } else {
+            Err(GatewayError::NoSuchKey.into())
+        }
+    }
+
+    /// Grants credits; with an `idempotency_key`, at most once per account and key.
+    pub async fn grant(
+        &self,
+        account: AccountId,
+        grant: &GrantRequest,
+        idempotency_key: Option<&str>,
+    ) -> Result<GrantView, AdminError> {
+        grant.check()?;
+        requests::check_idempotency_key(idempotency_key)?;
+        self.existing(account).await?;
+        let granted = self
+            .store
+            .grant_once(
+                account,
+                Grant {
+                    bucket: grant.bucket,
+                    amount: grant.credits,
+                    reason: grant.reason.as_deref(),
+                    idempotency_key,
+                },
+            )
+            .await?;
+        Ok(GrantView {
+            account,
+            balance: granted.balance.into(),
+            applied: granted.applied,
+        })
+    }
+
+    /// Grants subscription and top-up credits together (the command line's `credits add`):
+    /// either both fit in the balance or neither is granted. Zero amounts are skipped; at least
+    /// one must be positive.
+    pub async fn add_credits(
+        &self,
+        account: AccountId,
+        subscription: i64,
+        topup: i64,
+    ) -> Result<BalanceView, AdminError> {
+        if subscription < 0 || topup < 0 || (subscription == 0 && topup == 0) {
+            return Err(GatewayError::InvalidField {
+                field: "credits".into(),
+                reason: "须给出正的 subscription 和/或 topup",
+            }
+            .into());
+        }
+        let summary = self.existing(account).await?;
+        // Checked for both together so that one is not written without the other; the store
+        // refuses each alone too.
+        summary
+            .balance
+            .checked_grant(Bucket::Subscription, Credits(subscription))
+            .and_then(|balance| balance.checked_grant(Bucket::Topup, Credits(topup)))
+            .ok_or(GatewayError::BalanceOverflow)?;
+        let mut balance = summary.balance;
+        for (bucket, amount) in [(Bucket::Subscription, subscription), (Bucket::Topup, topup)] {
+            if amount > 0 {
+                balance = self.store.grant(account, bucket, Credits(amount)).await?;
+            }
+        }
+        Ok(balance.into())
+    }
+
+    /// One page of the account's call log, newest first.
+    pub async fn calls(
+        &self,
+        account: AccountId,
+        filter: &CallFilter,
+    ) -> Result<CallList, AdminError> {
+        self.existing(account).await?;
+        let limit = page_size(filter.limit);
+        let mut data = self
+            .store
+            .calls(
+                account,
+                CallQuery {
+                    before: filter.before,
+                    limit: limit + 1,
+                    status: filter.status,
+                    model: filter.model.as_deref(),
+                },
+            )
+            .await?;
+        let has_more = data.len() as u64 > limit;
+        data.truncate(limit as usize);
+        let next_before = has_more.then(|| data.last().map(|call| call.id)).flatten();
+        Ok(CallList {
+            object: "list",
+            data,
+            has_more,
+            next_before,
+        })
+    }
+
+    /// Checks every account's books: `grants - charges of ok and pending calls = balance`, per
+    /// bucket, no negative bucket, a total that can be represented.
+    pub async fn audit(&self) -> Result<AuditView, AdminError> {
+        let audits = self.store.audit().await?;
+        Ok(AuditView {
+            ok: audits.iter().all(AccountAudit::holds),
+            accounts: audits.iter().map(audit_line).collect(),
+        })
+    }
+
+    /// The account a key (in clear) belongs to, if the key works.
+    pub async fn account_of_key(&self, key: &str) -> Result<AccountId, AdminError> {
+        self.store
+            .caller_for_key(&KeyHash::of(key))
+            .await?
+            .map(|caller| caller.account)
+            .ok_or(GatewayError::NoSuchKey.into())
+    }
+
+    /// On an empty store, creates the demo account (so mock mode can be called at once).
+    pub async fn ensure_demo_account(&self) -> Result<Option<CreatedAccount>, AdminError> {
+        if self.store.account_count().await? > 0 {
+            return Ok(None);
+        }
+        let demo = NewAccount {
+            name: "demo".into(),
+            subscription: DEMO_SUBSCRIPTION_CREDITS,
+            topup: 0,
+        };
+        self.create_account(&demo).await.map(Some)
+    }
+
+    async fn existing(&self, account: AccountId) -> Result<AccountSummary, AdminError> {
+        Ok(self
+            .store
+            .account(account)
+            .await?
+            .ok_or(GatewayError::NoSuchAccount)?)
+    }
+}
+
+/// One account's audit as JSON. Sums may pass what a JSON number holds exactly in every reader:
+/// those are written as text.
+fn audit_line(audit: &AccountAudit) -> serde_json::Value {
+    let exact = |sum: i128| {
+        i64::try_from(sum).map_or_else(
+            |_| serde_json::json!(sum.to_string()),
+            serde_json::Value::from,
+        )
+    };
+    let sums = |sums: crate::store::Sums| serde_json::json!({ "subscription": exact(sums.subscription), "topup": exact(sums.topup) });
+    serde_json::json!({
+        "account": audit.account,
+        "granted": sums(audit.granted),
+        "charged": sums(audit.charged),
+        "balance": { "subscription": audit.balance.subscription, "topup": audit.balance.topup },
+        "ok": audit.holds(),
+        "problem": audit.problem(),
+    })
+}
+
+/// Rules with `patch` applied: used by [`Admin::update_key`].
+impl KeyPatch {
+    fn applied_to(&self, rules: &KeyRules) -> KeyRules {
+        KeyRules {
+            models: match &self.models {
+                Some(models) => models.as_ref().map(|models| models.clone().into()),
+                None => rules.models.clone(),
+            },
+            expires_at: self.expires_at.unwrap_or(rules.expires_at),
+            rpm: self.rpm.unwrap_or(rules.rpm),
+        }
+    }
+}

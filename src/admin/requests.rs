@@ -1,0 +1,310 @@
+//! What the operator asks for, read from JSON with every mistake named by its field: a typo in
+//! a field name is refused, not ignored.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+
+use crate::credits::{Balance, Bucket, Credits};
+use crate::error::GatewayError;
+
+/// Longest account name.
+const MAX_NAME_CHARS: usize = 200;
+/// Longest grant reason.
+const MAX_REASON_CHARS: usize = 500;
+/// Longest idempotency key.
+const MAX_IDEMPOTENCY_KEY_BYTES: usize = 255;
+
+fn invalid(field: impl Into<std::borrow::Cow<'static, str>>, reason: &'static str) -> GatewayError {
+    GatewayError::InvalidField {
+        field: field.into(),
+        reason,
+    }
+}
+
+/// The body as an object whose fields are all among `known`.
+fn object<'a>(body: &'a Value, known: &[&str]) -> Result<&'a Map<String, Value>, GatewayError> {
+    let object = body.as_object().ok_or(GatewayError::InvalidJson)?;
+    if let Some(unknown) = object.keys().find(|field| !known.contains(&field.as_str())) {
+        return Err(invalid(unknown.clone(), "未知字段"));
+    }
+    Ok(object)
+}
+
+/// A whole number of credits, `0` when absent.
+fn credits(object: &Map<String, Value>, field: &'static str) -> Result<i64, GatewayError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Ok(0),
+        Some(value) => value
+            .as_i64()
+            .filter(|amount| *amount >= 0)
+            .ok_or(invalid(field, "必须是非负整数")),
+    }
+}
+
+fn text<'a>(
+    object: &'a Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<&'a str>, GatewayError> {
+    match object.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) => Ok(Some(text)),
+        Some(_) => Err(invalid(field, "必须是字符串")),
+    }
+}
+
+/// `POST /admin/accounts`: a name and the first credits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAccount {
+    /// The operator's label.
+    pub name: String,
+    /// Subscription credits to grant at once.
+    pub subscription: i64,
+    /// Top-up credits to grant at once.
+    pub topup: i64,
+}
+
+impl NewAccount {
+    /// Reads `{"name", "subscription", "topup"}` (the amounts default to 0).
+    pub fn from_json(body: &Value) -> Result<NewAccount, GatewayError> {
+        let object = object(body, &["name", "subscription", "topup"])?;
+        let new = NewAccount {
+            name: text(object, "name")?
+                .ok_or(invalid("name", "必填"))?
+                .to_owned(),
+            subscription: credits(object, "subscription")?,
+            topup: credits(object, "topup")?,
+        };
+        new.check()?;
+        Ok(new)
+    }
+
+    pub(super) fn check(&self) -> Result<(), GatewayError> {
+        if self.name.trim().is_empty() || self.name.chars().count() > MAX_NAME_CHARS {
+            return Err(invalid("name", "不能为空, 最长 200 个字符"));
+        }
+        if self.subscription < 0 {
+            return Err(invalid("subscription", "必须是非负整数"));
+        }
+        if self.topup < 0 {
+            return Err(invalid("topup", "必须是非负整数"));
+        }
+        Balance::default()
+            .checked_grant(Bucket::Subscription, Credits(self.subscription))
+            .and_then(|balance| balance.checked_grant(Bucket::Topup, Credits(self.topup)))
+            .map(|_| ())
+            .ok_or(GatewayError::BalanceOverflow)
+    }
+}
+
+/// `PATCH /admin/keys/{id}`: the rules to change; a field absent stays as it is, `null` lifts
+/// the rule.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyPatch {
+    /// `Some(None)`: every model; `Some(Some(list))`: only those.
+    pub models: Option<Option<Vec<String>>>,
+    /// `Some(None)`: never expires.
+    pub expires_at: Option<Option<DateTime<Utc>>>,
+    /// `Some(None)`: no limit.
+    pub rpm: Option<Option<u32>>,
+}
+
+impl KeyPatch {
+    /// Reads `{"models": [...] | null, "expires_at": RFC 3339 | null, "rpm": N | null}`.
+    pub fn from_json(body: &Value) -> Result<KeyPatch, GatewayError> {
+        let object = object(body, &["models", "expires_at", "rpm"])?;
+        let models = object
+            .get("models")
+            .map(|models| match models {
+                Value::Null => Ok(None),
+                Value::Array(names) => names
+                    .iter()
+                    .map(|name| {
+                        name.as_str()
+                            .filter(|name| !name.is_empty())
+                            .map(str::to_owned)
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .map(Some)
+                    .ok_or(invalid("models", "必须是模型名 (字符串) 的数组, 或 null")),
+                _ => Err(invalid("models", "必须是模型名 (字符串) 的数组, 或 null")),
+            })
+            .transpose()?;
+        let expires_at = object
+            .get("expires_at")
+            .map(|at| match at {
+                Value::Null => Ok(None),
+                Value::String(at) => DateTime::parse_from_rfc3339(at)
+                    .map(|at| Some(at.with_timezone(&Utc)))
+                    .map_err(|_| invalid("expires_at", "必须是 RFC 3339 时间, 或 null")),
+                _ => Err(invalid("expires_at", "必须是 RFC 3339 时间, 或 null")),
+            })
+            .transpose()?;
+        let rpm = object
+            .get("rpm")
+            .map(|rpm| match rpm {
+                Value::Null => Ok(None),
+                rpm => rpm
+                    .as_u64()
+                    .filter(|rpm| *rpm > 0 && *rpm <= i32::MAX as u64)
+                    .map(|rpm| Some(rpm as u32))
+                    .ok_or(invalid("rpm", "必须是正整数, 或 null")),
+            })
+            .transpose()?;
+        Ok(KeyPatch {
+            models,
+            expires_at,
+            rpm,
+        })
+    }
+}
+
+/// `POST /admin/accounts/{id}/grants`: credits for one bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantRequest {
+    /// The bucket.
+    pub bucket: Bucket,
+    /// How many; positive.
+    pub credits: Credits,
+    /// Why, for the books.
+    pub reason: Option<String>,
+}
+
+impl GrantRequest {
+    /// `credits` for `bucket`, without a reason.
+    pub fn new(bucket: Bucket, credits: Credits) -> GrantRequest {
+        GrantRequest {
+            bucket,
+            credits,
+            reason: None,
+        }
+    }
+
+    /// The same grant, with a reason.
+    #[must_use]
+    pub fn reason(mut self, reason: impl Into<String>) -> GrantRequest {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// Reads `{"bucket": "subscription" | "topup", "credits": N, "reason": "..."}`.
+    pub fn from_json(body: &Value) -> Result<GrantRequest, GatewayError> {
+        let object = object(body, &["bucket", "credits", "reason"])?;
+        let bucket = text(object, "bucket")?
+            .and_then(Bucket::parse)
+            .ok_or(invalid("bucket", "必须是 subscription 或 topup"))?;
+        let credits = object
+            .get("credits")
+            .and_then(Value::as_i64)
+            .filter(|credits| *credits > 0)
+            .ok_or(invalid("credits", "必须是正整数"))?;
+        let grant = GrantRequest {
+            bucket,
+            credits: Credits(credits),
+            reason: text(object, "reason")?.map(str::to_owned),
+        };
+        grant.check()?;
+        Ok(grant)
+    }
+
+    pub(super) fn check(&self) -> Result<(), GatewayError> {
+        if self.credits.get() <= 0 {
+            return Err(invalid("credits", "必须是正整数"));
+        }
+        if self
+            .reason
+            .as_ref()
+            .is_some_and(|reason| reason.chars().count() > MAX_REASON_CHARS)
+        {
+            return Err(invalid("reason", "最长 500 个字符"));
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn check_idempotency_key(key: Option<&str>) -> Result<(), GatewayError> {
+    if key.is_some_and(|key| key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_BYTES) {
+        return Err(invalid("Idempotency-Key", "长度须为 1 到 255 字节"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn field_of(refusal: GatewayError) -> String {
+        match refusal {
+            GatewayError::InvalidField { field, .. } => field.into_owned(),
+            other => panic!("expected a field refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_new_account_needs_a_name_and_non_negative_credits() {
+        let read = NewAccount::from_json(&json!({"name": "a", "topup": 3})).unwrap();
+        assert_eq!((read.subscription, read.topup), (0, 3));
+        assert_eq!(
+            field_of(NewAccount::from_json(&json!({})).unwrap_err()),
+            "name"
+        );
+        let negative = json!({"name": "a", "subscription": -1});
+        assert_eq!(
+            field_of(NewAccount::from_json(&negative).unwrap_err()),
+            "subscription"
+        );
+        let both_max = json!({"name": "a", "subscription": i64::MAX, "topup": 1});
+        assert_eq!(
+            NewAccount::from_json(&both_max).unwrap_err(),
+            GatewayError::BalanceOverflow
+        );
+    }
+
+    #[test]
+    fn a_misspelt_field_is_named_not_ignored() {
+        let refusal = KeyPatch::from_json(&json!({"rmp": 5})).unwrap_err();
+        assert_eq!(field_of(refusal), "rmp");
+    }
+
+    #[test]
+    fn a_patch_tells_absent_from_null() {
+        let patch = KeyPatch::from_json(&json!({"models": null, "rpm": 5})).unwrap();
+        assert_eq!(patch.models, Some(None));
+        assert_eq!(patch.rpm, Some(Some(5)));
+        assert_eq!(patch.expires_at, None);
+        let bad_time = json!({"expires_at": "tomorrow"});
+        assert_eq!(
+            field_of(KeyPatch::from_json(&bad_time).unwrap_err()),
+            "expires_at"
+        );
+        assert_eq!(
+            field_of(KeyPatch::from_json(&json!({"rpm": 0})).unwrap_err()),
+            "rpm"
+        );
+        let not_names = json!({"models": [1]});
+        assert_eq!(
+            field_of(KeyPatch::from_json(&not_names).unwrap_err()),
+            "models"
+        );
+    }
+
+    #[test]
+    fn a_grant_needs_a_bucket_and_positive_credits() {
+        let ok = json!({"bucket": "topup", "credits": 5, "reason": "pack"});
+        assert_eq!(GrantRequest::from_json(&ok).unwrap().credits, Credits(5));
+        let zero = json!({"bucket": "topup", "credits": 0});
+        assert_eq!(
+            field_of(GrantRequest::from_json(&zero).unwrap_err()),
+            "credits"
+        );
+        let bucket = json!({"bucket": "gold", "credits": 5});
+        assert_eq!(
+            field_of(GrantRequest::from_json(&bucket).unwrap_err()),
+            "bucket"
+        );
+        assert_eq!(
+            GrantRequest::from_json(&json!([1])).unwrap_err(),
+            GatewayError::InvalidJson
+        );
+    }
+}

@@ -1,0 +1,126 @@
+//! [`Gateway`]: the whole HTTP surface of a gateway as one axum [`Router`], for a server to
+//! serve: the two call endpoints through the [`stack`](crate::stack), the key holders'
+//! endpoints and probes ([`key_holder`](crate::key_holder)), the admin API when an admin token
+//! is set ([`admin`](crate::admin)), and a JSON 404 for the rest, every answer with an
+//! `x-request-id`.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use model_gateway::{Catalogue, Gateway, MemoryStore, MockUpstream, Upstream};
+//!
+//! let store = Arc::new(MemoryStore::new());
+//! let router: axum::Router = Gateway::new(store, Arc::new(Catalogue::demo()), Upstream::Mock(MockUpstream::new()))
+//!     .body_limits(1 << 20)
+//!     .router();
+//! ```
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+
+use crate::admin::{self, Admin, AdminToken};
+use crate::catalogue::Catalogue;
+use crate::error::GatewayError;
+use crate::rate_limit::RateLimiter;
+use crate::request_id::RequestIdLayer;
+use crate::router::BodyLimits;
+use crate::store::Store;
+use crate::upstream::Upstream;
+
+type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// A gateway's configuration, turned into its router by [`Gateway::router`].
+#[must_use]
+pub struct Gateway<S> {
+    store: Arc<S>,
+    catalogue: Arc<Catalogue>,
+    upstream: Upstream,
+    body: BodyLimits,
+    limiter: RateLimiter,
+    admin_token: Option<AdminToken>,
+    metrics: Option<Render>,
+}
+
+impl<S> std::fmt::Debug for Gateway<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("body", &self.body)
+            .field("limiter", &self.limiter)
+            .field("admin", &self.admin_token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + 'static> Gateway<S> {
+    /// A gateway on `store`, selling `catalogue`'s models from `upstream`; default body limits,
+    /// rate limits counted in this process, no admin API.
+    pub fn new(store: Arc<S>, catalogue: Arc<Catalogue>, upstream: Upstream) -> Gateway<S> {
+        Gateway {
+            store,
+            catalogue,
+            upstream,
+            body: BodyLimits::default(),
+            limiter: RateLimiter::local(),
+            admin_token: None,
+            metrics: None,
+        }
+    }
+
+    /// How request bodies are read ([`BodyLimits`]; a number is the largest body).
+    pub fn body_limits(mut self, body: impl Into<BodyLimits>) -> Gateway<S> {
+        self.body = body.into();
+        self
+    }
+
+    /// Where keys' requests per minute are counted (e.g. [`RateLimiter::redis`] to share them
+    /// between instances).
+    pub fn rate_limiter(mut self, limiter: RateLimiter) -> Gateway<S> {
+        self.limiter = limiter;
+        self
+    }
+
+    /// Serves the admin API under `/admin` for this token's holder; `None`: `/admin` does not
+    /// exist (404).
+    pub fn admin_token(mut self, token: Option<AdminToken>) -> Gateway<S> {
+        self.admin_token = token;
+        self
+    }
+
+    /// Serves `GET /metrics` (what `render` returns, e.g. a Prometheus handle's text) behind
+    /// the admin token; without an admin token this has no effect.
+    pub fn metrics(mut self, render: impl Fn() -> String + Send + Sync + 'static) -> Gateway<S> {
+        self.metrics = Some(Arc::new(render));
+        self
+    }
+
+    /// The router; see the module docs.
+    pub fn router(self) -> Router {
+        let stack = crate::stack_with_limiter(
+            self.store.clone(),
+            self.catalogue.clone(),
+            self.body,
+            self.upstream.clone(),
+            self.limiter.clone(),
+        );
+        let mut router = Router::new()
+            .route_service("/v1/chat/completions", stack.clone())
+            .route_service("/v1/messages", stack)
+            .merge(crate::key_holder::router(
+                self.store.clone(),
+                self.catalogue.clone(),
+                self.upstream,
+                self.limiter,
+            ));
+        if let Some(token) = self.admin_token {
+            let admin = Admin::new(self.store).with_catalogue(self.catalogue);
+            router = router.merge(admin::router(admin, token.clone()));
+            if let Some(render) = self.metrics {
+                router = router.merge(admin::metrics_router(move || render(), token));
+            }
+        }
+        router
+            .fallback(|| async { GatewayError::UnknownPath.into_response::<Body>() })
+            .layer(RequestIdLayer::new())
+    }
+}

@@ -1,0 +1,203 @@
+//! What the administration side of a store reads and writes: accounts and keys as an operator
+//! sees them, grants with their reason and idempotency key, call-log queries, and the audit.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use super::{AccountId, CallId, CallStatus, KeyId};
+use crate::call::KeyRules;
+use crate::credits::{Balance, Bucket, Credits};
+
+/// An account as listed: who, and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountSummary {
+    /// The account.
+    pub id: AccountId,
+    /// The operator's label.
+    pub name: String,
+    /// Its credits, bucket by bucket.
+    pub balance: Balance,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Which accounts [`Accounts::accounts`](super::Accounts::accounts) lists: ascending by id,
+/// after `after`, at most `limit`, optionally only those whose name contains `search` or that
+/// own a key whose display prefix starts with it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AccountQuery<'a> {
+    /// List accounts with a larger id only.
+    pub after: Option<AccountId>,
+    /// Most accounts in the page.
+    pub limit: u64,
+    /// Part of a name, or the start of a key (`sk-mg-1a2b...`).
+    pub search: Option<&'a str>,
+}
+
+/// Whether a key works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyStatus {
+    /// It authenticates.
+    Active,
+    /// Its expiry has passed.
+    Expired,
+    /// The operator revoked it.
+    Revoked,
+}
+
+/// One key as the operator sees it (never the key itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// The key.
+    pub id: KeyId,
+    /// Its account.
+    pub account: AccountId,
+    /// Its first characters, to tell keys apart.
+    pub prefix: String,
+    /// Its rules.
+    pub rules: KeyRules,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// When it was revoked.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl KeyInfo {
+    /// Whether the key works at `now`.
+    pub fn status(&self, now: DateTime<Utc>) -> KeyStatus {
+        if self.revoked_at.is_some() {
+            KeyStatus::Revoked
+        } else if self.rules.expired(now) {
+            KeyStatus::Expired
+        } else {
+            KeyStatus::Active
+        }
+    }
+}
+
+/// Credits entering an account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant<'a> {
+    /// The bucket they go to.
+    pub bucket: Bucket,
+    /// How many; positive.
+    pub amount: Credits,
+    /// Why, for the books.
+    pub reason: Option<&'a str>,
+    /// A grant with a key already used on the account is not applied again: sending it twice
+    /// grants once.
+    pub idempotency_key: Option<&'a str>,
+}
+
+impl Grant<'_> {
+    /// `amount` credits to `bucket`, with no reason and no idempotency key.
+    pub fn plain(bucket: Bucket, amount: Credits) -> Grant<'static> {
+        Grant {
+            bucket,
+            amount,
+            reason: None,
+            idempotency_key: None,
+        }
+    }
+}
+
+/// What a grant did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    /// The account's balance afterwards.
+    pub balance: Balance,
+    /// `false` when a grant with the same idempotency key had been applied before and this one
+    /// moved nothing.
+    pub applied: bool,
+}
+
+/// A grant whose idempotency key the account already used for a different grant (another
+/// bucket or amount). Carried inside the [`StoreError`](super::StoreError) that
+/// [`Accounts::grant_once`](super::Accounts::grant_once) returns; nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "idempotency key {key:?} was used for a different grant on this account; nothing was granted"
+)]
+pub struct IdempotencyKeyReused {
+    /// The key.
+    pub key: String,
+}
+
+/// Which call-log entries [`CallLog::calls`](super::CallLog::calls) returns: newest first, older
+/// than `before`, at most `limit`, optionally of one status or model.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallQuery<'a> {
+    /// Entries older than this one only.
+    pub before: Option<CallId>,
+    /// Most entries in the page.
+    pub limit: u64,
+    /// Only entries with this status.
+    pub status: Option<CallStatus>,
+    /// Only entries for this model.
+    pub model: Option<&'a str>,
+}
+
+/// One account's audit: what was granted, what `ok` and `pending` calls took, what is left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountAudit {
+    /// The account.
+    pub account: AccountId,
+    /// Sum of grants, per bucket (exact: it may pass what one balance can hold).
+    pub granted: Sums,
+    /// Sum of what `ok` and `pending` calls took, per bucket (exact).
+    pub charged: Sums,
+    /// The stored balance.
+    pub balance: Balance,
+}
+
+/// Exact sums of credits, per bucket, wider than one balance.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Sums {
+    /// Subscription credits.
+    pub subscription: i128,
+    /// Top-up credits.
+    pub topup: i128,
+}
+
+impl Sums {
+    /// The sums with `amount` more in `bucket`.
+    pub(crate) fn add(&mut self, bucket: Bucket, amount: Credits) {
+        match bucket {
+            Bucket::Subscription => self.subscription += i128::from(amount.get()),
+            Bucket::Topup => self.topup += i128::from(amount.get()),
+        }
+    }
+}
+
+impl AccountAudit {
+    /// `granted - charged == balance` in both buckets, neither bucket negative, and the two
+    /// together representable.
+    pub fn holds(&self) -> bool {
+        self.problem().is_none()
+    }
+
+    /// What is wrong with this account's books, if anything.
+    pub fn problem(&self) -> Option<&'static str> {
+        let Balance {
+            subscription,
+            topup,
+        } = self.balance;
+        if subscription < Credits::ZERO || topup < Credits::ZERO {
+            return Some("a bucket is negative");
+        }
+        if self.balance.checked_total().is_none() {
+            return Some(
+                "the two buckets together cannot be represented (past the largest balance)",
+            );
+        }
+        let left = |granted: i128, charged: i128| granted - charged;
+        if left(self.granted.subscription, self.charged.subscription)
+            != i128::from(subscription.get())
+            || left(self.granted.topup, self.charged.topup) != i128::from(topup.get())
+        {
+            return Some("the balance differs from grants minus ok and pending charges");
+        }
+        None
+    }
+}

@@ -1,0 +1,331 @@
+//! Administration on the sea-orm backend: accounts, keys and their rules, grants, the audit.
+//! Grants lock the account's row before anything else, so grants to one account queue, and an
+//! idempotency key checked under that lock is applied once however many gateways send it.
+
+use async_trait::async_trait;
+use chrono::Utc;
+use sea_orm::sea_query::{Expr, ExprTrait, Func, LikeExpr, Query};
+use sea_orm::{
+    ActiveModelTrait, ColumnTrait, EntityTrait, NotSet, PaginatorTrait, QueryFilter, QueryOrder,
+    QuerySelect, Set,
+};
+
+use super::entity::{account, api_key, credit_grant};
+use super::{SeaOrmStore, balance_of, locked_account};
+use crate::credits::{Bucket, Credits};
+use crate::keys::{KeyHash, NewApiKey};
+use crate::store::{
+    AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, BalanceOverflow, Grant,
+    Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, StoreError, check_grant_amount,
+};
+
+/// The rules stored on a key's row.
+pub(super) fn key_rules(row: &api_key::Model) -> Result<KeyRules, StoreError> {
+    let models = row
+        .models
+        .as_deref()
+        .map(|models| {
+            serde_json::from_str::<Vec<String>>(models).map_err(|error| {
+                StoreError::msg(format!("key {}: unreadable models: {error}", row.id))
+            })
+        })
+        .transpose()?;
+    Ok(KeyRules {
+        models: models.map(Into::into),
+        expires_at: row.expires_at,
+        rpm: row.rpm.and_then(|rpm| u32::try_from(rpm).ok()),
+    })
+}
+
+fn key_info(row: api_key::Model) -> Result<KeyInfo, StoreError> {
+    Ok(KeyInfo {
+        id: KeyId(row.id),
+        account: AccountId(row.account_id),
+        rules: key_rules(&row)?,
+        prefix: row.display_prefix,
+        created_at: row.created_at,
+        revoked_at: row.revoked_at,
+    })
+}
+
+fn summary(row: account::Model) -> AccountSummary {
+    AccountSummary {
+        id: AccountId(row.id),
+        balance: balance_of(&row),
+        name: row.name,
+        created_at: row.created_at,
+    }
+}
+
+/// `text` for a `LIKE` pattern, its wildcards taken literally.
+fn like_escaped(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+impl SeaOrmStore {
+    async fn key_row(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
+        api_key::Entity::find_by_id(key.0)
+            .one(&self.db)
+            .await?
+            .map(key_info)
+            .transpose()
+    }
+}
+
+#[async_trait]
+impl Accounts for SeaOrmStore {
+    async fn create_account(&self, name: &str) -> Result<AccountId, StoreError> {
+        let row = account::ActiveModel {
+            id: NotSet,
+            name: Set(name.to_owned()),
+            subscription_credits: Set(0),
+            topup_credits: Set(0),
+            created_at: Set(Utc::now()),
+        };
+        let id = account::Entity::insert(row)
+            .exec(&self.db)
+            .await?
+            .last_insert_id;
+        Ok(AccountId(id))
+    }
+
+    async fn add_key(&self, account: AccountId, key: &NewApiKey) -> Result<KeyId, StoreError> {
+        let row = api_key::ActiveModel {
+            id: NotSet,
+            account_id: Set(account.0),
+            key_hash: Set(key.hash().as_str().to_owned()),
+            display_prefix: Set(key.display_prefix().to_owned()),
+            revoked_at: Set(None),
+            created_at: Set(Utc::now()),
+            models: Set(None),
+            expires_at: Set(None),
+            rpm: Set(None),
+        };
+        let id = api_key::Entity::insert(row)
+            .exec(&self.db)
+            .await?
+            .last_insert_id;
+        Ok(KeyId(id))
+    }
+
+    async fn revoke_key(&self, key: &KeyHash) -> Result<bool, StoreError> {
+        let revoked = api_key::Entity::update_many()
+            .col_expr(api_key::Column::RevokedAt, Expr::value(Utc::now()))
+            .filter(api_key::Column::KeyHash.eq(key.as_str()))
+            .filter(api_key::Column::RevokedAt.is_null())
+            .exec(&self.db)
+            .await?;
+        self.keys.forget(key);
+        Ok(revoked.rows_affected > 0)
+    }
+
+    async fn revoke_key_id(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
+        api_key::Entity::update_many()
+            .col_expr(api_key::Column::RevokedAt, Expr::value(Utc::now()))
+            .filter(api_key::Column::Id.eq(key.0))
+            .filter(api_key::Column::RevokedAt.is_null())
+            .exec(&self.db)
+            .await?;
+        self.keys.forget_id(key);
+        self.key_row(key).await
+    }
+
+    async fn set_key_rules(
+        &self,
+        key: KeyId,
+        rules: &KeyRules,
+    ) -> Result<Option<KeyInfo>, StoreError> {
+        let models = rules
+            .models
+            .as_ref()
+            .map(|models| serde_json::to_string(models).map_err(|e| StoreError(Box::new(e))))
+            .transpose()?;
+        let rpm = rules
+            .rpm
+            .map(|rpm| i32::try_from(rpm).map_err(|_| StoreError::msg("rpm is too large")))
+            .transpose()?;
+        api_key::Entity::update_many()
+            .col_expr(api_key::Column::Models, Expr::value(models))
+            .col_expr(api_key::Column::ExpiresAt, Expr::value(rules.expires_at))
+            .col_expr(api_key::Column::Rpm, Expr::value(rpm))
+            .filter(api_key::Column::Id.eq(key.0))
+            .exec(&self.db)
+            .await?;
+        self.keys.forget_id(key);
+        self.key_row(key).await
+    }
+
+    async fn key_info(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
+        self.key_row(key).await
+    }
+
+    async fn keys_of(&self, account: AccountId) -> Result<Vec<KeyInfo>, StoreError> {
+        api_key::Entity::find()
+            .filter(api_key::Column::AccountId.eq(account.0))
+            .order_by_asc(api_key::Column::Id)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(key_info)
+            .collect()
+    }
+
+    async fn grant_once(
+        &self,
+        account: AccountId,
+        grant: Grant<'_>,
+    ) -> Result<Granted, StoreError> {
+        let Grant {
+            bucket,
+            amount,
+            reason,
+            idempotency_key,
+        } = grant;
+        check_grant_amount(amount)?;
+        let txn = self.begin_write().await?;
+        // Grants to one account queue on its row from here, so that the key check below and
+        // the grant it allows cannot interleave with another grant's.
+        let before = locked_account(&txn, account).await?;
+        if let Some(key) = idempotency_key {
+            let earlier = credit_grant::Entity::find()
+                .filter(credit_grant::Column::AccountId.eq(account.0))
+                .filter(credit_grant::Column::IdempotencyKey.eq(key))
+                .one(&txn)
+                .await?;
+            if let Some(earlier) = earlier {
+                txn.rollback().await?;
+                if earlier.bucket != bucket.as_str() || earlier.amount != amount.get() {
+                    return Err(StoreError(Box::new(IdempotencyKeyReused {
+                        key: key.to_owned(),
+                    })));
+                }
+                return Ok(Granted {
+                    balance: balance_of(&before),
+                    applied: false,
+                });
+            }
+        }
+        let (column, other) = match bucket {
+            Bucket::Subscription => (
+                account::Column::SubscriptionCredits,
+                account::Column::TopupCredits,
+            ),
+            Bucket::Topup => (
+                account::Column::TopupCredits,
+                account::Column::SubscriptionCredits,
+            ),
+        };
+        // Neither the bucket nor the total may pass the largest balance; written so that no
+        // step of the check can overflow itself (every bucket is >= 0).
+        let room = Credits::MAX.get() - amount.get();
+        let credited = account::Entity::update_many()
+            .col_expr(column, Expr::col(column).add(amount.get()))
+            .filter(account::Column::Id.eq(account.0))
+            .filter(Expr::col(column).lte(room))
+            .filter(Expr::col(other).lte(Expr::val(room).sub(Expr::col(column))))
+            .exec(&txn)
+            .await?;
+        if credited.rows_affected != 1 {
+            txn.rollback().await?;
+            return Err(BalanceOverflow {
+                account,
+                bucket,
+                amount,
+            }
+            .into());
+        }
+        credit_grant::ActiveModel {
+            id: NotSet,
+            account_id: Set(account.0),
+            bucket: Set(bucket.as_str().to_owned()),
+            amount: Set(amount.get()),
+            created_at: Set(Utc::now()),
+            reason: Set(reason.map(str::to_owned)),
+            idempotency_key: Set(idempotency_key.map(str::to_owned)),
+        }
+        .insert(&txn)
+        .await?;
+        let balance = balance_of(&locked_account(&txn, account).await?);
+        txn.commit().await?;
+        Ok(Granted {
+            balance,
+            applied: true,
+        })
+    }
+
+    async fn account(&self, account: AccountId) -> Result<Option<AccountSummary>, StoreError> {
+        Ok(account::Entity::find_by_id(account.0)
+            .one(&self.db)
+            .await?
+            .map(summary))
+    }
+
+    async fn accounts(&self, query: AccountQuery<'_>) -> Result<Vec<AccountSummary>, StoreError> {
+        let mut select = account::Entity::find();
+        if let Some(after) = query.after {
+            select = select.filter(account::Column::Id.gt(after.0));
+        }
+        if let Some(search) = query.search.filter(|search| !search.is_empty()) {
+            let lowered = search.to_lowercase();
+            let name = Expr::expr(Func::lower(Expr::col((
+                account::Entity,
+                account::Column::Name,
+            ))))
+            .like(LikeExpr::new(format!("%{}%", like_escaped(&lowered))).escape('\\'));
+            // A key's display prefix, or the whole key pasted in.
+            let key_matches =
+                Query::select()
+                    .column(api_key::Column::AccountId)
+                    .from(api_key::Entity)
+                    .cond_where(
+                        sea_orm::Condition::any()
+                            .add(Expr::col(api_key::Column::DisplayPrefix).like(
+                                LikeExpr::new(format!("{}%", like_escaped(search))).escape('\\'),
+                            ))
+                            .add(api_key::Column::KeyHash.eq(KeyHash::of(search).as_str())),
+                    )
+                    .to_owned();
+            select = select.filter(
+                sea_orm::Condition::any()
+                    .add(name)
+                    .add(account::Column::Id.in_subquery(key_matches)),
+            );
+        }
+        Ok(select
+            .order_by_asc(account::Column::Id)
+            .limit(query.limit)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(summary)
+            .collect())
+    }
+
+    async fn account_count(&self) -> Result<u64, StoreError> {
+        Ok(account::Entity::find().count(&self.db).await?)
+    }
+
+    async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError> {
+        self.audit_accounts().await
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        // A store that cannot be reached makes the pool wait for its connect time-out: answer
+        // within a few seconds either way.
+        let ping = sea_orm::ConnectionTrait::execute_unprepared(&self.db, "SELECT 1");
+        match tokio::time::timeout(super::READY_WITHIN, ping).await {
+            Ok(pinged) => pinged.map(|_| ()).map_err(Into::into),
+            Err(_) => Err(StoreError::msg(format!(
+                "the database did not answer within {:?}",
+                super::READY_WITHIN
+            ))),
+        }
+    }
+}
