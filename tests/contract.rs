@@ -411,21 +411,24 @@ async fn mock_replies_have_each_protocols_shape_and_name_the_requested_model() {
 #[tokio::test]
 async fn operator_commands_create_grant_and_report() {
     let db = sqlite_db().await;
-    let key = app::create_key(&db.store, "alice", 5, 7).await.unwrap();
-    let key = key.reveal();
+    let admin = db.admin();
+    let new = model_gateway::admin::NewAccount {
+        name: "alice".into(),
+        subscription: 5,
+        topup: 7,
+    };
+    let created = admin.create_account(&new).await.unwrap();
+    let key = created.key.as_str();
     assert!(key.starts_with(model_gateway::KEY_PREFIX));
-    let balance = app::add_credits(&db.store, key, 1, 2).await.unwrap();
-    assert_eq!(balance, common::balance(6, 9));
+    let account = admin.account_of_key(key).await.unwrap();
+    assert_eq!(account, created.id);
+    let balance = admin.add_credits(account, 1, 2).await.unwrap();
     assert_eq!(
-        app::balance_json(&db.store, key).await.unwrap(),
+        serde_json::to_value(balance).unwrap(),
         serde_json::json!({ "subscription": 6, "topup": 9, "total": 15 })
     );
-    assert!(app::add_credits(&db.store, key, -1, 0).await.is_err());
-    assert!(
-        app::add_credits(&db.store, &stranger_key(), 1, 0)
-            .await
-            .is_err()
-    );
+    assert!(admin.add_credits(account, -1, 0).await.is_err());
+    assert!(admin.account_of_key(&stranger_key()).await.is_err());
     db.assert_audit_holds().await;
 }
 
@@ -481,13 +484,15 @@ async fn the_stack_serves_on_bare_hyper_without_axum() {
 #[tokio::test]
 async fn mock_mode_creates_one_demo_account_on_an_empty_database_only() {
     let db = sqlite_db().await;
-    let demo = app::ensure_demo_account(&db.store)
+    let demo = db
+        .admin()
+        .ensure_demo_account()
         .await
         .unwrap()
         .expect("created");
     assert_eq!(
-        db.balance(demo.reveal()).await,
-        balance(app::DEMO_SUBSCRIPTION_CREDITS, 0)
+        db.balance(&demo.key).await,
+        balance(model_gateway::admin::DEMO_SUBSCRIPTION_CREDITS, 0)
     );
-    assert!(app::ensure_demo_account(&db.store).await.unwrap().is_none());
+    assert!(db.admin().ensure_demo_account().await.unwrap().is_none());
 }

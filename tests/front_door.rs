@@ -31,12 +31,13 @@ fn short_body_limits() -> BodyLimits {
 
 /// The example gateway's router (mock mode) served by `model_gateway::server`; its address.
 async fn serve(db: &TestDb, limits: ServerLimits, body: BodyLimits) -> String {
-    let router = app::router(
+    let router = model_gateway::Gateway::new(
         db.store.clone(),
         Arc::new(Catalogue::demo()),
         Upstream::Mock(MockUpstream::new()),
-        body,
-    );
+    )
+    .body_limits(body)
+    .router();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     tokio::spawn(server::serve(

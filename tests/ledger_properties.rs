@@ -207,7 +207,10 @@ async fn run_against_model(db: &TestDb, ops: &[Op]) {
             expected.balances().await,
             "step {step}: {op:?}"
         );
-        for audit in db.store.audit().await.unwrap() {
+        for audit in model_gateway::Accounts::audit(db.store.as_ref())
+            .await
+            .unwrap()
+        {
             assert!(audit.holds(), "step {step}: {op:?}: {audit:?}");
         }
         // Every write here is valid: none may need the committer's roll-back-and-rerun path,

@@ -2,8 +2,6 @@
 //! on a temporary SQLite file or a private PostgreSQL schema.
 #![allow(dead_code)]
 
-#[path = "../../examples/gateway/app.rs"]
-pub mod app;
 pub mod fake_provider;
 
 use std::sync::Arc;
@@ -188,11 +186,17 @@ impl TestDb {
 
     /// An account with one key and these credits; returns the clear key.
     pub async fn funded_key(&self, subscription: i64, topup: i64) -> String {
-        app::create_key(&self.store, "test", subscription, topup)
-            .await
-            .unwrap()
-            .reveal()
-            .to_owned()
+        let new = model_gateway::admin::NewAccount {
+            name: "test".into(),
+            subscription,
+            topup,
+        };
+        self.admin().create_account(&new).await.unwrap().key
+    }
+
+    /// The operator's operations on this database.
+    pub fn admin(&self) -> model_gateway::admin::Admin<SeaOrmStore> {
+        model_gateway::admin::Admin::new(self.store.clone())
     }
 
     pub async fn balance(&self, key: &str) -> Balance {
@@ -256,15 +260,16 @@ pub async fn start_gateway(
     upstream: Upstream,
     max_body_bytes: usize,
 ) -> Gateway {
-    let router = app::router(
-        db.store.clone(),
-        Arc::new(catalogue),
-        upstream,
-        max_body_bytes,
-    );
+    let router = model_gateway::Gateway::new(db.store.clone(), Arc::new(catalogue), upstream)
+        .body_limits(max_body_bytes)
+        .router();
+    serve_router(router).await
+}
+
+/// `router` served over real HTTP on an ephemeral port, as the example gateway serves it.
+pub async fn serve_router(router: axum::Router) -> Gateway {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    // Served as the example gateway serves it.
     let server = tokio::spawn(async move {
         let limits = model_gateway::server::ServerLimits::default();
         model_gateway::server::serve(listener, router, limits, std::future::pending())
