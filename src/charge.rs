@@ -145,6 +145,7 @@ where
                 return Ok(GatewayError::Misconfigured.into_response());
             };
             let charge = ChargeRequest {
+                at: chrono::Utc::now(),
                 caller,
                 protocol: routed.protocol,
                 model: &routed.model.name,

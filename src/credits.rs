@@ -80,6 +80,23 @@ impl Balance {
         self.subscription.0.checked_add(self.topup.0).map(Credits)
     }
 
+    /// What a call made at `at` may spend: nothing of a subscription whose period ended
+    /// (`subscription_ends_at`) by then.
+    pub fn spendable(
+        self,
+        subscription_ends_at: Option<chrono::DateTime<chrono::Utc>>,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Balance {
+        if subscription_ends_at.is_some_and(|end| end <= at) {
+            Balance {
+                subscription: Credits::ZERO,
+                topup: self.topup,
+            }
+        } else {
+            self
+        }
+    }
+
     /// This balance with `amount` more in `bucket`, if the bucket and the total stay within
     /// [`Credits::MAX`].
     pub fn checked_grant(self, bucket: Bucket, amount: Credits) -> Option<Balance> {

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `GET /v1/models` | yes | the catalogue's models that the key may call: Anthropic's list shape when the request has `anthropic-version` (`limit`, `after_id`, `before_id` honoured), else OpenAI's; each item also has `protocol` and `price` (credits per call) |
 //! | `GET /v1/models/{id}` | yes | one model in the same shapes; `404 模型不存在` |
-//! | `GET /v1/balance` | yes | `{"subscription", "topup", "total"}` of the key's account |
+//! | `GET /v1/balance` | yes | `{"subscription", "topup", "total", "subscription_ends_at"}` of the key's account: what calls can spend now |
 //! | `GET /v1/calls?limit=&before=` | yes | the account's own call-log entries, newest first, a page at a time |
 //! | `POST /v1/messages/count_tokens` | yes | the provider's token count for a messages request (the mock estimates); free, no call-log entry |
 //! | `GET /health` | no | 200 while the process runs (the database is not touched) |
@@ -211,13 +211,18 @@ async fn balance<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     Extension(caller): Extension<Caller>,
 ) -> Response {
-    match shared.store.balance(caller.account).await {
-        Ok(balance) => axum::Json(json!({
-            "subscription": balance.subscription,
-            "topup": balance.topup,
-            "total": balance.total(),
-        }))
-        .into_response(),
+    match shared.store.account(caller.account).await {
+        Ok(Some(account)) => {
+            let balance = account.spendable(chrono::Utc::now());
+            axum::Json(json!({
+                "subscription": balance.subscription,
+                "topup": balance.topup,
+                "total": balance.total(),
+                "subscription_ends_at": account.subscription_ends_at,
+            }))
+            .into_response()
+        }
+        Ok(None) => refuse(GatewayError::InvalidApiKey),
         Err(error) => {
             tracing::error!(%error, "balance unavailable");
             refuse(GatewayError::StoreUnavailable)

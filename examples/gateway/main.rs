@@ -315,6 +315,13 @@ enum GrantsCommand {
         /// Applied once per account however often it is sent with this key.
         #[arg(long)]
         idempotency_key: Option<String>,
+        /// Subscription credits for a period of this many days from now (what was left of the
+        /// previous period lapses).
+        #[arg(long, conflicts_with = "ends_at")]
+        period_days: Option<u32>,
+        /// Subscription credits for a period ending then (RFC 3339).
+        #[arg(long)]
+        ends_at: Option<String>,
     },
 }
 
@@ -419,10 +426,18 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     credits,
                     reason,
                     idempotency_key,
+                    period_days,
+                    ends_at,
                 },
         } => {
             let mut grant = GrantRequest::new(bucket, Credits(credits));
             grant.reason = reason;
+            grant.period_days = period_days;
+            grant.ends_at = ends_at
+                .map(|at| chrono::DateTime::parse_from_rfc3339(&at))
+                .transpose()
+                .map_err(|error| format!("--ends-at: {error}"))?
+                .map(|at| at.with_timezone(&chrono::Utc));
             let granted = admin
                 .grant(AccountId(account), &grant, idempotency_key.as_deref())
                 .await?;
@@ -597,11 +612,25 @@ fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::Catalogu
 /// How often a serving gateway looks for reservations left pending by a stopped gateway.
 const RECOVERY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// Refunds stale reservations now, then every [`RECOVERY_INTERVAL`], for as long as it runs.
+/// Refunds stale reservations and lapses ended subscription periods now, then every
+/// [`RECOVERY_INTERVAL`], for as long as it runs. (Calls never spend an ended period's credits
+/// meanwhile: reservations judge the end themselves.)
 async fn recover_periodically(store: Arc<SeaOrmStore>, older_than: std::time::Duration) {
     let mut ticks = tokio::time::interval(RECOVERY_INTERVAL);
     loop {
         ticks.tick().await;
+        match model_gateway::Accounts::lapse_ended_subscriptions(store.as_ref(), chrono::Utc::now())
+            .await
+        {
+            Ok(lapses) if !lapses.is_empty() => {
+                tracing::info!(
+                    accounts = lapses.len(),
+                    "subscription periods ended; their credits lapsed"
+                )
+            }
+            Ok(_) => {}
+            Err(error) => tracing::error!(%error, "lapsing ended subscriptions failed; will retry"),
+        }
         match model_gateway::recover_stale_reservations(store.as_ref(), older_than).await {
             Ok(refunded) if !refunded.is_empty() => {
                 tracing::warn!(count = refunded.len(), "refunded stale reservations")

@@ -36,7 +36,7 @@ use serde::Serialize;
 
 use crate::call::KeyRules;
 use crate::catalogue::Catalogue;
-use crate::credits::{Balance, Bucket, Credits};
+use crate::credits::{Bucket, Credits};
 use crate::error::GatewayError;
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::{
@@ -106,23 +106,28 @@ impl AdminError {
     }
 }
 
-/// An account's credits as the API shows them.
+/// An account's credits as the API shows them: what calls can spend now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct BalanceView {
-    /// Subscription credits left.
+    /// Subscription credits left (none once their period has ended).
     pub subscription: Credits,
     /// Top-up credits left.
     pub topup: Credits,
     /// Both together.
     pub total: Credits,
+    /// When the subscription credits end; `null`: never.
+    pub subscription_ends_at: Option<DateTime<Utc>>,
 }
 
-impl From<Balance> for BalanceView {
-    fn from(balance: Balance) -> BalanceView {
+impl BalanceView {
+    /// The account's credits as spendable at `now`.
+    pub fn of(account: &AccountSummary, now: DateTime<Utc>) -> BalanceView {
+        let spendable = account.spendable(now);
         BalanceView {
-            subscription: balance.subscription,
-            topup: balance.topup,
-            total: balance.total(),
+            subscription: spendable.subscription,
+            topup: spendable.topup,
+            total: spendable.total(),
+            subscription_ends_at: account.subscription_ends_at,
         }
     }
 }
@@ -179,12 +184,12 @@ pub struct AccountListItem {
     pub created_at: DateTime<Utc>,
 }
 
-impl From<AccountSummary> for AccountListItem {
-    fn from(summary: AccountSummary) -> AccountListItem {
+impl AccountListItem {
+    fn of(summary: AccountSummary, now: DateTime<Utc>) -> AccountListItem {
         AccountListItem {
+            balance: BalanceView::of(&summary, now),
             id: summary.id,
             name: summary.name,
-            balance: summary.balance.into(),
             created_at: summary.created_at,
         }
     }
@@ -338,21 +343,21 @@ impl<S: Store> Admin<S> {
         let account = self.store.create_account(&new.name).await?;
         let key = NewApiKey::generate();
         let key_id = self.store.add_key(account, &key).await?;
-        let mut balance = Balance::default();
         for (bucket, amount) in [
             (Bucket::Subscription, new.subscription),
             (Bucket::Topup, new.topup),
         ] {
             if amount > 0 {
-                balance = self.store.grant(account, bucket, Credits(amount)).await?;
+                self.store.grant(account, bucket, Credits(amount)).await?;
             }
         }
+        let created = self.existing(account).await?;
         Ok(CreatedAccount {
             id: account,
             name: new.name.clone(),
             key: key.reveal().to_owned(),
             key_id,
-            balance: balance.into(),
+            balance: BalanceView::of(&created, Utc::now()),
         })
     }
 
@@ -380,7 +385,10 @@ impl<S: Store> Admin<S> {
             .then(|| found.last().map(|account| account.id))
             .flatten();
         Ok(AccountList {
-            data: found.into_iter().map(Into::into).collect(),
+            data: found
+                .into_iter()
+                .map(|summary| AccountListItem::of(summary, Utc::now()))
+                .collect(),
             has_more,
             next_after,
         })
@@ -393,8 +401,8 @@ impl<S: Store> Admin<S> {
         let keys = self.store.keys_of(account).await?;
         Ok(AccountView {
             id: summary.id,
+            balance: BalanceView::of(&summary, now),
             name: summary.name,
-            balance: summary.balance.into(),
             created_at: summary.created_at,
             keys: keys.into_iter().map(|key| KeyView::of(key, now)).collect(),
         })
@@ -467,6 +475,7 @@ impl<S: Store> Admin<S> {
         grant.check()?;
         requests::check_idempotency_key(idempotency_key)?;
         self.existing(account).await?;
+        let now = Utc::now();
         let granted = self
             .store
             .grant_once(
@@ -476,12 +485,15 @@ impl<S: Store> Admin<S> {
                     amount: grant.credits,
                     reason: grant.reason.as_deref(),
                     idempotency_key,
+                    period_end: grant.period_end(now),
+                    at: now,
                 },
             )
             .await?;
+        let after = self.existing(account).await?;
         Ok(GrantView {
             account,
-            balance: granted.balance.into(),
+            balance: BalanceView::of(&after, Utc::now()),
             applied: granted.applied,
         })
     }
@@ -510,13 +522,12 @@ impl<S: Store> Admin<S> {
             .checked_grant(Bucket::Subscription, Credits(subscription))
             .and_then(|balance| balance.checked_grant(Bucket::Topup, Credits(topup)))
             .ok_or(GatewayError::BalanceOverflow)?;
-        let mut balance = summary.balance;
         for (bucket, amount) in [(Bucket::Subscription, subscription), (Bucket::Topup, topup)] {
             if amount > 0 {
-                balance = self.store.grant(account, bucket, Credits(amount)).await?;
+                self.store.grant(account, bucket, Credits(amount)).await?;
             }
         }
-        Ok(balance.into())
+        Ok(BalanceView::of(&self.existing(account).await?, Utc::now()))
     }
 
     /// One page of the account's call log, newest first.

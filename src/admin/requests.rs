@@ -167,16 +167,42 @@ pub struct GrantRequest {
     pub credits: Credits,
     /// Why, for the books.
     pub reason: Option<String>,
+    /// Subscription only: the credits are for a period of this many days from now; what was
+    /// left of the previous period lapses.
+    pub period_days: Option<u32>,
+    /// Subscription only: the credits are for a period that ends then (instead of
+    /// `period_days`).
+    pub ends_at: Option<DateTime<Utc>>,
 }
 
+/// Longest subscription period, in days (ten years).
+const MAX_PERIOD_DAYS: u32 = 3660;
+
 impl GrantRequest {
-    /// `credits` for `bucket`, without a reason.
+    /// `credits` for `bucket`, without a reason or a period.
     pub fn new(bucket: Bucket, credits: Credits) -> GrantRequest {
         GrantRequest {
             bucket,
             credits,
             reason: None,
+            period_days: None,
+            ends_at: None,
         }
+    }
+
+    /// When the period this grant starts ends, if it starts one.
+    pub fn period_end(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.ends_at.or_else(|| {
+            self.period_days
+                .map(|days| now + chrono::Duration::days(i64::from(days)))
+        })
+    }
+
+    /// The same grant, for a subscription period of `days` days from now.
+    #[must_use]
+    pub fn period_days(mut self, days: u32) -> GrantRequest {
+        self.period_days = Some(days);
+        self
     }
 
     /// The same grant, with a reason.
@@ -186,9 +212,13 @@ impl GrantRequest {
         self
     }
 
-    /// Reads `{"bucket": "subscription" | "topup", "credits": N, "reason": "..."}`.
+    /// Reads `{"bucket": "subscription" | "topup", "credits": N, "period_days": N, "reason":
+    /// "..."}`.
     pub fn from_json(body: &Value) -> Result<GrantRequest, GatewayError> {
-        let object = object(body, &["bucket", "credits", "reason"])?;
+        let object = object(
+            body,
+            &["bucket", "credits", "period_days", "ends_at", "reason"],
+        )?;
         let bucket = text(object, "bucket")?
             .and_then(Bucket::parse)
             .ok_or(invalid("bucket", "必须是 subscription 或 topup"))?;
@@ -201,6 +231,21 @@ impl GrantRequest {
             bucket,
             credits: Credits(credits),
             reason: text(object, "reason")?.map(str::to_owned),
+            period_days: match object.get("period_days") {
+                None | Some(Value::Null) => None,
+                Some(days) => Some(
+                    days.as_u64()
+                        .and_then(|days| u32::try_from(days).ok())
+                        .ok_or(invalid("period_days", "必须是正整数"))?,
+                ),
+            },
+            ends_at: text(object, "ends_at")?
+                .map(|at| {
+                    DateTime::parse_from_rfc3339(at)
+                        .map(|at| at.with_timezone(&Utc))
+                        .map_err(|_| invalid("ends_at", "必须是 RFC 3339 时间"))
+                })
+                .transpose()?,
         };
         grant.check()?;
         Ok(grant)
@@ -209,6 +254,23 @@ impl GrantRequest {
     pub(super) fn check(&self) -> Result<(), GatewayError> {
         if self.credits.get() <= 0 {
             return Err(invalid("credits", "必须是正整数"));
+        }
+        if self.ends_at.is_some() {
+            if self.bucket != Bucket::Subscription {
+                return Err(invalid("ends_at", "只用于 subscription"));
+            }
+            if self.period_days.is_some() {
+                return Err(invalid("ends_at", "不能与 period_days 同时给出"));
+            }
+        }
+        match self.period_days {
+            Some(_) if self.bucket != Bucket::Subscription => {
+                return Err(invalid("period_days", "只用于 subscription"));
+            }
+            Some(days) if days == 0 || days > MAX_PERIOD_DAYS => {
+                return Err(invalid("period_days", "必须是 1 到 3660 之间的整数"));
+            }
+            _ => {}
         }
         if self
             .reason

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use super::{
     AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, ActiveKey, BalanceOverflow,
     CallFailure, CallId, CallLog, CallQuery, CallRecord, CallStatus, CallSuccess, Caller,
-    ChargeRequest, Grant, Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, KeyStore,
+    ChargeRequest, Grant, Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, KeyStore, Lapse,
     Ledger, Reservation, ReserveError, StoreError, Sums, check_grant_amount,
 };
 use crate::credits::{Balance, Bucket, Credits};
@@ -38,6 +38,8 @@ struct AccountRow {
     name: String,
     created_at: DateTime<Utc>,
     granted: Sums,
+    lapsed: i128,
+    subscription_ends_at: Option<DateTime<Utc>>,
     /// Idempotency keys of the grants applied, with what each granted.
     grants_by_key: HashMap<String, (Bucket, Credits)>,
 }
@@ -49,7 +51,25 @@ impl State {
             id,
             name: row.name.clone(),
             balance: self.balances.get(&id).copied().unwrap_or_default(),
+            subscription_ends_at: row.subscription_ends_at,
             created_at: row.created_at,
+        })
+    }
+
+    /// Takes out what is left of the account's subscription credits, if anything, recording
+    /// it as lapsed at `period_end`.
+    fn lapse(&mut self, account: AccountId, period_end: DateTime<Utc>) -> Option<Lapse> {
+        let balance = self.balances.get_mut(&account)?;
+        let amount = balance.subscription;
+        if amount <= Credits::ZERO {
+            return None;
+        }
+        balance.subscription = Credits::ZERO;
+        self.accounts.get_mut(&account)?.lapsed += i128::from(amount.get());
+        Some(Lapse {
+            account,
+            amount,
+            period_end,
         })
     }
 
@@ -108,11 +128,16 @@ impl Ledger for MemoryStore {
             return Err(ReserveError::KeyRevoked);
         }
         let account = request.caller.account;
+        let ends_at = state
+            .accounts
+            .get(&account)
+            .and_then(|row| row.subscription_ends_at);
         let balance = state
             .balances
             .get_mut(&account)
             .ok_or_else(|| unknown_account(account))?;
         let taken = balance
+            .spendable(ends_at, request.at)
             .split_charge(request.price)
             .ok_or(ReserveError::InsufficientCredits)?;
         balance.subscription.0 -= taken.subscription.0;
@@ -256,6 +281,8 @@ impl Accounts for MemoryStore {
                 name: name.to_owned(),
                 created_at: Utc::now(),
                 granted: Sums::default(),
+                lapsed: 0,
+                subscription_ends_at: None,
                 grants_by_key: HashMap::new(),
             },
         );
@@ -360,18 +387,36 @@ impl Accounts for MemoryStore {
                 applied: false,
             });
         }
-        let granted = balance
+        let ends_at = row.subscription_ends_at;
+        let ended = ends_at.is_some_and(|end| end <= grant.at);
+        let new_period =
+            grant.bucket == Bucket::Subscription && (grant.period_end.is_some() || ended);
+        let from = if new_period {
+            Balance {
+                subscription: Credits::ZERO,
+                ..balance
+            }
+        } else {
+            balance
+        };
+        let granted = from
             .checked_grant(grant.bucket, grant.amount)
             .ok_or(BalanceOverflow {
                 account,
                 bucket: grant.bucket,
                 amount: grant.amount,
             })?;
+        if new_period {
+            state.lapse(account, ends_at.unwrap_or(grant.at));
+        }
         state.balances.insert(account, granted);
         let row = state
             .accounts
             .get_mut(&account)
             .ok_or_else(|| unknown_account(account))?;
+        if new_period {
+            row.subscription_ends_at = grant.period_end;
+        }
         row.granted.add(grant.bucket, grant.amount);
         if let Some(key) = grant.idempotency_key {
             row.grants_by_key
@@ -412,6 +457,23 @@ impl Accounts for MemoryStore {
         Ok(self.lock().balances.len() as u64)
     }
 
+    async fn lapse_ended_subscriptions(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Lapse>, StoreError> {
+        let mut state = self.lock();
+        let ended: Vec<(AccountId, DateTime<Utc>)> = state
+            .accounts
+            .iter()
+            .filter_map(|(id, row)| Some((*id, row.subscription_ends_at?)))
+            .filter(|(_, end)| *end <= now)
+            .collect();
+        Ok(ended
+            .into_iter()
+            .filter_map(|(account, end)| state.lapse(account, end))
+            .collect())
+    }
+
     async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError> {
         let state = self.lock();
         let mut charged: HashMap<AccountId, Sums> = HashMap::new();
@@ -428,6 +490,7 @@ impl Accounts for MemoryStore {
             .map(|(id, row)| AccountAudit {
                 account: *id,
                 granted: row.granted,
+                lapsed: row.lapsed,
                 charged: charged.get(id).copied().unwrap_or_default(),
                 balance: state.balances.get(id).copied().unwrap_or_default(),
             })

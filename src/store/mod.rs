@@ -31,7 +31,7 @@ mod sea;
 pub use memory::MemoryStore;
 pub use records::{
     AccountAudit, AccountQuery, AccountSummary, CallQuery, Grant, Granted, IdempotencyKeyReused,
-    KeyInfo, KeyStatus, Sums,
+    KeyInfo, KeyStatus, Lapse, Sums,
 };
 pub use sea::{DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
 
@@ -48,6 +48,8 @@ pub struct ChargeRequest<'a> {
     pub price: Credits,
     /// The request's id (`x-request-id`), kept in the call log.
     pub request_id: Option<&'a str>,
+    /// When the call is made: a subscription whose period ended by then is not spent.
+    pub at: DateTime<Utc>,
 }
 
 /// A successful upstream call, recorded when it is settled.
@@ -325,8 +327,16 @@ pub trait Accounts: Send + Sync {
     /// How many accounts exist.
     async fn account_count(&self) -> Result<u64, StoreError>;
 
-    /// Checks every account: granted credits minus the charges of `ok` and `pending` calls must
-    /// equal the balance, bucket by bucket, and no bucket may be negative.
+    /// Takes out the subscription credits of every account whose period ended by `now`,
+    /// recording each as a [`Lapse`]; once per period (credits refunded into an ended period
+    /// lapse on the next pass). Calls never spend them meanwhile: reservations judge the end
+    /// themselves.
+    async fn lapse_ended_subscriptions(&self, now: DateTime<Utc>)
+    -> Result<Vec<Lapse>, StoreError>;
+
+    /// Checks every account: granted credits minus the charges of `ok` and `pending` calls
+    /// (and, for subscriptions, minus what lapsed) must equal the balance, bucket by bucket,
+    /// and no bucket may be negative.
     async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError>;
 
     /// Whether the store can be reached now (for a readiness probe). The default says yes.

@@ -15,10 +15,20 @@ pub struct AccountSummary {
     pub id: AccountId,
     /// The operator's label.
     pub name: String,
-    /// Its credits, bucket by bucket.
+    /// Its credits, bucket by bucket, as stored (see [`AccountSummary::spendable`]).
     pub balance: Balance,
+    /// When its subscription credits end; `None`: never.
+    pub subscription_ends_at: Option<DateTime<Utc>>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+}
+
+impl AccountSummary {
+    /// What a call made at `now` may spend: no subscription credits once their period ended,
+    /// even before the lapse is recorded.
+    pub fn spendable(&self, now: DateTime<Utc>) -> Balance {
+        self.balance.spendable(self.subscription_ends_at, now)
+    }
 }
 
 /// Which accounts [`Accounts::accounts`](super::Accounts::accounts) lists: ascending by id,
@@ -88,18 +98,36 @@ pub struct Grant<'a> {
     /// A grant with a key already used on the account is not applied again: sending it twice
     /// grants once.
     pub idempotency_key: Option<&'a str>,
+    /// For subscription credits: a new period that ends then. What was left of the previous
+    /// period's credits lapses first (a renewal replaces, it does not add up).
+    pub period_end: Option<DateTime<Utc>>,
+    /// When the grant is made (whether the current period has ended is judged at this time).
+    pub at: DateTime<Utc>,
 }
 
 impl Grant<'_> {
-    /// `amount` credits to `bucket`, with no reason and no idempotency key.
+    /// `amount` credits to `bucket` now, with no reason, idempotency key or period.
     pub fn plain(bucket: Bucket, amount: Credits) -> Grant<'static> {
         Grant {
             bucket,
             amount,
             reason: None,
             idempotency_key: None,
+            period_end: None,
+            at: Utc::now(),
         }
     }
+}
+
+/// Subscription credits that lapsed when their period ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Lapse {
+    /// The account.
+    pub account: AccountId,
+    /// How many credits lapsed.
+    pub amount: Credits,
+    /// The end of their period.
+    pub period_end: DateTime<Utc>,
 }
 
 /// What a grant did.
@@ -147,6 +175,8 @@ pub struct AccountAudit {
     pub granted: Sums,
     /// Sum of what `ok` and `pending` calls took, per bucket (exact).
     pub charged: Sums,
+    /// Subscription credits that lapsed at the end of their periods (exact).
+    pub lapsed: i128,
     /// The stored balance.
     pub balance: Balance,
 }
@@ -171,8 +201,8 @@ impl Sums {
 }
 
 impl AccountAudit {
-    /// `granted - charged == balance` in both buckets, neither bucket negative, and the two
-    /// together representable.
+    /// `granted - charged (- lapsed, for subscriptions) == balance` in both buckets, neither
+    /// bucket negative, and the two together representable.
     pub fn holds(&self) -> bool {
         self.problem().is_none()
     }
@@ -192,11 +222,13 @@ impl AccountAudit {
             );
         }
         let left = |granted: i128, charged: i128| granted - charged;
-        if left(self.granted.subscription, self.charged.subscription)
+        if left(self.granted.subscription, self.charged.subscription) - self.lapsed
             != i128::from(subscription.get())
             || left(self.granted.topup, self.charged.topup) != i128::from(topup.get())
         {
-            return Some("the balance differs from grants minus ok and pending charges");
+            return Some(
+                "the balance differs from grants minus ok and pending charges (and lapses)",
+            );
         }
         None
     }

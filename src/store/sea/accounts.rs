@@ -3,20 +3,20 @@
 //! idempotency key checked under that lock is applied once however many gateways send it.
 
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait, Func, LikeExpr, Query};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, EntityTrait, NotSet, PaginatorTrait, QueryFilter, QueryOrder,
-    QuerySelect, Set,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, NotSet, PaginatorTrait,
+    QueryFilter, QueryOrder, QuerySelect, Set,
 };
 
-use super::entity::{account, api_key, credit_grant};
+use super::entity::{account, api_key, credit_grant, subscription_lapse};
 use super::{SeaOrmStore, balance_of, locked_account};
 use crate::credits::{Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::{
     AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, BalanceOverflow, Grant,
-    Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, StoreError, check_grant_amount,
+    Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, Lapse, StoreError, check_grant_amount,
 };
 
 /// The rules stored on a key's row.
@@ -52,9 +52,48 @@ fn summary(row: account::Model) -> AccountSummary {
     AccountSummary {
         id: AccountId(row.id),
         balance: balance_of(&row),
+        subscription_ends_at: row.subscription_ends_at,
         name: row.name,
         created_at: row.created_at,
     }
+}
+
+/// Takes out what is left of a locked account's subscription credits, if anything, recording
+/// it as lapsed at `period_end`.
+async fn lapse<C: ConnectionTrait>(
+    txn: &C,
+    row: &account::Model,
+    period_end: DateTime<Utc>,
+) -> Result<Option<Lapse>, StoreError> {
+    if row.subscription_credits <= 0 {
+        return Ok(None);
+    }
+    let emptied = account::Entity::update_many()
+        .col_expr(account::Column::SubscriptionCredits, Expr::value(0i64))
+        .filter(account::Column::Id.eq(row.id))
+        .filter(account::Column::SubscriptionCredits.eq(row.subscription_credits))
+        .exec(txn)
+        .await?;
+    if emptied.rows_affected != 1 {
+        return Err(StoreError::msg(format!(
+            "account {} changed under its lock",
+            row.id
+        )));
+    }
+    subscription_lapse::ActiveModel {
+        id: NotSet,
+        account_id: Set(row.id),
+        amount: Set(row.subscription_credits),
+        period_end: Set(period_end),
+        created_at: Set(Utc::now()),
+    }
+    .insert(txn)
+    .await?;
+    Ok(Some(Lapse {
+        account: AccountId(row.id),
+        amount: Credits(row.subscription_credits),
+        period_end,
+    }))
 }
 
 /// `text` for a `LIKE` pattern, its wildcards taken literally.
@@ -88,6 +127,7 @@ impl Accounts for SeaOrmStore {
             subscription_credits: Set(0),
             topup_credits: Set(0),
             created_at: Set(Utc::now()),
+            subscription_ends_at: Set(None),
         };
         let id = account::Entity::insert(row)
             .exec(&self.db)
@@ -187,6 +227,8 @@ impl Accounts for SeaOrmStore {
             amount,
             reason,
             idempotency_key,
+            period_end,
+            at,
         } = grant;
         check_grant_amount(amount)?;
         let txn = self.begin_write().await?;
@@ -211,6 +253,28 @@ impl Accounts for SeaOrmStore {
                     applied: false,
                 });
             }
+        }
+        // A subscription grant with a period, or into a period that has ended, starts a new
+        // period: what was left lapses first.
+        let ended = before.subscription_ends_at.is_some_and(|end| end <= at);
+        let new_period = bucket == Bucket::Subscription && (period_end.is_some() || ended);
+        if new_period {
+            let room = Credits::MAX.get() - amount.get();
+            if before.topup_credits > room {
+                txn.rollback().await?;
+                return Err(BalanceOverflow {
+                    account,
+                    bucket,
+                    amount,
+                }
+                .into());
+            }
+            lapse(&txn, &before, before.subscription_ends_at.unwrap_or(at)).await?;
+            account::Entity::update_many()
+                .col_expr(account::Column::SubscriptionEndsAt, Expr::value(period_end))
+                .filter(account::Column::Id.eq(account.0))
+                .exec(&txn)
+                .await?;
         }
         let (column, other) = match bucket {
             Bucket::Subscription => (
@@ -310,6 +374,37 @@ impl Accounts for SeaOrmStore {
 
     async fn account_count(&self) -> Result<u64, StoreError> {
         Ok(account::Entity::find().count(&self.db).await?)
+    }
+
+    async fn lapse_ended_subscriptions(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Lapse>, StoreError> {
+        // Few accounts have credits in a period: find them, then judge each under its lock.
+        let candidates: Vec<(i64, Option<DateTime<Utc>>)> = account::Entity::find()
+            .select_only()
+            .column(account::Column::Id)
+            .column(account::Column::SubscriptionEndsAt)
+            .filter(account::Column::SubscriptionEndsAt.is_not_null())
+            .filter(account::Column::SubscriptionCredits.gt(0))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let mut lapses = Vec::new();
+        for (id, _) in candidates
+            .into_iter()
+            .filter(|(_, end)| end.is_some_and(|end| end <= now))
+        {
+            let txn = self.begin_write().await?;
+            let row = locked_account(&txn, AccountId(id)).await?;
+            let lapsed = match row.subscription_ends_at {
+                Some(end) if end <= now => lapse(&txn, &row, end).await?,
+                _ => None,
+            };
+            txn.commit().await?;
+            lapses.extend(lapsed);
+        }
+        Ok(lapses)
     }
 
     async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError> {

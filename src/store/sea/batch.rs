@@ -7,6 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use chrono::{DateTime, Utc};
+
 use crate::credits::{Balance, Credits, Split};
 use crate::protocol::Protocol;
 use crate::store::{
@@ -22,6 +24,7 @@ pub(super) struct OwnedCharge {
     pub(super) model: String,
     pub(super) price: Credits,
     pub(super) request_id: Option<String>,
+    pub(super) at: DateTime<Utc>,
 }
 
 impl From<ChargeRequest<'_>> for OwnedCharge {
@@ -32,6 +35,7 @@ impl From<ChargeRequest<'_>> for OwnedCharge {
             model: request.model.to_owned(),
             price: request.price,
             request_id: request.request_id.map(str::to_owned),
+            at: request.at,
         }
     }
 }
@@ -95,8 +99,15 @@ impl Wanted {
 #[derive(Debug, Default)]
 pub(super) struct Reads {
     pub(super) entries: BTreeMap<i64, Entry>,
-    pub(super) accounts: BTreeMap<i64, Balance>,
+    pub(super) accounts: BTreeMap<i64, AccountRead>,
     pub(super) active_keys: BTreeSet<i64>,
+}
+
+/// An account as a batch reads it: its balance, and when its subscription credits end.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AccountRead {
+    pub(super) balance: Balance,
+    pub(super) subscription_ends_at: Option<DateTime<Utc>>,
 }
 
 /// A call-log entry that a settle or refund may finish.
@@ -138,6 +149,7 @@ pub(super) struct Plan<'a> {
 struct Held {
     balance: Balance,
     change: Balance,
+    subscription_ends_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug)]
@@ -158,9 +170,13 @@ impl<'a> Plan<'a> {
         } = reads;
         let accounts = accounts
             .into_iter()
-            .map(|(id, balance)| {
-                let change = Balance::default();
-                (id, Held { balance, change })
+            .map(|(id, read)| {
+                let held = Held {
+                    balance: read.balance,
+                    change: Balance::default(),
+                    subscription_ends_at: read.subscription_ends_at,
+                };
+                (id, held)
             })
             .collect();
         let mut plan = Plan {
@@ -207,7 +223,7 @@ impl<'a> Plan<'a> {
         let Some(held) = self.accounts.get_mut(&account.0) else {
             return Decision::Refused(unknown_account(account).into());
         };
-        let Some(taken) = held.balance.split_charge(charge.price) else {
+        let Some(taken) = held.spendable(charge.at).split_charge(charge.price) else {
             return Decision::Refused(ReserveError::InsufficientCredits);
         };
         held.take(taken);
@@ -247,6 +263,11 @@ impl<'a> Plan<'a> {
 }
 
 impl Held {
+    /// What a call made at `at` may spend: nothing of a subscription whose period has ended.
+    fn spendable(&self, at: DateTime<Utc>) -> Balance {
+        self.balance.spendable(self.subscription_ends_at, at)
+    }
+
     fn take(&mut self, split: Split) {
         self.balance.subscription.0 -= split.subscription.0;
         self.balance.topup.0 -= split.topup.0;

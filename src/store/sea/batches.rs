@@ -159,6 +159,7 @@ mod tests {
             model: "m".into(),
             price: Credits(1),
             request_id: None,
+            at: chrono::Utc::now(),
         };
         batches.current.push(Job {
             write: Write::Reserve(charge),

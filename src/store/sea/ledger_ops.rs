@@ -25,7 +25,9 @@ use sea_orm::{
     Set, Statement,
 };
 
-use super::batch::{Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split};
+use super::batch::{
+    AccountRead, Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split,
+};
 use super::entity::{account, api_key, call};
 use crate::credits::{Balance, Credits};
 use crate::store::{CallStatus, StoreError};
@@ -93,16 +95,17 @@ async fn lock_entries<C: ConnectionTrait>(
 async fn lock_accounts<C: ConnectionTrait>(
     txn: &C,
     ids: BTreeSet<i64>,
-) -> Result<BTreeMap<i64, Balance>, StoreError> {
+) -> Result<BTreeMap<i64, AccountRead>, StoreError> {
     if ids.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let rows: Vec<(i64, i64, i64)> = account::Entity::find()
+    let rows: Vec<(i64, i64, i64, Option<DateTime<Utc>>)> = account::Entity::find()
         .select_only()
         .columns([
             account::Column::Id,
             account::Column::SubscriptionCredits,
             account::Column::TopupCredits,
+            account::Column::SubscriptionEndsAt,
         ])
         .filter(account::Column::Id.is_in(ids))
         .order_by_asc(account::Column::Id)
@@ -112,12 +115,16 @@ async fn lock_accounts<C: ConnectionTrait>(
         .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, subscription, topup)| {
+        .map(|(id, subscription, topup, subscription_ends_at)| {
             let balance = Balance {
                 subscription: Credits(subscription),
                 topup: Credits(topup),
             };
-            (id, balance)
+            let read = AccountRead {
+                balance,
+                subscription_ends_at,
+            };
+            (id, read)
         })
         .collect())
 }

@@ -55,7 +55,7 @@ mod migration;
 mod sqlite_direct;
 
 use batch::{OwnedCharge, unknown_account};
-use entity::{account, api_key, call, credit_grant};
+use entity::{account, api_key, call, credit_grant, subscription_lapse};
 use group_commit::Committer;
 pub use group_commit::DEFAULT_MAX_BATCH;
 pub use jobs::GroupCommitStats;
@@ -195,6 +195,7 @@ impl SeaOrmStore {
                 balance: balance_of(&row),
                 granted: Sums::default(),
                 charged: Sums::default(),
+                lapsed: 0,
             })
             .collect();
         let index = |audits: &[AccountAudit], id: i64| {
@@ -263,6 +264,23 @@ impl SeaOrmStore {
                 subscription: exact(subscription_high, subscription_low),
                 topup: exact(topup_high, topup_low),
             };
+        }
+        let lapses: Vec<(i64, i64, i64)> = subscription_lapse::Entity::find()
+            .select_only()
+            .column(subscription_lapse::Column::AccountId)
+            .column_as(sum("amount", "high"), "high")
+            .column_as(sum("amount", "low"), "low")
+            .group_by(subscription_lapse::Column::AccountId)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        for (account, high, low) in lapses {
+            let Ok(at) = index(&audits, account) else {
+                return Err(StoreError::msg(format!(
+                    "lapse for missing account {account}"
+                )));
+            };
+            audits[at].lapsed = exact(high, low);
         }
         Ok(audits)
     }

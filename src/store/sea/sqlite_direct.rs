@@ -23,11 +23,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::Path;
 
-use chrono::{SecondsFormat, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior};
 use tokio::sync::mpsc;
 
-use super::batch::{Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split};
+use super::batch::{
+    AccountRead, Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split,
+};
 use super::batches::Batches;
 use super::flush::Flusher;
 use super::jobs::{Failure, Job, SQLITE_BUSY_TIMEOUT};
@@ -174,26 +176,43 @@ fn read_accounts(
     txn: &Transaction<'_>,
     wanted: &Wanted,
     entries: &BTreeMap<i64, Entry>,
-) -> Result<BTreeMap<i64, Balance>, StoreError> {
+) -> Result<BTreeMap<i64, AccountRead>, StoreError> {
     let mut statement = txn
-        .prepare_cached("SELECT subscription_credits, topup_credits FROM mg_accounts WHERE id = ?1")
+        .prepare_cached(
+            "SELECT subscription_credits, topup_credits, subscription_ends_at \
+             FROM mg_accounts WHERE id = ?1",
+        )
         .map_err(store_error)?;
     let mut accounts = BTreeMap::new();
     for id in wanted.accounts_with(entries) {
-        let balance = statement
+        let read = statement
             .query_row([id], |row| {
-                Ok(Balance {
+                let balance = Balance {
                     subscription: Credits(row.get(0)?),
                     topup: Credits(row.get(1)?),
-                })
+                };
+                Ok((balance, row.get::<_, Option<String>>(2)?))
             })
             .optional()
             .map_err(store_error)?;
-        if let Some(balance) = balance {
-            accounts.insert(id, balance);
+        if let Some((balance, ends_at)) = read {
+            let subscription_ends_at = ends_at.as_deref().map(parse_timestamp).transpose()?;
+            let read = AccountRead {
+                balance,
+                subscription_ends_at,
+            };
+            accounts.insert(id, read);
         }
     }
     Ok(accounts)
+}
+
+/// A timestamp as sea-orm (through sqlx) stores it on SQLite.
+fn parse_timestamp(text: &str) -> Result<DateTime<Utc>, StoreError> {
+    DateTime::parse_from_rfc3339(text)
+        .or_else(|_| DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%:z"))
+        .map(|at| at.with_timezone(&Utc))
+        .map_err(|error| StoreError::msg(format!("unreadable timestamp {text:?}: {error}")))
 }
 
 fn active_keys(txn: &Transaction<'_>, wanted: &Wanted) -> Result<BTreeSet<i64>, StoreError> {

@@ -18,6 +18,8 @@ pub struct Model {
     pub topup_credits: i64,
     /// Creation time.
     pub created_at: DateTimeUtc,
+    /// When the subscription credits stop being spendable and lapse; `NULL`: never.
+    pub subscription_ends_at: Option<DateTimeUtc>,
 }
 
 /// No relations are navigated through the ORM.

@@ -5,3 +5,4 @@ pub mod account;
 pub mod api_key;
 pub mod call;
 pub mod credit_grant;
+pub mod subscription_lapse;
