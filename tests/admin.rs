@@ -160,7 +160,7 @@ async fn accounts_are_created_listed_a_page_at_a_time_and_shown_with_their_keys(
     assert_eq!(created.status, 201);
     assert_eq!(
         created.body["balance"],
-        json!({"subscription": 5, "topup": 7, "total": 12})
+        json!({"subscription": 5, "topup": 7, "total": 12, "subscription_ends_at": null})
     );
     let alice = created.body["id"].as_i64().unwrap();
     let key = created.body["key"].as_str().unwrap();
@@ -182,7 +182,7 @@ async fn accounts_are_created_listed_a_page_at_a_time_and_shown_with_their_keys(
     assert_eq!(first.body["has_more"], true);
     assert_eq!(
         first.body["data"][0]["balance"],
-        json!({"subscription": 5 - CHAT_PRICE, "topup": 7, "total": 12 - CHAT_PRICE})
+        json!({"subscription": 5 - CHAT_PRICE, "topup": 7, "total": 12 - CHAT_PRICE, "subscription_ends_at": null})
     );
     let after = first.body["next_after"].as_i64().unwrap();
     let second = gateway
@@ -476,6 +476,7 @@ async fn calls_are_paged_newest_first_and_filtered_by_status_and_model() {
             model: CHAT_MODEL,
             price: Credits(CHAT_PRICE),
             request_id: None,
+            at: chrono::Utc::now(),
         })
         .await
         .unwrap();

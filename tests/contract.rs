@@ -425,7 +425,7 @@ async fn operator_commands_create_grant_and_report() {
     let balance = admin.add_credits(account, 1, 2).await.unwrap();
     assert_eq!(
         serde_json::to_value(balance).unwrap(),
-        serde_json::json!({ "subscription": 6, "topup": 9, "total": 15 })
+        serde_json::json!({ "subscription": 6, "topup": 9, "total": 15, "subscription_ends_at": null })
     );
     assert!(admin.add_credits(account, -1, 0).await.is_err());
     assert!(admin.account_of_key(&stranger_key()).await.is_err());

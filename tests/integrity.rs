@@ -691,6 +691,7 @@ async fn reserve(db: &TestDb, key: &str) -> Reservation {
             model: CHAT_MODEL,
             price: Credits(CHAT_PRICE),
             request_id: None,
+            at: chrono::Utc::now(),
         })
         .await
         .unwrap()

@@ -177,7 +177,7 @@ async fn the_balance_is_the_keys_accounts() {
     let answer = get(&gateway, "/v1/balance", Some(&key), false).await;
     assert_eq!(
         answer.body,
-        json!({ "subscription": 5, "topup": 5, "total": 10 })
+        json!({ "subscription": 5, "topup": 5, "total": 10, "subscription_ends_at": null })
     );
 }
 

@@ -52,6 +52,7 @@ fn charge(caller: Caller, price: i64) -> ChargeRequest<'static> {
         model: "gpt-4o-mini",
         price: Credits(price),
         request_id: Some("req_ledger-scenario"),
+        at: chrono::Utc::now(),
     }
 }
 
@@ -920,7 +921,7 @@ async fn assert_grants_past_the_largest_balance_are_refused(db: TestDb) {
     assert_eq!(audit.granted.topup, 2 * i128::from(i64::MAX));
     assert_eq!(
         audit.problem(),
-        Some("the balance differs from grants minus ok and pending charges")
+        Some("the balance differs from grants minus ok and pending charges (and lapses)")
     );
 
     // Both buckets full (a database edited by hand): the total cannot be represented.

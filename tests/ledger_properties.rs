@@ -1,11 +1,15 @@
-//! Model-based property tests of the ledger: random sequences of grants, reservations, settles,
-//! refunds, repeated refunds and key revocations, alone or in bursts that the database applies
-//! as one group-commit batch, applied to the in-memory model and to a database backend. After
-//! every step both agree on every outcome and balance, and the database's audit holds.
+//! Model-based property tests of the ledger: random sequences of grants (subscription credits
+//! with or without a period), reservations, settles, refunds, repeated refunds, key
+//! revocations, the clock moving on and ended periods lapsing, alone or in bursts that the
+//! database applies as one group-commit batch, applied to the in-memory model and to a database
+//! backend. After every step both agree on every outcome and balance, and the database's audit
+//! holds.
 
 mod common;
 
+use chrono::{DateTime, Duration, TimeZone, Utc};
 use common::*;
+use model_gateway::store::Grant;
 use model_gateway::{
     AccountId, Bucket, CallFailure, CallId, CallSuccess, Caller, ChargeRequest, Credits, KeyId,
     MemoryStore, NewApiKey, Protocol, ReserveError, Store,
@@ -18,7 +22,15 @@ enum Op {
         account: usize,
         subscription: bool,
         amount: i64,
+        /// For subscription credits: a period ending this many seconds from now.
+        period: Option<u8>,
     },
+    /// The clock moves on.
+    Tick {
+        seconds: u8,
+    },
+    /// Ended periods lapse.
+    Lapse,
     Reserve {
         account: usize,
         key: usize,
@@ -51,13 +63,18 @@ fn ledger_write() -> impl Strategy<Value = Op> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        2 => (0..2usize, any::<bool>(), 1..40i64).prop_map(|(account, subscription, amount)| Op::Grant {
-            account,
-            subscription,
-            amount
-        }),
+        2 => (0..2usize, any::<bool>(), 1..40i64, prop::option::of(1..30u8)).prop_map(
+            |(account, subscription, amount, period)| Op::Grant {
+                account,
+                subscription,
+                amount,
+                period,
+            }
+        ),
         7 => ledger_write(),
         1 => (0..2usize, 0..2usize).prop_map(|(account, key)| Op::Revoke { account, key }),
+        1 => (1..20u8).prop_map(|seconds| Op::Tick { seconds }),
+        1 => Just(Op::Lapse),
         2 => prop::collection::vec(ledger_write(), 2..24).prop_map(Op::Burst),
     ]
 }
@@ -69,6 +86,8 @@ struct Side<'a> {
     accounts: Vec<AccountId>,
     keys: Vec<[(KeyId, NewApiKey); 2]>,
     calls: Vec<CallId>,
+    /// The run's clock, the same on both sides.
+    now: DateTime<Utc>,
 }
 
 impl<'a> Side<'a> {
@@ -88,6 +107,7 @@ impl<'a> Side<'a> {
             accounts,
             keys,
             calls: Vec::new(),
+            now: Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0).unwrap(),
         }
     }
 
@@ -98,18 +118,46 @@ impl<'a> Side<'a> {
                 account,
                 subscription,
                 amount,
+                period,
             } => {
                 let bucket = if *subscription {
                     Bucket::Subscription
                 } else {
                     Bucket::Topup
                 };
-                let balance = self
+                let grant = Grant {
+                    period_end: period
+                        .filter(|_| *subscription)
+                        .map(|seconds| self.now + Duration::seconds(i64::from(seconds))),
+                    at: self.now,
+                    ..Grant::plain(bucket, Credits(*amount))
+                };
+                let granted = self
                     .store
-                    .grant(self.accounts[*account], bucket, Credits(*amount))
+                    .grant_once(self.accounts[*account], grant)
                     .await
                     .unwrap();
-                format!("granted -> {balance:?}")
+                format!("granted -> {:?}", granted.balance)
+            }
+            Op::Tick { seconds } => {
+                self.now += Duration::seconds(i64::from(*seconds));
+                "tick".to_owned()
+            }
+            Op::Lapse => {
+                let lapses = self
+                    .store
+                    .lapse_ended_subscriptions(self.now)
+                    .await
+                    .unwrap();
+                let mut lapsed: Vec<_> = lapses
+                    .iter()
+                    .map(|lapse| {
+                        let side = self.accounts.iter().position(|a| *a == lapse.account);
+                        (side, lapse.amount, lapse.period_end)
+                    })
+                    .collect();
+                lapsed.sort();
+                format!("lapsed {lapsed:?}")
             }
             Op::Revoke { account, key } => {
                 let hash = self.keys[*account][*key].1.hash();
@@ -149,6 +197,7 @@ impl<'a> Side<'a> {
                     model: "m",
                     price: Credits(price),
                     request_id: None,
+                    at: self.now,
                 };
                 match self.store.reserve(request).await {
                     Ok(reservation) => (

@@ -132,7 +132,7 @@ async fn calls_cut_by_a_sigkill_are_refunded_after_restart_and_the_audit_passes(
     );
     assert_eq!(
         env.run(&["balance", "--key", &key]).1.trim(),
-        r#"{"subscription":4,"topup":0,"total":4}"#
+        r#"{"subscription":4,"topup":0,"total":4,"subscription_ends_at":null}"#
     );
 
     tokio::time::sleep(Duration::from_millis(2500)).await; // older than the recovery age
@@ -152,7 +152,7 @@ async fn calls_cut_by_a_sigkill_are_refunded_after_restart_and_the_audit_passes(
     }));
     assert_eq!(
         env.run(&["balance", "--key", &key]).1.trim(),
-        r#"{"subscription":10,"topup":0,"total":10}"#
+        r#"{"subscription":10,"topup":0,"total":10,"subscription_ends_at":null}"#
     );
     let (audited, report) = env.run(&["audit"]);
     assert!(audited, "{report}");

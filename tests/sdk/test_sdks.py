@@ -116,7 +116,12 @@ def test_openai_sdk_gets_a_chat_completion(gateway):
     assert reply.choices[0].finish_reason == "stop"
     assert reply.model == CHAT_MODEL
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
-    assert gateway.balance(key) == {"subscription": 10 - CHAT_PRICE, "topup": 0, "total": 10 - CHAT_PRICE}
+    assert gateway.balance(key) == {
+        "subscription": 10 - CHAT_PRICE,
+        "topup": 0,
+        "total": 10 - CHAT_PRICE,
+        "subscription_ends_at": None,
+    }
 
 
 def test_anthropic_sdk_gets_a_message(gateway):
