@@ -392,4 +392,15 @@ async fn json_log_lines_are_objects_with_the_request_id() {
         .unwrap_or_else(|| panic!("no refund warning in {log}"));
     assert_eq!(refund["span"]["request_id"], "trace-me-42", "{refund}");
     assert_eq!(refund["level"], "WARN");
+    // One line per call with what an operator looks for.
+    let ended = lines
+        .iter()
+        .find(|line| line["fields"]["message"] == "call ended")
+        .unwrap_or_else(|| panic!("no call line in {log}"));
+    assert_eq!(ended["span"]["request_id"], "trace-me-42", "{ended}");
+    assert_eq!(ended["fields"]["model"], CHAT_MODEL);
+    assert_eq!(ended["fields"]["protocol"], "chat_completions");
+    assert_eq!(ended["fields"]["status"], "refunded");
+    assert_eq!(ended["fields"]["credits"], 0);
+    assert!(ended["fields"]["duration_ms"].is_u64(), "{ended}");
 }

@@ -26,23 +26,35 @@ pub(super) struct UnsettledCall {
     written: bool,
 }
 
-/// A call as the metrics count it: its model, protocol and the credits it took.
+/// A call as the metrics and the log count it: its model, protocol, the credits it took and
+/// when it was charged.
 #[derive(Debug, Clone)]
 pub(super) struct Meter {
     pub(super) model: Option<Arc<ModelRoute>>,
     pub(super) protocol: Protocol,
     pub(super) credits: i64,
+    pub(super) charged_at: std::time::Instant,
 }
 
 impl Meter {
-    /// The outcome was written: the call is no longer pending here.
-    fn ended(&self, settled: bool) {
+    /// The outcome was written: the call is no longer pending here. One log line per call,
+    /// with what an operator looks for (the request's id is in the span).
+    fn ended(&self, call: CallId, settled: bool) {
         let model = self
             .model
             .as_ref()
             .map_or("unknown", |model| model.name.as_str());
         crate::telemetry::call_ended(model, self.protocol, settled, self.credits);
         crate::telemetry::pending(-1.0);
+        tracing::info!(
+            call = call.0,
+            model,
+            protocol = self.protocol.as_str(),
+            status = if settled { "ok" } else { "refunded" },
+            credits = if settled { self.credits } else { 0 },
+            duration_ms = self.charged_at.elapsed().as_millis() as u64,
+            "call ended"
+        );
     }
 }
 
@@ -84,7 +96,7 @@ impl UnsettledCall {
         self.written = true;
         match settled {
             Some(true) => {
-                self.meter.ended(true);
+                self.meter.ended(self.call, true);
                 Ok(())
             }
             // Not `pending` any more: billed by an earlier attempt whose answer was lost, or
@@ -115,7 +127,7 @@ impl UnsettledCall {
         let refunded = with_retries(call, "refund", || ledger.refund(call, &failure)).await;
         self.written = true;
         if refunded == Some(true) {
-            self.meter.ended(false);
+            self.meter.ended(self.call, false);
         }
         refunded.is_some()
     }
@@ -142,7 +154,7 @@ impl Drop for UnsettledCall {
                 Outcome::Refund(failure) => ledger.refund(call, &failure).await,
             };
             match written {
-                Ok(true) => meter.ended(settling),
+                Ok(true) => meter.ended(call, settling),
                 Ok(false) => {}
                 Err(error) => {
                     tracing::error!(call = call.0, %error, "finishing a dropped call failed; left for recovery");

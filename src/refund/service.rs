@@ -127,6 +127,7 @@ where
                     model,
                     protocol: protocol.unwrap_or(Protocol::ChatCompletions),
                     credits: reservation.taken.total().get(),
+                    charged_at: std::time::Instant::now(),
                 };
                 UnsettledCall::new(self.ledger.clone(), reservation.call, meter)
             });
