@@ -48,10 +48,12 @@
 //!    (inside it: `batch` decides, `jobs` is the committer's vocabulary, `flush` and `batches`
 //!    answer, `group_commit` and `sqlite_direct` write).
 //! 3. Upstreams: `upstream` ([`MockUpstream`], [`HttpUpstream`] with its breaker).
-//! 4. The four layers, each in its own module: `auth`, `router`, `charge`, and `refund` (a
-//!    folder: layer, service, the guard that writes a call's outcome once, the streaming body).
-//! 5. The stack ([`stack`]) and recovery; [`key_holder`] (the key holders' endpoints), [`server`]
-//!    (the front door) and [`telemetry`] (metrics).
+//! 4. The layers, each in its own module: `auth`, [`rate_limit`], `router`, `charge`, and
+//!    `refund` (a folder: layer, service, the guard that writes a call's outcome once, the
+//!    streaming body).
+//! 5. The stack ([`stack`]) and recovery; [`admin`] (the operator's operations, and their HTTP
+//!    API), [`key_holder`] (the key holders' endpoints), [`Gateway`] (all of it as one axum
+//!    router), [`server`] (the front door) and [`telemetry`] (metrics).
 //!
 //! The layers' modules are public by topic ([`auth`], [`router`], [`charge`], [`refund`],
 //! [`request_id`], [`upstream`]), each with its service's named `ResponseFuture`; the headline
@@ -65,8 +67,8 @@
 //!
 //! ## Storage
 //!
-//! [`KeyStore`], [`Ledger`], [`CallLog`] and [`Accounts`] are the traits an embedder can implement
-//! over its own database. [`SeaOrmStore`] implements them on SQLite, PostgreSQL and MySQL/MariaDB,
+//! [`KeyStore`], [`Ledger`], [`CallLog`] and [`Accounts`] (in [`store`]) are the traits an
+//! embedder can implement over its own database. [`SeaOrmStore`] implements them on SQLite, PostgreSQL and MySQL/MariaDB,
 //! grouping the ledger's writes into shared transactions (group commit); [`MemoryStore`] is an
 //! in-memory implementation and the reference model in tests.
 //!
