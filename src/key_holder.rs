@@ -8,6 +8,7 @@
 //! | `GET /v1/models/{id}` | yes | one model in the same shapes; `404 模型不存在` |
 //! | `GET /v1/balance` | yes | `{"subscription", "topup", "total", "subscription_ends_at"}` of the key's account: what calls can spend now |
 //! | `GET /v1/calls?limit=&before=` | yes | the account's own call-log entries, newest first, a page at a time |
+//! | `GET /v1/usage?days=30` | yes | the account's billed calls and credits per UTC day and model over the last `days` days (1 to 366), summed by the database |
 //! | `POST /v1/messages/count_tokens` | yes | the provider's token count for a messages request (the mock estimates); free, no call-log entry |
 //! | `GET /health` | no | 200 while the process runs (the database is not touched) |
 //! | `GET /ready` | no | 200 when the database answers, else `503 {"detail"}` |
@@ -70,6 +71,7 @@ pub fn router<S: Store + 'static>(
         .route("/v1/models/{id}", get(one_model::<S>))
         .route("/v1/balance", get(balance::<S>))
         .route("/v1/calls", get(calls::<S>))
+        .route("/v1/usage", get(usage::<S>))
         .route("/v1/messages/count_tokens", post(count_tokens::<S>))
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(RateLimitLayer::new(limiter))
@@ -267,6 +269,44 @@ async fn calls<S: Store>(
         }
         Err(error) => {
             tracing::error!(%error, "call log unavailable");
+            refuse(GatewayError::StoreUnavailable)
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct UsageQuery {
+    days: Option<u32>,
+}
+
+/// Longest usage window, in days.
+const LONGEST_USAGE_DAYS: u32 = 366;
+
+async fn usage<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<UsageQuery>, QueryRejection>,
+) -> Response {
+    let days = match query {
+        Ok(Query(UsageQuery { days: None })) => 30,
+        Ok(Query(UsageQuery { days: Some(days) })) if (1..=LONGEST_USAGE_DAYS).contains(&days) => {
+            days
+        }
+        _ => return refuse(GatewayError::InvalidQuery),
+    };
+    let today = chrono::Utc::now().date_naive();
+    let first = today - chrono::Duration::days(i64::from(days) - 1);
+    let since = first.and_time(chrono::NaiveTime::MIN).and_utc();
+    match shared.store.usage(caller.account, since).await {
+        Ok(data) => axum::Json(json!({
+            "object": "usage",
+            "days": days,
+            "since": first.to_string(),
+            "data": data,
+        }))
+        .into_response(),
+        Err(error) => {
+            tracing::error!(%error, "usage unavailable");
             refuse(GatewayError::StoreUnavailable)
         }
     }

@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 use super::{
     AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, ActiveKey, BalanceOverflow,
     CallFailure, CallId, CallLog, CallQuery, CallRecord, CallStatus, CallSuccess, Caller,
-    ChargeRequest, Grant, Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, KeyStore, Lapse,
-    Ledger, Reservation, ReserveError, StoreError, Sums, check_grant_amount,
+    ChargeRequest, DailyUsage, Grant, Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules,
+    KeyStore, Lapse, Ledger, Reservation, ReserveError, StoreError, Sums, check_grant_amount,
 };
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
@@ -248,6 +248,14 @@ fn pending_call(state: &mut State, call: CallId) -> Option<&mut CallRecord> {
 
 #[async_trait]
 impl CallLog for MemoryStore {
+    async fn usage(
+        &self,
+        account: AccountId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<DailyUsage>, StoreError> {
+        Ok(self.daily_usage(account, since))
+    }
+
     async fn calls(
         &self,
         account: AccountId,
@@ -266,6 +274,30 @@ impl CallLog for MemoryStore {
             .take(limit)
             .cloned()
             .collect())
+    }
+}
+
+impl MemoryStore {
+    fn daily_usage(&self, account: AccountId, since: DateTime<Utc>) -> Vec<DailyUsage> {
+        let mut days: std::collections::BTreeMap<(String, String), (i64, i64)> =
+            std::collections::BTreeMap::new();
+        for call in &self.lock().calls {
+            if call.account == account && call.status == CallStatus::Ok && call.created_at >= since
+            {
+                let day = call.created_at.format("%Y-%m-%d").to_string();
+                let sums = days.entry((day, call.model.clone())).or_default();
+                sums.0 += 1;
+                sums.1 += call.price.get();
+            }
+        }
+        days.into_iter()
+            .map(|((day, model), (calls, credits))| DailyUsage {
+                day,
+                model,
+                calls,
+                credits,
+            })
+            .collect()
     }
 }
 

@@ -30,8 +30,8 @@ mod sea;
 
 pub use memory::MemoryStore;
 pub use records::{
-    AccountAudit, AccountQuery, AccountSummary, CallQuery, Grant, Granted, IdempotencyKeyReused,
-    KeyInfo, KeyStatus, Lapse, Sums,
+    AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted,
+    IdempotencyKeyReused, KeyInfo, KeyStatus, Lapse, Sums,
 };
 pub use sea::{DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
 
@@ -239,6 +239,14 @@ pub trait CallLog: Send + Sync {
         account: AccountId,
         query: CallQuery<'_>,
     ) -> Result<Vec<CallRecord>, StoreError>;
+
+    /// The account's billed (`ok`) calls since `since`, per UTC day and model, oldest day
+    /// first: summed by the database, not by reading every call.
+    async fn usage(
+        &self,
+        account: AccountId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<DailyUsage>, StoreError>;
 
     /// The account's entries older than `before` (all of them when `None`), newest first, at
     /// most `limit`.

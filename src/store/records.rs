@@ -166,6 +166,19 @@ pub struct CallQuery<'a> {
     pub model: Option<&'a str>,
 }
 
+/// One day's `ok` calls of one model, for an account's usage chart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DailyUsage {
+    /// The UTC day, `YYYY-MM-DD`.
+    pub day: String,
+    /// The model's catalogue name.
+    pub model: String,
+    /// How many calls were billed.
+    pub calls: i64,
+    /// How many credits they took.
+    pub credits: i64,
+}
+
 /// One account's audit: what was granted, what `ok` and `pending` calls took, what is left.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AccountAudit {

@@ -34,8 +34,8 @@ use sea_orm_migration::MigratorTrait;
 
 use super::{
     AccountAudit, AccountId, ActiveKey, CallFailure, CallId, CallLog, CallQuery, CallRecord,
-    CallStatus, CallSuccess, Caller, ChargeRequest, KeyId, KeyStore, Ledger, Reservation,
-    ReserveError, StoreError, Sums,
+    CallStatus, CallSuccess, Caller, ChargeRequest, DailyUsage, KeyId, KeyStore, Ledger,
+    Reservation, ReserveError, StoreError, Sums,
 };
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::KeyHash;
@@ -495,6 +495,50 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
 
 #[async_trait]
 impl CallLog for SeaOrmStore {
+    async fn usage(
+        &self,
+        account: AccountId,
+        since: chrono::DateTime<Utc>,
+    ) -> Result<Vec<DailyUsage>, StoreError> {
+        // The UTC day of a call, as each database writes it.
+        let (day, integer) = match self.db.get_database_backend() {
+            sea_orm::DbBackend::Postgres => (
+                "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+                "BIGINT",
+            ),
+            sea_orm::DbBackend::MySql => ("DATE_FORMAT(created_at, '%Y-%m-%d')", "SIGNED"),
+            _ => ("substr(created_at, 1, 10)", "BIGINT"),
+        };
+        let rows: Vec<(String, String, i64, i64)> = call::Entity::find()
+            .select_only()
+            .column_as(Expr::cust(day), "day")
+            .column(call::Column::Model)
+            .column_as(Expr::cust(format!("CAST(COUNT(*) AS {integer})")), "calls")
+            .column_as(
+                Expr::cust(format!("CAST(COALESCE(SUM(price), 0) AS {integer})")),
+                "credits",
+            )
+            .filter(call::Column::AccountId.eq(account.0))
+            .filter(call::Column::Status.eq(CallStatus::Ok.as_str()))
+            .filter(call::Column::CreatedAt.gte(since))
+            .group_by(Expr::cust(day))
+            .group_by(call::Column::Model)
+            .order_by_asc(Expr::cust(day))
+            .order_by_asc(call::Column::Model)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(day, model, calls, credits)| DailyUsage {
+                day,
+                model,
+                calls,
+                credits,
+            })
+            .collect())
+    }
+
     async fn calls(
         &self,
         account: AccountId,
