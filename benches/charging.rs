@@ -54,6 +54,7 @@ async fn charge_once(store: &dyn Store, caller: Caller, outcome: Outcome) {
         model: "gpt-4o-mini",
         price: Credits(2),
         request_id: None,
+        at: chrono::Utc::now(),
     };
     let reservation = store.reserve(request).await.unwrap();
     let done = match outcome {
