@@ -1,7 +1,8 @@
 //! [`Gateway`]: the whole HTTP surface of a gateway as one axum [`Router`], for a server to
 //! serve: the two call endpoints through the [`stack`](crate::stack), the key holders'
 //! endpoints and probes ([`key_holder`](crate::key_holder)), the admin API when an admin token
-//! is set ([`admin`](crate::admin)), and a JSON 404 for the rest, every answer with an
+//! is set ([`admin`](crate::admin)), the web console ([`console`](crate::console)), and a JSON
+//! 404 for the rest, every answer with an
 //! `x-request-id`.
 //!
 //! ```
@@ -112,6 +113,7 @@ impl<S: Store + 'static> Gateway<S> {
                 self.upstream,
                 self.limiter,
             ));
+        router = router.merge(crate::console::router(self.admin_token.is_some()));
         if let Some(token) = self.admin_token {
             let admin = Admin::new(self.store).with_catalogue(self.catalogue);
             router = router.merge(admin::router(admin, token.clone()));

@@ -87,6 +87,8 @@ mod call;
 mod catalogue;
 pub mod charge;
 mod classify;
+#[cfg(feature = "api")]
+pub mod console;
 mod credits;
 mod error;
 #[cfg(feature = "api")]

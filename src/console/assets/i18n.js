@@ -1,0 +1,135 @@
+// Labels in both languages, from one table. Error texts come from the gateway (Chinese).
+"use strict";
+
+const LABELS = {
+  title: ["模型网关控制台", "Model gateway console"],
+  adminTitle: ["模型网关管理", "Model gateway admin"],
+  apiKey: ["API Key", "API key"],
+  adminToken: ["管理员令牌", "Admin token"],
+  signIn: ["登录", "Sign in"],
+  signOut: ["退出", "Sign out"],
+  refresh: ["刷新", "Refresh"],
+  balance: ["余额", "Balance"],
+  subscription: ["订阅积分", "Subscription credits"],
+  topup: ["充值积分", "Top-up credits"],
+  total: ["合计", "Total"],
+  endsAt: ["订阅到期", "Subscription ends"],
+  never: ["无", "never"],
+  usage: ["近 30 天用量", "Last 30 days"],
+  credits: ["积分", "Credits"],
+  calls: ["调用", "Calls"],
+  recentCalls: ["最近调用", "Recent calls"],
+  time: ["时间", "Time"],
+  model: ["模型", "Model"],
+  protocol: ["协议", "Protocol"],
+  price: ["价格", "Price"],
+  status: ["状态", "Status"],
+  requestId: ["请求 ID", "Request id"],
+  error: ["上游错误", "Upstream error"],
+  older: ["更早", "Older"],
+  noCalls: ["暂无调用", "No calls yet"],
+  accounts: ["账户", "Accounts"],
+  search: ["搜索名称或 Key 前缀", "Search name or key prefix"],
+  name: ["名称", "Name"],
+  newAccount: ["新建账户", "New account"],
+  create: ["创建", "Create"],
+  keys: ["API Keys", "API keys"],
+  prefix: ["前缀", "Prefix"],
+  models: ["模型", "Models"],
+  all: ["全部", "all"],
+  expires: ["过期时间", "Expires"],
+  rpm: ["每分钟请求", "Requests/min"],
+  newKey: ["新建 Key", "New key"],
+  revoke: ["吊销", "Revoke"],
+  confirmRevoke: ["确定吊销此 Key? 它将立即失效。", "Revoke this key? It stops working at once."],
+  keyOnce: ["新 Key (只显示这一次):", "New key (shown this once):"],
+  copy: ["复制", "Copy"],
+  copied: ["已复制", "Copied"],
+  grant: ["发放积分", "Grant credits"],
+  bucket: ["类别", "Bucket"],
+  amount: ["数量", "Amount"],
+  periodDays: ["订阅天数 (可选)", "Period in days (optional)"],
+  reason: ["原因 (可选)", "Reason (optional)"],
+  audit: ["对账", "Audit"],
+  auditOk: ["账目平衡", "The books balance"],
+  auditFailed: ["账目不平衡的账户数:", "Accounts whose books do not balance:"],
+  back: ["返回", "Back"],
+  language: ["English", "中文"],
+};
+
+function lang() {
+  return localStorage.getItem("mg_lang") === "en" ? 1 : 0;
+}
+
+function t(label) {
+  const entry = LABELS[label];
+  return entry ? entry[lang()] : label;
+}
+
+/** Fills every element with a data-i18n (text) or data-i18n-placeholder attribute. */
+function translatePage() {
+  document.documentElement.lang = lang() === 1 ? "en" : "zh";
+  for (const element of document.querySelectorAll("[data-i18n]")) {
+    element.textContent = t(element.dataset.i18n);
+  }
+  for (const element of document.querySelectorAll("[data-i18n-placeholder]")) {
+    element.placeholder = t(element.dataset.i18nPlaceholder);
+  }
+}
+
+function toggleLanguage() {
+  localStorage.setItem("mg_lang", lang() === 1 ? "zh" : "en");
+}
+
+/** An element with text (never HTML) and optional class. */
+function el(tag, text, className) {
+  const element = document.createElement(tag);
+  if (text !== undefined && text !== null) element.textContent = String(text);
+  if (className) element.className = className;
+  return element;
+}
+
+/** A table row of text cells. */
+function row(cells) {
+  const tr = document.createElement("tr");
+  for (const cell of cells) {
+    const td = document.createElement("td");
+    if (cell instanceof Node) td.append(cell);
+    else td.textContent = cell === null || cell === undefined ? "" : String(cell);
+    tr.append(td);
+  }
+  return tr;
+}
+
+/** Calls the gateway with a bearer secret; throws the gateway's detail text on an error. */
+async function callApi(secret, path, options = {}) {
+  const headers = Object.assign({ Authorization: "Bearer " + secret }, options.headers || {});
+  if (options.body !== undefined) headers["content-type"] = "application/json";
+  const response = await fetch(path, {
+    method: options.method || "GET",
+    headers,
+    body: options.body === undefined ? undefined : JSON.stringify(options.body),
+  });
+  let answer = null;
+  try {
+    answer = await response.json();
+  } catch (_) {
+    answer = null;
+  }
+  if (!response.ok) {
+    const error = new Error((answer && answer.detail) || String(response.status));
+    error.status = response.status;
+    throw error;
+  }
+  return answer;
+}
+
+function formatTime(text) {
+  if (!text) return "";
+  const date = new Date(text);
+  return isNaN(date) ? text : date.toLocaleString(lang() === 1 ? "en-GB" : "zh-CN");
+}
+
+function show(id, visible) {
+  document.getElementById(id).hidden = !visible;
+}

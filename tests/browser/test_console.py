@@ -1,0 +1,243 @@
+"""The web console in a real headless Chromium (Debian's `chromium` and `chromium-driver`,
+driven by Selenium), against the example gateway binary in mock mode with the admin API on.
+
+A second gateway process on the same database calls a provider that cannot answer, so that the
+console has a refunded call with its error to show. Screenshots of every page at phone and
+desktop width are written under target/console-screenshots (CI artifacts, not committed).
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+ROOT = Path(__file__).resolve().parents[2]
+GATEWAY_BIN = os.environ.get("GATEWAY_BIN", str(ROOT / "target" / "debug" / "examples" / "gateway"))
+SHOTS = ROOT / "target" / "console-screenshots"
+TOKEN = "console-admin-token-0123456789"
+XSS = "<img src=x onerror=alert(1)>"
+PHONE, DESKTOP = (390, 844), (1280, 900)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(env):
+    server = subprocess.Popen([GATEWAY_BIN, "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    host, port = env["GATEWAY_LISTEN"].split(":")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return server
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway did not start: {server.stderr.read().decode()}")
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    db = tmp_path_factory.mktemp("console") / "gateway.db"
+    base_env = {**os.environ, "DATABASE_URL": f"sqlite://{db}?mode=rwc"}
+    env = {**base_env, "MOCK_UPSTREAM": "1", "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_LISTEN": f"127.0.0.1:{free_port()}"}
+    # Real providers with no key: every call fails upstream and is refunded.
+    failing_env = {**base_env, "OPENAI_API_KEY": "", "GATEWAY_LISTEN": f"127.0.0.1:{free_port()}"}
+    mock, failing = serve(env), serve(failing_env)
+
+    class Gateway:
+        base = f"http://{env['GATEWAY_LISTEN']}"
+        failing_base = f"http://{failing_env['GATEWAY_LISTEN']}"
+
+        @staticmethod
+        def command(*args):
+            return subprocess.run([GATEWAY_BIN, *args], env=env, capture_output=True, text=True, check=True).stdout
+
+        @staticmethod
+        def new_key(subscription):
+            return Gateway.command("keys", "create", "--subscription", str(subscription)).strip().splitlines()[-1]
+
+    yield Gateway
+    for server in (mock, failing):
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=10) == 0
+    audited = subprocess.run([GATEWAY_BIN, "audit"], env=env, capture_output=True, text=True)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+
+
+def chromium_binary():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail("Chromium is not installed (.ci/run installs Debian's chromium)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium_binary()
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(argument)
+    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    driver.set_window_size(*DESKTOP)
+    yield driver
+    driver.quit()
+
+
+def call(base, key, model="gpt-4o-mini"):
+    request = urllib.request.Request(
+        f"{base}/v1/chat/completions",
+        data=json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"Authorization": f"Bearer {key}", "content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def wait_text(driver, element_id, text):
+    WebDriverWait(driver, 10).until(EC.text_to_be_present_in_element((By.ID, element_id), text))
+
+
+def screenshots(driver, name):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for label, size in (("phone", PHONE), ("desktop", DESKTOP)):
+        driver.set_window_size(*size)
+        time.sleep(0.2)
+        driver.save_screenshot(str(SHOTS / f"{name}-{label}.png"))
+        # The page fits the width: nothing forces a sideways scroll of the whole page.
+        overflow = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 1, f"{name} at {label} width is {overflow}px too wide"
+    driver.set_window_size(*DESKTOP)
+
+
+def sign_in(driver, url, field, secret):
+    driver.get(url)
+    driver.execute_script("sessionStorage.clear(); localStorage.clear()")
+    driver.get(url)
+    box = driver.find_element(By.ID, field)
+    box.clear()
+    box.send_keys(secret)
+    driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
+
+
+def test_the_pages_forbid_inline_scripts(gateway):
+    for path in ("/console/", "/console/admin", "/console/keyholder.js"):
+        with urllib.request.urlopen(gateway.base + path) as answer:
+            policy = answer.headers["content-security-policy"]
+            assert "script-src 'self'" in policy and "unsafe-inline" not in policy, policy
+
+
+def test_a_wrong_key_is_told_why(gateway, browser):
+    sign_in(browser, gateway.base + "/console/", "key", "sk-mg-not-a-key")
+    wait_text(browser, "sign-in-error", "无效的 API Key")
+    assert browser.find_element(By.ID, "account").is_displayed() is False
+
+
+def test_a_key_holder_sees_balance_usage_and_calls_update(gateway, browser):
+    key = gateway.new_key(100)
+    sign_in(browser, gateway.base + "/console/", "key", key)
+    wait_text(browser, "total", "100")
+    assert browser.find_element(By.ID, "no-calls").is_displayed()
+    assert browser.execute_script("return sessionStorage.getItem('mg_key')") == key
+    assert browser.execute_script("return localStorage.getItem('mg_key')") is None
+
+    for _ in range(3):
+        assert call(gateway.base, key) == 200
+    assert call(gateway.failing_base, key) == 502  # refunded, with its error
+    browser.find_element(By.ID, "refresh").click()
+    wait_text(browser, "total", str(100 - 3 * 2))
+    rows = browser.find_elements(By.CSS_SELECTOR, "#calls tr")
+    assert len(rows) == 4
+    refunded = rows[0].find_elements(By.TAG_NAME, "td")
+    assert refunded[4].text == "refunded"
+    assert refunded[6].text != "", "the refunded call shows its upstream error"
+    assert [r.find_elements(By.TAG_NAME, "td")[4].text for r in rows[1:]] == ["ok"] * 3
+    # The chart has today's bar, the legend its model.
+    assert browser.find_elements(By.CSS_SELECTOR, "#chart rect")
+    assert "gpt-4o-mini" in browser.find_element(By.ID, "legend").text
+    assert browser.find_element(By.ID, "chart-max").text == "6", "credits per day"
+    Select(browser.find_element(By.ID, "measure")).select_by_value("calls")
+    assert browser.find_element(By.ID, "chart-max").text == "3", "billed calls per day"
+
+    browser.find_element(By.ID, "language").click()
+    wait_text(browser, "sign-out", "Sign out")
+    screenshots(browser, "keyholder")
+    browser.find_element(By.ID, "language").click()
+
+    browser.find_element(By.ID, "sign-out").click()
+    assert browser.execute_script("return sessionStorage.getItem('mg_key')") is None
+    assert browser.find_element(By.ID, "sign-in-panel").is_displayed()
+    screenshots(browser, "sign-in")
+
+
+def test_an_operator_creates_grants_and_revokes_and_names_stay_text(gateway, browser):
+    sign_in(browser, gateway.base + "/console/admin", "token", "wrong-token-wrong-token")
+    wait_text(browser, "sign-in-error", "无效的管理员令牌")
+    sign_in(browser, gateway.base + "/console/admin", "token", TOKEN)
+    WebDriverWait(browser, 10).until(EC.visibility_of_element_located((By.ID, "console")))
+
+    browser.find_element(By.ID, "new-name").send_keys(XSS)
+    browser.find_element(By.ID, "new-subscription").send_keys("5")
+    browser.find_element(By.CSS_SELECTOR, "#create-account button").click()
+    WebDriverWait(browser, 10).until(EC.visibility_of_element_located((By.ID, "created-key")))
+    key = browser.find_element(By.ID, "created-key-value").text
+    assert key.startswith("sk-mg-")
+    assert call(gateway.base, key) == 200
+
+    WebDriverWait(browser, 10).until(lambda d: any(XSS == cell.text for cell in d.find_elements(By.CSS_SELECTOR, "#accounts td")))
+    assert not browser.find_elements(By.CSS_SELECTOR, "#accounts img"), "the name became HTML"
+    with pytest.raises(NoAlertPresentException):
+        browser.switch_to.alert.text
+    screenshots(browser, "admin-accounts")
+
+    # Search by name, then open the account.
+    browser.find_element(By.ID, "search").send_keys("onerror")
+    WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#accounts tr")) == 1)
+    browser.find_element(By.CSS_SELECTOR, "#accounts tr").click()
+    wait_text(browser, "account-name", XSS)
+    wait_text(browser, "total", "3")
+
+    browser.find_element(By.ID, "grant-credits").send_keys("40")
+    Select(browser.find_element(By.ID, "grant-bucket")).select_by_value("topup")
+    browser.find_element(By.CSS_SELECTOR, "#grant button").click()
+    wait_text(browser, "total", "43")
+    wait_text(browser, "topup", "40")
+
+    browser.find_element(By.ID, "new-key").click()
+    WebDriverWait(browser, 10).until(EC.visibility_of_element_located((By.ID, "new-key-once")))
+    second = browser.find_element(By.ID, "new-key-once-value").text
+    assert call(gateway.base, second) == 200
+    screenshots(browser, "admin-account")
+
+    # Revoke the first key, confirming the dialog.
+    revoke = browser.find_elements(By.CSS_SELECTOR, "#keys button.danger")[0]
+    revoke.click()
+    browser.switch_to.alert.accept()
+    WebDriverWait(browser, 10).until(lambda d: "revoked" in d.find_element(By.ID, "keys").text)
+    assert call(gateway.base, key) == 401
+    assert call(gateway.base, second) == 200
+
+    browser.find_element(By.ID, "back").click()
+    browser.find_element(By.ID, "audit").click()
+    wait_text(browser, "audit-result", "账目平衡")
