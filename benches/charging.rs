@@ -1,13 +1,17 @@
 //! The charging path, and the stack's own cost.
 //!
 //! - `charging/<backend>/<op>/<accounts>/c<callers>`: reserve+settle or reserve+refund on the
-//!   in-memory store, a SQLite file in WAL mode (as deployed) and PostgreSQL (when
+//!   in-memory store, a `SQLite` file in WAL mode (as deployed) and `PostgreSQL` (when
 //!   `TEST_POSTGRES_URL` is set, in a schema of its own); one hot account or 64 accounts; 1, 16
 //!   and 64 concurrent callers. Throughput is printed as `elem/s` = charged calls per second.
 //! - `stack/...`: one request through all four layers (in-memory store, mock upstream), against
 //!   the bare mock upstream.
 //!
 //! `cargo bench --bench charging` (add `-- charging/sqlite` to filter).
+
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,8 +5,8 @@
 //! 2. the full example gateway (all four layers, behind `model_gateway::server` as the example
 //!    serves them) in mock mode on the in-memory store: what HTTP and the layers cost without a
 //!    database;
-//! 3. the same on a SQLite file (WAL);
-//! 4. the same on PostgreSQL, when `TEST_POSTGRES_URL` is set (a schema of its own);
+//! 3. the same on a `SQLite` file (WAL);
+//! 4. the same on `PostgreSQL`, when `TEST_POSTGRES_URL` is set (a schema of its own);
 //!
 //! each driven with the same HTTP load (keep-alive connections, one hot account) at
 //! concurrency 1, 16 and 64. Prints requests per second, p50 and p99 latency, each gateway's
@@ -19,7 +19,7 @@
 //! Last, streaming: a fake provider in this process streams `LOADTEST_STREAM_EVENTS` (200)
 //! events, one every `LOADTEST_STREAM_GAP_MS` (10), each stamped with when it was sent;
 //! `LOADTEST_STREAMS` (1000) clients read such streams at once, first from the provider directly,
-//! then through the release gateway binary (SQLite, streaming on, every stream billed). It
+//! then through the release gateway binary (`SQLite`, streaming on, every stream billed). It
 //! prints events per second, each event's latency from provider to client (p50, p99) and what
 //! the gateway adds to it, the time to the first event, the gateway's resident memory while the
 //! streams are open, and checks that every stream was billed `ok`. `LOADTEST_ONLY=streams`
@@ -31,6 +31,10 @@
 //! `LOADTEST_REQUESTS` (default 10000) sets the requests per run at concurrency 16 and 64; a
 //! fifth of that runs at concurrency 1. `LOADTEST_CONCURRENCY` runs one level instead of all
 //! three; `LOADTEST_ROUNDS` repeats each level that many times and prints the medians.
+
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -515,7 +519,7 @@ mod streaming {
             .unwrap_or(default)
     }
 
-    /// A provider whose every answer is an OpenAI event stream of stamped chunks (as many as
+    /// A provider whose every answer is an `OpenAI` event stream of stamped chunks (as many as
     /// the request's `max_tokens`), one every `gap`, then `[DONE]`.
     async fn provider(gap: Duration) -> String {
         let handler = move |body: Bytes| async move {

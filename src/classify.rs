@@ -13,7 +13,10 @@ use crate::protocol::{TokenUsage, reply_usage};
 
 /// Whether a complete reply is worth paying for: a 2xx whose body is a JSON object, with the
 /// usage it reports. Anything else is the upstream's failure, with its status kept.
-pub fn complete_reply(status: StatusCode, body: &Bytes) -> Result<TokenUsage, UpstreamError> {
+pub(crate) fn complete_reply(
+    status: StatusCode,
+    body: &Bytes,
+) -> Result<TokenUsage, UpstreamError> {
     if !status.is_success() {
         return Err(UpstreamError::status(status.as_u16(), body));
     }
@@ -26,7 +29,7 @@ pub fn complete_reply(status: StatusCode, body: &Bytes) -> Result<TokenUsage, Up
 
 /// Failures another channel may not share: rate limits, server errors, and the channel's own
 /// credentials being refused (401/403), which says nothing about the client's request.
-pub fn is_retryable(status: StatusCode) -> bool {
+pub(crate) fn is_retryable(status: StatusCode) -> bool {
     status == StatusCode::TOO_MANY_REQUESTS
         || status == StatusCode::UNAUTHORIZED
         || status == StatusCode::FORBIDDEN
@@ -34,9 +37,9 @@ pub fn is_retryable(status: StatusCode) -> bool {
         || status.is_redirection()
 }
 
-/// `retry-after-ms` (OpenAI), or `retry-after` in seconds or as an HTTP date (a date already
+/// `retry-after-ms` (`OpenAI`), or `retry-after` in seconds or as an HTTP date (a date already
 /// past means now).
-pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let text = |name: &str| Some(headers.get(name)?.to_str().ok()?.trim());
     let number = |name: &str| -> Option<f64> {
         let value: f64 = text(name)?.parse().ok()?;

@@ -4,7 +4,7 @@
 //!
 //! | Endpoint | Key | Answer |
 //! |---|---|---|
-//! | `GET /v1/models` | yes | the catalogue's models that the key may call: Anthropic's list shape when the request has `anthropic-version` (`limit`, `after_id`, `before_id` honoured), else OpenAI's; each item also has `protocol` and `price` (credits per call) |
+//! | `GET /v1/models` | yes | the catalogue's models that the key may call: Anthropic's list shape when the request has `anthropic-version` (`limit`, `after_id`, `before_id` honoured), else `OpenAI`'s; each item also has `protocol` and `price` (credits per call) |
 //! | `GET /v1/models/{id}` | yes | one model in the same shapes; `404 模型不存在` |
 //! | `GET /v1/balance` | yes | `{"subscription", "topup", "total", "subscription_ends_at"}` of the key's account: what calls can spend now |
 //! | `GET /v1/calls?limit=&before=` | yes | the account's own call-log entries, newest first, a page at a time |
@@ -103,7 +103,7 @@ fn refuse(error: GatewayError) -> Response {
     error.into_response::<axum::body::Body>()
 }
 
-/// The model as an OpenAI list item, with the gateway's fields.
+/// The model as an `OpenAI` list item, with the gateway's fields.
 fn openai_model(model: &ModelRoute) -> Value {
     json!({
         "id": model.name,

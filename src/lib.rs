@@ -68,7 +68,7 @@
 //! ## Storage
 //!
 //! [`KeyStore`], [`Ledger`], [`CallLog`] and [`Accounts`] (in [`store`]) are the traits an
-//! embedder can implement over its own database. [`SeaOrmStore`] implements them on SQLite, PostgreSQL and MySQL/MariaDB,
+//! embedder can implement over its own database. [`SeaOrmStore`] implements them on `SQLite`, `PostgreSQL` and MySQL/MariaDB,
 //! grouping the ledger's writes into shared transactions (group commit); [`MemoryStore`] is an
 //! in-memory implementation and the reference model in tests.
 //!

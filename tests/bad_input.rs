@@ -2,6 +2,10 @@
 //! refusal is a 4xx with a JSON `detail`, nothing is charged for it, the server never answers
 //! 5xx, and the books still balance afterwards.
 
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use common::*;

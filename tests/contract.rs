@@ -1,5 +1,9 @@
 //! The service contract over real HTTP, against the example gateway's router on a temporary
-//! SQLite file with the mock upstream (the refund cases use an upstream that is down).
+//! `SQLite` file with the mock upstream (the refund cases use an upstream that is down).
+
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
 
 mod common;
 

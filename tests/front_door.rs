@@ -2,6 +2,10 @@
 //! gateway's router behind `model_gateway::server`, in this process with short limits, and the
 //! gateway binary itself where a file limit or resident memory is what is tested.
 
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use std::sync::Arc;
@@ -327,7 +331,7 @@ async fn http2_refusals_before_the_body_is_read_reach_the_client_intact() {
     assert!(db.calls(&key).await.is_empty());
 }
 
-/// The gateway binary in mock mode on a SQLite file of its own, with extra variables, run
+/// The gateway binary in mock mode on a `SQLite` file of its own, with extra variables, run
 /// under `prlimit` when `files` is given; its process, address and a funded key.
 struct GatewayProcess {
     child: std::process::Child,

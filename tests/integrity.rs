@@ -1,6 +1,10 @@
 //! Money integrity when calls stop half-way: dropped request futures, client disconnects,
 //! panicking or silent upstreams, crashed gateways (recovery), and the audit that checks it all.
 
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use std::sync::Arc;
@@ -491,7 +495,7 @@ where
     })
 }
 
-/// The STREAM_EVENTS as a body, all there at once.
+/// The `STREAM_EVENTS` as a body, all there at once.
 fn good_stream() -> impl http_body::Body<Data = Bytes, Error = UpstreamError> + Send + 'static {
     use http_body_util::BodyExt;
     http_body_util::StreamBody::new(futures::stream::iter(

@@ -2,6 +2,10 @@
 //! the example gateway over real HTTP (mock mode, and before a fake provider for
 //! `count_tokens`). None of it is charged or written to the call log.
 
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use std::sync::Arc;
@@ -427,7 +431,7 @@ async fn every_answer_carries_a_request_id_and_the_provider_is_sent_it() {
 }
 
 /// `/ready` answers 503 while the database cannot be reached and 200 once it can again;
-/// `/health` stays 200. PostgreSQL is reached through a proxy this test opens and closes.
+/// `/health` stays 200. `PostgreSQL` is reached through a proxy this test opens and closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_turns_503_while_the_database_is_unreachable_and_back() {
     let Some(url) = postgres_url() else {

@@ -2,6 +2,10 @@
 //! each refusal uncharged and unlogged, each holding on a second gateway sharing the database;
 //! rate limits shared through a Redis of the test's own, and the fallback when it stops.
 
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use std::process::{Child, Command, Stdio};

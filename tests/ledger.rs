@@ -1,6 +1,10 @@
-//! Ledger semantics on every backend: the in-memory model, SQLite, and PostgreSQL when
+//! Ledger semantics on every backend: the in-memory model, `SQLite`, and `PostgreSQL` when
 //! `TEST_POSTGRES_URL` is set. The database backends must agree with the model step by step,
 //! and concurrency must never spend a credit twice.
+
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
 
 mod common;
 
@@ -505,7 +509,7 @@ async fn mysql_group_commit_keeps_each_outcome() {
     db.drop_schema().await;
 }
 
-/// A text answer to one SQL query on PostgreSQL.
+/// A text answer to one SQL query on `PostgreSQL`.
 async fn pg_text(sql: &impl ConnectionTrait, query: &str) -> String {
     use sea_orm::{DbBackend, Statement};
     let row = sql
@@ -563,7 +567,7 @@ async fn flushed_when_answered(
     )
 }
 
-/// On PostgreSQL a batch commits without waiting for the disk (the hot account's lock is not
+/// On `PostgreSQL` a batch commits without waiting for the disk (the hot account's lock is not
 /// held through an fsync), and the flusher makes it durable: no reservation, settle or refund
 /// is answered before the WAL holding its commit is flushed. Checked in the WAL itself: the
 /// commit record of the transaction that wrote the entry lies in WAL that was already flushed
@@ -727,7 +731,7 @@ async fn assert_all_started_and_migrated_once(
     }
 }
 
-/// Four gateway instances starting together on an empty PostgreSQL schema all start (five
+/// Four gateway instances starting together on an empty `PostgreSQL` schema all start (five
 /// times over): the migrations run one instance at a time instead of racing to create the same
 /// tables.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -813,8 +817,8 @@ async fn assert_each_write_is_answered_once_flushed(db: &TestDb) {
     db.assert_audit_holds().await;
 }
 
-/// Every backend answers a settle only after its batch is durable: a SQLite file and
-/// PostgreSQL through their flusher (which counts its flushes), MySQL at its synchronous commit.
+/// Every backend answers a settle only after its batch is durable: a `SQLite` file and
+/// `PostgreSQL` through their flusher (which counts its flushes), `MySQL` at its synchronous commit.
 async fn assert_settles_are_flushed_where_commits_do_not_wait(db: &TestDb, flushed_later: bool) {
     let caller = caller_with(db.store.as_ref(), 10, 0).await;
     for _ in 0..5 {

@@ -5,6 +5,10 @@
 //! backend. After every step both agree on every outcome and balance, and the database's audit
 //! holds.
 
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};

@@ -2,6 +2,10 @@
 //! `install_prometheus`'s text checked counter by counter. (Its own test binary: the recorder
 //! is global to the process.)
 
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use std::collections::BTreeMap;

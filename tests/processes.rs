@@ -1,6 +1,10 @@
 //! The example gateway as real processes (`cargo test` builds the examples before running
-//! tests): killed with SIGKILL mid-call and restarted, and two of them sharing one PostgreSQL
+//! tests): killed with SIGKILL mid-call and restarted, and two of them sharing one `PostgreSQL`
 //! under many clients while the provider fails a random share of calls.
+
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
 
 mod common;
 

@@ -1,7 +1,11 @@
 //! Streaming (`stream: true` as server-sent events) through the example gateway over real HTTP:
 //! the mock's streams, a fake provider's recorded streams byte for byte, failover before the
-//! first event, and every way a stream can end, each billed or refunded exactly once on SQLite,
-//! PostgreSQL and MariaDB.
+//! first event, and every way a stream can end, each billed or refunded exactly once on `SQLite`,
+//! `PostgreSQL` and `MariaDB`.
+
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
 
 mod common;
 

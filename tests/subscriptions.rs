@@ -2,8 +2,12 @@
 //! audit balances), top-up credits never do, a renewal replaces what was left, and the end is
 //! exact under concurrency: a call made before it may spend the period's credits, a call made
 //! at or after it never does. Time is a parameter of every store operation here, so the tests
-//! set it; they run on SQLite, PostgreSQL and MariaDB. One test goes through the HTTP API on the
+//! set it; they run on `SQLite`, `PostgreSQL` and `MariaDB`. One test goes through the HTTP API on the
 //! real clock.
+
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
 
 mod common;
 

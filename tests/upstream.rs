@@ -2,6 +2,10 @@
 //! ways, headers), channels and failover, retries, the circuit breaker, deadlines, and what the
 //! client and the operator learn of provider failures.
 
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use std::time::{Duration, Instant};
@@ -10,7 +14,7 @@ use common::fake_provider::{FakeProvider, Fault};
 use common::*;
 use model_gateway::{CallStatus, Catalogue, HttpUpstream, Upstream};
 
-/// A gateway on a fresh SQLite file in front of the given catalogue, with a funded key.
+/// A gateway on a fresh `SQLite` file in front of the given catalogue, with a funded key.
 struct Rig {
     db: TestDb,
     gateway: Gateway,

@@ -2,6 +2,10 @@
 //! an account with no calls, for calls through the gateway on every database, and for an
 //! account with 100,000 calls over 40 days.
 
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
 mod common;
 
 use chrono::Utc;

@@ -39,7 +39,7 @@ use model_gateway::{
     about = "A billing gateway in front of LLM providers"
 )]
 struct Cli {
-    /// Database URL: sqlite://FILE?mode=rwc or postgres://...
+    /// Database URL: <sqlite://FILE?mode=rwc> or postgres://...
     #[arg(
         long,
         env = "DATABASE_URL",

@@ -3,13 +3,13 @@
 
 use serde::{Deserialize, Serialize};
 
-pub mod sse;
+pub(crate) mod sse;
 
 /// Which API style a call uses; decided by the request path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Protocol {
-    /// OpenAI chat completions: `POST /v1/chat/completions`.
+    /// `OpenAI` chat completions: `POST /v1/chat/completions`.
     ChatCompletions,
     /// Anthropic messages: `POST /v1/messages`.
     Messages,
@@ -80,7 +80,7 @@ pub fn reply_usage(body: &[u8]) -> Option<TokenUsage> {
 /// Longest provider message passed on to a client.
 const CLIENT_MESSAGE_CHARS: usize = 300;
 
-/// The provider's own error message: `{"error":{"message":...}}` (both OpenAI and Anthropic),
+/// The provider's own error message: `{"error":{"message":...}}` (both `OpenAI` and Anthropic),
 /// `{"error":"..."}` or `{"message":"..."}`.
 pub(crate) fn provider_message(body: &[u8]) -> Option<String> {
     #[derive(Deserialize)]

@@ -15,7 +15,7 @@ use super::{Protocol, TokenUsage};
 /// `\n`, `\r\n` or `\r` (the SSE grammar), and a chunk may end anywhere, even inside a UTF-8
 /// character or between the `\r` and `\n` of one line ending.
 #[derive(Debug)]
-pub struct EventSplitter {
+pub(crate) struct EventSplitter {
     buffer: BytesMut,
     /// Where to resume looking for the end of the next event, and whether a line starts there.
     scanned: usize,
@@ -34,17 +34,17 @@ impl Default for EventSplitter {
 
 impl EventSplitter {
     /// An empty splitter.
-    pub fn new() -> EventSplitter {
+    pub(crate) fn new() -> EventSplitter {
         EventSplitter::default()
     }
 
     /// Adds received bytes.
-    pub fn push(&mut self, bytes: &[u8]) {
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
         self.buffer.extend_from_slice(bytes);
     }
 
     /// The next complete event, with the blank line that ends it, exactly as received.
-    pub fn next_event(&mut self) -> Option<Bytes> {
+    pub(crate) fn next_event(&mut self) -> Option<Bytes> {
         let end = self.event_end()?;
         self.scanned = 0;
         self.line_start = true;
@@ -52,7 +52,7 @@ impl EventSplitter {
     }
 
     /// Bytes received that do not yet make a complete event.
-    pub fn pending(&self) -> usize {
+    pub(crate) fn pending(&self) -> usize {
         self.buffer.len()
     }
 
@@ -87,7 +87,7 @@ impl EventSplitter {
 
 /// The fields of one event that matter here: its `event:` name and its `data:` lines joined.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Event {
+pub(crate) struct Event {
     /// The `event:` field, if any.
     pub name: Option<String>,
     /// The `data:` lines, joined with `\n`.
@@ -97,7 +97,7 @@ pub struct Event {
 impl Event {
     /// Parses one complete event as [`EventSplitter`] returns it. Comments (`:` lines) and other
     /// fields are skipped; text that is not UTF-8 is read lossily (it is forwarded unchanged).
-    pub fn parse(event: &[u8]) -> Event {
+    pub(crate) fn parse(event: &[u8]) -> Event {
         let text = String::from_utf8_lossy(event);
         let mut parsed = Event::default();
         let mut data_lines = 0;
@@ -124,11 +124,11 @@ impl Event {
 
 /// What one event means for billing.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventKind {
+pub(crate) enum EventKind {
     /// Part of the reply: text, a tool call, thinking. Once one reached the client, the call is
     /// billed even if the client leaves.
     Content,
-    /// The stream's normal end: Anthropic `message_stop`, OpenAI `data: [DONE]`.
+    /// The stream's normal end: Anthropic `message_stop`, `OpenAI` `data: [DONE]`.
     End,
     /// The provider reports a failure inside the stream, with its message.
     Error(String),
@@ -139,7 +139,7 @@ pub enum EventKind {
 /// Reads a protocol's events in order and keeps what billing needs: the usage reported so far
 /// and whether any content has been seen.
 #[derive(Debug, Clone)]
-pub struct StreamReader {
+pub(crate) struct StreamReader {
     protocol: Protocol,
     usage: TokenUsage,
     content_seen: bool,
@@ -147,7 +147,7 @@ pub struct StreamReader {
 
 impl StreamReader {
     /// A reader for `protocol`'s events.
-    pub fn new(protocol: Protocol) -> StreamReader {
+    pub(crate) fn new(protocol: Protocol) -> StreamReader {
         StreamReader {
             protocol,
             usage: TokenUsage::default(),
@@ -156,7 +156,7 @@ impl StreamReader {
     }
 
     /// Reads one complete event.
-    pub fn read(&mut self, event: &[u8]) -> EventKind {
+    pub(crate) fn read(&mut self, event: &[u8]) -> EventKind {
         let event = Event::parse(event);
         let kind = match self.protocol {
             Protocol::Messages => self.read_messages(&event),
@@ -169,12 +169,12 @@ impl StreamReader {
     }
 
     /// The usage the stream has reported so far.
-    pub fn usage(&self) -> TokenUsage {
+    pub(crate) fn usage(&self) -> TokenUsage {
         self.usage
     }
 
     /// Whether any content event has been read.
-    pub fn content_seen(&self) -> bool {
+    pub(crate) fn content_seen(&self) -> bool {
         self.content_seen
     }
 
@@ -191,7 +191,7 @@ impl StreamReader {
         struct Message {
             usage: Option<TokenUsage>,
         }
-        let data: Option<Data> = serde_json::from_str(&event.data).ok();
+        let data: Option<Data<'_>> = serde_json::from_str(&event.data).ok();
         let name = event
             .name
             .as_deref()
@@ -242,7 +242,7 @@ impl StreamReader {
         if data.is_empty() {
             return EventKind::Other;
         }
-        let Ok(chunk) = serde_json::from_str::<Chunk>(data) else {
+        let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
             return EventKind::Other;
         };
         if let Some(error) = chunk.error {
@@ -294,7 +294,7 @@ impl ErrorObject {
 
 /// The last event the gateway sends when the provider failed after the stream started, in the
 /// protocol's own error shape, with the contract's text.
-pub fn error_event(protocol: Protocol, detail: &str) -> Bytes {
+pub(crate) fn error_event(protocol: Protocol, detail: &str) -> Bytes {
     let error = serde_json::json!({ "type": "api_error", "message": detail });
     let event = match protocol {
         Protocol::Messages => format!(

@@ -66,7 +66,7 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// File descriptors kept back from the connection limit for everything else the process opens
-/// (database connections, the SQLite file, log files).
+/// (database connections, the `SQLite` file, log files).
 const RESERVED_FILES: u64 = 64;
 
 /// The server's limits. Build with [`ServerLimits::default`] and change what you need.
@@ -98,7 +98,7 @@ impl Default for ServerLimits {
 
 /// The connection limit for a process that may open `files` files: each client connection may
 /// hold one upstream connection too (a stream), and 64 are kept for the rest (database
-/// connections, the SQLite file, logs).
+/// connections, the `SQLite` file, logs).
 pub fn connections_for_file_limit(files: u64) -> usize {
     let per_client = 2;
     (files.saturating_sub(RESERVED_FILES) / per_client).max(16) as usize

@@ -10,7 +10,7 @@
 //! - [`Accounts`]: administration (accounts, keys and their rules, grants, the audit), used by
 //!   the admin API and the command line rather than per call.
 //!
-//! Two implementations ship: [`SeaOrmStore`] (SQLite, PostgreSQL) and [`MemoryStore`], the
+//! Two implementations ship: [`SeaOrmStore`] (`SQLite`, `PostgreSQL`) and [`MemoryStore`], the
 //! reference model the database backends are tested against.
 
 use async_trait::async_trait;

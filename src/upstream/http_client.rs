@@ -34,7 +34,7 @@ use crate::protocol::sse::EventSplitter;
 use crate::reply::UpstreamBody;
 
 /// `anthropic-version` sent when the client sent none.
-pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+pub(super) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Client headers passed on to the provider, per wire format. Everything else (and in
 /// particular the client's own gateway key) stays at the gateway.

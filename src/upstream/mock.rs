@@ -179,7 +179,7 @@ fn text_pieces(text: &str, count: usize) -> Vec<&str> {
     pieces
 }
 
-/// Whether an OpenAI request asks for the usage chunk (`stream_options.include_usage`).
+/// Whether an `OpenAI` request asks for the usage chunk (`stream_options.include_usage`).
 fn wants_usage_chunk(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]
     struct Request {

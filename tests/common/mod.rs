@@ -1,5 +1,5 @@
 //! Test harness: the example gateway's own router served over real HTTP on an ephemeral port,
-//! on a temporary SQLite file or a private PostgreSQL schema.
+//! on a temporary `SQLite` file or a private `PostgreSQL` schema.
 #![allow(dead_code)]
 
 pub mod fake_provider;
@@ -14,13 +14,13 @@ use model_gateway::{
 use sea_orm::{ConnectOptions, ConnectionTrait, Database};
 use serde_json::Value;
 
-/// A database for one test; the SQLite file or PostgreSQL schema is dropped with it.
+/// A database for one test; the `SQLite` file or `PostgreSQL` schema is dropped with it.
 pub struct TestDb {
     pub store: Arc<SeaOrmStore>,
     pub url: String,
     _dir: Option<tempfile::TempDir>,
     pg_schema: Option<String>,
-    /// For MySQL: the server URL without a database, and the test's own database.
+    /// For `MySQL`: the server URL without a database, and the test's own database.
     mysql_database: Option<(String, String)>,
 }
 
@@ -109,7 +109,7 @@ pub async fn empty_mysql_database() -> Option<(String, String, String)> {
     Some((server, database, url))
 }
 
-/// A fresh schema on the test PostgreSQL, so parallel tests and runs never collide.
+/// A fresh schema on the test `PostgreSQL`, so parallel tests and runs never collide.
 pub async fn postgres_db() -> Option<TestDb> {
     let url = postgres_url()?;
     let schema = unique_name();
@@ -165,7 +165,7 @@ impl TestDb {
         self.pg_schema.as_deref()
     }
 
-    /// Drops the PostgreSQL schema or MySQL database (SQLite files go with their directory).
+    /// Drops the `PostgreSQL` schema or `MySQL` database (`SQLite` files go with their directory).
     pub async fn drop_schema(self) {
         if let Some(schema) = &self.pg_schema {
             let admin = Database::connect(&self.url).await.unwrap();

@@ -2,7 +2,7 @@
 //! write comes to against those rows, in queue order, and what must be written. The decisions
 //! are the in-memory model's own, taken against rows nobody else can change while the batch's
 //! transaction holds them. Both ways of writing a batch use this: set-based statements through
-//! sea-orm ([`super::ledger_ops`]) and, for a SQLite file, direct calls on the committer's own
+//! sea-orm ([`super::ledger_ops`]) and, for a `SQLite` file, direct calls on the committer's own
 //! thread ([`super::sqlite_direct`]).
 
 use std::collections::{BTreeMap, BTreeSet};

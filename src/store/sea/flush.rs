@@ -1,8 +1,8 @@
 //! When a committed batch is durable, and so when each of its writes may be answered.
 //!
 //! With a synchronous commit, a batch is durable when its `COMMIT` returns, but the commit then
-//! waits for the disk (an fsync) while it still holds its locks: on PostgreSQL the hot account's
-//! row lock, which every other gateway instance charging that account waits on; on SQLite the
+//! waits for the disk (an fsync) while it still holds its locks: on `PostgreSQL` the hot account's
+//! row lock, which every other gateway instance charging that account waits on; on `SQLite` the
 //! database's write lock, which the next batch waits on. So where the database allows it, a
 //! batch commits without waiting for the disk and a flusher, beside the committer, makes it
 //! durable: each flush covers every batch that committed before it began, since both databases
@@ -12,20 +12,20 @@
 //! Which writes wait for the flush:
 //! - a **settle** or **refund** always does: the client hears of its call (the reply, or the
 //!   502) only after its outcome is durable;
-//! - a **reservation** does on PostgreSQL, whose server can crash and lose a commit while the
-//!   gateway goes on holding the reservation. On a SQLite file it is answered at commit: its
+//! - a **reservation** does on `PostgreSQL`, whose server can crash and lose a commit while the
+//!   gateway goes on holding the reservation. On a `SQLite` file it is answered at commit: its
 //!   frames are in the file (in the OS's cache), so only a power loss or an OS crash can undo
 //!   it, and that also stops the gateway, with the call not yet answered (no reply, nothing
 //!   billed). The settle that follows flushes it with itself.
 //!
 //! A flush that fails leaves what it covered in doubt, so its writes answer a store error. On
-//! SQLite the committer then refuses every later write: after a failed fsync Linux may drop the
+//! `SQLite` the committer then refuses every later write: after a failed fsync Linux may drop the
 //! unwritten pages and report the next fsync as a success, so nothing written since could be
-//! trusted. On PostgreSQL a failed flush is a lost connection (the server itself stops on a
+//! trusted. On `PostgreSQL` a failed flush is a lost connection (the server itself stops on a
 //! failed fsync); a settle retried after it waits for a later flush, which covers the first
 //! commit too.
 //!
-//! The PostgreSQL flush writes a WAL message; a store whose role may not (see
+//! The `PostgreSQL` flush writes a WAL message; a store whose role may not (see
 //! [`postgres_flush_allowed`]) has no flusher and commits each batch synchronously.
 
 use std::sync::Arc;
@@ -175,7 +175,7 @@ impl Flusher {
     }
 }
 
-/// Makes every transaction committed before it durable on PostgreSQL: a transaction that writes
+/// Makes every transaction committed before it durable on `PostgreSQL`: a transaction that writes
 /// a (transactional, logical-decoding) WAL message and commits synchronously flushes the WAL up
 /// to its own commit record, and so every asynchronous commit before it. The message is the
 /// least WAL a transaction can write that needs no table and no privilege; a logical-decoding
@@ -215,7 +215,7 @@ pub(super) async fn postgres_flush_allowed(db: &DatabaseConnection) -> Result<bo
     Err(error.into())
 }
 
-/// Starts the PostgreSQL flusher on the current Tokio runtime, on the store's pool.
+/// Starts the `PostgreSQL` flusher on the current Tokio runtime, on the store's pool.
 pub(super) fn start_postgres(db: DatabaseConnection, mut flusher: Flusher) {
     tokio::spawn(async move {
         while flusher.next().await {

@@ -59,7 +59,7 @@ impl Committer {
         Committer { jobs, stats }
     }
 
-    /// Starts the committer on a thread of its own, writing through `connection` to a SQLite
+    /// Starts the committer on a thread of its own, writing through `connection` to a `SQLite`
     /// file (see [`super::sqlite_direct`]). The thread ends when the last sender is dropped.
     #[cfg(feature = "sqlite")]
     pub(super) fn start_direct(
@@ -140,7 +140,7 @@ async fn run(db: DatabaseConnection, mut queue: mpsc::Receiver<Job>, mut batches
 }
 
 /// Applies the writes in one transaction, in order, and commits; with `flushed_later`, the
-/// commit does not wait for the disk (PostgreSQL's asynchronous commit): the flusher does.
+/// commit does not wait for the disk (`PostgreSQL`'s asynchronous commit): the flusher does.
 async fn apply(
     db: &DatabaseConnection,
     writes: Vec<&Write>,

@@ -57,12 +57,12 @@ pub struct GroupCommitStats {
     /// one by one). Valid writes never cause one; a count that grows points at a database
     /// problem.
     pub rolled_back: u64,
-    /// Flushes that made committed batches durable. On a SQLite file and on PostgreSQL a batch
+    /// Flushes that made committed batches durable. On a `SQLite` file and on `PostgreSQL` a batch
     /// commits without waiting for the disk (so no lock is held through an fsync), and a flusher
     /// beside the committer then makes it durable (an fsync of the WAL file; a synchronous
-    /// commit that flushes PostgreSQL's WAL) before the writes that need it are answered:
-    /// settles and refunds always, reservations on PostgreSQL. Several batches may share one
-    /// flush. Always 0 on MySQL and in-memory SQLite, whose commits are durable when they
+    /// commit that flushes `PostgreSQL`'s WAL) before the writes that need it are answered:
+    /// settles and refunds always, reservations on `PostgreSQL`. Several batches may share one
+    /// flush. Always 0 on `MySQL` and in-memory `SQLite`, whose commits are durable when they
     /// return.
     pub flushes: u64,
 }
@@ -123,12 +123,12 @@ fn wrong_kind() -> StoreError {
     StoreError::msg("internal: an outcome of the wrong kind")
 }
 
-/// How long a SQLite connection waits for another writer before giving up. Writers hold the lock
+/// How long a `SQLite` connection waits for another writer before giving up. Writers hold the lock
 /// for one short transaction, so reaching this means the database is stuck, not busy.
 #[cfg(feature = "sqlite")]
 pub(super) const SQLITE_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// A transaction that writes: on SQLite it takes the write lock at `BEGIN`, so that what it reads
+/// A transaction that writes: on `SQLite` it takes the write lock at `BEGIN`, so that what it reads
 /// cannot change before it writes (a deferred transaction would fail to upgrade).
 pub(super) async fn begin_write(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
     db.begin_with_options(TransactionOptions {

@@ -4,7 +4,7 @@
 //! 1. lock the entries that its settles and refunds finish (`SELECT ... FOR UPDATE`, id order);
 //! 2. read which of its callers' keys are still active: revocation is checked here, in the
 //!    transaction that reserves, so a key answered from the key cache cannot spend once revoked;
-//! 3. take ids for its reservations (PostgreSQL: from the sequence);
+//! 3. take ids for its reservations (`PostgreSQL`: from the sequence);
 //! 4. lock the accounts that its reservations and refunds touch (id order, so two gateway
 //!    instances never wait on each other in a cycle), as late as possible, and decide every
 //!    write in queue order ([`Plan::decide`]);
@@ -206,9 +206,9 @@ async fn insert_entries<C: ConnectionTrait>(
 }
 
 /// `count` ids for new entries, taken before they are inserted, where the database allows it:
-/// PostgreSQL hands out sequence values (never reused, whoever else inserts); SQLite is read
+/// `PostgreSQL` hands out sequence values (never reused, whoever else inserts); `SQLite` is read
 /// under the write lock this transaction holds since `BEGIN IMMEDIATE`, so nobody else can
-/// insert until it commits. `None` on MySQL, whose auto-increment values are not reserved
+/// insert until it commits. `None` on `MySQL`, whose auto-increment values are not reserved
 /// ahead.
 async fn new_ids<C: ConnectionTrait>(
     txn: &C,

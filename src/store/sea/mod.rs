@@ -1,11 +1,11 @@
-//! The sea-orm backend: SQLite (the embedded default), PostgreSQL and MySQL through the same
-//! code, except that a SQLite file's ledger writes bypass sqlx (see `sqlite_direct`).
+//! The sea-orm backend: `SQLite` (the embedded default), `PostgreSQL` and `MySQL` through the same
+//! code, except that a `SQLite` file's ledger writes bypass sqlx (see `sqlite_direct`).
 //!
 //! How each money movement stays atomic: reserves, settles and refunds go through the store's
 //! committer, which applies them in batches, one write transaction per batch, and answers each
 //! only after the commit (`group_commit`). A batch reads what it needs under lock (`SELECT ...
-//! FOR UPDATE` on PostgreSQL and MySQL; `BEGIN IMMEDIATE` takes the database write lock on
-//! SQLite), decides every write in queue order in memory (`batch`), then writes:
+//! FOR UPDATE` on `PostgreSQL` and `MySQL`; `BEGIN IMMEDIATE` takes the database write lock on
+//! `SQLite`), decides every write in queue order in memory (`batch`), then writes:
 //! - **reserve**: subscription-first split of the locked balance, the debit as an `UPDATE`
 //!   guarded by `bucket + change >= 0` whose affected-row count must match, the `pending` entry
 //!   inserted; refused if the key was revoked. The `CHECK (bucket >= 0)` constraints back the
@@ -15,7 +15,7 @@
 //!   buckets get back what it took: a second refund finds nothing pending and moves nothing.
 //! - **settle**: the same guarded flip to `ok`; no money moves.
 //!
-//! No transaction is held open across an upstream call, and on SQLite files and PostgreSQL no
+//! No transaction is held open across an upstream call, and on `SQLite` files and `PostgreSQL` no
 //! lock is held through an fsync: batches commit without waiting for the disk and a flusher
 //! makes them durable before the writes that need it are answered (`flush`).
 
@@ -81,9 +81,9 @@ pub struct SeaOrmStore {
     db: DatabaseConnection,
     committer: Committer,
     keys: Arc<KeyCache>,
-    /// The database file, when it is a SQLite file: its ledger writes bypass sqlx.
+    /// The database file, when it is a `SQLite` file: its ledger writes bypass sqlx.
     sqlite_file: Option<Arc<Path>>,
-    /// On PostgreSQL, whether the ledger's batches may commit asynchronously and be made
+    /// On `PostgreSQL`, whether the ledger's batches may commit asynchronously and be made
     /// durable by the flusher (see [`flush::postgres_flush_allowed`]).
     postgres_flusher: bool,
 }
@@ -107,8 +107,8 @@ impl SeaOrmStore {
         SeaOrmStore::connect_with(ConnectOptions::new(url)).await
     }
 
-    /// Connects with explicit options (pool size, PostgreSQL schema search path, ...) and applies
-    /// the migrations. On SQLite this also sets WAL mode, `synchronous = FULL` on the pool's
+    /// Connects with explicit options (pool size, `PostgreSQL` schema search path, ...) and applies
+    /// the migrations. On `SQLite` this also sets WAL mode, `synchronous = FULL` on the pool's
     /// connections and a busy time-out, so concurrent writers queue instead of failing with
     /// "database is locked". Ledger writes are answered only once durable (an acknowledged charge
     /// survives a power loss), though their commits do not wait for the disk themselves: see
@@ -152,7 +152,7 @@ impl SeaOrmStore {
     }
 
     /// The same store with at most `max_batch` ledger writes per transaction (1: none shared).
-    /// Fails only if a SQLite file cannot be opened again for the new committer.
+    /// Fails only if a `SQLite` file cannot be opened again for the new committer.
     pub fn with_max_batch(self, max_batch: usize) -> Result<SeaOrmStore, StoreError> {
         Ok(SeaOrmStore {
             committer: committer(
@@ -286,7 +286,7 @@ impl SeaOrmStore {
     }
 }
 
-/// The file behind a `sqlite:` URL; `None` for other databases and in-memory SQLite (which a
+/// The file behind a `sqlite:` URL; `None` for other databases and in-memory `SQLite` (which a
 /// second connection could not see).
 fn sqlite_file(url: &str) -> Option<PathBuf> {
     #[cfg(feature = "sqlite")]
@@ -299,8 +299,8 @@ fn sqlite_file(url: &str) -> Option<PathBuf> {
     None
 }
 
-/// The committer for a store: on a SQLite file, a thread calling SQLite directly; otherwise a
-/// task on the sea-orm pool, with PostgreSQL's flusher where it may run.
+/// The committer for a store: on a `SQLite` file, a thread calling `SQLite` directly; otherwise a
+/// task on the sea-orm pool, with `PostgreSQL`'s flusher where it may run.
 fn committer(
     db: &DatabaseConnection,
     sqlite_file: Option<&Path>,
@@ -317,10 +317,10 @@ fn committer(
 }
 
 /// Applies the migrations one store at a time. Several gateway instances starting together on
-/// an empty PostgreSQL or MySQL database would otherwise all try to create the same tables, and
-/// all but one would fail to start. PostgreSQL: the whole migration runs in one transaction
+/// an empty `PostgreSQL` or `MySQL` database would otherwise all try to create the same tables, and
+/// all but one would fail to start. `PostgreSQL`: the whole migration runs in one transaction
 /// (its DDL is transactional) that first takes an advisory lock for the schema, so the others
-/// wait and then find nothing to do. MySQL commits each DDL statement as it goes, so the
+/// wait and then find nothing to do. `MySQL` commits each DDL statement as it goes, so the
 /// migration runs on one session holding a named lock for the database.
 async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     let backend = db.get_database_backend();

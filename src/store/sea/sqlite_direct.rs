@@ -1,23 +1,23 @@
-//! A batch written to a SQLite file by calling SQLite directly, on the committer's own thread.
+//! A batch written to a `SQLite` file by calling `SQLite` directly, on the committer's own thread.
 //!
 //! Through sqlx, every statement is handed to a worker thread and its answer handed back; on
-//! this workload those hand-offs (two thread wake-ups each), not SQLite, were where the time
+//! this workload those hand-offs (two thread wake-ups each), not `SQLite`, were where the time
 //! went, and a batch needs several statements. Here the committer owns a connection to the same
 //! file on a thread of its own (rusqlite, statements prepared once and kept), so a whole batch
 //! runs without a hand-off: one wake-up to start it, one per answer.
 //!
-//! It is an ordinary SQLite connection: `BEGIN IMMEDIATE` takes the file's write lock as every
+//! It is an ordinary `SQLite` connection: `BEGIN IMMEDIATE` takes the file's write lock as every
 //! other writer does (the sea-orm pool for grants and keys, another process on the same file),
 //! with the same WAL mode and busy time-out. Each statement works on one row; the decisions are
 //! [`Plan::decide`]'s, as for every backend. Reads (balances, call log, audit, key lookups)
 //! stay on the sea-orm pool.
 //!
-//! Its commits do not wait for the disk (`synchronous = NORMAL`: SQLite writes the WAL frames
+//! Its commits do not wait for the disk (`synchronous = NORMAL`: `SQLite` writes the WAL frames
 //! but does not fsync them); a second thread, the flusher, fsyncs the WAL file and only then
 //! are the batch's settles and refunds answered (see [`super::flush`]). That is what
 //! `synchronous = FULL` does at each commit, moved off the write lock and shared by every batch
 //! committed meanwhile. Checkpoints still sync the WAL before and the database file after, as
-//! SQLite does in both modes, so a flushed batch stays durable when the WAL is reused.
+//! `SQLite` does in both modes, so a flushed batch stays durable when the WAL is reused.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -67,9 +67,9 @@ pub(super) fn open(file: &Path) -> Result<(Connection, File), StoreError> {
     Ok((connection, wal))
 }
 
-/// The database's WAL file, which SQLite keeps (same file, same inode) while any connection,
+/// The database's WAL file, which `SQLite` keeps (same file, same inode) while any connection,
 /// such as the committer's own, has the database open. Its directory entry is synced once here,
-/// as SQLite does when it creates the file.
+/// as `SQLite` does when it creates the file.
 fn open_wal(connection: &Connection) -> Result<File, StoreError> {
     let database = connection
         .path()
@@ -207,7 +207,7 @@ fn read_accounts(
     Ok(accounts)
 }
 
-/// A timestamp as sea-orm (through sqlx) stores it on SQLite.
+/// A timestamp as sea-orm (through sqlx) stores it on `SQLite`.
 fn parse_timestamp(text: &str) -> Result<DateTime<Utc>, StoreError> {
     DateTime::parse_from_rfc3339(text)
         .or_else(|_| DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%:z"))
@@ -228,7 +228,7 @@ fn active_keys(txn: &Transaction<'_>, wanted: &Wanted) -> Result<BTreeSet<i64>, 
     Ok(active)
 }
 
-/// The text sea-orm (through sqlx) stores a timestamp as on SQLite, so that both write the
+/// The text sea-orm (through sqlx) stores a timestamp as on `SQLite`, so that both write the
 /// same thing and compare alike (recovery compares `created_at` with a cut-off).
 fn timestamp_now() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::AutoSi, false)

@@ -6,7 +6,7 @@ use sea_orm::entity::prelude::*;
 /// An account row.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "mg_accounts")]
-pub struct Model {
+pub(crate) struct Model {
     /// Account id.
     #[sea_orm(primary_key)]
     pub id: i64,
@@ -24,6 +24,6 @@ pub struct Model {
 
 /// No relations are navigated through the ORM.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub(crate) enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}

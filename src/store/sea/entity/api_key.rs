@@ -5,7 +5,7 @@ use sea_orm::entity::prelude::*;
 /// An API key row.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "mg_api_keys")]
-pub struct Model {
+pub(crate) struct Model {
     /// Key id.
     #[sea_orm(primary_key)]
     pub id: i64,
@@ -30,6 +30,6 @@ pub struct Model {
 
 /// No relations are navigated through the ORM.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub(crate) enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}

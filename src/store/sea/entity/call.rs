@@ -6,7 +6,7 @@ use sea_orm::entity::prelude::*;
 /// A call-log row.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "mg_calls")]
-pub struct Model {
+pub(crate) struct Model {
     /// Entry id.
     #[sea_orm(primary_key)]
     pub id: i64,
@@ -46,6 +46,6 @@ pub struct Model {
 
 /// No relations are navigated through the ORM.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub(crate) enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}

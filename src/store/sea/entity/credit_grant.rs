@@ -6,7 +6,7 @@ use sea_orm::entity::prelude::*;
 /// A grant row.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "mg_credit_grants")]
-pub struct Model {
+pub(crate) struct Model {
     /// Grant id.
     #[sea_orm(primary_key)]
     pub id: i64,
@@ -26,6 +26,6 @@ pub struct Model {
 
 /// No relations are navigated through the ORM.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub(crate) enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}

@@ -1,8 +1,8 @@
 //! One module per table. Table names carry the `mg_` prefix so that they sit beside a host
 //! application's own tables without clashing.
 
-pub mod account;
-pub mod api_key;
-pub mod call;
-pub mod credit_grant;
-pub mod subscription_lapse;
+pub(super) mod account;
+pub(super) mod api_key;
+pub(super) mod call;
+pub(super) mod credit_grant;
+pub(super) mod subscription_lapse;

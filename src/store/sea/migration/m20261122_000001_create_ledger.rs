@@ -5,7 +5,7 @@ use sea_orm_migration::prelude::*;
 use sea_orm_migration::schema::*;
 
 #[derive(DeriveMigrationName)]
-pub struct Migration;
+pub(super) struct Migration;
 
 #[derive(DeriveIden, Clone, Copy)]
 enum MgAccounts {
@@ -58,9 +58,13 @@ enum MgCalls {
     FinishedAt,
 }
 
-/// A point in time: `timestamptz` on PostgreSQL, text on SQLite, and `DATETIME(6)` on MySQL,
+/// A point in time: `timestamptz` on `PostgreSQL`, text on `SQLite`, and `DATETIME(6)` on `MySQL`,
 /// whose `TIMESTAMP` ends in 2038 and may update itself.
-pub(super) fn moment<T: IntoIden>(manager: &SchemaManager, column: T, nullable: bool) -> ColumnDef {
+pub(super) fn moment<T: IntoIden>(
+    manager: &SchemaManager<'_>,
+    column: T,
+    nullable: bool,
+) -> ColumnDef {
     let mut definition = ColumnDef::new(column);
     if manager.get_database_backend() == sea_orm::DbBackend::MySql {
         definition.custom("DATETIME(6)".into_iden());

@@ -5,7 +5,7 @@ use sea_orm_migration::prelude::*;
 use sea_orm_migration::schema::*;
 
 #[derive(DeriveMigrationName)]
-pub struct Migration;
+pub(super) struct Migration;
 
 #[derive(DeriveIden, Clone, Copy)]
 enum MgCalls {

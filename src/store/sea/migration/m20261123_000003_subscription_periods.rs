@@ -7,7 +7,7 @@ use sea_orm_migration::schema::*;
 use super::m20261122_000001_create_ledger::moment;
 
 #[derive(DeriveMigrationName)]
-pub struct Migration;
+pub(super) struct Migration;
 
 #[derive(DeriveIden, Clone, Copy)]
 enum MgAccounts {

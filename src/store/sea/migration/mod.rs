@@ -1,6 +1,10 @@
 //! Schema migrations, run at start under the crate's own migration table (`mg_migrations`) so
 //! they never mix with the host application's.
 
+// The migrations implement `MigrationTrait` through `async_trait`, whose expansion cannot take
+// the `SchemaManager<'_>` that `rust_2018_idioms` asks for.
+#![allow(elided_lifetimes_in_paths)]
+
 use sea_orm_migration::prelude::*;
 
 mod m20261122_000001_create_ledger;
