@@ -18,7 +18,7 @@ pub(crate) fn complete_reply(
     body: &Bytes,
 ) -> Result<TokenUsage, UpstreamError> {
     if !status.is_success() {
-        return Err(UpstreamError::status(status.as_u16(), body));
+        return Err(UpstreamError::answered(status.as_u16(), body));
     }
     reply_usage(body).ok_or_else(|| UpstreamError {
         status: Some(status.as_u16()),

@@ -268,7 +268,7 @@ impl UpstreamError {
     }
 
     /// The upstream answered with a non-success status; keeps an excerpt of its body.
-    pub fn status(status: u16, body: &[u8]) -> UpstreamError {
+    pub fn answered(status: u16, body: &[u8]) -> UpstreamError {
         UpstreamError {
             status: Some(status),
             message: format!("upstream answered {status}: {}", excerpt(body)),

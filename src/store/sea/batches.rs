@@ -125,7 +125,7 @@ mod tests {
     use crate::credits::{Credits, Split};
     use crate::protocol::Protocol;
     use crate::store::sea::batch::OwnedCharge;
-    use crate::store::sea::flush::Flusher;
+    use crate::store::sea::flush::{FlushRules, Flusher};
     use crate::store::sea::jobs::Reply;
     use crate::store::{AccountId, CallId, Caller, KeyId};
     use crate::store::{CallFailure, CallSuccess, Reservation, ReserveError};
@@ -177,15 +177,15 @@ mod tests {
         (reserved, settled)
     }
 
-    fn flushed_committer(reservations_wait: bool, halt: bool) -> (Batches, Flusher) {
+    fn flushed_committer(rules: FlushRules) -> (Batches, Flusher) {
         let stats = Arc::new(Counters::default());
-        let (flusher, durability) = Flusher::new(stats.clone(), reservations_wait, halt);
+        let (flusher, durability) = Flusher::new(stats.clone(), rules);
         (Batches::new(64, stats, durability), flusher)
     }
 
     #[test]
     fn on_sqlite_a_settle_waits_for_the_flush_and_a_reservation_does_not() {
-        let (mut batches, mut flusher) = flushed_committer(false, true);
+        let (mut batches, mut flusher) = flushed_committer(FlushRules::SqliteFile);
         let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);
         assert_eq!(reserved.try_recv().unwrap().unwrap(), reservation(2));
         assert_eq!(settled.try_recv().unwrap_err(), TryRecvError::Empty);
@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn on_postgres_a_reservation_waits_for_the_flush_too() {
-        let (mut batches, mut flusher) = flushed_committer(true, false);
+        let (mut batches, mut flusher) = flushed_committer(FlushRules::Postgres);
         let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);
         assert_eq!(reserved.try_recv().unwrap_err(), TryRecvError::Empty);
         assert_eq!(settled.try_recv().unwrap_err(), TryRecvError::Empty);
@@ -211,7 +211,7 @@ mod tests {
 
     #[test]
     fn a_flush_answers_only_what_committed_before_it_began() {
-        let (mut batches, mut flusher) = flushed_committer(true, false);
+        let (mut batches, mut flusher) = flushed_committer(FlushRules::Postgres);
         let (mut first, _) = commit_reserve_and_settle(&mut batches, 2);
         assert!(flusher.next_blocking());
         // Committed while the flush is under way: the flush may not cover it.
@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn a_failed_flush_on_sqlite_fails_its_writes_and_every_later_one() {
-        let (mut batches, mut flusher) = flushed_committer(false, true);
+        let (mut batches, mut flusher) = flushed_committer(FlushRules::SqliteFile);
         let (_, mut settled) = commit_reserve_and_settle(&mut batches, 2);
         assert!(flusher.next_blocking());
         flusher.conclude(Err(StoreError::msg("EIO")));
@@ -251,7 +251,7 @@ mod tests {
 
     #[test]
     fn a_failed_flush_on_postgres_fails_its_writes_but_not_later_ones() {
-        let (mut batches, mut flusher) = flushed_committer(true, false);
+        let (mut batches, mut flusher) = flushed_committer(FlushRules::Postgres);
         let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);
         assert!(flusher.next_blocking());
         flusher.conclude(Err(StoreError::msg("connection reset")));

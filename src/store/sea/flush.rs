@@ -100,6 +100,15 @@ impl Durability {
     }
 }
 
+/// Each database's rules for its flusher (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FlushRules {
+    /// `PostgreSQL`: reservations wait for the flush too; a failed flush does not halt.
+    Postgres,
+    /// A `SQLite` file: reservations are answered at commit; a failed fsync halts the committer.
+    SqliteFile,
+}
+
 /// The flusher's side: where committed writes arrive, and how a flush is concluded.
 pub(super) struct Flusher {
     queue: mpsc::UnboundedReceiver<Committed>,
@@ -110,13 +119,10 @@ pub(super) struct Flusher {
 }
 
 impl Flusher {
-    /// A flusher and the committer's [`Durability`] that feeds it. `reservations_wait` and
-    /// `halt_on_failure` are the database's rules (see the module docs).
-    pub(super) fn new(
-        stats: Arc<Counters>,
-        reservations_wait: bool,
-        halt_on_failure: bool,
-    ) -> (Flusher, Durability) {
+    /// A flusher and the committer's [`Durability`] that feeds it, by the database's `rules`.
+    pub(super) fn new(stats: Arc<Counters>, rules: FlushRules) -> (Flusher, Durability) {
+        let reservations_wait = rules == FlushRules::Postgres;
+        let halt_on_failure = rules == FlushRules::SqliteFile;
         let (sender, queue) = mpsc::unbounded_channel();
         let halted = Arc::new(AtomicBool::new(false));
         let durability = Durability::Flushed {

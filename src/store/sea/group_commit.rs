@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Outcome, OwnedCharge, Write};
 use super::batches::Batches;
-use super::flush::{self, Durability, Flusher};
+use super::flush::{self, Durability, FlushRules, Flusher};
 use super::jobs::{Counters, Failure, GroupCommitStats, Job, Reply, begin_write, stopped};
 use super::ledger_ops::apply_in;
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
@@ -47,8 +47,7 @@ impl Committer {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
         let durability = if postgres_flusher && db.get_database_backend() == DbBackend::Postgres {
-            // Reservations wait for the flush; a failed flush does not halt (see `flush`).
-            let (flusher, durability) = Flusher::new(stats.clone(), true, false);
+            let (flusher, durability) = Flusher::new(stats.clone(), FlushRules::Postgres);
             flush::start_postgres(db.clone(), flusher);
             durability
         } else {
@@ -69,8 +68,7 @@ impl Committer {
     ) -> Result<Committer, StoreError> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
-        // Reservations are answered at commit; a failed fsync halts (see `flush`).
-        let (flusher, durability) = Flusher::new(stats.clone(), false, true);
+        let (flusher, durability) = Flusher::new(stats.clone(), FlushRules::SqliteFile);
         let batches = Batches::new(max_batch, stats.clone(), durability);
         let spawn = |name: &str, work: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
