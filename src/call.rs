@@ -97,24 +97,73 @@ pub struct RoutedCall {
     /// Whether the client asked for a streamed reply (`stream: true`), which the router lets
     /// through only when streaming is on.
     pub stream: bool,
-    /// Byte range of the `model` value (with its quotes) in the body, for renaming it upstream
-    /// without re-serialising anything else.
-    pub model_span: Range<usize>,
+    /// Byte range of the `model` value (with its quotes) in the body the router read, for
+    /// renaming it upstream without re-serialising anything else; `None` for a call built by
+    /// hand. Private: a range that did not come from the body could cut it anywhere.
+    model_span: Option<Range<usize>>,
 }
 
 impl RoutedCall {
+    /// A resolved call built by hand (the router builds its own, knowing where `model` sits in
+    /// the body).
+    pub fn new(protocol: Protocol, model: Arc<ModelRoute>, stream: bool) -> RoutedCall {
+        RoutedCall {
+            protocol,
+            model,
+            stream,
+            model_span: None,
+        }
+    }
+
+    /// The call as the router resolved it from a body, `model` at `span` in it.
+    pub(crate) fn from_body(
+        protocol: Protocol,
+        model: Arc<ModelRoute>,
+        stream: bool,
+        span: Range<usize>,
+    ) -> RoutedCall {
+        RoutedCall {
+            model_span: Some(span),
+            ..RoutedCall::new(protocol, model, stream)
+        }
+    }
+
     /// The body to send upstream: the client's bytes, with `model` replaced by `upstream_model`
-    /// (a channel's name for the model) when there is one. Nothing else is touched.
+    /// (a channel's name for the model) when there is one. Nothing else is touched when the
+    /// router read this body; a call built by hand has its body re-serialised with the new
+    /// `model` (a body that is not a JSON object goes as it is).
     pub fn upstream_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
         let Some(upstream_model) = upstream_model else {
             return body.clone();
         };
+        let span = self.model_span.clone().filter(|span| {
+            body.get(span.clone())
+                .is_some_and(|value| value.first() == Some(&b'"'))
+        });
+        let Some(span) = span else {
+            return renamed_by_parsing(body, upstream_model);
+        };
+        self.splice(body, span, upstream_model)
+    }
+
+    fn splice(&self, body: &Bytes, span: Range<usize>, upstream_model: &str) -> Bytes {
         let quoted = serde_json::to_string(upstream_model).expect("a string serialises");
         let mut renamed = Vec::with_capacity(body.len() + quoted.len());
-        renamed.extend_from_slice(&body[..self.model_span.start]);
+        renamed.extend_from_slice(&body[..span.start]);
         renamed.extend_from_slice(quoted.as_bytes());
-        renamed.extend_from_slice(&body[self.model_span.end..]);
+        renamed.extend_from_slice(&body[span.end..]);
         Bytes::from(renamed)
+    }
+}
+
+/// `body` with its `model` set to `model`, re-serialised; as it is if it is not a JSON object.
+fn renamed_by_parsing(body: &Bytes, model: &str) -> Bytes {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Object(mut object)) => {
+            object.insert("model".into(), model.into());
+            serde_json::to_vec(&object).map_or_else(|_| body.clone(), Bytes::from)
+        }
+        _ => body.clone(),
     }
 }
 
@@ -166,5 +215,39 @@ impl RequestId {
 impl std::fmt::Display for RequestId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::Catalogue;
+
+    fn model() -> Arc<ModelRoute> {
+        Catalogue::demo().model("gpt-4o-mini").unwrap().clone()
+    }
+
+    #[test]
+    fn a_routed_body_has_only_its_model_renamed() {
+        let body = Bytes::from_static(br#"{"z":1,  "model" : "gpt-4o-mini","a":[2]}"#);
+        let start = body.windows(13).position(|w| w == b"\"gpt-4o-mini\"").unwrap();
+        let routed =
+            RoutedCall::from_body(Protocol::ChatCompletions, model(), false, start..start + 13);
+        assert_eq!(
+            routed.upstream_body(&body, Some("gpt-4o-mini-2024")),
+            Bytes::from_static(br#"{"z":1,  "model" : "gpt-4o-mini-2024","a":[2]}"#)
+        );
+        assert_eq!(routed.upstream_body(&body, None), body);
+    }
+
+    #[test]
+    fn a_hand_built_call_renames_by_parsing_and_never_cuts_the_body() {
+        let routed = RoutedCall::new(Protocol::ChatCompletions, model(), false);
+        let body = Bytes::from_static(br#"{"model":"gpt-4o-mini","messages":[]}"#);
+        let renamed: serde_json::Value =
+            serde_json::from_slice(&routed.upstream_body(&body, Some("other"))).unwrap();
+        assert_eq!(renamed, serde_json::json!({"model": "other", "messages": []}));
+        let not_json = Bytes::from_static(b"not json");
+        assert_eq!(routed.upstream_body(&not_json, Some("other")), not_json);
     }
 }

@@ -32,7 +32,7 @@
 //!     let mut request = Request::post("/v1/chat/completions").body(Bytes::new()).unwrap();
 //!     request.extensions_mut().insert(Caller { account, key: KeyId(1) });
 //!     let model = Catalogue::demo().model("gpt-4o-mini").unwrap().clone(); // price 2
-//!     request.extensions_mut().insert(RoutedCall { protocol: Protocol::ChatCompletions, model, stream: false, model_span: 0..0 });
+//!     request.extensions_mut().insert(RoutedCall::new(Protocol::ChatCompletions, model, false));
 //!     request
 //! };
 //! assert_eq!(service.clone().oneshot(call()).await.unwrap().status(), StatusCode::OK);

@@ -585,12 +585,12 @@ fn resolve(
         .ok_or(GatewayError::ModelNotFound)?;
     // The raw value borrows from `body`, so its position in `body` is where the model sits.
     let start = model_raw.get().as_ptr() as usize - body.as_ptr() as usize;
-    Ok(RoutedCall {
+    Ok(RoutedCall::from_body(
         protocol,
-        model: model.clone(),
+        model.clone(),
         stream,
-        model_span: start..start + model_raw.get().len(),
-    })
+        start..start + model_raw.get().len(),
+    ))
 }
 
 /// The string a raw JSON value holds, borrowed when it has no escapes.
