@@ -36,7 +36,7 @@ async fn rich_callers(store: &dyn Store, count: usize) -> Vec<Caller> {
             .await
             .unwrap();
         store
-            .grant(account, Bucket::Subscription, Credits(1 << 50))
+            .grant(account, Bucket::Subscription, Credits::new(1 << 50))
             .await
             .unwrap();
         callers.push(Caller { account, key });
@@ -56,7 +56,7 @@ async fn charge_once(store: &dyn Store, caller: Caller, outcome: Outcome) {
         caller,
         protocol: Protocol::ChatCompletions,
         model: "gpt-4o-mini",
-        price: Credits(2),
+        price: Credits::new(2),
         request_id: None,
         at: chrono::Utc::now(),
     };

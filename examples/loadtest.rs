@@ -133,7 +133,7 @@ async fn memory_gateway() -> Target {
     let key = NewApiKey::generate();
     store.add_key(account, &key).await.unwrap();
     store
-        .grant(account, Bucket::Subscription, Credits(1 << 50))
+        .grant(account, Bucket::Subscription, Credits::new(1 << 50))
         .await
         .unwrap();
     let router = model_gateway::Gateway::new(

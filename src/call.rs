@@ -230,7 +230,10 @@ mod tests {
     #[test]
     fn a_routed_body_has_only_its_model_renamed() {
         let body = Bytes::from_static(br#"{"z":1,  "model" : "gpt-4o-mini","a":[2]}"#);
-        let start = body.windows(13).position(|w| w == b"\"gpt-4o-mini\"").unwrap();
+        let start = body
+            .windows(13)
+            .position(|w| w == b"\"gpt-4o-mini\"")
+            .unwrap();
         let routed =
             RoutedCall::from_body(Protocol::ChatCompletions, model(), false, start..start + 13);
         assert_eq!(
@@ -246,7 +249,10 @@ mod tests {
         let body = Bytes::from_static(br#"{"model":"gpt-4o-mini","messages":[]}"#);
         let renamed: serde_json::Value =
             serde_json::from_slice(&routed.upstream_body(&body, Some("other"))).unwrap();
-        assert_eq!(renamed, serde_json::json!({"model": "other", "messages": []}));
+        assert_eq!(
+            renamed,
+            serde_json::json!({"model": "other", "messages": []})
+        );
         let not_json = Bytes::from_static(b"not json");
         assert_eq!(routed.upstream_body(&not_json, Some("other")), not_json);
     }

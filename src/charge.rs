@@ -19,7 +19,7 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let store = Arc::new(MemoryStore::new());
 //! let account = store.create_account("demo").await.unwrap();
-//! store.grant(account, Bucket::Topup, Credits(3)).await.unwrap();
+//! store.grant(account, Bucket::Topup, Credits::new(3)).await.unwrap();
 //!
 //! let service = ServiceBuilder::new()
 //!     .layer(CreditChargeLayer::new(store.clone()))
@@ -37,7 +37,7 @@
 //! };
 //! assert_eq!(service.clone().oneshot(call()).await.unwrap().status(), StatusCode::OK);
 //! assert_eq!(service.oneshot(call()).await.unwrap().status(), StatusCode::PAYMENT_REQUIRED);
-//! assert_eq!(store.balance(account).await.unwrap().total(), Credits(1));
+//! assert_eq!(store.balance(account).await.unwrap().total(), Credits::new(1));
 //! # }
 //! ```
 

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(transparent)]
-pub struct Credits(pub i64);
+pub struct Credits(pub(crate) i64);
 
 impl Credits {
     /// The largest balance a bucket, or an account's two buckets together, can hold.
@@ -17,8 +17,13 @@ impl Credits {
     /// No credits.
     pub const ZERO: Credits = Credits(0);
 
+    /// An amount of credits.
+    pub const fn new(amount: i64) -> Credits {
+        Credits(amount)
+    }
+
     /// The amount as a plain integer.
-    pub fn get(self) -> i64 {
+    pub const fn get(self) -> i64 {
         self.0
     }
 }

@@ -425,7 +425,8 @@ async fn concurrent_grants_apply_once(db: &TestDb) {
     let grants = (0..20).map(|_| {
         let admin = admin.clone();
         tokio::spawn(async move {
-            let grant = model_gateway::admin::GrantRequest::new(Bucket::Subscription, Credits(7));
+            let grant =
+                model_gateway::admin::GrantRequest::new(Bucket::Subscription, Credits::new(7));
             admin
                 .grant(created.id, &grant, Some("renewal-2026-11"))
                 .await
@@ -478,7 +479,7 @@ async fn calls_are_paged_newest_first_and_filtered_by_status_and_model() {
             caller,
             protocol: Protocol::ChatCompletions,
             model: CHAT_MODEL,
-            price: Credits(CHAT_PRICE),
+            price: Credits::new(CHAT_PRICE),
             request_id: None,
             at: chrono::Utc::now(),
         })

@@ -47,7 +47,7 @@ async fn funded(store: &MemoryStore, credits: i64) -> (AccountId, String) {
     let key = NewApiKey::generate();
     store.add_key(account, &key).await.unwrap();
     store
-        .grant(account, Bucket::Subscription, Credits(credits))
+        .grant(account, Bucket::Subscription, Credits::new(credits))
         .await
         .unwrap();
     (account, key.reveal().to_owned())
@@ -93,7 +93,10 @@ async fn a_call_dropped_before_the_upstream_answered_is_refunded() {
         call.upstream_error.as_deref(),
         Some(CANCELLED_BEFORE_ANSWER)
     );
-    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
 }
 
 #[tokio::test]
@@ -241,7 +244,7 @@ async fn a_call_dropped_after_the_upstream_answered_is_billed() {
     assert_eq!(call.status, CallStatus::Ok);
     assert_eq!(
         store.balance(account).await.unwrap().total(),
-        Credits(10 - CHAT_PRICE)
+        Credits::new(10 - CHAT_PRICE)
     );
 }
 
@@ -271,7 +274,10 @@ async fn a_call_refunded_by_recovery_while_its_upstream_answered_gets_no_reply()
     );
     let calls = store.recent_calls(account, 10).await.unwrap();
     assert_eq!(calls[0].status, CallStatus::Refunded);
-    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
 }
 
 /// One call through a ledger that `misbehave` sets up: answered 200, its entry `ok`, billed once.
@@ -293,7 +299,7 @@ async fn assert_answered_and_billed_once(misbehave: impl FnOnce(&TestLedger)) {
     );
     assert_eq!(
         store.balance(account).await.unwrap().total(),
-        Credits(10 - CHAT_PRICE)
+        Credits::new(10 - CHAT_PRICE)
     );
 }
 
@@ -336,7 +342,10 @@ async fn when_the_store_stays_down_the_client_gets_503_and_recovery_refunds_the_
         .await
         .unwrap();
     assert_eq!(refunded, [calls[0].id]);
-    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
 }
 
 #[tokio::test]
@@ -353,7 +362,10 @@ async fn an_unreachable_store_at_reservation_answers_503_and_charges_nothing() {
 
     assert_eq!(response.status(), 503);
     assert!(store.recent_calls(account, 10).await.unwrap().is_empty());
-    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -430,7 +442,10 @@ async fn a_panicking_upstream_is_refunded_and_answers_502() {
     let call = finished_call(store.as_ref(), account).await;
     assert_eq!(call.status, CallStatus::Refunded);
     assert!(call.upstream_error.unwrap().contains("upstream bug"));
-    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
 }
 
 #[tokio::test]
@@ -450,7 +465,10 @@ async fn an_upstream_that_never_answers_is_refunded_at_the_bound() {
     let response = service.oneshot(chat_request(&key)).await.unwrap();
 
     assert_eq!(response.status(), 502);
-    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
     let call = store.recent_calls(account, 1).await.unwrap().remove(0);
     assert_eq!(call.status, CallStatus::Refunded);
 }
@@ -582,7 +600,10 @@ async fn a_stream_whose_provider_panics_mid_way_is_refunded_and_ends_with_an_err
     let call = finished_call(store.as_ref(), account).await;
     assert_eq!(call.status, CallStatus::Refunded);
     assert!(call.upstream_error.unwrap().contains("panicked"));
-    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
 }
 
 #[tokio::test]
@@ -601,7 +622,10 @@ async fn a_stream_dropped_before_it_was_read_is_refunded() {
         call.upstream_error.as_deref(),
         Some(model_gateway::CLIENT_LEFT_BEFORE_CONTENT)
     );
-    assert_eq!(store.balance(account).await.unwrap().total(), Credits(10));
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
 }
 
 /// One stream through a ledger that `misbehave` sets up: every event arrives, its entry ends
@@ -621,7 +645,7 @@ async fn assert_streamed_and_billed_once(misbehave: impl FnOnce(&TestLedger)) {
     assert_eq!(calls[0].status, CallStatus::Ok);
     assert_eq!(
         store.balance(account).await.unwrap().total(),
-        Credits(10 - CHAT_PRICE)
+        Credits::new(10 - CHAT_PRICE)
     );
 }
 
@@ -657,7 +681,7 @@ async fn a_stream_dropped_while_its_settle_is_under_way_is_billed_once() {
     assert_eq!(call.status, CallStatus::Ok);
     assert_eq!(
         store.balance(account).await.unwrap().total(),
-        Credits(10 - CHAT_PRICE)
+        Credits::new(10 - CHAT_PRICE)
     );
 }
 
@@ -693,7 +717,7 @@ async fn reserve(db: &TestDb, key: &str) -> Reservation {
             caller,
             protocol: model_gateway::Protocol::ChatCompletions,
             model: CHAT_MODEL,
-            price: Credits(CHAT_PRICE),
+            price: Credits::new(CHAT_PRICE),
             request_id: None,
             at: chrono::Utc::now(),
         })

@@ -43,7 +43,10 @@ async fn caller_with<S: Store>(store: &S, subscription: i64, topup: i64) -> Call
         .unwrap();
     for (bucket, amount) in [(Bucket::Subscription, subscription), (Bucket::Topup, topup)] {
         if amount > 0 {
-            store.grant(account, bucket, Credits(amount)).await.unwrap();
+            store
+                .grant(account, bucket, Credits::new(amount))
+                .await
+                .unwrap();
         }
     }
     Caller { account, key }
@@ -54,7 +57,7 @@ fn charge(caller: Caller, price: i64) -> ChargeRequest<'static> {
         caller,
         protocol: Protocol::ChatCompletions,
         model: "gpt-4o-mini",
-        price: Credits(price),
+        price: Credits::new(price),
         request_id: Some("req_ledger-scenario"),
         at: chrono::Utc::now(),
     }
@@ -72,7 +75,7 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
     let split = store.reserve(charge(caller, 3)).await.unwrap();
     assert_eq!(
         (split.taken.subscription, split.taken.topup),
-        (Credits(2), Credits(1))
+        (Credits::new(2), Credits::new(1))
     );
     trace.push(format!(
         "after two reserves {:?}",
@@ -111,7 +114,7 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
 
     // A grant tops up; the pending call still counts as charged until settled.
     store
-        .grant(account, Bucket::Topup, Credits(10))
+        .grant(account, Bucket::Topup, Credits::new(10))
         .await
         .unwrap();
     assert!(store.settle(rest.call, success()).await.unwrap());
@@ -133,8 +136,8 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
         ));
         assert_eq!(call.request_id.as_deref(), Some("req_ledger-scenario"));
         assert_eq!(
-            call.charged_subscription.0 + call.charged_topup.0,
-            call.price.0
+            call.charged_subscription.get() + call.charged_topup.get(),
+            call.price.get()
         );
     }
     let statuses: Vec<_> = calls.iter().map(|c| c.status).collect();
@@ -364,13 +367,13 @@ async fn a_grant_must_be_positive_on_every_backend() {
         let account: AccountId = store.create_account("x").await.unwrap();
         assert!(
             store
-                .grant(account, Bucket::Topup, Credits(0))
+                .grant(account, Bucket::Topup, Credits::new(0))
                 .await
                 .is_err()
         );
         assert!(
             store
-                .grant(account, Bucket::Topup, Credits(-5))
+                .grant(account, Bucket::Topup, Credits::new(-5))
                 .await
                 .is_err()
         );
@@ -676,7 +679,7 @@ async fn postgres_without_the_flush_message_commits_each_batch_synchronously() {
     assert_eq!(store.group_commit_stats().flushes, 0);
     assert_eq!(
         store.balance(caller.account).await.unwrap().total(),
-        Credits(6)
+        Credits::new(6)
     );
 
     store.connection().clone().close().await.unwrap();
@@ -886,7 +889,7 @@ async fn assert_grants_past_the_largest_balance_are_refused(db: TestDb) {
         (Bucket::Subscription, i64::MAX),
     ] {
         let error = store
-            .grant(account, bucket, Credits(amount))
+            .grant(account, bucket, Credits::new(amount))
             .await
             .unwrap_err();
         let overflow = error
@@ -897,7 +900,7 @@ async fn assert_grants_past_the_largest_balance_are_refused(db: TestDb) {
         assert!(error.to_string().contains("largest value"), "{error}");
     }
     let full = Balance {
-        subscription: Credits(0),
+        subscription: Credits::new(0),
         topup: Credits::MAX,
     };
     assert_eq!(store.balance(account).await.unwrap(), full);
@@ -978,7 +981,7 @@ async fn the_memory_store_refuses_grants_past_the_largest_balance_too() {
         .await
         .unwrap();
     let error = store
-        .grant(account, Bucket::Topup, Credits(1))
+        .grant(account, Bucket::Topup, Credits::new(1))
         .await
         .unwrap_err();
     assert!(

@@ -134,7 +134,7 @@ impl<'a> Side<'a> {
                         .filter(|_| *subscription)
                         .map(|seconds| self.now + Duration::seconds(i64::from(seconds))),
                     at: self.now,
-                    ..Grant::plain(bucket, Credits(*amount))
+                    ..Grant::plain(bucket, Credits::new(*amount))
                 };
                 let granted = self
                     .store
@@ -199,7 +199,7 @@ impl<'a> Side<'a> {
                     },
                     protocol: Protocol::Messages,
                     model: "m",
-                    price: Credits(price),
+                    price: Credits::new(price),
                     request_id: None,
                     at: self.now,
                 };

@@ -46,7 +46,7 @@ async fn grant(
     let grant = Grant {
         period_end,
         at,
-        ..Grant::plain(bucket, Credits(amount))
+        ..Grant::plain(bucket, Credits::new(amount))
     };
     store.grant_once(account, grant).await.unwrap().balance
 }
@@ -62,7 +62,7 @@ async fn reserve(
             caller,
             protocol: Protocol::Messages,
             model: "m",
-            price: Credits(price),
+            price: Credits::new(price),
             request_id: None,
             at,
         })
@@ -98,12 +98,12 @@ async fn subscription_credits_lapse_when_their_period_ends_and_top_up_credits_ne
         grant(store, caller.account, Bucket::Topup, 5, None, t(0)).await;
 
         let before_end = reserve(store, caller, 3, t(99)).await.unwrap();
-        assert_eq!(before_end.taken.subscription, Credits(3));
+        assert_eq!(before_end.taken.subscription, Credits::new(3));
         // At the end, the period's 7 credits are no longer spendable, lapse recorded or not.
         let at_end = reserve(store, caller, 3, t(100)).await.unwrap();
         assert_eq!(
             (at_end.taken.subscription, at_end.taken.topup),
-            (Credits(0), Credits(3))
+            (Credits::new(0), Credits::new(3))
         );
         assert!(matches!(
             reserve(store, caller, 3, t(101)).await,
@@ -122,7 +122,7 @@ async fn subscription_credits_lapse_when_their_period_ends_and_top_up_credits_ne
         assert_eq!(lapses.len(), 1);
         assert_eq!(
             (lapses[0].account, lapses[0].amount, lapses[0].period_end),
-            (caller.account, Credits(7), t(100))
+            (caller.account, Credits::new(7), t(100))
         );
         assert_eq!(store.balance(caller.account).await.unwrap(), balance(0, 2));
         assert!(
@@ -157,7 +157,7 @@ async fn a_call_made_before_the_end_keeps_its_credits_and_its_refund_after_the_e
         let lapses = store.lapse_ended_subscriptions(t(120)).await.unwrap();
         assert_eq!(
             lapses[0].amount,
-            Credits(6),
+            Credits::new(6),
             "the call's 4 were not taken from it"
         );
 
@@ -174,7 +174,7 @@ async fn a_call_made_before_the_end_keeps_its_credits_and_its_refund_after_the_e
         ));
         db.assert_audit_holds().await;
         let again = store.lapse_ended_subscriptions(t(130)).await.unwrap();
-        assert_eq!(again[0].amount, Credits(4));
+        assert_eq!(again[0].amount, Credits::new(4));
         assert_eq!(store.balance(caller.account).await.unwrap(), balance(0, 0));
         let audit = store.audit().await.unwrap().remove(0);
         assert_eq!(audit.lapsed, 10);
@@ -217,13 +217,13 @@ async fn a_renewal_replaces_what_was_left_with_the_next_periods_credits() {
                 .unwrap()
                 .taken
                 .subscription,
-            Credits(2)
+            Credits::new(2)
         );
         // A grant without a period adds to the running period and ends with it.
         grant(store, caller.account, Bucket::Subscription, 5, None, t(160)).await;
         assert_eq!(store.balance(caller.account).await.unwrap(), balance(13, 0));
         let lapses = store.lapse_ended_subscriptions(t(200)).await.unwrap();
-        assert_eq!(lapses[0].amount, Credits(13));
+        assert_eq!(lapses[0].amount, Credits::new(13));
         // One into an ended period starts credits that never lapse.
         grant(store, caller.account, Bucket::Subscription, 3, None, t(300)).await;
         let account = store.account(caller.account).await.unwrap().unwrap();
@@ -277,7 +277,7 @@ async fn the_end_is_exact_under_concurrency() {
             if at >= t(100) {
                 assert_eq!(
                     reservation.taken.subscription,
-                    Credits(0),
+                    Credits::new(0),
                     "spent after the end"
                 );
             }
@@ -297,7 +297,7 @@ async fn the_end_is_exact_under_concurrency() {
         );
         assert_eq!(
             store.balance(caller.account).await.unwrap().subscription,
-            Credits(0)
+            Credits::new(0)
         );
         db.assert_audit_holds().await;
     })
@@ -406,8 +406,8 @@ async fn periods_granted_through_the_api_end_on_the_real_clock() {
         "the period's credits are gone"
     );
     let calls = db.calls(&key).await;
-    assert_eq!(calls[0].charged_topup, Credits(CHAT_PRICE));
-    assert_eq!(calls[1].charged_subscription, Credits(CHAT_PRICE));
+    assert_eq!(calls[0].charged_topup, Credits::new(CHAT_PRICE));
+    assert_eq!(calls[1].charged_subscription, Credits::new(CHAT_PRICE));
     db.store
         .lapse_ended_subscriptions(Utc::now())
         .await

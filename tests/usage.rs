@@ -66,7 +66,7 @@ async fn usage_counts_billed_calls_per_model(db: &TestDb) {
                 caller,
                 protocol: Protocol::ChatCompletions,
                 model,
-                price: Credits(price),
+                price: Credits::new(price),
                 request_id: None,
                 at: Utc::now(),
             })

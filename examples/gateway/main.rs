@@ -430,7 +430,7 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     ends_at,
                 },
         } => {
-            let mut grant = GrantRequest::new(bucket, Credits(credits));
+            let mut grant = GrantRequest::new(bucket, Credits::new(credits));
             grant.reason = reason;
             grant.period_days = period_days;
             grant.ends_at = ends_at

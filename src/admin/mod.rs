@@ -20,11 +20,11 @@
 //!     .unwrap();
 //! assert!(created.key.starts_with("sk-mg-"));
 //!
-//! let grant = GrantRequest::new(Bucket::Topup, Credits(50)).reason("pack bought");
+//! let grant = GrantRequest::new(Bucket::Topup, Credits::new(50)).reason("pack bought");
 //! let granted = admin.grant(created.id, &grant, Some("order-17")).await.unwrap();
 //! let again = admin.grant(created.id, &grant, Some("order-17")).await.unwrap();
-//! assert_eq!(granted.balance.total, Credits(150));
-//! assert_eq!(again.balance.total, Credits(150)); // applied once
+//! assert_eq!(granted.balance.total, Credits::new(150));
+//! assert_eq!(again.balance.total, Credits::new(150)); // applied once
 //! assert!(!again.applied);
 //! # }
 //! ```

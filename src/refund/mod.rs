@@ -34,9 +34,9 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let store = Arc::new(MemoryStore::new());
 //! let account = store.create_account("demo").await.unwrap();
-//! store.grant(account, Bucket::Subscription, Credits(5)).await.unwrap();
+//! store.grant(account, Bucket::Subscription, Credits::new(5)).await.unwrap();
 //! let caller = Caller { account, key: KeyId(1) };
-//! let charge = ChargeRequest { caller, protocol: Protocol::Messages, model: "m", price: Credits(5), request_id: None, at: chrono::Utc::now() };
+//! let charge = ChargeRequest { caller, protocol: Protocol::Messages, model: "m", price: Credits::new(5), request_id: None, at: chrono::Utc::now() };
 //! let reservation = store.reserve(charge).await.unwrap();
 //!
 //! let failing_upstream = service_fn(|_: Request<Bytes>| async {
@@ -50,7 +50,7 @@
 //! request.extensions_mut().insert(reservation);
 //! let response = service.oneshot(request).await.unwrap();
 //! assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
-//! assert_eq!(store.balance(account).await.unwrap().subscription, Credits(5));
+//! assert_eq!(store.balance(account).await.unwrap().subscription, Credits::new(5));
 //! # }
 //! ```
 

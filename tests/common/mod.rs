@@ -236,8 +236,8 @@ impl TestDb {
 
 pub fn balance(subscription: i64, topup: i64) -> Balance {
     Balance {
-        subscription: Credits(subscription),
-        topup: Credits(topup),
+        subscription: Credits::new(subscription),
+        topup: Credits::new(topup),
     }
 }
 
@@ -429,7 +429,7 @@ pub fn messages_body(model: &str) -> String {
 pub async fn grant(db: &TestDb, key: &str, bucket: Bucket, amount: i64) {
     let caller = db.caller(key).await;
     db.store
-        .grant(caller.account, bucket, Credits(amount))
+        .grant(caller.account, bucket, Credits::new(amount))
         .await
         .unwrap();
 }
