@@ -53,7 +53,7 @@ use crate::keys::KeyHash;
 use crate::store::KeyStore;
 
 /// Configuration of [`ApiKeyAuth`]: the key store to ask.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 #[must_use]
 pub struct ApiKeyAuthLayer {
     keys: Arc<dyn KeyStore>,
@@ -63,12 +63,6 @@ impl ApiKeyAuthLayer {
     /// Authenticates against `keys`.
     pub fn new(keys: Arc<dyn KeyStore>) -> ApiKeyAuthLayer {
         ApiKeyAuthLayer { keys }
-    }
-}
-
-impl std::fmt::Debug for ApiKeyAuthLayer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiKeyAuthLayer").finish_non_exhaustive()
     }
 }
 
@@ -84,7 +78,7 @@ impl<S> Layer<S> for ApiKeyAuthLayer {
 }
 
 /// Middleware that authenticates the caller and adds the [`Caller`](crate::Caller) extension.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ApiKeyAuth<S> {
     inner: S,
     keys: Arc<dyn KeyStore>,
@@ -101,14 +95,6 @@ impl<S> ApiKeyAuth<S> {
     /// A [`ApiKeyAuthLayer`] asking `keys`.
     pub fn layer(keys: Arc<dyn KeyStore>) -> ApiKeyAuthLayer {
         ApiKeyAuthLayer::new(keys)
-    }
-}
-
-impl<S: std::fmt::Debug> std::fmt::Debug for ApiKeyAuth<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiKeyAuth")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
     }
 }
 

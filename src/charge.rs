@@ -54,7 +54,7 @@ use crate::error::GatewayError;
 use crate::store::{Caller, ChargeRequest, Ledger, ReserveError};
 
 /// Configuration of [`CreditCharge`]: the ledger to charge.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 #[must_use]
 pub struct CreditChargeLayer {
     ledger: Arc<dyn Ledger>,
@@ -64,12 +64,6 @@ impl CreditChargeLayer {
     /// Charges through `ledger`.
     pub fn new(ledger: Arc<dyn Ledger>) -> CreditChargeLayer {
         CreditChargeLayer { ledger }
-    }
-}
-
-impl std::fmt::Debug for CreditChargeLayer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CreditChargeLayer").finish_non_exhaustive()
     }
 }
 
@@ -85,7 +79,7 @@ impl<S> Layer<S> for CreditChargeLayer {
 }
 
 /// Middleware that reserves the model's price and adds the [`Reservation`](crate::Reservation) extension.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct CreditCharge<S> {
     inner: S,
     ledger: Arc<dyn Ledger>,
@@ -102,14 +96,6 @@ impl<S> CreditCharge<S> {
     /// A [`CreditChargeLayer`] over `ledger`.
     pub fn layer(ledger: Arc<dyn Ledger>) -> CreditChargeLayer {
         CreditChargeLayer::new(ledger)
-    }
-}
-
-impl<S: std::fmt::Debug> std::fmt::Debug for CreditCharge<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CreditCharge")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
     }
 }
 

@@ -464,18 +464,10 @@ pub struct BodyPermit {
 }
 
 /// Whether a caller can pay for the catalogue's cheapest model.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 struct Funds {
     ledger: Arc<dyn Ledger>,
     cheapest: Credits,
-}
-
-impl std::fmt::Debug for Funds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Funds")
-            .field("cheapest", &self.cheapest)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Funds {

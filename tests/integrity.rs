@@ -131,6 +131,7 @@ async fn a_client_that_hangs_up_before_the_answer_is_not_charged() {
 /// until `released` (a call between the upstream's answer and the settle, where a client might
 /// hang up or recovery step in), fail the next `failing_settles` settles, apply the next
 /// `lost_settle_answers` settles and then fail them, or fail every reservation.
+#[derive(Debug)]
 struct TestLedger {
     inner: Arc<MemoryStore>,
     blocked: AtomicBool,

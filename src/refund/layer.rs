@@ -13,7 +13,7 @@ use crate::store::Ledger;
 
 /// Configuration of [`RefundOnUpstreamError`]: the ledger that settles and refunds, and the
 /// longest an upstream may take.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 #[must_use]
 pub struct RefundOnUpstreamErrorLayer {
     ledger: Arc<dyn Ledger>,
@@ -55,13 +55,6 @@ impl RefundOnUpstreamErrorLayer {
     pub fn stream_idle_timeout(mut self, idle: Duration) -> RefundOnUpstreamErrorLayer {
         self.stream_limits.idle = idle;
         self
-    }
-}
-
-impl std::fmt::Debug for RefundOnUpstreamErrorLayer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RefundOnUpstreamErrorLayer")
-            .finish_non_exhaustive()
     }
 }
 

@@ -183,7 +183,7 @@ pub struct ActiveKey {
 
 /// Key lookup.
 #[async_trait]
-pub trait KeyStore: Send + Sync {
+pub trait KeyStore: Send + Sync + std::fmt::Debug {
     /// The key and its rules; `None` for an unknown or revoked key (an expired one is returned,
     /// and refused by [`ApiKeyAuth`](crate::ApiKeyAuth)). May answer from a cache:
     /// [`Ledger::reserve`] is what refuses a key revoked since, and rules changed on another
@@ -198,7 +198,7 @@ pub trait KeyStore: Send + Sync {
 
 /// The credit ledger.
 #[async_trait]
-pub trait Ledger: Send + Sync {
+pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// Takes `request.price` from the caller's pool, subscription credits first, and writes a
     /// `pending` call-log entry, atomically: either both happen or neither. Two reservations never
     /// spend the same credit, whatever the concurrency. Refuses with
@@ -232,7 +232,7 @@ pub trait Ledger: Send + Sync {
 
 /// Reading the call log.
 #[async_trait]
-pub trait CallLog: Send + Sync {
+pub trait CallLog: Send + Sync + std::fmt::Debug {
     /// One page of the account's call log, newest first, as `query` says.
     async fn calls(
         &self,
@@ -276,7 +276,7 @@ pub trait CallLog: Send + Sync {
 
 /// Administration: accounts, keys and grants.
 #[async_trait]
-pub trait Accounts: Send + Sync {
+pub trait Accounts: Send + Sync + std::fmt::Debug {
     /// Creates an account with empty buckets.
     async fn create_account(&self, name: &str) -> Result<AccountId, StoreError>;
 
