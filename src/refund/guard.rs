@@ -50,7 +50,12 @@ impl Meter {
             call = call.0,
             model,
             protocol = self.protocol.as_str(),
-            status = if settled { "ok" } else { "refunded" },
+            status = if settled {
+                CallStatus::Ok
+            } else {
+                CallStatus::Refunded
+            }
+            .as_str(),
             credits = if settled { self.credits } else { 0 },
             duration_ms = self.charged_at.elapsed().as_millis() as u64,
             "call ended"

@@ -10,8 +10,8 @@
 //! - [`Accounts`]: administration (accounts, keys and their rules, grants, the audit), used by
 //!   the admin API and the command line rather than per call.
 //!
-//! Two implementations ship: [`SeaOrmStore`] (`SQLite`, `PostgreSQL`) and [`MemoryStore`], the
-//! reference model the database backends are tested against.
+//! Two implementations ship: [`SeaOrmStore`] (`SQLite`, `PostgreSQL`, `MySQL`/`MariaDB`) and
+//! [`MemoryStore`], the reference model the database backends are tested against.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};

@@ -249,7 +249,9 @@ impl SeaOrmStore {
             .column_as(sum("charged_subscription", "low"), "subscription_low")
             .column_as(sum("charged_topup", "high"), "topup_high")
             .column_as(sum("charged_topup", "low"), "topup_low")
-            .filter(call::Column::Status.is_in(["ok", "pending"]))
+            .filter(
+                call::Column::Status.is_in([CallStatus::Ok.as_str(), CallStatus::Pending.as_str()]),
+            )
             .group_by(call::Column::AccountId)
             .into_tuple()
             .all(&self.db)
