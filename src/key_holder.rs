@@ -93,7 +93,7 @@ pub fn router<S: Store + 'static>(
 }
 
 /// 405 with a detail; axum adds the `Allow` header of the route.
-async fn method_not_allowed() -> Response {
+pub(crate) async fn method_not_allowed() -> Response {
     let mut answer = refuse(GatewayError::MethodNotAllowed);
     answer.headers_mut().remove(axum::http::header::ALLOW);
     answer

@@ -415,3 +415,56 @@ async fn periods_granted_through_the_api_end_on_the_real_clock() {
     assert_eq!(db.balance(&key).await, balance(0, 0));
     db.assert_audit_holds().await;
 }
+
+#[tokio::test]
+async fn a_renewal_past_the_largest_balance_is_refused_and_lapses_nothing() {
+    each_database(async |db| {
+        let store = db.store.as_ref();
+        let caller = account_with_key(store).await;
+        grant(
+            store,
+            caller.account,
+            Bucket::Subscription,
+            5,
+            Some(t(100)),
+            t(0),
+        )
+        .await;
+        grant(
+            store,
+            caller.account,
+            Bucket::Topup,
+            i64::MAX - 5,
+            None,
+            t(0),
+        )
+        .await;
+        let renewal = Grant {
+            period_end: Some(t(200)),
+            at: t(50),
+            ..Grant::plain(Bucket::Subscription, Credits::new(6))
+        };
+        let refused = store.grant_once(caller.account, renewal).await.unwrap_err();
+        assert!(
+            refused
+                .0
+                .downcast_ref::<model_gateway::BalanceOverflow>()
+                .is_some(),
+            "{refused}"
+        );
+        assert_eq!(
+            store.balance(caller.account).await.unwrap(),
+            balance(5, i64::MAX - 5)
+        );
+        let account = store.account(caller.account).await.unwrap().unwrap();
+        assert_eq!(
+            account.subscription_ends_at,
+            Some(t(100)),
+            "the period is unchanged"
+        );
+        let audit = store.audit().await.unwrap().remove(0);
+        assert_eq!(audit.lapsed, 0);
+        assert!(audit.holds(), "{audit:?}");
+    })
+    .await;
+}

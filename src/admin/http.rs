@@ -160,11 +160,7 @@ pub fn router<S: Store + 'static>(admin: Admin<S>, token: AdminToken) -> Router 
         .route("/admin/keys/{id}", patch(update_key::<S>))
         .route("/admin/keys/{id}/revoke", post(revoke_key::<S>))
         .route("/admin/audit", get(audit::<S>))
-        .method_not_allowed_fallback(|| async {
-            let mut answer = refuse(GatewayError::MethodNotAllowed);
-            answer.headers_mut().remove(header::ALLOW);
-            answer
-        })
+        .method_not_allowed_fallback(crate::key_holder::method_not_allowed)
         .route_layer(middleware::from_fn_with_state(token, require_token))
         .with_state(admin)
 }

@@ -517,11 +517,7 @@ impl<S: Store> Admin<S> {
         let summary = self.existing(account).await?;
         // Checked for both together so that one is not written without the other; the store
         // refuses each alone too.
-        summary
-            .balance
-            .checked_grant(Bucket::Subscription, Credits(subscription))
-            .and_then(|balance| balance.checked_grant(Bucket::Topup, Credits(topup)))
-            .ok_or(GatewayError::BalanceOverflow)?;
+        requests::both_fit(summary.balance, subscription, topup)?;
         for (bucket, amount) in [(Bucket::Subscription, subscription), (Bucket::Topup, topup)] {
             if amount > 0 {
                 self.store.grant(account, bucket, Credits(amount)).await?;

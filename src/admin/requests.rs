@@ -88,11 +88,7 @@ impl NewAccount {
         if self.topup < 0 {
             return Err(invalid("topup", "必须是非负整数"));
         }
-        Balance::default()
-            .checked_grant(Bucket::Subscription, Credits(self.subscription))
-            .and_then(|balance| balance.checked_grant(Bucket::Topup, Credits(self.topup)))
-            .map(|_| ())
-            .ok_or(GatewayError::BalanceOverflow)
+        both_fit(Balance::default(), self.subscription, self.topup)
     }
 }
 
@@ -281,6 +277,20 @@ impl GrantRequest {
         }
         Ok(())
     }
+}
+
+/// Whether `subscription` and `topup` more credits both fit in `balance` (each bucket and the
+/// total within the largest balance), so that neither is granted without the other.
+pub(super) fn both_fit(
+    balance: Balance,
+    subscription: i64,
+    topup: i64,
+) -> Result<(), GatewayError> {
+    balance
+        .checked_grant(Bucket::Subscription, Credits(subscription))
+        .and_then(|balance| balance.checked_grant(Bucket::Topup, Credits(topup)))
+        .map(|_| ())
+        .ok_or(GatewayError::BalanceOverflow)
 }
 
 pub(super) fn check_idempotency_key(key: Option<&str>) -> Result<(), GatewayError> {

@@ -258,17 +258,9 @@ impl Accounts for SeaOrmStore {
         // period: what was left lapses first.
         let ended = before.subscription_ends_at.is_some_and(|end| end <= at);
         let new_period = bucket == Bucket::Subscription && (period_end.is_some() || ended);
+        // A grant past the largest balance is refused by the guarded update below, and the
+        // roll-back undoes the lapse too.
         if new_period {
-            let room = Credits::MAX.get() - amount.get();
-            if before.topup_credits > room {
-                txn.rollback().await?;
-                return Err(BalanceOverflow {
-                    account,
-                    bucket,
-                    amount,
-                }
-                .into());
-            }
             lapse(&txn, &before, before.subscription_ends_at.unwrap_or(at)).await?;
             account::Entity::update_many()
                 .col_expr(account::Column::SubscriptionEndsAt, Expr::value(period_end))
