@@ -98,7 +98,7 @@ pub mod key_holder;
 mod keys;
 mod protocol;
 pub mod rate_limit;
-mod recovery;
+pub mod recovery;
 pub mod refund;
 mod reply;
 pub mod request_id;
@@ -125,7 +125,7 @@ pub use gateway::Gateway;
 pub use keys::{KEY_PREFIX, KeyHash, NewApiKey};
 pub use protocol::Protocol;
 pub use protocol::reply_usage;
-pub use recovery::recover_stale_reservations;
+pub use recovery::{Upkeep, recover_orphaned_reservations, recover_stale_reservations};
 pub use refund::{
     CANCELLED_BEFORE_ANSWER, CLIENT_LEFT_BEFORE_CONTENT, DEFAULT_UPSTREAM_BOUND,
     RefundOnUpstreamError, RefundOnUpstreamErrorLayer, ResponseBody,
@@ -140,8 +140,8 @@ pub use router::{
 pub use store::{
     AccountAudit, AccountId, Accounts, ActiveKey, BalanceOverflow, CallFailure, CallId, CallLog,
     CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_MAX_BATCH,
-    GroupCommitStats, KeyId, KeyStore, Ledger, MemoryStore, Migrator, Reservation, ReserveError,
-    SeaOrmStore, Store, StoreError, Sums, TokenUsage,
+    GroupCommitStats, KeyId, KeyStore, LeaseId, Leases, Ledger, MemoryStore, Migrator, Reservation,
+    ReserveError, SeaOrmStore, Store, StoreError, Sums, TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
 pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};

@@ -1,19 +1,43 @@
 //! Recovery of reservations that no call will ever finish: the gateway process was killed, or
 //! the database was unreachable when the call tried to settle or refund.
 //!
-//! Every call is bounded ([`RefundOnUpstreamErrorLayer::upstream_bound`]), so a reservation still
-//! `pending` well after that bound belongs to no live call, on this gateway or any other sharing
-//! the database. [`recover_stale_reservations`] refunds those, each through
-//! [`Ledger::refund`], whose status guard makes it safe to run on several instances at once: a
-//! reservation is refunded by exactly one of them.
+//! Two rules find them, and every refund goes through [`Ledger::refund`], whose status guard
+//! makes recovery safe on several instances at once: a reservation is refunded by exactly one.
+//!
+//! - **Leases** (the first rule): a serving gateway holds an instance lease that it renews every
+//!   heartbeat, and each reservation records it ([`Leases`]). Once a lease ends (its holder
+//!   stopped renewing, or, on a `SQLite` file, its process is gone), its reservations are
+//!   refunded at once by [`recover_orphaned_reservations`], however young. A live instance's
+//!   reservations are never touched, however old: a long stream is alive.
+//! - **Age** (the backstop): every call is bounded
+//!   ([`RefundOnUpstreamErrorLayer::upstream_bound`]), so a reservation made under no lease and
+//!   still `pending` well after that bound belongs to no live call. [`recover_stale_reservations`]
+//!   refunds those.
+//!
+//! [`Upkeep`] runs both for a serving gateway, with the subscription periods' lapses.
+//!
+//! **A gateway that lost its lease** (it could not renew it for longer than its time to live,
+//! say the database was unreachable) takes a new one as soon as it can, and logs an error. Its
+//! calls under way were reserved under the old lease, which any instance may have recovered
+//! meanwhile: a call whose reservation was refunded is not billed when it ends (the settle's
+//! status guard finds it refunded), so the client is answered `502` and charged nothing, or, for
+//! a stream already delivered, got it free. Nothing is ever billed twice or refunded twice.
 //!
 //! [`RefundOnUpstreamErrorLayer::upstream_bound`]: crate::RefundOnUpstreamErrorLayer::upstream_bound
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::store::{CallFailure, CallId, Ledger, StoreError};
+use crate::store::{CallFailure, CallId, Leases, Ledger, Store, StoreError};
+
+/// How long an instance lease holds without renewal, by default: how soon after a gateway dies
+/// its reservations are refunded (on a `SQLite` file, a restarted gateway does not wait for it).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// How often the age rule and the subscription lapses run.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How many stale reservations one pass looks at.
 const BATCH: u64 = 500;
@@ -46,6 +70,194 @@ pub async fn recover_stale_reservations(
         }
         if batch_len < BATCH {
             return Ok(refunded);
+        }
+    }
+}
+
+/// Refunds every reservation still `pending` whose instance lease no longer holds (see
+/// [`Leases::orphaned_reservations`]). Returns the calls this pass refunded.
+pub async fn recover_orphaned_reservations<S>(store: &S) -> Result<Vec<CallId>, StoreError>
+where
+    S: Ledger + Leases + ?Sized,
+{
+    let failure = CallFailure {
+        upstream_status: None,
+        error: "recovered: the gateway instance serving it stopped (its lease ended)".to_owned(),
+    };
+    let mut refunded = Vec::new();
+    loop {
+        let orphaned = store.orphaned_reservations(Utc::now(), BATCH).await?;
+        let batch_len = orphaned.len() as u64;
+        let mut moved = false;
+        for call in orphaned {
+            if store.refund(call, &failure).await? {
+                refunded.push(call);
+                moved = true;
+            }
+        }
+        // A full batch that another instance refunded first would come back the same: stop.
+        if batch_len < BATCH || !moved {
+            return Ok(refunded);
+        }
+    }
+}
+
+/// What a serving gateway does beside its calls: holds its instance lease, refunds what dead
+/// instances left, lapses ended subscription periods, and applies the age rule. See the module
+/// docs.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use model_gateway::recovery::Upkeep;
+/// use model_gateway::SeaOrmStore;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = Arc::new(SeaOrmStore::connect("sqlite::memory:").await.unwrap());
+/// // Takes the lease and recovers what a crashed predecessor left before it returns.
+/// let upkeep = Upkeep::new(store, Duration::from_secs(450)).start().await.unwrap();
+/// // ... serve ...
+/// upkeep.stop().await; // a clean stop ends the lease
+/// # }
+/// ```
+#[derive(Debug)]
+#[must_use]
+pub struct Upkeep<S> {
+    store: Arc<S>,
+    recovery_age: Duration,
+    lease_ttl: Duration,
+    sweep_interval: Duration,
+}
+
+impl<S: Store + 'static> Upkeep<S> {
+    /// Upkeep for `store`, refunding reservations made under no lease once older than
+    /// `recovery_age` (see [`recovery_age`](crate::recovery_age)).
+    pub fn new(store: Arc<S>, recovery_age: Duration) -> Upkeep<S> {
+        Upkeep {
+            store,
+            recovery_age,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+        }
+    }
+
+    /// How long the lease holds without renewal (default [`DEFAULT_LEASE_TTL`]); it is renewed,
+    /// and dead instances looked for, every fifth of that (the heartbeat).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Upkeep<S> {
+        self.lease_ttl = ttl.max(Duration::from_millis(500));
+        self
+    }
+
+    /// How often the age rule and subscription lapses run (default
+    /// [`DEFAULT_SWEEP_INTERVAL`]).
+    pub fn sweep_interval(mut self, interval: Duration) -> Upkeep<S> {
+        self.sweep_interval = interval.max(Duration::from_millis(100));
+        self
+    }
+
+    /// The time between two renewals of the lease.
+    pub fn heartbeat(&self) -> Duration {
+        self.lease_ttl / 5
+    }
+
+    /// Takes the lease and does a first pass (so a gateway restarted after a crash has refunded
+    /// its predecessor's reservations before it serves), then keeps going in a task until
+    /// [`UpkeepHandle::stop`].
+    pub async fn start(self) -> Result<UpkeepHandle<S>, StoreError> {
+        self.store.take_lease(Utc::now(), self.lease_ttl).await?;
+        self.recover_orphans().await;
+        self.sweep().await;
+        let store = self.store.clone();
+        let task = tokio::spawn(self.run());
+        Ok(UpkeepHandle { store, task })
+    }
+
+    async fn run(self) {
+        let mut heartbeats = tokio::time::interval(self.heartbeat());
+        heartbeats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweeps = tokio::time::interval(self.sweep_interval);
+        sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        heartbeats.tick().await;
+        sweeps.tick().await;
+        loop {
+            tokio::select! {
+                _ = heartbeats.tick() => {
+                    self.keep_lease().await;
+                    self.recover_orphans().await;
+                }
+                _ = sweeps.tick() => self.sweep().await,
+            }
+        }
+    }
+
+    async fn keep_lease(&self) {
+        match self.store.renew_lease(Utc::now(), self.lease_ttl).await {
+            Ok(true) => return,
+            Ok(false) => tracing::error!(
+                "this gateway's instance lease had ended (the database was out of reach for \
+                 longer than the lease); calls under way may have been refunded by recovery and \
+                 will not be billed; taking a new lease"
+            ),
+            Err(error) => {
+                tracing::warn!(%error, "renewing the instance lease failed; will retry");
+                return;
+            }
+        }
+        if let Err(error) = self.store.take_lease(Utc::now(), self.lease_ttl).await {
+            tracing::error!(%error, "taking a new instance lease failed; will retry");
+        }
+    }
+
+    async fn recover_orphans(&self) {
+        match recover_orphaned_reservations(self.store.as_ref()).await {
+            Ok(refunded) if !refunded.is_empty() => tracing::warn!(
+                count = refunded.len(),
+                "refunded the reservations of a gateway instance that stopped"
+            ),
+            Ok(_) => {}
+            Err(error) => {
+                tracing::error!(%error, "recovering a stopped instance's reservations failed; will retry")
+            }
+        }
+    }
+
+    async fn sweep(&self) {
+        match self.store.lapse_ended_subscriptions(Utc::now()).await {
+            Ok(lapses) if !lapses.is_empty() => tracing::info!(
+                accounts = lapses.len(),
+                "subscription periods ended; their credits lapsed"
+            ),
+            Ok(_) => {}
+            Err(error) => tracing::error!(%error, "lapsing ended subscriptions failed; will retry"),
+        }
+        match recover_stale_reservations(self.store.as_ref(), self.recovery_age).await {
+            Ok(refunded) if !refunded.is_empty() => {
+                tracing::warn!(count = refunded.len(), "refunded stale reservations");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::error!(%error, "recovery pass failed; will retry"),
+        }
+        if let Err(error) = self.store.forget_ended_leases(Utc::now()).await {
+            tracing::warn!(%error, "forgetting ended instance leases failed; will retry");
+        }
+    }
+}
+
+/// The running [`Upkeep`]; [`stop`](UpkeepHandle::stop) it on a clean shutdown.
+#[derive(Debug)]
+pub struct UpkeepHandle<S> {
+    store: Arc<S>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<S: Store + 'static> UpkeepHandle<S> {
+    /// Stops the upkeep and ends the lease, so that whatever of it is still pending is
+    /// recovered at once by any instance (after a clean shutdown, nothing should be).
+    pub async fn stop(self) {
+        self.task.abort();
+        let _ = self.task.await;
+        if let Err(error) = self.store.release_lease().await {
+            tracing::warn!(%error, "ending the instance lease failed; it will expire");
         }
     }
 }

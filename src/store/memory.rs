@@ -120,6 +120,9 @@ impl KeyStore for MemoryStore {
     }
 }
 
+/// Everything in this store dies with its process: there is no other instance to tell.
+impl super::Leases for MemoryStore {}
+
 #[async_trait]
 impl Ledger for MemoryStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {

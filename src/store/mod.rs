@@ -7,6 +7,8 @@
 //!   [`refund`](Ledger::refund) it (`refunded`, credits back to the buckets they came from), each
 //!   once, guarded by the entry's status.
 //! - [`CallLog`]: reading the call log back.
+//! - [`Leases`]: which gateway instance serves which reservation, so that recovery refunds a
+//!   dead instance's reservations at once and never a live one's.
 //! - [`Accounts`]: administration (accounts, keys and their rules, grants, the audit), used by
 //!   the admin API and the command line rather than per call.
 //!
@@ -222,12 +224,81 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// attempt whose answer was lost) or refunded meanwhile.
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError>;
 
-    /// Calls still `pending` that were reserved before `cutoff`, oldest first, at most `limit`.
+    /// Calls still `pending` that were reserved before `cutoff`, oldest first, at most `limit`,
+    /// leaving out those whose instance's lease still holds ([`Leases`]): a live instance's
+    /// reservations are never stale, however old.
     async fn stale_reservations(
         &self,
         cutoff: DateTime<Utc>,
         limit: u64,
     ) -> Result<Vec<CallId>, StoreError>;
+}
+
+/// A gateway instance's lease on the database; each reservation records the lease it was made
+/// under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct LeaseId(pub i64);
+
+/// Instance leases: how recovery knows that the process serving a reservation is dead instead
+/// of guessing it from the reservation's age.
+///
+/// A serving gateway takes a lease ([`take_lease`](Leases::take_lease)) and renews it well
+/// within its time to live ([`renew_lease`](Leases::renew_lease)); every reservation the store
+/// makes meanwhile records it. A reservation whose lease no longer holds belongs to no live
+/// call: [`orphaned_reservations`](Leases::orphaned_reservations) finds those for recovery,
+/// however young, and [`Ledger::stale_reservations`] (the age rule, the backstop) never
+/// returns a reservation whose lease still holds, however old.
+///
+/// The defaults keep no leases: a store whose reservations die with its process (the memory
+/// store) needs none, and an embedder's store without them is recovered by the age rule alone.
+#[async_trait]
+pub trait Leases: Send + Sync + std::fmt::Debug {
+    /// Takes a new lease for this process, holding until `now + ttl`; the reservations this
+    /// store makes from then on record it. `None`: this store keeps no leases.
+    async fn take_lease(
+        &self,
+        now: DateTime<Utc>,
+        ttl: std::time::Duration,
+    ) -> Result<Option<LeaseId>, StoreError> {
+        let _ = (now, ttl);
+        Ok(None)
+    }
+
+    /// Extends the store's lease to `now + ttl` if it still holds. `false`: it had ended
+    /// (expired, or ended by another instance's recovery) and cannot be revived, or there is
+    /// none; reservations record no lease until a new one is taken.
+    async fn renew_lease(
+        &self,
+        now: DateTime<Utc>,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        let _ = (now, ttl);
+        Ok(false)
+    }
+
+    /// Ends the store's lease (a clean stop): whatever of it is still pending is recovered at
+    /// once by any instance.
+    async fn release_lease(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Reservations still `pending` that were made under a lease that no longer holds at `now`,
+    /// oldest first, at most `limit`.
+    async fn orphaned_reservations(
+        &self,
+        now: DateTime<Utc>,
+        limit: u64,
+    ) -> Result<Vec<CallId>, StoreError> {
+        let _ = (now, limit);
+        Ok(Vec::new())
+    }
+
+    /// Deletes the leases that ended before `now` and have nothing pending; returns how many.
+    async fn forget_ended_leases(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let _ = now;
+        Ok(0)
+    }
 }
 
 /// Reading the call log.
@@ -354,9 +425,9 @@ pub trait Accounts: Send + Sync + std::fmt::Debug {
 }
 
 /// Everything the gateway and its tools need from one backend.
-pub trait Store: KeyStore + Ledger + CallLog + Accounts {}
+pub trait Store: KeyStore + Ledger + CallLog + Accounts + Leases {}
 
-impl<T: KeyStore + Ledger + CallLog + Accounts> Store for T {}
+impl<T: KeyStore + Ledger + CallLog + Accounts + Leases> Store for T {}
 
 /// Refuses a grant of zero or fewer credits before it reaches any backend.
 /// A grant refused because it would take a bucket, or the account's total, past

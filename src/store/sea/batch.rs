@@ -25,6 +25,8 @@ pub(super) struct OwnedCharge {
     pub(super) price: Credits,
     pub(super) request_id: Option<String>,
     pub(super) at: DateTime<Utc>,
+    /// The lease of the instance making the reservation (recorded on its entry).
+    pub(super) instance: Option<i64>,
 }
 
 impl From<ChargeRequest<'_>> for OwnedCharge {
@@ -36,6 +38,7 @@ impl From<ChargeRequest<'_>> for OwnedCharge {
             price: request.price,
             request_id: request.request_id.map(str::to_owned),
             at: request.at,
+            instance: None,
         }
     }
 }

@@ -160,6 +160,7 @@ mod tests {
             price: Credits(1),
             request_id: None,
             at: chrono::Utc::now(),
+            instance: None,
         };
         batches.current.push(Job {
             write: Write::Reserve(charge),

@@ -49,6 +49,7 @@ mod flush;
 mod group_commit;
 mod jobs;
 mod key_cache;
+mod leases;
 mod ledger_ops;
 mod migration;
 #[cfg(feature = "sqlite")]
@@ -86,6 +87,8 @@ pub struct SeaOrmStore {
     /// On `PostgreSQL`, whether the ledger's batches may commit asynchronously and be made
     /// durable by the flusher (see [`flush::postgres_flush_allowed`]).
     postgres_flusher: bool,
+    /// The instance lease this store's reservations record, shared by its clones.
+    lease: Arc<leases::HeldLease>,
 }
 
 impl From<DbErr> for StoreError {
@@ -143,6 +146,7 @@ impl SeaOrmStore {
             keys: Arc::default(),
             sqlite_file,
             postgres_flusher,
+            lease: Arc::default(),
         })
     }
 
@@ -165,6 +169,7 @@ impl SeaOrmStore {
             keys: self.keys,
             sqlite_file: self.sqlite_file,
             postgres_flusher: self.postgres_flusher,
+            lease: self.lease,
         })
     }
 
@@ -412,7 +417,9 @@ impl KeyStore for SeaOrmStore {
 #[async_trait]
 impl Ledger for SeaOrmStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
-        let reserved = self.committer.reserve(OwnedCharge::from(request)).await;
+        let mut charge = OwnedCharge::from(request);
+        charge.instance = self.lease.current();
+        let reserved = self.committer.reserve(charge).await;
         if let Err(ReserveError::KeyRevoked) = reserved {
             self.keys.forget_id(request.caller.key);
         }
@@ -452,6 +459,7 @@ impl Ledger for SeaOrmStore {
             .column(call::Column::Id)
             .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
             .filter(call::Column::CreatedAt.lt(cutoff))
+            .filter(leases::unprotected(&self.db, Utc::now()).await?)
             .order_by_asc(call::Column::CreatedAt)
             .limit(limit)
             .into_tuple()
@@ -493,6 +501,50 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
         finished_at: row.finished_at,
         request_id: row.request_id,
     })
+}
+
+#[async_trait]
+impl super::Leases for SeaOrmStore {
+    async fn take_lease(
+        &self,
+        now: chrono::DateTime<Utc>,
+        ttl: std::time::Duration,
+    ) -> Result<Option<super::LeaseId>, StoreError> {
+        leases::take(&self.db, self.sqlite_file.as_deref(), &self.lease, now, ttl)
+            .await
+            .map(Some)
+    }
+
+    async fn renew_lease(
+        &self,
+        now: chrono::DateTime<Utc>,
+        ttl: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        leases::renew(&self.db, &self.lease, now, ttl).await
+    }
+
+    async fn release_lease(&self) -> Result<(), StoreError> {
+        leases::release(&self.db, &self.lease).await
+    }
+
+    async fn orphaned_reservations(
+        &self,
+        now: chrono::DateTime<Utc>,
+        limit: u64,
+    ) -> Result<Vec<CallId>, StoreError> {
+        leases::orphaned(
+            &self.db,
+            self.sqlite_file.as_deref(),
+            &self.lease,
+            now,
+            limit,
+        )
+        .await
+    }
+
+    async fn forget_ended_leases(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {
+        leases::forget_ended(&self.db, now).await
+    }
 }
 
 #[async_trait]

@@ -238,8 +238,8 @@ fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec
     let mut statement = txn
         .prepare_cached(
             "INSERT INTO mg_calls (account_id, key_id, protocol, model, price, \
-             charged_subscription, charged_topup, status, created_at, request_id) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+             charged_subscription, charged_topup, status, created_at, request_id, instance_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
@@ -258,6 +258,7 @@ fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec
                 CallStatus::Pending.as_str(),
                 now,
                 charge.request_id,
+                charge.instance,
             ])
             .map_err(store_error)?;
         ids.push(txn.last_insert_rowid());

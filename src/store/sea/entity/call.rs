@@ -42,6 +42,8 @@ pub(crate) struct Model {
     pub finished_at: Option<DateTimeUtc>,
     /// The request's `x-request-id`.
     pub request_id: Option<String>,
+    /// The lease of the gateway instance that made the reservation (`mg_instances`).
+    pub instance_id: Option<i64>,
 }
 
 /// No relations are navigated through the ORM.

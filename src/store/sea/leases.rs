@@ -1,0 +1,342 @@
+//! Instance leases (`mg_instances`): a serving gateway's row, renewed while it lives, whose id
+//! each of its reservations records.
+//!
+//! A lease holds until its `expires_at`. Renewal only extends a lease that still holds, so one
+//! that ended (expired, or ended by recovery) is never revived: its holder takes a new one.
+//! Judged by the clock of whoever reads the row, so hosts sharing a database keep their clocks
+//! in step (NTP): a host running ahead by more than a lease's margin would see its peers'
+//! leases end early, and refund calls they are still serving (those calls then answer 502).
+//!
+//! On a `SQLite` file every holder is on the same host, and the operating system says at once
+//! whether it is alive: each lease has a lock file beside the database, held locked by its
+//! holder for as long as the process runs. A lock that can be taken belongs to a dead process,
+//! so a gateway restarted after a crash ends its predecessor's lease at start rather than
+//! waiting for it to expire.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ColumnTrait, Condition, DatabaseConnection, EntityTrait, NotSet, QueryFilter, QueryOrder,
+    QuerySelect, Set,
+};
+
+use super::entity::{call, instance};
+use crate::store::{CallId, CallStatus, LeaseId, StoreError};
+
+/// No lease: reservations record none.
+const NONE: i64 = 0;
+
+/// The lease a store holds now, shared by its clones, and on a `SQLite` file its lock.
+#[derive(Debug, Default)]
+pub(super) struct HeldLease {
+    id: AtomicI64,
+    lock: Mutex<Option<LockFile>>,
+}
+
+impl HeldLease {
+    /// The lease that reservations record now.
+    pub(super) fn current(&self) -> Option<i64> {
+        Some(self.id.load(Ordering::Acquire)).filter(|id| *id != NONE)
+    }
+
+    fn hold(&self, id: i64, lock: Option<LockFile>) {
+        let mut held = self
+            .lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *held = lock;
+        self.id.store(id, Ordering::Release);
+    }
+
+    /// Stops recording `id`, and removes its lock file, if it is still the one held.
+    fn drop_lease(&self, id: i64) {
+        let mut held = self
+            .lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if self
+            .id
+            .compare_exchange(id, NONE, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+            && let Some(lock) = held.take()
+        {
+            let _ = std::fs::remove_file(&lock.path);
+        }
+    }
+}
+
+/// A lease's lock file, locked for as long as this value lives. Dropped without its lease
+/// being ended (the store was dropped, or its process died), it stays behind unlocked, which is
+/// how other instances learn that its holder is gone.
+#[derive(Debug)]
+struct LockFile {
+    path: PathBuf,
+    _file: File,
+}
+
+/// Where the lock files of a `SQLite` file's leases live.
+fn lock_dir(database: &Path) -> PathBuf {
+    let mut name = database.as_os_str().to_owned();
+    name.push("-leases");
+    PathBuf::from(name)
+}
+
+fn lock_path(database: &Path, lease: i64) -> PathBuf {
+    lock_dir(database).join(format!("{lease}.lock"))
+}
+
+fn io_error(what: &str, path: &Path, error: &std::io::Error) -> StoreError {
+    StoreError::msg(format!("{what} {}: {error}", path.display()))
+}
+
+/// Creates the lease's lock file, already locked: it is locked under a temporary name and then
+/// renamed, so that nobody can find it unlocked while its holder lives.
+fn create_lock(database: &Path, lease: i64) -> Result<LockFile, StoreError> {
+    let dir = lock_dir(database);
+    std::fs::create_dir_all(&dir).map_err(|error| io_error("creating", &dir, &error))?;
+    let temporary = dir.join(format!(".{lease}.{}.tmp", std::process::id()));
+    let file =
+        File::create(&temporary).map_err(|error| io_error("creating", &temporary, &error))?;
+    file.try_lock()
+        .map_err(|error| StoreError::msg(format!("locking {}: {error}", temporary.display())))?;
+    let path = lock_path(database, lease);
+    std::fs::rename(&temporary, &path).map_err(|error| io_error("renaming", &temporary, &error))?;
+    Ok(LockFile { path, _file: file })
+}
+
+/// Whether the holder of `lease` is known to be dead: its lock file exists and can be locked.
+/// A missing file says nothing (its holder may be between taking the row and the lock), and
+/// the expiry decides.
+fn holder_is_dead(database: &Path, lease: i64) -> bool {
+    let path = lock_path(database, lease);
+    let Ok(file) = File::open(&path) else {
+        return false;
+    };
+    if file.try_lock().is_ok() {
+        // Nobody will take this lock again; the lock is ours until `file` closes.
+        let _ = std::fs::remove_file(&path);
+        return true;
+    }
+    false
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().chars().take(255).collect())
+        .filter(|name: &String| !name.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+fn expiry(now: DateTime<Utc>, ttl: std::time::Duration) -> Result<DateTime<Utc>, StoreError> {
+    chrono::Duration::from_std(ttl)
+        .ok()
+        .and_then(|ttl| now.checked_add_signed(ttl))
+        .ok_or_else(|| StoreError::msg("lease time to live out of range"))
+}
+
+/// Takes a new lease until `now + ttl` and makes it the one `held` records, ending the one it
+/// held before.
+pub(super) async fn take(
+    db: &DatabaseConnection,
+    sqlite_file: Option<&Path>,
+    held: &HeldLease,
+    now: DateTime<Utc>,
+    ttl: std::time::Duration,
+) -> Result<LeaseId, StoreError> {
+    if let Some(previous) = held.current() {
+        end(db, held, previous).await?;
+    }
+    let row = instance::ActiveModel {
+        id: NotSet,
+        host: Set(host_name()),
+        pid: Set(i64::from(std::process::id())),
+        started_at: Set(now),
+        expires_at: Set(expiry(now, ttl)?),
+    };
+    let id = instance::Entity::insert(row).exec(db).await?.last_insert_id;
+    let lock = match sqlite_file {
+        Some(database) => Some(create_lock(database, id)?),
+        None => None,
+    };
+    held.hold(id, lock);
+    Ok(LeaseId(id))
+}
+
+/// Extends the held lease to `now + ttl` if it still holds; `false` if it had ended (and is
+/// no longer recorded) or there is none.
+pub(super) async fn renew(
+    db: &DatabaseConnection,
+    held: &HeldLease,
+    now: DateTime<Utc>,
+    ttl: std::time::Duration,
+) -> Result<bool, StoreError> {
+    let Some(id) = held.current() else {
+        return Ok(false);
+    };
+    let renewed = instance::Entity::update_many()
+        .col_expr(instance::Column::ExpiresAt, Expr::value(expiry(now, ttl)?))
+        .filter(instance::Column::Id.eq(id))
+        .filter(instance::Column::ExpiresAt.gt(now))
+        .exec(db)
+        .await?;
+    if renewed.rows_affected == 1 {
+        return Ok(true);
+    }
+    held.drop_lease(id);
+    Ok(false)
+}
+
+/// Ends lease `id` now (its holder stops, or is dead) and, if `held` holds it, stops recording it.
+pub(super) async fn end(
+    db: &DatabaseConnection,
+    held: &HeldLease,
+    id: i64,
+) -> Result<(), StoreError> {
+    instance::Entity::update_many()
+        .col_expr(
+            instance::Column::ExpiresAt,
+            Expr::value(DateTime::UNIX_EPOCH),
+        )
+        .filter(instance::Column::Id.eq(id))
+        .exec(db)
+        .await?;
+    held.drop_lease(id);
+    Ok(())
+}
+
+/// The leases that hold at `now`. On a `SQLite` file, first ends those whose holder is dead.
+async fn live_leases(
+    db: &DatabaseConnection,
+    sqlite_file: Option<&Path>,
+    held: &HeldLease,
+    now: DateTime<Utc>,
+) -> Result<Vec<i64>, StoreError> {
+    let live: Vec<i64> = instance::Entity::find()
+        .select_only()
+        .column(instance::Column::Id)
+        .filter(instance::Column::ExpiresAt.gt(now))
+        .into_tuple()
+        .all(db)
+        .await?;
+    let Some(database) = sqlite_file else {
+        return Ok(live);
+    };
+    let mut alive = Vec::with_capacity(live.len());
+    for lease in live {
+        if Some(lease) != held.current() && holder_is_dead(database, lease) {
+            tracing::info!(lease, "the gateway holding this lease is gone; ending it");
+            end(db, held, lease).await?;
+        } else {
+            alive.push(lease);
+        }
+    }
+    Ok(alive)
+}
+
+/// `pending` entries made under a lease that does not hold at `now`, oldest first.
+pub(super) async fn orphaned(
+    db: &DatabaseConnection,
+    sqlite_file: Option<&Path>,
+    held: &HeldLease,
+    now: DateTime<Utc>,
+    limit: u64,
+) -> Result<Vec<CallId>, StoreError> {
+    let live = live_leases(db, sqlite_file, held, now).await?;
+    let ids: Vec<i64> = call::Entity::find()
+        .select_only()
+        .column(call::Column::Id)
+        .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
+        .filter(call::Column::InstanceId.is_not_null())
+        .filter(not_among(&live))
+        .order_by_asc(call::Column::Id)
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(ids.into_iter().map(CallId).collect())
+}
+
+/// Entries not made under any of `live` (nor under no lease: those are for the caller to say).
+fn not_among(live: &[i64]) -> Condition {
+    let mut condition = Condition::all();
+    if !live.is_empty() {
+        condition = condition.add(call::Column::InstanceId.is_not_in(live.iter().copied()));
+    }
+    condition
+}
+
+/// Entries that no live lease protects: made under no lease, or under one that ended.
+pub(super) async fn unprotected(
+    db: &DatabaseConnection,
+    now: DateTime<Utc>,
+) -> Result<Condition, StoreError> {
+    let live: Vec<i64> = instance::Entity::find()
+        .select_only()
+        .column(instance::Column::Id)
+        .filter(instance::Column::ExpiresAt.gt(now))
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(Condition::any()
+        .add(call::Column::InstanceId.is_null())
+        .add(not_among(&live).add(call::Column::InstanceId.is_not_null())))
+}
+
+/// Deletes the leases that ended before `now` with nothing pending.
+pub(super) async fn forget_ended(
+    db: &DatabaseConnection,
+    now: DateTime<Utc>,
+) -> Result<u64, StoreError> {
+    let busy: Vec<Option<i64>> = call::Entity::find()
+        .select_only()
+        .column(call::Column::InstanceId)
+        .distinct()
+        .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
+        .filter(call::Column::InstanceId.is_not_null())
+        .into_tuple()
+        .all(db)
+        .await?;
+    let mut ended = instance::Entity::delete_many().filter(instance::Column::ExpiresAt.lte(now));
+    let busy: Vec<i64> = busy.into_iter().flatten().collect();
+    if !busy.is_empty() {
+        ended = ended.filter(instance::Column::Id.is_not_in(busy));
+    }
+    Ok(ended.exec(db).await?.rows_affected)
+}
+
+/// Ends the held lease on a clean stop.
+pub(super) async fn release(db: &DatabaseConnection, held: &HeldLease) -> Result<(), StoreError> {
+    match held.current() {
+        Some(id) => end(db, held, id).await,
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_file_is_found_dead_only_once_its_holder_lets_it_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("gateway.db");
+        let lock = create_lock(&database, 7).unwrap();
+        assert!(!holder_is_dead(&database, 7), "a held lock is alive");
+        assert!(!holder_is_dead(&database, 8), "a missing lock says nothing");
+        // Closing the file, as the death of its process does, lets the lock go.
+        drop(lock);
+        assert!(holder_is_dead(&database, 7));
+        assert!(
+            !lock_path(&database, 7).exists(),
+            "a dead lease's file is removed"
+        );
+    }
+}
