@@ -49,6 +49,16 @@ impl Env {
     }
 }
 
+/// The URL a gateway process uses for the test's own `PostgreSQL` schema.
+fn pg_process_url(db: &TestDb) -> String {
+    let separator = if db.url.contains('?') { '&' } else { '?' };
+    format!(
+        "{}{separator}options=-c%20search_path%3D{}",
+        db.url,
+        db.pg_schema().unwrap()
+    )
+}
+
 async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
     let started = Instant::now();
     while !done().await {
@@ -60,8 +70,46 @@ async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// Calls held open at a slow provider, `count` of them, one client each, through `listen`.
+fn call_slowly(client: &reqwest::Client, listen: &str, key: &str, count: usize) {
+    for _ in 0..count {
+        let (client, url, key) = (
+            client.clone(),
+            format!("http://{listen}{CHAT}"),
+            key.to_owned(),
+        );
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .bearer_auth(key)
+                .body(chat_body(CHAT_MODEL))
+                .send()
+                .await
+        });
+    }
+}
+
+/// How many of the account's calls are still `pending`.
+async fn pending_calls(store: &SeaOrmStore, key: &str) -> usize {
+    let account = store
+        .caller_for_key(&KeyHash::of(key))
+        .await
+        .unwrap()
+        .unwrap()
+        .account;
+    let calls = store.recent_calls(account, 1000).await.unwrap();
+    calls
+        .iter()
+        .filter(|c| c.status == CallStatus::Pending)
+        .count()
+}
+
+/// Killed under load and restarted at once, on its `SQLite` file and with no recovery age set:
+/// the restarted gateway sees that its predecessor's lease holder is gone and refunds its calls
+/// before it serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn calls_cut_by_a_sigkill_are_refunded_after_restart_and_the_audit_passes() {
+async fn calls_cut_by_a_sigkill_are_refunded_within_seconds_of_the_restart() {
+    const IN_FLIGHT: usize = 30;
     let provider = FakeProvider::start().await;
     provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
     let dir = tempfile::tempdir().unwrap();
@@ -81,12 +129,11 @@ async fn calls_cut_by_a_sigkill_are_refunded_after_restart_and_the_audit_passes(
             ("DATABASE_URL", database_url.clone()),
             ("GATEWAY_MODELS", models.display().to_string()),
             ("GATEWAY_LISTEN", listen.clone()),
-            ("GATEWAY_RECOVERY_AGE_SECS", "2".into()),
             ("SLOW_KEY", "provider-key".into()),
             ("RUST_LOG", "warn".into()),
         ],
     };
-    let (created, stdout) = env.run(&["keys", "create", "--subscription", "10"]);
+    let (created, stdout) = env.run(&["keys", "create", "--subscription", "100"]);
     assert!(created);
     let key = stdout.lines().last().unwrap().to_owned();
 
@@ -96,36 +143,12 @@ async fn calls_cut_by_a_sigkill_are_refunded_after_restart_and_the_audit_passes(
         std::net::TcpStream::connect(&listen).is_ok()
     })
     .await;
-    for _ in 0..3 {
-        let (client, url, key) = (
-            client.clone(),
-            format!("http://{listen}{CHAT}"),
-            key.clone(),
-        );
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .bearer_auth(key)
-                .body(chat_body(CHAT_MODEL))
-                .send()
-                .await
-        });
-    }
+    call_slowly(&client, &listen, &key, IN_FLIGHT);
     let store = SeaOrmStore::connect(&database_url).await.unwrap();
-    let account = store
-        .caller_for_key(&KeyHash::of(&key))
-        .await
-        .unwrap()
-        .unwrap()
-        .account;
-    let pending = async || {
-        let calls = store.recent_calls(account, 10).await.unwrap();
-        calls
-            .iter()
-            .filter(|c| c.status == CallStatus::Pending)
-            .count()
-    };
-    wait_for("three reservations", async || pending().await == 3).await;
+    wait_for("the reservations", async || {
+        pending_calls(&store, &key).await == IN_FLIGHT
+    })
+    .await;
 
     server.kill().unwrap(); // SIGKILL: no chance to refund anything
     server.wait().unwrap();
@@ -134,33 +157,149 @@ async fn calls_cut_by_a_sigkill_are_refunded_after_restart_and_the_audit_passes(
         audited,
         "pending calls count as charged, so the books balance even now"
     );
+    let charged = 100 - CHAT_PRICE * IN_FLIGHT as i64;
     assert_eq!(
         env.run(&["balance", "--key", &key]).1.trim(),
-        r#"{"subscription":4,"topup":0,"total":4,"subscription_ends_at":null}"#
+        format!(
+            r#"{{"subscription":{charged},"topup":0,"total":{charged},"subscription_ends_at":null}}"#
+        )
     );
 
-    tokio::time::sleep(Duration::from_millis(2500)).await; // older than the recovery age
+    let restarted_at = Instant::now();
     let mut restarted = env.serve();
-    wait_for("recovery at start", async || pending().await == 0).await;
+    wait_for("recovery at start", async || {
+        pending_calls(&store, &key).await == 0
+    })
+    .await;
+    let credits_back = restarted_at.elapsed();
+    let (audited, report) = env.run(&["audit"]);
+    let audit_clean = restarted_at.elapsed();
     restarted.kill().unwrap();
     restarted.wait().unwrap();
+    println!(
+        "{IN_FLIGHT} calls cut by SIGKILL: credits back {credits_back:?} after the restart, audit clean {audit_clean:?} after it"
+    );
+    assert!(audited, "{report}");
+    assert!(report.contains("audit passed: 1 accounts"), "{report}");
+    assert!(
+        audit_clean < Duration::from_secs(10),
+        "credits came back {credits_back:?} and the audit was clean {audit_clean:?} after the restart"
+    );
 
-    let calls = store.recent_calls(account, 10).await.unwrap();
-    assert_eq!(calls.len(), 3);
+    let account = store
+        .caller_for_key(&KeyHash::of(&key))
+        .await
+        .unwrap()
+        .unwrap()
+        .account;
+    let calls = store.recent_calls(account, 100).await.unwrap();
+    assert_eq!(calls.len(), IN_FLIGHT);
     assert!(calls.iter().all(|c| c.status == CallStatus::Refunded));
     assert!(calls.iter().all(|c| {
         c.upstream_error
             .as_deref()
             .unwrap()
-            .starts_with("recovered")
+            .starts_with("recovered: the gateway instance serving it stopped")
     }));
     assert_eq!(
         env.run(&["balance", "--key", &key]).1.trim(),
-        r#"{"subscription":10,"topup":0,"total":10,"subscription_ends_at":null}"#
+        r#"{"subscription":100,"topup":0,"total":100,"subscription_ends_at":null}"#
     );
+}
+
+/// Two gateways on one `PostgreSQL`, each serving slow calls; one is killed. The other refunds
+/// the dead one's reservations once its lease has expired (within the lease plus a heartbeat),
+/// and none of its own, however long they last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instances_reservations_are_refunded_by_its_peer_and_only_those() {
+    const LEASE_SECS: u64 = 3;
+    const EACH: usize = 5;
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let provider = FakeProvider::start().await;
+    provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models.toml");
+    std::fs::write(
+        &models,
+        one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
+    )
+    .unwrap();
+    let database_url = pg_process_url(&db);
+    let addresses = [free_address(), free_address()];
+    let mut servers: Vec<Child> = addresses
+        .iter()
+        .map(|listen| {
+            Env {
+                vars: vec![
+                    ("DATABASE_URL", database_url.clone()),
+                    ("GATEWAY_MODELS", models.display().to_string()),
+                    ("GATEWAY_LISTEN", listen.clone()),
+                    ("GATEWAY_LEASE_SECS", LEASE_SECS.to_string()),
+                    ("SLOW_KEY", "provider-key".into()),
+                    ("RUST_LOG", "error".into()),
+                ],
+            }
+            .serve()
+        })
+        .collect();
+    for listen in &addresses {
+        wait_for("a gateway to listen", async || {
+            std::net::TcpStream::connect(listen).is_ok()
+        })
+        .await;
+    }
+    // One account per gateway, so that each one's calls can be told apart.
+    let killed_key = db.funded_key(100, 0).await;
+    let surviving_key = db.funded_key(100, 0).await;
+    let client = reqwest::Client::new();
+    call_slowly(&client, &addresses[0], &killed_key, EACH);
+    call_slowly(&client, &addresses[1], &surviving_key, EACH);
+    wait_for("the reservations", async || {
+        pending_calls(&db.store, &killed_key).await == EACH
+            && pending_calls(&db.store, &surviving_key).await == EACH
+    })
+    .await;
+
+    servers[0].kill().unwrap();
+    servers[0].wait().unwrap();
+    let killed_at = Instant::now();
+    wait_for("the peer's recovery", async || {
+        pending_calls(&db.store, &killed_key).await == 0
+    })
+    .await;
+    let refunded_after = killed_at.elapsed();
+    // Past two more leases, the survivor's own calls are still being served.
+    tokio::time::sleep(Duration::from_secs(2 * LEASE_SECS)).await;
+    let survivors_pending = pending_calls(&db.store, &surviving_key).await;
+    servers[1].kill().unwrap();
+    servers[1].wait().unwrap();
+    println!(
+        "lease {LEASE_SECS}s: the killed instance's {EACH} reservations refunded {refunded_after:?} after the kill"
+    );
+
+    let heartbeat = Duration::from_secs(LEASE_SECS) / 5;
+    // The lease was renewed at most a heartbeat before the kill; polling adds 100 ms.
+    assert!(
+        refunded_after <= Duration::from_secs(LEASE_SECS) + heartbeat + Duration::from_millis(500),
+        "refunded {refunded_after:?} after the kill"
+    );
+    assert!(
+        refunded_after >= Duration::from_secs(LEASE_SECS) - heartbeat - Duration::from_millis(200),
+        "refunded {refunded_after:?} after the kill: before the lease could have expired"
+    );
+    assert_eq!(
+        survivors_pending, EACH,
+        "the live instance's calls were touched"
+    );
+    assert_eq!(db.balance(&killed_key).await, balance(100, 0));
+    let env = Env {
+        vars: vec![("DATABASE_URL", database_url)],
+    };
     let (audited, report) = env.run(&["audit"]);
     assert!(audited, "{report}");
-    assert!(report.contains("audit passed: 1 accounts"), "{report}");
+    db.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,12 +334,7 @@ async fn two_gateway_processes_on_one_postgres_spend_exactly_the_credits_there_a
         ),
     )
     .unwrap();
-    let separator = if db.url.contains('?') { '&' } else { '?' };
-    let database_url = format!(
-        "{}{separator}options=-c%20search_path%3D{}",
-        db.url,
-        db.pg_schema().unwrap()
-    );
+    let database_url = pg_process_url(&db);
     let addresses = [free_address(), free_address()];
     let mut servers: Vec<Child> = addresses
         .iter()

@@ -25,6 +25,7 @@ use model_gateway::admin::{
     Admin, AdminToken, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount,
 };
 use model_gateway::rate_limit::RateLimiter;
+use model_gateway::recovery::{DEFAULT_LEASE_TTL, Upkeep};
 use model_gateway::server::{self, ServerLimits};
 use model_gateway::{
     AccountId, BodyLimits, Bucket, CallId, CallStatus, Catalogue, Credits,
@@ -101,7 +102,8 @@ enum Command {
     },
     /// Check every account's books; exits non-zero on any mismatch.
     Audit,
-    /// Refund reservations left pending by a gateway that stopped mid-call.
+    /// Refund reservations left pending by a gateway that stopped mid-call: at once those whose
+    /// instance's lease ended, by age those made under no lease.
     Recover,
     /// Print a key's account's call log as JSON, newest first.
     Logs {
@@ -176,6 +178,10 @@ struct ServeArgs {
     /// plus margins). Shorter than any call can last is unsafe while other gateways serve.
     #[arg(long, env = "GATEWAY_RECOVERY_AGE_SECS")]
     recovery_age_secs: Option<u64>,
+    /// How long this instance's lease holds without renewal, in seconds: how soon another
+    /// instance refunds this one's reservations if it dies (renewed every fifth of it).
+    #[arg(long, env = "GATEWAY_LEASE_SECS", default_value_t = DEFAULT_LEASE_TTL.as_secs())]
+    lease_secs: u64,
 }
 
 impl ServeArgs {
@@ -482,9 +488,14 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Recover => {
             let args = ServeArgs::parse_from_env();
             let age = args.recovery_age(&load_catalogue(&args)?);
-            let refunded =
-                model_gateway::recover_stale_reservations(admin.store().as_ref(), age).await?;
-            println!("refunded {} stale reservations", refunded.len());
+            let store = admin.store().as_ref();
+            let orphaned = model_gateway::recover_orphaned_reservations(store).await?;
+            let stale = model_gateway::recover_stale_reservations(store, age).await?;
+            println!(
+                "refunded {} reservations of stopped instances and {} stale reservations",
+                orphaned.len(),
+                stale.len()
+            );
         }
         Command::Credits {
             action:
@@ -609,38 +620,6 @@ fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::Catalogu
     })
 }
 
-/// How often a serving gateway looks for reservations left pending by a stopped gateway.
-const RECOVERY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// Refunds stale reservations and lapses ended subscription periods now, then every
-/// [`RECOVERY_INTERVAL`], for as long as it runs. (Calls never spend an ended period's credits
-/// meanwhile: reservations judge the end themselves.)
-async fn recover_periodically(store: Arc<SeaOrmStore>, older_than: std::time::Duration) {
-    let mut ticks = tokio::time::interval(RECOVERY_INTERVAL);
-    loop {
-        ticks.tick().await;
-        match model_gateway::Accounts::lapse_ended_subscriptions(store.as_ref(), chrono::Utc::now())
-            .await
-        {
-            Ok(lapses) if !lapses.is_empty() => {
-                tracing::info!(
-                    accounts = lapses.len(),
-                    "subscription periods ended; their credits lapsed"
-                )
-            }
-            Ok(_) => {}
-            Err(error) => tracing::error!(%error, "lapsing ended subscriptions failed; will retry"),
-        }
-        match model_gateway::recover_stale_reservations(store.as_ref(), older_than).await {
-            Ok(refunded) if !refunded.is_empty() => {
-                tracing::warn!(count = refunded.len(), "refunded stale reservations")
-            }
-            Ok(_) => {}
-            Err(error) => tracing::error!(%error, "recovery pass failed; will retry"),
-        }
-    }
-}
-
 async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let catalogue = Arc::new(load_catalogue(&args)?);
     let store = Arc::new(store);
@@ -655,10 +634,11 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     } else {
         Upstream::Http(HttpUpstream::from_env(&catalogue)?)
     };
-    let recovery = tokio::spawn(recover_periodically(
-        store.clone(),
-        args.recovery_age(&catalogue),
-    ));
+    // Holds this instance's lease and, before serving, refunds what a crashed predecessor left.
+    let upkeep = Upkeep::new(store.clone(), args.recovery_age(&catalogue))
+        .lease_ttl(Duration::from_secs(args.lease_secs))
+        .start()
+        .await?;
     let admin_token = args
         .admin_token
         .clone()
@@ -711,7 +691,7 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
         "model-gateway listening on http://{address}"
     );
     server::serve(listener, router, limits, shutdown_signal()).await?;
-    recovery.abort();
+    upkeep.stop().await;
     tracing::info!("shut down");
     Ok(())
 }

@@ -1,0 +1,301 @@
+//! Instance leases on `SQLite`, `PostgreSQL` and `MariaDB`, with the time set by the test: a dead
+//! instance's reservations are refunded at once, however young; a live one's never, however
+//! old; an ended lease is never revived; two instances recovering together refund each
+//! reservation once.
+
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
+mod common;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use common::*;
+use model_gateway::{
+    CallStatus, Caller, ChargeRequest, Credits, KeyHash, KeyStore, Leases, Ledger, Protocol,
+    Reservation, recover_orphaned_reservations, recover_stale_reservations,
+};
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn after(now: DateTime<Utc>, seconds: i64) -> DateTime<Utc> {
+    now + chrono::Duration::seconds(seconds)
+}
+
+async fn each_database(test: impl AsyncFn(&TestDb)) {
+    test(&sqlite_db().await).await;
+    if let Some(db) = postgres_db().await {
+        test(&db).await;
+        db.drop_schema().await;
+    }
+    if let Some(db) = mysql_db().await {
+        test(&db).await;
+        db.drop_schema().await;
+    }
+}
+
+async fn caller(db: &TestDb, credits: i64) -> (String, Caller) {
+    let key = db.funded_key(credits, 0).await;
+    let caller = db
+        .store
+        .caller_for_key(&KeyHash::of(&key))
+        .await
+        .unwrap()
+        .unwrap();
+    (key, caller)
+}
+
+async fn reserve(store: &dyn Ledger, caller: Caller) -> Reservation {
+    store
+        .reserve(ChargeRequest {
+            caller,
+            protocol: Protocol::ChatCompletions,
+            model: CHAT_MODEL,
+            price: Credits::new(CHAT_PRICE),
+            request_id: None,
+            at: Utc::now(),
+        })
+        .await
+        .unwrap()
+}
+
+async fn status(db: &TestDb, reservation: &Reservation) -> CallStatus {
+    db.store
+        .call_status(reservation.call)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_dead_instances_reservations_are_orphaned_at_its_expiry_and_a_live_ones_never() {
+    each_database(async |db| {
+        let peer = db.second_instance().await;
+        let now = Utc::now();
+        db.store.take_lease(now, TTL).await.unwrap().unwrap();
+        peer.store.take_lease(now, TTL).await.unwrap().unwrap();
+        let (key, caller) = caller(db, 100).await;
+        let dead = reserve(db.store.as_ref(), caller).await;
+        let live = reserve(peer.store.as_ref(), caller).await;
+
+        assert!(
+            peer.store
+                .orphaned_reservations(after(now, 5), 100)
+                .await
+                .unwrap()
+                .is_empty(),
+            "both leases hold"
+        );
+        // The peer renews; the first instance does not (it died).
+        assert!(peer.store.renew_lease(after(now, 8), TTL).await.unwrap());
+        let orphaned = peer
+            .store
+            .orphaned_reservations(after(now, 11), 100)
+            .await
+            .unwrap();
+        assert_eq!(orphaned, vec![dead.call]);
+
+        // Recovery at the real time refunds nothing yet: the dead lease has not expired.
+        assert!(
+            recover_orphaned_reservations(peer.store.as_ref())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(status(db, &dead).await, CallStatus::Pending);
+        // Ending it (as a clean stop does) makes its reservations recoverable at once.
+        db.store.release_lease().await.unwrap();
+        let refunded = recover_orphaned_reservations(peer.store.as_ref())
+            .await
+            .unwrap();
+        assert_eq!(refunded, vec![dead.call]);
+        assert_eq!(status(db, &dead).await, CallStatus::Refunded);
+        assert_eq!(status(db, &live).await, CallStatus::Pending);
+        assert_eq!(db.balance(&key).await, balance(100 - CHAT_PRICE, 0));
+        db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_age_rule_never_takes_a_live_instances_reservation_however_old() {
+    each_database(async |db| {
+        let (key, caller) = caller(db, 100).await;
+        let unleased = reserve(db.store.as_ref(), caller).await;
+        db.store.take_lease(Utc::now(), TTL).await.unwrap();
+        let leased = reserve(db.store.as_ref(), caller).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+
+        // An age of zero: everything is old enough, but a live lease protects its own.
+        let refunded = recover_stale_reservations(db.store.as_ref(), Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(
+            refunded,
+            vec![unleased.call],
+            "only the reservation under no lease"
+        );
+        assert_eq!(status(db, &leased).await, CallStatus::Pending);
+        assert!(
+            db.store
+                .settle(leased.call, Default::default())
+                .await
+                .unwrap()
+        );
+        assert_eq!(db.balance(&key).await, balance(100 - CHAT_PRICE, 0));
+        db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_ended_lease_is_never_revived_and_its_holder_takes_a_new_one() {
+    each_database(async |db| {
+        let peer = db.second_instance().await;
+        let now = Utc::now();
+        let first = db.store.take_lease(now, TTL).await.unwrap().unwrap();
+        let (key, caller) = caller(db, 100).await;
+        let under_the_old_lease = reserve(db.store.as_ref(), caller).await;
+
+        // Unreachable for longer than the lease: the renewal comes too late.
+        assert!(!db.store.renew_lease(after(now, 11), TTL).await.unwrap());
+        assert!(
+            !db.store.renew_lease(after(now, 12), TTL).await.unwrap(),
+            "a lost lease stays lost"
+        );
+        // Meanwhile a peer recovered the call (here: as soon as the lease ended).
+        let orphaned = peer
+            .store
+            .orphaned_reservations(after(now, 11), 100)
+            .await
+            .unwrap();
+        assert_eq!(orphaned, vec![under_the_old_lease.call]);
+        for call in orphaned {
+            let failure = model_gateway::CallFailure {
+                upstream_status: None,
+                error: "recovered".into(),
+            };
+            assert!(peer.store.refund(call, &failure).await.unwrap());
+        }
+        // The call under way ends: its settle finds it refunded and bills nothing.
+        assert!(
+            !db.store
+                .settle(under_the_old_lease.call, Default::default())
+                .await
+                .unwrap()
+        );
+        assert_eq!(status(db, &under_the_old_lease).await, CallStatus::Refunded);
+
+        let second = db.store.take_lease(Utc::now(), TTL).await.unwrap().unwrap();
+        assert_ne!(first, second);
+        let under_the_new_lease = reserve(db.store.as_ref(), caller).await;
+        assert!(
+            recover_orphaned_reservations(peer.store.as_ref())
+                .await
+                .unwrap()
+                .is_empty(),
+            "the new lease holds"
+        );
+        assert!(
+            db.store
+                .settle(under_the_new_lease.call, Default::default())
+                .await
+                .unwrap()
+        );
+        assert_eq!(db.balance(&key).await, balance(100 - CHAT_PRICE, 0));
+        db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_instances_recovering_at_once_refund_each_reservation_once() {
+    const CALLS: usize = 60;
+    each_database(async |db| {
+        let (first, second) = (db.second_instance().await, db.second_instance().await);
+        db.store.take_lease(Utc::now(), TTL).await.unwrap();
+        let (key, caller) = caller(db, 1000).await;
+        for _ in 0..CALLS {
+            reserve(db.store.as_ref(), caller).await;
+        }
+        db.store.release_lease().await.unwrap();
+
+        let (a, b) = tokio::join!(
+            recover_orphaned_reservations(first.store.as_ref()),
+            recover_orphaned_reservations(second.store.as_ref()),
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a.len() + b.len(), CALLS, "{} + {}", a.len(), b.len());
+        assert!(
+            a.iter().all(|call| !b.contains(call)),
+            "a call refunded twice"
+        );
+        assert_eq!(db.balance(&key).await, balance(1000, 0));
+        db.assert_audit_holds().await;
+        assert_eq!(
+            db.store.forget_ended_leases(Utc::now()).await.unwrap(),
+            1,
+            "the ended lease, with nothing pending, is forgotten"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_ended_lease_with_calls_pending_is_kept_until_they_are_recovered() {
+    each_database(async |db| {
+        db.store.take_lease(Utc::now(), TTL).await.unwrap();
+        let (_, caller) = caller(db, 100).await;
+        reserve(db.store.as_ref(), caller).await;
+        db.store.release_lease().await.unwrap();
+        assert_eq!(db.store.forget_ended_leases(Utc::now()).await.unwrap(), 0);
+        assert_eq!(
+            recover_orphaned_reservations(db.store.as_ref())
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(db.store.forget_ended_leases(Utc::now()).await.unwrap(), 1);
+        db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+/// On a `SQLite` file the lock file tells at once that a lease's holder is gone: a store dropped
+/// without ending its lease (as a killed process leaves it) is found dead long before expiry.
+#[tokio::test]
+async fn on_a_sqlite_file_a_gone_holders_lease_ends_before_its_expiry() {
+    let db = sqlite_db().await;
+    let (key, caller) = caller(&db, 100).await;
+    let crashed = db.second_instance().await;
+    crashed
+        .store
+        .take_lease(Utc::now(), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let lost = reserve(crashed.store.as_ref(), caller).await;
+    let alive = db.second_instance().await;
+    alive
+        .store
+        .take_lease(Utc::now(), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let kept = reserve(alive.store.as_ref(), caller).await;
+    assert!(
+        recover_orphaned_reservations(db.store.as_ref())
+            .await
+            .unwrap()
+            .is_empty(),
+        "both holders are alive"
+    );
+
+    drop(crashed);
+    let refunded = recover_orphaned_reservations(db.store.as_ref())
+        .await
+        .unwrap();
+    assert_eq!(refunded, vec![lost.call]);
+    assert_eq!(status(&db, &kept).await, CallStatus::Pending);
+    assert_eq!(db.balance(&key).await, balance(100 - CHAT_PRICE, 0));
+    db.assert_audit_holds().await;
+}
