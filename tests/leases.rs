@@ -299,3 +299,35 @@ async fn on_a_sqlite_file_a_gone_holders_lease_ends_before_its_expiry() {
     assert_eq!(db.balance(&key).await, balance(100 - CHAT_PRICE, 0));
     db.assert_audit_holds().await;
 }
+
+/// A gateway that finds its lease ended (as after the database was out of reach for longer than
+/// the lease) takes a new one at its next heartbeat, so that its later calls are protected
+/// again; and a clean stop ends the lease, leaving nothing for recovery to guess.
+#[tokio::test]
+async fn upkeep_takes_a_new_lease_when_its_lease_was_lost_and_ends_it_on_stop() {
+    let db = sqlite_db().await;
+    let (_, caller) = caller(&db, 100).await;
+    let upkeep = model_gateway::Upkeep::new(db.store.clone(), Duration::from_secs(3600))
+        .lease_ttl(Duration::from_secs(1));
+    let heartbeat = upkeep.heartbeat();
+    let upkeep = upkeep.start().await.unwrap();
+    db.store.release_lease().await.unwrap(); // lost, as far as the store can tell
+    let unprotected = reserve(db.store.as_ref(), caller).await;
+    tokio::time::sleep(heartbeat * 3).await;
+    let protected = reserve(db.store.as_ref(), caller).await;
+
+    let refunded = recover_stale_reservations(db.store.as_ref(), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        refunded,
+        vec![unprotected.call],
+        "the call made under the new lease is protected"
+    );
+    assert_eq!(status(&db, &protected).await, CallStatus::Pending);
+
+    upkeep.stop().await;
+    let refunded = recover_orphaned_reservations(db.store.as_ref()).await.unwrap();
+    assert_eq!(refunded, vec![protected.call]);
+    db.assert_audit_holds().await;
+}
