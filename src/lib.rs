@@ -51,7 +51,8 @@
 //! 4. The layers, each in its own module: `auth`, [`rate_limit`], `router`, `charge`, and
 //!    `refund` (a folder: layer, service, the guard that writes a call's outcome once, the
 //!    streaming body).
-//! 5. The stack ([`stack`]) and recovery; [`admin`] (the operator's operations, and their HTTP
+//! 5. The stack ([`stack`]) and [`recovery`] (instance leases, the age rule, and [`Upkeep`],
+//!    which runs them for a serving gateway); [`admin`] (the operator's operations, and their HTTP
 //!    API), [`key_holder`] (the key holders' endpoints), [`Gateway`] (all of it as one axum
 //!    router), [`server`] (the front door) and [`telemetry`] (metrics).
 //!
@@ -73,7 +74,9 @@
 //! in-memory implementation and the reference model in tests.
 //!
 //! A reservation always ends: settled, refunded, or, if its gateway died or its database was
-//! unreachable, refunded later by [`recover_stale_reservations`].
+//! unreachable, refunded later: at once once its gateway's lease ended
+//! ([`recover_orphaned_reservations`]), or by age if it was made under no lease
+//! ([`recover_stale_reservations`]).
 
 #![warn(missing_docs)]
 

@@ -327,7 +327,9 @@ async fn upkeep_takes_a_new_lease_when_its_lease_was_lost_and_ends_it_on_stop() 
     assert_eq!(status(&db, &protected).await, CallStatus::Pending);
 
     upkeep.stop().await;
-    let refunded = recover_orphaned_reservations(db.store.as_ref()).await.unwrap();
+    let refunded = recover_orphaned_reservations(db.store.as_ref())
+        .await
+        .unwrap();
     assert_eq!(refunded, vec![protected.call]);
     db.assert_audit_holds().await;
 }
