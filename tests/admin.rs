@@ -446,15 +446,7 @@ async fn concurrent_grants_apply_once(db: &TestDb) {
 
 #[tokio::test]
 async fn concurrent_grants_with_one_idempotency_key_apply_once_on_every_database() {
-    concurrent_grants_apply_once(&sqlite_db().await).await;
-    if let Some(db) = postgres_db().await {
-        concurrent_grants_apply_once(&db).await;
-        db.drop_schema().await;
-    }
-    if let Some(db) = mysql_db().await {
-        concurrent_grants_apply_once(&db).await;
-        db.drop_schema().await;
-    }
+    each_database(concurrent_grants_apply_once).await;
 }
 
 #[tokio::test]

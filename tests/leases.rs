@@ -22,18 +22,6 @@ fn after(now: DateTime<Utc>, seconds: i64) -> DateTime<Utc> {
     now + chrono::Duration::seconds(seconds)
 }
 
-async fn each_database(test: impl AsyncFn(&TestDb)) {
-    test(&sqlite_db().await).await;
-    if let Some(db) = postgres_db().await {
-        test(&db).await;
-        db.drop_schema().await;
-    }
-    if let Some(db) = mysql_db().await {
-        test(&db).await;
-        db.drop_schema().await;
-    }
-}
-
 async fn caller(db: &TestDb, credits: i64) -> (String, Caller) {
     let key = db.funded_key(credits, 0).await;
     let caller = db

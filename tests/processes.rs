@@ -49,6 +49,27 @@ impl Env {
     }
 }
 
+/// Two gateway processes with these settings, each on an address of its own, once both listen.
+async fn serve_two(vars: &[(&'static str, String)]) -> ([String; 2], Vec<Child>) {
+    let addresses = [free_address(), free_address()];
+    let servers = addresses
+        .iter()
+        .map(|listen| {
+            let mut vars = vars.to_vec();
+            vars.push(("GATEWAY_LISTEN", listen.clone()));
+            vars.push(("RUST_LOG", "error".into()));
+            Env { vars }.serve()
+        })
+        .collect();
+    for listen in &addresses {
+        wait_for("a gateway to listen", async || {
+            std::net::TcpStream::connect(listen).is_ok()
+        })
+        .await;
+    }
+    (addresses, servers)
+}
+
 /// The URL a gateway process uses for the test's own `PostgreSQL` schema.
 fn pg_process_url(db: &TestDb) -> String {
     let separator = if db.url.contains('?') { '&' } else { '?' };
@@ -227,29 +248,13 @@ async fn a_killed_instances_reservations_are_refunded_by_its_peer_and_only_those
     )
     .unwrap();
     let database_url = pg_process_url(&db);
-    let addresses = [free_address(), free_address()];
-    let mut servers: Vec<Child> = addresses
-        .iter()
-        .map(|listen| {
-            Env {
-                vars: vec![
-                    ("DATABASE_URL", database_url.clone()),
-                    ("GATEWAY_MODELS", models.display().to_string()),
-                    ("GATEWAY_LISTEN", listen.clone()),
-                    ("GATEWAY_LEASE_SECS", LEASE_SECS.to_string()),
-                    ("SLOW_KEY", "provider-key".into()),
-                    ("RUST_LOG", "error".into()),
-                ],
-            }
-            .serve()
-        })
-        .collect();
-    for listen in &addresses {
-        wait_for("a gateway to listen", async || {
-            std::net::TcpStream::connect(listen).is_ok()
-        })
-        .await;
-    }
+    let (addresses, mut servers) = serve_two(&[
+        ("DATABASE_URL", database_url.clone()),
+        ("GATEWAY_MODELS", models.display().to_string()),
+        ("GATEWAY_LEASE_SECS", LEASE_SECS.to_string()),
+        ("SLOW_KEY", "provider-key".into()),
+    ])
+    .await;
     // One account per gateway, so that each one's calls can be told apart.
     let killed_key = db.funded_key(100, 0).await;
     let surviving_key = db.funded_key(100, 0).await;
@@ -335,28 +340,12 @@ async fn two_gateway_processes_on_one_postgres_spend_exactly_the_credits_there_a
     )
     .unwrap();
     let database_url = pg_process_url(&db);
-    let addresses = [free_address(), free_address()];
-    let mut servers: Vec<Child> = addresses
-        .iter()
-        .map(|listen| {
-            Env {
-                vars: vec![
-                    ("DATABASE_URL", database_url.clone()),
-                    ("GATEWAY_MODELS", models.display().to_string()),
-                    ("GATEWAY_LISTEN", listen.clone()),
-                    ("FLAKY_KEY", "provider-key".into()),
-                    ("RUST_LOG", "error".into()),
-                ],
-            }
-            .serve()
-        })
-        .collect();
-    for listen in &addresses {
-        wait_for("a gateway to listen", async || {
-            std::net::TcpStream::connect(listen).is_ok()
-        })
-        .await;
-    }
+    let (addresses, mut servers) = serve_two(&[
+        ("DATABASE_URL", database_url.clone()),
+        ("GATEWAY_MODELS", models.display().to_string()),
+        ("FLAKY_KEY", "provider-key".into()),
+    ])
+    .await;
 
     // 16 clients call until each is told 402.
     let client = reqwest::Client::new();

@@ -69,18 +69,6 @@ async fn reserve(
         .await
 }
 
-async fn each_database(test: impl AsyncFn(&TestDb)) {
-    test(&sqlite_db().await).await;
-    if let Some(db) = postgres_db().await {
-        test(&db).await;
-        db.drop_schema().await;
-    }
-    if let Some(db) = mysql_db().await {
-        test(&db).await;
-        db.drop_schema().await;
-    }
-}
-
 #[tokio::test]
 async fn subscription_credits_lapse_when_their_period_ends_and_top_up_credits_never_do() {
     each_database(async |db| {

@@ -111,15 +111,7 @@ async fn usage_counts_billed_calls_per_model(db: &TestDb) {
 
 #[tokio::test]
 async fn usage_is_summed_per_day_and_model_on_every_database() {
-    usage_counts_billed_calls_per_model(&sqlite_db().await).await;
-    if let Some(db) = postgres_db().await {
-        usage_counts_billed_calls_per_model(&db).await;
-        db.drop_schema().await;
-    }
-    if let Some(db) = mysql_db().await {
-        usage_counts_billed_calls_per_model(&db).await;
-        db.drop_schema().await;
-    }
+    each_database(usage_counts_billed_calls_per_model).await;
 }
 
 #[tokio::test]

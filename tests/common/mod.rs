@@ -71,6 +71,20 @@ pub fn unique_name() -> String {
     )
 }
 
+/// Runs `test` on a fresh `SQLite` file, then on a `PostgreSQL` schema and a `MariaDB` database
+/// of its own when those are configured, dropping each afterwards.
+pub async fn each_database(test: impl AsyncFn(&TestDb)) {
+    test(&sqlite_db().await).await;
+    if let Some(db) = postgres_db().await {
+        test(&db).await;
+        db.drop_schema().await;
+    }
+    if let Some(db) = mysql_db().await {
+        test(&db).await;
+        db.drop_schema().await;
+    }
+}
+
 /// A fresh database on the test MySQL/MariaDB server.
 pub async fn mysql_db() -> Option<TestDb> {
     let (server, database, url) = empty_mysql_database().await?;
