@@ -212,13 +212,16 @@ pub(super) async fn end(
     Ok(())
 }
 
-/// The leases that hold at `now`. On a `SQLite` file, first ends those whose holder is dead.
-async fn live_leases(
+/// On a `SQLite` file, ends the leases that hold at `now` but whose holder is dead.
+async fn end_dead_holders(
     db: &DatabaseConnection,
     sqlite_file: Option<&Path>,
     held: &HeldLease,
     now: DateTime<Utc>,
-) -> Result<Vec<i64>, StoreError> {
+) -> Result<(), StoreError> {
+    let Some(database) = sqlite_file else {
+        return Ok(());
+    };
     let live: Vec<i64> = instance::Entity::find()
         .select_only()
         .column(instance::Column::Id)
@@ -226,19 +229,13 @@ async fn live_leases(
         .into_tuple()
         .all(db)
         .await?;
-    let Some(database) = sqlite_file else {
-        return Ok(live);
-    };
-    let mut alive = Vec::with_capacity(live.len());
     for lease in live {
         if Some(lease) != held.current() && holder_is_dead(database, lease) {
             tracing::info!(lease, "the gateway holding this lease is gone; ending it");
             end(db, held, lease).await?;
-        } else {
-            alive.push(lease);
         }
     }
-    Ok(alive)
+    Ok(())
 }
 
 /// `pending` entries made under a lease that does not hold at `now`, oldest first.
@@ -249,13 +246,13 @@ pub(super) async fn orphaned(
     now: DateTime<Utc>,
     limit: u64,
 ) -> Result<Vec<CallId>, StoreError> {
-    let live = live_leases(db, sqlite_file, held, now).await?;
+    end_dead_holders(db, sqlite_file, held, now).await?;
     let ids: Vec<i64> = call::Entity::find()
         .select_only()
         .column(call::Column::Id)
         .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
         .filter(call::Column::InstanceId.is_not_null())
-        .filter(not_among(&live))
+        .filter(outside_live_leases(now))
         .order_by_asc(call::Column::Id)
         .limit(limit)
         .into_tuple()
@@ -264,30 +261,23 @@ pub(super) async fn orphaned(
     Ok(ids.into_iter().map(CallId).collect())
 }
 
-/// Entries not made under any of `live` (nor under no lease: those are for the caller to say).
-fn not_among(live: &[i64]) -> Condition {
-    let mut condition = Condition::all();
-    if !live.is_empty() {
-        condition = condition.add(call::Column::InstanceId.is_not_in(live.iter().copied()));
-    }
-    condition
+/// Entries whose lease does not hold at `now`. A subquery, not a list read beforehand: in one
+/// statement, an entry is seen only with its lease (taken before any entry records it), so a
+/// gateway starting meanwhile cannot have its fresh calls taken for orphans.
+fn outside_live_leases(now: DateTime<Utc>) -> sea_orm::sea_query::SimpleExpr {
+    let live = sea_orm::sea_query::Query::select()
+        .column(instance::Column::Id)
+        .from(instance::Entity)
+        .and_where(instance::Column::ExpiresAt.gt(now))
+        .to_owned();
+    call::Column::InstanceId.not_in_subquery(live)
 }
 
-/// Entries that no live lease protects: made under no lease, or under one that ended.
-pub(super) async fn unprotected(
-    db: &DatabaseConnection,
-    now: DateTime<Utc>,
-) -> Result<Condition, StoreError> {
-    let live: Vec<i64> = instance::Entity::find()
-        .select_only()
-        .column(instance::Column::Id)
-        .filter(instance::Column::ExpiresAt.gt(now))
-        .into_tuple()
-        .all(db)
-        .await?;
-    Ok(Condition::any()
+/// Entries that no live lease protects at `now`: made under no lease, or under one that ended.
+pub(super) fn unprotected(now: DateTime<Utc>) -> Condition {
+    Condition::any()
         .add(call::Column::InstanceId.is_null())
-        .add(not_among(&live).add(call::Column::InstanceId.is_not_null())))
+        .add(outside_live_leases(now))
 }
 
 /// Deletes the leases that ended before `now` with nothing pending.

@@ -459,7 +459,7 @@ impl Ledger for SeaOrmStore {
             .column(call::Column::Id)
             .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
             .filter(call::Column::CreatedAt.lt(cutoff))
-            .filter(leases::unprotected(&self.db, Utc::now()).await?)
+            .filter(leases::unprotected(Utc::now()))
             .order_by_asc(call::Column::CreatedAt)
             .limit(limit)
             .into_tuple()
