@@ -149,7 +149,7 @@ impl<S: Store + 'static> Upkeep<S> {
     }
 
     /// How often the age rule and subscription lapses run (default
-    /// [`DEFAULT_SWEEP_INTERVAL`]).
+    /// [`DEFAULT_SWEEP_INTERVAL`]), at the first heartbeat after it is due.
     pub fn sweep_interval(mut self, interval: Duration) -> Upkeep<S> {
         self.sweep_interval = interval.max(Duration::from_millis(100));
         self
@@ -175,17 +175,15 @@ impl<S: Store + 'static> Upkeep<S> {
     async fn run(self) {
         let mut heartbeats = tokio::time::interval(self.heartbeat());
         heartbeats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut sweeps = tokio::time::interval(self.sweep_interval);
-        sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         heartbeats.tick().await;
-        sweeps.tick().await;
+        let mut last_sweep = tokio::time::Instant::now();
         loop {
-            tokio::select! {
-                _ = heartbeats.tick() => {
-                    self.keep_lease().await;
-                    self.recover_orphans().await;
-                }
-                _ = sweeps.tick() => self.sweep().await,
+            heartbeats.tick().await;
+            self.keep_lease().await;
+            self.recover_orphans().await;
+            if last_sweep.elapsed() >= self.sweep_interval {
+                last_sweep = tokio::time::Instant::now();
+                self.sweep().await;
             }
         }
     }
