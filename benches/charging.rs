@@ -59,6 +59,7 @@ async fn charge_once(store: &dyn Store, caller: Caller, outcome: Outcome) {
         price: Credits::new(2),
         request_id: None,
         at: chrono::Utc::now(),
+        idempotency: None,
     };
     let reservation = store.reserve(request).await.unwrap();
     let done = match outcome {

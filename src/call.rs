@@ -8,6 +8,7 @@
 //! | [`RoutedCall`]  | [`ProtocolRouter`](crate::ProtocolRouter)     | [`CreditCharge`](crate::CreditCharge), the upstream |
 //! | [`Reservation`] | [`CreditCharge`](crate::CreditCharge)         | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
 //! | [`RequestId`]  | [`RequestIdLayer`](crate::RequestIdLayer)      | [`CreditCharge`](crate::CreditCharge) (the call log), the log lines |
+//! | [`IdempotencyKey`] | [`ProtocolRouter`](crate::ProtocolRouter) | [`CreditCharge`](crate::CreditCharge), [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
 //! | [`ServedBy`] (response) | [`HttpUpstream`](crate::HttpUpstream) | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
 
 use std::ops::Range;
@@ -164,6 +165,57 @@ fn renamed_by_parsing(body: &Bytes, model: &str) -> Bytes {
             serde_json::to_vec(&object).map_or_else(|_| body.clone(), Bytes::from)
         }
         _ => body.clone(),
+    }
+}
+
+/// A call's `Idempotency-Key` with the fingerprint of the request it came with. Request
+/// extension added by [`ProtocolRouter`](crate::ProtocolRouter) when the client sent the
+/// header; [`CreditCharge`](crate::CreditCharge) bills at most one call per account and key
+/// (see [`Ledger::reserve`](crate::Ledger::reserve)), and
+/// [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) keeps the reply for a retry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey {
+    key: Arc<str>,
+    fingerprint: [u8; 32],
+}
+
+impl IdempotencyKey {
+    /// The request header that carries it.
+    pub const HEADER: &'static str = "idempotency-key";
+
+    /// The longest key accepted, in bytes (Stripe's and the SDKs' keys are far shorter).
+    pub const MAX_LEN: usize = 255;
+
+    /// The key `key` for a request to `path` with `body`; `None` if the key is empty, longer
+    /// than [`MAX_LEN`](Self::MAX_LEN) or not visible ASCII. The fingerprint is the SHA-256 of
+    /// the path and the body exactly as sent, so a retry of the same request matches and any
+    /// other request does not.
+    pub fn new(key: &str, path: &str, body: &[u8]) -> Option<IdempotencyKey> {
+        let sane = |key: &str| {
+            (1..=Self::MAX_LEN).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic())
+        };
+        if !sane(key) {
+            return None;
+        }
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(path.as_bytes());
+        hasher.update([0]);
+        hasher.update(body);
+        Some(IdempotencyKey {
+            key: Arc::from(key),
+            fingerprint: hasher.finalize().into(),
+        })
+    }
+
+    /// The key as the client sent it.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The request's fingerprint, as 64 hexadecimal digits (how the stores keep it).
+    pub fn fingerprint(&self) -> String {
+        hex::encode(self.fingerprint)
     }
 }
 

@@ -5,6 +5,12 @@
 //! transaction, and adds the [`Reservation`](crate::Reservation) extension. A pool too small is answered
 //! `402 {"detail":"积分不足"}` with nothing written.
 //!
+//! A call with an [`IdempotencyKey`](crate::IdempotencyKey) (the client's `Idempotency-Key`
+//! header) is billed at most once per account and key: a retry while the first call runs gets
+//! `409`, a retry after it was billed gets its reply again, uncharged, marked
+//! [`IDEMPOTENT_REPLAYED_HEADER`]`: true`, the key reused for another request gets `422`, and a
+//! retry after a refund is a new call.
+//!
 //! ```
 //! use std::{convert::Infallible, sync::Arc};
 //! use bytes::Bytes;
@@ -45,13 +51,17 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::call::{RequestId, RoutedCall};
+use crate::call::{IdempotencyKey, RequestId, RoutedCall};
 use crate::error::GatewayError;
-use crate::store::{Caller, ChargeRequest, Ledger, ReserveError};
+use crate::store::{Caller, ChargeRequest, KeptReply, Ledger, ReserveError};
+
+/// The header on a reply given again for a retry with the same `Idempotency-Key` (uncharged),
+/// as Stripe names it.
+pub const IDEMPOTENT_REPLAYED_HEADER: &str = "idempotent-replayed";
 
 /// Configuration of [`CreditCharge`]: the ledger to charge.
 #[derive(Debug, Clone)]
@@ -123,6 +133,7 @@ where
         let caller = request.extensions().get::<Caller>().copied();
         let routed = request.extensions().get::<RoutedCall>().cloned();
         let request_id = request.extensions().get::<RequestId>().cloned();
+        let idempotency = request.extensions().get::<IdempotencyKey>().cloned();
         let ledger = self.ledger.clone();
         let mut inner = crate::macros::take_ready(&mut self.inner);
         ResponseFuture::new(async move {
@@ -137,6 +148,7 @@ where
                 model: &routed.model.name,
                 price: routed.model.price,
                 request_id: request_id.as_ref().map(RequestId::as_str),
+                idempotency: idempotency.as_ref(),
             };
             match ledger.reserve(charge).await {
                 Ok(reservation) => {
@@ -147,6 +159,16 @@ where
                     Ok(GatewayError::InsufficientCredits.into_response())
                 }
                 Err(ReserveError::KeyRevoked) => Ok(GatewayError::InvalidApiKey.into_response()),
+                Err(ReserveError::IdempotentCallRunning) => {
+                    Ok(GatewayError::IdempotentCallRunning.into_response())
+                }
+                Err(ReserveError::IdempotencyKeyReused) => {
+                    Ok(GatewayError::IdempotencyKeyReused.into_response())
+                }
+                Err(ReserveError::AlreadyAnswered(Some(reply))) => Ok(replayed(reply)),
+                Err(ReserveError::AlreadyAnswered(None)) => {
+                    Ok(GatewayError::IdempotentReplyNotKept.into_response())
+                }
                 Err(ReserveError::Store(error)) => {
                     tracing::error!(%error, "reservation failed; nothing charged");
                     Ok(GatewayError::StoreUnavailable.into_response())
@@ -154,4 +176,20 @@ where
             }
         })
     }
+}
+
+/// A kept reply given again, uncharged, marked as such.
+fn replayed<B: From<Bytes>>(reply: KeptReply) -> Response<B> {
+    crate::telemetry::replayed();
+    let mut response = Response::new(B::from(reply.body));
+    *response.status_mut() = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK);
+    let headers = response.headers_mut();
+    if let Some(content_type) = reply
+        .content_type
+        .and_then(|value| HeaderValue::from_str(&value).ok())
+    {
+        headers.insert(header::CONTENT_TYPE, content_type);
+    }
+    headers.insert(IDEMPOTENT_REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response
 }

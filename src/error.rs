@@ -112,6 +112,16 @@ pub enum GatewayError {
     /// An `Idempotency-Key` was sent again with a different request.
     #[error("the idempotency key was used for a different request")]
     IdempotencyKeyReused,
+    /// A call's `Idempotency-Key` header is empty, longer than 255 bytes or not visible ASCII.
+    #[error("the Idempotency-Key header is not 1 to 255 visible ASCII characters")]
+    InvalidIdempotencyKey,
+    /// A call with the same `Idempotency-Key` is still running; the client may retry shortly.
+    #[error("a call with this idempotency key is still running")]
+    IdempotentCallRunning,
+    /// The call with this `Idempotency-Key` was billed, but its reply was not kept (too large,
+    /// or the client left its stream), so it cannot be given again.
+    #[error("the call with this idempotency key was billed and its reply was not kept")]
+    IdempotentReplyNotKept,
 }
 
 impl GatewayError {
@@ -147,6 +157,13 @@ impl GatewayError {
             Self::InvalidField { field, reason } => format!("字段 {field} 无效: {reason}").into(),
             Self::BalanceOverflow => "积分将超过余额上限, 未发放".into(),
             Self::IdempotencyKeyReused => "Idempotency-Key 已用于另一个不同的请求".into(),
+            Self::InvalidIdempotencyKey => "Idempotency-Key 须为 1 到 255 个可见 ASCII 字符".into(),
+            Self::IdempotentCallRunning => {
+                "相同 Idempotency-Key 的请求仍在处理中, 请稍后重试".into()
+            }
+            Self::IdempotentReplyNotKept => {
+                "相同 Idempotency-Key 的请求已完成并计费, 但其回复未保存, 无法重放".into()
+            }
         }
     }
 
@@ -161,6 +178,7 @@ impl GatewayError {
             | Self::InvalidStreamField
             | Self::StreamingUnsupported
             | Self::InvalidQuery
+            | Self::InvalidIdempotencyKey
             | Self::UnreadableBody => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -178,6 +196,7 @@ impl GatewayError {
             Self::NoSuchAccount | Self::NoSuchKey => StatusCode::NOT_FOUND,
             Self::InvalidField { .. } | Self::BalanceOverflow => StatusCode::BAD_REQUEST,
             Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::IdempotentCallRunning | Self::IdempotentReplyNotKept => StatusCode::CONFLICT,
         }
     }
 
@@ -218,6 +237,9 @@ impl GatewayError {
             Self::InvalidField { .. } => "invalid_field",
             Self::BalanceOverflow => "balance_overflow",
             Self::IdempotencyKeyReused => "idempotency_key_reused",
+            Self::InvalidIdempotencyKey => "invalid_idempotency_key",
+            Self::IdempotentCallRunning => "idempotent_call_running",
+            Self::IdempotentReplyNotKept => "idempotent_reply_not_kept",
         }
     }
 
@@ -235,6 +257,19 @@ impl GatewayError {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
+            // The official SDKs retry a 409 after `Retry-After`, by when the first call may
+            // have ended and its reply can be given again.
+            Self::IdempotentCallRunning => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(1));
+            }
+            // Asking again cannot help; the SDKs honour `x-should-retry`.
+            Self::IdempotentReplyNotKept | Self::IdempotencyKeyReused => {
+                response
+                    .headers_mut()
+                    .insert("x-should-retry", HeaderValue::from_static("false"));
             }
             _ => {}
         }

@@ -14,7 +14,8 @@
 //!   still `pending` well after that bound belongs to no live call. [`recover_stale_reservations`]
 //!   refunds those.
 //!
-//! [`Upkeep`] runs both for a serving gateway, with the subscription periods' lapses.
+//! [`Upkeep`] runs both for a serving gateway, with the subscription periods' lapses and the
+//! forgetting of idempotency keys past their window.
 //!
 //! **A gateway that lost its lease** (it could not renew it for longer than its time to live,
 //! say the database was unreachable) takes a new one as soon as it can, and logs an error. Its
@@ -237,6 +238,15 @@ impl<S: Store + 'static> Upkeep<S> {
         }
         if let Err(error) = self.store.forget_ended_leases(Utc::now()).await {
             tracing::warn!(%error, "forgetting ended instance leases failed; will retry");
+        }
+        match self.store.forget_idempotent_calls(Utc::now()).await {
+            Ok(0) => {}
+            Ok(forgotten) => {
+                tracing::info!(forgotten, "idempotency keys past their window forgotten")
+            }
+            Err(error) => {
+                tracing::warn!(%error, "forgetting old idempotency keys failed; will retry")
+            }
         }
     }
 }

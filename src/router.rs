@@ -54,7 +54,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::BoxError;
-use crate::call::{Caller, KeyRules, RoutedCall};
+use crate::call::{Caller, IdempotencyKey, KeyRules, RoutedCall};
 use crate::catalogue::Catalogue;
 use crate::credits::Credits;
 use crate::error::GatewayError;
@@ -216,6 +216,14 @@ where
     let (mut parts, body) = request.into_parts();
     let payer = funds.zip(parts.extensions.get::<Caller>().copied());
     let (body, permit) = read_body(body, limits, declared_length, payer).await?;
+    if let Some(value) = parts.headers.get(IdempotencyKey::HEADER) {
+        let key = value
+            .to_str()
+            .ok()
+            .and_then(|key| IdempotencyKey::new(key, parts.uri.path(), &body))
+            .ok_or(GatewayError::InvalidIdempotencyKey)?;
+        parts.extensions.insert(key);
+    }
     let routed = route(catalogue, protocol, &body, streaming)?;
     if let Some(rules) = parts.extensions.get::<KeyRules>()
         && !rules.allows(&routed.model.name)

@@ -11,6 +11,7 @@
 //! | `mg_calls_total` | counter | `model`, `protocol`, `outcome` (`ok`, `refunded`) |
 //! | `mg_credits_charged_total`, `mg_credits_refunded_total` | counter | `model` |
 //! | `mg_refusals_total` | counter | `status`, `reason` (every `{"detail"}` answer) |
+//! | `mg_idempotent_replays_total` | counter | (replies given again, uncharged, for a retry with the same `Idempotency-Key`) |
 //! | `mg_upstream_attempts_total` | counter | `upstream`, `outcome` (`ok`, `retryable`, `rejected`) |
 //! | `mg_upstream_seconds` | histogram | `upstream` |
 //! | `mg_breaker_open` | gauge | `upstream` (1 open, 0 closed) |
@@ -90,6 +91,14 @@ pub(crate) fn refused(status: u16, reason: &'static str) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (status, reason);
+}
+
+/// A billed call's reply was given again for a retry with its idempotency key.
+pub(crate) fn replayed() {
+    #[cfg(feature = "metrics")]
+    if recording() {
+        metrics::counter!("mg_idempotent_replays_total").increment(1);
+    }
 }
 
 /// One attempt on one upstream ended with `outcome` after `seconds`.

@@ -474,6 +474,7 @@ async fn calls_are_paged_newest_first_and_filtered_by_status_and_model() {
             price: Credits::new(CHAT_PRICE),
             request_id: None,
             at: chrono::Utc::now(),
+            idempotency: None,
         })
         .await
         .unwrap();

@@ -721,6 +721,7 @@ async fn reserve(db: &TestDb, key: &str) -> Reservation {
             price: Credits::new(CHAT_PRICE),
             request_id: None,
             at: chrono::Utc::now(),
+            idempotency: None,
         })
         .await
         .unwrap()

@@ -42,6 +42,7 @@ async fn reserve(store: &dyn Ledger, caller: Caller) -> Reservation {
             price: Credits::new(CHAT_PRICE),
             request_id: None,
             at: Utc::now(),
+            idempotency: None,
         })
         .await
         .unwrap()

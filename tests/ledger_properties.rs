@@ -1,9 +1,10 @@
 //! Model-based property tests of the ledger: random sequences of grants (subscription credits
 //! with or without a period), reservations, settles, refunds, repeated refunds, key
 //! revocations, the clock moving on and ended periods lapsing, alone or in bursts that the
-//! database applies as one group-commit batch, applied to the in-memory model and to a database
-//! backend. After every step both agree on every outcome and balance, and the database's audit
-//! holds.
+//! database applies as one group-commit batch, and calls with idempotency keys (retries of the
+//! same request, the key reused for another, replies kept with the settle, keys forgotten past
+//! their window), applied to the in-memory model and to a database backend. After every step
+//! both agree on every outcome and balance, and the database's audit holds.
 
 // Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
 // through `pub` items of their own modules.
@@ -14,10 +15,14 @@ mod common;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use common::*;
 use model_gateway::store::Grant;
+use model_gateway::store::{IdempotencyKey, KeptReply};
 use model_gateway::{
     AccountId, Bucket, CallFailure, CallId, CallSuccess, Caller, ChargeRequest, Credits, KeyId,
     MemoryStore, NewApiKey, Protocol, ReserveError, Store,
 };
+
+/// How long an idempotency key holds in these runs: a few ticks of the clock.
+const WINDOW: std::time::Duration = std::time::Duration::from_secs(45);
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -39,10 +44,16 @@ enum Op {
         account: usize,
         key: usize,
         price: i64,
+        /// An idempotency key (one of three) and which of two request bodies it comes with.
+        idempotency: Option<(u8, u8)>,
     },
     Settle {
         nth: usize,
+        /// Whether the settle keeps a reply (as it does for a keyed call).
+        reply: bool,
     },
+    /// Idempotency records past their window are deleted.
+    Forget,
     Refund {
         nth: usize,
     },
@@ -58,10 +69,31 @@ enum Op {
 /// A write the committer applies: a reservation, a settle or a refund.
 fn ledger_write() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..2usize, 0..2usize, 1..15i64)
-            .prop_map(|(account, key, price)| Op::Reserve { account, key, price }),
-        2 => (0..64usize).prop_map(|nth| Op::Settle { nth }),
+        3 => (0..2usize, 0..2usize, 1..15i64).prop_map(|(account, key, price)| Op::Reserve {
+            account,
+            key,
+            price,
+            idempotency: None
+        }),
+        2 => (0..64usize).prop_map(|nth| Op::Settle { nth, reply: false }),
         2 => (0..64usize).prop_map(|nth| Op::Refund { nth }),
+    ]
+}
+
+/// A keyed reservation or a settle that keeps its reply. These take a transaction of their own
+/// on a database, outside the group commit, so they are never part of a burst (whose order
+/// against them the model could not know).
+fn keyed_write() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0..2usize, 0..2usize, 1..15i64, 0..3u8, 0..2u8).prop_map(
+            |(account, key, price, idem, body)| Op::Reserve {
+                account,
+                key,
+                price,
+                idempotency: Some((idem, body)),
+            }
+        ),
+        2 => (0..64usize).prop_map(|nth| Op::Settle { nth, reply: true }),
     ]
 }
 
@@ -76,6 +108,8 @@ fn op() -> impl Strategy<Value = Op> {
             }
         ),
         7 => ledger_write(),
+        4 => keyed_write(),
+        1 => Just(Op::Forget),
         1 => (0..2usize, 0..2usize).prop_map(|(account, key)| Op::Revoke { account, key }),
         1 => (1..20u8).prop_map(|seconds| Op::Tick { seconds }),
         1 => Just(Op::Lapse),
@@ -163,6 +197,10 @@ impl<'a> Side<'a> {
                 lapsed.sort();
                 format!("lapsed {lapsed:?}")
             }
+            Op::Forget => {
+                let forgotten = self.store.forget_idempotent_calls(self.now).await.unwrap();
+                format!("forgot {forgotten}")
+            }
             Op::Revoke { account, key } => {
                 let hash = self.keys[*account][*key].1.hash();
                 format!("revoked {}", self.store.revoke_key(&hash).await.unwrap())
@@ -191,7 +229,13 @@ impl<'a> Side<'a> {
                 account,
                 key,
                 price,
+                idempotency,
             } => {
+                let idempotency = idempotency.map(|(idem, body)| {
+                    let body = format!("{{\"body\":{body}}}");
+                    IdempotencyKey::new(&format!("key-{idem}"), "/v1/messages", body.as_bytes())
+                        .unwrap()
+                });
                 let request = ChargeRequest {
                     caller: Caller {
                         account: self.accounts[account],
@@ -202,6 +246,7 @@ impl<'a> Side<'a> {
                     price: Credits::new(price),
                     request_id: None,
                     at: self.now,
+                    idempotency: idempotency.as_ref(),
                 };
                 match self.store.reserve(request).await {
                     Ok(reservation) => (
@@ -210,16 +255,26 @@ impl<'a> Side<'a> {
                     ),
                     Err(ReserveError::InsufficientCredits) => ("insufficient".to_owned(), None),
                     Err(ReserveError::KeyRevoked) => ("key revoked".to_owned(), None),
+                    Err(ReserveError::IdempotentCallRunning) => ("running".to_owned(), None),
+                    Err(ReserveError::IdempotencyKeyReused) => ("key reused".to_owned(), None),
+                    Err(ReserveError::AlreadyAnswered(reply)) => {
+                        (format!("replay {reply:?}"), None)
+                    }
                     Err(ReserveError::Store(error)) => panic!("store failed: {error}"),
                 }
             }
             Op::Settle { .. } | Op::Refund { .. } if self.calls.is_empty() => {
                 ("no call yet".to_owned(), None)
             }
-            Op::Settle { nth } => {
-                let call = self.calls[nth % self.calls.len()];
+            Op::Settle { nth, reply } => {
+                let index = nth % self.calls.len();
+                let call = self.calls[index];
+                let body = format!("{{\"reply\":{index}}}").into();
                 let success = CallSuccess {
                     upstream_status: 200,
+                    reply: reply
+                        .then(|| KeptReply::new(200, Some("application/json".into()), body))
+                        .flatten(),
                     ..CallSuccess::default()
                 };
                 let settled = self.store.settle(call, success).await.unwrap();
@@ -248,9 +303,10 @@ impl<'a> Side<'a> {
 }
 
 async fn run_against_model(db: &TestDb, ops: &[Op]) {
-    let model = MemoryStore::new();
+    let model = MemoryStore::new().with_idempotency_window(WINDOW);
+    let store = db.store.as_ref().clone().with_idempotency_window(WINDOW);
     let mut expected = Side::new(&model).await;
-    let mut actual = Side::new(db.store.as_ref()).await;
+    let mut actual = Side::new(&store).await;
     for (step, op) in ops.iter().enumerate() {
         let want = expected.apply(op).await;
         let got = actual.apply(op).await;

@@ -65,6 +65,7 @@ async fn reserve(
             price: Credits::new(price),
             request_id: None,
             at,
+            idempotency: None,
         })
         .await
 }

@@ -69,6 +69,7 @@ async fn usage_counts_billed_calls_per_model(db: &TestDb) {
                 price: Credits::new(price),
                 request_id: None,
                 at: Utc::now(),
+                idempotency: None,
             })
             .await
             .unwrap();

@@ -32,7 +32,7 @@ use crate::error::{GatewayError, UpstreamError};
 use crate::protocol::sse::{EventKind, EventSplitter, StreamReader, error_event};
 use crate::protocol::{Protocol, TokenUsage};
 use crate::reply::EventStream;
-use crate::store::{CallFailure, CallSuccess};
+use crate::store::{CallFailure, CallSuccess, KeptReply, MAX_KEPT_REPLY_BYTES};
 
 /// What a refund records when the client left a stream before any content reached it.
 pub const CLIENT_LEFT_BEFORE_CONTENT: &str =
@@ -135,6 +135,9 @@ pub(super) struct BilledStream {
     /// The outcome being written, then the last bytes to send, if any.
     finishing: Option<Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>>,
     done: bool,
+    /// For a keyed call, the events passed on so far, kept with the settle for its retries;
+    /// `None` when not kept (no key, or past [`MAX_KEPT_REPLY_BYTES`]).
+    kept: Option<BytesMut>,
 }
 
 impl BilledStream {
@@ -163,6 +166,25 @@ impl BilledStream {
             deadline: Box::pin(tokio::time::sleep_until(now + limits.deadline)),
             finishing: None,
             done: false,
+            kept: None,
+        }
+    }
+
+    /// Keeps the events passed on, so that the settle can store them for the call's retries.
+    pub(super) fn keep_reply(&mut self) {
+        self.kept = Some(BytesMut::new());
+    }
+
+    fn keep(&mut self, forwarded: &[u8]) {
+        if let Some(kept) = &mut self.kept {
+            if kept.len() + forwarded.len() > MAX_KEPT_REPLY_BYTES {
+                tracing::warn!(
+                    "a keyed call's stream is too long to keep; a retry will be told it was billed"
+                );
+                self.kept = None;
+            } else {
+                kept.extend_from_slice(forwarded);
+            }
         }
     }
 
@@ -224,6 +246,9 @@ impl BilledStream {
         while let Some(event) = self.splitter.next_event() {
             self.idle.as_mut().reset(Instant::now() + self.limits.idle);
             let kind = self.reader.read(&event);
+            if !matches!(kind, EventKind::Error(_)) {
+                self.keep(&event);
+            }
             if let EventKind::Error(message) = kind {
                 self.fail(format!("the provider sent an error event: {message}"));
                 break;
@@ -268,7 +293,11 @@ impl BilledStream {
     /// The stream ended normally: settle, then end the client's stream.
     fn settle(&mut self) {
         self.upstream = None;
-        let success = self.success_so_far();
+        let mut success = self.success_so_far();
+        success.reply = self.kept.take().and_then(|kept| {
+            let event_stream = Some("text/event-stream".to_owned());
+            KeptReply::new(self.success.upstream_status, event_stream, kept.freeze())
+        });
         let Some(mut guard) = self.guard.take() else {
             return;
         };

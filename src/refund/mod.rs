@@ -36,7 +36,7 @@
 //! let account = store.create_account("demo").await.unwrap();
 //! store.grant(account, Bucket::Subscription, Credits::new(5)).await.unwrap();
 //! let caller = Caller { account, key: KeyId(1) };
-//! let charge = ChargeRequest { caller, protocol: Protocol::Messages, model: "m", price: Credits::new(5), request_id: None, at: chrono::Utc::now() };
+//! let charge = ChargeRequest { caller, protocol: Protocol::Messages, model: "m", price: Credits::new(5), request_id: None, at: chrono::Utc::now(), idempotency: None };
 //! let reservation = store.reserve(charge).await.unwrap();
 //!
 //! let failing_upstream = service_fn(|_: Request<Bytes>| async {

@@ -15,13 +15,13 @@ use tower_service::Service;
 use super::body::{BilledStream, ResponseBody, StreamLimits};
 use super::guard::{Meter, UnsettledCall};
 use super::layer::RefundOnUpstreamErrorLayer;
-use crate::call::{Reservation, RoutedCall, ServedBy};
+use crate::call::{IdempotencyKey, Reservation, RoutedCall, ServedBy};
 use crate::classify::complete_reply;
 use crate::error::{GatewayError, UpstreamError};
 use crate::protocol::Protocol;
 use crate::protocol::TokenUsage;
 use crate::reply::{EventStream, Inner, UpstreamBody};
-use crate::store::{CallFailure, CallSuccess, Ledger};
+use crate::store::{CallFailure, CallSuccess, KeptReply, Ledger};
 
 /// Middleware around the upstream that turns its outcome into a settle or a refund.
 pub struct RefundOnUpstreamError<U> {
@@ -131,6 +131,8 @@ where
                 };
                 UnsettledCall::new(self.ledger.clone(), reservation.call, meter)
             });
+        // A keyed call's reply is kept with its settle, for the client's retries.
+        let keep_reply = request.extensions().get::<IdempotencyKey>().is_some();
         let not_ready = self.not_ready.take();
         let bound = self.upstream_bound;
         let limits = self.stream_limits;
@@ -159,11 +161,16 @@ where
                 ))),
             };
             match judge(outcome) {
-                Ok(Judged::Complete(reply, success)) => match unsettled.settle(success).await {
-                    Ok(()) => Ok(reply.map(ResponseBody::from)),
-                    // Not billed, so the reply is not handed out either.
-                    Err(unbilled) => Ok(unbilled.into_response()),
-                },
+                Ok(Judged::Complete(reply, mut success)) => {
+                    if keep_reply {
+                        success.reply = kept(&reply);
+                    }
+                    match unsettled.settle(success).await {
+                        Ok(()) => Ok(reply.map(ResponseBody::from)),
+                        // Not billed, so the reply is not handed out either.
+                        Err(unbilled) => Ok(unbilled.into_response()),
+                    }
+                }
                 Ok(Judged::Stream(mut parts, events, success)) => {
                     let Some(protocol) = protocol else {
                         tracing::error!(
@@ -177,7 +184,11 @@ where
                         return Ok(GatewayError::Misconfigured.into_response());
                     };
                     event_stream_headers(&mut parts.headers);
-                    let stream = BilledStream::new(events, protocol, unsettled, success, limits);
+                    let mut stream =
+                        BilledStream::new(events, protocol, unsettled, success, limits);
+                    if keep_reply {
+                        stream.keep_reply();
+                    }
                     Ok(Response::from_parts(parts, ResponseBody::stream(stream)))
                 }
                 Err((failure, client_message)) => {
@@ -197,6 +208,23 @@ where
             }
         })
     }
+}
+
+/// A complete reply to keep for an idempotent call's retries (`None` if too large).
+fn kept(reply: &Response<Bytes>) -> Option<KeptReply> {
+    let content_type = reply
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let kept = KeptReply::new(reply.status().as_u16(), content_type, reply.body().clone());
+    if kept.is_none() {
+        tracing::warn!(
+            bytes = reply.body().len(),
+            "a keyed call's reply is too large to keep; a retry will be told it was billed"
+        );
+    }
+    kept
 }
 
 /// The headers of a stream passed on: an event stream, never cached or buffered on the way.
@@ -267,6 +295,7 @@ fn judge(
         upstream_status: status.as_u16(),
         usage,
         channel,
+        reply: None,
     };
     match body.into_inner() {
         Inner::Complete(body) => {

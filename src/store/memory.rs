@@ -10,8 +10,9 @@ use chrono::{DateTime, Utc};
 use super::{
     AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, ActiveKey, BalanceOverflow,
     CallFailure, CallId, CallLog, CallQuery, CallRecord, CallStatus, CallSuccess, Caller,
-    ChargeRequest, DailyUsage, Grant, Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules,
-    KeyStore, Lapse, Ledger, Reservation, ReserveError, StoreError, Sums, check_grant_amount,
+    ChargeRequest, DEFAULT_IDEMPOTENCY_WINDOW, DailyUsage, Grant, Granted, IdempotencyKeyReused,
+    KeptReply, KeyId, KeyInfo, KeyRules, KeyStore, KeyedCall, KeyedDecision, Lapse, Ledger,
+    Reservation, ReserveError, StoreError, Sums, check_grant_amount, decide_keyed,
 };
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
@@ -31,6 +32,20 @@ struct State {
     key_rows: BTreeMap<KeyId, KeyInfo>,
     calls: Vec<CallRecord>,
     next_key: i64,
+    /// Idempotency records by account and key.
+    keyed: HashMap<(AccountId, String), KeyedRow>,
+    /// Which record names each keyed call.
+    keyed_by_call: HashMap<CallId, (AccountId, String)>,
+    /// How long a key holds; `None`: [`DEFAULT_IDEMPOTENCY_WINDOW`].
+    idempotency_window: Option<std::time::Duration>,
+}
+
+#[derive(Debug)]
+struct KeyedRow {
+    fingerprint: String,
+    call: CallId,
+    created_at: DateTime<Utc>,
+    reply: Option<KeptReply>,
 }
 
 #[derive(Debug)]
@@ -75,6 +90,27 @@ impl State {
 
     /// Whether the key was revoked (a key this store never saw is not: tests and examples
     /// charge made-up callers).
+    fn call(&self, call: CallId) -> Option<&CallRecord> {
+        let index = usize::try_from(call.0).ok()?.checked_sub(1)?;
+        self.calls.get(index)
+    }
+
+    fn idempotency_window(&self) -> std::time::Duration {
+        self.idempotency_window
+            .unwrap_or(DEFAULT_IDEMPOTENCY_WINDOW)
+    }
+
+    /// What a keyed call found under its key.
+    fn keyed_call(&self, account: AccountId, key: &str) -> Option<KeyedCall> {
+        let row = self.keyed.get(&(account, key.to_owned()))?;
+        Some(KeyedCall {
+            fingerprint: row.fingerprint.clone(),
+            status: self.call(row.call)?.status,
+            created_at: row.created_at,
+            reply: row.reply.clone(),
+        })
+    }
+
     fn key_revoked(&self, key: KeyId) -> bool {
         self.key_rows
             .get(&key)
@@ -86,6 +122,13 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> MemoryStore {
         MemoryStore::default()
+    }
+
+    /// The same store holding idempotency keys for `window` after their call (default
+    /// [`DEFAULT_IDEMPOTENCY_WINDOW`]).
+    pub fn with_idempotency_window(self, window: std::time::Duration) -> MemoryStore {
+        self.lock().idempotency_window = Some(window);
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -131,6 +174,13 @@ impl Ledger for MemoryStore {
             return Err(ReserveError::KeyRevoked);
         }
         let account = request.caller.account;
+        if let Some(key) = request.idempotency {
+            let found = state.keyed_call(account, key.key());
+            let window = state.idempotency_window();
+            if let KeyedDecision::Answer(answer) = decide_keyed(found, key, request.at, window) {
+                return Err(answer);
+            }
+        }
         let ends_at = state
             .accounts
             .get(&account)
@@ -165,6 +215,19 @@ impl Ledger for MemoryStore {
             finished_at: None,
             request_id: request.request_id.map(str::to_owned),
         });
+        if let Some(key) = request.idempotency {
+            let name = (account, key.key().to_owned());
+            let row = KeyedRow {
+                fingerprint: key.fingerprint(),
+                call,
+                created_at: request.at,
+                reply: None,
+            };
+            if let Some(replaced) = state.keyed.insert(name.clone(), row) {
+                state.keyed_by_call.remove(&replaced.call);
+            }
+            state.keyed_by_call.insert(call, name);
+        }
         Ok(Reservation {
             call,
             account,
@@ -183,7 +246,34 @@ impl Ledger for MemoryStore {
         record.input_tokens = success.usage.input_tokens;
         record.output_tokens = success.usage.output_tokens;
         record.finished_at = Some(Utc::now());
+        if let Some(name) = state.keyed_by_call.get(&call).cloned()
+            && let Some(row) = state.keyed.get_mut(&name)
+        {
+            row.reply = success.reply;
+        }
         Ok(true)
+    }
+
+    async fn forget_idempotent_calls(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let mut state = self.lock();
+        let window =
+            chrono::Duration::from_std(state.idempotency_window()).unwrap_or(chrono::Duration::MAX);
+        let expired: Vec<_> = state
+            .keyed
+            .iter()
+            .filter(|(_, row)| {
+                row.created_at + window <= now
+                    && state
+                        .call(row.call)
+                        .is_some_and(|call| call.status != CallStatus::Pending)
+            })
+            .map(|(name, row)| (name.clone(), row.call))
+            .collect();
+        for (name, call) in &expired {
+            state.keyed.remove(name);
+            state.keyed_by_call.remove(call);
+        }
+        Ok(expired.len() as u64)
     }
 
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {

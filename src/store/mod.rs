@@ -26,10 +26,14 @@ use crate::keys::KeyHash;
 use crate::protocol::Protocol;
 pub use crate::protocol::TokenUsage;
 
+mod idempotency;
 mod memory;
 mod records;
 mod sea;
 
+pub use crate::call::IdempotencyKey;
+pub use idempotency::{DEFAULT_IDEMPOTENCY_WINDOW, KeptReply, MAX_KEPT_REPLY_BYTES};
+pub(crate) use idempotency::{KeyedCall, KeyedDecision, decide as decide_keyed};
 pub use memory::MemoryStore;
 pub use records::{
     AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted,
@@ -52,6 +56,9 @@ pub struct ChargeRequest<'a> {
     pub request_id: Option<&'a str>,
     /// When the call is made: a subscription whose period ended by then is not spent.
     pub at: DateTime<Utc>,
+    /// The call's idempotency key, if the client sent one: at most one call per account and
+    /// key is billed (see [`Ledger::reserve`]).
+    pub idempotency: Option<&'a IdempotencyKey>,
 }
 
 /// A successful upstream call, recorded when it is settled.
@@ -63,6 +70,10 @@ pub struct CallSuccess {
     pub usage: TokenUsage,
     /// The catalogue upstream (channel) that served the call, when the upstream says.
     pub channel: Option<String>,
+    /// For a call with an idempotency key, the reply to keep for its retries: written in the
+    /// settle's transaction, so it is kept exactly when the call is billed. `None` keeps none
+    /// (a retry is then told the call was billed, and is not billed again).
+    pub reply: Option<KeptReply>,
 }
 
 /// A failed upstream call, recorded when it is refunded; for the operator, never for the client.
@@ -169,6 +180,16 @@ pub enum ReserveError {
     /// revoked key spend.
     #[error("the API key is revoked")]
     KeyRevoked,
+    /// The idempotency key's call is still running.
+    #[error("a call with this idempotency key is still running")]
+    IdempotentCallRunning,
+    /// The idempotency key was used for a different request (path or body) within the window.
+    #[error("the idempotency key was used for a different request")]
+    IdempotencyKeyReused,
+    /// The idempotency key's call was billed: its reply, to answer again uncharged (`None`: it
+    /// was not kept, being too large or the client having left a stream).
+    #[error("the call with this idempotency key was already answered")]
+    AlreadyAnswered(Option<KeptReply>),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -206,6 +227,14 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// spend the same credit, whatever the concurrency. Refuses with
     /// [`ReserveError::KeyRevoked`], writing nothing, when the caller's key is no longer active,
     /// checked in the same transaction.
+    ///
+    /// With an [`idempotency`](ChargeRequest::idempotency) key, the key's record is read and
+    /// written in the same transaction, so at most one call per account and key is billed
+    /// within the store's window ([`DEFAULT_IDEMPOTENCY_WINDOW`]): a retry is answered with
+    /// [`ReserveError::IdempotentCallRunning`], [`ReserveError::AlreadyAnswered`] or
+    /// [`ReserveError::IdempotencyKeyReused`], reserving nothing; a key whose call was refunded
+    /// reserves anew. The rule is in the module `store::idempotency`; a store of an embedder's
+    /// that ignores the key bills every retry.
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError>;
 
     /// Marks a `pending` call `ok`. Returns `false`, changing nothing, if it was not pending.
@@ -223,6 +252,14 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// entry no longer `pending` asks this to learn whether the call was billed (an earlier
     /// attempt whose answer was lost) or refunded meanwhile.
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError>;
+
+    /// Deletes the idempotency records older than the store's window at `now` whose calls are
+    /// no longer `pending`; returns how many. Run now and then (as [`Upkeep`](crate::Upkeep)
+    /// does) to bound their storage.
+    async fn forget_idempotent_calls(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let _ = now;
+        Ok(0)
+    }
 
     /// Calls still `pending` that were reserved before `cutoff`, oldest first, at most `limit`,
     /// leaving out those whose instance's lease still holds ([`Leases`]): a live instance's

@@ -47,6 +47,7 @@ mod batches;
 mod entity;
 mod flush;
 mod group_commit;
+mod idempotent;
 mod jobs;
 mod key_cache;
 mod leases;
@@ -89,6 +90,8 @@ pub struct SeaOrmStore {
     postgres_flusher: bool,
     /// The instance lease this store's reservations record, shared by its clones.
     lease: Arc<leases::HeldLease>,
+    /// How long an idempotency key holds after its call.
+    idempotency_window: std::time::Duration,
 }
 
 impl From<DbErr> for StoreError {
@@ -147,6 +150,7 @@ impl SeaOrmStore {
             sqlite_file,
             postgres_flusher,
             lease: Arc::default(),
+            idempotency_window: super::DEFAULT_IDEMPOTENCY_WINDOW,
         })
     }
 
@@ -170,6 +174,7 @@ impl SeaOrmStore {
             sqlite_file: self.sqlite_file,
             postgres_flusher: self.postgres_flusher,
             lease: self.lease,
+            idempotency_window: self.idempotency_window,
         })
     }
 
@@ -180,6 +185,14 @@ impl SeaOrmStore {
 
     async fn begin_write(&self) -> Result<DatabaseTransaction, DbErr> {
         begin_write(&self.db).await
+    }
+
+    /// The same store holding idempotency keys for `window` after their call (default
+    /// [`DEFAULT_IDEMPOTENCY_WINDOW`](super::DEFAULT_IDEMPOTENCY_WINDOW)). Gateways sharing a
+    /// database should agree on it.
+    pub fn with_idempotency_window(mut self, window: std::time::Duration) -> SeaOrmStore {
+        self.idempotency_window = window;
+        self
     }
 
     /// The same store trusting remembered keys' rules for `ttl` (default five seconds): how
@@ -419,7 +432,10 @@ impl Ledger for SeaOrmStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
         let mut charge = OwnedCharge::from(request);
         charge.instance = self.lease.current();
-        let reserved = self.committer.reserve(charge).await;
+        let reserved = match request.idempotency {
+            Some(key) => idempotent::reserve(&self.db, charge, key, self.idempotency_window).await,
+            None => self.committer.reserve(charge).await,
+        };
         if let Err(ReserveError::KeyRevoked) = reserved {
             self.keys.forget_id(request.caller.key);
         }
@@ -427,7 +443,14 @@ impl Ledger for SeaOrmStore {
     }
 
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
+        if success.reply.is_some() {
+            return idempotent::settle(&self.db, call, success).await;
+        }
         self.committer.settle(call, success).await
+    }
+
+    async fn forget_idempotent_calls(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {
+        idempotent::forget(&self.db, now, self.idempotency_window).await
     }
 
     async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {

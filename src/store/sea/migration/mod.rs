@@ -13,6 +13,7 @@ mod m20261123_000001_add_call_request_id;
 mod m20261123_000002_key_rules_and_grant_records;
 mod m20261123_000003_subscription_periods;
 mod m20261123_000004_instance_leases;
+mod m20261123_000005_idempotent_calls;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -33,6 +34,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000002_key_rules_and_grant_records::Migration),
             Box::new(m20261123_000003_subscription_periods::Migration),
             Box::new(m20261123_000004_instance_leases::Migration),
+            Box::new(m20261123_000005_idempotent_calls::Migration),
         ]
     }
 
