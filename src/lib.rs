@@ -113,14 +113,14 @@ pub mod telemetry;
 pub mod upstream;
 
 pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
-pub use call::{KeyRules, RequestId, RoutedCall};
+pub use call::{IdempotencyKey, KeyRules, RequestId, RoutedCall};
 pub use catalogue::{
     Catalogue, CatalogueError, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
     DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STREAM_DEADLINE,
     DEFAULT_STREAM_IDLE_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE, ModelChannel,
     ModelRoute, UpstreamConfig, UpstreamKind,
 };
-pub use charge::{CreditCharge, CreditChargeLayer};
+pub use charge::{CreditCharge, CreditChargeLayer, IDEMPOTENT_REPLAYED_HEADER};
 pub use credits::{Balance, Bucket, Credits, Split};
 pub use error::{GatewayError, UpstreamError};
 #[cfg(feature = "api")]
@@ -142,9 +142,10 @@ pub use router::{
 };
 pub use store::{
     AccountAudit, AccountId, Accounts, ActiveKey, BalanceOverflow, CallFailure, CallId, CallLog,
-    CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_MAX_BATCH,
-    GroupCommitStats, KeyId, KeyStore, LeaseId, Leases, Ledger, MemoryStore, Migrator, Reservation,
-    ReserveError, SeaOrmStore, Store, StoreError, Sums, TokenUsage,
+    CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_IDEMPOTENCY_WINDOW,
+    DEFAULT_MAX_BATCH, GroupCommitStats, KeptReply, KeyId, KeyStore, LeaseId, Leases, Ledger,
+    MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store, StoreError, Sums,
+    TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
 pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};

@@ -1,0 +1,368 @@
+//! Idempotency keys on calls, through the gateway over real HTTP: a call with an
+//! `Idempotency-Key` is billed at most once per account and key. A retry while it runs gets
+//! 409, a retry after it was billed gets the same reply again uncharged (marked
+//! `idempotent-replayed: true`), the key reused for another request gets 422, and a retry after
+//! a refund runs as a new call; on `SQLite`, `PostgreSQL` and `MariaDB`, and across two gateway
+//! instances sharing the database.
+
+// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
+// through `pub` items of their own modules.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::fake_provider::{FakeProvider, Fault};
+use common::*;
+use model_gateway::recovery::Upkeep;
+use model_gateway::{
+    CallStatus, Catalogue, DEFAULT_MAX_BODY_BYTES, IDEMPOTENT_REPLAYED_HEADER, MockUpstream,
+    Upstream,
+};
+use sea_orm::ConnectionTrait;
+
+/// A keyed POST and everything the test looks at in its answer.
+struct Keyed {
+    status: u16,
+    bytes: bytes::Bytes,
+    content_type: Option<String>,
+    replayed: bool,
+    headers: reqwest::header::HeaderMap,
+}
+
+impl Keyed {
+    fn detail(&self) -> String {
+        let body: serde_json::Value = serde_json::from_slice(&self.bytes).unwrap();
+        body["detail"].as_str().unwrap().to_owned()
+    }
+}
+
+async fn keyed(gateway: &Gateway, path: &str, key: &str, idem: &str, body: &str) -> Keyed {
+    keyed_on(
+        &gateway.client,
+        &gateway.base,
+        path,
+        key,
+        idem,
+        body.to_owned(),
+    )
+    .await
+}
+
+async fn keyed_on(
+    client: &reqwest::Client,
+    base: &str,
+    path: &str,
+    key: &str,
+    idem: &str,
+    body: String,
+) -> Keyed {
+    let response = client
+        .post(format!("{base}{path}"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", idem)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let headers = response.headers().clone();
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .map(|value| value.to_str().unwrap().to_owned())
+    };
+    Keyed {
+        status: response.status().as_u16(),
+        content_type: header("content-type"),
+        replayed: header(IDEMPOTENT_REPLAYED_HEADER).as_deref() == Some("true"),
+        headers: headers.clone(),
+        bytes: response.bytes().await.unwrap(),
+    }
+}
+
+/// How many idempotency records the database holds.
+async fn records(db: &TestDb) -> i64 {
+    let connection = db.store.connection();
+    let row = connection
+        .query_one_raw(sea_orm::Statement::from_string(
+            connection.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM mg_idempotent_calls",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index::<i64>(0).unwrap()
+}
+
+#[tokio::test]
+async fn a_retry_after_a_billed_call_gets_the_same_reply_again_uncharged() {
+    each_database(async |db| {
+        let gateway = start_mock_gateway(db).await;
+        let key = db.funded_key(0, 20).await;
+        for (path, body, price) in [
+            (CHAT, chat_body(CHAT_MODEL), CHAT_PRICE),
+            (MESSAGES, messages_body(MESSAGES_MODEL), MESSAGES_PRICE),
+        ] {
+            let idem = format!("retry-{path}");
+            let before = db.balance(&key).await.total().get();
+            let first = keyed(&gateway, path, &key, &idem, &body).await;
+            assert_eq!(first.status, 200, "{:?}", first.bytes);
+            assert!(!first.replayed);
+            for _ in 0..2 {
+                let again = keyed(&gateway, path, &key, &idem, &body).await;
+                assert_eq!(again.status, 200);
+                assert!(again.replayed, "a replay is marked");
+                assert_eq!(again.bytes, first.bytes, "the same reply, byte for byte");
+                assert_eq!(again.content_type, first.content_type);
+            }
+            assert_eq!(db.balance(&key).await.total().get(), before - price);
+        }
+        let calls = db.calls(&key).await;
+        assert_eq!(calls.len(), 2, "one entry per key: {calls:?}");
+        assert!(calls.iter().all(|call| call.status == CallStatus::Ok));
+        db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_key_reused_for_another_request_is_422_and_uncharged() {
+    each_database(async |db| {
+        let gateway = start_mock_gateway(db).await;
+        let key = db.funded_key(0, 20).await;
+        let first = keyed(&gateway, CHAT, &key, "k1", &chat_body(CHAT_MODEL)).await;
+        assert_eq!(first.status, 200);
+        let other_body = chat_body(CHAT_MODEL).replace("Hello", "Goodbye");
+        assert_ne!(other_body, chat_body(CHAT_MODEL));
+        // Another body, or the same key on the other endpoint.
+        for (path, body) in [
+            (CHAT, other_body),
+            (MESSAGES, messages_body(MESSAGES_MODEL)),
+        ] {
+            let reused = keyed(&gateway, path, &key, "k1", &body).await;
+            assert_eq!(reused.status, 422);
+            assert_eq!(reused.detail(), "Idempotency-Key 已用于另一个不同的请求");
+            assert_eq!(reused.headers["x-should-retry"], "false");
+        }
+        assert_eq!(db.balance(&key).await.total().get(), 20 - CHAT_PRICE);
+        assert_eq!(db.calls(&key).await.len(), 1);
+        // Keys are per account: another account may use the same one.
+        let other = db.funded_key(0, 20).await;
+        let theirs = keyed(
+            &gateway,
+            MESSAGES,
+            &other,
+            "k1",
+            &messages_body(MESSAGES_MODEL),
+        )
+        .await;
+        assert_eq!(theirs.status, 200);
+        assert!(!theirs.replayed);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_key_that_is_empty_too_long_or_not_ascii_is_a_400_and_uncharged() {
+    let db = sqlite_db().await;
+    let gateway = start_mock_gateway(&db).await;
+    let key = db.funded_key(0, 20).await;
+    for idem in [
+        String::new(),
+        "k".repeat(256),
+        "a key".into(),
+        "ключ".into(),
+    ] {
+        let refused = keyed(&gateway, CHAT, &key, &idem, &chat_body(CHAT_MODEL)).await;
+        assert_eq!(refused.status, 400, "{idem:?}");
+        assert_eq!(
+            refused.detail(),
+            "Idempotency-Key 须为 1 到 255 个可见 ASCII 字符"
+        );
+    }
+    let longest = keyed(
+        &gateway,
+        CHAT,
+        &key,
+        &"k".repeat(255),
+        &chat_body(CHAT_MODEL),
+    )
+    .await;
+    assert_eq!(longest.status, 200);
+    assert_eq!(db.balance(&key).await.total().get(), 20 - CHAT_PRICE);
+}
+
+/// A gateway whose chat model is served by `provider`.
+async fn provider_gateway(db: &TestDb, provider: &FakeProvider) -> Gateway {
+    let toml = one_upstream_toml("fake", &format!("{}/v1", provider.base), "K", "");
+    http_gateway(db, Catalogue::from_toml(&toml).unwrap()).await
+}
+
+const CHAT_REPLY: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+
+#[tokio::test]
+async fn a_retry_while_the_call_runs_is_409_then_gets_the_reply() {
+    let db = sqlite_db().await;
+    let provider = FakeProvider::start().await;
+    provider.then(Fault::json(200, CHAT_REPLY).after(Duration::from_millis(800)));
+    let gateway = provider_gateway(&db, &provider).await;
+    let key = db.funded_key(0, 20).await;
+    let body = chat_body(CHAT_MODEL);
+    let first = {
+        let (client, base, key, body) = (
+            gateway.client.clone(),
+            gateway.base.clone(),
+            key.clone(),
+            body.clone(),
+        );
+        tokio::spawn(async move { keyed_on(&client, &base, CHAT, &key, "slow", body).await })
+    };
+    while provider.requests() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let running = keyed(&gateway, CHAT, &key, "slow", &body).await;
+    assert_eq!(running.status, 409);
+    assert_eq!(
+        running.detail(),
+        "相同 Idempotency-Key 的请求仍在处理中, 请稍后重试"
+    );
+    assert_eq!(running.headers["retry-after"], "1");
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 200);
+    let after = keyed(&gateway, CHAT, &key, "slow", &body).await;
+    assert_eq!((after.status, after.replayed), (200, true));
+    assert_eq!(after.bytes, first.bytes);
+    assert_eq!(provider.requests(), 1, "the provider was called once");
+    assert_eq!(db.balance(&key).await.total().get(), 20 - CHAT_PRICE);
+}
+
+#[tokio::test]
+async fn a_retry_after_a_refund_runs_as_a_new_call() {
+    each_database(async |db| {
+        let provider = FakeProvider::start().await;
+        provider
+            .then(Fault::json(500, r#"{"error":{"message":"down"}}"#))
+            .then(Fault::json(200, CHAT_REPLY));
+        let gateway = provider_gateway(db, &provider).await;
+        let key = db.funded_key(0, 20).await;
+        let body = chat_body(CHAT_MODEL);
+        let failed = keyed(&gateway, CHAT, &key, "after-refund", &body).await;
+        assert_eq!(failed.status, 502);
+        assert_eq!(db.balance(&key).await.total().get(), 20, "refunded");
+        let retried = keyed(&gateway, CHAT, &key, "after-refund", &body).await;
+        assert_eq!((retried.status, retried.replayed), (200, false));
+        let replayed = keyed(&gateway, CHAT, &key, "after-refund", &body).await;
+        assert_eq!((replayed.status, replayed.replayed), (200, true));
+        assert_eq!(replayed.bytes, retried.bytes);
+        assert_eq!(db.balance(&key).await.total().get(), 20 - CHAT_PRICE);
+        let statuses: Vec<_> = db.calls(&key).await.iter().map(|c| c.status).collect();
+        assert_eq!(statuses, [CallStatus::Ok, CallStatus::Refunded]);
+        assert_eq!(provider.requests(), 2);
+        db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+/// Fifty identical keyed calls at once, half through each of two gateways sharing the
+/// database, to a provider slow enough that all arrive while the first runs.
+#[tokio::test]
+async fn fifty_identical_keyed_calls_at_once_are_billed_once() {
+    each_database(async |db| {
+        let provider = FakeProvider::start().await;
+        provider.always(Fault::json(200, CHAT_REPLY).after(Duration::from_millis(300)));
+        let second = db.second_instance().await;
+        let gateways = [
+            provider_gateway(db, &provider).await,
+            provider_gateway(&second, &provider).await,
+        ];
+        let key = db.funded_key(0, 1_000).await;
+        let body = chat_body(CHAT_MODEL);
+        let calls: Vec<_> = (0..50)
+            .map(|i| {
+                let gateway = &gateways[i % 2];
+                let (client, base) = (gateway.client.clone(), gateway.base.clone());
+                let (key, body) = (key.clone(), body.clone());
+                tokio::spawn(
+                    async move { keyed_on(&client, &base, CHAT, &key, "fifty", body).await },
+                )
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for call in calls {
+            answers.push(call.await.unwrap());
+        }
+        let served: Vec<_> = answers
+            .iter()
+            .filter(|a| a.status == 200 && !a.replayed)
+            .collect();
+        assert_eq!(served.len(), 1, "exactly one call ran");
+        for answer in &answers {
+            match (answer.status, answer.replayed) {
+                (409, false) => {}
+                (200, true) | (200, false) => assert_eq!(answer.bytes, served[0].bytes),
+                other => panic!("unexpected answer {other:?}: {:?}", answer.bytes),
+            }
+        }
+        assert_eq!(provider.requests(), 1, "the provider was called once");
+        assert_eq!(db.balance(&key).await.total().get(), 1_000 - CHAT_PRICE);
+        assert_eq!(db.calls(&key).await.len(), 1);
+        db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_keyed_stream_is_replayed_as_the_same_events_uncharged() {
+    let db = sqlite_db().await;
+    let gateway = start_gateway(
+        &db,
+        Catalogue::demo().with_streaming(true),
+        Upstream::Mock(MockUpstream::new()),
+        DEFAULT_MAX_BODY_BYTES,
+    )
+    .await;
+    let key = db.funded_key(0, 20).await;
+    let body =
+        r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hello"}]}"#;
+    let first = keyed(&gateway, CHAT, &key, "stream", body).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.content_type.as_deref(), Some("text/event-stream"));
+    assert!(first.bytes.ends_with(b"data: [DONE]\n\n"));
+    let again = keyed(&gateway, CHAT, &key, "stream", body).await;
+    assert_eq!((again.status, again.replayed), (200, true));
+    assert_eq!(again.content_type.as_deref(), Some("text/event-stream"));
+    assert_eq!(again.bytes, first.bytes, "the same events, byte for byte");
+    assert_eq!(db.balance(&key).await.total().get(), 20 - CHAT_PRICE);
+}
+
+/// Past the window, the upkeep deletes a record whose call ended, and the key is a new call's.
+#[tokio::test]
+async fn records_past_their_window_are_forgotten_by_the_upkeep() {
+    each_database(async |db| {
+        let store = db
+            .store
+            .as_ref()
+            .clone()
+            .with_idempotency_window(Duration::from_secs(1));
+        let windowed = TestDb::sharing(db, Arc::new(store));
+        let gateway = start_mock_gateway(&windowed).await;
+        let key = db.funded_key(0, 20).await;
+        let body = chat_body(CHAT_MODEL);
+        assert_eq!(keyed(&gateway, CHAT, &key, "old", &body).await.status, 200);
+        assert_eq!(records(db).await, 1);
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let upkeep = Upkeep::new(windowed.store.clone(), Duration::from_secs(3_600))
+            .start()
+            .await
+            .unwrap();
+        assert_eq!(records(db).await, 0, "the first pass forgot it");
+        upkeep.stop().await;
+        let anew = keyed(&gateway, CHAT, &key, "old", &body).await;
+        assert_eq!((anew.status, anew.replayed), (200, false));
+        assert_eq!(db.balance(&key).await.total().get(), 20 - 2 * CHAT_PRICE);
+    })
+    .await;
+}
