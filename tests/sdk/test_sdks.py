@@ -1,4 +1,5 @@
-"""The official Python SDKs call the example gateway in mock mode, changing only base URL and key.
+"""The official Python SDKs call the example gateway in mock mode, changing only base URL and key;
+and, through a proxy that loses the first answer, retry with an Idempotency-Key uncharged.
 
 The gateway binary is built by .ci/run (`cargo build --example gateway`); GATEWAY_BIN overrides
 its path. Each test module run starts one gateway on a free port with a temporary SQLite file.
@@ -354,3 +355,127 @@ def test_the_anthropic_sdk_counts_tokens_for_free(gateway):
     assert counted.input_tokens > 0
     assert gateway.logs(key) == []
     assert gateway.balance(key)["total"] == 10
+
+
+class DroppingProxy:
+    """An HTTP proxy in front of the gateway that loses the first answer to each idempotency key
+    (or, for a request without one, to each value of the test's `x-drop-once` header): it
+    forwards the request, reads the gateway's whole answer, and closes the client's connection
+    without sending it, as a network failure on the way back would. The SDK sees a connection
+    error and retries; later requests are passed through."""
+
+    def __init__(self, target):
+        import http.client
+        import http.server
+        import threading
+
+        self.dropped = {}  # idempotency key -> (status, headers, body) the client never got
+        self.seen = []  # (idempotency key, path) of every request, in order
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                idem = self.headers.get("idempotency-key")
+                proxy.seen.append((idem, self.path))
+                host, port = target.removeprefix("http://").split(":")
+                upstream = http.client.HTTPConnection(host, int(port), timeout=30)
+                upstream.request("POST", self.path, body=body, headers=headers)
+                answer = upstream.getresponse()
+                answered = (answer.status, dict(answer.getheaders()), answer.read())
+                upstream.close()
+                drop = idem or self.headers.get("x-drop-once")
+                if drop is not None and drop not in proxy.dropped:
+                    proxy.dropped[drop] = answered
+                    self.close_connection = True
+                    return  # the answer is lost on its way back
+                status, answer_headers, data = answered
+                self.send_response(status)
+                for name, value in answer_headers.items():
+                    if name.lower() not in ("transfer-encoding", "connection", "content-length", "date"):
+                        self.send_header(name, value)
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def dropping_proxy(gateway):
+    proxy = DroppingProxy(gateway.base)
+    yield proxy
+    proxy.close()
+
+
+def test_openai_sdk_retry_after_a_lost_reply_is_not_charged_again(gateway, dropping_proxy):
+    key = gateway.new_key(topup=10)
+    client = openai.OpenAI(base_url=f"{dropping_proxy.base}/v1", api_key=key, max_retries=2)
+    raw = client.chat.completions.with_raw_response.create(
+        model=CHAT_MODEL,
+        messages=[{"role": "user", "content": "Hello"}],
+        extra_headers={"Idempotency-Key": "openai-lost-reply"},
+    )
+    reply = raw.parse()
+    # The SDK sent the request twice with the same key; the first answer was lost.
+    assert [s for s in dropping_proxy.seen if s[0] == "openai-lost-reply"] == [
+        ("openai-lost-reply", "/v1/chat/completions")
+    ] * 2
+    status, _, lost = dropping_proxy.dropped["openai-lost-reply"]
+    assert status == 200
+    assert reply.id == json.loads(lost)["id"], "the same reply again, not a second call"
+    assert reply.choices[0].message.content == MOCK_TEXT
+    assert raw.headers["idempotent-replayed"] == "true"
+    assert gateway.balance(key)["total"] == 10 - CHAT_PRICE
+    assert [entry["status"] for entry in gateway.logs(key)] == ["ok"]
+
+
+def test_anthropic_sdk_retry_after_a_lost_reply_is_not_charged_again(gateway, dropping_proxy):
+    key = gateway.new_key(topup=10)
+    client = anthropic.Anthropic(base_url=dropping_proxy.base, api_key=key, max_retries=2)
+    raw = client.messages.with_raw_response.create(
+        model=MESSAGES_MODEL,
+        max_tokens=64,
+        messages=[{"role": "user", "content": "Hello"}],
+        extra_headers={"Idempotency-Key": "anthropic-lost-reply"},
+    )
+    message = raw.parse()
+    assert [s for s in dropping_proxy.seen if s[0] == "anthropic-lost-reply"] == [
+        ("anthropic-lost-reply", "/v1/messages")
+    ] * 2
+    status, _, lost = dropping_proxy.dropped["anthropic-lost-reply"]
+    assert status == 200
+    assert message.id == json.loads(lost)["id"], "the same reply again, not a second call"
+    assert message.content[0].text == MOCK_TEXT
+    assert raw.headers["idempotent-replayed"] == "true"
+    assert gateway.balance(key)["total"] == 10 - MESSAGES_PRICE
+    assert [entry["status"] for entry in gateway.logs(key)] == ["ok"]
+
+
+def test_without_a_key_the_same_lost_reply_is_charged_twice(gateway, dropping_proxy):
+    """What the key prevents: the same lost reply without one, and the SDK's retry is a second
+    call, charged again."""
+    key = gateway.new_key(topup=10)
+    client = openai.OpenAI(base_url=f"{dropping_proxy.base}/v1", api_key=key, max_retries=2)
+    raw = client.chat.completions.with_raw_response.create(
+        model=CHAT_MODEL,
+        messages=[{"role": "user", "content": "Hello"}],
+        extra_headers={"x-drop-once": "no-idempotency-key"},
+    )
+    status, _, lost = dropping_proxy.dropped["no-idempotency-key"]
+    assert status == 200
+    assert raw.parse().id != json.loads(lost)["id"], "a second call"
+    assert "idempotent-replayed" not in raw.headers
+    assert gateway.balance(key)["total"] == 10 - 2 * CHAT_PRICE
+    assert [entry["status"] for entry in gateway.logs(key)] == ["ok", "ok"]
