@@ -5,7 +5,7 @@
 //! transaction, and adds the [`Reservation`](crate::Reservation) extension. A pool too small is answered
 //! `402 {"detail":"积分不足"}` with nothing written.
 //!
-//! A call with an [`IdempotencyKey`](crate::IdempotencyKey) (the client's `Idempotency-Key`
+//! A call with an [`IdempotencyKey`] (the client's `Idempotency-Key`
 //! header) is billed at most once per account and key: a retry while the first call runs gets
 //! `409`, a retry after it was billed gets its reply again, uncharged, marked
 //! [`IDEMPOTENT_REPLAYED_HEADER`]`: true`, the key reused for another request gets `422`, and a

@@ -31,6 +31,7 @@
 //! | [`KeyRules`]     | [`ApiKeyAuth`]      | [`RateLimit`](rate_limit::RateLimit), [`ProtocolRouter`] |
 //! | [`RoutedCall`]   | [`ProtocolRouter`]  | [`CreditCharge`], [`RefundOnUpstreamError`] (streams), the upstream |
 //! | [`Reservation`]  | [`CreditCharge`]    | [`RefundOnUpstreamError`]                 |
+//! | [`IdempotencyKey`] | [`ProtocolRouter`] (the client's `Idempotency-Key`) | [`CreditCharge`] (billed at most once), [`RefundOnUpstreamError`] (keeps the reply) |
 //! | [`ServedBy`] (on the response) | [`HttpUpstream`] | [`RefundOnUpstreamError`]     |
 //!
 //! [`ProtocolRouter`] also turns the body into [`Bytes`](bytes::Bytes), exactly as the client
@@ -44,9 +45,10 @@
 //!    messages, and `protocol::sse` for their event streams), `call` (the extensions and ids),
 //!    `error` ([`GatewayError`], [`UpstreamError`]), `classify` (what a provider's answer
 //!    means: billable, retry elsewhere, refused; `Retry-After`), `catalogue`.
-//! 2. Storage: the traits in `store`, and the backends `store::memory` and `store::sea`
+//! 2. Storage: the traits in `store` (with `store::idempotency`, the rule for keyed calls),
+//!    and the backends `store::memory` and `store::sea`
 //!    (inside it: `batch` decides, `jobs` is the committer's vocabulary, `flush` and `batches`
-//!    answer, `group_commit` and `sqlite_direct` write).
+//!    answer, `group_commit` and `sqlite_direct` write; `idempotent` writes keyed calls).
 //! 3. Upstreams: `upstream` ([`MockUpstream`], [`HttpUpstream`] with its breaker).
 //! 4. The layers, each in its own module: `auth`, [`rate_limit`], `router`, `charge`, and
 //!    `refund` (a folder: layer, service, the guard that writes a call's outcome once, the
@@ -144,8 +146,8 @@ pub use store::{
     AccountAudit, AccountId, Accounts, ActiveKey, BalanceOverflow, CallFailure, CallId, CallLog,
     CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_IDEMPOTENCY_WINDOW,
     DEFAULT_MAX_BATCH, GroupCommitStats, KeptReply, KeyId, KeyStore, LeaseId, Leases, Ledger,
-    MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store, StoreError, Sums,
-    TokenUsage,
+    MAX_KEPT_REPLY_BYTES, MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store,
+    StoreError, Sums, TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
 pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};

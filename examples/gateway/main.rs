@@ -30,8 +30,8 @@ use model_gateway::server::{self, ServerLimits};
 use model_gateway::{
     AccountId, BodyLimits, Bucket, CallId, CallStatus, Catalogue, Credits,
     DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE, DEFAULT_BODY_IDLE_TIMEOUT,
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES, Gateway, HttpUpstream, KeyId,
-    MockUpstream, SeaOrmStore, Upstream,
+    DEFAULT_IDEMPOTENCY_WINDOW, DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES, Gateway,
+    HttpUpstream, KeyId, MockUpstream, SeaOrmStore, Upstream,
 };
 
 #[derive(Parser)]
@@ -182,6 +182,10 @@ struct ServeArgs {
     /// instance refunds this one's reservations if it dies (renewed every fifth of it).
     #[arg(long, env = "GATEWAY_LEASE_SECS", default_value_t = DEFAULT_LEASE_TTL.as_secs())]
     lease_secs: u64,
+    /// How long an `Idempotency-Key` holds after its call, in seconds: a retry within it is
+    /// answered from the kept reply, never billed again.
+    #[arg(long, env = "GATEWAY_IDEMPOTENCY_WINDOW_SECS", default_value_t = DEFAULT_IDEMPOTENCY_WINDOW.as_secs())]
+    idempotency_window_secs: u64,
 }
 
 impl ServeArgs {
@@ -622,7 +626,8 @@ fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::Catalogu
 
 async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let catalogue = Arc::new(load_catalogue(&args)?);
-    let store = Arc::new(store);
+    let window = Duration::from_secs(args.idempotency_window_secs);
+    let store = Arc::new(store.with_idempotency_window(window));
     let upstream = if args.mock {
         if let Some(demo) = Admin::new(store.clone()).ensure_demo_account().await? {
             println!(
