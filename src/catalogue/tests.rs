@@ -1,0 +1,261 @@
+//! Unit tests of the catalogue.
+
+use super::*;
+
+const UPSTREAM: &str = r#"
+    [[upstreams]]
+    name = "openai"
+    kind = "openai"
+    base_url = "https://api.openai.com/v1/"
+    api_key_env = "OPENAI_API_KEY"
+    timeout_secs = 60
+"#;
+
+fn with_model(model: &str) -> Result<Catalogue, CatalogueError> {
+    Catalogue::from_toml(&format!("{UPSTREAM}\n[[models]]\n{model}"))
+}
+
+#[test]
+fn the_documented_shape_loads() {
+    let catalogue = with_model(
+        r#"name = "gpt-4o-mini"
+        protocol = "chat_completions"
+        price = 2
+        upstream = "openai"
+        upstream_model = "gpt-4o-mini-2024-07-18""#,
+    )
+    .unwrap();
+    let model = catalogue.model("gpt-4o-mini").unwrap();
+    assert_eq!(model.price, Credits(2));
+    let channel = &model.channels[0];
+    assert_eq!(channel.upstream.base_url, "https://api.openai.com/v1");
+    assert_eq!(channel.upstream.timeout, Duration::from_secs(60));
+    assert_eq!(
+        channel.upstream_model.as_deref(),
+        Some("gpt-4o-mini-2024-07-18")
+    );
+}
+
+#[test]
+fn the_demo_catalogue_covers_both_protocols_and_three_vendors() {
+    let demo = Catalogue::demo();
+    let chat: Vec<_> = demo
+        .models()
+        .filter(|m| m.protocol == Protocol::ChatCompletions)
+        .collect();
+    let messages = demo
+        .models()
+        .filter(|m| m.protocol == Protocol::Messages)
+        .count();
+    assert!(chat.len() >= 3 && messages >= 2);
+    let vendors: std::collections::HashSet<_> = chat
+        .iter()
+        .map(|m| m.channels[0].upstream.name.as_str())
+        .collect();
+    assert!(vendors.len() >= 3, "{vendors:?}");
+}
+
+#[test]
+fn an_unknown_upstream_is_refused_by_name() {
+    let error = with_model(
+        r#"name = "m"
+        protocol = "chat_completions"
+        price = 1
+        upstream = "nowhere""#,
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("unknown upstream `nowhere`"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_duplicate_model_is_refused_by_name() {
+    let model = r#"name = "twice"
+        protocol = "chat_completions"
+        price = 1
+        upstream = "openai""#;
+    let error = with_model(&format!("{model}\n[[models]]\n{model}")).unwrap_err();
+    assert!(
+        error.to_string().contains("model `twice` is defined twice"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_non_positive_price_is_refused() {
+    for price in ["0", "-3"] {
+        let error = with_model(&format!(
+            "name = \"free\"\nprotocol = \"chat_completions\"\nprice = {price}\nupstream = \"openai\""
+        ))
+        .unwrap_err();
+        assert!(
+            error.to_string().contains("prices must be positive"),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn a_fractional_price_is_refused() {
+    let error = with_model(
+        "name = \"m\"\nprotocol = \"chat_completions\"\nprice = 1.5\nupstream = \"openai\"",
+    )
+    .unwrap_err();
+    assert!(matches!(error, CatalogueError::Syntax(_)), "{error}");
+}
+
+#[test]
+fn an_unknown_field_is_refused_by_name() {
+    let error = with_model(
+        "name = \"m\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream = \"openai\"\ncost = 3",
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("cost"), "{error}");
+}
+
+#[test]
+fn a_messages_model_on_an_openai_upstream_is_refused() {
+    let error = with_model(
+        "name = \"claude\"\nprotocol = \"messages\"\nprice = 1\nupstream = \"openai\"",
+    )
+    .unwrap_err();
+    assert!(
+        matches!(error, CatalogueError::ProtocolMismatch { .. }),
+        "{error}"
+    );
+}
+
+const TWO_UPSTREAMS: &str = r#"
+    [[upstreams]]
+    name = "primary"
+    kind = "openai"
+    base_url = "http://a/v1"
+    api_key_env = "A"
+    connect_timeout_secs = 2
+    proxy = "http://proxy:3128"
+    headers = { "x-tenant" = "acme" }
+    breaker_failures = 2
+    breaker_cooldown_secs = 7
+    [[upstreams]]
+    name = "backup"
+    kind = "openai"
+    base_url = "http://b/v1"
+    api_key_env = "B"
+"#;
+
+fn with_channels(model: &str) -> Result<Catalogue, CatalogueError> {
+    Catalogue::from_toml(&format!("{TWO_UPSTREAMS}\n[[models]]\n{model}"))
+}
+
+#[test]
+fn a_list_of_upstreams_is_an_order_of_preference() {
+    let catalogue = with_channels(
+        "name = \"m\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream_model = \"m-v2\"\nupstreams = [\"backup\", \"primary\"]",
+    )
+    .unwrap();
+    let channels = &catalogue.model("m").unwrap().channels;
+    let names: Vec<_> = channels.iter().map(|c| c.upstream.name.as_str()).collect();
+    assert_eq!(names, ["backup", "primary"]);
+    assert!(channels[0].priority < channels[1].priority);
+    assert!(
+        channels
+            .iter()
+            .all(|c| c.upstream_model.as_deref() == Some("m-v2"))
+    );
+}
+
+#[test]
+fn channels_can_carry_priority_weight_and_their_own_upstream_model() {
+    let catalogue = with_channels(
+        r#"name = "m"
+        protocol = "chat_completions"
+        price = 1
+        upstreams = [
+            { name = "backup", priority = 2 },
+            { name = "primary", priority = 1, weight = 3, upstream_model = "m-on-a" },
+        ]"#,
+    )
+    .unwrap();
+    let channels = &catalogue.model("m").unwrap().channels;
+    assert_eq!(channels[0].upstream.name, "primary");
+    assert_eq!((channels[0].weight, channels[1].weight), (3, 1));
+    assert_eq!(channels[0].upstream_model.as_deref(), Some("m-on-a"));
+    assert_eq!(channels[1].upstream_model, None);
+}
+
+#[test]
+fn upstream_settings_load_with_defaults() {
+    let catalogue = with_channels(
+        "name = \"m\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream = \"primary\"",
+    )
+    .unwrap();
+    let primary = &catalogue.upstreams()[1];
+    assert_eq!(primary.name, "primary");
+    assert_eq!(primary.connect_timeout, Duration::from_secs(2));
+    assert_eq!(primary.proxy.as_deref(), Some("http://proxy:3128"));
+    assert_eq!(
+        primary.headers,
+        [("x-tenant".to_owned(), "acme".to_owned())]
+    );
+    assert_eq!(
+        (primary.breaker_failures, primary.breaker_cooldown),
+        (2, Duration::from_secs(7))
+    );
+    let backup = &catalogue.upstreams()[0];
+    assert_eq!(backup.breaker_failures, DEFAULT_BREAKER_FAILURES);
+    assert_eq!(catalogue.call_deadline(), DEFAULT_CALL_DEADLINE);
+}
+
+#[test]
+fn bad_channel_lists_are_refused_by_name() {
+    let base = "name = \"m\"\nprotocol = \"chat_completions\"\nprice = 1\n";
+    let cases = [
+        ("", "exactly one of"),
+        ("upstreams = []", "exactly one of"),
+        (
+            "upstream = \"primary\"\nupstreams = [\"backup\"]",
+            "exactly one of",
+        ),
+        (
+            "upstreams = [\"primary\", \"primary\"]",
+            "lists upstream `primary` twice",
+        ),
+        (
+            "upstreams = [\"primary\", \"nowhere\"]",
+            "unknown upstream `nowhere`",
+        ),
+        (
+            "upstreams = [{ name = \"primary\", priority = 1 }, \"backup\"]",
+            "not all",
+        ),
+        (
+            "upstreams = [{ name = \"primary\", weight = 0 }]",
+            "must be positive",
+        ),
+    ];
+    for (channels, expected) in cases {
+        let error = with_channels(&format!("{base}{channels}")).unwrap_err();
+        assert!(error.to_string().contains(expected), "{channels}: {error}");
+    }
+}
+
+#[test]
+fn zero_timeouts_and_invalid_headers_are_refused() {
+    let error = Catalogue::from_toml("call_deadline_secs = 0").unwrap_err();
+    assert!(error.to_string().contains("call_deadline_secs"), "{error}");
+    let upstream = |extra: &str| {
+        Catalogue::from_toml(&format!(
+            "[[upstreams]]\nname = \"u\"\nkind = \"openai\"\nbase_url = \"http://u\"\napi_key_env = \"U\"\n{extra}"
+        ))
+    };
+    assert!(
+        upstream("timeout_secs = 0")
+            .unwrap_err()
+            .to_string()
+            .contains("timeout_secs")
+    );
+    let error = upstream("headers = { \"bad header\" = \"x\" }").unwrap_err();
+    assert!(error.to_string().contains("bad header"), "{error}");
+}

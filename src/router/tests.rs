@@ -1,0 +1,156 @@
+//! Unit tests of the router.
+
+use super::*;
+
+fn route_chat(body: &str) -> Result<RoutedCall, GatewayError> {
+    route(
+        &Catalogue::demo(),
+        Protocol::ChatCompletions,
+        body.as_bytes(),
+        false,
+    )
+}
+
+fn route_messages(body: &str) -> Result<RoutedCall, GatewayError> {
+    route(
+        &Catalogue::demo(),
+        Protocol::Messages,
+        body.as_bytes(),
+        false,
+    )
+}
+
+#[test]
+fn with_streaming_on_stream_true_is_routed_and_marked() {
+    let body = br#"{"model":"gpt-4o-mini","messages":[],"stream":true}"#;
+    let catalogue = Catalogue::demo();
+    let routed = route(&catalogue, Protocol::ChatCompletions, body, true).unwrap();
+    assert!(routed.stream);
+    let plain = br#"{"model":"gpt-4o-mini","messages":[],"stream":false}"#;
+    assert!(
+        !route(&catalogue, Protocol::ChatCompletions, plain, true)
+            .unwrap()
+            .stream
+    );
+    let wrong = br#"{"model":"gpt-4o-mini","messages":[],"stream":1}"#;
+    assert_eq!(
+        route(&catalogue, Protocol::ChatCompletions, wrong, true).unwrap_err(),
+        GatewayError::InvalidStreamField
+    );
+}
+
+#[test]
+fn a_chat_request_resolves_its_model_and_price() {
+    let routed =
+        route_chat(r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#)
+            .unwrap();
+    assert_eq!(routed.model.name, "gpt-4o-mini");
+    assert_eq!(routed.model.price.get(), 2);
+}
+
+#[test]
+fn malformed_requests_get_a_precise_400() {
+    let cases = [
+        ("not json", GatewayError::InvalidJson),
+        (r#"[{"model":"gpt-4o-mini"}]"#, GatewayError::InvalidJson),
+        (
+            r#"{"model":"gpt-4o-mini","messages":[]"#,
+            GatewayError::InvalidJson,
+        ),
+        (r#"{"messages":[]}"#, GatewayError::InvalidModelField),
+        (
+            r#"{"model":7,"messages":[]}"#,
+            GatewayError::InvalidModelField,
+        ),
+        (
+            r#"{"model":"gpt-4o-mini"}"#,
+            GatewayError::InvalidMessagesField,
+        ),
+        (
+            r#"{"model":"gpt-4o-mini","messages":"hi"}"#,
+            GatewayError::InvalidMessagesField,
+        ),
+        (
+            r#"{"model":"gpt-4o-mini","messages":[],"stream":true}"#,
+            GatewayError::StreamingUnsupported,
+        ),
+        (
+            r#"{"model":"gpt-4o-mini","messages":[],"stream":"yes"}"#,
+            GatewayError::InvalidStreamField,
+        ),
+    ];
+    for (body, expected) in cases {
+        assert_eq!(route_chat(body).unwrap_err(), expected, "{body}");
+    }
+}
+
+#[test]
+fn messages_requires_a_positive_max_tokens() {
+    let model = "claude-haiku-4-5";
+    for max_tokens in ["", r#","max_tokens":0"#, r#","max_tokens":"10""#] {
+        let body = format!(r#"{{"model":"{model}","messages":[]{max_tokens}}}"#);
+        assert_eq!(
+            route_messages(&body).unwrap_err(),
+            GatewayError::InvalidMaxTokens
+        );
+    }
+    let body = format!(r#"{{"model":"{model}","messages":[],"max_tokens":5}}"#);
+    assert!(route_messages(&body).is_ok());
+}
+
+#[test]
+fn a_model_of_the_other_protocol_is_not_found_on_either_endpoint() {
+    let messages_model = r#"{"model":"claude-haiku-4-5","max_tokens":5,"messages":[]}"#;
+    assert_eq!(
+        route_chat(messages_model).unwrap_err(),
+        GatewayError::ModelNotFound
+    );
+    let chat_model = r#"{"model":"gpt-4o-mini","max_tokens":5,"messages":[]}"#;
+    assert_eq!(
+        route_messages(chat_model).unwrap_err(),
+        GatewayError::ModelNotFound
+    );
+    let unknown = r#"{"model":"no-such-model","messages":[]}"#;
+    assert_eq!(
+        route_chat(unknown).unwrap_err(),
+        GatewayError::ModelNotFound
+    );
+}
+
+#[test]
+fn malformed_is_reported_before_an_unknown_model() {
+    let body = r#"{"model":"no-such-model","messages":[],"stream":true}"#;
+    assert_eq!(
+        route_chat(body).unwrap_err(),
+        GatewayError::StreamingUnsupported
+    );
+}
+
+#[test]
+fn an_escaped_model_name_still_resolves() {
+    let routed = route_chat(r#"{"model":"gpt\u002d4o-mini","messages":[]}"#).unwrap();
+    assert_eq!(routed.model.name, "gpt-4o-mini");
+}
+
+#[test]
+fn upstream_model_renames_only_the_model_value() {
+    let body = Bytes::from_static(
+        br#"{ "temperature" : 0.70, "model" : "house-chat", "messages":[{"x":1e3}] }"#,
+    );
+    let routed = route_chat(std::str::from_utf8(&body).unwrap()).unwrap();
+    let upstream_model = routed.model.channels[0].upstream_model.as_deref();
+    assert_eq!(
+        routed.upstream_body(&body, upstream_model),
+        Bytes::from_static(
+            br#"{ "temperature" : 0.70, "model" : "qwen2.5-7b-instruct", "messages":[{"x":1e3}] }"#
+        )
+    );
+}
+
+#[test]
+fn without_upstream_model_the_body_is_forwarded_as_is() {
+    let body = Bytes::from_static(br#"{"model":"gpt-4o-mini","messages":[],"n":1.0}"#);
+    let routed = route_chat(std::str::from_utf8(&body).unwrap()).unwrap();
+    assert_eq!(routed.model.channels[0].upstream_model, None);
+    assert_eq!(routed.upstream_body(&body, None), body);
+}
