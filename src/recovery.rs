@@ -113,6 +113,7 @@ where
 /// use model_gateway::recovery::Upkeep;
 /// use model_gateway::SeaOrmStore;
 ///
+/// # #[cfg(feature = "sqlite")]
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let store = Arc::new(SeaOrmStore::connect("sqlite::memory:").await.unwrap());
 /// // Takes the lease and recovers what a crashed predecessor left before it returns.
@@ -120,6 +121,7 @@ where
 /// // ... serve ...
 /// upkeep.stop().await; // a clean stop ends the lease
 /// # }
+/// # #[cfg(not(feature = "sqlite"))] fn main() {}
 /// ```
 #[derive(Debug)]
 #[must_use]

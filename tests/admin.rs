@@ -76,7 +76,7 @@ impl common::Gateway {
 
 #[tokio::test]
 async fn without_an_admin_token_every_admin_path_is_404() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     for path in ["/admin/accounts", "/admin/audit", "/admin/accounts/1"] {
         let answer = gateway.admin_get(path).await;
@@ -95,7 +95,7 @@ async fn without_an_admin_token_every_admin_path_is_404() {
 
 #[tokio::test]
 async fn admin_paths_open_only_to_the_admin_token_and_it_opens_nothing_else() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = admin_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
     let url = format!("{}/admin/accounts", gateway.base);
@@ -153,7 +153,7 @@ fn balance_of(subscription: i64, topup: i64) -> model_gateway::Balance {
 
 #[tokio::test]
 async fn accounts_are_created_listed_a_page_at_a_time_and_shown_with_their_keys() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = admin_gateway(&db).await;
     let created = gateway
         .admin_post(
@@ -221,7 +221,7 @@ async fn accounts_are_created_listed_a_page_at_a_time_and_shown_with_their_keys(
 
 #[tokio::test]
 async fn keys_are_added_given_rules_and_revoked() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = admin_gateway(&db).await;
     let (account, _) = gateway.new_account("alice", 100, 0).await;
     let added = gateway
@@ -267,7 +267,7 @@ async fn keys_are_added_given_rules_and_revoked() {
 
 #[tokio::test]
 async fn unknown_accounts_and_keys_are_404_and_a_bad_body_is_400_naming_the_field() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = admin_gateway(&db).await;
     let (account, _) = gateway.new_account("alice", 1, 0).await;
     for path in [
@@ -380,7 +380,7 @@ async fn unknown_accounts_and_keys_are_404_and_a_bad_body_is_400_naming_the_fiel
 
 #[tokio::test]
 async fn a_grant_sent_again_with_its_idempotency_key_is_applied_once() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = admin_gateway(&db).await;
     let (account, key) = gateway.new_account("alice", 0, 0).await;
     let path = format!("/admin/accounts/{account}/grants");
@@ -451,7 +451,7 @@ async fn concurrent_grants_with_one_idempotency_key_apply_once_on_every_database
 
 #[tokio::test]
 async fn calls_are_paged_newest_first_and_filtered_by_status_and_model() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = admin_gateway(&db).await;
     let (account, key) = gateway.new_account("alice", 100, 0).await;
     for _ in 0..3 {
@@ -522,7 +522,7 @@ async fn calls_are_paged_newest_first_and_filtered_by_status_and_model() {
 
 #[tokio::test]
 async fn the_audit_answers_200_and_says_whether_the_books_balance() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = admin_gateway(&db).await;
     let (account, key) = gateway.new_account("alice", 10, 0).await;
     assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200);
@@ -546,7 +546,7 @@ async fn the_audit_answers_200_and_says_whether_the_books_balance() {
 
 #[tokio::test]
 async fn metrics_on_the_main_address_need_the_admin_token() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = admin_gateway(&db).await;
     let url = format!("{}/metrics", gateway.base);
     let anonymous = gateway.send(gateway.client.get(&url)).await;
@@ -563,6 +563,7 @@ async fn metrics_on_the_main_address_need_the_admin_token() {
 }
 
 /// The example's command line, against the test's database: its standard output.
+#[cfg(feature = "sqlite")]
 fn cli(db: &TestDb, args: &[&str]) -> String {
     let output = std::process::Command::new(gateway_binary())
         .args(args)
@@ -577,10 +578,13 @@ fn cli(db: &TestDb, args: &[&str]) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
+#[cfg(feature = "sqlite")]
 fn cli_json(db: &TestDb, args: &[&str]) -> Value {
     serde_json::from_str(&cli(db, args)).unwrap()
 }
 
+/// On the `SQLite` file the example's command line opens by its URL alone.
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn the_command_line_and_the_api_agree() {
     let db = sqlite_db().await;

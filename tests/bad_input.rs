@@ -159,7 +159,7 @@ fn attempt() -> impl Strategy<Value = Attempt> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arbitrary_requests_are_refused_with_a_4xx_detail_and_never_charged() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(1_000_000, 0).await;
     let runtime = tokio::runtime::Handle::current();
@@ -276,7 +276,7 @@ async fn raw_request(base: &str, head: &str, body_bytes: usize, chunked: bool) -
 
 #[tokio::test]
 async fn a_declared_1_gib_body_is_refused_before_it_is_read() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
     let head = format!(
@@ -292,7 +292,7 @@ async fn a_declared_1_gib_body_is_refused_before_it_is_read() {
 
 #[tokio::test]
 async fn an_endless_chunked_body_is_cut_at_the_limit() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_gateway(
         &db,
         model_gateway::Catalogue::demo(),
@@ -313,7 +313,7 @@ async fn an_endless_chunked_body_is_cut_at_the_limit() {
 
 #[tokio::test]
 async fn an_oversized_header_block_is_refused_and_the_server_keeps_serving() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
     let head = format!(

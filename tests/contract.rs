@@ -14,7 +14,7 @@ use model_gateway::{
 
 #[tokio::test]
 async fn both_auth_headers_work_on_both_endpoints() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
 
@@ -47,7 +47,7 @@ async fn both_auth_headers_work_on_both_endpoints() {
 
 #[tokio::test]
 async fn missing_unknown_and_revoked_keys_get_401_and_nothing_is_charged() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
     let revoked = db.funded_key(100, 0).await;
@@ -84,7 +84,7 @@ async fn missing_unknown_and_revoked_keys_get_401_and_nothing_is_charged() {
 
 #[tokio::test]
 async fn malformed_requests_get_400_with_a_detail_and_are_not_charged() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
 
@@ -129,7 +129,7 @@ async fn malformed_requests_get_400_with_a_detail_and_are_not_charged() {
 
 #[tokio::test]
 async fn a_body_over_the_limit_gets_413_and_is_not_charged() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_gateway(
         &db,
         Catalogue::demo(),
@@ -153,7 +153,7 @@ async fn a_body_over_the_limit_gets_413_and_is_not_charged() {
 
 #[tokio::test]
 async fn wrong_method_gets_405_and_unknown_path_gets_404() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
 
@@ -179,7 +179,7 @@ async fn wrong_method_gets_405_and_unknown_path_gets_404() {
 
 #[tokio::test]
 async fn unknown_models_and_models_of_the_other_protocol_get_404_both_ways() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
 
@@ -200,7 +200,7 @@ async fn unknown_models_and_models_of_the_other_protocol_get_404_both_ways() {
 
 #[tokio::test]
 async fn insufficient_credits_get_402_and_leave_the_balance_untouched() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(1, 1).await; // 2 credits: enough for chat (2), not for messages (3)
 
@@ -218,7 +218,7 @@ async fn insufficient_credits_get_402_and_leave_the_balance_untouched() {
 
 #[tokio::test]
 async fn the_checks_come_in_order_401_400_404_402() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let broke = db.funded_key(0, 0).await;
 
@@ -236,7 +236,7 @@ async fn the_checks_come_in_order_401_400_404_402() {
 
 #[tokio::test]
 async fn subscription_credits_are_spent_first_and_a_price_can_split_across_buckets() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(3, 10).await;
 
@@ -256,7 +256,7 @@ async fn subscription_credits_are_spent_first_and_a_price_can_split_across_bucke
 
 #[tokio::test]
 async fn a_successful_call_is_logged_ok_with_its_price_protocol_and_usage() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
 
@@ -311,7 +311,7 @@ fn catalogue_with_dead_upstreams() -> Catalogue {
 
 #[tokio::test]
 async fn an_upstream_failure_answers_502_and_returns_each_credit_to_its_bucket() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let catalogue = catalogue_with_dead_upstreams();
     let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("provider-key".into())).unwrap();
     let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 1 << 20).await;
@@ -347,7 +347,7 @@ async fn an_upstream_failure_answers_502_and_returns_each_credit_to_its_bucket()
 
 #[tokio::test]
 async fn a_missing_provider_key_fails_the_call_without_contacting_anyone_and_refunds() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let catalogue = catalogue_with_dead_upstreams();
     let upstream = HttpUpstream::with_keys(&catalogue, |_| None).unwrap();
     let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 1 << 20).await;
@@ -367,7 +367,7 @@ async fn a_missing_provider_key_fails_the_call_without_contacting_anyone_and_ref
 
 #[tokio::test]
 async fn one_key_and_one_pool_serve_both_protocols() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(CHAT_PRICE, 0).await;
     grant(&db, &key, Bucket::Topup, MESSAGES_PRICE).await;
@@ -383,7 +383,7 @@ async fn one_key_and_one_pool_serve_both_protocols() {
 
 #[tokio::test]
 async fn mock_replies_have_each_protocols_shape_and_name_the_requested_model() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
 
@@ -414,7 +414,7 @@ async fn mock_replies_have_each_protocols_shape_and_name_the_requested_model() {
 
 #[tokio::test]
 async fn operator_commands_create_grant_and_report() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let admin = db.admin();
     let new = model_gateway::admin::NewAccount {
         name: "alice".into(),
@@ -441,7 +441,7 @@ async fn the_stack_serves_on_bare_hyper_without_axum() {
     use hyper_util::rt::TokioIo;
     use hyper_util::service::TowerToHyperService;
 
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let key = db.funded_key(10, 0).await;
     let service = model_gateway::stack(
         db.store.clone(),
@@ -487,7 +487,7 @@ async fn the_stack_serves_on_bare_hyper_without_axum() {
 
 #[tokio::test]
 async fn mock_mode_creates_one_demo_account_on_an_empty_database_only() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let demo = db
         .admin()
         .ensure_demo_account()

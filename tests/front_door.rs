@@ -94,7 +94,7 @@ fn head(key: &str, length_header: &str) -> String {
 
 #[tokio::test]
 async fn headers_that_never_finish_are_cut_at_the_header_time_out() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let address = serve(&db, short_limits(), short_body_limits()).await;
     let mut stream = TcpStream::connect(&address).await.unwrap();
     stream
@@ -112,7 +112,7 @@ async fn headers_that_never_finish_are_cut_at_the_header_time_out() {
 
 /// A body that stops arriving is answered 408 with a detail, and nothing is charged.
 async fn assert_unfinished_body_gets_408(length_header: &str, partial: &str) {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let address = serve(&db, short_limits(), short_body_limits()).await;
     let key = db.funded_key(10, 0).await;
     let mut stream = TcpStream::connect(&address).await.unwrap();
@@ -138,7 +138,7 @@ async fn a_chunked_body_without_its_end_gets_408() {
 
 #[tokio::test]
 async fn a_body_that_trickles_past_its_deadline_gets_408() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let address = serve(&db, short_limits(), short_body_limits()).await;
     let key = db.funded_key(10, 0).await;
     let mut stream = TcpStream::connect(&address).await.unwrap();
@@ -175,7 +175,7 @@ async fn a_body_that_trickles_past_its_deadline_gets_408() {
 
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_after_the_idle_time_out() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let address = serve(&db, short_limits(), short_body_limits()).await;
     let key = db.funded_key(10, 0).await;
     let mut stream = TcpStream::connect(&address).await.unwrap();
@@ -194,7 +194,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_idle_time_out() {
 
 #[tokio::test]
 async fn a_large_body_from_a_key_that_cannot_pay_is_refused_early_and_a_funded_one_is_served() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let address = serve(&db, short_limits(), short_body_limits()).await;
     let client = reqwest::Client::new();
     // A 2 MiB request: a valid call with a long message.
@@ -235,7 +235,7 @@ async fn a_large_body_from_a_key_that_cannot_pay_is_refused_early_and_a_funded_o
 
 #[tokio::test]
 async fn a_header_block_over_the_limit_is_answered_431_with_a_detail() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let address = serve(&db, short_limits(), short_body_limits()).await;
     let key = db.funded_key(10, 0).await;
     let response = reqwest::Client::new()
@@ -257,7 +257,7 @@ async fn a_header_block_over_the_limit_is_answered_431_with_a_detail() {
 /// that showed the failure (a stream reset made it drop the answer); reqwest is checked too.
 #[tokio::test]
 async fn http2_refusals_before_the_body_is_read_reach_the_client_intact() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let address = serve(&db, short_limits(), short_body_limits()).await;
     let key = db.funded_key(10, 0).await;
     let dir = tempfile::tempdir().unwrap();

@@ -167,7 +167,7 @@ async fn the_key_reused_for_another_request_is_422_and_uncharged() {
 
 #[tokio::test]
 async fn a_key_that_is_empty_too_long_or_not_ascii_is_a_400_and_uncharged() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(0, 20).await;
     for idem in [
@@ -205,7 +205,7 @@ const CHAT_REPLY: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","model
 
 #[tokio::test]
 async fn a_retry_while_the_call_runs_is_409_then_gets_the_reply() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let provider = FakeProvider::start().await;
     provider.then(Fault::json(200, CHAT_REPLY).after(Duration::from_millis(800)));
     let gateway = provider_gateway(&db, &provider).await;
@@ -316,7 +316,7 @@ async fn fifty_identical_keyed_calls_at_once_are_billed_once() {
 
 #[tokio::test]
 async fn a_keyed_stream_is_replayed_as_the_same_events_uncharged() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_gateway(
         &db,
         Catalogue::demo().with_streaming(true),

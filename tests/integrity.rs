@@ -106,7 +106,7 @@ async fn a_client_that_hangs_up_before_the_answer_is_not_charged() {
     let catalogue =
         Catalogue::from_toml(&one_upstream_toml("slow", &provider.base, "K", "")).unwrap();
     let upstream = HttpUpstream::with_keys(&catalogue, |_| Some("k".into())).unwrap();
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 1 << 20).await;
     let key = db.funded_key(10, 0).await;
 
@@ -761,6 +761,7 @@ async fn assert_recovery_refunds_only_old_reservations(db: TestDb) {
     db.drop_schema().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_recovery_refunds_only_reservations_older_than_the_age() {
     assert_recovery_refunds_only_old_reservations(sqlite_db().await).await;
@@ -812,7 +813,7 @@ async fn two_instances_recovering_at_once_refund_each_reservation_once() {
 
 #[tokio::test]
 async fn the_audit_passes_on_honest_books_and_names_the_account_that_does_not_balance() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let honest = db.funded_key(5, 5).await;
     let tampered = db.funded_key(5, 5).await;
@@ -846,7 +847,7 @@ async fn the_audit_passes_on_honest_books_and_names_the_account_that_does_not_ba
 
 #[tokio::test]
 async fn a_revoked_key_is_refused_on_its_next_call_on_every_gateway() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let other = db.second_instance().await;
     let gateways = [
         start_mock_gateway(&db).await,

@@ -31,7 +31,7 @@ async fn get(gateway: &Gateway, path: &str, key: Option<&str>, anthropic: bool) 
 /// Every key holder's endpoint answers 401 without a key and charges nothing with one.
 #[tokio::test]
 async fn the_key_holder_endpoints_need_a_key_and_charge_nothing() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
     for path in [
@@ -79,7 +79,7 @@ async fn the_key_holder_endpoints_need_a_key_and_charge_nothing() {
 
 #[tokio::test]
 async fn models_are_listed_in_the_openai_shape_with_protocol_and_price() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(1, 0).await;
     let list = get(&gateway, "/v1/models", Some(&key), false).await.body;
@@ -104,7 +104,7 @@ async fn models_are_listed_in_the_openai_shape_with_protocol_and_price() {
 
 #[tokio::test]
 async fn models_are_listed_in_the_anthropic_shape_and_paginate_both_ways() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(1, 0).await;
     let all = get(&gateway, "/v1/models?limit=100", Some(&key), true)
@@ -174,7 +174,7 @@ async fn models_are_listed_in_the_anthropic_shape_and_paginate_both_ways() {
 
 #[tokio::test]
 async fn the_balance_is_the_keys_accounts() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(7, 5).await;
     gateway.chat(&key, CHAT_MODEL).await;
@@ -189,7 +189,7 @@ async fn the_balance_is_the_keys_accounts() {
 /// request id its answer carried.
 #[tokio::test]
 async fn the_call_log_shows_only_the_accounts_own_calls_a_page_at_a_time() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let (mine, theirs) = (db.funded_key(100, 0).await, db.funded_key(100, 0).await);
     let mut my_request_ids = Vec::new();
@@ -253,7 +253,7 @@ async fn the_call_log_shows_only_the_accounts_own_calls_a_page_at_a_time() {
 
 #[tokio::test]
 async fn count_tokens_in_mock_mode_estimates_and_refuses_chat_models() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
     let count = gateway
@@ -283,7 +283,7 @@ async fn count_tokens_in_mock_mode_estimates_and_refuses_chat_models() {
 
 #[tokio::test]
 async fn count_tokens_is_answered_by_the_models_provider_as_it_answered() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let provider = FakeProvider::start().await;
     let toml = format!(
         "[[upstreams]]\nname = \"anthropic\"\nkind = \"anthropic\"\nbase_url = \"{}\"\napi_key_env = \"K\"\n\
@@ -335,7 +335,7 @@ async fn count_tokens_is_answered_by_the_models_provider_as_it_answered() {
 
 #[tokio::test]
 async fn probes_answer_without_a_key() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     for path in ["/health", "/ready", "/"] {
         let answer = get(&gateway, path, None, false).await;
@@ -352,7 +352,7 @@ async fn probes_answer_without_a_key() {
 
 #[tokio::test]
 async fn a_query_string_does_not_change_routing() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
     let answer = gateway
@@ -371,7 +371,7 @@ async fn a_query_string_does_not_change_routing() {
 /// refusals too. The provider is sent the same id.
 #[tokio::test]
 async fn every_answer_carries_a_request_id_and_the_provider_is_sent_it() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let provider = FakeProvider::start().await;
     provider.always(Fault::json(
         200,

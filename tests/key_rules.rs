@@ -60,7 +60,7 @@ async fn within_one_minute(seconds: u64) {
 
 #[tokio::test]
 async fn a_key_limited_to_some_models_is_refused_the_others_with_403_uncharged() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
     let only_chat = KeyPatch {
@@ -111,7 +111,7 @@ async fn a_key_limited_to_some_models_is_refused_the_others_with_403_uncharged()
 
 #[tokio::test]
 async fn a_model_refusal_comes_before_the_credit_check() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let broke = db.funded_key(0, 0).await;
     set_rules(
@@ -129,7 +129,7 @@ async fn a_model_refusal_comes_before_the_credit_check() {
 
 #[tokio::test]
 async fn an_expired_key_is_401_and_a_key_expiring_later_works() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
     let expiring = |at: chrono::DateTime<chrono::Utc>| KeyPatch {
@@ -171,7 +171,7 @@ async fn an_expired_key_is_401_and_a_key_expiring_later_works() {
 
 #[tokio::test]
 async fn a_key_over_its_requests_per_minute_gets_429_with_retry_after_uncharged() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
     let other = db.funded_key(100, 0).await;
@@ -219,12 +219,15 @@ async fn a_key_over_its_requests_per_minute_gets_429_with_retry_after_uncharged(
 
 #[tokio::test]
 async fn rules_set_on_one_gateway_hold_on_a_second_sharing_the_database() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let first = start_mock_gateway(&db).await;
     // The second gateway trusts remembered rules for a short while, as every store does.
-    let second_store = SeaOrmStore::connect(&db.url)
+    let second_store = db
+        .second_instance()
         .await
-        .unwrap()
+        .store
+        .as_ref()
+        .clone()
         .with_key_rules_ttl(Duration::from_millis(200));
     let second = gateway_on(Arc::new(second_store), RateLimiter::local()).await;
     let key = db.funded_key(100, 0).await;
@@ -319,13 +322,13 @@ async fn rate_limits_hold_across_two_gateways_through_redis_and_per_gateway_when
     let Some(mut redis) = OwnRedis::start() else {
         return;
     };
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let prefix = format!("{}:", unique_name());
     let limiters = [
         RateLimiter::redis(&redis.url, prefix.clone()).unwrap(),
         RateLimiter::redis(&redis.url, prefix).unwrap(),
     ];
-    let second_store = Arc::new(SeaOrmStore::connect(&db.url).await.unwrap());
+    let second_store = db.second_instance().await.store.clone();
     let gateways = [
         gateway_on(db.store.clone(), limiters[0].clone()).await,
         gateway_on(second_store, limiters[1].clone()).await,
@@ -362,4 +365,47 @@ async fn rate_limits_hold_across_two_gateways_through_redis_and_per_gateway_when
     assert_eq!(db.balance(&key).await, balance(1000 - 9 * CHAT_PRICE, 0));
     assert_eq!(db.calls(&key).await.len(), 9);
     db.assert_audit_holds().await;
+}
+
+/// Far dates (past 2038, where a 32-bit `TIMESTAMP` ends) are kept as set on every database:
+/// a key's expiry and a subscription's period end.
+#[tokio::test]
+async fn dates_past_2038_are_kept_on_every_database() {
+    use model_gateway::store::Grant;
+    use model_gateway::{Accounts, Bucket, Credits};
+
+    each_database(async |db| {
+        let far = chrono::DateTime::parse_from_rfc3339("2999-01-01T00:00:00Z")
+            .unwrap()
+            .to_utc();
+        let key = db.funded_key(0, 1).await;
+        let key_id = db.store.keys_of(db.account(&key).await).await.unwrap()[0].id;
+        let rules = model_gateway::KeyRules {
+            expires_at: Some(far),
+            ..model_gateway::KeyRules::default()
+        };
+        let info = db
+            .store
+            .set_key_rules(key_id, &rules)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.rules.expires_at, Some(far));
+        let grant = Grant {
+            period_end: Some(far),
+            ..Grant::plain(Bucket::Subscription, Credits::new(5))
+        };
+        db.store
+            .grant_once(db.account(&key).await, grant)
+            .await
+            .unwrap();
+        let summary = db
+            .store
+            .account(db.account(&key).await)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(summary.subscription_ends_at, Some(far));
+    })
+    .await;
 }

@@ -251,6 +251,7 @@ async fn an_ended_lease_with_calls_pending_is_kept_until_they_are_recovered() {
     .await;
 }
 
+#[cfg(feature = "sqlite")]
 /// On a `SQLite` file the lock file tells at once that a lease's holder is gone: a store dropped
 /// without ending its lease (as a killed process leaves it) is found dead long before expiry.
 #[tokio::test]
@@ -294,7 +295,7 @@ async fn on_a_sqlite_file_a_gone_holders_lease_ends_before_its_expiry() {
 /// again; and a clean stop ends the lease, leaving nothing for recovery to guess.
 #[tokio::test]
 async fn upkeep_takes_a_new_lease_when_its_lease_was_lost_and_ends_it_on_stop() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let (_, caller) = caller(&db, 100).await;
     let upkeep = model_gateway::Upkeep::new(db.store.clone(), Duration::from_secs(3600))
         .lease_ttl(Duration::from_secs(1));

@@ -173,6 +173,7 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
     trace
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_agrees_with_the_memory_model_and_the_audit_holds() {
     let model = scenario(&MemoryStore::new()).await;
@@ -218,6 +219,7 @@ async fn assert_database_refuses_negative_buckets(db: &TestDb) {
     );
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_refuses_a_negative_bucket() {
     assert_database_refuses_negative_buckets(&sqlite_db().await).await;
@@ -257,9 +259,11 @@ async fn assert_concurrent_refunds_pay_back_once<S: Store + 'static>(store: Arc<
     assert_eq!(store.balance(caller.account).await.unwrap(), balance(10, 0));
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_concurrent_refunds_of_one_call_pay_back_once() {
-    assert_concurrent_refunds_pay_back_once(sqlite_db().await.store).await;
+    let db = sqlite_db().await;
+    assert_concurrent_refunds_pay_back_once(db.store.clone()).await;
 }
 
 #[tokio::test]
@@ -304,6 +308,7 @@ async fn assert_200_calls_on_50_credits(db: &TestDb, gateways: &[Gateway]) {
     db.assert_audit_holds().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
     let db = sqlite_db().await;
@@ -355,6 +360,7 @@ async fn two_gateways_on_one_postgres_never_spend_the_same_credit() {
     db.drop_schema().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_sqlite_connections_pools_on_one_file_never_spend_the_same_credit() {
     assert_two_gateways_never_spend_the_same_credit(&sqlite_db().await).await;
@@ -363,7 +369,7 @@ async fn two_sqlite_connections_pools_on_one_file_never_spend_the_same_credit() 
 #[tokio::test]
 async fn a_grant_must_be_positive_on_every_backend() {
     let memory = MemoryStore::new();
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let stores: [&dyn Store; 2] = [&memory, db.store.as_ref()];
     for store in stores {
         let account: AccountId = store.create_account("x").await.unwrap();
@@ -383,6 +389,7 @@ async fn a_grant_must_be_positive_on_every_backend() {
     }
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn migrations_use_their_own_table_and_keys_are_stored_only_as_hashes() {
     use sea_orm::{DbBackend, Statement};
@@ -493,6 +500,7 @@ async fn assert_group_commit_keeps_each_outcome(db: &TestDb) {
     db.assert_audit_holds().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_group_commit_keeps_each_outcome() {
     assert_group_commit_keeps_each_outcome(&sqlite_db().await).await;
@@ -842,6 +850,7 @@ async fn assert_settles_are_flushed_where_commits_do_not_wait(db: &TestDb, flush
     db.assert_audit_holds().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_settles_are_answered_after_a_flush() {
     assert_settles_are_flushed_where_commits_do_not_wait(&sqlite_db().await, true).await;
@@ -952,6 +961,7 @@ async fn assert_grants_past_the_largest_balance_are_refused(db: TestDb) {
     db.drop_schema().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_grants_past_the_largest_balance_are_refused() {
     assert_grants_past_the_largest_balance_are_refused(sqlite_db().await).await;

@@ -342,6 +342,7 @@ fn runtime() -> tokio::runtime::Runtime {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
+    #[cfg(feature = "sqlite")]
     #[test]
     fn sqlite_agrees_with_the_model_on_any_sequence(ops in prop::collection::vec(op(), 1..40)) {
         runtime().block_on(async {

@@ -36,7 +36,7 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
 #[tokio::test]
 async fn the_metrics_count_known_traffic() {
     let metrics = model_gateway::telemetry::install_prometheus().unwrap();
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let provider = FakeProvider::start().await;
     let ok = r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#;
     let catalogue =

@@ -199,7 +199,7 @@ const CHAT_DELTA: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\
 
 #[tokio::test]
 async fn streaming_is_off_unless_switched_on() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
     for (path, body) in [
@@ -215,7 +215,7 @@ async fn streaming_is_off_unless_switched_on() {
 
 #[tokio::test]
 async fn the_mock_streams_its_reply_in_each_protocols_events_and_bills_it_once() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = mock_streaming_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
 
@@ -276,7 +276,7 @@ async fn the_mock_streams_its_reply_in_each_protocols_events_and_bills_it_once()
 
 #[tokio::test]
 async fn refusals_before_the_stream_are_plain_json_in_the_contracts_order() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = mock_streaming_gateway(&db).await;
     let poor = db.funded_key(1, 0).await;
     let rich = db.funded_key(100, 0).await;
@@ -316,7 +316,7 @@ async fn refusals_before_the_stream_are_plain_json_in_the_contracts_order() {
 
 #[tokio::test]
 async fn recorded_streams_reach_the_client_byte_for_byte_however_the_provider_cuts_them() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let provider = FakeProvider::start().await;
     let gateway = provider_gateway(&db, &[&provider], "").await;
     let key = db.funded_key(1_000, 0).await;
@@ -363,7 +363,7 @@ async fn recorded_streams_reach_the_client_byte_for_byte_however_the_provider_cu
 
 #[tokio::test]
 async fn a_channel_that_fails_before_the_first_event_is_failed_over() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let (primary, backup) = (FakeProvider::start().await, FakeProvider::start().await);
     let gateway = provider_gateway(&db, &[&primary, &backup], "").await;
     let key = db.funded_key(100, 0).await;
@@ -391,7 +391,7 @@ async fn a_channel_that_fails_before_the_first_event_is_failed_over() {
 
 #[tokio::test]
 async fn when_every_channel_fails_before_the_first_event_the_client_gets_a_json_502_and_a_refund() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let provider = FakeProvider::start().await;
     provider.always(Fault::sse(["event: message_st"]).ending(StreamEnd::Cut));
     let gateway = provider_gateway(&db, &[&provider], "").await;
@@ -414,7 +414,7 @@ async fn when_every_channel_fails_before_the_first_event_the_client_gets_a_json_
 
 #[tokio::test]
 async fn events_the_provider_spaces_out_arrive_spaced_out() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let provider = FakeProvider::start().await;
     let gateway = provider_gateway(&db, &[&provider], "").await;
     let key = db.funded_key(10, 0).await;
@@ -488,6 +488,7 @@ async fn assert_a_stream_cut_mid_way_is_refunded(db: TestDb) {
     db.drop_schema().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_a_stream_cut_mid_way_is_refunded() {
     assert_a_stream_cut_mid_way_is_refunded(sqlite_db().await).await;
@@ -548,6 +549,7 @@ async fn assert_a_providers_error_event_is_refunded(db: TestDb) {
     db.drop_schema().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_a_providers_error_event_is_refunded() {
     assert_a_providers_error_event_is_refunded(sqlite_db().await).await;
@@ -617,6 +619,7 @@ async fn assert_a_client_that_leaves_is_billed_only_after_content(db: TestDb) {
     db.drop_schema().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn sqlite_a_client_that_leaves_is_billed_only_after_content() {
     assert_a_client_that_leaves_is_billed_only_after_content(sqlite_db().await).await;
@@ -638,7 +641,7 @@ async fn mysql_a_client_that_leaves_is_billed_only_after_content() {
 
 #[tokio::test]
 async fn a_stream_quiet_past_its_idle_time_out_is_refunded() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let provider = FakeProvider::start().await;
     let gateway = provider_gateway(&db, &[&provider], "stream_idle_timeout_secs = 1").await;
     let key = db.funded_key(10, 0).await;
@@ -656,7 +659,7 @@ async fn a_stream_quiet_past_its_idle_time_out_is_refunded() {
 
 #[tokio::test]
 async fn a_stream_past_its_deadline_is_refunded_however_busy() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let provider = FakeProvider::start().await;
     let gateway = provider_gateway(&db, &[&provider], "stream_deadline_secs = 1").await;
     let key = db.funded_key(10, 0).await;
@@ -779,6 +782,7 @@ async fn assert_random_stream_endings_each_write_one_outcome(db: TestDb) {
     db.drop_schema().await;
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_random_stream_endings_each_write_one_outcome() {
     assert_random_stream_endings_each_write_one_outcome(sqlite_db().await).await;

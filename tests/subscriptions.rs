@@ -311,7 +311,7 @@ async fn caller_of(db: &TestDb, key: &str) -> Caller {
 
 #[tokio::test]
 async fn periods_granted_through_the_api_end_on_the_real_clock() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let router = model_gateway::Gateway::new(
         db.store.clone(),
         Arc::new(model_gateway::Catalogue::demo()),

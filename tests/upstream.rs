@@ -43,7 +43,7 @@ async fn rig(catalogue_toml: String) -> Rig {
     let catalogue = Catalogue::from_toml(&catalogue_toml).unwrap();
     let upstream =
         HttpUpstream::with_keys(&catalogue, |variable| Some(provider_secret(variable))).unwrap();
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 64 << 20).await;
     let key = db.funded_key(1_000, 0).await;
     Rig { db, gateway, key }

@@ -14,7 +14,6 @@ use model_gateway::{
     Accounts, CallFailure, CallLog, CallSuccess, ChargeRequest, Credits, KeyHash, KeyStore, Ledger,
     Protocol,
 };
-use sea_orm::ConnectionTrait;
 
 async fn usage(gateway: &common::Gateway, key: &str, query: &str) -> Answer {
     gateway
@@ -29,7 +28,7 @@ async fn usage(gateway: &common::Gateway, key: &str, query: &str) -> Answer {
 
 #[tokio::test]
 async fn an_account_without_calls_has_an_empty_usage_window() {
-    let db = sqlite_db().await;
+    let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
     let answer = usage(&gateway, &key, "").await;
@@ -115,8 +114,12 @@ async fn usage_is_summed_per_day_and_model_on_every_database() {
     each_database(usage_counts_billed_calls_per_model).await;
 }
 
+/// On `SQLite`, whose SQL the bulk insert is written in.
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn an_account_with_100_000_calls_gets_its_window_and_pages() {
+    use sea_orm::ConnectionTrait;
+
     let db = sqlite_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;

@@ -117,10 +117,9 @@ fn an_unknown_field_is_refused_by_name() {
 
 #[test]
 fn a_messages_model_on_an_openai_upstream_is_refused() {
-    let error = with_model(
-        "name = \"claude\"\nprotocol = \"messages\"\nprice = 1\nupstream = \"openai\"",
-    )
-    .unwrap_err();
+    let error =
+        with_model("name = \"claude\"\nprotocol = \"messages\"\nprice = 1\nupstream = \"openai\"")
+            .unwrap_err();
     assert!(
         matches!(error, CatalogueError::ProtocolMismatch { .. }),
         "{error}"

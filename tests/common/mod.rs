@@ -1,5 +1,10 @@
 //! Test harness: the example gateway's own router served over real HTTP on an ephemeral port,
-//! on a temporary `SQLite` file or a private `PostgreSQL` schema.
+//! on a temporary `SQLite` file, a private `PostgreSQL` schema or a private `MariaDB` database.
+//!
+//! The crate builds with any one database backend alone (`--no-default-features --features
+//! postgres,...`), and so do the tests: [`each_database`] runs on the backends the build has,
+//! [`local_db`] is the one database a single-database test runs on (the embedded default,
+//! `SQLite`, when the build has it), and tests about one backend are compiled with it only.
 #![allow(dead_code)]
 
 pub mod fake_provider;
@@ -24,6 +29,23 @@ pub struct TestDb {
     mysql_database: Option<(String, String)>,
 }
 
+/// The database a test about the gateway rather than one backend runs on: a temporary
+/// `SQLite` file, the embedded default; in a build without `sqlite`, a schema of its own on the
+/// test `PostgreSQL`, or else a database of its own on the test `MariaDB` (dropped with it).
+pub async fn local_db() -> TestDb {
+    #[cfg(feature = "sqlite")]
+    return sqlite_db().await;
+    #[cfg(all(not(feature = "sqlite"), feature = "postgres"))]
+    return postgres_db()
+        .await
+        .expect("a build without sqlite tests on PostgreSQL: set TEST_POSTGRES_URL");
+    #[cfg(all(not(feature = "sqlite"), not(feature = "postgres")))]
+    return mysql_db()
+        .await
+        .expect("a build without sqlite or postgres tests on MariaDB: set TEST_MYSQL_URL");
+}
+
+#[cfg(feature = "sqlite")]
 pub async fn sqlite_db() -> TestDb {
     let dir = tempfile::tempdir().unwrap();
     let url = format!(
@@ -53,8 +75,21 @@ fn database_url(variable: &str) -> Option<String> {
     }
 }
 
+/// The test `PostgreSQL`'s URL; `None` (skip) in a build without `postgres`.
 pub fn postgres_url() -> Option<String> {
-    database_url("TEST_POSTGRES_URL")
+    if cfg!(feature = "postgres") {
+        database_url("TEST_POSTGRES_URL")
+    } else {
+        None
+    }
+}
+
+fn mysql_url() -> Option<String> {
+    if cfg!(feature = "mysql") {
+        database_url("TEST_MYSQL_URL")
+    } else {
+        None
+    }
 }
 
 /// A unique name for one test's schema or database.
@@ -72,8 +107,10 @@ pub fn unique_name() -> String {
 }
 
 /// Runs `test` on a fresh `SQLite` file, then on a `PostgreSQL` schema and a `MariaDB` database
-/// of its own when those are configured, dropping each afterwards.
+/// of its own when those are configured, dropping each afterwards; each only when the build has
+/// its backend.
 pub async fn each_database(test: impl AsyncFn(&TestDb)) {
+    #[cfg(feature = "sqlite")]
     test(&sqlite_db().await).await;
     if let Some(db) = postgres_db().await {
         test(&db).await;
@@ -101,7 +138,7 @@ pub async fn mysql_db() -> Option<TestDb> {
 /// A new, empty database on the test MySQL/MariaDB server: the server's URL, the database's
 /// name and its URL. The caller drops it.
 pub async fn empty_mysql_database() -> Option<(String, String, String)> {
-    let server = database_url("TEST_MYSQL_URL")?;
+    let server = mysql_url()?;
     let database = unique_name();
     let admin = Database::connect(&server).await.unwrap();
     admin
@@ -180,22 +217,12 @@ impl TestDb {
     }
 
     /// Drops the `PostgreSQL` schema or `MySQL` database (`SQLite` files go with their directory).
-    pub async fn drop_schema(self) {
-        if let Some(schema) = &self.pg_schema {
-            let admin = Database::connect(&self.url).await.unwrap();
-            admin
-                .execute_unprepared(&format!("DROP SCHEMA {schema} CASCADE"))
-                .await
-                .unwrap();
-        }
-        if let Some((server, database)) = &self.mysql_database {
+    pub async fn drop_schema(mut self) {
+        if self.mysql_database.is_some() {
             self.store.connection().clone().close().await.unwrap();
-            let admin = Database::connect(server).await.unwrap();
-            admin
-                .execute_unprepared(&format!("DROP DATABASE {database}"))
-                .await
-                .unwrap();
         }
+        let (schema, mysql) = (self.pg_schema.take(), self.mysql_database.take());
+        drop_database(&self.url, schema, mysql).await.unwrap();
     }
 
     /// An account with one key and these credits; returns the clear key.
@@ -246,6 +273,54 @@ impl TestDb {
             assert!(audit.holds(), "audit failed: {audit:?}");
         }
     }
+}
+
+/// A schema or database that no test dropped (one on [`local_db`]) is dropped with its
+/// `TestDb`, on a thread with a runtime of its own (this runs inside the test's runtime).
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let (schema, mysql) = (self.pg_schema.take(), self.mysql_database.take());
+        if schema.is_none() && mysql.is_none() {
+            return;
+        }
+        let url = self.url.clone();
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|error| error.to_string())?;
+            runtime
+                .block_on(drop_database(&url, schema, mysql))
+                .map_err(|error| error.to_string())
+        })
+        .join();
+        if let Ok(Err(error)) = dropped {
+            eprintln!("dropping a test database failed: {error}");
+        }
+    }
+}
+
+/// Drops a test's `PostgreSQL` schema (on the server at `url`) or its `MySQL` database.
+async fn drop_database(
+    url: &str,
+    schema: Option<String>,
+    mysql: Option<(String, String)>,
+) -> Result<(), sea_orm::DbErr> {
+    if let Some(schema) = schema {
+        let admin = Database::connect(url).await?;
+        admin
+            .execute_unprepared(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await?;
+        admin.close().await?;
+    }
+    if let Some((server, database)) = mysql {
+        let admin = Database::connect(&server).await?;
+        admin
+            .execute_unprepared(&format!("DROP DATABASE {database}"))
+            .await?;
+        admin.close().await?;
+    }
+    Ok(())
 }
 
 pub fn balance(subscription: i64, topup: i64) -> Balance {

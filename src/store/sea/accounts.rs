@@ -193,7 +193,13 @@ impl Accounts for SeaOrmStore {
             .transpose()?;
         api_key::Entity::update_many()
             .col_expr(api_key::Column::Models, Expr::value(models))
-            .col_expr(api_key::Column::ExpiresAt, Expr::value(rules.expires_at))
+            .col_expr(
+                api_key::Column::ExpiresAt,
+                Expr::value(super::moment_value(
+                    self.db.get_database_backend(),
+                    rules.expires_at,
+                )),
+            )
             .col_expr(api_key::Column::Rpm, Expr::value(rpm))
             .filter(api_key::Column::Id.eq(key.0))
             .exec(&self.db)
@@ -263,7 +269,10 @@ impl Accounts for SeaOrmStore {
         if new_period {
             lapse(&txn, &before, before.subscription_ends_at.unwrap_or(at)).await?;
             account::Entity::update_many()
-                .col_expr(account::Column::SubscriptionEndsAt, Expr::value(period_end))
+                .col_expr(
+                    account::Column::SubscriptionEndsAt,
+                    Expr::value(super::moment_value(txn.get_database_backend(), period_end)),
+                )
                 .filter(account::Column::Id.eq(account.0))
                 .exec(&txn)
                 .await?;

@@ -381,6 +381,16 @@ async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     session.commit().await
 }
 
+/// A moment as a statement value that every backend keeps whole. On `MySQL` it is a plain
+/// `DATETIME` in UTC: sqlx sends a `DateTime<Utc>` as a `TIMESTAMP`, which `MariaDB` stores as
+/// `NULL` past 2038-01-19 (a key's expiry or a subscription's end set that far would vanish).
+fn moment_value(backend: sea_orm::DbBackend, at: Option<chrono::DateTime<Utc>>) -> sea_orm::Value {
+    match backend {
+        sea_orm::DbBackend::MySql => at.map(|at| at.naive_utc()).into(),
+        _ => at.into(),
+    }
+}
+
 fn balance_of(row: &account::Model) -> Balance {
     Balance {
         subscription: Credits(row.subscription_credits),
