@@ -31,6 +31,9 @@
 //! `LOADTEST_REQUESTS` (default 10000) sets the requests per run at concurrency 16 and 64; a
 //! fifth of that runs at concurrency 1. `LOADTEST_CONCURRENCY` runs one level instead of all
 //! three; `LOADTEST_ROUNDS` repeats each level that many times and prints the medians.
+//! `LOADTEST_IDEMPOTENCY_KEYS=1` sends every request with an `Idempotency-Key` of its own, so
+//! every call takes the keyed path (its record written with the reservation, its reply with the
+//! settle).
 
 // Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
 // through `pub` items of their own modules.
@@ -185,6 +188,8 @@ async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figures {
         .build()
         .unwrap();
     let url = format!("{}/v1/chat/completions", target.base);
+    let keyed = std::env::var("LOADTEST_IDEMPOTENCY_KEYS").as_deref() == Ok("1");
+    let run = fastrand::u64(..);
     let issued = Arc::new(AtomicU64::new(0));
     let ok = Arc::new(AtomicU64::new(0));
     let cpu_before = process_cpu_time();
@@ -195,11 +200,18 @@ async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figures {
             let (issued, ok) = (issued.clone(), ok.clone());
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
-                while issued.fetch_add(1, Ordering::Relaxed) < requests {
+                loop {
+                    let n = issued.fetch_add(1, Ordering::Relaxed);
+                    if n >= requests {
+                        break;
+                    }
                     let mut request = client
                         .post(&url)
                         .header("content-type", "application/json")
                         .body(BODY);
+                    if keyed {
+                        request = request.header("idempotency-key", format!("lt-{run}-{n}"));
+                    }
                     if let Some(key) = &key {
                         request = request.bearer_auth(key);
                     }

@@ -14,7 +14,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fake_provider::{FakeProvider, Fault};
+use common::fake_provider::{FakeProvider, Fault, StreamEnd};
 use common::*;
 use model_gateway::recovery::Upkeep;
 use model_gateway::{
@@ -197,7 +197,7 @@ async fn a_key_that_is_empty_too_long_or_not_ascii_is_a_400_and_uncharged() {
 
 /// A gateway whose chat model is served by `provider`.
 async fn provider_gateway(db: &TestDb, provider: &FakeProvider) -> Gateway {
-    let toml = one_upstream_toml("fake", &format!("{}/v1", provider.base), "K", "");
+    let toml = one_upstream_toml("fake", &provider.base, "K", "");
     http_gateway(db, Catalogue::from_toml(&toml).unwrap()).await
 }
 
@@ -365,4 +365,53 @@ async fn records_past_their_window_are_forgotten_by_the_upkeep() {
         assert_eq!(db.balance(&key).await.total().get(), 20 - 2 * CHAT_PRICE);
     })
     .await;
+}
+
+/// A keyed stream whose client left after content reached it: billed (the provider did the
+/// work), its reply not kept, so a retry is told so (409) and is not billed again.
+#[tokio::test]
+async fn a_keyed_stream_its_client_left_is_billed_once_and_its_retry_told_so() {
+    const CHAT_DELTA: &str =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let toml = format!(
+        "streaming = true\n{}",
+        one_upstream_toml("fake", &provider.base, "K", "")
+    );
+    let gateway = http_gateway(&db, Catalogue::from_toml(&toml).unwrap()).await;
+    let key = db.funded_key(0, 20).await;
+    let body =
+        r#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hello"}]}"#;
+    provider.then(Fault::sse([CHAT_DELTA]).ending(StreamEnd::Hang));
+    let mut response = gateway
+        .client
+        .post(format!("{}{CHAT}", gateway.base))
+        .bearer_auth(&key)
+        .header("idempotency-key", "left")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    while received.len() < CHAT_DELTA.len() {
+        received.extend_from_slice(&response.chunk().await.unwrap().unwrap());
+    }
+    drop(response);
+    let started = std::time::Instant::now();
+    while db.calls(&key).await[0].status == CallStatus::Pending {
+        assert!(started.elapsed() < Duration::from_secs(5), "still pending");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(db.calls(&key).await[0].status, CallStatus::Ok);
+    let retry = keyed(&gateway, CHAT, &key, "left", body).await;
+    assert_eq!(retry.status, 409);
+    assert_eq!(
+        retry.detail(),
+        "相同 Idempotency-Key 的请求已完成并计费, 但其回复未保存, 无法重放"
+    );
+    assert_eq!(retry.headers["x-should-retry"], "false");
+    assert_eq!(provider.requests(), 1);
+    assert_eq!(db.balance(&key).await.total().get(), 20 - CHAT_PRICE);
+    assert_eq!(db.calls(&key).await.len(), 1);
 }
