@@ -415,3 +415,46 @@ async fn a_keyed_stream_its_client_left_is_billed_once_and_its_retry_told_so() {
     assert_eq!(db.balance(&key).await.total().get(), 20 - CHAT_PRICE);
     assert_eq!(db.calls(&key).await.len(), 1);
 }
+
+/// Keyed calls of many accounts at once, on the three databases: each account's call runs and
+/// is billed once, and none is refused because they raced (on `MariaDB`, locking reads of
+/// missing records in one index would deadlock two accounts' inserts).
+#[tokio::test]
+async fn keyed_calls_of_many_accounts_at_once_all_run() {
+    each_database(async |db| {
+        let gateway = start_mock_gateway(db).await;
+        let mut keys = Vec::new();
+        for _ in 0..24 {
+            keys.push(db.funded_key(0, 10).await);
+        }
+        let calls: Vec<_> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let (client, base) = (gateway.client.clone(), gateway.base.clone());
+                let (key, body) = (key.clone(), chat_body(CHAT_MODEL));
+                // Half share one key string (keys are per account), half have their own.
+                let idem = if i % 2 == 0 {
+                    "shared".to_owned()
+                } else {
+                    format!("own-{i}")
+                };
+                tokio::spawn(async move { keyed_on(&client, &base, CHAT, &key, &idem, body).await })
+            })
+            .collect();
+        for call in calls {
+            let answer = call.await.unwrap();
+            assert_eq!(
+                (answer.status, answer.replayed),
+                (200, false),
+                "{:?}",
+                answer.bytes
+            );
+        }
+        for key in &keys {
+            assert_eq!(db.balance(key).await.total().get(), 10 - CHAT_PRICE);
+        }
+        db.assert_audit_holds().await;
+    })
+    .await;
+}

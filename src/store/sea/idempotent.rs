@@ -4,7 +4,7 @@
 //! `store::idempotency`'s).
 //!
 //! - **reserve**: lock the account (as a batch does), check the key is active, read the key's
-//!   record and the status of its call, decide; then reserve through the same statements as a
+//!   record and the status of its call (no row lock: see `record`), decide; then reserve through the same statements as a
 //!   batch of one ([`ledger_ops::apply_in`]) and insert or repoint the record. Every keyed
 //!   reservation of an account waits on that account's lock, on every gateway sharing the
 //!   database, so concurrent calls with one key make one reservation.
@@ -134,7 +134,11 @@ async fn key_active(txn: &DatabaseTransaction, key: i64) -> Result<bool, StoreEr
     Ok(active.is_some())
 }
 
-/// The key's record and its call's status, read under lock.
+/// The key's record and its call's status. Read without a row lock: the account's lock, taken
+/// first, already orders every keyed reservation of the account, and reads made after it see
+/// what the one before committed (on `MySQL` the transaction's snapshot is taken at its first
+/// plain read, after that lock). A locking read would also lock the gap where a missing record
+/// would go, and on `MariaDB` two accounts inserting into one gap then deadlock.
 async fn record(
     txn: &DatabaseTransaction,
     account: AccountId,
@@ -143,7 +147,6 @@ async fn record(
     let Some(row) = idempotent_call::Entity::find()
         .filter(idempotent_call::Column::AccountId.eq(account.0))
         .filter(idempotent_call::Column::IdemKey.eq(key))
-        .lock_exclusive()
         .one(txn)
         .await?
     else {
