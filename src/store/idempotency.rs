@@ -75,6 +75,18 @@ pub(crate) enum KeyedDecision {
     Answer(ReserveError),
 }
 
+/// A record made at or before this moment is past `window` at `now`; `None` when none can be
+/// (a window reaching before the earliest time). The one statement of "past its window", for
+/// the rule below and for forgetting records.
+pub(crate) fn window_cutoff(
+    now: DateTime<Utc>,
+    window: std::time::Duration,
+) -> Option<DateTime<Utc>> {
+    chrono::Duration::from_std(window)
+        .ok()
+        .and_then(|window| now.checked_sub_signed(window))
+}
+
 /// The rule of the table in the module docs.
 pub(crate) fn decide(
     found: Option<KeyedCall>,
@@ -86,8 +98,8 @@ pub(crate) fn decide(
         return KeyedDecision::Reserve;
     };
     // A running call keeps its key however long it runs: its outcome is not known yet.
-    let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
-    if found.status != CallStatus::Pending && found.created_at + window <= now {
+    let past_window = window_cutoff(now, window).is_some_and(|cutoff| found.created_at <= cutoff);
+    if found.status != CallStatus::Pending && past_window {
         return KeyedDecision::Reserve;
     }
     if found.fingerprint != key.fingerprint() {
@@ -148,6 +160,18 @@ mod tests {
             decide_now(Some(found(CallStatus::Pending, &same, day + 1)), &key),
             KeyedDecision::Answer(ReserveError::IdempotentCallRunning)
         ));
+    }
+
+    #[test]
+    fn a_window_longer_than_time_keeps_every_key() {
+        let key = IdempotencyKey::new("k", "/v1/messages", b"{}").unwrap();
+        let huge = std::time::Duration::from_secs(u64::MAX);
+        let ended = found(CallStatus::Ok, "other", 10 * 365 * 24 * 60 * 60);
+        assert!(matches!(
+            decide(Some(ended), &key, Utc::now(), huge),
+            KeyedDecision::Answer(ReserveError::IdempotencyKeyReused)
+        ));
+        assert_eq!(window_cutoff(Utc::now(), huge), None);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::{
     CallFailure, CallId, CallLog, CallQuery, CallRecord, CallStatus, CallSuccess, Caller,
     ChargeRequest, DEFAULT_IDEMPOTENCY_WINDOW, DailyUsage, Grant, Granted, IdempotencyKeyReused,
     KeptReply, KeyId, KeyInfo, KeyRules, KeyStore, KeyedCall, KeyedDecision, Lapse, Ledger,
-    Reservation, ReserveError, StoreError, Sums, check_grant_amount, decide_keyed,
+    Reservation, ReserveError, StoreError, Sums, check_grant_amount, decide_keyed, window_cutoff,
 };
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
@@ -256,13 +256,14 @@ impl Ledger for MemoryStore {
 
     async fn forget_idempotent_calls(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
         let mut state = self.lock();
-        let window =
-            chrono::Duration::from_std(state.idempotency_window()).unwrap_or(chrono::Duration::MAX);
+        let Some(cutoff) = window_cutoff(now, state.idempotency_window()) else {
+            return Ok(0);
+        };
         let expired: Vec<_> = state
             .keyed
             .iter()
             .filter(|(_, row)| {
-                row.created_at + window <= now
+                row.created_at <= cutoff
                     && state
                         .call(row.call)
                         .is_some_and(|call| call.status != CallStatus::Pending)

@@ -33,7 +33,7 @@ mod sea;
 
 pub use crate::call::IdempotencyKey;
 pub use idempotency::{DEFAULT_IDEMPOTENCY_WINDOW, KeptReply, MAX_KEPT_REPLY_BYTES};
-pub(crate) use idempotency::{KeyedCall, KeyedDecision, decide as decide_keyed};
+pub(crate) use idempotency::{KeyedCall, KeyedDecision, decide as decide_keyed, window_cutoff};
 pub use memory::MemoryStore;
 pub use records::{
     AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted,

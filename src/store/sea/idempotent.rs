@@ -29,7 +29,7 @@ use super::jobs::begin_write;
 use super::{ledger_ops, locked_account};
 use crate::store::{
     AccountId, CallId, CallStatus, CallSuccess, IdempotencyKey, KeptReply, KeyedCall,
-    KeyedDecision, Reservation, ReserveError, StoreError, decide_keyed,
+    KeyedDecision, Reservation, ReserveError, StoreError, decide_keyed, window_cutoff,
 };
 
 /// Reserves a keyed call, or answers it from its key's record; see the module docs.
@@ -106,8 +106,7 @@ pub(super) async fn forget(
     now: DateTime<Utc>,
     window: std::time::Duration,
 ) -> Result<u64, StoreError> {
-    let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
-    let Some(cutoff) = now.checked_sub_signed(window) else {
+    let Some(cutoff) = window_cutoff(now, window) else {
         return Ok(0);
     };
     let ended = sea_orm::sea_query::Query::select()
