@@ -369,12 +369,26 @@ async fn main() {
         .unwrap_or(10_000);
     let dir = tempfile::tempdir().unwrap();
     let sqlite_url = format!("sqlite://{}?mode=rwc", dir.path().join("load.db").display());
+    let owned_url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("owned.db").display()
+    );
     let mut targets = vec![
         floor().await,
         memory_gateway().await,
         gateway(
             "gateway, SQLite",
             SeaOrmStore::connect(&sqlite_url).await.unwrap(),
+        )
+        .await,
+        // The same, with the file owned: reservations held in memory, one write per call.
+        gateway(
+            "gateway, SQLite owned",
+            SeaOrmStore::connect(&owned_url)
+                .await
+                .unwrap()
+                .own_file()
+                .unwrap(),
         )
         .await,
     ];

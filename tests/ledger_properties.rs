@@ -350,6 +350,16 @@ proptest! {
             run_against_model(&db, &ops).await;
         });
     }
+
+    /// The same file owned by its store: reservations held in memory, written when they end.
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn an_owned_sqlite_file_agrees_with_the_model_on_any_sequence(ops in prop::collection::vec(op(), 1..40)) {
+        runtime().block_on(async {
+            let db = owned_sqlite_db().await;
+            run_against_model(&db, &ops).await;
+        });
+    }
 }
 
 proptest! {

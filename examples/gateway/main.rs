@@ -186,6 +186,11 @@ struct ServeArgs {
     /// answered from the kept reply, never billed again.
     #[arg(long, env = "GATEWAY_IDEMPOTENCY_WINDOW_SECS", default_value_t = DEFAULT_IDEMPOTENCY_WINDOW.as_secs())]
     idempotency_window_secs: u64,
+    /// On a `SQLite` file, keep reservations in the database so that several gateways may
+    /// serve the file at once. By default the gateway owns the file: reservations are held in
+    /// memory, each call is written once, and a second gateway on the file is refused.
+    #[arg(long, env = "GATEWAY_SQLITE_SHARED", value_parser = clap::builder::FalseyValueParser::new())]
+    sqlite_shared: bool,
 }
 
 impl ServeArgs {
@@ -627,6 +632,11 @@ fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::Catalogu
 async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let catalogue = Arc::new(load_catalogue(&args)?);
     let window = Duration::from_secs(args.idempotency_window_secs);
+    let store = if store.sqlite_file().is_some() && !args.sqlite_shared {
+        store.own_file()?
+    } else {
+        store
+    };
     let store = Arc::new(store.with_idempotency_window(window));
     let upstream = if args.mock {
         if let Some(demo) = Admin::new(store.clone()).ensure_demo_account().await? {

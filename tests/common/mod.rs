@@ -47,12 +47,24 @@ pub async fn local_db() -> TestDb {
 
 #[cfg(feature = "sqlite")]
 pub async fn sqlite_db() -> TestDb {
+    sqlite_db_with(|store| store).await
+}
+
+/// A temporary `SQLite` file owned by its store: reservations held in memory
+/// ([`SeaOrmStore::own_file`]).
+#[cfg(feature = "sqlite")]
+pub async fn owned_sqlite_db() -> TestDb {
+    sqlite_db_with(|store| store.own_file().unwrap()).await
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite_db_with(make: impl FnOnce(SeaOrmStore) -> SeaOrmStore) -> TestDb {
     let dir = tempfile::tempdir().unwrap();
     let url = format!(
         "sqlite://{}?mode=rwc",
         dir.path().join("gateway.db").display()
     );
-    let store = Arc::new(SeaOrmStore::connect(&url).await.unwrap());
+    let store = Arc::new(make(SeaOrmStore::connect(&url).await.unwrap()));
     TestDb {
         store,
         url,

@@ -59,17 +59,21 @@ fn summary(row: account::Model) -> AccountSummary {
 }
 
 /// Takes out what is left of a locked account's subscription credits, if anything, recording
-/// it as lapsed at `period_end`.
+/// it as lapsed at `period_end`. What calls hold in memory (`held`, see
+/// [`SeaOrmStore::own_file`]) stays: those calls were made within the period, and take it
+/// when they end.
 async fn lapse<C: ConnectionTrait>(
     txn: &C,
     row: &account::Model,
     period_end: DateTime<Utc>,
+    held: Credits,
 ) -> Result<Option<Lapse>, StoreError> {
-    if row.subscription_credits <= 0 {
+    let left = row.subscription_credits - held.0;
+    if left <= 0 {
         return Ok(None);
     }
     let emptied = account::Entity::update_many()
-        .col_expr(account::Column::SubscriptionCredits, Expr::value(0i64))
+        .col_expr(account::Column::SubscriptionCredits, Expr::value(held.0))
         .filter(account::Column::Id.eq(row.id))
         .filter(account::Column::SubscriptionCredits.eq(row.subscription_credits))
         .exec(txn)
@@ -83,7 +87,7 @@ async fn lapse<C: ConnectionTrait>(
     subscription_lapse::ActiveModel {
         id: NotSet,
         account_id: Set(row.id),
-        amount: Set(row.subscription_credits),
+        amount: Set(left),
         period_end: Set(period_end),
         created_at: Set(Utc::now()),
     }
@@ -91,7 +95,7 @@ async fn lapse<C: ConnectionTrait>(
     .await?;
     Ok(Some(Lapse {
         account: AccountId(row.id),
-        amount: Credits(row.subscription_credits),
+        amount: Credits(left),
         period_end,
     }))
 }
@@ -109,6 +113,18 @@ fn like_escaped(text: &str) -> String {
 }
 
 impl SeaOrmStore {
+    /// Accounts as read, less what calls hold on them in memory (see
+    /// [`SeaOrmStore::own_file`]): what they have to spend. A display, so read outside the
+    /// holds' lock; a batch ending in between can make it one call off.
+    async fn net_of_holds(&self, mut summaries: Vec<AccountSummary>) -> Vec<AccountSummary> {
+        if let Some(holds) = self.lock_holds().await {
+            for summary in &mut summaries {
+                summary.balance = holds.net(summary.id.0, summary.balance);
+            }
+        }
+        summaries
+    }
+
     async fn key_row(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
         api_key::Entity::find_by_id(key.0)
             .one(&self.db)
@@ -237,6 +253,16 @@ impl Accounts for SeaOrmStore {
             at,
         } = grant;
         check_grant_amount(amount)?;
+        // Held calls must not change while a new period lapses the old one's credits.
+        let holds = self.lock_holds().await;
+        let held = holds
+            .as_ref()
+            .map(|holds| holds.on(account.0))
+            .unwrap_or_default();
+        let net = |row: &account::Model| match &holds {
+            Some(holds) => holds.net(account.0, balance_of(row)),
+            None => balance_of(row),
+        };
         let txn = self.begin_write().await?;
         // Grants to one account queue on its row from here, so that the key check below and
         // the grant it allows cannot interleave with another grant's.
@@ -255,7 +281,7 @@ impl Accounts for SeaOrmStore {
                     })));
                 }
                 return Ok(Granted {
-                    balance: balance_of(&before),
+                    balance: net(&before),
                     applied: false,
                 });
             }
@@ -267,7 +293,8 @@ impl Accounts for SeaOrmStore {
         // A grant past the largest balance is refused by the guarded update below, and the
         // roll-back undoes the lapse too.
         if new_period {
-            lapse(&txn, &before, before.subscription_ends_at.unwrap_or(at)).await?;
+            let end = before.subscription_ends_at.unwrap_or(at);
+            lapse(&txn, &before, end, held.subscription).await?;
             account::Entity::update_many()
                 .col_expr(
                     account::Column::SubscriptionEndsAt,
@@ -317,7 +344,7 @@ impl Accounts for SeaOrmStore {
         }
         .insert(&txn)
         .await?;
-        let balance = balance_of(&locked_account(&txn, account).await?);
+        let balance = net(&locked_account(&txn, account).await?);
         txn.commit().await?;
         Ok(Granted {
             balance,
@@ -326,10 +353,11 @@ impl Accounts for SeaOrmStore {
     }
 
     async fn account(&self, account: AccountId) -> Result<Option<AccountSummary>, StoreError> {
-        Ok(account::Entity::find_by_id(account.0)
-            .one(&self.db)
-            .await?
-            .map(summary))
+        let row = account::Entity::find_by_id(account.0).one(&self.db).await?;
+        Ok(self
+            .net_of_holds(row.into_iter().map(summary).collect())
+            .await
+            .pop())
     }
 
     async fn accounts(&self, query: AccountQuery<'_>) -> Result<Vec<AccountSummary>, StoreError> {
@@ -363,14 +391,15 @@ impl Accounts for SeaOrmStore {
                     .add(account::Column::Id.in_subquery(key_matches)),
             );
         }
-        Ok(select
+        let summaries = select
             .order_by_asc(account::Column::Id)
             .limit(query.limit)
             .all(&self.db)
             .await?
             .into_iter()
             .map(summary)
-            .collect())
+            .collect();
+        Ok(self.net_of_holds(summaries).await)
     }
 
     async fn account_count(&self) -> Result<u64, StoreError> {
@@ -396,10 +425,13 @@ impl Accounts for SeaOrmStore {
             .into_iter()
             .filter(|(_, end)| end.is_some_and(|end| end <= now))
         {
+            // Held calls must not change while the lapse leaves what they hold.
+            let holds = self.lock_holds().await;
+            let held = holds.as_ref().map(|holds| holds.on(id)).unwrap_or_default();
             let txn = self.begin_write().await?;
             let row = locked_account(&txn, AccountId(id)).await?;
             let lapsed = match row.subscription_ends_at {
-                Some(end) if end <= now => lapse(&txn, &row, end).await?,
+                Some(end) if end <= now => lapse(&txn, &row, end, held.subscription).await?,
                 _ => None,
             };
             txn.commit().await?;

@@ -9,11 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
+use super::holds::{HeldCall, HoldChanges, Holds, minus, plus};
 use crate::credits::{Balance, Credits, Split};
 use crate::protocol::Protocol;
 use crate::store::{
-    AccountId, CallFailure, CallId, CallSuccess, Caller, ChargeRequest, Reservation, ReserveError,
-    StoreError,
+    AccountId, CallFailure, CallId, CallStatus, CallSuccess, Caller, ChargeRequest, Reservation,
+    ReserveError, StoreError,
 };
 
 /// A [`ChargeRequest`] that can wait in a queue.
@@ -73,7 +74,8 @@ pub(super) struct Wanted {
 }
 
 impl Wanted {
-    pub(super) fn of(writes: &[&Write]) -> Wanted {
+    /// What `writes` need read; a call held in `holds` needs its account, not an entry.
+    pub(super) fn of(writes: &[&Write], holds: Option<&Holds>) -> Wanted {
         let mut wanted = Wanted::default();
         for write in writes {
             match write {
@@ -83,7 +85,10 @@ impl Wanted {
                     wanted.reservations += 1;
                 }
                 Write::Settle(call, _) | Write::Refund(call, _) => {
-                    wanted.entries.insert(call.0);
+                    match holds.and_then(|holds| holds.call(call.0)) {
+                        Some(held) => wanted.accounts.insert(held.account),
+                        None => wanted.entries.insert(call.0),
+                    };
                 }
             }
         }
@@ -134,6 +139,57 @@ pub(super) struct NewEntry<'a> {
 pub(super) enum Finish<'a> {
     Settled(&'a CallSuccess),
     Refunded(&'a CallFailure),
+    /// A held call whose credits were gone from its account when it ended (another
+    /// connection took them meanwhile): written `refunded`, nothing billed.
+    CreditsGone(&'a CallSuccess),
+}
+
+impl Finish<'_> {
+    /// The status the entry ends in.
+    pub(super) fn status(&self) -> CallStatus {
+        match self {
+            Finish::Settled(_) => CallStatus::Ok,
+            Finish::Refunded(_) | Finish::CreditsGone(_) => CallStatus::Refunded,
+        }
+    }
+
+    pub(super) fn upstream_status(&self) -> Option<i32> {
+        match self {
+            Finish::Settled(success) | Finish::CreditsGone(success) => {
+                Some(i32::from(success.upstream_status))
+            }
+            Finish::Refunded(failure) => failure.upstream_status.map(i32::from),
+        }
+    }
+
+    /// What a billed call reports (its channel and token counts); `None` for the others.
+    pub(super) fn billed(&self) -> Option<&CallSuccess> {
+        match self {
+            Finish::Settled(success) => Some(success),
+            Finish::Refunded(_) | Finish::CreditsGone(_) => None,
+        }
+    }
+
+    /// Why a call was not billed; `None` for a billed one.
+    pub(super) fn error(&self) -> Option<&str> {
+        match self {
+            Finish::Settled(_) => None,
+            Finish::Refunded(failure) => Some(&failure.error),
+            Finish::CreditsGone(_) => Some(CREDITS_GONE),
+        }
+    }
+}
+
+/// Why a held call ended with [`Finish::CreditsGone`], as its entry records it.
+pub(super) const CREDITS_GONE: &str =
+    "not billed: its credits were taken from the account while the call ran";
+
+/// A held call that ends in this batch: its entry is inserted, already finished.
+#[derive(Debug)]
+pub(super) struct EndedHold<'a> {
+    pub(super) call: i64,
+    pub(super) held: &'a HeldCall,
+    pub(super) finish: Finish<'a>,
 }
 
 /// A batch decided: what to insert, finish and write to the accounts, and each write's answer.
@@ -143,15 +199,26 @@ pub(super) struct Plan<'a> {
     pub(super) new_entries: Vec<NewEntry<'a>>,
     /// Entries that stop being `pending`, with how.
     pub(super) finished: Vec<(i64, Finish<'a>)>,
+    /// Held calls that end, whose entries are inserted finished.
+    pub(super) ended_holds: Vec<EndedHold<'a>>,
     /// Each account's balance as the batch leaves it, and its net change.
-    accounts: BTreeMap<i64, Held>,
+    accounts: BTreeMap<i64, AccountState>,
+    /// The reservations held in memory, if any: what they hold counts as spent.
+    holds: Option<&'a Holds>,
+    /// Whether this batch's reservations are held in memory instead of written.
+    hold_new: bool,
     decisions: Vec<Decision>,
 }
 
+/// An account as the batch leaves it.
 #[derive(Debug)]
-struct Held {
-    balance: Balance,
+struct AccountState {
+    /// Its row: as read, plus `change`.
+    row: Balance,
+    /// What the batch writes to its row.
     change: Balance,
+    /// What is held on it in memory, as the batch leaves it.
+    held: Balance,
     subscription_ends_at: Option<DateTime<Utc>>,
 }
 
@@ -164,8 +231,15 @@ enum Decision {
 }
 
 impl<'a> Plan<'a> {
-    /// Decides every write, in order, against what the batch read.
-    pub(super) fn decide(writes: &[&'a Write], reads: Reads) -> Result<Plan<'a>, StoreError> {
+    /// Decides every write, in order, against what the batch read less what `holds` hold (the
+    /// calls they hold end here, see [`super::holds`]). With `hold_new`, reservations are held
+    /// in memory instead of written.
+    pub(super) fn decide(
+        writes: &[&'a Write],
+        reads: Reads,
+        holds: Option<&'a Holds>,
+        hold_new: bool,
+    ) -> Result<Plan<'a>, StoreError> {
         let Reads {
             mut entries,
             accounts,
@@ -174,21 +248,30 @@ impl<'a> Plan<'a> {
         let accounts = accounts
             .into_iter()
             .map(|(id, read)| {
-                let held = Held {
-                    balance: read.balance,
+                let state = AccountState {
+                    row: read.balance,
                     change: Balance::default(),
+                    held: holds.map(|holds| holds.on(id)).unwrap_or_default(),
                     subscription_ends_at: read.subscription_ends_at,
                 };
-                (id, held)
+                (id, state)
             })
             .collect();
         let mut plan = Plan {
             new_entries: Vec::new(),
             finished: Vec::new(),
+            ended_holds: Vec::new(),
             accounts,
+            holds,
+            hold_new: hold_new && holds.is_some(),
             decisions: Vec::with_capacity(writes.len()),
         };
         for write in writes {
+            if let Some((call, held)) = plan.open_hold(write) {
+                let decision = plan.end_hold(write, call, held)?;
+                plan.decisions.push(decision);
+                continue;
+            }
             let decision = match write {
                 Write::Reserve(charge) => plan.reserve(charge, &active_keys),
                 Write::Settle(call, success) => match entries.get_mut(&call.0) {
@@ -201,11 +284,7 @@ impl<'a> Plan<'a> {
                 },
                 Write::Refund(call, failure) => match entries.get_mut(&call.0) {
                     Some(entry) if entry.pending => {
-                        let held = plan
-                            .accounts
-                            .get_mut(&entry.account)
-                            .ok_or_else(|| unknown_account(AccountId(entry.account)))?;
-                        held.give_back(entry.taken);
+                        plan.account(entry.account)?.give_back(entry.taken);
                         entry.pending = false;
                         plan.finished.push((call.0, Finish::Refunded(failure)));
                         Decision::Finished(true)
@@ -218,18 +297,68 @@ impl<'a> Plan<'a> {
         Ok(plan)
     }
 
+    fn account(&mut self, account: i64) -> Result<&mut AccountState, StoreError> {
+        self.accounts
+            .get_mut(&account)
+            .ok_or_else(|| unknown_account(AccountId(account)))
+    }
+
+    /// The held call that `write` settles or refunds, unless it has ended already.
+    fn open_hold(&self, write: &Write) -> Option<(i64, &'a HeldCall)> {
+        let (Write::Settle(call, _) | Write::Refund(call, _)) = write else {
+            return None;
+        };
+        let held = self.holds?.call(call.0)?;
+        let ended = self.ended_holds.iter().any(|ended| ended.call == call.0);
+        (!ended).then_some((call.0, held))
+    }
+
+    /// Ends a held call: a settle debits its account, if the credits are still in the row; a
+    /// refund (or a settle that finds them gone) moves nothing. Either way its entry is
+    /// written, finished.
+    fn end_hold(
+        &mut self,
+        write: &'a Write,
+        call: i64,
+        held: &'a HeldCall,
+    ) -> Result<Decision, StoreError> {
+        let state = self.account(held.account)?;
+        state.held = minus(state.held, held.taken);
+        let (finish, decision) = match write {
+            Write::Settle(_, success) => {
+                let row = minus(state.row, held.taken);
+                if row.subscription.0 >= 0 && row.topup.0 >= 0 {
+                    state.row = row;
+                    state.change = minus(state.change, held.taken);
+                    (Finish::Settled(success), Decision::Finished(true))
+                } else {
+                    (Finish::CreditsGone(success), Decision::Finished(false))
+                }
+            }
+            Write::Refund(_, failure) => (Finish::Refunded(failure), Decision::Finished(true)),
+            Write::Reserve(_) => unreachable!("a reservation holds no call yet"),
+        };
+        self.ended_holds.push(EndedHold { call, held, finish });
+        Ok(decision)
+    }
+
     fn reserve(&mut self, charge: &'a OwnedCharge, active_keys: &BTreeSet<i64>) -> Decision {
         let account = charge.caller.account;
         if !active_keys.contains(&charge.caller.key.0) {
             return Decision::Refused(ReserveError::KeyRevoked);
         }
-        let Some(held) = self.accounts.get_mut(&account.0) else {
+        let holding = self.hold_new;
+        let Some(state) = self.accounts.get_mut(&account.0) else {
             return Decision::Refused(unknown_account(account).into());
         };
-        let Some(taken) = held.spendable(charge.at).split_charge(charge.price) else {
+        let Some(taken) = state.spendable(charge.at).split_charge(charge.price) else {
             return Decision::Refused(ReserveError::InsufficientCredits);
         };
-        held.take(taken);
+        if holding {
+            state.held = plus(state.held, taken);
+        } else {
+            state.take(taken);
+        }
         self.new_entries.push(NewEntry {
             account: account.0,
             charge,
@@ -245,6 +374,28 @@ impl<'a> Plan<'a> {
             .filter(|(_, held)| held.change != Balance::default())
             .map(|(id, held)| (*id, held.change))
             .collect()
+    }
+
+    /// What the batch does to the holds, given the ids its new reservations take (in order).
+    pub(super) fn hold_changes(&self, ids: &[i64], at: DateTime<Utc>) -> HoldChanges {
+        HoldChanges {
+            added: self
+                .new_entries
+                .iter()
+                .zip(ids)
+                .map(|(new, &id)| {
+                    let held = HeldCall {
+                        account: new.account,
+                        charge: new.charge.clone(),
+                        taken: new.taken,
+                        reserved_at: at,
+                    };
+                    (id, held)
+                })
+                .collect(),
+            ended: self.ended_holds.iter().map(|ended| ended.call).collect(),
+            ids: None,
+        }
     }
 
     /// Each write's answer, given the ids the new entries were inserted under (in order).
@@ -265,24 +416,26 @@ impl<'a> Plan<'a> {
     }
 }
 
-impl Held {
-    /// What a call made at `at` may spend: nothing of a subscription whose period has ended.
+impl AccountState {
+    /// What a call made at `at` may spend: the row less what is held (a bucket that another
+    /// connection emptied under its holds has nothing to spend), and nothing of a subscription
+    /// whose period has ended.
     fn spendable(&self, at: DateTime<Utc>) -> Balance {
-        self.balance.spendable(self.subscription_ends_at, at)
+        let free = Balance {
+            subscription: Credits((self.row.subscription.0 - self.held.subscription.0).max(0)),
+            topup: Credits((self.row.topup.0 - self.held.topup.0).max(0)),
+        };
+        free.spendable(self.subscription_ends_at, at)
     }
 
     fn take(&mut self, split: Split) {
-        self.balance.subscription.0 -= split.subscription.0;
-        self.balance.topup.0 -= split.topup.0;
-        self.change.subscription.0 -= split.subscription.0;
-        self.change.topup.0 -= split.topup.0;
+        self.row = minus(self.row, split);
+        self.change = minus(self.change, split);
     }
 
     fn give_back(&mut self, split: Split) {
-        self.balance.subscription.0 += split.subscription.0;
-        self.balance.topup.0 += split.topup.0;
-        self.change.subscription.0 += split.subscription.0;
-        self.change.topup.0 += split.topup.0;
+        self.row = plus(self.row, split);
+        self.change = plus(self.change, split);
     }
 }
 

@@ -59,12 +59,14 @@ impl Committer {
     }
 
     /// Starts the committer on a thread of its own, writing through `connection` to a `SQLite`
-    /// file (see [`super::sqlite_direct`]). The thread ends when the last sender is dropped.
+    /// file (see [`super::sqlite_direct`]), holding reservations in memory with `holds`. The
+    /// thread ends when the last sender is dropped.
     #[cfg(feature = "sqlite")]
     pub(super) fn start_direct(
         connection: rusqlite::Connection,
         wal: std::fs::File,
         max_batch: usize,
+        holds: Option<Arc<super::holds::SharedHolds>>,
     ) -> Result<Committer, StoreError> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
@@ -82,7 +84,7 @@ impl Committer {
         )?;
         spawn(
             "mg-sqlite-committer",
-            Box::new(move || super::sqlite_direct::run(connection, queue, batches)),
+            Box::new(move || super::sqlite_direct::run(connection, queue, batches, holds)),
         )?;
         Ok(Committer { jobs, stats })
     }
@@ -152,7 +154,7 @@ async fn apply(
             txn.execute_unprepared("SET LOCAL synchronous_commit TO off")
                 .await?;
         }
-        apply_in(&txn, &writes).await
+        apply_in(&txn, &writes, None).await
     };
     match applied.await {
         Ok(outcomes) => {

@@ -25,6 +25,7 @@ use sea_orm::{
 
 use super::batch::{Outcome, OwnedCharge, Write};
 use super::entity::{api_key, call, idempotent_call};
+use super::holds::Holds;
 use super::jobs::begin_write;
 use super::{ledger_ops, locked_account};
 use crate::store::{
@@ -33,11 +34,14 @@ use crate::store::{
 };
 
 /// Reserves a keyed call, or answers it from its key's record; see the module docs.
+/// What `holds` hold (a store that owns its file, see [`super::holds`]) counts as spent; the
+/// caller keeps them locked until this returns.
 pub(super) async fn reserve(
     db: &DatabaseConnection,
     charge: OwnedCharge,
     key: &IdempotencyKey,
     window: std::time::Duration,
+    holds: Option<&Holds>,
 ) -> Result<Reservation, ReserveError> {
     let txn = begin_write(db).await?;
     let account = charge.caller.account;
@@ -52,7 +56,7 @@ pub(super) async fn reserve(
         return Err(answer);
     }
     let write = Write::Reserve(charge);
-    let reservation = match ledger_ops::apply_in(&txn, &[&write]).await?.pop() {
+    let reservation = match ledger_ops::apply_in(&txn, &[&write], holds).await?.pop() {
         Some(Outcome::Reserved(reserved)) => reserved?,
         _ => return Err(StoreError::msg("internal: a reservation without its outcome").into()),
     };
@@ -90,7 +94,7 @@ pub(super) async fn settle(
     let txn = begin_write(db).await?;
     let write = Write::Settle(call, success);
     let settled = matches!(
-        ledger_ops::apply_in(&txn, &[&write]).await?.pop(),
+        ledger_ops::apply_in(&txn, &[&write], None).await?.pop(),
         Some(Outcome::Finished(true))
     );
     if settled && let Some(reply) = reply {

@@ -29,15 +29,18 @@ use super::batch::{
     AccountRead, Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split,
 };
 use super::entity::{account, api_key, call};
+use super::holds::Holds;
 use crate::credits::{Balance, Credits};
 use crate::store::{CallStatus, StoreError};
 
-/// Applies `writes` in order inside `txn`; see the module documentation.
+/// Applies `writes` in order inside `txn`; see the module documentation. What `holds` hold
+/// (see [`super::holds`]) counts as spent.
 pub(super) async fn apply_in<C: ConnectionTrait>(
     txn: &C,
     writes: &[&Write],
+    holds: Option<&Holds>,
 ) -> Result<Vec<Outcome>, StoreError> {
-    let wanted = Wanted::of(writes);
+    let wanted = Wanted::of(writes, holds);
     let entries = lock_entries(txn, &wanted.entries).await?;
     let active_keys = active_keys(txn, &wanted.keys).await?;
     // Everything that does not need the accounts comes before their lock, which other gateway
@@ -50,7 +53,7 @@ pub(super) async fn apply_in<C: ConnectionTrait>(
         accounts,
         active_keys,
     };
-    let plan = Plan::decide(writes, reads)?;
+    let plan = Plan::decide(writes, reads, holds, false)?;
     let ids = insert_entries(txn, &plan.new_entries, ids).await?;
     finish_entries(txn, &plan.finished).await?;
     write_accounts(txn, &plan.account_changes()).await?;
@@ -273,32 +276,28 @@ async fn finish_entries<C: ConnectionTrait>(
         .filter(call::Column::Status.eq(CallStatus::Pending.as_str()));
     let columns: [(call::Column, FinishValue); 6] = [
         (call::Column::Status, |finish| {
-            Some(Expr::value(match finish {
-                Finish::Settled(_) => CallStatus::Ok.as_str(),
-                Finish::Refunded(_) => CallStatus::Refunded.as_str(),
-            }))
+            Some(Expr::value(finish.status().as_str()))
         }),
         (call::Column::UpstreamStatus, |finish| {
-            Some(Expr::value(match finish {
-                Finish::Settled(success) => Some(i32::from(success.upstream_status)),
-                Finish::Refunded(failure) => failure.upstream_status.map(i32::from),
-            }))
+            Some(Expr::value(finish.upstream_status()))
         }),
-        (call::Column::UpstreamChannel, |finish| match finish {
-            Finish::Settled(success) => Some(Expr::value(success.channel.clone())),
-            Finish::Refunded(_) => None,
+        (call::Column::UpstreamChannel, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.channel.clone()))
         }),
-        (call::Column::UpstreamError, |finish| match finish {
-            Finish::Settled(_) => None,
-            Finish::Refunded(failure) => Some(Expr::value(failure.error.clone())),
+        (call::Column::UpstreamError, |finish| {
+            finish.error().map(|error| Expr::value(error.to_owned()))
         }),
-        (call::Column::InputTokens, |finish| match finish {
-            Finish::Settled(success) => Some(Expr::value(success.usage.input_tokens)),
-            Finish::Refunded(_) => None,
+        (call::Column::InputTokens, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.usage.input_tokens))
         }),
-        (call::Column::OutputTokens, |finish| match finish {
-            Finish::Settled(success) => Some(Expr::value(success.usage.output_tokens)),
-            Finish::Refunded(_) => None,
+        (call::Column::OutputTokens, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.usage.output_tokens))
         }),
     ];
     for (column, value) in columns {

@@ -47,6 +47,9 @@ mod batches;
 mod entity;
 mod flush;
 mod group_commit;
+// Reservations held in memory need the SQLite committer; elsewhere only their types are used.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+mod holds;
 mod idempotent;
 mod jobs;
 mod key_cache;
@@ -92,6 +95,18 @@ pub struct SeaOrmStore {
     lease: Arc<leases::HeldLease>,
     /// How long an idempotency key holds after its call.
     idempotency_window: std::time::Duration,
+    /// When this store owns its `SQLite` file ([`SeaOrmStore::own_file`]): the reservations held
+    /// in memory, and the owner's lock.
+    owned: Option<Owned>,
+}
+
+/// What a store that owns its `SQLite` file keeps (see [`SeaOrmStore::own_file`]).
+#[derive(Debug, Clone)]
+struct Owned {
+    holds: Arc<holds::SharedHolds>,
+    /// Locked for as long as any clone of the store lives; the kernel lets it go if the
+    /// process dies.
+    _lock: Arc<std::fs::File>,
 }
 
 impl From<DbErr> for StoreError {
@@ -142,6 +157,7 @@ impl SeaOrmStore {
             sqlite_file.as_deref(),
             DEFAULT_MAX_BATCH,
             postgres_flusher,
+            None,
         )?;
         Ok(SeaOrmStore {
             committer,
@@ -151,7 +167,88 @@ impl SeaOrmStore {
             postgres_flusher,
             lease: Arc::default(),
             idempotency_window: super::DEFAULT_IDEMPOTENCY_WINDOW,
+            owned: None,
         })
+    }
+
+    /// The same store owning its `SQLite` file: a reservation is then held in memory (credits
+    /// held against the balance its batch read) and a call is written once, when it ends: an
+    /// `ok` entry with its debit, or a `refunded` entry with nothing moved. That halves the
+    /// ledger's writes per call; a crash loses only holds, which moved no money.
+    ///
+    /// A lock file beside the database (`<file>-owner.lock`) refuses a second owner, in this
+    /// process or another, for as long as this store or a clone of it lives. Stores that do not
+    /// own the file (the CLI, an admin tool, another process) may still grant, revoke, lapse and
+    /// audit: each batch reads the account rows under the file's write lock, so the next
+    /// reservation sees a grant or a revocation. If one of them takes credits that a held call
+    /// counted on (a lapse at the end of a period, a call reserved by a store that does not own
+    /// the file), that call ends `refunded`, unbilled, and its client is told the upstream
+    /// failed: the account never goes below zero.
+    ///
+    /// A call with an idempotency key is still reserved in the database (see
+    /// [`Ledger::reserve`]), and so are calls while their store does not own the file. While
+    /// held, a call has no call-log entry; [`Ledger::balance`] counts it as spent.
+    ///
+    /// # Errors
+    ///
+    /// Not a `SQLite` file, the lock file cannot be made, or another store owns the file.
+    #[cfg(feature = "sqlite")]
+    pub fn own_file(self) -> Result<SeaOrmStore, StoreError> {
+        let Some(file) = self.sqlite_file.clone() else {
+            return Err(StoreError::msg("only a SQLite file can be owned"));
+        };
+        let lock_path = format!("{}-owner.lock", file.display());
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|error| StoreError::msg(format!("opening {lock_path}: {error}")))?;
+        if let Err(error) = lock.try_lock() {
+            return Err(StoreError::msg(format!(
+                "another gateway owns {} (its lock {lock_path} is held: {error}); \
+                 stop it first, or serve the file shared",
+                file.display()
+            )));
+        }
+        let owned = Owned {
+            holds: Arc::default(),
+            _lock: Arc::new(lock),
+        };
+        Ok(SeaOrmStore {
+            committer: committer(
+                &self.db,
+                Some(&file),
+                DEFAULT_MAX_BATCH,
+                self.postgres_flusher,
+                Some(owned.holds.clone()),
+            )?,
+            owned: Some(owned),
+            ..self
+        })
+    }
+
+    /// The database file, when the store is on a `SQLite` file.
+    pub fn sqlite_file(&self) -> Option<&Path> {
+        self.sqlite_file.as_deref()
+    }
+
+    /// How many reservations are held in memory now (always 0 unless the store owns its
+    /// `SQLite` file, see [`own_file`](Self::own_file)).
+    pub async fn held_reservations(&self) -> usize {
+        match self.lock_holds().await {
+            Some(holds) => holds.len(),
+            None => 0,
+        }
+    }
+
+    /// The holds of a store that owns its file, locked: the committer decides nothing until
+    /// the guard is dropped. Take it before a write transaction, never inside one.
+    async fn lock_holds(&self) -> Option<tokio::sync::MutexGuard<'_, holds::Holds>> {
+        match &self.owned {
+            Some(owned) => Some(owned.holds.lock().await),
+            None => None,
+        }
     }
 
     /// How the ledger's writes have been grouped into transactions so far.
@@ -162,19 +259,16 @@ impl SeaOrmStore {
     /// The same store with at most `max_batch` ledger writes per transaction (1: none shared).
     /// Fails only if a `SQLite` file cannot be opened again for the new committer.
     pub fn with_max_batch(self, max_batch: usize) -> Result<SeaOrmStore, StoreError> {
+        let holds = self.owned.as_ref().map(|owned| owned.holds.clone());
         Ok(SeaOrmStore {
             committer: committer(
                 &self.db,
                 self.sqlite_file.as_deref(),
                 max_batch.max(1),
                 self.postgres_flusher,
+                holds,
             )?,
-            db: self.db,
-            keys: self.keys,
-            sqlite_file: self.sqlite_file,
-            postgres_flusher: self.postgres_flusher,
-            lease: self.lease,
-            idempotency_window: self.idempotency_window,
+            ..self
         })
     }
 
@@ -326,13 +420,14 @@ fn committer(
     sqlite_file: Option<&Path>,
     max_batch: usize,
     postgres_flusher: bool,
+    holds: Option<Arc<holds::SharedHolds>>,
 ) -> Result<Committer, StoreError> {
     #[cfg(feature = "sqlite")]
     if let Some(file) = sqlite_file {
         let (connection, wal) = sqlite_direct::open(file)?;
-        return Committer::start_direct(connection, wal, max_batch);
+        return Committer::start_direct(connection, wal, max_batch, holds);
     }
-    let _ = sqlite_file;
+    let _ = (sqlite_file, holds);
     Ok(Committer::start(db.clone(), max_batch, postgres_flusher))
 }
 
@@ -443,7 +538,12 @@ impl Ledger for SeaOrmStore {
         let mut charge = OwnedCharge::from(request);
         charge.instance = self.lease.current();
         let reserved = match request.idempotency {
-            Some(key) => idempotent::reserve(&self.db, charge, key, self.idempotency_window).await,
+            Some(key) => {
+                // Held reservations count as spent: none may change while this one is decided.
+                let holds = self.lock_holds().await;
+                let window = self.idempotency_window;
+                idempotent::reserve(&self.db, charge, key, window, holds.as_deref()).await
+            }
             None => self.committer.reserve(charge).await,
         };
         if let Err(ReserveError::KeyRevoked) = reserved {
@@ -454,7 +554,15 @@ impl Ledger for SeaOrmStore {
 
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
         if success.reply.is_some() {
-            return idempotent::settle(&self.db, call, success).await;
+            // A keyed call is reserved in the database; a held one has no key, and so no
+            // record to keep its reply in: the committer settles it.
+            let held = match self.lock_holds().await {
+                Some(holds) => holds.call(call.0).is_some(),
+                None => false,
+            };
+            if !held {
+                return idempotent::settle(&self.db, call, success).await;
+            }
         }
         self.committer.settle(call, success).await
     }
@@ -502,11 +610,17 @@ impl Ledger for SeaOrmStore {
     }
 
     async fn balance(&self, account: AccountId) -> Result<Balance, StoreError> {
-        account::Entity::find_by_id(account.0)
-            .one(&self.db)
-            .await?
-            .map(|row| balance_of(&row))
-            .ok_or_else(|| unknown_account(account))
+        let row = async || {
+            account::Entity::find_by_id(account.0)
+                .one(&self.db)
+                .await?
+                .map(|row| balance_of(&row))
+                .ok_or_else(|| unknown_account(account))
+        };
+        if let Some(holds) = self.lock_holds().await {
+            return Ok(holds.net(account.0, row().await?));
+        }
+        row().await
     }
 }
 

@@ -22,16 +22,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior};
 use tokio::sync::mpsc;
 
 use super::batch::{
-    AccountRead, Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split,
+    AccountRead, EndedHold, Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split,
 };
 use super::batches::Batches;
 use super::flush::Flusher;
+use super::holds::{HoldChanges, Holds, IdBlock, SharedHolds};
 use super::jobs::{Failure, Job, SQLITE_BUSY_TIMEOUT};
 use crate::credits::{Balance, Credits};
 use crate::store::{CallStatus, StoreError};
@@ -91,21 +93,43 @@ fn open_wal(connection: &Connection) -> Result<File, StoreError> {
     Ok(wal)
 }
 
+/// Call ids set aside at a time for held calls (see [`take_ids`]).
+const ID_BLOCK: i64 = 4096;
+
 /// The committer's loop, on its own thread: until every sender is gone, take a batch, write it
-/// in one transaction, answer it.
+/// in one transaction, answer it. With `holds`, reservations are held in memory (see
+/// [`super::holds`]).
 pub(super) fn run(
     mut connection: Connection,
     mut queue: mpsc::Receiver<Job>,
     mut batches: Batches,
+    holds: Option<Arc<SharedHolds>>,
 ) {
     while batches.next_blocking(&mut queue) {
         let applied = if batches.halted() {
             Err(Failure::Halted)
         } else {
-            apply(&mut connection, &batches.writes())
+            let writes = batches.writes();
+            match &holds {
+                None => apply(&mut connection, &writes, None).map(|(outcomes, _)| outcomes),
+                Some(shared) => apply_holding(&mut connection, &writes, shared),
+            }
         };
         batches.conclude(applied);
     }
+}
+
+/// Applies a batch with the holds locked: they change only once it has committed, and nobody
+/// who must see them together with the rows (see [`SharedHolds`]) runs meanwhile.
+fn apply_holding(
+    connection: &mut Connection,
+    writes: &[&Write],
+    shared: &SharedHolds,
+) -> Result<Vec<Outcome>, Failure> {
+    let mut holds = shared.blocking_lock();
+    let (outcomes, changes) = apply(connection, writes, Some(&holds))?;
+    holds.apply(changes);
+    Ok(outcomes)
 }
 
 /// The flusher's loop, on its own thread: until the committer is gone, take every batch
@@ -117,30 +141,88 @@ pub(super) fn flush(wal: File, mut flusher: Flusher) {
     }
 }
 
-fn apply(connection: &mut Connection, writes: &[&Write]) -> Result<Vec<Outcome>, Failure> {
+fn apply(
+    connection: &mut Connection,
+    writes: &[&Write],
+    holds: Option<&Holds>,
+) -> Result<(Vec<Outcome>, HoldChanges), Failure> {
     let txn = connection
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|error| Failure::Statement(store_error(error)))?;
     // On an error the transaction is dropped, which rolls it back.
-    let outcomes = apply_in(&txn, writes).map_err(Failure::Statement)?;
+    let applied = apply_in(&txn, writes, holds).map_err(Failure::Statement)?;
     txn.commit()
         .map_err(|error| Failure::Commit(store_error(error)))?;
-    Ok(outcomes)
+    Ok(applied)
 }
 
-fn apply_in(txn: &Transaction<'_>, writes: &[&Write]) -> Result<Vec<Outcome>, StoreError> {
-    let wanted = Wanted::of(writes);
+fn apply_in(
+    txn: &Transaction<'_>,
+    writes: &[&Write],
+    holds: Option<&Holds>,
+) -> Result<(Vec<Outcome>, HoldChanges), StoreError> {
+    let wanted = Wanted::of(writes, holds);
     let entries = read_entries(txn, &wanted)?;
     let reads = Reads {
         accounts: read_accounts(txn, &wanted, &entries)?,
         active_keys: active_keys(txn, &wanted)?,
         entries,
     };
-    let plan = Plan::decide(writes, reads)?;
-    let ids = insert_entries(txn, &plan.new_entries)?;
+    let plan = Plan::decide(writes, reads, holds, true)?;
+    let (ids, changes) = match holds {
+        None => (
+            insert_entries(txn, &plan.new_entries)?,
+            HoldChanges::default(),
+        ),
+        Some(holds) => {
+            let (ids, block) = take_ids(txn, holds.ids(), plan.new_entries.len())?;
+            let mut changes = plan.hold_changes(&ids, Utc::now());
+            changes.ids = Some(block);
+            (ids, changes)
+        }
+    };
+    insert_ended_holds(txn, &plan.ended_holds)?;
     finish_entries(txn, &plan.finished)?;
     write_accounts(txn, &plan.account_changes())?;
-    Ok(plan.outcomes(&ids))
+    Ok((plan.outcomes(&ids), changes))
+}
+
+/// Ids for `count` new held calls, from `block` while it lasts. A new block starts past the
+/// table's id sequence, which is moved past the block's end, so that entries inserted by anyone
+/// else (a keyed call, another process) never take an id handed out here.
+fn take_ids(
+    txn: &Transaction<'_>,
+    mut block: IdBlock,
+    count: usize,
+) -> Result<(Vec<i64>, IdBlock), StoreError> {
+    let count = i64::try_from(count).map_err(|_| StoreError::msg("batch too large"))?;
+    if block.left() < count {
+        let sequence: i64 = txn
+            .prepare_cached("SELECT seq FROM sqlite_sequence WHERE name = 'mg_calls'")
+            .and_then(|mut statement| statement.query_row([], |row| row.get(0)).optional())
+            .map_err(store_error)?
+            .unwrap_or(0);
+        // What is left of the block is still ours if nobody has taken an id since.
+        let start = if block.end > 0 && sequence == block.end - 1 {
+            block.next
+        } else {
+            sequence + 1
+        };
+        let end = start + count.max(ID_BLOCK);
+        let moved = txn
+            .prepare_cached("UPDATE sqlite_sequence SET seq = ?1 WHERE name = 'mg_calls'")
+            .and_then(|mut statement| statement.execute([end - 1]))
+            .map_err(store_error)?;
+        if moved == 0 {
+            txn.prepare_cached("INSERT INTO sqlite_sequence (name, seq) VALUES ('mg_calls', ?1)")
+                .and_then(|mut statement| statement.execute([end - 1]))
+                .map_err(store_error)?;
+        }
+        block = IdBlock { next: start, end };
+    }
+    let ids = (block.next..block.next + count).collect();
+    block.next += count;
+    Ok((ids, block))
 }
 
 fn read_entries(
@@ -230,8 +312,56 @@ fn active_keys(txn: &Transaction<'_>, wanted: &Wanted) -> Result<BTreeSet<i64>, 
 
 /// The text sea-orm (through sqlx) stores a timestamp as on `SQLite`, so that both write the
 /// same thing and compare alike (recovery compares `created_at` with a cut-off).
+fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::AutoSi, false)
+}
+
 fn timestamp_now() -> String {
-    Utc::now().to_rfc3339_opts(SecondsFormat::AutoSi, false)
+    timestamp(Utc::now())
+}
+
+/// Inserts the entries of the held calls that ended, finished, under the ids they were given.
+fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<(), StoreError> {
+    if ended.is_empty() {
+        return Ok(());
+    }
+    let mut statement = txn
+        .prepare_cached(
+            "INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
+             charged_subscription, charged_topup, status, created_at, request_id, instance_id, \
+             upstream_status, upstream_channel, upstream_error, input_tokens, output_tokens, \
+             finished_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+        )
+        .map_err(store_error)?;
+    let now = timestamp_now();
+    for EndedHold { call, held, finish } in ended {
+        let charge = &held.charge;
+        let billed = finish.billed();
+        statement
+            .execute(rusqlite::params![
+                call,
+                held.account,
+                charge.caller.key.0,
+                charge.protocol.as_str(),
+                charge.model,
+                charge.price.0,
+                held.taken.subscription.0,
+                held.taken.topup.0,
+                finish.status().as_str(),
+                timestamp(held.reserved_at),
+                charge.request_id,
+                charge.instance,
+                finish.upstream_status(),
+                billed.and_then(|success| success.channel.as_deref()),
+                finish.error(),
+                billed.and_then(|success| success.usage.input_tokens),
+                billed.and_then(|success| success.usage.output_tokens),
+                now,
+            ])
+            .map_err(store_error)?;
+    }
+    Ok(())
 }
 
 fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec<i64>, StoreError> {
@@ -267,43 +397,33 @@ fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec
 }
 
 fn finish_entries(txn: &Transaction<'_>, finished: &[(i64, Finish<'_>)]) -> Result<(), StoreError> {
-    let mut settle = txn
+    let mut finish_entry = txn
         .prepare_cached(
-            "UPDATE mg_calls SET status = ?2, upstream_status = ?3, upstream_channel = ?4, \
-             input_tokens = ?5, output_tokens = ?6, finished_at = ?7 \
-             WHERE id = ?1 AND status = ?8",
-        )
-        .map_err(store_error)?;
-    let mut refund = txn
-        .prepare_cached(
-            "UPDATE mg_calls SET status = ?2, upstream_status = ?3, upstream_error = ?4, \
-             finished_at = ?5 WHERE id = ?1 AND status = ?6",
+            "UPDATE mg_calls SET status = ?2, upstream_status = ?3, \
+             upstream_channel = COALESCE(?4, upstream_channel), \
+             upstream_error = COALESCE(?5, upstream_error), \
+             input_tokens = COALESCE(?6, input_tokens), \
+             output_tokens = COALESCE(?7, output_tokens), finished_at = ?8 \
+             WHERE id = ?1 AND status = ?9",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
     let pending = CallStatus::Pending.as_str();
     for (id, finish) in finished {
-        let changed = match finish {
-            Finish::Settled(success) => settle.execute(rusqlite::params![
+        let billed = finish.billed();
+        let changed = finish_entry
+            .execute(rusqlite::params![
                 id,
-                CallStatus::Ok.as_str(),
-                success.upstream_status,
-                success.channel,
-                success.usage.input_tokens,
-                success.usage.output_tokens,
+                finish.status().as_str(),
+                finish.upstream_status(),
+                billed.and_then(|success| success.channel.as_deref()),
+                finish.error(),
+                billed.and_then(|success| success.usage.input_tokens),
+                billed.and_then(|success| success.usage.output_tokens),
                 now,
                 pending,
-            ]),
-            Finish::Refunded(failure) => refund.execute(rusqlite::params![
-                id,
-                CallStatus::Refunded.as_str(),
-                failure.upstream_status,
-                failure.error,
-                now,
-                pending,
-            ]),
-        }
-        .map_err(store_error)?;
+            ])
+            .map_err(store_error)?;
         if changed != 1 {
             // Unreachable while the write lock holds; refuse rather than guess.
             return Err(StoreError::msg(format!(

@@ -1,0 +1,275 @@
+//! A `SQLite` file owned by one store (`SeaOrmStore::own_file`): reservations are held in
+//! memory and each call is written once, when it ends. What other connections to the file do
+//! meanwhile (grants, revocations, lapses, calls reserved in the database) is seen by the next
+//! reservation, and no interleaving bills a call twice or takes an account below zero.
+
+#![cfg(feature = "sqlite")]
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
+mod common;
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use common::*;
+use model_gateway::store::{Grant, IdempotencyKey};
+use model_gateway::{
+    Accounts, Bucket, CallFailure, CallStatus, CallSuccess, Caller, ChargeRequest, Credits,
+    KeyHash, KeyStore, Ledger, Protocol, ReserveError, SeaOrmStore,
+};
+
+const PRICE: i64 = 3;
+
+fn charge<'a>(caller: Caller, idempotency: Option<&'a IdempotencyKey>) -> ChargeRequest<'a> {
+    ChargeRequest {
+        caller,
+        protocol: Protocol::ChatCompletions,
+        model: CHAT_MODEL,
+        price: Credits::new(PRICE),
+        request_id: Some("req_owned"),
+        at: Utc::now(),
+        idempotency,
+    }
+}
+
+async fn caller(db: &TestDb, key: &str) -> Caller {
+    db.store
+        .caller_for_key(&KeyHash::of(key))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// The account's row as stored, read by a store that does not own the file (the CLI's view).
+async fn stored_balance(other: &SeaOrmStore, account: model_gateway::AccountId) -> (i64, i64) {
+    let row = other.account(account).await.unwrap().unwrap();
+    (row.balance.subscription.get(), row.balance.topup.get())
+}
+
+fn success() -> CallSuccess {
+    CallSuccess {
+        upstream_status: 200,
+        ..CallSuccess::default()
+    }
+}
+
+#[tokio::test]
+async fn a_held_call_is_written_once_when_it_ends_and_moves_the_row_only_if_billed() {
+    let db = owned_sqlite_db().await;
+    let other = SeaOrmStore::connect(&db.url).await.unwrap();
+    let key = db.funded_key(10, 0).await;
+    let caller = caller(&db, &key).await;
+
+    let billed = db.store.reserve(charge(caller, None)).await.unwrap();
+    let failed = db.store.reserve(charge(caller, None)).await.unwrap();
+    assert_eq!(db.store.held_reservations().await, 2);
+    assert!(db.calls(&key).await.is_empty(), "nothing written yet");
+    assert_eq!(stored_balance(&other, caller.account).await, (10, 0));
+    assert_eq!(db.balance(&key).await, balance(10 - 2 * PRICE, 0));
+    assert_eq!(db.store.call_status(billed.call).await.unwrap(), None);
+
+    assert!(db.store.settle(billed.call, success()).await.unwrap());
+    let failure = CallFailure {
+        upstream_status: Some(503),
+        error: "down".into(),
+    };
+    assert!(db.store.refund(failed.call, &failure).await.unwrap());
+    assert!(!db.store.refund(failed.call, &failure).await.unwrap());
+    assert!(!db.store.settle(billed.call, success()).await.unwrap());
+
+    assert_eq!(db.store.held_reservations().await, 0);
+    assert_eq!(
+        stored_balance(&other, caller.account).await,
+        (10 - PRICE, 0)
+    );
+    assert_eq!(db.balance(&key).await, balance(10 - PRICE, 0));
+    let calls = db.calls(&key).await;
+    assert_eq!(calls.len(), 2);
+    let status = |call: model_gateway::CallId| calls.iter().find(|c| c.id == call).unwrap();
+    assert_eq!(status(billed.call).status, CallStatus::Ok);
+    assert_eq!(status(billed.call).upstream_status, Some(200));
+    assert_eq!(status(failed.call).status, CallStatus::Refunded);
+    assert_eq!(status(failed.call).upstream_error.as_deref(), Some("down"));
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.request_id.as_deref() == Some("req_owned"))
+    );
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn a_second_owner_of_the_file_is_refused_until_the_first_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("owned.db").display()
+    );
+    let owner = SeaOrmStore::connect(&url)
+        .await
+        .unwrap()
+        .own_file()
+        .unwrap();
+    let owner_clone = owner.clone();
+    let second = SeaOrmStore::connect(&url).await.unwrap();
+    let refused = second.clone().own_file().unwrap_err().to_string();
+    assert!(refused.contains("another gateway owns"), "{refused}");
+    // A store that does not own the file still works beside the owner.
+    assert!(second.audit().await.is_ok());
+
+    drop(owner);
+    let still = second.clone().own_file().unwrap_err().to_string();
+    assert!(
+        still.contains("another gateway owns"),
+        "a clone still owns it: {still}"
+    );
+    drop(owner_clone);
+    assert!(second.own_file().is_ok());
+}
+
+#[tokio::test]
+async fn grants_and_revocations_from_another_connection_apply_to_the_next_reservation() {
+    let db = owned_sqlite_db().await;
+    let cli = SeaOrmStore::connect(&db.url).await.unwrap();
+    let key = db.funded_key(PRICE, 0).await;
+    let caller = caller(&db, &key).await;
+    let held = db.store.reserve(charge(caller, None)).await.unwrap();
+    assert!(matches!(
+        db.store.reserve(charge(caller, None)).await,
+        Err(ReserveError::InsufficientCredits)
+    ));
+
+    cli.grant(caller.account, Bucket::Topup, Credits::new(PRICE))
+        .await
+        .unwrap();
+    let second = db.store.reserve(charge(caller, None)).await.unwrap();
+    assert_eq!(second.taken.topup, Credits::new(PRICE));
+
+    assert!(cli.revoke_key(&KeyHash::of(&key)).await.unwrap());
+    assert!(matches!(
+        db.store.reserve(charge(caller, None)).await,
+        Err(ReserveError::KeyRevoked)
+    ));
+    // Calls already under way end as they would have.
+    assert!(db.store.settle(held.call, success()).await.unwrap());
+    assert!(db.store.settle(second.call, success()).await.unwrap());
+    assert_eq!(stored_balance(&cli, caller.account).await, (0, 0));
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn a_lapse_leaves_held_credits_for_their_calls_and_a_foreign_lapse_leaves_them_unbilled() {
+    let db = owned_sqlite_db().await;
+    let cli = SeaOrmStore::connect(&db.url).await.unwrap();
+    let account = db.store.create_account("lapsing").await.unwrap();
+    let now = Utc::now();
+    let period = Grant {
+        period_end: Some(now + chrono::Duration::seconds(60)),
+        at: now,
+        ..Grant::plain(Bucket::Subscription, Credits::new(10))
+    };
+    db.store.grant_once(account, period).await.unwrap();
+    let key = model_gateway::NewApiKey::generate();
+    let key_id = db.store.add_key(account, &key).await.unwrap();
+    let caller = Caller {
+        account,
+        key: key_id,
+    };
+    let first = db.store.reserve(charge(caller, None)).await.unwrap();
+    let second = db.store.reserve(charge(caller, None)).await.unwrap();
+
+    // The owner's own lapse (its upkeep) takes what is not held: 10 - 2 * 3.
+    let ended = now + chrono::Duration::seconds(61);
+    let lapses = db.store.lapse_ended_subscriptions(ended).await.unwrap();
+    assert_eq!(lapses.len(), 1);
+    assert_eq!(lapses[0].amount, Credits::new(10 - 2 * PRICE));
+    assert!(db.store.settle(first.call, success()).await.unwrap());
+    assert_eq!(stored_balance(&cli, account).await, (PRICE, 0));
+
+    // Another process's lapse cannot see the holds: it takes the held credits too, and the
+    // call they were held for ends unbilled, the account at zero, not below.
+    let foreign = Grant {
+        period_end: Some(ended + chrono::Duration::seconds(60)),
+        at: ended,
+        ..Grant::plain(Bucket::Subscription, Credits::new(1))
+    };
+    cli.grant_once(account, foreign).await.unwrap();
+    assert_eq!(stored_balance(&cli, account).await, (1, 0));
+    assert!(!db.store.settle(second.call, success()).await.unwrap());
+    assert_eq!(
+        db.store.call_status(second.call).await.unwrap(),
+        Some(CallStatus::Refunded)
+    );
+    assert_eq!(stored_balance(&cli, account).await, (1, 0));
+    db.assert_audit_holds().await;
+}
+
+/// Keyed calls are reserved in the database, by the pool, while unkeyed ones are held by the
+/// committer: on one account with credits for only some of them, at once, each credit is spent
+/// once and every 200 is billed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn held_and_keyed_calls_racing_for_one_account_spend_each_credit_once() {
+    const CALLS: usize = 60;
+    let db = owned_sqlite_db().await;
+    let key = db.funded_key(20 * PRICE, 5 * PRICE).await;
+    let caller = caller(&db, &key).await;
+    let store: Arc<SeaOrmStore> = db.store.clone();
+    let mut tasks = Vec::new();
+    for n in 0..CALLS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let idempotency = (n % 3 == 0).then(|| {
+                IdempotencyKey::new(&format!("race-{n}"), "/v1/chat/completions", b"{}").unwrap()
+            });
+            let reserved = store.reserve(charge(caller, idempotency.as_ref())).await;
+            match reserved {
+                Ok(reservation) if n % 4 == 1 => {
+                    let failure = CallFailure {
+                        upstream_status: None,
+                        error: "race".into(),
+                    };
+                    assert!(store.refund(reservation.call, &failure).await.unwrap());
+                    0
+                }
+                Ok(reservation) => {
+                    assert!(store.settle(reservation.call, success()).await.unwrap());
+                    1
+                }
+                Err(ReserveError::InsufficientCredits) => 0,
+                Err(error) => panic!("{error}"),
+            }
+        }));
+    }
+    let mut billed = 0;
+    for task in tasks {
+        billed += task.await.unwrap();
+    }
+    assert_eq!(db.store.held_reservations().await, 0);
+    let calls = db.calls(&key).await;
+    let ok = calls.iter().filter(|c| c.status == CallStatus::Ok).count();
+    assert_eq!(ok, billed);
+    assert!(calls.iter().all(|c| c.status != CallStatus::Pending));
+    let left = db.balance(&key).await.total().get();
+    assert_eq!(left, 25 * PRICE - PRICE * billed as i64);
+    assert!(left >= 0);
+    assert!(billed > 0);
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn held_calls_take_ids_that_entries_written_by_others_never_take() {
+    let db = owned_sqlite_db().await;
+    let key = db.funded_key(100, 0).await;
+    let caller = caller(&db, &key).await;
+    let held = db.store.reserve(charge(caller, None)).await.unwrap();
+    // A keyed call is inserted by the pool, under the file's own id sequence.
+    let idem = IdempotencyKey::new("ids", "/v1/chat/completions", b"{}").unwrap();
+    let keyed = db.store.reserve(charge(caller, Some(&idem))).await.unwrap();
+    assert_ne!(held.call, keyed.call);
+    assert!(db.store.settle(keyed.call, success()).await.unwrap());
+    assert!(db.store.settle(held.call, success()).await.unwrap());
+    let mut ids: Vec<_> = db.calls(&key).await.iter().map(|c| c.id).collect();
+    ids.sort();
+    assert_eq!(ids.len(), 2);
+    db.assert_audit_holds().await;
+}
