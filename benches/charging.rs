@@ -1,7 +1,8 @@
 //! The charging path, and the stack's own cost.
 //!
 //! - `charging/<backend>/<op>/<accounts>/c<callers>`: reserve+settle or reserve+refund on the
-//!   in-memory store, a `SQLite` file in WAL mode (as deployed) and `PostgreSQL` (when
+//!   in-memory store, a `SQLite` file in WAL mode (shared, and owned by its store as the
+//!   example gateway deploys it: `sqlite-owned`) and `PostgreSQL` (when
 //!   `TEST_POSTGRES_URL` is set, in a schema of its own); one hot account or 64 accounts; 1, 16
 //!   and 64 concurrent callers. Throughput is printed as `elem/s` = charged calls per second.
 //! - `stack/...`: one request through all four layers (in-memory store, mock upstream), against
@@ -157,6 +158,17 @@ fn charging_path(c: &mut Criterion) {
     );
     let sqlite = runtime.block_on(SeaOrmStore::connect(&url)).unwrap();
     bench_backend(c, &runtime, "sqlite-wal", vec![Arc::new(sqlite)]);
+    // The same, the file owned by its store: reservations held in memory, one write per call.
+    let owned_url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("owned.db").display()
+    );
+    let owned = runtime
+        .block_on(SeaOrmStore::connect(&owned_url))
+        .unwrap()
+        .own_file()
+        .unwrap();
+    bench_backend(c, &runtime, "sqlite-owned", vec![Arc::new(owned)]);
 
     match std::env::var("TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => {

@@ -125,9 +125,9 @@ async fn pending_calls(store: &SeaOrmStore, key: &str) -> usize {
         .count()
 }
 
-/// Killed under load and restarted at once, on its `SQLite` file and with no recovery age set:
-/// the restarted gateway sees that its predecessor's lease holder is gone and refunds its calls
-/// before it serves.
+/// Killed under load and restarted at once, on a `SQLite` file served shared (reservations in
+/// the database) and with no recovery age set: the restarted gateway sees that its
+/// predecessor's lease holder is gone and refunds its calls before it serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_cut_by_a_sigkill_are_refunded_within_seconds_of_the_restart() {
     const IN_FLIGHT: usize = 30;
@@ -152,6 +152,7 @@ async fn calls_cut_by_a_sigkill_are_refunded_within_seconds_of_the_restart() {
             ("GATEWAY_LISTEN", listen.clone()),
             ("SLOW_KEY", "provider-key".into()),
             ("RUST_LOG", "warn".into()),
+            ("GATEWAY_SQLITE_SHARED", "1".into()),
         ],
     };
     let (created, stdout) = env.run(&["keys", "create", "--subscription", "100"]);
@@ -226,6 +227,143 @@ async fn calls_cut_by_a_sigkill_are_refunded_within_seconds_of_the_restart() {
         env.run(&["balance", "--key", &key]).1.trim(),
         r#"{"subscription":100,"topup":0,"total":100,"subscription_ends_at":null}"#
     );
+}
+
+/// The gateway owns its `SQLite` file by default: its reservations are held in memory. While it
+/// serves, the CLI's grants and revocations apply to its next calls and a second gateway on the
+/// file is refused; killed with calls in flight, it leaves nothing written for them (no entry,
+/// no credit moved), so the restarted gateway has nothing to recover and the books balance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
+    const IN_FLIGHT: usize = 20;
+    let provider = FakeProvider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models.toml");
+    std::fs::write(
+        &models,
+        one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
+    )
+    .unwrap();
+    let listen = free_address();
+    let database_url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("gateway.db").display()
+    );
+    let env = Env {
+        vars: vec![
+            ("DATABASE_URL", database_url.clone()),
+            ("GATEWAY_MODELS", models.display().to_string()),
+            ("GATEWAY_LISTEN", listen.clone()),
+            ("SLOW_KEY", "provider-key".into()),
+            ("RUST_LOG", "warn".into()),
+        ],
+    };
+    let (created, stdout) = env.run(&["keys", "create", "--topup", "100"]);
+    assert!(created);
+    let key = stdout.lines().last().unwrap().to_owned();
+    let mut server = env.serve();
+    let client = reqwest::Client::new();
+    wait_for("the gateway to listen", async || {
+        std::net::TcpStream::connect(&listen).is_ok()
+    })
+    .await;
+    let call = async |key: &str| {
+        client
+            .post(format!("http://{listen}{CHAT}"))
+            .bearer_auth(key)
+            .body(chat_body(CHAT_MODEL))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+
+    // A second gateway on the same file is refused at start.
+    let second = env
+        .command(&["serve"])
+        .env("GATEWAY_LISTEN", free_address())
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(said.contains("another gateway owns"), "{said}");
+
+    // Grants and revocations made by the CLI while it serves apply to its next calls.
+    provider.always(Fault::json(200, r#"{"usage":{}}"#));
+    let (created, stdout) = env.run(&["keys", "create", "--topup", "0"]);
+    assert!(created);
+    let poor = stdout.lines().last().unwrap().to_owned();
+    assert_eq!(call(&poor).await, 402);
+    let store = SeaOrmStore::connect(&database_url).await.unwrap();
+    let poor_account = store
+        .caller_for_key(&KeyHash::of(&poor))
+        .await
+        .unwrap()
+        .unwrap()
+        .account
+        .0
+        .to_string();
+    let grant = [
+        "grants",
+        "add",
+        "--account",
+        &poor_account,
+        "--bucket",
+        "topup",
+        "--credits",
+        "10",
+    ];
+    assert!(env.run(&grant).0);
+    assert_eq!(call(&poor).await, 200);
+    let (revoked, _) = env.run(&["keys", "revoke", "--key", &poor]);
+    assert!(revoked);
+    assert_eq!(call(&poor).await, 401);
+
+    // Calls in flight when the gateway is killed: held, never written.
+    provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
+    call_slowly(&client, &listen, &key, IN_FLIGHT);
+    wait_for("the calls to reach the provider", async || {
+        provider.requests() >= 1 + IN_FLIGHT
+    })
+    .await;
+    assert_eq!(pending_calls(&store, &key).await, 0, "held, not written");
+    server.kill().unwrap();
+    server.wait().unwrap();
+
+    let full = r#"{"subscription":0,"topup":100,"total":100,"subscription_ends_at":null}"#;
+    assert_eq!(env.run(&["balance", "--key", &key]).1.trim(), full);
+    let (audited, report) = env.run(&["audit"]);
+    assert!(audited, "{report}");
+    let (recovered, report) = env.run(&["recover"]);
+    assert!(recovered);
+    assert!(
+        report.contains("refunded 0 reservations of stopped instances and 0 stale"),
+        "nothing to recover: {report}"
+    );
+    let account = store
+        .caller_for_key(&KeyHash::of(&key))
+        .await
+        .unwrap()
+        .unwrap()
+        .account;
+    assert!(store.recent_calls(account, 100).await.unwrap().is_empty());
+
+    // Restarted, it serves and bills as before.
+    let mut restarted = env.serve();
+    wait_for("the restarted gateway to listen", async || {
+        std::net::TcpStream::connect(&listen).is_ok()
+    })
+    .await;
+    provider.always(Fault::json(200, r#"{"usage":{}}"#));
+    assert_eq!(call(&key).await, 200);
+    restarted.kill().unwrap();
+    restarted.wait().unwrap();
+    let calls = store.recent_calls(account, 100).await.unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].status, CallStatus::Ok);
+    let (audited, report) = env.run(&["audit"]);
+    assert!(audited, "{report}");
 }
 
 /// Two gateways on one `PostgreSQL`, each serving slow calls; one is killed. The other refunds
