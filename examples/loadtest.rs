@@ -417,6 +417,14 @@ async fn main() {
         eprintln!("TEST_POSTGRES_URL is not set: skipping the PostgreSQL gateway");
     }
 
+    // `LOADTEST_TARGETS=owned,in-memory` keeps the floor and the targets whose names contain
+    // one of those words (to profile one of them, say).
+    if let Ok(only) = std::env::var("LOADTEST_TARGETS") {
+        let words: Vec<&str> = only.split(',').map(str::trim).collect();
+        targets.retain(|target| {
+            target.name.starts_with("floor") || words.iter().any(|word| target.name.contains(word))
+        });
+    }
     println!(
         "machine: {} cores; {} requests per run at c16/c64, {} at c1",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
