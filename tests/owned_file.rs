@@ -158,6 +158,36 @@ async fn grants_and_revocations_from_another_connection_apply_to_the_next_reserv
 }
 
 #[tokio::test]
+async fn reservations_are_decided_without_a_batch_until_another_connection_writes() {
+    let db = owned_sqlite_db().await;
+    let cli = SeaOrmStore::connect(&db.url).await.unwrap();
+    let key = db.funded_key(100, 0).await;
+    let caller = caller(&db, &key).await;
+    // The first reads the account and key in a batch; the next ones are decided from them.
+    db.store.reserve(charge(caller, None)).await.unwrap();
+    let batched = db.store.group_commit_stats().writes;
+    for _ in 0..5 {
+        db.store.reserve(charge(caller, None)).await.unwrap();
+    }
+    assert_eq!(db.store.group_commit_stats().writes, batched);
+    assert_eq!(db.store.held_reservations().await, 6);
+
+    // A write by anyone else sends the next reservation back to a batch, which reads afresh.
+    cli.grant(caller.account, Bucket::Topup, Credits::new(1))
+        .await
+        .unwrap();
+    db.store.reserve(charge(caller, None)).await.unwrap();
+    assert_eq!(db.store.group_commit_stats().writes, batched + 1);
+    assert!(cli.revoke_key(&KeyHash::of(&key)).await.unwrap());
+    assert!(matches!(
+        db.store.reserve(charge(caller, None)).await,
+        Err(ReserveError::KeyRevoked)
+    ));
+    let left = db.store.balance(caller.account).await.unwrap();
+    assert_eq!(left, balance(100 - 7 * PRICE, 1));
+}
+
+#[tokio::test]
 async fn a_lapse_leaves_held_credits_for_their_calls_and_a_foreign_lapse_leaves_them_unbilled() {
     let db = owned_sqlite_db().await;
     let cli = SeaOrmStore::connect(&db.url).await.unwrap();

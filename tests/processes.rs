@@ -324,7 +324,8 @@ async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
     provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
     call_slowly(&client, &listen, &key, IN_FLIGHT);
     wait_for("the calls to reach the provider", async || {
-        provider.requests() >= 1 + IN_FLIGHT
+        // One earlier call reached it, then these.
+        provider.requests() > IN_FLIGHT
     })
     .await;
     assert_eq!(pending_calls(&store, &key).await, 0, "held, not written");

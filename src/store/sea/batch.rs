@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-use super::holds::{HeldCall, HoldChanges, Holds, minus, plus};
+use super::holds::{self, HeldCall, HoldChanges, Holds, minus, plus};
 use crate::credits::{Balance, Credits, Split};
 use crate::protocol::Protocol;
 use crate::store::{
@@ -186,6 +186,7 @@ pub(super) const CREDITS_GONE: &str =
 
 /// A held call that ends in this batch: its entry is inserted, already finished.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // written by `sqlite_direct` only
 pub(super) struct EndedHold<'a> {
     pub(super) call: i64,
     pub(super) held: &'a HeldCall,
@@ -377,6 +378,7 @@ impl<'a> Plan<'a> {
     }
 
     /// What the batch does to the holds, given the ids its new reservations take (in order).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // held by `sqlite_direct` only
     pub(super) fn hold_changes(&self, ids: &[i64], at: DateTime<Utc>) -> HoldChanges {
         HoldChanges {
             added: self
@@ -421,11 +423,7 @@ impl AccountState {
     /// connection emptied under its holds has nothing to spend), and nothing of a subscription
     /// whose period has ended.
     fn spendable(&self, at: DateTime<Utc>) -> Balance {
-        let free = Balance {
-            subscription: Credits((self.row.subscription.0 - self.held.subscription.0).max(0)),
-            topup: Credits((self.row.topup.0 - self.held.topup.0).max(0)),
-        };
-        free.spendable(self.subscription_ends_at, at)
+        holds::spendable(self.row, self.held, self.subscription_ends_at, at)
     }
 
     fn take(&mut self, split: Split) {

@@ -22,6 +22,8 @@ pub(super) struct Batches {
     durability: Durability,
     /// When the current batch began to be written.
     started: std::time::Instant,
+    /// Whether the current batch is a write run again alone.
+    rerun: bool,
 }
 
 impl Batches {
@@ -33,7 +35,14 @@ impl Batches {
             stats,
             durability,
             started: std::time::Instant::now(),
+            rerun: false,
         }
+    }
+
+    /// Whether the current batch is a write run again alone, after its batch was rolled back.
+    #[cfg(feature = "sqlite")]
+    pub(super) fn rerun(&self) -> bool {
+        self.rerun
     }
 
     /// Whether a failed flush has stopped this committer: its batches must not be written.
@@ -44,13 +53,14 @@ impl Batches {
 
     /// Takes a write waiting to run alone as the next batch, if there is one.
     pub(super) fn next_alone(&mut self) -> bool {
-        match self.alone.pop_front() {
+        self.rerun = match self.alone.pop_front() {
             Some(job) => {
                 self.current.push(job);
                 true
             }
             None => false,
-        }
+        };
+        self.rerun
     }
 
     /// Receives the next batch on the runtime; `false` once every sender is gone.

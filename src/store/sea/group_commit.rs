@@ -93,23 +93,59 @@ impl Committer {
         self.stats.snapshot()
     }
 
-    /// Queues a write with its reply channel and waits for the reply.
-    async fn submit<T, E: From<StoreError>>(
+    /// Queues a write with its reply channel; the answer comes on the returned receiver.
+    async fn send<T, E>(
         &self,
         write: Write,
         reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
-    ) -> Result<T, E> {
+    ) -> Result<Answer<T, E>, StoreError> {
         let (answer, answered) = oneshot::channel();
         let job = Job {
             write,
             reply: reply(answer),
         };
         self.jobs.send(job).await.map_err(|_| stopped())?;
-        answered.await.map_err(|_| stopped())?
+        Ok(Answer(answered))
+    }
+
+    /// Queues a write and waits for the answer.
+    async fn submit<T, E: From<StoreError>>(
+        &self,
+        write: Write,
+        reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
+    ) -> Result<T, E> {
+        self.send(write, reply).await?.wait().await
     }
 
     pub(super) async fn reserve(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
         self.submit(Write::Reserve(charge), Reply::Reserve).await
+    }
+
+    /// Queues a reservation; it is decided in queue order.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for a store that owns its file
+    pub(super) async fn queue_reserve(
+        &self,
+        charge: OwnedCharge,
+    ) -> Result<Answer<Reservation, ReserveError>, StoreError> {
+        self.send(Write::Reserve(charge), Reply::Reserve).await
+    }
+
+    /// Queues a settle; it is decided in queue order.
+    pub(super) async fn queue_settle(
+        &self,
+        call: CallId,
+        success: CallSuccess,
+    ) -> Result<Answer<bool, StoreError>, StoreError> {
+        self.send(Write::Settle(call, success), Reply::Finish).await
+    }
+
+    /// Queues a refund; it is decided in queue order.
+    pub(super) async fn queue_refund(
+        &self,
+        call: CallId,
+        failure: CallFailure,
+    ) -> Result<Answer<bool, StoreError>, StoreError> {
+        self.send(Write::Refund(call, failure), Reply::Finish).await
     }
 
     pub(super) async fn settle(
@@ -128,6 +164,15 @@ impl Committer {
     ) -> Result<bool, StoreError> {
         self.submit(Write::Refund(call, failure), Reply::Finish)
             .await
+    }
+}
+
+/// The answer to a queued write, once its batch is written.
+pub(super) struct Answer<T, E>(oneshot::Receiver<Result<T, E>>);
+
+impl<T, E: From<StoreError>> Answer<T, E> {
+    pub(super) async fn wait(self) -> Result<T, E> {
+        self.0.await.map_err(|_| stopped())?
     }
 }
 

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 
-use super::batch::OwnedCharge;
+use super::batch::{AccountRead, OwnedCharge};
 use crate::credits::{Balance, Credits, Split};
 
 /// A call whose credits are held in memory.
@@ -84,6 +84,30 @@ impl Holds {
         self.ids
     }
 
+    /// Holds `taken` on `account` for a new call, under the next id set aside, if one is left.
+    pub(super) fn hold(&mut self, account: i64, charge: &OwnedCharge, taken: Split) -> Option<i64> {
+        if self.ids.left() < 1 {
+            return None;
+        }
+        let id = self.ids.next;
+        let held = HeldCall {
+            account,
+            charge: charge.clone(),
+            taken,
+            reserved_at: Utc::now(),
+        };
+        let ids = IdBlock {
+            next: id + 1,
+            end: self.ids.end,
+        };
+        self.apply(HoldChanges {
+            added: vec![(id, held)],
+            ended: Vec::new(),
+            ids: Some(ids),
+        });
+        Some(id)
+    }
+
     pub(super) fn len(&self) -> usize {
         self.calls.len()
     }
@@ -133,4 +157,77 @@ pub(super) fn minus(balance: Balance, split: Split) -> Balance {
 /// batch changes an account's row or its holds meanwhile: the committer holds it for a whole
 /// batch, from before its write lock to after its holds are applied. Everyone takes it before
 /// the database's write lock, never after, so the two cannot deadlock.
-pub(super) type SharedHolds = tokio::sync::Mutex<Holds>;
+pub(super) type SharedHolds = tokio::sync::Mutex<State>;
+
+/// What the holds' lock guards: the holds, the account rows and keys the committer last read
+/// (so that most reservations are decided here, without a batch), and the committer's
+/// connection, which is free whenever the lock is.
+#[derive(Debug, Default)]
+pub(super) struct State {
+    pub(super) holds: Holds,
+    pub(super) rows: RowCache,
+    /// Reservations and refunds queued for the committer that no batch has taken yet. While
+    /// there are any, reservations queue behind them instead of being decided at once: an
+    /// account's reservations and refunds are decided in the order they arrive.
+    pub(super) queued: usize,
+    #[cfg(feature = "sqlite")]
+    pub(super) connection: Option<rusqlite::Connection>,
+}
+
+/// Account rows and key states as the committer last read or wrote them, valid while the
+/// committer's connection reports the same `PRAGMA data_version` (which changes when any other
+/// connection commits: a grant, a revocation, a lapse, a keyed call, another process).
+#[derive(Debug, Default)]
+pub(super) struct RowCache {
+    version: Option<i64>,
+    pub(super) accounts: HashMap<i64, AccountRead>,
+    /// Whether each key is active.
+    pub(super) keys: HashMap<i64, bool>,
+}
+
+impl RowCache {
+    /// Keeps the rows if `version` is the one they were read at; otherwise empties the cache
+    /// for that version. `true` if they were kept.
+    pub(super) fn check(&mut self, version: i64) -> bool {
+        if self.version == Some(version) {
+            return true;
+        }
+        self.accounts.clear();
+        self.keys.clear();
+        self.version = Some(version);
+        false
+    }
+
+    /// Forgets every row (after a batch whose outcome is unknown).
+    pub(super) fn clear(&mut self) {
+        self.version = None;
+        self.accounts.clear();
+        self.keys.clear();
+    }
+
+    /// Applies a committed batch's changes to the rows it read.
+    pub(super) fn apply(&mut self, changes: &[(i64, Balance)]) {
+        for (id, change) in changes {
+            if let Some(row) = self.accounts.get_mut(id) {
+                row.balance.subscription.0 += change.subscription.0;
+                row.balance.topup.0 += change.topup.0;
+            }
+        }
+    }
+}
+
+/// What a call made at `at` may spend from an account whose row holds `row`, of which `held`
+/// is held: the rest (a bucket that another connection emptied under its holds has nothing),
+/// and nothing of a subscription whose period has ended.
+pub(super) fn spendable(
+    row: Balance,
+    held: Balance,
+    subscription_ends_at: Option<DateTime<Utc>>,
+    at: DateTime<Utc>,
+) -> Balance {
+    let free = Balance {
+        subscription: Credits((row.subscription.0 - held.subscription.0).max(0)),
+        topup: Credits((row.topup.0 - held.topup.0).max(0)),
+    };
+    free.spendable(subscription_ends_at, at)
+}

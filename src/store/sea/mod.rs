@@ -191,8 +191,8 @@ impl SeaOrmStore {
     ///
     /// # Errors
     ///
-    /// Not a `SQLite` file, the lock file cannot be made, or another store owns the file.
-    #[cfg(feature = "sqlite")]
+    /// Not a `SQLite` file (always, in a build without the `sqlite` feature), the lock file
+    /// cannot be made, or another store owns the file.
     pub fn own_file(self) -> Result<SeaOrmStore, StoreError> {
         let Some(file) = self.sqlite_file.clone() else {
             return Err(StoreError::msg("only a SQLite file can be owned"));
@@ -244,11 +244,39 @@ impl SeaOrmStore {
 
     /// The holds of a store that owns its file, locked: the committer decides nothing until
     /// the guard is dropped. Take it before a write transaction, never inside one.
-    async fn lock_holds(&self) -> Option<tokio::sync::MutexGuard<'_, holds::Holds>> {
+    async fn lock_holds(&self) -> Option<tokio::sync::MappedMutexGuard<'_, holds::Holds>> {
         match &self.owned {
-            Some(owned) => Some(owned.holds.lock().await),
+            Some(owned) => {
+                let state = owned.holds.lock().await;
+                Some(tokio::sync::MutexGuard::map(state, |state| {
+                    &mut state.holds
+                }))
+            }
             None => None,
         }
+    }
+
+    /// A reservation without an idempotency key: on a file this store owns, decided at once
+    /// where the rows the committer last read still hold (see `sqlite_direct::reserve_now`)
+    /// and no reservation or refund waits for the committer (which would decide it first);
+    /// otherwise by the committer, in its next batch.
+    async fn reserve_unkeyed(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
+        #[cfg(feature = "sqlite")]
+        if let Some(owned) = &self.owned {
+            let mut state = owned.holds.lock().await;
+            if state.queued == 0
+                && let Some(reserved) = sqlite_direct::reserve_now(&mut state, &charge)
+            {
+                return reserved;
+            }
+            // Queued under the lock, so that reservations and refunds are decided in the
+            // order they took it.
+            let answer = self.committer.queue_reserve(charge).await?;
+            state.queued += 1;
+            drop(state);
+            return answer.wait().await;
+        }
+        self.committer.reserve(charge).await
     }
 
     /// How the ledger's writes have been grouped into transactions so far.
@@ -544,7 +572,7 @@ impl Ledger for SeaOrmStore {
                 let window = self.idempotency_window;
                 idempotent::reserve(&self.db, charge, key, window, holds.as_deref()).await
             }
-            None => self.committer.reserve(charge).await,
+            None => self.reserve_unkeyed(charge).await,
         };
         if let Err(ReserveError::KeyRevoked) = reserved {
             self.keys.forget_id(request.caller.key);
@@ -553,18 +581,24 @@ impl Ledger for SeaOrmStore {
     }
 
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
-        if success.reply.is_some() {
-            // A keyed call is reserved in the database; a held one has no key, and so no
-            // record to keep its reply in: the committer settles it.
-            let held = match self.lock_holds().await {
-                Some(holds) => holds.call(call.0).is_some(),
-                None => false,
-            };
-            if !held {
+        let Some(owned) = &self.owned else {
+            if success.reply.is_some() {
                 return idempotent::settle(&self.db, call, success).await;
             }
+            return self.committer.settle(call, success).await;
+        };
+        // Queued under the holds' lock, in order with reservations and refunds (see
+        // `reserve_unkeyed`).
+        let state = owned.holds.lock().await;
+        if success.reply.is_some() && state.holds.call(call.0).is_none() {
+            // A keyed call, reserved in the database. A held one has no key, and so no record
+            // to keep its reply in: the committer settles it.
+            drop(state);
+            return idempotent::settle(&self.db, call, success).await;
         }
-        self.committer.settle(call, success).await
+        let answer = self.committer.queue_settle(call, success).await?;
+        drop(state);
+        answer.wait().await
     }
 
     async fn forget_idempotent_calls(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {
@@ -572,6 +606,14 @@ impl Ledger for SeaOrmStore {
     }
 
     async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
+        if let Some(owned) = &self.owned {
+            // Queued under the holds' lock: see `reserve_unkeyed`.
+            let mut state = owned.holds.lock().await;
+            let answer = self.committer.queue_refund(call, failure.clone()).await?;
+            state.queued += 1;
+            drop(state);
+            return answer.wait().await;
+        }
         self.committer.refund(call, failure.clone()).await
     }
 

@@ -28,15 +28,16 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior};
 use tokio::sync::mpsc;
 
+use super::batch::OwnedCharge;
 use super::batch::{
     AccountRead, EndedHold, Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split,
 };
 use super::batches::Batches;
 use super::flush::Flusher;
-use super::holds::{HoldChanges, Holds, IdBlock, SharedHolds};
+use super::holds::{self, HoldChanges, Holds, IdBlock, RowCache, SharedHolds, State};
 use super::jobs::{Failure, Job, SQLITE_BUSY_TIMEOUT};
 use crate::credits::{Balance, Credits};
-use crate::store::{CallStatus, StoreError};
+use crate::store::{CallId, CallStatus, Reservation, ReserveError, StoreError};
 
 fn store_error(error: rusqlite::Error) -> StoreError {
     StoreError(Box::new(error))
@@ -98,21 +99,29 @@ const ID_BLOCK: i64 = 4096;
 
 /// The committer's loop, on its own thread: until every sender is gone, take a batch, write it
 /// in one transaction, answer it. With `holds`, reservations are held in memory (see
-/// [`super::holds`]).
+/// [`super::holds`]) and the connection is kept beside them, under their lock.
 pub(super) fn run(
-    mut connection: Connection,
+    connection: Connection,
     mut queue: mpsc::Receiver<Job>,
     mut batches: Batches,
     holds: Option<Arc<SharedHolds>>,
 ) {
+    let mut own = Some(connection);
+    if let Some(shared) = &holds {
+        shared.blocking_lock().connection = own.take();
+    }
     while batches.next_blocking(&mut queue) {
         let applied = if batches.halted() {
             Err(Failure::Halted)
         } else {
+            let rerun = batches.rerun();
             let writes = batches.writes();
-            match &holds {
-                None => apply(&mut connection, &writes, None).map(|(outcomes, _)| outcomes),
-                Some(shared) => apply_holding(&mut connection, &writes, shared),
+            match (own.as_mut(), &holds) {
+                (Some(connection), _) => {
+                    apply(connection, &writes, None).map(|(outcomes, ..)| outcomes)
+                }
+                (None, Some(shared)) => apply_holding(&writes, shared, rerun),
+                (None, None) => unreachable!("the connection is here or beside the holds"),
             }
         };
         batches.conclude(applied);
@@ -122,14 +131,77 @@ pub(super) fn run(
 /// Applies a batch with the holds locked: they change only once it has committed, and nobody
 /// who must see them together with the rows (see [`SharedHolds`]) runs meanwhile.
 fn apply_holding(
-    connection: &mut Connection,
     writes: &[&Write],
     shared: &SharedHolds,
+    rerun: bool,
 ) -> Result<Vec<Outcome>, Failure> {
-    let mut holds = shared.blocking_lock();
-    let (outcomes, changes) = apply(connection, writes, Some(&holds))?;
-    holds.apply(changes);
-    Ok(outcomes)
+    let mut state = shared.blocking_lock();
+    let State {
+        holds,
+        rows,
+        connection,
+        queued,
+    } = &mut *state;
+    if !rerun {
+        let taken = writes
+            .iter()
+            .filter(|write| matches!(write, Write::Reserve(_) | Write::Refund(..)))
+            .count();
+        *queued = queued.saturating_sub(taken);
+    }
+    let Some(connection) = connection.as_mut() else {
+        return Err(Failure::Statement(StoreError::msg(
+            "the committer's connection is gone",
+        )));
+    };
+    match apply(connection, writes, Some((holds, &mut *rows))) {
+        Ok((outcomes, changes, account_changes)) => {
+            holds.apply(changes);
+            rows.apply(&account_changes);
+            Ok(outcomes)
+        }
+        Err(failure) => {
+            rows.clear();
+            Err(failure)
+        }
+    }
+}
+
+/// Reserves `charge` at once, from the rows the committer last read, if they are still what
+/// the file holds (no other connection has committed since) and hold the caller's account and
+/// key; `None` sends it to the committer. On the caller's task, with the holds locked.
+pub(super) fn reserve_now(
+    state: &mut State,
+    charge: &OwnedCharge,
+) -> Option<Result<Reservation, ReserveError>> {
+    let version = data_version(state.connection.as_ref()?).ok()?;
+    if !state.rows.check(version) {
+        return None;
+    }
+    if !*state.rows.keys.get(&charge.caller.key.0)? {
+        return Some(Err(ReserveError::KeyRevoked));
+    }
+    let account = charge.caller.account;
+    let row = *state.rows.accounts.get(&account.0)?;
+    let held = state.holds.on(account.0);
+    let free = holds::spendable(row.balance, held, row.subscription_ends_at, charge.at);
+    let Some(taken) = free.split_charge(charge.price) else {
+        return Some(Err(ReserveError::InsufficientCredits));
+    };
+    let call = state.holds.hold(account.0, charge, taken)?;
+    Some(Ok(Reservation {
+        call: CallId(call),
+        account,
+        taken,
+    }))
+}
+
+/// Changes whenever another connection has committed to the file since the last call.
+fn data_version(connection: &Connection) -> Result<i64, StoreError> {
+    connection
+        .prepare_cached("PRAGMA data_version")
+        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+        .map_err(store_error)
 }
 
 /// The flusher's loop, on its own thread: until the committer is gone, take every batch
@@ -141,16 +213,19 @@ pub(super) fn flush(wal: File, mut flusher: Flusher) {
     }
 }
 
+/// A batch's outcomes, what it did to the holds and what it wrote to each account.
+type Applied = (Vec<Outcome>, HoldChanges, Vec<(i64, Balance)>);
+
 fn apply(
     connection: &mut Connection,
     writes: &[&Write],
-    holds: Option<&Holds>,
-) -> Result<(Vec<Outcome>, HoldChanges), Failure> {
+    owned: Option<(&Holds, &mut RowCache)>,
+) -> Result<Applied, Failure> {
     let txn = connection
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|error| Failure::Statement(store_error(error)))?;
     // On an error the transaction is dropped, which rolls it back.
-    let applied = apply_in(&txn, writes, holds).map_err(Failure::Statement)?;
+    let applied = apply_in(&txn, writes, owned).map_err(Failure::Statement)?;
     txn.commit()
         .map_err(|error| Failure::Commit(store_error(error)))?;
     Ok(applied)
@@ -159,13 +234,18 @@ fn apply(
 fn apply_in(
     txn: &Transaction<'_>,
     writes: &[&Write],
-    holds: Option<&Holds>,
-) -> Result<(Vec<Outcome>, HoldChanges), StoreError> {
+    owned: Option<(&Holds, &mut RowCache)>,
+) -> Result<Applied, StoreError> {
+    let (holds, mut rows) = owned.unzip();
+    if let Some(rows) = rows.as_deref_mut() {
+        // Under the write lock: nobody else commits until this batch does.
+        rows.check(data_version(txn)?);
+    }
     let wanted = Wanted::of(writes, holds);
     let entries = read_entries(txn, &wanted)?;
     let reads = Reads {
-        accounts: read_accounts(txn, &wanted, &entries)?,
-        active_keys: active_keys(txn, &wanted)?,
+        accounts: read_accounts(txn, &wanted, &entries, rows.as_deref_mut())?,
+        active_keys: active_keys(txn, &wanted, rows)?,
         entries,
     };
     let plan = Plan::decide(writes, reads, holds, true)?;
@@ -183,8 +263,9 @@ fn apply_in(
     };
     insert_ended_holds(txn, &plan.ended_holds)?;
     finish_entries(txn, &plan.finished)?;
-    write_accounts(txn, &plan.account_changes())?;
-    Ok((plan.outcomes(&ids), changes))
+    let account_changes = plan.account_changes();
+    write_accounts(txn, &account_changes)?;
+    Ok((plan.outcomes(&ids), changes, account_changes))
 }
 
 /// Ids for `count` new held calls, from `block` while it lasts. A new block starts past the
@@ -254,10 +335,12 @@ fn read_entries(
     Ok(entries)
 }
 
+/// The accounts a batch needs, from `rows` where it has them (and into it where not).
 fn read_accounts(
     txn: &Transaction<'_>,
     wanted: &Wanted,
     entries: &BTreeMap<i64, Entry>,
+    mut rows: Option<&mut RowCache>,
 ) -> Result<BTreeMap<i64, AccountRead>, StoreError> {
     let mut statement = txn
         .prepare_cached(
@@ -267,6 +350,10 @@ fn read_accounts(
         .map_err(store_error)?;
     let mut accounts = BTreeMap::new();
     for id in wanted.accounts_with(entries) {
+        if let Some(&read) = rows.as_deref().and_then(|rows| rows.accounts.get(&id)) {
+            accounts.insert(id, read);
+            continue;
+        }
         let read = statement
             .query_row([id], |row| {
                 let balance = Balance {
@@ -283,6 +370,9 @@ fn read_accounts(
                 balance,
                 subscription_ends_at,
             };
+            if let Some(rows) = rows.as_deref_mut() {
+                rows.accounts.insert(id, read);
+            }
             accounts.insert(id, read);
         }
     }
@@ -297,13 +387,26 @@ fn parse_timestamp(text: &str) -> Result<DateTime<Utc>, StoreError> {
         .map_err(|error| StoreError::msg(format!("unreadable timestamp {text:?}: {error}")))
 }
 
-fn active_keys(txn: &Transaction<'_>, wanted: &Wanted) -> Result<BTreeSet<i64>, StoreError> {
+/// Which of a batch's keys are active, from `rows` where it knows (and into it where not).
+fn active_keys(
+    txn: &Transaction<'_>,
+    wanted: &Wanted,
+    mut rows: Option<&mut RowCache>,
+) -> Result<BTreeSet<i64>, StoreError> {
     let mut statement = txn
         .prepare_cached("SELECT 1 FROM mg_api_keys WHERE id = ?1 AND revoked_at IS NULL")
         .map_err(store_error)?;
     let mut active = BTreeSet::new();
     for &id in &wanted.keys {
-        if statement.exists([id]).map_err(store_error)? {
+        let known = rows.as_deref().and_then(|rows| rows.keys.get(&id).copied());
+        let is_active = match known {
+            Some(is_active) => is_active,
+            None => statement.exists([id]).map_err(store_error)?,
+        };
+        if let Some(rows) = rows.as_deref_mut() {
+            rows.keys.insert(id, is_active);
+        }
+        if is_active {
             active.insert(id);
         }
     }
