@@ -49,6 +49,36 @@ impl Env {
     }
 }
 
+/// A gateway on a `SQLite` file in `dir`, its one model served by `provider` (with `extra`
+/// settings): its settings, its address and its database URL.
+fn sqlite_gateway(
+    dir: &std::path::Path,
+    provider: &FakeProvider,
+    extra: &[(&'static str, &str)],
+) -> (Env, String, String) {
+    let models = dir.join("models.toml");
+    std::fs::write(
+        &models,
+        one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
+    )
+    .unwrap();
+    let listen = free_address();
+    let database_url = format!("sqlite://{}?mode=rwc", dir.join("gateway.db").display());
+    let mut vars = vec![
+        ("DATABASE_URL", database_url.clone()),
+        ("GATEWAY_MODELS", models.display().to_string()),
+        ("GATEWAY_LISTEN", listen.clone()),
+        ("SLOW_KEY", "provider-key".into()),
+        ("RUST_LOG", "warn".into()),
+    ];
+    vars.extend(
+        extra
+            .iter()
+            .map(|(name, value)| (*name, (*value).to_owned())),
+    );
+    (Env { vars }, listen, database_url)
+}
+
 /// Two gateway processes with these settings, each on an address of its own, once both listen.
 async fn serve_two(vars: &[(&'static str, String)]) -> ([String; 2], Vec<Child>) {
     let addresses = [free_address(), free_address()];
@@ -134,27 +164,8 @@ async fn calls_cut_by_a_sigkill_are_refunded_within_seconds_of_the_restart() {
     let provider = FakeProvider::start().await;
     provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
     let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models.toml");
-    std::fs::write(
-        &models,
-        one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
-    )
-    .unwrap();
-    let listen = free_address();
-    let database_url = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("gateway.db").display()
-    );
-    let env = Env {
-        vars: vec![
-            ("DATABASE_URL", database_url.clone()),
-            ("GATEWAY_MODELS", models.display().to_string()),
-            ("GATEWAY_LISTEN", listen.clone()),
-            ("SLOW_KEY", "provider-key".into()),
-            ("RUST_LOG", "warn".into()),
-            ("GATEWAY_SQLITE_SHARED", "1".into()),
-        ],
-    };
+    let shared = [("GATEWAY_SQLITE_SHARED", "1")];
+    let (env, listen, database_url) = sqlite_gateway(dir.path(), &provider, &shared);
     let (created, stdout) = env.run(&["keys", "create", "--subscription", "100"]);
     assert!(created);
     let key = stdout.lines().last().unwrap().to_owned();
@@ -238,26 +249,7 @@ async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
     const IN_FLIGHT: usize = 20;
     let provider = FakeProvider::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models.toml");
-    std::fs::write(
-        &models,
-        one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
-    )
-    .unwrap();
-    let listen = free_address();
-    let database_url = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("gateway.db").display()
-    );
-    let env = Env {
-        vars: vec![
-            ("DATABASE_URL", database_url.clone()),
-            ("GATEWAY_MODELS", models.display().to_string()),
-            ("GATEWAY_LISTEN", listen.clone()),
-            ("SLOW_KEY", "provider-key".into()),
-            ("RUST_LOG", "warn".into()),
-        ],
-    };
+    let (env, listen, database_url) = sqlite_gateway(dir.path(), &provider, &[]);
     let (created, stdout) = env.run(&["keys", "create", "--topup", "100"]);
     assert!(created);
     let key = stdout.lines().last().unwrap().to_owned();
@@ -267,17 +259,8 @@ async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
         std::net::TcpStream::connect(&listen).is_ok()
     })
     .await;
-    let call = async |key: &str| {
-        client
-            .post(format!("http://{listen}{CHAT}"))
-            .bearer_auth(key)
-            .body(chat_body(CHAT_MODEL))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
-    };
+    let url = format!("http://{listen}{CHAT}");
+    let call = async |key: &str| chat_status(&client, &url, key).await;
 
     // A second gateway on the same file is refused at start.
     let second = env
