@@ -55,7 +55,8 @@ def serve(env):
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     db = tmp_path_factory.mktemp("console") / "gateway.db"
-    base_env = {**os.environ, "DATABASE_URL": f"sqlite://{db}?mode=rwc"}
+    # Two gateways on one file (one mock, one failing), so the file is served shared.
+    base_env = {**os.environ, "DATABASE_URL": f"sqlite://{db}?mode=rwc", "GATEWAY_SQLITE_SHARED": "1"}
     env = {**base_env, "MOCK_UPSTREAM": "1", "GATEWAY_ADMIN_TOKEN": TOKEN, "GATEWAY_LISTEN": f"127.0.0.1:{free_port()}"}
     # Real providers with no key: every call fails upstream and is refunded.
     failing_env = {**base_env, "OPENAI_API_KEY": "", "GATEWAY_LISTEN": f"127.0.0.1:{free_port()}"}
