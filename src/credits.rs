@@ -114,6 +114,32 @@ impl Balance {
         granted.checked_total().map(|_| granted)
     }
 
+    /// This balance with `split` added, bucket by bucket (credits given back, or held).
+    pub(crate) fn plus(self, split: Split) -> Balance {
+        Balance {
+            subscription: Credits(self.subscription.0 + split.subscription.0),
+            topup: Credits(self.topup.0 + split.topup.0),
+        }
+    }
+
+    /// This balance with `split` taken, bucket by bucket. A bucket can go below zero; callers
+    /// that must not let it check the result.
+    pub(crate) fn minus(self, split: Split) -> Balance {
+        Balance {
+            subscription: Credits(self.subscription.0 - split.subscription.0),
+            topup: Credits(self.topup.0 - split.topup.0),
+        }
+    }
+
+    /// What is left of this balance once `held` is set aside: no bucket below zero, for one
+    /// emptied under its holds (by another connection) has nothing left to spend.
+    pub(crate) fn free_of(self, held: Balance) -> Balance {
+        Balance {
+            subscription: Credits((self.subscription.0 - held.subscription.0).max(0)),
+            topup: Credits((self.topup.0 - held.topup.0).max(0)),
+        }
+    }
+
     /// How a charge of `price` is taken from this balance: subscription first, the rest from
     /// top-up. `None` when the two buckets together cannot pay.
     pub fn split_charge(self, price: Credits) -> Option<Split> {
@@ -153,6 +179,18 @@ mod tests {
             subscription: Credits(subscription),
             topup: Credits(topup),
         }
+    }
+
+    #[test]
+    fn held_credits_are_set_aside_bucket_by_bucket_and_never_below_zero() {
+        let taken = Split {
+            subscription: Credits(3),
+            topup: Credits(2),
+        };
+        assert_eq!(balance(5, 5).minus(taken), balance(2, 3));
+        assert_eq!(balance(2, 3).plus(taken), balance(5, 5));
+        assert_eq!(balance(1, 1).minus(taken), balance(-2, -1));
+        assert_eq!(balance(10, 4).free_of(balance(3, 6)), balance(7, 0));
     }
 
     #[test]

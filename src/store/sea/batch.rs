@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-use super::holds::{self, HeldCall, HoldChanges, Holds, minus, plus};
+use super::holds::{HeldCall, HoldChanges, Holds};
 use crate::credits::{Balance, Credits, Split};
 use crate::protocol::Protocol;
 use crate::store::{
@@ -50,6 +50,16 @@ pub(super) enum Write {
     Reserve(OwnedCharge),
     Settle(CallId, CallSuccess),
     Refund(CallId, CallFailure),
+}
+
+impl Write {
+    /// Whether, on a file its store owns, this write holds back reservations decided at once
+    /// while it waits for the committer (see `holds::State::queued`). A reservation or a
+    /// refund changes what an account has to spend; a settle only turns held credits into a
+    /// debit, so what later reservations see does not wait on it.
+    pub(super) fn holds_back_reservations(&self) -> bool {
+        matches!(self, Write::Reserve(_) | Write::Refund(..))
+    }
 }
 
 /// What one write came to, once its batch is written (and, for the caller to hear it,
@@ -324,13 +334,13 @@ impl<'a> Plan<'a> {
         held: &'a HeldCall,
     ) -> Result<Decision, StoreError> {
         let state = self.account(held.account)?;
-        state.held = minus(state.held, held.taken);
+        state.held = state.held.minus(held.taken);
         let (finish, decision) = match write {
             Write::Settle(_, success) => {
-                let row = minus(state.row, held.taken);
+                let row = state.row.minus(held.taken);
                 if row.subscription.0 >= 0 && row.topup.0 >= 0 {
                     state.row = row;
-                    state.change = minus(state.change, held.taken);
+                    state.change = state.change.minus(held.taken);
                     (Finish::Settled(success), Decision::Finished(true))
                 } else {
                     (Finish::CreditsGone(success), Decision::Finished(false))
@@ -356,7 +366,7 @@ impl<'a> Plan<'a> {
             return Decision::Refused(ReserveError::InsufficientCredits);
         };
         if holding {
-            state.held = plus(state.held, taken);
+            state.held = state.held.plus(taken);
         } else {
             state.take(taken);
         }
@@ -423,17 +433,19 @@ impl AccountState {
     /// connection emptied under its holds has nothing to spend), and nothing of a subscription
     /// whose period has ended.
     fn spendable(&self, at: DateTime<Utc>) -> Balance {
-        holds::spendable(self.row, self.held, self.subscription_ends_at, at)
+        self.row
+            .free_of(self.held)
+            .spendable(self.subscription_ends_at, at)
     }
 
     fn take(&mut self, split: Split) {
-        self.row = minus(self.row, split);
-        self.change = minus(self.change, split);
+        self.row = self.row.minus(split);
+        self.change = self.change.minus(split);
     }
 
     fn give_back(&mut self, split: Split) {
-        self.row = plus(self.row, split);
-        self.change = plus(self.change, split);
+        self.row = self.row.plus(split);
+        self.change = self.change.plus(split);
     }
 }
 

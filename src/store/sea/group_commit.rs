@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::batch::{Outcome, OwnedCharge, Write};
 use super::batches::Batches;
 use super::flush::{self, Durability, FlushRules, Flusher};
+use super::holds::State;
 use super::jobs::{Counters, Failure, GroupCommitStats, Job, Reply, begin_write, stopped};
 use super::ledger_ops::apply_in;
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
@@ -121,31 +122,55 @@ impl Committer {
         self.submit(Write::Reserve(charge), Reply::Reserve).await
     }
 
-    /// Queues a reservation; it is decided in queue order.
+    /// Queues `write` while its caller holds the holds' lock (`state`), so that an account's
+    /// writes on an owned file are decided in the order they took the lock, and counts it as
+    /// queued if it holds back reservations decided at once. The caller lets the lock go
+    /// before waiting for the answer.
+    async fn queue_in_order<T, E>(
+        &self,
+        state: &mut State,
+        write: Write,
+        reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
+    ) -> Result<Answer<T, E>, StoreError> {
+        let holds_back = write.holds_back_reservations();
+        let answer = self.send(write, reply).await?;
+        if holds_back {
+            state.queued += 1;
+        }
+        Ok(answer)
+    }
+
+    /// Queues a reservation in order (see [`Committer::queue_in_order`]).
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for a store that owns its file
     pub(super) async fn queue_reserve(
         &self,
+        state: &mut State,
         charge: OwnedCharge,
     ) -> Result<Answer<Reservation, ReserveError>, StoreError> {
-        self.send(Write::Reserve(charge), Reply::Reserve).await
+        self.queue_in_order(state, Write::Reserve(charge), Reply::Reserve)
+            .await
     }
 
-    /// Queues a settle; it is decided in queue order.
+    /// Queues a settle in order (see [`Committer::queue_in_order`]).
     pub(super) async fn queue_settle(
         &self,
+        state: &mut State,
         call: CallId,
         success: CallSuccess,
     ) -> Result<Answer<bool, StoreError>, StoreError> {
-        self.send(Write::Settle(call, success), Reply::Finish).await
+        self.queue_in_order(state, Write::Settle(call, success), Reply::Finish)
+            .await
     }
 
-    /// Queues a refund; it is decided in queue order.
+    /// Queues a refund in order (see [`Committer::queue_in_order`]).
     pub(super) async fn queue_refund(
         &self,
+        state: &mut State,
         call: CallId,
         failure: CallFailure,
     ) -> Result<Answer<bool, StoreError>, StoreError> {
-        self.send(Write::Refund(call, failure), Reply::Finish).await
+        self.queue_in_order(state, Write::Refund(call, failure), Reply::Finish)
+            .await
     }
 
     pub(super) async fn settle(

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use chrono::{DateTime, Utc};
 
 use super::batch::{AccountRead, OwnedCharge};
-use crate::credits::{Balance, Credits, Split};
+use crate::credits::{Balance, Split};
 
 /// A call whose credits are held in memory.
 #[derive(Debug, Clone)]
@@ -73,11 +73,7 @@ impl Holds {
 
     /// `row`, an account's credits as stored, less what is held on it: what it has to spend.
     pub(super) fn net(&self, account: i64, row: Balance) -> Balance {
-        let held = self.on(account);
-        Balance {
-            subscription: Credits(row.subscription.0 - held.subscription.0),
-            topup: Credits(row.topup.0 - held.topup.0),
-        }
+        row.free_of(self.on(account))
     }
 
     pub(super) fn ids(&self) -> IdBlock {
@@ -116,7 +112,7 @@ impl Holds {
     pub(super) fn apply(&mut self, changes: HoldChanges) {
         for (id, held) in changes.added {
             let on = self.accounts.entry(held.account).or_default();
-            *on = plus(*on, held.taken);
+            *on = on.plus(held.taken);
             self.calls.insert(id, held);
         }
         for id in changes.ended {
@@ -124,7 +120,7 @@ impl Holds {
                 continue;
             };
             if let Some(on) = self.accounts.get_mut(&held.account) {
-                *on = minus(*on, held.taken);
+                *on = on.minus(held.taken);
                 if *on == Balance::default() {
                     self.accounts.remove(&held.account);
                 }
@@ -133,22 +129,6 @@ impl Holds {
         if let Some(ids) = changes.ids {
             self.ids = ids;
         }
-    }
-}
-
-/// `balance` with `split` added to it.
-pub(super) fn plus(balance: Balance, split: Split) -> Balance {
-    Balance {
-        subscription: Credits(balance.subscription.0 + split.subscription.0),
-        topup: Credits(balance.topup.0 + split.topup.0),
-    }
-}
-
-/// `balance` with `split` taken from it.
-pub(super) fn minus(balance: Balance, split: Split) -> Balance {
-    Balance {
-        subscription: Credits(balance.subscription.0 - split.subscription.0),
-        topup: Credits(balance.topup.0 - split.topup.0),
     }
 }
 
@@ -214,20 +194,4 @@ impl RowCache {
             }
         }
     }
-}
-
-/// What a call made at `at` may spend from an account whose row holds `row`, of which `held`
-/// is held: the rest (a bucket that another connection emptied under its holds has nothing),
-/// and nothing of a subscription whose period has ended.
-pub(super) fn spendable(
-    row: Balance,
-    held: Balance,
-    subscription_ends_at: Option<DateTime<Utc>>,
-    at: DateTime<Utc>,
-) -> Balance {
-    let free = Balance {
-        subscription: Credits((row.subscription.0 - held.subscription.0).max(0)),
-        topup: Credits((row.topup.0 - held.topup.0).max(0)),
-    };
-    free.spendable(subscription_ends_at, at)
 }

@@ -271,8 +271,7 @@ impl SeaOrmStore {
             }
             // Queued under the lock, so that reservations and refunds are decided in the
             // order they took it.
-            let answer = self.committer.queue_reserve(charge).await?;
-            state.queued += 1;
+            let answer = self.committer.queue_reserve(&mut state, charge).await?;
             drop(state);
             return answer.wait().await;
         }
@@ -589,14 +588,17 @@ impl Ledger for SeaOrmStore {
         };
         // Queued under the holds' lock, in order with reservations and refunds (see
         // `reserve_unkeyed`).
-        let state = owned.holds.lock().await;
+        let mut state = owned.holds.lock().await;
         if success.reply.is_some() && state.holds.call(call.0).is_none() {
             // A keyed call, reserved in the database. A held one has no key, and so no record
             // to keep its reply in: the committer settles it.
             drop(state);
             return idempotent::settle(&self.db, call, success).await;
         }
-        let answer = self.committer.queue_settle(call, success).await?;
+        let answer = self
+            .committer
+            .queue_settle(&mut state, call, success)
+            .await?;
         drop(state);
         answer.wait().await
     }
@@ -609,8 +611,10 @@ impl Ledger for SeaOrmStore {
         if let Some(owned) = &self.owned {
             // Queued under the holds' lock: see `reserve_unkeyed`.
             let mut state = owned.holds.lock().await;
-            let answer = self.committer.queue_refund(call, failure.clone()).await?;
-            state.queued += 1;
+            let answer = self
+                .committer
+                .queue_refund(&mut state, call, failure.clone())
+                .await?;
             drop(state);
             return answer.wait().await;
         }

@@ -25,7 +25,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, TransactionBehavior};
+use rusqlite::types::ToSql;
+use rusqlite::{
+    Connection, OpenFlags, OptionalExtension, Statement, Transaction, TransactionBehavior,
+};
 use tokio::sync::mpsc;
 
 use super::batch::OwnedCharge;
@@ -34,7 +37,7 @@ use super::batch::{
 };
 use super::batches::Batches;
 use super::flush::Flusher;
-use super::holds::{self, HoldChanges, Holds, IdBlock, RowCache, SharedHolds, State};
+use super::holds::{HoldChanges, Holds, IdBlock, RowCache, SharedHolds, State};
 use super::jobs::{Failure, Job, SQLITE_BUSY_TIMEOUT};
 use crate::credits::{Balance, Credits};
 use crate::store::{CallId, CallStatus, Reservation, ReserveError, StoreError};
@@ -145,7 +148,7 @@ fn apply_holding(
     if !rerun {
         let taken = writes
             .iter()
-            .filter(|write| matches!(write, Write::Reserve(_) | Write::Refund(..)))
+            .filter(|write| write.holds_back_reservations())
             .count();
         *queued = queued.saturating_sub(taken);
     }
@@ -184,7 +187,10 @@ pub(super) fn reserve_now(
     let account = charge.caller.account;
     let row = *state.rows.accounts.get(&account.0)?;
     let held = state.holds.on(account.0);
-    let free = holds::spendable(row.balance, held, row.subscription_ends_at, charge.at);
+    let free = row
+        .balance
+        .free_of(held)
+        .spendable(row.subscription_ends_at, charge.at);
     let Some(taken) = free.split_charge(charge.price) else {
         return Some(Err(ReserveError::InsufficientCredits));
     };
@@ -424,6 +430,65 @@ fn timestamp_now() -> String {
 }
 
 /// Inserts the entries of the held calls that ended, finished, under the ids they were given.
+/// Binds an entry's charge columns from parameter `first` on, in this order: `account_id,
+/// key_id, protocol, model, price, charged_subscription, charged_topup, status, created_at,
+/// request_id, instance_id`. One place, so the statements that insert entries agree.
+fn bind_charge(
+    statement: &mut Statement<'_>,
+    first: usize,
+    entry: &NewEntry<'_>,
+    status: CallStatus,
+    created_at: &str,
+) -> rusqlite::Result<()> {
+    let charge = entry.charge;
+    let columns: [&dyn ToSql; 11] = [
+        &entry.account,
+        &charge.caller.key.0,
+        &charge.protocol.as_str(),
+        &charge.model,
+        &charge.price.0,
+        &entry.taken.subscription.0,
+        &entry.taken.topup.0,
+        &status.as_str(),
+        &created_at,
+        &charge.request_id,
+        &charge.instance,
+    ];
+    bind_from(statement, first, &columns)
+}
+
+/// Binds how an entry ended from parameter `first` on, in this order: `upstream_status,
+/// upstream_channel, upstream_error, input_tokens, output_tokens, finished_at`. One place, so
+/// finishing an entry in place and inserting an ended hold's entry agree.
+fn bind_finish(
+    statement: &mut Statement<'_>,
+    first: usize,
+    finish: &Finish<'_>,
+    finished_at: &str,
+) -> rusqlite::Result<()> {
+    let billed = finish.billed();
+    let columns: [&dyn ToSql; 6] = [
+        &finish.upstream_status(),
+        &billed.and_then(|success| success.channel.as_deref()),
+        &finish.error(),
+        &billed.and_then(|success| success.usage.input_tokens),
+        &billed.and_then(|success| success.usage.output_tokens),
+        &finished_at,
+    ];
+    bind_from(statement, first, &columns)
+}
+
+fn bind_from(
+    statement: &mut Statement<'_>,
+    first: usize,
+    columns: &[&dyn ToSql],
+) -> rusqlite::Result<()> {
+    for (offset, column) in columns.iter().enumerate() {
+        statement.raw_bind_parameter(first + offset, column)?;
+    }
+    Ok(())
+}
+
 fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<(), StoreError> {
     if ended.is_empty() {
         return Ok(());
@@ -439,30 +504,22 @@ fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<
         .map_err(store_error)?;
     let now = timestamp_now();
     for EndedHold { call, held, finish } in ended {
-        let charge = &held.charge;
-        let billed = finish.billed();
-        statement
-            .execute(rusqlite::params![
-                call,
-                held.account,
-                charge.caller.key.0,
-                charge.protocol.as_str(),
-                charge.model,
-                charge.price.0,
-                held.taken.subscription.0,
-                held.taken.topup.0,
-                finish.status().as_str(),
-                timestamp(held.reserved_at),
-                charge.request_id,
-                charge.instance,
-                finish.upstream_status(),
-                billed.and_then(|success| success.channel.as_deref()),
-                finish.error(),
-                billed.and_then(|success| success.usage.input_tokens),
-                billed.and_then(|success| success.usage.output_tokens),
-                now,
-            ])
-            .map_err(store_error)?;
+        let entry = NewEntry {
+            account: held.account,
+            charge: &held.charge,
+            taken: held.taken,
+        };
+        statement.raw_bind_parameter(1, call).map_err(store_error)?;
+        bind_charge(
+            &mut statement,
+            2,
+            &entry,
+            finish.status(),
+            &timestamp(held.reserved_at),
+        )
+        .map_err(store_error)?;
+        bind_finish(&mut statement, 13, finish, &now).map_err(store_error)?;
+        statement.raw_execute().map_err(store_error)?;
     }
     Ok(())
 }
@@ -478,22 +535,8 @@ fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec
     let now = timestamp_now();
     let mut ids = Vec::with_capacity(entries.len());
     for entry in entries {
-        let charge = entry.charge;
-        statement
-            .execute(rusqlite::params![
-                entry.account,
-                charge.caller.key.0,
-                charge.protocol.as_str(),
-                charge.model,
-                charge.price.0,
-                entry.taken.subscription.0,
-                entry.taken.topup.0,
-                CallStatus::Pending.as_str(),
-                now,
-                charge.request_id,
-                charge.instance,
-            ])
-            .map_err(store_error)?;
+        bind_charge(&mut statement, 1, entry, CallStatus::Pending, &now).map_err(store_error)?;
+        statement.raw_execute().map_err(store_error)?;
         ids.push(txn.last_insert_rowid());
     }
     Ok(ids)
@@ -513,20 +556,14 @@ fn finish_entries(txn: &Transaction<'_>, finished: &[(i64, Finish<'_>)]) -> Resu
     let now = timestamp_now();
     let pending = CallStatus::Pending.as_str();
     for (id, finish) in finished {
-        let billed = finish.billed();
-        let changed = finish_entry
-            .execute(rusqlite::params![
-                id,
-                finish.status().as_str(),
-                finish.upstream_status(),
-                billed.and_then(|success| success.channel.as_deref()),
-                finish.error(),
-                billed.and_then(|success| success.usage.input_tokens),
-                billed.and_then(|success| success.usage.output_tokens),
-                now,
-                pending,
-            ])
-            .map_err(store_error)?;
+        let bind = |statement: &mut Statement<'_>| {
+            statement.raw_bind_parameter(1, id)?;
+            statement.raw_bind_parameter(2, finish.status().as_str())?;
+            bind_finish(statement, 3, finish, &now)?;
+            statement.raw_bind_parameter(9, pending)
+        };
+        bind(&mut finish_entry).map_err(store_error)?;
+        let changed = finish_entry.raw_execute().map_err(store_error)?;
         if changed != 1 {
             // Unreachable while the write lock holds; refuse rather than guess.
             return Err(StoreError::msg(format!(
