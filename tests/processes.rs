@@ -40,6 +40,13 @@ impl Env {
         )
     }
 
+    /// A new key with `credits` (`--subscription` or `--topup`) in `bucket`, made by the CLI.
+    fn create_key(&self, bucket: &str, credits: &str) -> String {
+        let (created, stdout) = self.run(&["keys", "create", bucket, credits]);
+        assert!(created);
+        stdout.lines().last().unwrap().to_owned()
+    }
+
     fn serve(&self) -> Child {
         self.command(&["serve"])
             .stdout(Stdio::null())
@@ -92,10 +99,7 @@ async fn serve_two(vars: &[(&'static str, String)]) -> ([String; 2], Vec<Child>)
         })
         .collect();
     for listen in &addresses {
-        wait_for("a gateway to listen", async || {
-            std::net::TcpStream::connect(listen).is_ok()
-        })
-        .await;
+        wait_listening(listen).await;
     }
     (addresses, servers)
 }
@@ -108,6 +112,13 @@ fn pg_process_url(db: &TestDb) -> String {
         db.url,
         db.pg_schema().unwrap()
     )
+}
+
+async fn wait_listening(listen: &str) {
+    wait_for("a gateway to listen", async || {
+        std::net::TcpStream::connect(listen).is_ok()
+    })
+    .await;
 }
 
 async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
@@ -166,16 +177,11 @@ async fn calls_cut_by_a_sigkill_are_refunded_within_seconds_of_the_restart() {
     let dir = tempfile::tempdir().unwrap();
     let shared = [("GATEWAY_SQLITE_SHARED", "1")];
     let (env, listen, database_url) = sqlite_gateway(dir.path(), &provider, &shared);
-    let (created, stdout) = env.run(&["keys", "create", "--subscription", "100"]);
-    assert!(created);
-    let key = stdout.lines().last().unwrap().to_owned();
+    let key = env.create_key("--subscription", "100");
 
     let mut server = env.serve();
     let client = reqwest::Client::new();
-    wait_for("the gateway to listen", async || {
-        std::net::TcpStream::connect(&listen).is_ok()
-    })
-    .await;
+    wait_listening(&listen).await;
     call_slowly(&client, &listen, &key, IN_FLIGHT);
     let store = SeaOrmStore::connect(&database_url).await.unwrap();
     wait_for("the reservations", async || {
@@ -250,15 +256,10 @@ async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
     let provider = FakeProvider::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (env, listen, database_url) = sqlite_gateway(dir.path(), &provider, &[]);
-    let (created, stdout) = env.run(&["keys", "create", "--topup", "100"]);
-    assert!(created);
-    let key = stdout.lines().last().unwrap().to_owned();
+    let key = env.create_key("--topup", "100");
     let mut server = env.serve();
     let client = reqwest::Client::new();
-    wait_for("the gateway to listen", async || {
-        std::net::TcpStream::connect(&listen).is_ok()
-    })
-    .await;
+    wait_listening(&listen).await;
     let url = format!("http://{listen}{CHAT}");
     let call = async |key: &str| chat_status(&client, &url, key).await;
 
@@ -274,9 +275,7 @@ async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
 
     // Grants and revocations made by the CLI while it serves apply to its next calls.
     provider.always(Fault::json(200, r#"{"usage":{}}"#));
-    let (created, stdout) = env.run(&["keys", "create", "--topup", "0"]);
-    assert!(created);
-    let poor = stdout.lines().last().unwrap().to_owned();
+    let poor = env.create_key("--topup", "0");
     assert_eq!(call(&poor).await, 402);
     let store = SeaOrmStore::connect(&database_url).await.unwrap();
     let poor_account = store
@@ -335,10 +334,7 @@ async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
 
     // Restarted, it serves and bills as before.
     let mut restarted = env.serve();
-    wait_for("the restarted gateway to listen", async || {
-        std::net::TcpStream::connect(&listen).is_ok()
-    })
-    .await;
+    wait_listening(&listen).await;
     provider.always(Fault::json(200, r#"{"usage":{}}"#));
     assert_eq!(call(&key).await, 200);
     restarted.kill().unwrap();
@@ -592,10 +588,7 @@ async fn log_of_a_failed_call(format: Option<&str>) -> String {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    wait_for("the gateway to listen", async || {
-        std::net::TcpStream::connect(&listen).is_ok()
-    })
-    .await;
+    wait_listening(&listen).await;
     let answer = reqwest::Client::new()
         .post(format!("http://{listen}{CHAT}"))
         .bearer_auth(&key)
