@@ -303,3 +303,101 @@ async fn held_calls_take_ids_that_entries_written_by_others_never_take() {
     assert_eq!(ids.len(), 2);
     db.assert_audit_holds().await;
 }
+
+/// Held calls' settles in a batch that a failing statement rolls back: the batch is run again
+/// one write at a time, so the others are billed once, the failing one is answered an error
+/// and stays held until its refund ends it, and reservations are decided at once again
+/// afterwards (the count of writes waiting for the committer, and the rows it last read,
+/// survive the rollback). The failure is injected by another connection: a trigger refusing
+/// the `ok` entry of one call. Which settles share a batch depends on when each reaches the
+/// committer (another connection holds the write lock meanwhile, so most runs batch several);
+/// the outcome must not.
+#[tokio::test]
+async fn a_rolled_back_batch_of_held_calls_bills_each_once_and_leaves_nothing_held() {
+    use sea_orm::{ConnectionTrait, Database, TransactionTrait};
+
+    let db = owned_sqlite_db().await;
+    let other = Database::connect(&db.url).await.unwrap();
+    other
+        .execute_unprepared(
+            "CREATE TRIGGER refuse_one_ok BEFORE INSERT ON mg_calls \
+             WHEN NEW.status = 'ok' AND NEW.request_id = 'req_refused' \
+             BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+        )
+        .await
+        .unwrap();
+    let key = db.funded_key(10 * PRICE, 0).await;
+    let caller = caller(&db, &key).await;
+    let mut held = Vec::new();
+    for request_id in ["req_owned", "req_refused", "req_owned", "req_owned"] {
+        let charge = ChargeRequest {
+            request_id: Some(request_id),
+            ..charge(caller, None)
+        };
+        held.push(db.store.reserve(charge).await.unwrap().call);
+    }
+    let refused = held[1];
+
+    let blocker = other.begin().await.unwrap();
+    blocker
+        .execute_unprepared("UPDATE mg_accounts SET topup_credits = topup_credits")
+        .await
+        .unwrap();
+    let before = db.store.group_commit_stats();
+    let settles: Vec<_> = held
+        .iter()
+        .map(|&call| {
+            let store = db.store.clone();
+            tokio::spawn(async move { store.settle(call, success()).await })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    blocker.commit().await.unwrap();
+    let mut answers = Vec::new();
+    for settle in settles {
+        answers.push(settle.await.unwrap());
+    }
+    for (call, answer) in held.iter().zip(&answers) {
+        if *call == refused {
+            assert!(answer.is_err(), "the refused entry's settle fails");
+        } else {
+            assert!(matches!(answer, Ok(true)), "{answer:?}");
+        }
+    }
+    let after = db.store.group_commit_stats();
+    assert!(after.rolled_back > before.rolled_back);
+    println!(
+        "{} transactions rolled back for 4 settles in {} transactions",
+        after.rolled_back - before.rolled_back,
+        after.transactions - before.transactions
+    );
+    assert_eq!(db.store.held_reservations().await, 1, "the refused call");
+    assert_eq!(db.balance(&key).await, balance(10 * PRICE - 4 * PRICE, 0));
+
+    let failure = CallFailure {
+        upstream_status: Some(200),
+        error: "settle failed".into(),
+    };
+    assert!(db.store.refund(refused, &failure).await.unwrap());
+    assert_eq!(db.store.held_reservations().await, 0);
+    assert_eq!(db.balance(&key).await, balance(10 * PRICE - 3 * PRICE, 0));
+    let calls = db.calls(&key).await;
+    assert_eq!(calls.len(), 4);
+    for call in &calls {
+        let expected = if call.id == refused {
+            CallStatus::Refunded
+        } else {
+            CallStatus::Ok
+        };
+        assert_eq!(call.status, expected, "{call:?}");
+    }
+    db.assert_audit_holds().await;
+
+    // Nothing waits for the committer any more: after one batch reads the rows again, the
+    // next reservations are decided at once.
+    db.store.reserve(charge(caller, None)).await.unwrap();
+    let batched = db.store.group_commit_stats().writes;
+    db.store.reserve(charge(caller, None)).await.unwrap();
+    assert_eq!(db.store.group_commit_stats().writes, batched);
+    assert_eq!(db.store.held_reservations().await, 2);
+}
