@@ -674,6 +674,19 @@ mod streaming {
             .unwrap_or(0)
     }
 
+    /// CPU time the process `pid` has used so far, summed over its threads, in nanoseconds.
+    fn cpu_nanos(pid: u32) -> u64 {
+        let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return 0;
+        };
+        threads
+            .filter_map(|thread| {
+                let stat = std::fs::read_to_string(thread.ok()?.path().join("schedstat")).ok()?;
+                stat.split_whitespace().next()?.parse::<u64>().ok()
+            })
+            .sum()
+    }
+
     pub(super) async fn run() {
         let streams = setting("LOADTEST_STREAMS", 1000);
         let events = setting("LOADTEST_STREAM_EVENTS", 200);
@@ -754,6 +767,7 @@ mod streaming {
                 }
             })
         };
+        let cpu_before = cpu_nanos(pid);
         let mut through = drive(
             &endpoint(&format!("http://{listen}")),
             &key,
@@ -761,6 +775,10 @@ mod streaming {
             events,
         )
         .await;
+        // The gateway's own work per event, which does not depend on what else shares the
+        // machine's cores (its added latency does).
+        let gateway_cpu = cpu_nanos(pid).saturating_sub(cpu_before);
+        let passed_on = through.events;
         sampler.abort();
 
         // One stream at a time: the time to the first event with nothing else going on.
@@ -818,6 +836,12 @@ mod streaming {
             (through.0 as f64 - direct.0 as f64) / 1000.0,
             (through.1 as f64 - direct.1 as f64) / 1000.0,
             (through.2 as f64 - direct.2 as f64) / 1000.0,
+        );
+        println!(
+            "the gateway's CPU per event passed on: {:.1} us ({} events, {:.2} s of CPU)",
+            gateway_cpu as f64 / 1000.0 / passed_on.max(1) as f64,
+            passed_on,
+            gateway_cpu as f64 / 1e9,
         );
         println!(
             "gateway resident memory: {:.1} MiB idle, {:.1} MiB at most with {streams} streams open",
