@@ -7,7 +7,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
 import { createServer } from "node:http";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import net from "node:net";
@@ -54,6 +54,7 @@ async function startGateway(env) {
   }
   const command = (...args) => execFileSync(GATEWAY_BIN, args, { env: fullEnv, encoding: "utf8" });
   return {
+    dir,
     base: `http://${listen}`,
     newKey: (subscription) => command("keys", "create", "--subscription", String(subscription)).trim().split("\n").pop(),
     balance: (key) => JSON.parse(command("balance", "--key", key)),
@@ -99,13 +100,14 @@ function startFakeProvider() {
   return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve(server)));
 }
 
-let mock, provider, fake;
+let mock, provider, fake, catalogueDir;
 
 before(async () => {
   mock = await startGateway({});
   fake = await startFakeProvider();
   const base = `http://127.0.0.1:${fake.address().port}`;
-  const catalogue = join(mkdtempSync(join(tmpdir(), "mg-node-cat-")), "models.toml");
+  catalogueDir = mkdtempSync(join(tmpdir(), "mg-node-cat-"));
+  const catalogue = join(catalogueDir, "models.toml");
   writeFileSync(
     catalogue,
     `streaming = true
@@ -140,6 +142,9 @@ after(async () => {
     assert.match(gateway.audit(), /audit passed/);
   }
   fake.close();
+  for (const dir of [mock.dir, provider.dir, catalogueDir]) {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 const openai = (gateway, key) => new OpenAI({ baseURL: `${gateway.base}/v1`, apiKey: key, maxRetries: 0 });
