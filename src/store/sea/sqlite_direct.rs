@@ -429,7 +429,6 @@ fn timestamp_now() -> String {
     timestamp(Utc::now())
 }
 
-/// Inserts the entries of the held calls that ended, finished, under the ids they were given.
 /// Binds an entry's charge columns from parameter `first` on, in this order: `account_id,
 /// key_id, protocol, model, price, charged_subscription, charged_topup, status, created_at,
 /// request_id, instance_id`. One place, so the statements that insert entries agree.
@@ -489,6 +488,7 @@ fn bind_from(
     Ok(())
 }
 
+/// Inserts the entries of the held calls that ended, finished, under the ids they were given.
 fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<(), StoreError> {
     if ended.is_empty() {
         return Ok(());
