@@ -401,3 +401,140 @@ async fn a_rolled_back_batch_of_held_calls_bills_each_once_and_leaves_nothing_he
     assert_eq!(db.store.group_commit_stats().writes, batched);
     assert_eq!(db.store.held_reservations().await, 2);
 }
+
+/// A reservation decided at once trusts the rows the committer last read only while it can
+/// tell that nobody else has committed since. While the committer waits for the file's write
+/// lock (another connection holds it and is revoking the key), it cannot tell: the reservation
+/// goes to the committer instead of being decided from the rows it cached, and is refused once
+/// the revocation has committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_goes_to_the_committer_while_nobody_can_tell_whether_a_revocation_committed()
+{
+    use sea_orm::{ConnectionTrait, Database, TransactionTrait};
+
+    let db = owned_sqlite_db().await;
+    let other = Database::connect(&db.url).await.unwrap();
+    let key = db.funded_key(100, 0).await;
+    let caller = caller(&db, &key).await;
+    // Rows and key cached; the next reservation would be decided at once.
+    let held = db.store.reserve(charge(caller, None)).await.unwrap();
+    let cached = db.store.group_commit_stats().writes;
+    db.store.reserve(charge(caller, None)).await.unwrap();
+    assert_eq!(db.store.group_commit_stats().writes, cached);
+
+    let revoking = other.begin().await.unwrap();
+    revoking
+        .execute_unprepared(&format!(
+            "UPDATE mg_api_keys SET revoked_at = '2026-01-01T00:00:00+00:00' WHERE id = {}",
+            caller.key.0
+        ))
+        .await
+        .unwrap();
+    // The settle's batch now waits for the write lock, with the committer's connection.
+    let store = db.store.clone();
+    let settle = tokio::spawn(async move { store.settle(held.call, success()).await });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let store = db.store.clone();
+    let reserve = tokio::spawn(async move { store.reserve(charge(caller, None)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(
+        !reserve.is_finished(),
+        "decided from rows it could not vouch for"
+    );
+    assert!(!settle.is_finished());
+
+    revoking.commit().await.unwrap();
+    assert!(matches!(
+        reserve.await.unwrap(),
+        Err(ReserveError::KeyRevoked)
+    ));
+    assert!(settle.await.unwrap().unwrap());
+    assert_eq!(db.store.held_reservations().await, 1);
+    db.assert_audit_holds().await;
+}
+
+/// Many callers on one hot account at once, most reservations decided at once beside batches
+/// of settles and refunds, while another connection grants credits and revokes the second of
+/// the account's two keys: each credit is spent once, every `true` settle is one `ok` entry,
+/// and no reservation that began after the revocation returned was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn held_calls_beside_batches_and_another_connection_spend_each_credit_once() {
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 40;
+    const GRANTS: i64 = 20;
+    let db = owned_sqlite_db().await;
+    let cli = SeaOrmStore::connect(&db.url).await.unwrap();
+    let key = db.funded_key(50 * PRICE, 0).await;
+    let first = caller(&db, &key).await;
+    let second_key = model_gateway::NewApiKey::generate();
+    let second = Caller {
+        key: cli.add_key(first.account, &second_key).await.unwrap(),
+        ..first
+    };
+    let revoked = Arc::new(AtomicBool::new(false));
+    let billed = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for n in 0..TASKS {
+        let (store, revoked, billed) = (db.store.clone(), revoked.clone(), billed.clone());
+        let caller = if n % 2 == 0 { first } else { second };
+        tasks.push(tokio::spawn(async move {
+            for round in 0..ROUNDS {
+                let began_after_revocation = revoked.load(Ordering::SeqCst);
+                match store.reserve(charge(caller, None)).await {
+                    Ok(reservation) => {
+                        assert!(
+                            !(began_after_revocation && caller.key == second.key),
+                            "a revoked key was granted a call"
+                        );
+                        if (n + round) % 3 == 0 {
+                            let failure = CallFailure {
+                                upstream_status: Some(502),
+                                error: "race".into(),
+                            };
+                            assert!(store.refund(reservation.call, &failure).await.unwrap());
+                        } else {
+                            assert!(store.settle(reservation.call, success()).await.unwrap());
+                            billed.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    Err(ReserveError::InsufficientCredits | ReserveError::KeyRevoked) => {
+                        tokio::task::yield_now().await;
+                    }
+                    Err(error) => panic!("{error}"),
+                }
+            }
+        }));
+    }
+    for grant in 0..GRANTS {
+        tokio::time::sleep(std::time::Duration::from_millis(3)).await;
+        cli.grant(first.account, Bucket::Topup, Credits::new(PRICE))
+            .await
+            .unwrap();
+        if grant == GRANTS / 2 {
+            assert!(cli.revoke_key(&second_key.hash()).await.unwrap());
+            revoked.store(true, Ordering::SeqCst);
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let billed = billed.load(Ordering::SeqCst);
+    assert_eq!(db.store.held_reservations().await, 0);
+    let calls = db.calls(&key).await;
+    let ok = calls.iter().filter(|c| c.status == CallStatus::Ok).count();
+    assert_eq!(ok as i64, billed);
+    assert!(calls.iter().all(|c| c.status != CallStatus::Pending));
+    let stored = stored_balance(&cli, first.account).await;
+    assert_eq!(stored.0 + stored.1, (50 + GRANTS) * PRICE - billed * PRICE);
+    assert!(stored.0 >= 0 && stored.1 >= 0);
+    assert!(billed > 0);
+    println!(
+        "{billed} billed of {} calls; {} writes in {} batches",
+        TASKS * ROUNDS,
+        db.store.group_commit_stats().writes,
+        db.store.group_commit_stats().transactions
+    );
+    db.assert_audit_holds().await;
+}

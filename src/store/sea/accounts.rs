@@ -117,9 +117,10 @@ impl SeaOrmStore {
     /// [`SeaOrmStore::own_file`]): what they have to spend. A display, so read outside the
     /// holds' lock; a batch ending in between can make it one call off.
     async fn net_of_holds(&self, mut summaries: Vec<AccountSummary>) -> Vec<AccountSummary> {
-        if let Some(holds) = self.lock_holds().await {
+        if let Some(owned) = &self.owned {
+            let state = owned.holds.lock();
             for summary in &mut summaries {
-                summary.balance = holds.net(summary.id.0, summary.balance);
+                summary.balance = state.holds.net(summary.id.0, summary.balance);
             }
         }
         summaries

@@ -22,8 +22,6 @@ pub(super) struct Batches {
     durability: Durability,
     /// When the current batch began to be written.
     started: std::time::Instant,
-    /// Whether the current batch is a write run again alone.
-    rerun: bool,
 }
 
 impl Batches {
@@ -35,14 +33,7 @@ impl Batches {
             stats,
             durability,
             started: std::time::Instant::now(),
-            rerun: false,
         }
-    }
-
-    /// Whether the current batch is a write run again alone, after its batch was rolled back.
-    #[cfg(feature = "sqlite")]
-    pub(super) fn rerun(&self) -> bool {
-        self.rerun
     }
 
     /// Whether a failed flush has stopped this committer: its batches must not be written.
@@ -53,14 +44,13 @@ impl Batches {
 
     /// Takes a write waiting to run alone as the next batch, if there is one.
     pub(super) fn next_alone(&mut self) -> bool {
-        self.rerun = match self.alone.pop_front() {
+        match self.alone.pop_front() {
             Some(job) => {
                 self.current.push(job);
                 true
             }
             None => false,
-        };
-        self.rerun
+        }
     }
 
     /// Receives the next batch on the runtime; `false` once every sender is gone.

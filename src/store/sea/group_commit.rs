@@ -83,9 +83,17 @@ impl Committer {
             "mg-sqlite-flusher",
             Box::new(move || super::sqlite_direct::flush(wal, flusher)),
         )?;
+        // Beside the holds before any reservation can ask for it (see `sqlite_direct::run`).
+        let own = match &holds {
+            Some(shared) => {
+                super::sqlite_direct::install(shared, connection);
+                None
+            }
+            None => Some(connection),
+        };
         spawn(
             "mg-sqlite-committer",
-            Box::new(move || super::sqlite_direct::run(connection, queue, batches, holds)),
+            Box::new(move || super::sqlite_direct::run(own, queue, batches, holds)),
         )?;
         Ok(Committer { jobs, stats })
     }
@@ -122,57 +130,12 @@ impl Committer {
         self.submit(Write::Reserve(charge), Reply::Reserve).await
     }
 
-    /// Queues `write` while its caller holds the holds' lock (`state`), so that an account's
-    /// writes on an owned file are decided in the order they took the lock, and counts it as
-    /// queued if it holds back reservations decided at once. The caller lets the lock go
-    /// before waiting for the answer.
-    async fn queue_in_order<T, E>(
-        &self,
-        state: &mut State,
-        write: Write,
-        reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
-    ) -> Result<Answer<T, E>, StoreError> {
-        let holds_back = write.holds_back_reservations();
-        let answer = self.send(write, reply).await?;
-        if holds_back {
-            state.queued += 1;
-        }
-        Ok(answer)
+    /// Room in the queue for one write, taken before the holds' state is locked (the lock is
+    /// never held across an await); [`Slot::queue`] then queues the write under the lock.
+    pub(super) async fn slot(&self) -> Result<Slot<'_>, StoreError> {
+        let permit = self.jobs.reserve().await.map_err(|_| stopped())?;
+        Ok(Slot(permit))
     }
-
-    /// Queues a reservation in order (see [`Committer::queue_in_order`]).
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for a store that owns its file
-    pub(super) async fn queue_reserve(
-        &self,
-        state: &mut State,
-        charge: OwnedCharge,
-    ) -> Result<Answer<Reservation, ReserveError>, StoreError> {
-        self.queue_in_order(state, Write::Reserve(charge), Reply::Reserve)
-            .await
-    }
-
-    /// Queues a settle in order (see [`Committer::queue_in_order`]).
-    pub(super) async fn queue_settle(
-        &self,
-        state: &mut State,
-        call: CallId,
-        success: CallSuccess,
-    ) -> Result<Answer<bool, StoreError>, StoreError> {
-        self.queue_in_order(state, Write::Settle(call, success), Reply::Finish)
-            .await
-    }
-
-    /// Queues a refund in order (see [`Committer::queue_in_order`]).
-    pub(super) async fn queue_refund(
-        &self,
-        state: &mut State,
-        call: CallId,
-        failure: CallFailure,
-    ) -> Result<Answer<bool, StoreError>, StoreError> {
-        self.queue_in_order(state, Write::Refund(call, failure), Reply::Finish)
-            .await
-    }
-
     pub(super) async fn settle(
         &self,
         call: CallId,
@@ -189,6 +152,32 @@ impl Committer {
     ) -> Result<bool, StoreError> {
         self.submit(Write::Refund(call, failure), Reply::Finish)
             .await
+    }
+}
+
+/// Room for one write in a committer's queue (see [`Committer::slot`]).
+pub(super) struct Slot<'a>(mpsc::Permit<'a, Job>);
+
+impl Slot<'_> {
+    /// Queues `write` while its caller holds the holds' state lock (`state`), so that an
+    /// account's writes on an owned file are decided in the order they took the lock, and
+    /// counts it as queued if it holds back reservations decided at once. The caller lets the
+    /// lock go before waiting for the answer.
+    pub(super) fn queue<T, E>(
+        self,
+        state: &mut State,
+        write: Write,
+        reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
+    ) -> Answer<T, E> {
+        if write.holds_back_reservations() {
+            state.queued += 1;
+        }
+        let (answer, answered) = oneshot::channel();
+        self.0.send(Job {
+            write,
+            reply: reply(answer),
+        });
+        Answer(answered)
     }
 }
 

@@ -7,18 +7,19 @@
 //! ends: an `ok` entry with its debit, or a `refunded` entry with nothing moved. A crash loses
 //! only holds, which moved no money, so recovery has nothing to do for them.
 //!
-//! The committer's thread is the only one that changes holds, inside its batches; a batch
-//! decides against the account rows it read under the file's write lock, minus what is held on
-//! them, so what other connections wrote (a grant, a revocation, a lapse from the CLI) is seen
-//! by the next batch. The store's own transactions that must see the holds (a lapse leaves
-//! held credits in place; a keyed reservation cannot spend them) hold their lock
-//! ([`SharedHolds`]) while they run.
+//! A reservation is held at once, on its caller's task, against the rows the committer last
+//! read, while those are still what the file holds; otherwise the committer decides it in its
+//! next batch against the rows it reads under the file's write lock, so what other connections
+//! wrote (a grant, a revocation, a lapse from the CLI) is seen by the next reservation. Only the
+//! committer's batches end holds. The store's own transactions that must see the holds still
+//! (a lapse leaves held credits in place; a keyed reservation cannot spend them) freeze them
+//! ([`SharedHolds::freeze`]) while they run.
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 
-use super::batch::{AccountRead, OwnedCharge};
+use super::batch::{AccountRead, OwnedCharge, Wanted, Write};
 use crate::credits::{Balance, Split};
 
 /// A call whose credits are held in memory.
@@ -32,7 +33,7 @@ pub(super) struct HeldCall {
 }
 
 /// Every held call, what they hold on each account, and the ids set aside for new ones.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Holds {
     calls: HashMap<i64, HeldCall>,
     accounts: HashMap<i64, Balance>,
@@ -104,6 +105,33 @@ impl Holds {
         Some(id)
     }
 
+    /// What a batch of `writes` needs of the holds, copied, so that it can be written while
+    /// the state stays unlocked: the calls it ends, what is held on the accounts it touches
+    /// and the ids set aside. Calls held meanwhile are not in it; they are not the batch's.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for `sqlite_direct` only
+    pub(super) fn for_batch(&self, writes: &[&Write]) -> Holds {
+        let mut part = Holds {
+            ids: self.ids,
+            ..Holds::default()
+        };
+        for write in writes {
+            let account = match write {
+                Write::Reserve(charge) => charge.caller.account.0,
+                Write::Settle(call, _) | Write::Refund(call, _) => match self.calls.get(&call.0) {
+                    Some(held) => {
+                        part.calls.insert(call.0, held.clone());
+                        held.account
+                    }
+                    None => continue,
+                },
+            };
+            if let Some(&on) = self.accounts.get(&account) {
+                part.accounts.insert(account, on);
+            }
+        }
+        part
+    }
+
     pub(super) fn len(&self) -> usize {
         self.calls.len()
     }
@@ -132,24 +160,100 @@ impl Holds {
     }
 }
 
-/// The holds, shared by the committer's thread and the store's pool transactions that must
-/// see them (a lapse, a keyed reservation, a balance). Whoever holds the lock knows that no
-/// batch changes an account's row or its holds meanwhile: the committer holds it for a whole
-/// batch, from before its write lock to after its holds are applied. Everyone takes it before
-/// the database's write lock, never after, so the two cannot deadlock.
-pub(super) type SharedHolds = tokio::sync::Mutex<State>;
+/// The holds, shared by the committer's thread, the callers' tasks and the store's pool
+/// transactions that must see them still (a lapse, a keyed reservation, a grant).
+///
+/// Two locks, so that no caller waits behind a batch's statements:
+/// - `state`, a synchronous mutex held only while holds, rows and counters are read or
+///   changed in memory (a reservation decided at once holds it for a few microseconds; the
+///   committer twice per batch, never through a statement). A fair async mutex here made a
+///   convoy: each waiter, once handed the lock, held it until a busy worker got round to
+///   running it, and everyone queued behind that delay too (see BENCHMARKS.md).
+/// - `gate`, an async mutex that the committer takes for each batch and that [`Frozen`] takes
+///   for a pool transaction which must see the holds unchanged throughout. Everyone takes it
+///   before the database's write lock, never after, so the two cannot deadlock.
+#[derive(Debug, Default)]
+pub(super) struct SharedHolds {
+    state: std::sync::Mutex<State>,
+    gate: tokio::sync::Mutex<()>,
+}
 
-/// What the holds' lock guards: the holds, the account rows and keys the committer last read
-/// (so that most reservations are decided here, without a batch), and the committer's
-/// connection, which is free whenever the lock is.
+impl SharedHolds {
+    /// The state, locked. Hold the guard only for work in memory, and never across an await.
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while it was held left nothing half-changed that the ledger relies on: holds
+        // and rows change only after a batch has committed, each in one step.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// For the committer: held through a batch, so that no [`Frozen`] reader runs meanwhile.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // taken by `sqlite_direct` only
+    pub(super) fn gate_blocking(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.gate.blocking_lock()
+    }
+
+    /// The holds as they stand, kept from changing until the guard is dropped: the committer
+    /// writes no batch and no reservation is held at once meanwhile (they wait for the
+    /// committer, in order). Take it before a write transaction, never inside one.
+    pub(super) async fn freeze(&self) -> Frozen<'_> {
+        let gate = self.gate.lock().await;
+        let holds = {
+            let mut state = self.lock();
+            state.frozen += 1;
+            state.holds.clone()
+        };
+        Frozen {
+            shared: self,
+            holds,
+            _gate: gate,
+        }
+    }
+}
+
+/// The holds as they stood when [`SharedHolds::freeze`] returned, and still stand while this
+/// lives.
+pub(super) struct Frozen<'a> {
+    shared: &'a SharedHolds,
+    holds: Holds,
+    _gate: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl std::ops::Deref for Frozen<'_> {
+    type Target = Holds;
+
+    fn deref(&self) -> &Holds {
+        &self.holds
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.frozen = state.frozen.saturating_sub(1);
+    }
+}
+
+/// What the holds' state lock guards: the holds, the account rows and keys the committer last
+/// read (so that most reservations are decided here, without a batch), and the committer's
+/// connection, which is here whenever no batch is being written.
 #[derive(Debug, Default)]
 pub(super) struct State {
     pub(super) holds: Holds,
     pub(super) rows: RowCache,
-    /// Reservations and refunds queued for the committer that no batch has taken yet. While
+    /// Reservations and refunds queued for the committer whose batch has not yet ended. While
     /// there are any, reservations queue behind them instead of being decided at once: an
-    /// account's reservations and refunds are decided in the order they arrive.
+    /// account's reservations and refunds are decided in the order they arrive, and a batch
+    /// that decides reservations or refunds sees holds that do not change under it.
     pub(super) queued: usize,
+    /// How many [`Frozen`] guards are alive; while any is, reservations queue.
+    pub(super) frozen: usize,
+    /// While a batch holds the file's write lock: the file's version (`PRAGMA data_version`)
+    /// that the committer read under it. Nobody else can commit until the batch does, so the
+    /// rows read at that version stay true without asking the connection, which the batch is
+    /// using. `None` while no batch holds the lock, or once it is about to commit.
+    pub(super) writing: Option<i64>,
     #[cfg(feature = "sqlite")]
     pub(super) connection: Option<rusqlite::Connection>,
 }
@@ -176,6 +280,32 @@ impl RowCache {
         self.keys.clear();
         self.version = Some(version);
         false
+    }
+
+    /// The rows a batch of `wanted` can take from here, copied, at the same version.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for `sqlite_direct` only
+    pub(super) fn part(&self, wanted: &Wanted) -> RowCache {
+        let accounts = (wanted.accounts.iter())
+            .filter_map(|id| Some((*id, *self.accounts.get(id)?)))
+            .collect();
+        let keys = (wanted.keys.iter())
+            .filter_map(|id| Some((*id, *self.keys.get(id)?)))
+            .collect();
+        RowCache {
+            version: self.version,
+            accounts,
+            keys,
+        }
+    }
+
+    /// Takes in what a batch read into its [`RowCache::part`], if both are still at the same
+    /// version.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for `sqlite_direct` only
+    pub(super) fn merge(&mut self, part: RowCache) {
+        if self.version.is_some() && self.version == part.version {
+            self.accounts.extend(part.accounts);
+            self.keys.extend(part.keys);
+        }
     }
 
     /// Forgets every row (after a batch whose outcome is unknown).

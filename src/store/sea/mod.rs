@@ -59,14 +59,14 @@ mod migration;
 #[cfg(feature = "sqlite")]
 mod sqlite_direct;
 
-use batch::{OwnedCharge, unknown_account};
+use batch::{OwnedCharge, Write, unknown_account};
 use entity::{account, api_key, call, credit_grant, subscription_lapse};
 use group_commit::Committer;
 pub use group_commit::DEFAULT_MAX_BATCH;
 pub use jobs::GroupCommitStats;
 #[cfg(feature = "sqlite")]
 use jobs::SQLITE_BUSY_TIMEOUT;
-use jobs::begin_write;
+use jobs::{Reply, begin_write};
 use key_cache::KeyCache;
 pub use migration::Migrator;
 
@@ -236,22 +236,18 @@ impl SeaOrmStore {
     /// How many reservations are held in memory now (always 0 unless the store owns its
     /// `SQLite` file, see [`own_file`](Self::own_file)).
     pub async fn held_reservations(&self) -> usize {
-        match self.lock_holds().await {
-            Some(holds) => holds.len(),
+        match &self.owned {
+            Some(owned) => owned.holds.lock().holds.len(),
             None => 0,
         }
     }
 
-    /// The holds of a store that owns its file, locked: the committer decides nothing until
-    /// the guard is dropped. Take it before a write transaction, never inside one.
-    async fn lock_holds(&self) -> Option<tokio::sync::MappedMutexGuard<'_, holds::Holds>> {
+    /// The holds of a store that owns its file, frozen: no batch is written and no
+    /// reservation held until the guard is dropped. Take it before a write transaction, never
+    /// inside one.
+    async fn lock_holds(&self) -> Option<holds::Frozen<'_>> {
         match &self.owned {
-            Some(owned) => {
-                let state = owned.holds.lock().await;
-                Some(tokio::sync::MutexGuard::map(state, |state| {
-                    &mut state.holds
-                }))
-            }
+            Some(owned) => Some(owned.holds.freeze().await),
             None => None,
         }
     }
@@ -263,16 +259,20 @@ impl SeaOrmStore {
     async fn reserve_unkeyed(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
         #[cfg(feature = "sqlite")]
         if let Some(owned) = &self.owned {
-            let mut state = owned.holds.lock().await;
-            if state.queued == 0
-                && let Some(reserved) = sqlite_direct::reserve_now(&mut state, &charge)
-            {
+            let shared = &owned.holds;
+            if let Some(reserved) = sqlite_direct::reserve_now(&mut shared.lock(), &charge) {
                 return reserved;
             }
+            let slot = self.committer.slot().await?;
             // Queued under the lock, so that reservations and refunds are decided in the
             // order they took it.
-            let answer = self.committer.queue_reserve(&mut state, charge).await?;
-            drop(state);
+            let answer = {
+                let mut state = shared.lock();
+                if let Some(reserved) = sqlite_direct::reserve_now(&mut state, &charge) {
+                    return reserved;
+                }
+                slot.queue(&mut state, Write::Reserve(charge), Reply::Reserve)
+            };
             return answer.wait().await;
         }
         self.committer.reserve(charge).await
@@ -588,19 +588,21 @@ impl Ledger for SeaOrmStore {
         };
         // Queued under the holds' lock, in order with reservations and refunds (see
         // `reserve_unkeyed`).
-        let mut state = owned.holds.lock().await;
-        if success.reply.is_some() && state.holds.call(call.0).is_none() {
-            // A keyed call, reserved in the database. A held one has no key, and so no record
-            // to keep its reply in: the committer settles it.
-            drop(state);
-            return idempotent::settle(&self.db, call, success).await;
+        let slot = self.committer.slot().await?;
+        let answer = {
+            let mut state = owned.holds.lock();
+            // A keyed call, reserved in the database: a held one has no key, and so no record
+            // to keep its reply in, and the committer settles it.
+            if success.reply.is_some() && state.holds.call(call.0).is_none() {
+                Err(success)
+            } else {
+                Ok(slot.queue(&mut state, Write::Settle(call, success), Reply::Finish))
+            }
+        };
+        match answer {
+            Ok(answer) => answer.wait().await,
+            Err(success) => idempotent::settle(&self.db, call, success).await,
         }
-        let answer = self
-            .committer
-            .queue_settle(&mut state, call, success)
-            .await?;
-        drop(state);
-        answer.wait().await
     }
 
     async fn forget_idempotent_calls(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {
@@ -610,12 +612,12 @@ impl Ledger for SeaOrmStore {
     async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
         if let Some(owned) = &self.owned {
             // Queued under the holds' lock: see `reserve_unkeyed`.
-            let mut state = owned.holds.lock().await;
-            let answer = self
-                .committer
-                .queue_refund(&mut state, call, failure.clone())
-                .await?;
-            drop(state);
+            let slot = self.committer.slot().await?;
+            let answer = {
+                let mut state = owned.holds.lock();
+                let refund = Write::Refund(call, failure.clone());
+                slot.queue(&mut state, refund, Reply::Finish)
+            };
             return answer.wait().await;
         }
         self.committer.refund(call, failure.clone()).await

@@ -100,30 +100,33 @@ fn open_wal(connection: &Connection) -> Result<File, StoreError> {
 /// Call ids set aside at a time for held calls (see [`take_ids`]).
 const ID_BLOCK: i64 = 4096;
 
+/// Puts a new committer's connection beside the holds, before its thread starts, so that
+/// reservations can be decided at once from the first batch on. The rows cached are forgotten: they were read through another connection, whose
+/// `PRAGMA data_version` counts apart from this one's.
+pub(super) fn install(shared: &SharedHolds, connection: Connection) {
+    let mut state = shared.lock();
+    state.connection = Some(connection);
+    state.rows.clear();
+}
+
 /// The committer's loop, on its own thread: until every sender is gone, take a batch, write it
 /// in one transaction, answer it. With `holds`, reservations are held in memory (see
-/// [`super::holds`]) and the connection is kept beside them, under their lock.
+/// [`super::holds`]) and the connection, `own` otherwise, is kept beside them between batches
+/// ([`install`]).
 pub(super) fn run(
-    connection: Connection,
+    mut own: Option<Connection>,
     mut queue: mpsc::Receiver<Job>,
     mut batches: Batches,
     holds: Option<Arc<SharedHolds>>,
 ) {
-    let mut own = Some(connection);
-    if let Some(shared) = &holds {
-        shared.blocking_lock().connection = own.take();
-    }
     while batches.next_blocking(&mut queue) {
         let applied = if batches.halted() {
             Err(Failure::Halted)
         } else {
-            let rerun = batches.rerun();
             let writes = batches.writes();
             match (own.as_mut(), &holds) {
-                (Some(connection), _) => {
-                    apply(connection, &writes, None).map(|(outcomes, ..)| outcomes)
-                }
-                (None, Some(shared)) => apply_holding(&writes, shared, rerun),
+                (Some(connection), _) => apply(connection, &writes),
+                (None, Some(shared)) => apply_holding(&writes, shared),
                 (None, None) => unreachable!("the connection is here or beside the holds"),
             }
         };
@@ -131,53 +134,164 @@ pub(super) fn run(
     }
 }
 
-/// Applies a batch with the holds locked: they change only once it has committed, and nobody
-/// who must see them together with the rows (see [`SharedHolds`]) runs meanwhile.
-fn apply_holding(
-    writes: &[&Write],
-    shared: &SharedHolds,
-    rerun: bool,
-) -> Result<Vec<Outcome>, Failure> {
-    let mut state = shared.blocking_lock();
-    let State {
-        holds,
-        rows,
-        connection,
-        queued,
-    } = &mut *state;
-    if !rerun {
-        let taken = writes
-            .iter()
-            .filter(|write| write.holds_back_reservations())
-            .count();
-        *queued = queued.saturating_sub(taken);
-    }
-    let Some(connection) = connection.as_mut() else {
+/// Applies a batch beside the holds. The state is locked only in memory: to lend the batch
+/// the connection and copies of the holds and rows it needs, to say that it is writing, and
+/// to take its changes once it has committed. Reservations go on being decided at once
+/// meanwhile, except while the batch decides reservations or refunds itself (see
+/// [`State::queued`]); the [`SharedHolds`] gate keeps [`super::holds::Frozen`] readers out.
+fn apply_holding(writes: &[&Write], shared: &SharedHolds) -> Result<Vec<Outcome>, Failure> {
+    let _gate = shared.gate_blocking();
+    let mut lent = Lent {
+        shared,
+        connection: shared.lock().connection.take(),
+    };
+    let Some(connection) = lent.connection.as_mut() else {
         return Err(Failure::Statement(StoreError::msg(
             "the committer's connection is gone",
         )));
     };
-    match apply(connection, writes, Some((holds, &mut *rows))) {
-        Ok((outcomes, changes, account_changes)) => {
-            holds.apply(changes);
-            rows.apply(&account_changes);
+    let applied = write_beside_holds(connection, writes, shared);
+    let version = data_version(connection).ok();
+    // A batch rolled back whose writes will run again alone is not over: its reservations
+    // and refunds still hold others back.
+    let over = !matches!(applied, Err(Failure::Statement(_))) || writes.len() == 1;
+    let mut state = shared.lock();
+    if over {
+        let taken = (writes.iter())
+            .filter(|write| write.holds_back_reservations())
+            .count();
+        state.queued = state.queued.saturating_sub(taken);
+    }
+    let outcomes = match applied {
+        Ok(Written {
+            outcomes,
+            holds,
+            rows,
+            accounts,
+        }) => {
+            state.holds.apply(holds);
+            state.rows.merge(rows);
+            state.rows.apply(&accounts);
+            // Another connection may have committed since this batch did.
+            match version {
+                Some(version) => {
+                    state.rows.check(version);
+                }
+                None => state.rows.clear(),
+            }
             Ok(outcomes)
         }
         Err(failure) => {
-            rows.clear();
+            state.rows.clear();
             Err(failure)
+        }
+    };
+    lent.give_back(&mut state);
+    outcomes
+}
+
+/// The committer's connection, lent to a batch: back beside the holds when given back or
+/// dropped, however the batch ended.
+struct Lent<'a> {
+    shared: &'a SharedHolds,
+    connection: Option<Connection>,
+}
+
+impl Lent<'_> {
+    fn give_back(&mut self, state: &mut State) {
+        state.writing = None;
+        if let Some(connection) = self.connection.take() {
+            if state.connection.is_some() {
+                // A new committer installed its own meanwhile (`with_max_batch`): keep that
+                // one, and none of the rows read through this one.
+                state.rows.clear();
+            } else {
+                state.connection = Some(connection);
+            }
         }
     }
 }
 
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if self.connection.is_some() {
+            let mut state = self.shared.lock();
+            self.give_back(&mut state);
+        }
+    }
+}
+
+/// What a batch written beside the holds did: its outcomes, its changes to the holds, the rows
+/// it read and what it wrote to each account.
+struct Written {
+    outcomes: Vec<Outcome>,
+    holds: HoldChanges,
+    rows: RowCache,
+    accounts: Vec<(i64, Balance)>,
+}
+
+fn write_beside_holds(
+    connection: &mut Connection,
+    writes: &[&Write],
+    shared: &SharedHolds,
+) -> Result<Written, Failure> {
+    let statement = Failure::Statement;
+    let txn = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|error| statement(store_error(error)))?;
+    // Under the write lock: nobody else commits until this batch does.
+    let version = data_version(&txn).map_err(statement)?;
+    let (holds, mut rows) = {
+        let mut state = shared.lock();
+        state.rows.check(version);
+        state.writing = Some(version);
+        let holds = state.holds.for_batch(writes);
+        let rows = state.rows.part(&Wanted::of(writes, Some(&holds)));
+        (holds, rows)
+    };
+    // On an error the transaction is dropped, which rolls it back.
+    let written = apply_in(&txn, writes, Some((&holds, &mut rows)));
+    // From its commit on, another connection may commit too: reservations must ask the file.
+    shared.lock().writing = None;
+    let (outcomes, holds, accounts) = written.map_err(statement)?;
+    txn.commit()
+        .map_err(|error| Failure::Commit(store_error(error)))?;
+    Ok(Written {
+        outcomes,
+        holds,
+        rows,
+        accounts,
+    })
+}
+
 /// Reserves `charge` at once, from the rows the committer last read, if they are still what
 /// the file holds (no other connection has committed since) and hold the caller's account and
-/// key; `None` sends it to the committer. On the caller's task, with the holds locked.
+/// key, and nothing queued or frozen must be decided first; `None` sends it to the committer.
+/// On the caller's task, with the state locked.
+///
+/// Whether another connection has committed is asked of the committer's connection between
+/// batches; while a batch holds the file's write lock nobody else can commit, so the version
+/// the batch read stands ([`State::writing`]). For the moment a batch takes or gives up the
+/// lock, nobody can tell, and the reservation goes to the committer, in order with the rest.
 pub(super) fn reserve_now(
     state: &mut State,
     charge: &OwnedCharge,
 ) -> Option<Result<Reservation, ReserveError>> {
-    let version = data_version(state.connection.as_ref()?).ok()?;
+    if state.queued > 0 || state.frozen > 0 {
+        return None;
+    }
+    let version = match (&state.connection, state.writing) {
+        (Some(connection), _) => data_version(connection).ok()?,
+        (None, writing) => writing?,
+    };
+    decide_now(state, version, charge)
+}
+
+fn decide_now(
+    state: &mut State,
+    version: i64,
+    charge: &OwnedCharge,
+) -> Option<Result<Reservation, ReserveError>> {
     if !state.rows.check(version) {
         return None;
     }
@@ -222,19 +336,16 @@ pub(super) fn flush(wal: File, mut flusher: Flusher) {
 /// A batch's outcomes, what it did to the holds and what it wrote to each account.
 type Applied = (Vec<Outcome>, HoldChanges, Vec<(i64, Balance)>);
 
-fn apply(
-    connection: &mut Connection,
-    writes: &[&Write],
-    owned: Option<(&Holds, &mut RowCache)>,
-) -> Result<Applied, Failure> {
+/// Applies a batch on a file that no store owns: nothing is held in memory.
+fn apply(connection: &mut Connection, writes: &[&Write]) -> Result<Vec<Outcome>, Failure> {
     let txn = connection
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|error| Failure::Statement(store_error(error)))?;
     // On an error the transaction is dropped, which rolls it back.
-    let applied = apply_in(&txn, writes, owned).map_err(Failure::Statement)?;
+    let (outcomes, ..) = apply_in(&txn, writes, None).map_err(Failure::Statement)?;
     txn.commit()
         .map_err(|error| Failure::Commit(store_error(error)))?;
-    Ok(applied)
+    Ok(outcomes)
 }
 
 fn apply_in(
@@ -243,10 +354,6 @@ fn apply_in(
     owned: Option<(&Holds, &mut RowCache)>,
 ) -> Result<Applied, StoreError> {
     let (holds, mut rows) = owned.unzip();
-    if let Some(rows) = rows.as_deref_mut() {
-        // Under the write lock: nobody else commits until this batch does.
-        rows.check(data_version(txn)?);
-    }
     let wanted = Wanted::of(writes, holds);
     let entries = read_entries(txn, &wanted)?;
     let reads = Reads {
@@ -263,7 +370,8 @@ fn apply_in(
         Some(holds) => {
             let (ids, block) = take_ids(txn, holds.ids(), plan.new_entries.len())?;
             let mut changes = plan.hold_changes(&ids, Utc::now());
-            changes.ids = Some(block);
+            // A batch that took no ids leaves the block to the reservations held meanwhile.
+            changes.ids = (!ids.is_empty()).then_some(block);
             (ids, changes)
         }
     };
