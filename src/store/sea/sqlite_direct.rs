@@ -101,8 +101,9 @@ fn open_wal(connection: &Connection) -> Result<File, StoreError> {
 const ID_BLOCK: i64 = 4096;
 
 /// Puts a new committer's connection beside the holds, before its thread starts, so that
-/// reservations can be decided at once from the first batch on. The rows cached are forgotten: they were read through another connection, whose
-/// `PRAGMA data_version` counts apart from this one's.
+/// reservations can be decided at once from the first batch on. The rows cached are
+/// forgotten: they were read through another connection, whose `PRAGMA data_version` counts
+/// apart from this one's.
 pub(super) fn install(shared: &SharedHolds, connection: Connection) {
     let mut state = shared.lock();
     state.connection = Some(connection);
