@@ -255,7 +255,7 @@ impl Accounts for SeaOrmStore {
         } = grant;
         check_grant_amount(amount)?;
         // Held calls must not change while a new period lapses the old one's credits.
-        let holds = self.lock_holds().await;
+        let holds = self.freeze_holds().await;
         let held = holds
             .as_ref()
             .map(|holds| holds.on(account.0))
@@ -427,7 +427,7 @@ impl Accounts for SeaOrmStore {
             .filter(|(_, end)| end.is_some_and(|end| end <= now))
         {
             // Held calls must not change while the lapse leaves what they hold.
-            let holds = self.lock_holds().await;
+            let holds = self.freeze_holds().await;
             let held = holds.as_ref().map(|holds| holds.on(id)).unwrap_or_default();
             let txn = self.begin_write().await?;
             let row = locked_account(&txn, AccountId(id)).await?;

@@ -136,6 +136,7 @@ impl Committer {
         let permit = self.jobs.reserve().await.map_err(|_| stopped())?;
         Ok(Slot(permit))
     }
+
     pub(super) async fn settle(
         &self,
         call: CallId,

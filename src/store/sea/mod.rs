@@ -245,7 +245,7 @@ impl SeaOrmStore {
     /// The holds of a store that owns its file, frozen: no batch is written and no
     /// reservation held until the guard is dropped. Take it before a write transaction, never
     /// inside one.
-    async fn lock_holds(&self) -> Option<holds::Frozen<'_>> {
+    async fn freeze_holds(&self) -> Option<holds::Frozen<'_>> {
         match &self.owned {
             Some(owned) => Some(owned.holds.freeze().await),
             None => None,
@@ -567,7 +567,7 @@ impl Ledger for SeaOrmStore {
         let reserved = match request.idempotency {
             Some(key) => {
                 // Held reservations count as spent: none may change while this one is decided.
-                let holds = self.lock_holds().await;
+                let holds = self.freeze_holds().await;
                 let window = self.idempotency_window;
                 idempotent::reserve(&self.db, charge, key, window, holds.as_deref()).await
             }
@@ -665,7 +665,7 @@ impl Ledger for SeaOrmStore {
                 .map(|row| balance_of(&row))
                 .ok_or_else(|| unknown_account(account))
         };
-        if let Some(holds) = self.lock_holds().await {
+        if let Some(holds) = self.freeze_holds().await {
             return Ok(holds.net(account.0, row().await?));
         }
         row().await
