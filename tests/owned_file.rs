@@ -453,6 +453,119 @@ async fn a_reservation_goes_to_the_committer_while_nobody_can_tell_whether_a_rev
     db.assert_audit_holds().await;
 }
 
+/// Reservations that arrive while a batch is taking the file's write lock (here it waits for
+/// another connection that holds the lock and writes nothing) wait, in order, instead of going
+/// to a batch: once the batch has read the file's version under the lock, each is decided from
+/// the cached rows, without a write of its own. A refund that arrives behind a waiting
+/// reservation sends it on first, so that the credits it frees are not the reservation's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_arriving_while_a_batch_takes_the_lock_keep_their_place_without_a_write() {
+    use sea_orm::{Database, SqliteTransactionMode, TransactionOptions, TransactionTrait};
+
+    let db = owned_sqlite_db().await;
+    let other = Database::connect(&db.url).await.unwrap();
+    let tight_key = db.funded_key(PRICE, 0).await;
+    let tight = caller(&db, &tight_key).await;
+    let busy_key = db.funded_key(10 * PRICE, 0).await;
+    let busy = caller(&db, &busy_key).await;
+    let held = db.store.reserve(charge(tight, None)).await.unwrap();
+    let mut settling = Vec::new();
+    for _ in 0..2 {
+        settling.push(db.store.reserve(charge(busy, None)).await.unwrap().call);
+    }
+    // Both accounts' rows are cached: a reservation is decided without a write.
+    let before = db.store.group_commit_stats().writes;
+    db.store.reserve(charge(busy, None)).await.unwrap();
+    assert_eq!(db.store.group_commit_stats().writes, before);
+
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(100));
+    let locked = || async {
+        other
+            .begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..TransactionOptions::default()
+            })
+            .await
+            .unwrap()
+    };
+    let reserve = |caller: Caller| {
+        let store = db.store.clone();
+        tokio::spawn(async move { store.reserve(charge(caller, None)).await })
+    };
+
+    // 1. Two reservations wait for a settle's batch to take the lock; neither is written.
+    let locking = locked().await;
+    let store = db.store.clone();
+    let call = settling[0];
+    let settle = tokio::spawn(async move { store.settle(call, success()).await });
+    pause().await;
+    let refused = reserve(tight);
+    pause().await;
+    let granted = reserve(busy);
+    pause().await;
+    for task in [
+        settle.is_finished(),
+        refused.is_finished(),
+        granted.is_finished(),
+    ] {
+        assert!(!task, "answered while the batch could not take the lock");
+    }
+    locking.rollback().await.unwrap();
+    assert!(matches!(
+        refused.await.unwrap(),
+        Err(ReserveError::InsufficientCredits)
+    ));
+    granted.await.unwrap().unwrap();
+    assert!(settle.await.unwrap().unwrap());
+    assert_eq!(
+        db.store.group_commit_stats().writes,
+        before + 1,
+        "the settle only"
+    );
+
+    // 2. A refund behind a waiting reservation: the reservation is decided first.
+    let before = db.store.group_commit_stats().writes;
+    let locking = locked().await;
+    let store = db.store.clone();
+    let call = settling[1];
+    let settle = tokio::spawn(async move { store.settle(call, success()).await });
+    pause().await;
+    let refused = reserve(tight);
+    pause().await;
+    let store = db.store.clone();
+    let refund = tokio::spawn(async move {
+        let failure = CallFailure {
+            upstream_status: Some(502),
+            error: "down".into(),
+        };
+        store.refund(held.call, &failure).await
+    });
+    pause().await;
+    let granted = reserve(tight);
+    pause().await;
+    for task in [
+        settle.is_finished(),
+        refused.is_finished(),
+        refund.is_finished(),
+    ] {
+        assert!(!task, "answered while the batch could not take the lock");
+    }
+    assert!(!granted.is_finished());
+    locking.rollback().await.unwrap();
+    assert!(matches!(
+        refused.await.unwrap(),
+        Err(ReserveError::InsufficientCredits)
+    ));
+    assert!(refund.await.unwrap().unwrap());
+    granted.await.unwrap().unwrap();
+    assert!(settle.await.unwrap().unwrap());
+    // Behind the refund, both reservations were sent to a batch.
+    assert_eq!(db.store.group_commit_stats().writes, before + 4);
+
+    assert_eq!(db.store.held_reservations().await, 3);
+    db.assert_audit_holds().await;
+}
+
 /// Many callers on one hot account at once, most reservations decided at once beside batches
 /// of settles and refunds, while another connection grants credits and revokes the second of
 /// the account's two keys: each credit is spent once, every `true` settle is one `ok` entry,

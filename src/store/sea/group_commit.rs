@@ -19,7 +19,7 @@ use super::batch::{Outcome, OwnedCharge, Write};
 use super::batches::Batches;
 use super::flush::{self, Durability, FlushRules, Flusher};
 use super::holds::State;
-use super::jobs::{Counters, Failure, GroupCommitStats, Job, Reply, begin_write, stopped};
+use super::jobs::{Counters, Failure, GroupCommitStats, Job, Kept, Reply, begin_write, stopped};
 use super::ledger_ops::apply_in;
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
@@ -131,10 +131,11 @@ impl Committer {
     }
 
     /// Room in the queue for one write, taken before the holds' state is locked (the lock is
-    /// never held across an await); [`Slot::queue`] then queues the write under the lock.
-    pub(super) async fn slot(&self) -> Result<Slot<'_>, StoreError> {
-        let permit = self.jobs.reserve().await.map_err(|_| stopped())?;
-        Ok(Slot(permit))
+    /// never held across an await); [`Slot::queue`] then queues the write under the lock. The
+    /// room is kept with the write if it waits beside the holds before going to the committer.
+    pub(super) async fn slot(&self) -> Result<Slot, StoreError> {
+        let room = (self.jobs.clone().reserve_owned().await).map_err(|_| stopped())?;
+        Ok(Slot(room))
     }
 
     pub(super) async fn settle(
@@ -157,26 +158,25 @@ impl Committer {
 }
 
 /// Room for one write in a committer's queue (see [`Committer::slot`]).
-pub(super) struct Slot<'a>(mpsc::Permit<'a, Job>);
+pub(super) struct Slot(mpsc::OwnedPermit<Job>);
 
-impl Slot<'_> {
+impl Slot {
     /// Queues `write` while its caller holds the holds' state lock (`state`), so that an
-    /// account's writes on an owned file are decided in the order they took the lock, and
-    /// counts it as queued if it holds back reservations decided at once. The caller lets the
-    /// lock go before waiting for the answer.
+    /// account's writes on an owned file are decided in the order they took the lock (see
+    /// [`State::queue`]). The caller lets the lock go before waiting for the answer.
     pub(super) fn queue<T, E>(
         self,
         state: &mut State,
         write: Write,
         reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
     ) -> Answer<T, E> {
-        if write.holds_back_reservations() {
-            state.queued += 1;
-        }
         let (answer, answered) = oneshot::channel();
-        self.0.send(Job {
-            write,
-            reply: reply(answer),
+        state.queue(Kept {
+            job: Job {
+                write,
+                reply: reply(answer),
+            },
+            room: self.0,
         });
         Answer(answered)
     }

@@ -10,16 +10,19 @@
 //! A reservation is held at once, on its caller's task, against the rows the committer last
 //! read, while those are still what the file holds; otherwise the committer decides it in its
 //! next batch against the rows it reads under the file's write lock, so what other connections
-//! wrote (a grant, a revocation, a lapse from the CLI) is seen by the next reservation. Only the
-//! committer's batches end holds. The store's own transactions that must see the holds still
-//! (a lapse leaves held credits in place; a keyed reservation cannot spend them) freeze them
+//! wrote (a grant, a revocation, a lapse from the CLI) is seen by the next reservation. One
+//! that arrives while a batch takes or gives up that lock, when nobody can tell, waits in
+//! order until the committer can ([`State::waiting`]). Only the committer's batches end
+//! holds. The store's own transactions that must see the holds still (a lapse leaves held
+//! credits in place; a keyed reservation cannot spend them) freeze them
 //! ([`SharedHolds::freeze`]) while they run.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 use chrono::{DateTime, Utc};
 
 use super::batch::{AccountRead, OwnedCharge, Wanted, Write};
+use super::jobs::Kept;
 use crate::credits::{Balance, Split};
 
 /// A call whose credits are held in memory.
@@ -249,6 +252,15 @@ pub(super) struct State {
     pub(super) queued: usize,
     /// How many [`Frozen`] guards are alive; while any is, reservations queue.
     pub(super) frozen: usize,
+    /// Reservations that arrived while a batch was taking or giving up the file's write lock,
+    /// when nobody can tell whether another connection has committed, and the reservations
+    /// that arrived after them: they wait here, in order, for the committer to know the file's
+    /// version again (under the lock, or once it has given the lock up), which then decides
+    /// each at once as if it had just arrived, or sends it on to a batch. Sending them to a
+    /// batch straight away kept their place too, but held back every reservation after them
+    /// until that batch ended (see BENCHMARKS.md). A refund arriving meanwhile sends them on
+    /// first ([`State::queue`]).
+    pub(super) waiting: VecDeque<Kept>,
     /// While a batch holds the file's write lock: the file's version (`PRAGMA data_version`)
     /// that the committer read under it. Nobody else can commit until the batch does, so the
     /// rows read at that version stay true without asking the connection, which the batch is
@@ -256,6 +268,52 @@ pub(super) struct State {
     pub(super) writing: Option<i64>,
     #[cfg(feature = "sqlite")]
     pub(super) connection: Option<rusqlite::Connection>,
+}
+
+impl State {
+    /// Queues a write for the committer. A reservation waits in [`State::waiting`] behind
+    /// those already there, or if it would be decided at once but for a batch taking or
+    /// giving up the write lock. Any other write is sent; one that can change what a
+    /// reservation is decided against (a refund) first sends every waiting reservation
+    /// ahead of it, so that each is decided before it, as they arrived. A settle does not
+    /// change what a reservation can take (its credits stay spent), and the calls it ends are
+    /// never among the waiting ones, so it goes straight past them.
+    pub(super) fn queue(&mut self, kept: Kept) {
+        match kept.job.write {
+            Write::Reserve(_)
+                if !self.waiting.is_empty()
+                    || (self.queued == 0 && self.frozen == 0 && self.version_unknown()) =>
+            {
+                self.waiting.push_back(kept);
+            }
+            ref write => {
+                if write.holds_back_reservations() {
+                    while let Some(waiting) = self.waiting.pop_front() {
+                        self.send(waiting);
+                    }
+                }
+                self.send(kept);
+            }
+        }
+    }
+
+    /// Sends a write to the committer, counted in [`State::queued`] if it holds back
+    /// reservations.
+    pub(super) fn send(&mut self, kept: Kept) {
+        if kept.job.write.holds_back_reservations() {
+            self.queued += 1;
+        }
+        kept.send();
+    }
+
+    /// Whether a batch has the committer's connection and does not hold the file's write lock
+    /// with a version read under it: it is taking the lock, or has given it up.
+    fn version_unknown(&self) -> bool {
+        #[cfg(feature = "sqlite")]
+        return self.connection.is_none() && self.writing.is_none();
+        #[cfg(not(feature = "sqlite"))]
+        false
+    }
 }
 
 /// Account rows and key states as the committer last read or wrote them, valid while the

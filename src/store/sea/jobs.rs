@@ -9,7 +9,7 @@ use sea_orm::{
     DatabaseConnection, DatabaseTransaction, DbErr, SqliteTransactionMode, TransactionOptions,
     TransactionTrait,
 };
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Outcome, Write};
 use crate::store::{Reservation, ReserveError, StoreError};
@@ -18,6 +18,27 @@ use crate::store::{Reservation, ReserveError, StoreError};
 pub(super) struct Job {
     pub(super) write: Write,
     pub(super) reply: Reply,
+}
+
+/// A write with room kept for it in the committer's queue, so that it can be sent there later
+/// without waiting (see `holds::State::waiting`).
+pub(super) struct Kept {
+    pub(super) job: Job,
+    pub(super) room: mpsc::OwnedPermit<Job>,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("write", &self.job.write)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Kept {
+    pub(super) fn send(self) {
+        self.room.send(self.job);
+    }
 }
 
 /// Where a write's answer goes: a reservation, or a settle or refund.

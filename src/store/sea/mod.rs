@@ -255,7 +255,9 @@ impl SeaOrmStore {
     /// A reservation without an idempotency key: on a file this store owns, decided at once
     /// where the rows the committer last read still hold (see `sqlite_direct::reserve_now`)
     /// and no reservation or refund waits for the committer (which would decide it first);
-    /// otherwise by the committer, in its next batch.
+    /// otherwise queued (`holds::State::queue`): by the committer in its next batch, or,
+    /// if it arrived while a batch took or gave up the write lock, at once as soon as the
+    /// committer can tell the file's version again.
     async fn reserve_unkeyed(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
         #[cfg(feature = "sqlite")]
         if let Some(owned) = &self.owned {

@@ -38,7 +38,7 @@ use super::batch::{
 use super::batches::Batches;
 use super::flush::Flusher;
 use super::holds::{HoldChanges, Holds, IdBlock, RowCache, SharedHolds, State};
-use super::jobs::{Failure, Job, SQLITE_BUSY_TIMEOUT};
+use super::jobs::{Failure, Job, Kept, Reply, SQLITE_BUSY_TIMEOUT};
 use crate::credits::{Balance, Credits};
 use crate::store::{CallId, CallStatus, Reservation, ReserveError, StoreError};
 
@@ -139,12 +139,15 @@ pub(super) fn run(
 /// the connection and copies of the holds and rows it needs, to say that it is writing, and
 /// to take its changes once it has committed. Reservations go on being decided at once
 /// meanwhile, except while the batch decides reservations or refunds itself (see
-/// [`State::queued`]); the [`SharedHolds`] gate keeps [`super::holds::Frozen`] readers out.
+/// [`State::queued`]) or is taking or giving up the write lock (they wait, and are served
+/// once it has read the version under the lock or given the connection back: see
+/// [`State::waiting`]); the [`SharedHolds`] gate keeps [`super::holds::Frozen`] readers out.
 fn apply_holding(writes: &[&Write], shared: &SharedHolds) -> Result<Vec<Outcome>, Failure> {
     let _gate = shared.gate_blocking();
     let mut lent = Lent {
         shared,
         connection: shared.lock().connection.take(),
+        given_back: false,
     };
     let Some(connection) = lent.connection.as_mut() else {
         return Err(Failure::Statement(StoreError::msg(
@@ -192,14 +195,17 @@ fn apply_holding(writes: &[&Write], shared: &SharedHolds) -> Result<Vec<Outcome>
 }
 
 /// The committer's connection, lent to a batch: back beside the holds when given back or
-/// dropped, however the batch ended.
+/// dropped, however the batch ended, and the writes that waited for it served.
 struct Lent<'a> {
     shared: &'a SharedHolds,
     connection: Option<Connection>,
+    given_back: bool,
 }
 
 impl Lent<'_> {
+    /// Gives the connection back and serves the writes that waited for it.
     fn give_back(&mut self, state: &mut State) {
+        self.given_back = true;
         state.writing = None;
         if let Some(connection) = self.connection.take() {
             if state.connection.is_some() {
@@ -210,12 +216,13 @@ impl Lent<'_> {
                 state.connection = Some(connection);
             }
         }
+        serve_waiting(state);
     }
 }
 
 impl Drop for Lent<'_> {
     fn drop(&mut self) {
-        if self.connection.is_some() {
+        if !self.given_back {
             let mut state = self.shared.lock();
             self.give_back(&mut state);
         }
@@ -246,6 +253,7 @@ fn write_beside_holds(
         let mut state = shared.lock();
         state.rows.check(version);
         state.writing = Some(version);
+        serve_waiting(&mut state);
         let holds = state.holds.for_batch(writes);
         let rows = state.rows.part(&Wanted::of(writes, Some(&holds)));
         (holds, rows)
@@ -267,14 +275,26 @@ fn write_beside_holds(
 
 /// Reserves `charge` at once, from the rows the committer last read, if they are still what
 /// the file holds (no other connection has committed since) and hold the caller's account and
-/// key, and nothing queued or frozen must be decided first; `None` sends it to the committer.
-/// On the caller's task, with the state locked.
+/// key, and nothing waiting, queued or frozen must be decided first; `None` queues it
+/// ([`State::queue`]). On the caller's task, with the state locked.
 ///
 /// Whether another connection has committed is asked of the committer's connection between
 /// batches; while a batch holds the file's write lock nobody else can commit, so the version
 /// the batch read stands ([`State::writing`]). For the moment a batch takes or gives up the
-/// lock, nobody can tell, and the reservation goes to the committer, in order with the rest.
+/// lock, nobody can tell: the reservation waits, in order, until the committer can
+/// ([`State::waiting`]).
 pub(super) fn reserve_now(
+    state: &mut State,
+    charge: &OwnedCharge,
+) -> Option<Result<Reservation, ReserveError>> {
+    if !state.waiting.is_empty() {
+        return None;
+    }
+    reserve_in_turn(state, charge)
+}
+
+/// [`reserve_now`] for a reservation whose turn it is: nothing waits before it.
+fn reserve_in_turn(
     state: &mut State,
     charge: &OwnedCharge,
 ) -> Option<Result<Reservation, ReserveError>> {
@@ -286,6 +306,34 @@ pub(super) fn reserve_now(
         (None, writing) => writing?,
     };
     decide_now(state, version, charge)
+}
+
+/// Serves the reservations that waited while a batch took or gave up the write lock
+/// ([`State::waiting`]), in the order they arrived, now that the committer can tell the file's
+/// version again: each is decided at once if it could be were it arriving now; the first that
+/// cannot, and every one after it, go to the committer.
+fn serve_waiting(state: &mut State) {
+    while let Some(Kept { job, room }) = state.waiting.pop_front() {
+        let job = match job {
+            Job {
+                write: Write::Reserve(charge),
+                reply: Reply::Reserve(answer),
+            } => match reserve_in_turn(state, &charge) {
+                Some(reserved) => {
+                    // As with a batch's answers (`Job::answer`), a caller that stopped waiting
+                    // is not an error here.
+                    let _ = answer.send(reserved);
+                    continue;
+                }
+                None => Job {
+                    write: Write::Reserve(charge),
+                    reply: Reply::Reserve(answer),
+                },
+            },
+            job => job,
+        };
+        state.send(Kept { job, room });
+    }
 }
 
 fn decide_now(
