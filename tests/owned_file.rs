@@ -566,6 +566,47 @@ async fn reservations_arriving_while_a_batch_takes_the_lock_keep_their_place_wit
     db.assert_audit_holds().await;
 }
 
+/// A reservation waiting for a batch to take the write lock whose caller goes away (its future
+/// dropped, as when a client disconnects) is dropped: it holds no credits once the batch has
+/// the lock, where it would otherwise hold them until the gateway restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_reservation_whose_caller_went_away_holds_nothing() {
+    use sea_orm::{Database, SqliteTransactionMode, TransactionOptions, TransactionTrait};
+
+    let db = owned_sqlite_db().await;
+    let other = Database::connect(&db.url).await.unwrap();
+    let key = db.funded_key(10 * PRICE, 0).await;
+    let caller = caller(&db, &key).await;
+    let settling = db.store.reserve(charge(caller, None)).await.unwrap();
+    db.store.reserve(charge(caller, None)).await.unwrap();
+    assert_eq!(db.store.held_reservations().await, 2);
+
+    let locking = other
+        .begin_with_options(TransactionOptions {
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+            ..TransactionOptions::default()
+        })
+        .await
+        .unwrap();
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(100));
+    let store = db.store.clone();
+    let settle = tokio::spawn(async move { store.settle(settling.call, success()).await });
+    pause().await;
+    let store = db.store.clone();
+    let gone = tokio::spawn(async move { store.reserve(charge(caller, None)).await });
+    pause().await;
+    assert!(!gone.is_finished());
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    locking.rollback().await.unwrap();
+    assert!(settle.await.unwrap().unwrap());
+
+    // Only the second reservation is still held: its credits, and the settled call's.
+    assert_eq!(db.store.held_reservations().await, 1);
+    assert_eq!(db.balance(&key).await, balance(10 * PRICE - 2 * PRICE, 0));
+    db.assert_audit_holds().await;
+}
+
 /// Many callers on one hot account at once, most reservations decided at once beside batches
 /// of settles and refunds, while another connection grants credits and revokes the second of
 /// the account's two keys: each credit is spent once, every `true` settle is one `ok` entry,

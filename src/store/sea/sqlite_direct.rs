@@ -311,10 +311,16 @@ fn reserve_in_turn(
 /// Serves the reservations that waited while a batch took or gave up the write lock
 /// ([`State::waiting`]), in the order they arrived, now that the committer can tell the file's
 /// version again: each is decided at once if it could be were it arriving now; the first that
-/// cannot, and every one after it, go to the committer.
+/// cannot, and every one after it, go to the committer. One whose caller has gone (its future
+/// was dropped: the client went away) is dropped too, so that it holds nothing that no guard
+/// would ever end.
 fn serve_waiting(state: &mut State) {
     while let Some(Kept { job, room }) = state.waiting.pop_front() {
         let job = match job {
+            Job {
+                reply: Reply::Reserve(answer),
+                ..
+            } if answer.is_closed() => continue,
             Job {
                 write: Write::Reserve(charge),
                 reply: Reply::Reserve(answer),
