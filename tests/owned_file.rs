@@ -340,7 +340,7 @@ async fn a_rolled_back_batch_of_held_calls_bills_each_once_and_leaves_nothing_he
 
     let blocker = other.begin().await.unwrap();
     blocker
-        .execute_unprepared("UPDATE mg_accounts SET topup_credits = topup_credits")
+        .execute_unprepared("UPDATE mg_accounts SET name = 'renamed'")
         .await
         .unwrap();
     let before = db.store.group_commit_stats();
@@ -604,6 +604,60 @@ async fn a_waiting_reservation_whose_caller_went_away_holds_nothing() {
     // Only the second reservation is still held: its credits, and the settled call's.
     assert_eq!(db.store.held_reservations().await, 1);
     assert_eq!(db.balance(&key).await, balance(10 * PRICE - 2 * PRICE, 0));
+    db.assert_audit_holds().await;
+}
+
+/// A reservation that goes to a batch (another connection has written since the rows were
+/// cached) and whose caller goes away before the batch commits is held by it, answered to
+/// nobody, and let go: no guard would ever end it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_lets_go_of_a_hold_whose_caller_went_away() {
+    use sea_orm::{
+        ConnectionTrait, Database, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    };
+
+    let db = owned_sqlite_db().await;
+    let other = Database::connect(&db.url).await.unwrap();
+    let key = db.funded_key(10 * PRICE, 0).await;
+    let caller = caller(&db, &key).await;
+    db.store.reserve(charge(caller, None)).await.unwrap();
+    // The cached rows are stale from here: the next reservation goes to a batch.
+    other
+        .execute_unprepared("UPDATE mg_accounts SET name = 'renamed'")
+        .await
+        .unwrap();
+    let locking = other
+        .begin_with_options(TransactionOptions {
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+            ..TransactionOptions::default()
+        })
+        .await
+        .unwrap();
+    let written = db.store.group_commit_stats().writes;
+    let store = db.store.clone();
+    let gone = tokio::spawn(async move { store.reserve(charge(caller, None)).await });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!gone.is_finished(), "decided without waiting for the lock");
+    gone.abort();
+    assert!(gone.await.unwrap_err().is_cancelled());
+    locking.rollback().await.unwrap();
+
+    // The batch commits the hold (counted once it has), finds nobody to answer and lets it go.
+    let started = std::time::Instant::now();
+    let waited = |what: &str| {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10))
+    };
+    while db.store.group_commit_stats().writes == written {
+        waited("the batch was not written").await;
+    }
+    while db.store.held_reservations().await != 1 {
+        waited("the gone caller's hold was kept").await;
+    }
+    assert_eq!(db.balance(&key).await, balance(10 * PRICE - PRICE, 0));
     db.assert_audit_holds().await;
 }
 

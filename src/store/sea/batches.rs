@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::batch::{Outcome, Write};
 use super::flush::Durability;
 use super::jobs::{Counters, Failure, Job};
-use crate::store::StoreError;
+use crate::store::{CallId, StoreError};
 
 /// What a committer loop does with each batch, whichever way it writes it: counts it, and
 /// answers its writes from the outcome. A batch of several rolled back by a failing statement
@@ -76,8 +76,9 @@ impl Batches {
         self.current.iter().map(|job| &job.write).collect()
     }
 
-    /// Answers the current batch from how its transaction ended.
-    pub(super) fn conclude(&mut self, applied: Result<Vec<Outcome>, Failure>) {
+    /// Answers the current batch from how its transaction ended. Returns the calls it reserved
+    /// for callers that are gone (see [`Job::answer`]).
+    pub(super) fn conclude(&mut self, applied: Result<Vec<Outcome>, Failure>) -> Vec<CallId> {
         let stats = &self.stats;
         stats.transactions.fetch_add(1, Ordering::Relaxed);
         let size = self.current.len();
@@ -85,7 +86,7 @@ impl Batches {
         crate::telemetry::ledger_batch(size, self.started.elapsed().as_secs_f64());
         match applied {
             Ok(outcomes) => {
-                self.durability.answer(self.current.drain(..).zip(outcomes));
+                return self.durability.answer(self.current.drain(..).zip(outcomes));
             }
             Err(Failure::Statement(error)) => {
                 stats.rolled_back.fetch_add(1, Ordering::Relaxed);
@@ -113,6 +114,7 @@ impl Batches {
                 }
             }
         }
+        Vec::new()
     }
 }
 

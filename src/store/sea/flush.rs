@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 
 use super::batch::Outcome;
 use super::jobs::{Counters, Job};
+use crate::store::CallId;
 use crate::store::StoreError;
 
 /// Writes of one committed batch that wait for a flush, with their outcomes.
@@ -61,33 +62,35 @@ pub(super) enum Durability {
 
 impl Durability {
     /// Answers each write of a committed batch that may hear its outcome now, and hands the
-    /// others to the flusher.
-    pub(super) fn answer(&self, committed: impl Iterator<Item = (Job, Outcome)>) {
+    /// others to the flusher. Returns the calls reserved for callers that are gone, among
+    /// those answered now (see [`Job::answer`]).
+    pub(super) fn answer(&self, committed: impl Iterator<Item = (Job, Outcome)>) -> Vec<CallId> {
         let Durability::Flushed {
             flusher,
             reservations_wait,
             ..
         } = self
         else {
-            committed.for_each(|(job, outcome)| job.answer(outcome));
-            return;
+            return (committed.filter_map(|(job, outcome)| job.answer(outcome))).collect();
         };
         let mut waiting = Vec::new();
+        let mut unclaimed = Vec::new();
         for (job, outcome) in committed {
             if *reservations_wait || !job.is_reservation() {
                 waiting.push((job, outcome));
             } else {
-                job.answer(outcome);
+                unclaimed.extend(job.answer(outcome));
             }
         }
         if waiting.is_empty() {
-            return;
+            return unclaimed;
         }
         if let Err(mpsc::error::SendError(waiting)) = flusher.send(waiting) {
             for (job, _) in waiting {
                 job.fail(StoreError::msg("the ledger's flusher has stopped"));
             }
         }
+        unclaimed
     }
 
     /// Whether a failed flush has stopped the committer for good (see the module docs).
@@ -164,6 +167,8 @@ impl Flusher {
         self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         match flushed {
             Ok(()) => {
+                // Only reservations on PostgreSQL wait for a flush: one whose caller is gone
+                // is in the database, and recovery refunds it.
                 for (job, outcome) in self.waiting.drain(..).flatten() {
                     job.answer(outcome);
                 }

@@ -12,7 +12,7 @@ use sea_orm::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Outcome, Write};
-use crate::store::{Reservation, ReserveError, StoreError};
+use crate::store::{CallId, Reservation, ReserveError, StoreError};
 
 /// A write and where its answer goes.
 pub(super) struct Job {
@@ -120,12 +120,16 @@ impl Job {
         }
     }
 
-    pub(super) fn answer(self, outcome: Outcome) {
-        // A caller that stopped waiting (its future was dropped) is not an error here: the write
-        // stands, and the call's guard or recovery finishes it.
+    /// Answers the write's caller. A caller that stopped waiting (its future was dropped) is
+    /// not an error here: the write stands. A call reserved for a caller that is gone has no
+    /// guard to end it, so it is returned: recovery refunds a reservation written to the
+    /// database, and a held one is let go by the committer (`sqlite_direct::run`).
+    pub(super) fn answer(self, outcome: Outcome) -> Option<CallId> {
         match (self.reply, outcome) {
             (Reply::Reserve(to), Outcome::Reserved(reserved)) => {
-                let _ = to.send(reserved);
+                if let Err(Ok(unclaimed)) = to.send(reserved) {
+                    return Some(unclaimed.call);
+                }
             }
             (Reply::Finish(to), Outcome::Finished(finished)) => {
                 let _ = to.send(Ok(finished));
@@ -137,6 +141,7 @@ impl Job {
                 let _ = to.send(Err(wrong_kind()));
             }
         }
+        None
     }
 }
 

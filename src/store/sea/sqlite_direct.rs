@@ -131,7 +131,16 @@ pub(super) fn run(
                 (None, None) => unreachable!("the connection is here or beside the holds"),
             }
         };
-        batches.conclude(applied);
+        let unclaimed = batches.conclude(applied);
+        if let Some(shared) = holds.as_deref().filter(|_| !unclaimed.is_empty()) {
+            // Held for callers that are gone: no guard will end them, and they moved nothing.
+            let ended = unclaimed.into_iter().map(|call| call.0).collect();
+            shared.lock().holds.apply(HoldChanges {
+                ended,
+                ..HoldChanges::default()
+            });
+        }
+        // On a file no store owns, such a reservation is pending until recovery refunds it.
     }
 }
 
