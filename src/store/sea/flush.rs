@@ -36,8 +36,7 @@ use tokio::sync::mpsc;
 
 use super::batch::Outcome;
 use super::jobs::{Counters, Job};
-use crate::store::CallId;
-use crate::store::StoreError;
+use crate::store::{CallId, StoreError};
 
 /// Writes of one committed batch that wait for a flush, with their outcomes.
 pub(super) type Committed = Vec<(Job, Outcome)>;
@@ -168,7 +167,8 @@ impl Flusher {
         match flushed {
             Ok(()) => {
                 // Only reservations on PostgreSQL wait for a flush: one whose caller is gone
-                // is in the database, and recovery refunds it.
+                // stays pending in the database until recovery refunds it (see
+                // `Job::answer`).
                 for (job, outcome) in self.waiting.drain(..).flatten() {
                     job.answer(outcome);
                 }

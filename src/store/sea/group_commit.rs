@@ -195,7 +195,8 @@ async fn run(db: DatabaseConnection, mut queue: mpsc::Receiver<Job>, mut batches
     while batches.next(&mut queue).await {
         let flushed_later = batches.flushed_later();
         let applied = apply(&db, batches.writes(), flushed_later).await;
-        // A reservation whose caller is gone stays pending until recovery refunds it.
+        // A reservation whose caller is gone stays pending until recovery refunds it (see
+        // `Job::answer`).
         let _unclaimed = batches.conclude(applied);
     }
 }

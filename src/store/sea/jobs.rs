@@ -122,8 +122,9 @@ impl Job {
 
     /// Answers the write's caller. A caller that stopped waiting (its future was dropped) is
     /// not an error here: the write stands. A call reserved for a caller that is gone has no
-    /// guard to end it, so it is returned: recovery refunds a reservation written to the
-    /// database, and a held one is let go by the committer (`sqlite_direct::run`).
+    /// guard to end it, so it is returned: a held one is let go by the committer
+    /// (`sqlite_direct::run`); one written to the database stays pending until recovery
+    /// refunds it, which for a gateway's own lease is once that lease has ended.
     pub(super) fn answer(self, outcome: Outcome) -> Option<CallId> {
         match (self.reply, outcome) {
             (Reply::Reserve(to), Outcome::Reserved(reserved)) => {
