@@ -15,6 +15,7 @@ use super::batch::{Outcome, Write};
 use crate::store::{CallId, Reservation, ReserveError, StoreError};
 
 /// A write and where its answer goes.
+#[derive(Debug)]
 pub(super) struct Job {
     pub(super) write: Write,
     pub(super) reply: Reply,
@@ -22,17 +23,10 @@ pub(super) struct Job {
 
 /// A write with room kept for it in the committer's queue, so that it can be sent there later
 /// without waiting (see `holds::State::waiting`).
+#[derive(Debug)]
 pub(super) struct Kept {
     pub(super) job: Job,
     pub(super) room: mpsc::OwnedPermit<Job>,
-}
-
-impl std::fmt::Debug for Kept {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kept")
-            .field("write", &self.job.write)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Kept {
@@ -42,6 +36,7 @@ impl Kept {
 }
 
 /// Where a write's answer goes: a reservation, or a settle or refund.
+#[derive(Debug)]
 pub(super) enum Reply {
     Reserve(oneshot::Sender<Result<Reservation, ReserveError>>),
     Finish(oneshot::Sender<Result<bool, StoreError>>),

@@ -307,14 +307,20 @@ fn reserve_in_turn(
     state: &mut State,
     charge: &OwnedCharge,
 ) -> Option<Result<Reservation, ReserveError>> {
+    let version = version_for_now(state)?;
+    decide_now(state, version, charge)
+}
+
+/// The file's version, for a reservation that may be decided at once: `None` while anything
+/// queued or frozen must be decided first, or while nobody can tell (see [`reserve_now`]).
+fn version_for_now(state: &State) -> Option<i64> {
     if state.queued > 0 || state.frozen > 0 {
         return None;
     }
-    let version = match (&state.connection, state.writing) {
-        (Some(connection), _) => data_version(connection).ok()?,
-        (None, writing) => writing?,
-    };
-    decide_now(state, version, charge)
+    match (&state.connection, state.writing) {
+        (Some(connection), _) => data_version(connection).ok(),
+        (None, writing) => writing,
+    }
 }
 
 /// Serves the reservations that waited while a batch took or gave up the write lock
@@ -324,6 +330,13 @@ fn reserve_in_turn(
 /// was dropped: the client went away) is dropped too, so that it holds nothing that no guard
 /// would ever end.
 fn serve_waiting(state: &mut State) {
+    if state.waiting.is_empty() {
+        return;
+    }
+    // Read once for all of them: each arrived before this read, so whatever another
+    // connection committed before it began is seen, as a reservation decided on arrival
+    // would see it.
+    let version = version_for_now(state);
     while let Some(Kept { job, room }) = state.waiting.pop_front() {
         let job = match job {
             Job {
@@ -333,7 +346,10 @@ fn serve_waiting(state: &mut State) {
             Job {
                 write: Write::Reserve(charge),
                 reply: Reply::Reserve(answer),
-            } => match reserve_in_turn(state, &charge) {
+            } => match version
+                .filter(|_| state.queued == 0)
+                .and_then(|version| decide_now(state, version, &charge))
+            {
                 Some(reserved) => {
                     // As with a batch's answers (`Job::answer`), a caller that stopped waiting
                     // is not an error here.
