@@ -453,6 +453,47 @@ async fn a_reservation_goes_to_the_committer_while_nobody_can_tell_whether_a_rev
     db.assert_audit_holds().await;
 }
 
+/// Takes the file's write lock through `other` and writes nothing: a batch started meanwhile
+/// waits for the lock, and rolling back leaves the file's version as it was.
+async fn write_lock(other: &sea_orm::DatabaseConnection) -> sea_orm::DatabaseTransaction {
+    use sea_orm::{SqliteTransactionMode, TransactionOptions, TransactionTrait};
+
+    other
+        .begin_with_options(TransactionOptions {
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+            ..TransactionOptions::default()
+        })
+        .await
+        .unwrap()
+}
+
+/// Long enough for a spawned call to reach the holds, the committer or the lock.
+async fn pause() {
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+}
+
+fn reserve_later(
+    db: &TestDb,
+    caller: Caller,
+) -> tokio::task::JoinHandle<Result<model_gateway::Reservation, ReserveError>> {
+    let store = db.store.clone();
+    tokio::spawn(async move { store.reserve(charge(caller, None)).await })
+}
+
+fn settle_later(
+    db: &TestDb,
+    call: model_gateway::CallId,
+) -> tokio::task::JoinHandle<Result<bool, model_gateway::StoreError>> {
+    let store = db.store.clone();
+    tokio::spawn(async move { store.settle(call, success()).await })
+}
+
+/// Drops a spawned call's future, as a client that goes away does.
+async fn go_away<T: std::fmt::Debug>(task: tokio::task::JoinHandle<T>) {
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+}
+
 /// Reservations that arrive while a batch is taking the file's write lock (here it waits for
 /// another connection that holds the lock and writes nothing) wait, in order, instead of going
 /// to a batch: once the batch has read the file's version under the lock, each is decided from
@@ -460,10 +501,8 @@ async fn a_reservation_goes_to_the_committer_while_nobody_can_tell_whether_a_rev
 /// reservation sends it on first, so that the credits it frees are not the reservation's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_arriving_while_a_batch_takes_the_lock_keep_their_place_without_a_write() {
-    use sea_orm::{Database, SqliteTransactionMode, TransactionOptions, TransactionTrait};
-
     let db = owned_sqlite_db().await;
-    let other = Database::connect(&db.url).await.unwrap();
+    let other = sea_orm::Database::connect(&db.url).await.unwrap();
     let tight_key = db.funded_key(PRICE, 0).await;
     let tight = caller(&db, &tight_key).await;
     let busy_key = db.funded_key(10 * PRICE, 0).await;
@@ -478,30 +517,13 @@ async fn reservations_arriving_while_a_batch_takes_the_lock_keep_their_place_wit
     db.store.reserve(charge(busy, None)).await.unwrap();
     assert_eq!(db.store.group_commit_stats().writes, before);
 
-    let pause = || tokio::time::sleep(std::time::Duration::from_millis(100));
-    let locked = || async {
-        other
-            .begin_with_options(TransactionOptions {
-                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-                ..TransactionOptions::default()
-            })
-            .await
-            .unwrap()
-    };
-    let reserve = |caller: Caller| {
-        let store = db.store.clone();
-        tokio::spawn(async move { store.reserve(charge(caller, None)).await })
-    };
-
     // 1. Two reservations wait for a settle's batch to take the lock; neither is written.
-    let locking = locked().await;
-    let store = db.store.clone();
-    let call = settling[0];
-    let settle = tokio::spawn(async move { store.settle(call, success()).await });
+    let locking = write_lock(&other).await;
+    let settle = settle_later(&db, settling[0]);
     pause().await;
-    let refused = reserve(tight);
+    let refused = reserve_later(&db, tight);
     pause().await;
-    let granted = reserve(busy);
+    let granted = reserve_later(&db, busy);
     pause().await;
     for task in [
         settle.is_finished(),
@@ -525,12 +547,10 @@ async fn reservations_arriving_while_a_batch_takes_the_lock_keep_their_place_wit
 
     // 2. A refund behind a waiting reservation: the reservation is decided first.
     let before = db.store.group_commit_stats().writes;
-    let locking = locked().await;
-    let store = db.store.clone();
-    let call = settling[1];
-    let settle = tokio::spawn(async move { store.settle(call, success()).await });
+    let locking = write_lock(&other).await;
+    let settle = settle_later(&db, settling[1]);
     pause().await;
-    let refused = reserve(tight);
+    let refused = reserve_later(&db, tight);
     pause().await;
     let store = db.store.clone();
     let refund = tokio::spawn(async move {
@@ -541,7 +561,7 @@ async fn reservations_arriving_while_a_batch_takes_the_lock_keep_their_place_wit
         store.refund(held.call, &failure).await
     });
     pause().await;
-    let granted = reserve(tight);
+    let granted = reserve_later(&db, tight);
     pause().await;
     for task in [
         settle.is_finished(),
@@ -571,33 +591,21 @@ async fn reservations_arriving_while_a_batch_takes_the_lock_keep_their_place_wit
 /// the lock, where it would otherwise hold them until the gateway restarts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_reservation_whose_caller_went_away_holds_nothing() {
-    use sea_orm::{Database, SqliteTransactionMode, TransactionOptions, TransactionTrait};
-
     let db = owned_sqlite_db().await;
-    let other = Database::connect(&db.url).await.unwrap();
+    let other = sea_orm::Database::connect(&db.url).await.unwrap();
     let key = db.funded_key(10 * PRICE, 0).await;
     let caller = caller(&db, &key).await;
     let settling = db.store.reserve(charge(caller, None)).await.unwrap();
     db.store.reserve(charge(caller, None)).await.unwrap();
     assert_eq!(db.store.held_reservations().await, 2);
 
-    let locking = other
-        .begin_with_options(TransactionOptions {
-            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-            ..TransactionOptions::default()
-        })
-        .await
-        .unwrap();
-    let pause = || tokio::time::sleep(std::time::Duration::from_millis(100));
-    let store = db.store.clone();
-    let settle = tokio::spawn(async move { store.settle(settling.call, success()).await });
+    let locking = write_lock(&other).await;
+    let settle = settle_later(&db, settling.call);
     pause().await;
-    let store = db.store.clone();
-    let gone = tokio::spawn(async move { store.reserve(charge(caller, None)).await });
+    let gone = reserve_later(&db, caller);
     pause().await;
     assert!(!gone.is_finished());
-    gone.abort();
-    assert!(gone.await.unwrap_err().is_cancelled());
+    go_away(gone).await;
     locking.rollback().await.unwrap();
     assert!(settle.await.unwrap().unwrap());
 
@@ -612,12 +620,10 @@ async fn a_waiting_reservation_whose_caller_went_away_holds_nothing() {
 /// nobody, and let go: no guard would ever end it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_lets_go_of_a_hold_whose_caller_went_away() {
-    use sea_orm::{
-        ConnectionTrait, Database, SqliteTransactionMode, TransactionOptions, TransactionTrait,
-    };
+    use sea_orm::ConnectionTrait;
 
     let db = owned_sqlite_db().await;
-    let other = Database::connect(&db.url).await.unwrap();
+    let other = sea_orm::Database::connect(&db.url).await.unwrap();
     let key = db.funded_key(10 * PRICE, 0).await;
     let caller = caller(&db, &key).await;
     db.store.reserve(charge(caller, None)).await.unwrap();
@@ -626,20 +632,12 @@ async fn a_batch_lets_go_of_a_hold_whose_caller_went_away() {
         .execute_unprepared("UPDATE mg_accounts SET name = 'renamed'")
         .await
         .unwrap();
-    let locking = other
-        .begin_with_options(TransactionOptions {
-            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-            ..TransactionOptions::default()
-        })
-        .await
-        .unwrap();
+    let locking = write_lock(&other).await;
     let written = db.store.group_commit_stats().writes;
-    let store = db.store.clone();
-    let gone = tokio::spawn(async move { store.reserve(charge(caller, None)).await });
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let gone = reserve_later(&db, caller);
+    pause().await;
     assert!(!gone.is_finished(), "decided without waiting for the lock");
-    gone.abort();
-    assert!(gone.await.unwrap_err().is_cancelled());
+    go_away(gone).await;
     locking.rollback().await.unwrap();
 
     // The batch commits the hold (counted once it has), finds nobody to answer and lets it go.
