@@ -47,6 +47,8 @@
 //! # }
 //! ```
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -55,9 +57,11 @@ use http::{HeaderValue, Request, Response, StatusCode, header};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::call::{IdempotencyKey, RequestId, RoutedCall};
+use crate::call::{IdempotencyKey, RequestId, Reservation, RoutedCall};
 use crate::error::GatewayError;
-use crate::store::{Caller, ChargeRequest, KeptReply, Ledger, ReserveError};
+use crate::store::{
+    CallFailure, Caller, ChargeRequest, KeptReply, Ledger, ReserveError, StoreError,
+};
 
 /// The header on a reply given again for a retry with the same `Idempotency-Key` (uncharged),
 /// as Stripe names it.
@@ -141,16 +145,19 @@ where
                 tracing::error!("CreditCharge needs ApiKeyAuth and ProtocolRouter outside it");
                 return Ok(GatewayError::Misconfigured.into_response());
             };
-            let charge = ChargeRequest {
-                at: chrono::Utc::now(),
-                caller,
-                protocol: routed.protocol,
-                model: &routed.model.name,
-                price: routed.model.price,
-                request_id: request_id.as_ref().map(RequestId::as_str),
-                idempotency: idempotency.as_ref(),
-            };
-            match ledger.reserve(charge).await {
+            let reserving = ReservationUnderWay::new(ledger.clone(), async move {
+                let charge = ChargeRequest {
+                    at: chrono::Utc::now(),
+                    caller,
+                    protocol: routed.protocol,
+                    model: &routed.model.name,
+                    price: routed.model.price,
+                    request_id: request_id.as_ref().map(RequestId::as_str),
+                    idempotency: idempotency.as_ref(),
+                };
+                ledger.reserve(charge).await
+            });
+            match reserving.await {
                 Ok(reservation) => {
                     request.extensions_mut().insert(reservation);
                     inner.call(request).await
@@ -175,6 +182,84 @@ where
                 }
             }
         })
+    }
+}
+
+/// What a reservation's call-log entry says when the request was dropped (its client went away,
+/// or a time-out above gave up) while its credits were being reserved: the reservation is
+/// finished anyway and refunded at once, and the upstream is never called.
+pub const CANCELLED_WHILE_RESERVING: &str = "cancelled while its credits were being reserved \
+     (the client went away or the request was dropped); the upstream was not called";
+
+type Reserving = Pin<Box<dyn Future<Output = Result<Reservation, ReserveError>> + Send>>;
+
+/// A reservation under way. Dropped before it is answered (its request was dropped), it is not
+/// abandoned: a reservation the ledger is writing may land after its caller is gone, and nobody
+/// would then end it, so its credits would stay taken and its entry `pending` until recovery.
+/// Instead the reservation is driven to its end on a spawned task and refunded there. A call
+/// that is not dropped costs nothing more than the box.
+struct ReservationUnderWay {
+    ledger: Arc<dyn Ledger>,
+    reserving: Option<Reserving>,
+}
+
+impl ReservationUnderWay {
+    fn new(
+        ledger: Arc<dyn Ledger>,
+        reserving: impl Future<Output = Result<Reservation, ReserveError>> + Send + 'static,
+    ) -> ReservationUnderWay {
+        ReservationUnderWay {
+            ledger,
+            reserving: Some(Box::pin(reserving)),
+        }
+    }
+}
+
+impl Future for ReservationUnderWay {
+    type Output = Result<Reservation, ReserveError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(reserving) = self.reserving.as_mut() else {
+            return Poll::Ready(Err(ReserveError::Store(StoreError::msg(
+                "a reservation was polled after it was answered",
+            ))));
+        };
+        let answered = std::task::ready!(reserving.as_mut().poll(cx));
+        self.reserving = None;
+        Poll::Ready(answered)
+    }
+}
+
+impl Drop for ReservationUnderWay {
+    fn drop(&mut self) {
+        let Some(reserving) = self.reserving.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::error!("no runtime to finish a dropped reservation; left for recovery");
+            return;
+        };
+        let ledger = self.ledger.clone();
+        runtime.spawn(async move {
+            let Ok(reservation) = reserving.await else {
+                return;
+            };
+            let failure = CallFailure {
+                upstream_status: None,
+                error: CANCELLED_WHILE_RESERVING.to_owned(),
+            };
+            match ledger.refund(reservation.call, &failure).await {
+                Ok(_) => tracing::info!(
+                    call = reservation.call.0,
+                    "a reservation whose request was dropped was refunded"
+                ),
+                Err(error) => tracing::error!(
+                    call = reservation.call.0,
+                    %error,
+                    "refunding a reservation whose request was dropped failed; left for recovery"
+                ),
+            }
+        });
     }
 }
 

@@ -122,7 +122,9 @@ pub use catalogue::{
     DEFAULT_STREAM_IDLE_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE, ModelChannel,
     ModelRoute, UpstreamConfig, UpstreamKind,
 };
-pub use charge::{CreditCharge, CreditChargeLayer, IDEMPOTENT_REPLAYED_HEADER};
+pub use charge::{
+    CANCELLED_WHILE_RESERVING, CreditCharge, CreditChargeLayer, IDEMPOTENT_REPLAYED_HEADER,
+};
 pub use credits::{Balance, Bucket, Credits, Split};
 pub use error::{GatewayError, UpstreamError};
 #[cfg(feature = "api")]

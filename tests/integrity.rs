@@ -18,11 +18,11 @@ use common::*;
 use http::{Request, Response};
 use http_body_util::Full;
 use model_gateway::{
-    AccountId, Accounts, ApiKeyAuthLayer, Balance, Bucket, CANCELLED_BEFORE_ANSWER, CallFailure,
-    CallId, CallLog, CallRecord, CallStatus, CallSuccess, Catalogue, ChargeRequest,
-    CreditChargeLayer, Credits, HttpUpstream, KeyHash, KeyStore, Ledger, MemoryStore, NewApiKey,
-    ProtocolRouterLayer, RefundOnUpstreamErrorLayer, Reservation, ReserveError, StoreError,
-    Upstream, UpstreamBody, UpstreamError, recover_stale_reservations,
+    AccountId, Accounts, ApiKeyAuthLayer, Balance, Bucket, CANCELLED_BEFORE_ANSWER,
+    CANCELLED_WHILE_RESERVING, CallFailure, CallId, CallLog, CallRecord, CallStatus, CallSuccess,
+    Catalogue, ChargeRequest, CreditChargeLayer, Credits, HttpUpstream, KeyHash, KeyStore, Ledger,
+    MemoryStore, NewApiKey, ProtocolRouterLayer, RefundOnUpstreamErrorLayer, Reservation,
+    ReserveError, StoreError, Upstream, UpstreamBody, UpstreamError, recover_stale_reservations,
 };
 use sea_orm::ConnectionTrait;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -97,6 +97,89 @@ async fn a_call_dropped_before_the_upstream_answered_is_refunded() {
         store.balance(account).await.unwrap().total(),
         Credits::new(10)
     );
+}
+
+/// Holds `account`'s row (on `SQLite`, the whole file's write lock) on another connection, as a
+/// busy second gateway or the CLI would, so that a reservation's write waits for it.
+async fn hold_writes(db: &TestDb, account: AccountId) -> sea_orm::DatabaseTransaction {
+    use sea_orm::{SqliteTransactionMode, TransactionOptions, TransactionTrait};
+    let other = db.second_instance().await.store.connection().clone();
+    let backend = other.get_database_backend();
+    if backend == sea_orm::DbBackend::Sqlite {
+        return other
+            .begin_with_options(TransactionOptions {
+                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+                ..TransactionOptions::default()
+            })
+            .await
+            .unwrap();
+    }
+    let txn = other.begin().await.unwrap();
+    let locked = txn
+        .query_all_raw(sea_orm::Statement::from_string(
+            backend,
+            format!(
+                "SELECT id FROM mg_accounts WHERE id = {} FOR UPDATE",
+                account.0
+            ),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(locked.len(), 1);
+    txn
+}
+
+/// A request dropped while its reservation's write waits (for another writer's lock) is not
+/// abandoned: the reservation lands after its client is gone, is refunded at once, and the
+/// upstream is never called. Left alone, its credits would stay taken and its entry `pending`
+/// until recovery; with an `Idempotency-Key`, every retry would meanwhile be refused as still
+/// running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_dropped_while_its_reservation_is_written_is_refunded() {
+    each_database(async |db| {
+        for keyed in [false, true] {
+            let key = db.funded_key(10, 0).await;
+            let account = db.account(&key).await;
+            let service = model_gateway::stack(
+                db.store.clone(),
+                Arc::new(Catalogue::demo()),
+                1 << 20,
+                model_gateway::MockUpstream::new(),
+            );
+            let request = || {
+                let mut request = chat_request(&key);
+                if keyed {
+                    let idempotency = http::HeaderValue::from_static("retry-me");
+                    request.headers_mut().insert("idempotency-key", idempotency);
+                }
+                request
+            };
+
+            let held = hold_writes(db, account).await;
+            let dropped = service.clone().oneshot(request());
+            let gave_up = tokio::time::timeout(Duration::from_millis(300), dropped).await;
+            assert!(gave_up.is_err(), "the reservation waited for the lock");
+            held.commit().await.unwrap();
+
+            let call = finished_call(db.store.as_ref(), account).await;
+            assert_eq!(call.status, CallStatus::Refunded, "keyed: {keyed}");
+            assert_eq!(
+                call.upstream_error.as_deref(),
+                Some(CANCELLED_WHILE_RESERVING)
+            );
+            assert_eq!(db.balance(&key).await, balance(10, 0));
+
+            // The client tries again: a new call, billed once.
+            let again = service.oneshot(request()).await.unwrap();
+            assert_eq!(again.status(), http::StatusCode::OK, "keyed: {keyed}");
+            assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
+            let statuses: Vec<_> = db.calls(&key).await.iter().map(|c| c.status).collect();
+            assert_eq!(statuses.len(), 2, "{statuses:?}");
+            assert!(statuses.contains(&CallStatus::Ok) && statuses.contains(&CallStatus::Refunded));
+        }
+        db.assert_audit_holds().await;
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -235,6 +235,12 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// [`ReserveError::IdempotencyKeyReused`], reserving nothing; a key whose call was refunded
     /// reserves anew. The rule is in the module `store::idempotency`; a store of an embedder's
     /// that ignores the key bills every retry.
+    ///
+    /// A reserve future dropped before it answers may still have reserved (its write was
+    /// already on its way), and nobody then ends that call until recovery refunds it.
+    /// [`CreditCharge`](crate::CreditCharge) never drops one: a request dropped meanwhile has
+    /// its reservation finished on a spawned task and refunded. A caller of its own should do
+    /// the same.
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError>;
 
     /// Marks a `pending` call `ok`. Returns `false`, changing nothing, if it was not pending.

@@ -120,6 +120,10 @@ impl Job {
     /// guard to end it, so it is returned: a held one is let go by the committer
     /// (`sqlite_direct::run`); one written to the database stays pending until recovery
     /// refunds it, which for a gateway's own lease is once that lease has ended.
+    /// [`CreditCharge`](crate::CreditCharge) never leaves one behind: it finishes a
+    /// reservation whose request was dropped and refunds it (see [`Ledger::reserve`]).
+    ///
+    /// [`Ledger::reserve`]: crate::Ledger::reserve
     pub(super) fn answer(self, outcome: Outcome) -> Option<CallId> {
         match (self.reply, outcome) {
             (Reply::Reserve(to), Outcome::Reserved(reserved)) => {
