@@ -357,6 +357,11 @@ fn print_ledger(before: GroupCommitStats, after: GroupCommitStats) {
     );
 }
 
+/// The gateway binary's allocator (see `examples/gateway/main.rs`), so that the gateways run in
+/// this process measure what the binary runs; the floor and the load generator share it.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() {
     if std::env::var("LOADTEST_ONLY").as_deref() == Ok("streams") {
