@@ -182,6 +182,38 @@ async fn a_call_dropped_while_its_reservation_is_written_is_refunded() {
     .await;
 }
 
+/// The same over real HTTP: a client that hangs up while its reservation waits for another
+/// writer is not charged, and its entry is not left `pending`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_while_its_reservation_waits_is_not_charged() {
+    let db = local_db().await;
+    let gateway = start_mock_gateway(&db).await;
+    let key = db.funded_key(10, 0).await;
+    let account = db.account(&key).await;
+
+    let held = hold_writes(&db, account).await;
+    let hung_up = gateway
+        .client
+        .post(format!("{}{CHAT}", gateway.base))
+        .bearer_auth(&key)
+        .timeout(Duration::from_millis(300))
+        .body(chat_body(CHAT_MODEL))
+        .send()
+        .await;
+    assert!(hung_up.is_err(), "the client gave up");
+    held.commit().await.unwrap();
+
+    let call = finished_call(db.store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Refunded);
+    assert_eq!(
+        call.upstream_error.as_deref(),
+        Some(CANCELLED_WHILE_RESERVING)
+    );
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
 #[tokio::test]
 async fn a_client_that_hangs_up_before_the_answer_is_not_charged() {
     let provider = FakeProvider::start().await;
