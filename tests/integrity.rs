@@ -182,6 +182,54 @@ async fn a_call_dropped_while_its_reservation_is_written_is_refunded() {
     .await;
 }
 
+/// The store on its own, without `CreditCharge`: a reservation whose caller stopped waiting
+/// while its batch waited for another writer lands, and the store refunds it in its next batch
+/// (on `PostgreSQL` after the flush that answers it), instead of leaving it `pending` with its
+/// credits taken until the gateway's lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_whose_caller_stopped_waiting_is_refunded_by_the_store() {
+    each_database(async |db| {
+        let key = db.funded_key(10, 0).await;
+        let account = db.account(&key).await;
+        let caller = db
+            .store
+            .caller_for_key(&KeyHash::of(&key))
+            .await
+            .unwrap()
+            .unwrap();
+
+        let held = hold_writes(db, account).await;
+        let store = db.store.clone();
+        let reserving = tokio::spawn(async move {
+            let charge = ChargeRequest {
+                caller,
+                protocol: model_gateway::Protocol::ChatCompletions,
+                model: CHAT_MODEL,
+                price: Credits::new(CHAT_PRICE),
+                request_id: None,
+                at: chrono::Utc::now(),
+                idempotency: None,
+            };
+            store.reserve(charge).await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        reserving.abort();
+        assert!(reserving.await.unwrap_err().is_cancelled());
+        held.commit().await.unwrap();
+
+        let call = finished_call(db.store.as_ref(), account).await;
+        assert_eq!(call.status, CallStatus::Refunded);
+        assert!(
+            (call.upstream_error.as_deref()).is_some_and(|why| why.contains("stopped waiting")),
+            "{:?}",
+            call.upstream_error
+        );
+        assert_eq!(db.balance(&key).await, balance(10, 0));
+        db.assert_audit_holds().await;
+    })
+    .await;
+}
+
 /// The same over real HTTP: a client that hangs up while its reservation waits for another
 /// writer is not charged, and its entry is not left `pending`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,6 +17,8 @@ use crate::store::{CallId, StoreError};
 pub(super) struct Batches {
     current: Vec<Job>,
     alone: VecDeque<Job>,
+    /// Refunds of reservations that landed for callers that were gone, for the next batch.
+    unclaimed: Vec<Job>,
     max: usize,
     stats: Arc<Counters>,
     durability: Durability,
@@ -29,6 +31,7 @@ impl Batches {
         Batches {
             current: Vec::with_capacity(max),
             alone: VecDeque::new(),
+            unclaimed: Vec::new(),
             max,
             stats,
             durability,
@@ -42,15 +45,31 @@ impl Batches {
         self.durability.halted()
     }
 
-    /// Takes a write waiting to run alone as the next batch, if there is one.
+    /// Takes, as the next batch, a write waiting to run alone if there is one, or else the
+    /// refunds of unclaimed reservations if there are any.
     pub(super) fn next_alone(&mut self) -> bool {
-        match self.alone.pop_front() {
-            Some(job) => {
-                self.current.push(job);
-                true
-            }
-            None => false,
+        if let Some(job) = self.alone.pop_front() {
+            self.current.push(job);
+            return true;
         }
+        if self.unclaimed.is_empty() {
+            return false;
+        }
+        self.current.append(&mut self.unclaimed);
+        true
+    }
+
+    /// Refunds `calls` in the next batch: reservations written to the database for callers
+    /// that were gone when they landed (see [`Job::answer`]). Nobody else knows their ids, so
+    /// nothing else would end them before recovery.
+    pub(super) fn refund_unclaimed(&mut self, calls: Vec<CallId>) {
+        if !calls.is_empty() {
+            tracing::info!(
+                calls = calls.len(),
+                "refunding reservations whose callers stopped waiting"
+            );
+        }
+        (self.unclaimed).extend(calls.into_iter().map(Job::refund_unclaimed));
     }
 
     /// Receives the next batch on the runtime; `false` once every sender is gone.

@@ -161,17 +161,16 @@ impl Flusher {
     }
 
     /// Answers everything taken by the last `next` from how the flush that began after it
-    /// ended.
-    pub(super) fn conclude(&mut self, flushed: Result<(), StoreError>) {
+    /// ended. Returns the calls reserved for callers that are gone (see [`Job::answer`]):
+    /// only reservations on `PostgreSQL` wait for a flush, so on a `SQLite` file there are none.
+    pub(super) fn conclude(&mut self, flushed: Result<(), StoreError>) -> Vec<CallId> {
         self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         match flushed {
             Ok(()) => {
-                // Only reservations on PostgreSQL wait for a flush: one whose caller is gone
-                // stays pending in the database until recovery refunds it (see
-                // `Job::answer`).
-                for (job, outcome) in self.waiting.drain(..).flatten() {
-                    job.answer(outcome);
-                }
+                let answered = self.waiting.drain(..).flatten();
+                return answered
+                    .filter_map(|(job, outcome)| job.answer(outcome))
+                    .collect();
             }
             Err(error) => {
                 if self.halt_on_failure {
@@ -181,6 +180,7 @@ impl Flusher {
                 for (job, _) in self.waiting.drain(..).flatten() {
                     job.fail(StoreError::msg(format!("flush failed: {error}")));
                 }
+                Vec::new()
             }
         }
     }
@@ -227,11 +227,43 @@ pub(super) async fn postgres_flush_allowed(db: &DatabaseConnection) -> Result<bo
 }
 
 /// Starts the `PostgreSQL` flusher on the current Tokio runtime, on the store's pool.
-pub(super) fn start_postgres(db: DatabaseConnection, mut flusher: Flusher) {
+/// Starts the flusher task of a `PostgreSQL` committer whose queue is `jobs`: the refunds of
+/// reservations whose callers are gone go there (see [`Job::answer`]). A weak sender, so that
+/// the committer still ends once the store's own senders are gone.
+pub(super) fn start_postgres(
+    db: DatabaseConnection,
+    mut flusher: Flusher,
+    jobs: mpsc::WeakSender<Job>,
+) {
     tokio::spawn(async move {
         while flusher.next().await {
             let flushed = db.execute_unprepared(POSTGRES_FLUSH).await;
-            flusher.conclude(flushed.map(drop).map_err(StoreError::from));
+            let unclaimed = flusher.conclude(flushed.map(drop).map_err(StoreError::from));
+            refund_unclaimed(&jobs, unclaimed).await;
         }
     });
+}
+
+/// Queues a refund of each of `calls` to the committer; if it is gone, they stay `pending`
+/// until recovery refunds them.
+async fn refund_unclaimed(jobs: &mpsc::WeakSender<Job>, calls: Vec<CallId>) {
+    if calls.is_empty() {
+        return;
+    }
+    let Some(jobs) = jobs.upgrade() else {
+        tracing::warn!(
+            calls = calls.len(),
+            "the committer is gone; unclaimed reservations are left for recovery"
+        );
+        return;
+    };
+    tracing::info!(
+        calls = calls.len(),
+        "refunding reservations whose callers stopped waiting"
+    );
+    for call in calls {
+        if jobs.send(Job::refund_unclaimed(call)).await.is_err() {
+            return;
+        }
+    }
 }

@@ -49,7 +49,7 @@ impl Committer {
         let stats = Arc::new(Counters::default());
         let durability = if postgres_flusher && db.get_database_backend() == DbBackend::Postgres {
             let (flusher, durability) = Flusher::new(stats.clone(), FlushRules::Postgres);
-            flush::start_postgres(db.clone(), flusher);
+            flush::start_postgres(db.clone(), flusher, jobs.downgrade());
             durability
         } else {
             Durability::AtCommit
@@ -195,9 +195,8 @@ async fn run(db: DatabaseConnection, mut queue: mpsc::Receiver<Job>, mut batches
     while batches.next(&mut queue).await {
         let flushed_later = batches.flushed_later();
         let applied = apply(&db, batches.writes(), flushed_later).await;
-        // A reservation whose caller is gone stays pending until recovery refunds it (see
-        // `Job::answer`).
-        let _unclaimed = batches.conclude(applied);
+        let unclaimed = batches.conclude(applied);
+        batches.refund_unclaimed(unclaimed);
     }
 }
 

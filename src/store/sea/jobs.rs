@@ -12,7 +12,7 @@ use sea_orm::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Outcome, Write};
-use crate::store::{CallId, Reservation, ReserveError, StoreError};
+use crate::store::{CallFailure, CallId, Reservation, ReserveError, StoreError};
 
 /// A write and where its answer goes.
 #[derive(Debug)]
@@ -99,7 +99,26 @@ pub(super) enum Failure {
     Halted,
 }
 
+/// What the call log says of a reservation refunded because its caller had stopped waiting
+/// when it landed (see [`Job::answer`]).
+pub(super) const CALLER_GONE: &str =
+    "refunded by the store: its caller stopped waiting before the reservation was answered";
+
 impl Job {
+    /// A refund of `call`, reserved in the database for a caller that is gone; nobody waits
+    /// for its answer.
+    pub(super) fn refund_unclaimed(call: CallId) -> Job {
+        let (answer, _) = oneshot::channel();
+        let failure = CallFailure {
+            upstream_status: None,
+            error: CALLER_GONE.to_owned(),
+        };
+        Job {
+            write: Write::Refund(call, failure),
+            reply: Reply::Finish(answer),
+        }
+    }
+
     pub(super) fn is_reservation(&self) -> bool {
         matches!(self.write, Write::Reserve(_))
     }
@@ -118,10 +137,10 @@ impl Job {
     /// Answers the write's caller. A caller that stopped waiting (its future was dropped) is
     /// not an error here: the write stands. A call reserved for a caller that is gone has no
     /// guard to end it, so it is returned: a held one is let go by the committer
-    /// (`sqlite_direct::run`); one written to the database stays pending until recovery
-    /// refunds it, which for a gateway's own lease is once that lease has ended.
-    /// [`CreditCharge`](crate::CreditCharge) never leaves one behind: it finishes a
-    /// reservation whose request was dropped and refunds it (see [`Ledger::reserve`]).
+    /// (`sqlite_direct::run`); one written to the database is refunded by the committer in
+    /// its next batch ([`Job::refund_unclaimed`]). ([`CreditCharge`](crate::CreditCharge)
+    /// never leaves one behind: it finishes a reservation whose request was dropped and
+    /// refunds it itself; see [`Ledger::reserve`].)
     ///
     /// [`Ledger::reserve`]: crate::Ledger::reserve
     pub(super) fn answer(self, outcome: Outcome) -> Option<CallId> {

@@ -132,15 +132,19 @@ pub(super) fn run(
             }
         };
         let unclaimed = batches.conclude(applied);
-        if let Some(shared) = holds.as_deref().filter(|_| !unclaimed.is_empty()) {
+        match holds.as_deref() {
             // Held for callers that are gone: no guard will end them, and they moved nothing.
-            let ended = unclaimed.into_iter().map(|call| call.0).collect();
-            shared.lock().holds.apply(HoldChanges {
-                ended,
-                ..HoldChanges::default()
-            });
+            Some(shared) if !unclaimed.is_empty() => {
+                let ended = unclaimed.into_iter().map(|call| call.0).collect();
+                shared.lock().holds.apply(HoldChanges {
+                    ended,
+                    ..HoldChanges::default()
+                });
+            }
+            Some(_) => {}
+            // On a file no store owns they are in the database: refunded in the next batch.
+            None => batches.refund_unclaimed(unclaimed),
         }
-        // On a file no store owns, such a reservation is pending until recovery refunds it.
     }
 }
 
@@ -409,7 +413,12 @@ fn data_version(connection: &Connection) -> Result<i64, StoreError> {
 pub(super) fn flush(wal: File, mut flusher: Flusher) {
     while flusher.next_blocking() {
         let synced = wal.sync_data().map_err(|error| StoreError(Box::new(error)));
-        flusher.conclude(synced);
+        // Reservations on a SQLite file are answered at commit, never here.
+        let unclaimed = flusher.conclude(synced);
+        debug_assert!(
+            unclaimed.is_empty(),
+            "a SQLite reservation waited for a flush"
+        );
     }
 }
 
