@@ -2,7 +2,7 @@
 //!
 //! Reads [`Caller`] and [`RoutedCall`], asks the [`Ledger`] to reserve the model's price
 //! (subscription credits first, then top-up) and write the `pending` call-log entry in one
-//! transaction, and adds the [`Reservation`](crate::Reservation) extension. A pool too small is answered
+//! transaction, and adds the [`Reservation`] extension. A pool too small is answered
 //! `402 {"detail":"积分不足"}` with nothing written.
 //!
 //! A call with an [`IdempotencyKey`] (the client's `Idempotency-Key`
@@ -92,7 +92,7 @@ impl<S> Layer<S> for CreditChargeLayer {
     }
 }
 
-/// Middleware that reserves the model's price and adds the [`Reservation`](crate::Reservation) extension.
+/// Middleware that reserves the model's price and adds the [`Reservation`] extension.
 #[derive(Debug, Clone)]
 pub struct CreditCharge<S> {
     inner: S,

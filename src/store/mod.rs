@@ -237,7 +237,7 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// that ignores the key bills every retry.
     ///
     /// A reserve future dropped before it answers may still have reserved (its write was
-    /// already on its way). [`SeaOrmStore`](crate::SeaOrmStore) refunds such a reservation
+    /// already on its way). [`SeaOrmStore`] refunds such a reservation
     /// itself when it was written in a batch, but not a keyed one (written in a transaction of
     /// its own), and another store may not at all, leaving it `pending` until recovery.
     /// [`CreditCharge`](crate::CreditCharge) never drops one: a request dropped meanwhile has

@@ -168,9 +168,9 @@ impl Flusher {
         match flushed {
             Ok(()) => {
                 let answered = self.waiting.drain(..).flatten();
-                return answered
+                answered
                     .filter_map(|(job, outcome)| job.answer(outcome))
-                    .collect();
+                    .collect()
             }
             Err(error) => {
                 if self.halt_on_failure {
