@@ -20,9 +20,9 @@ use http_body_util::Full;
 use model_gateway::{
     AccountId, Accounts, ApiKeyAuthLayer, Balance, Bucket, CANCELLED_BEFORE_ANSWER,
     CANCELLED_WHILE_RESERVING, CallFailure, CallId, CallLog, CallRecord, CallStatus, CallSuccess,
-    Catalogue, ChargeRequest, CreditChargeLayer, Credits, HttpUpstream, KeyHash, KeyStore, Ledger,
-    MemoryStore, NewApiKey, ProtocolRouterLayer, RefundOnUpstreamErrorLayer, Reservation,
-    ReserveError, StoreError, Upstream, UpstreamBody, UpstreamError, recover_stale_reservations,
+    Catalogue, ChargeRequest, CreditChargeLayer, Credits, HttpUpstream, Ledger, MemoryStore,
+    NewApiKey, ProtocolRouterLayer, RefundOnUpstreamErrorLayer, Reservation, ReserveError,
+    StoreError, Upstream, UpstreamBody, UpstreamError, recover_stale_reservations,
 };
 use sea_orm::ConnectionTrait;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -182,6 +182,19 @@ async fn a_call_dropped_while_its_reservation_is_written_is_refunded() {
     .await;
 }
 
+/// Sends a chat call over HTTP and hangs up if no answer came within `patience`.
+async fn hang_up_after(gateway: &Gateway, key: &str, patience: Duration) {
+    let hung_up = gateway
+        .client
+        .post(format!("{}{CHAT}", gateway.base))
+        .bearer_auth(key)
+        .timeout(patience)
+        .body(chat_body(CHAT_MODEL))
+        .send()
+        .await;
+    assert!(hung_up.is_err(), "the client gave up");
+}
+
 /// The store on its own, without `CreditCharge`: a reservation whose caller stopped waiting
 /// while its batch waited for another writer lands, and the store refunds it in its next batch
 /// (on `PostgreSQL` after the flush that answers it), instead of leaving it `pending` with its
@@ -191,27 +204,11 @@ async fn a_reservation_whose_caller_stopped_waiting_is_refunded_by_the_store() {
     each_database(async |db| {
         let key = db.funded_key(10, 0).await;
         let account = db.account(&key).await;
-        let caller = db
-            .store
-            .caller_for_key(&KeyHash::of(&key))
-            .await
-            .unwrap()
-            .unwrap();
+        let caller = db.caller(&key).await;
 
         let held = hold_writes(db, account).await;
         let store = db.store.clone();
-        let reserving = tokio::spawn(async move {
-            let charge = ChargeRequest {
-                caller,
-                protocol: model_gateway::Protocol::ChatCompletions,
-                model: CHAT_MODEL,
-                price: Credits::new(CHAT_PRICE),
-                request_id: None,
-                at: chrono::Utc::now(),
-                idempotency: None,
-            };
-            store.reserve(charge).await
-        });
+        let reserving = tokio::spawn(async move { store.reserve(chat_charge(caller)).await });
         tokio::time::sleep(Duration::from_millis(300)).await;
         reserving.abort();
         assert!(reserving.await.unwrap_err().is_cancelled());
@@ -240,15 +237,7 @@ async fn a_client_that_hangs_up_while_its_reservation_waits_is_not_charged() {
     let account = db.account(&key).await;
 
     let held = hold_writes(&db, account).await;
-    let hung_up = gateway
-        .client
-        .post(format!("{}{CHAT}", gateway.base))
-        .bearer_auth(&key)
-        .timeout(Duration::from_millis(300))
-        .body(chat_body(CHAT_MODEL))
-        .send()
-        .await;
-    assert!(hung_up.is_err(), "the client gave up");
+    hang_up_after(&gateway, &key, Duration::from_millis(300)).await;
     held.commit().await.unwrap();
 
     let call = finished_call(db.store.as_ref(), account).await;
@@ -273,15 +262,7 @@ async fn a_client_that_hangs_up_before_the_answer_is_not_charged() {
     let gateway = start_gateway(&db, catalogue, Upstream::Http(upstream), 1 << 20).await;
     let key = db.funded_key(10, 0).await;
 
-    let hung_up = gateway
-        .client
-        .post(format!("{}{CHAT}", gateway.base))
-        .bearer_auth(&key)
-        .timeout(Duration::from_millis(500))
-        .body(chat_body(CHAT_MODEL))
-        .send()
-        .await;
-    assert!(hung_up.is_err(), "the client gave up");
+    hang_up_after(&gateway, &key, Duration::from_millis(500)).await;
 
     let account = db.account(&key).await;
     let call = finished_call(db.store.as_ref(), account).await;
@@ -869,25 +850,22 @@ async fn backdate(db: &TestDb, call: CallId, age: Duration) {
     );
 }
 
+/// A charge for one call to the chat model, as `CreditCharge` makes it.
+fn chat_charge(caller: model_gateway::Caller) -> ChargeRequest<'static> {
+    ChargeRequest {
+        caller,
+        protocol: model_gateway::Protocol::ChatCompletions,
+        model: CHAT_MODEL,
+        price: Credits::new(CHAT_PRICE),
+        request_id: None,
+        at: chrono::Utc::now(),
+        idempotency: None,
+    }
+}
+
 async fn reserve(db: &TestDb, key: &str) -> Reservation {
-    let caller = db
-        .store
-        .caller_for_key(&KeyHash::of(key))
-        .await
-        .unwrap()
-        .unwrap();
-    db.store
-        .reserve(ChargeRequest {
-            caller,
-            protocol: model_gateway::Protocol::ChatCompletions,
-            model: CHAT_MODEL,
-            price: Credits::new(CHAT_PRICE),
-            request_id: None,
-            at: chrono::Utc::now(),
-            idempotency: None,
-        })
-        .await
-        .unwrap()
+    let caller = db.caller(key).await;
+    db.store.reserve(chat_charge(caller)).await.unwrap()
 }
 
 async fn assert_recovery_refunds_only_old_reservations(db: TestDb) {

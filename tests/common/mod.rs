@@ -269,7 +269,8 @@ impl TestDb {
         self.caller(key).await.account
     }
 
-    async fn caller(&self, key: &str) -> model_gateway::Caller {
+    /// Whose key `key` is.
+    pub async fn caller(&self, key: &str) -> model_gateway::Caller {
         self.store
             .caller_for_key(&KeyHash::of(key))
             .await
