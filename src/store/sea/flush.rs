@@ -226,10 +226,10 @@ pub(super) async fn postgres_flush_allowed(db: &DatabaseConnection) -> Result<bo
     Err(error.into())
 }
 
-/// Starts the `PostgreSQL` flusher on the current Tokio runtime, on the store's pool.
-/// Starts the flusher task of a `PostgreSQL` committer whose queue is `jobs`: the refunds of
-/// reservations whose callers are gone go there (see [`Job::answer`]). A weak sender, so that
-/// the committer still ends once the store's own senders are gone.
+/// Starts the `PostgreSQL` flusher on the current Tokio runtime, on the store's pool, for the
+/// committer whose queue is `jobs`: the refunds of reservations whose callers are gone go
+/// there (see [`Job::answer`]). A weak sender, so that the committer still ends once the
+/// store's own senders are gone.
 pub(super) fn start_postgres(
     db: DatabaseConnection,
     mut flusher: Flusher,
