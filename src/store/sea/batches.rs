@@ -272,6 +272,31 @@ mod tests {
     }
 
     #[test]
+    fn a_reservation_whose_caller_is_gone_is_handed_back_by_the_flush_to_be_refunded() {
+        let (mut batches, mut flusher) = flushed_committer(FlushRules::Postgres);
+        let (reserved, _settled) = commit_reserve_and_settle(&mut batches, 2);
+        let (mut kept, _) = commit_reserve_and_settle(&mut batches, 4);
+        drop(reserved);
+        assert!(flusher.next_blocking());
+        assert_eq!(flusher.conclude(Ok(())), [CallId(2)]);
+        assert_eq!(kept.try_recv().unwrap().unwrap(), reservation(4));
+    }
+
+    #[test]
+    fn a_failed_flush_on_postgres_hands_back_its_reservations_to_be_refunded() {
+        let (mut batches, mut flusher) = flushed_committer(FlushRules::Postgres);
+        let (mut reserved, _) = commit_reserve_and_settle(&mut batches, 2);
+        assert!(flusher.next_blocking());
+        // The caller is told the reservation failed, so nobody will end it but a refund;
+        // the settle of call 1 is not a reservation and is not handed back.
+        assert_eq!(
+            flusher.conclude(Err(StoreError::msg("connection reset"))),
+            [CallId(2)]
+        );
+        assert!(reserved.try_recv().unwrap().is_err());
+    }
+
+    #[test]
     fn a_failed_flush_on_postgres_fails_its_writes_but_not_later_ones() {
         let (mut batches, mut flusher) = flushed_committer(FlushRules::Postgres);
         let (mut reserved, mut settled) = commit_reserve_and_settle(&mut batches, 2);

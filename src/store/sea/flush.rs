@@ -161,8 +161,10 @@ impl Flusher {
     }
 
     /// Answers everything taken by the last `next` from how the flush that began after it
-    /// ended. Returns the calls reserved for callers that are gone (see [`Job::answer`]):
-    /// only reservations on `PostgreSQL` wait for a flush, so on a `SQLite` file there are none.
+    /// ended. Returns the reservations to refund: those whose callers are gone (see
+    /// [`Job::answer`]) and, if the flush failed, those whose callers were just told so (their
+    /// commit stands, but nobody will call the upstream for them or end them). Only
+    /// reservations on `PostgreSQL` wait for a flush, so on a `SQLite` file there are none.
     pub(super) fn conclude(&mut self, flushed: Result<(), StoreError>) -> Vec<CallId> {
         self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         match flushed {
@@ -177,10 +179,14 @@ impl Flusher {
                     self.halted.store(true, Ordering::Release);
                 }
                 tracing::error!(%error, halted = self.halt_on_failure, "ledger flush failed; its writes are in doubt");
-                for (job, _) in self.waiting.drain(..).flatten() {
+                let mut refused = Vec::new();
+                for (job, outcome) in self.waiting.drain(..).flatten() {
+                    if let Outcome::Reserved(Ok(reservation)) = &outcome {
+                        refused.push(reservation.call);
+                    }
                     job.fail(StoreError::msg(format!("flush failed: {error}")));
                 }
-                Vec::new()
+                refused
             }
         }
     }
@@ -227,8 +233,8 @@ pub(super) async fn postgres_flush_allowed(db: &DatabaseConnection) -> Result<bo
 }
 
 /// Starts the `PostgreSQL` flusher on the current Tokio runtime, on the store's pool, for the
-/// committer whose queue is `jobs`: the refunds of reservations whose callers are gone go
-/// there (see [`Job::answer`]). A weak sender, so that the committer still ends once the
+/// committer whose queue is `jobs`: the refunds of reservations whose callers never learned
+/// of them go there (see [`Flusher::conclude`]). A weak sender, so that the committer still ends once the
 /// store's own senders are gone.
 pub(super) fn start_postgres(
     db: DatabaseConnection,
@@ -259,7 +265,7 @@ async fn refund_unclaimed(jobs: &mpsc::WeakSender<Job>, calls: Vec<CallId>) {
     };
     tracing::info!(
         calls = calls.len(),
-        "refunding reservations whose callers stopped waiting"
+        "refunding reservations whose callers never learned of them"
     );
     for call in calls {
         if jobs.send(Job::refund_unclaimed(call)).await.is_err() {

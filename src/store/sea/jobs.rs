@@ -99,14 +99,15 @@ pub(super) enum Failure {
     Halted,
 }
 
-/// What the call log says of a reservation refunded because its caller had stopped waiting
-/// when it landed (see [`Job::answer`]).
-pub(super) const CALLER_GONE: &str =
-    "refunded by the store: its caller stopped waiting before the reservation was answered";
+/// What the call log says of a reservation the store refunds because its caller never learned
+/// of it: the caller had stopped waiting when it landed (see [`Job::answer`]), or was answered
+/// a store error (a failed flush: see `Flusher::conclude`).
+pub(super) const CALLER_GONE: &str = "refunded by the store: its caller never learned of it \
+     (the caller stopped waiting, or was answered a store error)";
 
 impl Job {
-    /// A refund of `call`, reserved in the database for a caller that is gone; nobody waits
-    /// for its answer.
+    /// A refund of `call`, reserved in the database for a caller that never learned of it;
+    /// nobody waits for its answer.
     pub(super) fn refund_unclaimed(call: CallId) -> Job {
         let (answer, _) = oneshot::channel();
         let failure = CallFailure {
