@@ -3,7 +3,8 @@
 //! - `charging/<backend>/<op>/<accounts>/c<callers>`: reserve+settle or reserve+refund on the
 //!   in-memory store, a `SQLite` file in WAL mode (shared, and owned by its store as the
 //!   example gateway deploys it: `sqlite-owned`) and `PostgreSQL` (when
-//!   `TEST_POSTGRES_URL` is set, in a schema of its own); one hot account or 64 accounts; 1, 16
+//!   `TEST_POSTGRES_URL` is set, in a schema of its own; with and without escrow, one and two
+//!   instances); one hot account or 64 accounts; 1, 16
 //!   and 64 concurrent callers. Throughput is printed as `elem/s` = charged calls per second.
 //! - `stack/...`: one request through all four layers (in-memory store, mock upstream), against
 //!   the bare mock upstream.
@@ -22,8 +23,8 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use http::Request;
 use http_body_util::Full;
 use model_gateway::{
-    Bucket, CallFailure, CallSuccess, Caller, Catalogue, ChargeRequest, Credits, MemoryStore,
-    MockUpstream, NewApiKey, Protocol, SeaOrmStore, Store,
+    Bucket, CallFailure, CallSuccess, Caller, Catalogue, ChargeRequest, Credits, Leases,
+    MemoryStore, MockUpstream, NewApiKey, Protocol, SeaOrmStore, Store,
 };
 use sea_orm::ConnectionTrait;
 use tower::{Service, ServiceExt};
@@ -190,6 +191,24 @@ fn charging_path(c: &mut Criterion) {
             });
             bench_backend(c, &runtime, "postgres", vec![one.clone()]);
             bench_backend(c, &runtime, "postgres-2-instances", vec![one, two]);
+            // The same with escrow: each store holds a lease, as a serving gateway does.
+            let escrowed = || async {
+                let mut options = sea_orm::ConnectOptions::new(&url);
+                options.set_schema_search_path(&schema).max_connections(32);
+                let store = SeaOrmStore::connect_with(options)
+                    .await
+                    .unwrap()
+                    .with_escrow()
+                    .unwrap();
+                store
+                    .take_lease(chrono::Utc::now(), Duration::from_secs(3600))
+                    .await
+                    .unwrap();
+                Arc::new(store) as Arc<dyn Store>
+            };
+            let (one, two) = runtime.block_on(async { (escrowed().await, escrowed().await) });
+            bench_backend(c, &runtime, "postgres-escrow", vec![one.clone()]);
+            bench_backend(c, &runtime, "postgres-escrow-2-instances", vec![one, two]);
             runtime.block_on(async {
                 let admin = sea_orm::Database::connect(&url).await.unwrap();
                 admin

@@ -10,8 +10,8 @@ use sea_orm::{
     QueryFilter, QueryOrder, QuerySelect, Set,
 };
 
-use super::entity::{account, api_key, credit_grant, subscription_lapse};
-use super::{SeaOrmStore, balance_of, locked_account};
+use super::entity::{account, api_key, credit_grant, escrow, subscription_lapse};
+use super::{SeaOrmStore, balance_of, locked_account, with_escrowed};
 use crate::credits::{Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::{
@@ -59,30 +59,49 @@ fn summary(row: account::Model) -> AccountSummary {
 }
 
 /// Takes out what is left of a locked account's subscription credits, if anything, recording
-/// it as lapsed at `period_end`. What calls hold in memory (`held`, see
-/// [`SeaOrmStore::own_file`]) stays: those calls were made within the period, and take it
-/// when they end.
+/// it as lapsed at `period_end`: from its row and from every escrow row of the account (see
+/// [`SeaOrmStore::with_escrow`]; a held call that counted on escrowed credits then ends
+/// unbilled). What calls hold in memory on a file their store owns (`held`, see
+/// [`SeaOrmStore::own_file`]) stays: those calls were made within the period, and take it when
+/// they end.
 async fn lapse<C: ConnectionTrait>(
     txn: &C,
     row: &account::Model,
     period_end: DateTime<Utc>,
     held: Credits,
 ) -> Result<Option<Lapse>, StoreError> {
-    let left = row.subscription_credits - held.0;
+    let from_row = Ord::max(row.subscription_credits - held.0, 0);
+    let escrowed: Vec<escrow::Model> = escrow::Entity::find()
+        .filter(escrow::Column::AccountId.eq(row.id))
+        .filter(escrow::Column::SubscriptionCredits.gt(0))
+        .lock_exclusive()
+        .all(txn)
+        .await?;
+    let from_escrow: i64 = escrowed.iter().map(|row| row.subscription_credits).sum();
+    let left = from_row + from_escrow;
     if left <= 0 {
         return Ok(None);
     }
-    let emptied = account::Entity::update_many()
-        .col_expr(account::Column::SubscriptionCredits, Expr::value(held.0))
-        .filter(account::Column::Id.eq(row.id))
-        .filter(account::Column::SubscriptionCredits.eq(row.subscription_credits))
-        .exec(txn)
-        .await?;
-    if emptied.rows_affected != 1 {
-        return Err(StoreError::msg(format!(
-            "account {} changed under its lock",
-            row.id
-        )));
+    if from_row > 0 {
+        let emptied = account::Entity::update_many()
+            .col_expr(account::Column::SubscriptionCredits, Expr::value(held.0))
+            .filter(account::Column::Id.eq(row.id))
+            .filter(account::Column::SubscriptionCredits.eq(row.subscription_credits))
+            .exec(txn)
+            .await?;
+        if emptied.rows_affected != 1 {
+            return Err(StoreError::msg(format!(
+                "account {} changed under its lock",
+                row.id
+            )));
+        }
+    }
+    if from_escrow > 0 {
+        escrow::Entity::update_many()
+            .col_expr(escrow::Column::SubscriptionCredits, Expr::value(0))
+            .filter(escrow::Column::AccountId.eq(row.id))
+            .exec(txn)
+            .await?;
     }
     subscription_lapse::ActiveModel {
         id: NotSet,
@@ -113,17 +132,32 @@ fn like_escaped(text: &str) -> String {
 }
 
 impl SeaOrmStore {
-    /// Accounts as read, less what calls hold on them in memory (see
-    /// [`SeaOrmStore::own_file`]): what they have to spend. A display, so read outside the
+    /// Accounts as read, with their escrowed credits, less what calls hold on them in memory
+    /// (see [`SeaOrmStore::own_file`] and [`SeaOrmStore::with_escrow`]): what they have to
+    /// spend. A display, so read outside the
     /// holds' lock; a batch ending in between can make it one call off.
-    async fn net_of_holds(&self, mut summaries: Vec<AccountSummary>) -> Vec<AccountSummary> {
+    async fn net_of_holds(
+        &self,
+        mut summaries: Vec<AccountSummary>,
+    ) -> Result<Vec<AccountSummary>, StoreError> {
+        // Escrowed credits are the account's, whichever instance holds them (see
+        // `with_escrow`); what this one holds against its escrow is spent.
+        let ids: Vec<i64> = summaries.iter().map(|summary| summary.id.0).collect();
+        let escrowed = super::escrow::escrowed(&self.db, Some(&ids)).await?;
+        for summary in &mut summaries {
+            let extra = escrowed.get(&summary.id.0).copied().unwrap_or_default();
+            summary.balance = with_escrowed(summary.balance, extra);
+            if let Some(escrow) = &self.escrow {
+                summary.balance = summary.balance.free_of(escrow.held_on(summary.id.0));
+            }
+        }
         if let Some(owned) = &self.owned {
             let state = owned.holds.lock();
             for summary in &mut summaries {
                 summary.balance = state.holds.net(summary.id.0, summary.balance);
             }
         }
-        summaries
+        Ok(summaries)
     }
 
     async fn key_row(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
@@ -357,7 +391,7 @@ impl Accounts for SeaOrmStore {
         let row = account::Entity::find_by_id(account.0).one(&self.db).await?;
         Ok(self
             .net_of_holds(row.into_iter().map(summary).collect())
-            .await
+            .await?
             .pop())
     }
 
@@ -400,7 +434,7 @@ impl Accounts for SeaOrmStore {
             .into_iter()
             .map(summary)
             .collect();
-        Ok(self.net_of_holds(summaries).await)
+        self.net_of_holds(summaries).await
     }
 
     async fn account_count(&self) -> Result<u64, StoreError> {

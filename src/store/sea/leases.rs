@@ -25,7 +25,7 @@ use sea_orm::{
     QuerySelect, Set,
 };
 
-use super::entity::{call, instance};
+use super::entity::{call, escrow, instance};
 use crate::store::{CallId, CallStatus, LeaseId, StoreError};
 
 /// No lease: reservations record none.
@@ -238,7 +238,8 @@ async fn end_dead_holders(
     Ok(())
 }
 
-/// `pending` entries made under a lease that does not hold at `now`, oldest first.
+/// `pending` entries made under a lease that does not hold at `now`, oldest first. Escrow held
+/// under such a lease is given back to its accounts first (see `super::escrow`).
 pub(super) async fn orphaned(
     db: &DatabaseConnection,
     sqlite_file: Option<&Path>,
@@ -247,6 +248,7 @@ pub(super) async fn orphaned(
     limit: u64,
 ) -> Result<Vec<CallId>, StoreError> {
     end_dead_holders(db, sqlite_file, held, now).await?;
+    super::escrow::give_back_ended(db, now).await?;
     let ids: Vec<i64> = call::Entity::find()
         .select_only()
         .column(call::Column::Id)
@@ -280,7 +282,7 @@ pub(super) fn unprotected(now: DateTime<Utc>) -> Condition {
         .add(outside_live_leases(now))
 }
 
-/// Deletes the leases that ended before `now` with nothing pending.
+/// Deletes the leases that ended before `now` with nothing pending and no escrow.
 pub(super) async fn forget_ended(
     db: &DatabaseConnection,
     now: DateTime<Utc>,
@@ -294,8 +296,15 @@ pub(super) async fn forget_ended(
         .into_tuple()
         .all(db)
         .await?;
+    let escrowing: Vec<i64> = escrow::Entity::find()
+        .select_only()
+        .column(escrow::Column::InstanceId)
+        .distinct()
+        .into_tuple()
+        .all(db)
+        .await?;
     let mut ended = instance::Entity::delete_many().filter(instance::Column::ExpiresAt.lte(now));
-    let busy: Vec<i64> = busy.into_iter().flatten().collect();
+    let busy: Vec<i64> = busy.into_iter().flatten().chain(escrowing).collect();
     if !busy.is_empty() {
         ended = ended.filter(instance::Column::Id.is_not_in(busy));
     }

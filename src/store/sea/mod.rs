@@ -45,6 +45,7 @@ mod accounts;
 mod batch;
 mod batches;
 mod entity;
+mod escrow;
 mod flush;
 mod group_commit;
 // Reservations held in memory need the SQLite committer; elsewhere only their types are used.
@@ -98,6 +99,8 @@ pub struct SeaOrmStore {
     /// When this store owns its `SQLite` file ([`SeaOrmStore::own_file`]): the reservations held
     /// in memory, and the owner's lock.
     owned: Option<Owned>,
+    /// When this store charges against escrow ([`SeaOrmStore::with_escrow`]).
+    escrow: Option<Arc<escrow::Escrow>>,
 }
 
 /// What a store that owns its `SQLite` file keeps (see [`SeaOrmStore::own_file`]).
@@ -168,6 +171,7 @@ impl SeaOrmStore {
             lease: Arc::default(),
             idempotency_window: super::DEFAULT_IDEMPOTENCY_WINDOW,
             owned: None,
+            escrow: None,
         })
     }
 
@@ -228,18 +232,58 @@ impl SeaOrmStore {
         })
     }
 
+    /// The same store charging against credit escrow, on `PostgreSQL`: while it holds an
+    /// instance lease ([`Leases::take_lease`](super::Leases::take_lease)), it moves a slice of
+    /// each account's credits it charges (up to 64 calls' worth, at most half of what the
+    /// account has to spend beyond one call) into an escrow row of its own, holds reservations
+    /// in memory against it, and writes each call once, when it ends: an `ok` entry with the
+    /// escrow's debit, or a `refunded` entry with nothing moved. No call's write touches the
+    /// account's row, which other instances charging the same account would wait on.
+    ///
+    /// What stays as without escrow: a reservation waits for a read that its caller's key is
+    /// still active, so a revocation refuses the next call on every instance; subscription
+    /// credits are spent first (top-up credits in escrow are swapped for subscription credits
+    /// granted meanwhile) and never after their period; the balance, the account listings and
+    /// the audit count escrowed credits as the account's; a lapse takes a subscription's
+    /// escrowed credits too (a held call that counted on them then ends `refunded`, unbilled, and
+    /// its client is told the upstream failed). Escrow comes back on
+    /// [`Leases::release_lease`](super::Leases::release_lease), and, after a crash or a lost
+    /// lease, when recovery ([`Leases::orphaned_reservations`](super::Leases::orphaned_reservations))
+    /// finds its lease ended. Calls with an idempotency key, and all calls while no lease is
+    /// held, are reserved in the database as without escrow.
+    ///
+    /// The price: credits in one instance's escrow are not spendable by another until they come
+    /// back, so an account down to its last few calls' worth can be refused (402) on one instance
+    /// while another still has some of its credits in escrow.
+    ///
+    /// # Errors
+    ///
+    /// Not a `PostgreSQL` database.
+    pub fn with_escrow(self) -> Result<SeaOrmStore, StoreError> {
+        if self.db.get_database_backend() != sea_orm::DbBackend::Postgres {
+            return Err(StoreError::msg("escrow needs PostgreSQL"));
+        }
+        Ok(SeaOrmStore {
+            escrow: Some(escrow::Escrow::start(self.db.clone())),
+            ..self
+        })
+    }
+
     /// The database file, when the store is on a `SQLite` file.
     pub fn sqlite_file(&self) -> Option<&Path> {
         self.sqlite_file.as_deref()
     }
 
     /// How many reservations are held in memory now (always 0 unless the store owns its
-    /// `SQLite` file, see [`own_file`](Self::own_file)).
+    /// `SQLite` file, see [`own_file`](Self::own_file), or charges against escrow, see
+    /// [`with_escrow`](Self::with_escrow)).
     pub async fn held_reservations(&self) -> usize {
-        match &self.owned {
-            Some(owned) => owned.holds.lock().holds.len(),
-            None => 0,
-        }
+        let escrowed = self.escrow.as_ref().map_or(0, |escrow| escrow.held_calls());
+        escrowed
+            + match &self.owned {
+                Some(owned) => owned.holds.lock().holds.len(),
+                None => 0,
+            }
     }
 
     /// The holds of a store that owns its file, frozen: no batch is written and no
@@ -259,6 +303,9 @@ impl SeaOrmStore {
     /// if it arrived while a batch took or gave up the write lock, at once as soon as the
     /// committer can tell the file's version again.
     async fn reserve_unkeyed(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
+        if let (Some(escrow), Some(lease)) = (&self.escrow, charge.instance) {
+            return escrow.reserve(charge, lease).await;
+        }
         #[cfg(feature = "sqlite")]
         if let Some(owned) = &self.owned {
             let shared = &owned.holds;
@@ -342,6 +389,15 @@ impl SeaOrmStore {
         let index = |audits: &[AccountAudit], id: i64| {
             audits.binary_search_by_key(&AccountId(id), |audit| audit.account)
         };
+        // Escrowed credits are the account's (see `with_escrow`).
+        for (account, escrowed) in escrow::escrowed(&self.db, None).await? {
+            let Ok(at) = index(&audits, account) else {
+                return Err(StoreError::msg(format!(
+                    "escrow for missing account {account}"
+                )));
+            };
+            audits[at].balance = with_escrowed(audits[at].balance, escrowed);
+        }
 
         // Sums of many 64-bit amounts may pass 64 bits (SQLite then fails, PostgreSQL cannot
         // cast back): each is summed as its high and low 32 bits, which fit for up to 2^31
@@ -515,6 +571,15 @@ fn moment_value(backend: sea_orm::DbBackend, at: Option<chrono::DateTime<Utc>>) 
     }
 }
 
+/// An account row's balance with its escrowed credits (see [`SeaOrmStore::with_escrow`]).
+/// Saturates: a total past the largest balance is reported by the audit, not wrapped.
+fn with_escrowed(row: Balance, escrowed: Balance) -> Balance {
+    Balance {
+        subscription: Credits(row.subscription.0.saturating_add(escrowed.subscription.0)),
+        topup: Credits(row.topup.0.saturating_add(escrowed.topup.0)),
+    }
+}
+
 fn balance_of(row: &account::Model) -> Balance {
     Balance {
         subscription: Credits(row.subscription_credits),
@@ -571,7 +636,18 @@ impl Ledger for SeaOrmStore {
                 // Held reservations count as spent: none may change while this one is decided.
                 let holds = self.freeze_holds().await;
                 let window = self.idempotency_window;
-                idempotent::reserve(&self.db, charge, key, window, holds.as_deref()).await
+                let reserved =
+                    idempotent::reserve(&self.db, charge.clone(), key, window, holds.as_deref())
+                        .await;
+                match (&reserved, &self.escrow, charge.instance) {
+                    // The account's credits may be in this instance's escrow: give back what is
+                    // free there and try once more.
+                    (Err(ReserveError::InsufficientCredits), Some(escrow), Some(lease)) => {
+                        escrow.give_back(lease).await?;
+                        idempotent::reserve(&self.db, charge, key, window, holds.as_deref()).await
+                    }
+                    _ => reserved,
+                }
             }
             None => self.reserve_unkeyed(charge).await,
         };
@@ -582,6 +658,9 @@ impl Ledger for SeaOrmStore {
     }
 
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
+        if let Some(escrow) = self.escrow.as_ref().filter(|escrow| escrow.holds(call)) {
+            return escrow.settle(call, success).await;
+        }
         let Some(owned) = &self.owned else {
             if success.reply.is_some() {
                 return idempotent::settle(&self.db, call, success).await;
@@ -612,6 +691,9 @@ impl Ledger for SeaOrmStore {
     }
 
     async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
+        if let Some(escrow) = self.escrow.as_ref().filter(|escrow| escrow.holds(call)) {
+            return escrow.refund(call, failure).await;
+        }
         if let Some(owned) = &self.owned {
             // Queued under the holds' lock: see `reserve_unkeyed`.
             let slot = self.committer.slot().await?;
@@ -670,7 +752,17 @@ impl Ledger for SeaOrmStore {
         if let Some(holds) = self.freeze_holds().await {
             return Ok(holds.net(account.0, row().await?));
         }
-        row().await
+        // Escrowed credits are the account's, whichever instance holds them; what this one
+        // holds against its escrow is spent.
+        let escrowed = escrow::escrowed(&self.db, Some(&[account.0])).await?;
+        let whole = with_escrowed(
+            row().await?,
+            escrowed.get(&account.0).copied().unwrap_or_default(),
+        );
+        Ok(match &self.escrow {
+            Some(escrow) => whole.free_of(escrow.held_on(account.0)),
+            None => whole,
+        })
     }
 }
 
@@ -721,6 +813,9 @@ impl super::Leases for SeaOrmStore {
     }
 
     async fn release_lease(&self) -> Result<(), StoreError> {
+        if let (Some(escrow), Some(lease)) = (&self.escrow, self.lease.current()) {
+            escrow.give_back(lease).await?;
+        }
         leases::release(&self.db, &self.lease).await
     }
 

@@ -5,6 +5,7 @@ pub(super) mod account;
 pub(super) mod api_key;
 pub(super) mod call;
 pub(super) mod credit_grant;
+pub(super) mod escrow;
 pub(super) mod idempotent_call;
 pub(super) mod instance;
 pub(super) mod subscription_lapse;

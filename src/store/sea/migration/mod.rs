@@ -14,6 +14,7 @@ mod m20261123_000002_key_rules_and_grant_records;
 mod m20261123_000003_subscription_periods;
 mod m20261123_000004_instance_leases;
 mod m20261123_000005_idempotent_calls;
+mod m20261124_000001_escrows;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -35,6 +36,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000003_subscription_periods::Migration),
             Box::new(m20261123_000004_instance_leases::Migration),
             Box::new(m20261123_000005_idempotent_calls::Migration),
+            Box::new(m20261124_000001_escrows::Migration),
         ]
     }
 

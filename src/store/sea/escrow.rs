@@ -1,0 +1,849 @@
+//! Credit escrow on `PostgreSQL` ([`SeaOrmStore::with_escrow`](super::SeaOrmStore::with_escrow)):
+//! one write per call, and no account row in it.
+//!
+//! Without escrow a call costs two write transactions (reserve, then settle), and every
+//! reservation on one account, from every instance, waits on that account's row. With escrow an
+//! instance moves a slice of an account's credits into an escrow row of its own (`mg_escrows`,
+//! one per account and instance lease), in a short transaction that locks the account row and
+//! takes subscription credits first. Then:
+//!
+//! - **A reservation** is held in memory against that escrow, as on a `SQLite` file its store
+//!   owns. It waits for no write, only for a read that it shares with the reservations waiting
+//!   beside it: the caller's key must still be active (so a revocation that committed before the
+//!   call arrived refuses it, on every instance) and the read brings the account's subscription
+//!   credits and period, so that a subscription's credits stay first and none is spent after its
+//!   period.
+//! - **A settle** inserts its `ok` entry and debits the instance's escrow row, guarded by
+//!   `bucket >= debit`; **a refund** inserts a `refunded` entry and moves nothing. Both go in
+//!   batches, one transaction each, durable before they are answered. A held call whose credits
+//!   were taken from the escrow meanwhile (a lapse) ends `refunded`, unbilled.
+//! - **The escrow comes back** to the account row: at a refill (what is free goes back, and a
+//!   new slice is taken, so subscription credits granted since are spent before top-up ones
+//!   still in escrow), when the instance releases its lease, and after a crash or a lost lease,
+//!   when recovery finds an escrow row whose lease has ended.
+//!
+//! Escrowed credits are the account's: the balance, the account listings and the audit count
+//! them, and a lapse takes a subscription's escrowed credits with the rest. What this instance
+//! holds in memory is counted as spent in the balance it shows. A crash loses only holds, which
+//! moved no credits, so recovery has nothing to refund for them.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::{Expr, ExprTrait as _};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter,
+    QuerySelect, Set, Statement, TransactionTrait,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use super::batch::{Finish, OwnedCharge, unknown_account};
+use super::entity::{account, call, escrow, instance};
+use super::holds::HeldCall;
+use crate::credits::{Balance, Credits, Split};
+use crate::store::{
+    AccountId, CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError,
+};
+
+/// How many calls' worth of credits a refill takes at most.
+const SLICE_CALLS: i64 = 64;
+
+/// Most reads, or settles and refunds, that one statement or transaction carries.
+const MAX_BATCH: usize = 64;
+
+/// How many call ids are taken from the sequence at a time.
+const ID_BLOCK: i64 = 256;
+
+/// What an instance keeps for its escrow on one account under one lease.
+#[derive(Debug, Default, Clone, Copy)]
+struct Pot {
+    /// The escrow row as this instance last wrote or read it.
+    row: Balance,
+    /// What held calls take from it.
+    held: Balance,
+    /// A refill is being written: no call may be held against the row until it is known.
+    refilling: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Keyed by (lease, account).
+    pots: HashMap<(i64, i64), Pot>,
+    calls: HashMap<i64, HeldCall>,
+    ids: VecDeque<i64>,
+}
+
+impl State {
+    /// What is held on `account`, under every lease.
+    fn held_on(&self, account: i64) -> Balance {
+        self.pots.iter().filter(|((_, id), _)| *id == account).fold(
+            Balance::default(),
+            |sum, (_, pot)| Balance {
+                subscription: Credits(sum.subscription.0 + pot.held.subscription.0),
+                topup: Credits(sum.topup.0 + pot.held.topup.0),
+            },
+        )
+    }
+}
+
+/// What the shared read tells a reservation: its key is active, and its account's subscription.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    /// Subscription credits in the account's row.
+    row_subscription: i64,
+    subscription_ends_at: Option<DateTime<Utc>>,
+}
+
+struct KeyRead {
+    key: i64,
+    answer: oneshot::Sender<Result<Option<Seen>, StoreError>>,
+}
+
+enum Ending {
+    Settle(CallSuccess),
+    Refund(CallFailure),
+}
+
+struct EndJob {
+    call: i64,
+    ending: Ending,
+    answer: oneshot::Sender<Result<bool, StoreError>>,
+}
+
+/// An instance's escrow: its holds, and the tasks that read keys and write endings.
+#[derive(Debug)]
+pub(super) struct Escrow {
+    db: DatabaseConnection,
+    state: Mutex<State>,
+    /// Escrow rows are written by one writer at a time (a refill, a batch of endings, a
+    /// return), so that the rows in memory are exactly what each last wrote.
+    writer: Arc<tokio::sync::Mutex<()>>,
+    /// One id block fetched at a time.
+    fetching_ids: tokio::sync::Mutex<()>,
+    reads: mpsc::Sender<KeyRead>,
+    endings: mpsc::Sender<EndJob>,
+}
+
+impl std::fmt::Debug for KeyRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyRead").field("key", &self.key).finish()
+    }
+}
+
+impl std::fmt::Debug for EndJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EndJob").field("call", &self.call).finish()
+    }
+}
+
+/// Why a reservation could not be held at once.
+enum Short {
+    /// No free id: fetch a block.
+    Ids,
+    /// The escrow cannot pay (or must swap top-up for subscription credits): refill.
+    Credits,
+}
+
+impl Escrow {
+    /// Starts the key reader and the writer of endings on the current runtime; both end with
+    /// the last clone of the store.
+    pub(super) fn start(db: DatabaseConnection) -> Arc<Escrow> {
+        let (reads, read_queue) = mpsc::channel(4096);
+        let (endings, ending_queue) = mpsc::channel(4096);
+        let escrow = Arc::new(Escrow {
+            db: db.clone(),
+            state: Mutex::default(),
+            writer: Arc::default(),
+            fetching_ids: tokio::sync::Mutex::default(),
+            reads,
+            endings,
+        });
+        tokio::spawn(read_keys(db, read_queue));
+        tokio::spawn(write_endings(Arc::downgrade(&escrow), ending_queue));
+        escrow
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// How many calls are held now.
+    pub(super) fn held_calls(&self) -> usize {
+        self.state().calls.len()
+    }
+
+    /// Whether `call` is held here (and so ends here).
+    pub(super) fn holds(&self, call: CallId) -> bool {
+        self.state().calls.contains_key(&call.0)
+    }
+
+    /// What is held on `account` in memory.
+    pub(super) fn held_on(&self, account: i64) -> Balance {
+        self.state().held_on(account)
+    }
+
+    /// Reserves `charge` against this instance's escrow under its lease, refilling the escrow
+    /// when it cannot pay.
+    pub(super) async fn reserve(
+        &self,
+        charge: OwnedCharge,
+        lease: i64,
+    ) -> Result<Reservation, ReserveError> {
+        let (answer, answered) = oneshot::channel();
+        let read = KeyRead {
+            key: charge.caller.key.0,
+            answer,
+        };
+        self.reads.send(read).await.map_err(|_| stopped())?;
+        let mut seen = answered
+            .await
+            .map_err(|_| stopped())??
+            .ok_or(ReserveError::KeyRevoked)?;
+        let mut refilled = false;
+        loop {
+            match self.try_hold(&charge, lease, seen) {
+                Ok(reservation) => return Ok(reservation),
+                Err(Short::Ids) => self.fetch_ids().await?,
+                Err(Short::Credits) if refilled => return Err(ReserveError::InsufficientCredits),
+                Err(Short::Credits) => {
+                    if let Some(row_subscription) = self.refill(&charge, lease, seen).await? {
+                        seen.row_subscription = row_subscription;
+                        refilled = true;
+                    }
+                }
+            }
+        }
+    }
+
+    fn try_hold(&self, charge: &OwnedCharge, lease: i64, seen: Seen) -> Result<Reservation, Short> {
+        let account = charge.caller.account.0;
+        let mut state = self.state();
+        let taken = what_to_hold(&state, charge, lease, seen)?;
+        let id = state.ids.pop_front().ok_or(Short::Ids)?;
+        let pot = state.pots.entry((lease, account)).or_default();
+        pot.held = pot.held.plus(taken);
+        let mut held = charge.clone();
+        held.instance = Some(lease);
+        state.calls.insert(
+            id,
+            HeldCall {
+                account,
+                charge: held,
+                taken,
+                reserved_at: Utc::now(),
+            },
+        );
+        Ok(Reservation {
+            call: CallId(id),
+            account: AccountId(account),
+            taken,
+        })
+    }
+
+    async fn fetch_ids(&self) -> Result<(), StoreError> {
+        let _one = self.fetching_ids.lock().await;
+        if !self.state().ids.is_empty() {
+            return Ok(());
+        }
+        let sql = "SELECT nextval(pg_get_serial_sequence('mg_calls', 'id')) \
+                   FROM generate_series(1, $1::bigint)";
+        let rows = self
+            .db
+            .query_all_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                sql,
+                [ID_BLOCK.into()],
+            ))
+            .await?;
+        let ids = rows
+            .iter()
+            .map(|row| row.try_get_by_index::<i64>(0))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.state().ids.extend(ids);
+        Ok(())
+    }
+
+    /// Gives back what the escrow has free on `charge`'s account and takes a new slice, subscription
+    /// credits first, in one transaction. Returns the account row's subscription credits as it
+    /// leaves them, or `None` if the escrow was refilled meanwhile by another call (nothing was
+    /// written).
+    async fn refill(
+        &self,
+        charge: &OwnedCharge,
+        lease: i64,
+        seen: Seen,
+    ) -> Result<Option<i64>, ReserveError> {
+        let _writer = self.writer.lock().await;
+        // Refilled while this call waited: the caller tries again.
+        if what_to_hold(&self.state(), charge, lease, seen).is_ok() {
+            return Ok(None);
+        }
+        let account = charge.caller.account.0;
+        let held = {
+            let mut state = self.state();
+            let pot = state.pots.entry((lease, account)).or_default();
+            pot.refilling = true;
+            pot.held
+        };
+        let written = self.write_refill(charge, lease, held).await;
+        let mut state = self.state();
+        let pot = state.pots.entry((lease, account)).or_default();
+        pot.refilling = false;
+        let (row, row_subscription) = written?;
+        pot.row = row;
+        Ok(Some(row_subscription))
+    }
+
+    async fn write_refill(
+        &self,
+        charge: &OwnedCharge,
+        lease: i64,
+        held: Balance,
+    ) -> Result<(Balance, i64), ReserveError> {
+        let account = charge.caller.account.0;
+        let txn = self.db.begin().await?;
+        let row = account::Entity::find_by_id(account)
+            .lock_exclusive()
+            .one(&txn)
+            .await?
+            .ok_or_else(|| unknown_account(AccountId(account)))?;
+        let now = Utc::now();
+        let live = instance::Entity::find_by_id(lease)
+            .filter(instance::Column::ExpiresAt.gt(now))
+            .one(&txn)
+            .await?
+            .is_some();
+        if !live {
+            txn.rollback().await?;
+            return Err(StoreError::msg("this instance's lease has ended").into());
+        }
+        let stored = escrow_row(&txn, account, lease).await?;
+        // What no held call counts on goes back to the row, then a new slice is taken from it.
+        let free = stored.free_of(held);
+        let pool = Balance {
+            subscription: Credits(row.subscription_credits + free.subscription.0),
+            topup: Credits(row.topup_credits + free.topup.0),
+        };
+        let spendable = pool.spendable(row.subscription_ends_at, now);
+        // Up to a slice, but no more than half of what is there beyond one call, so that
+        // other instances find some.
+        let want = Ord::min(
+            charge.price.0.saturating_mul(SLICE_CALLS),
+            Ord::max(spendable.total().0 / 2, charge.price.0),
+        );
+        let from_subscription = Ord::min(spendable.subscription.0, want);
+        let take = Split {
+            subscription: Credits(from_subscription),
+            topup: Credits(Ord::min(spendable.topup.0, want - from_subscription)),
+        };
+        let left = pool.minus(take);
+        let escrowed = Balance {
+            subscription: Credits(stored.subscription.0 - free.subscription.0),
+            topup: Credits(stored.topup.0 - free.topup.0),
+        }
+        .plus(take);
+        account::Entity::update_many()
+            .col_expr(
+                account::Column::SubscriptionCredits,
+                Expr::value(left.subscription.0),
+            )
+            .col_expr(account::Column::TopupCredits, Expr::value(left.topup.0))
+            .filter(account::Column::Id.eq(account))
+            .exec(&txn)
+            .await?;
+        write_escrow_row(&txn, account, lease, escrowed).await?;
+        txn.commit().await?;
+        Ok((escrowed, left.subscription.0))
+    }
+
+    /// Ends a held call: its entry is written, finished, in the next batch.
+    async fn end(&self, call: CallId, ending: Ending) -> Result<bool, StoreError> {
+        let (answer, answered) = oneshot::channel();
+        let job = EndJob {
+            call: call.0,
+            ending,
+            answer,
+        };
+        self.endings.send(job).await.map_err(|_| stopped())?;
+        answered.await.map_err(|_| stopped())?
+    }
+
+    /// Settles a held call.
+    pub(super) async fn settle(
+        &self,
+        call: CallId,
+        success: CallSuccess,
+    ) -> Result<bool, StoreError> {
+        self.end(call, Ending::Settle(success)).await
+    }
+
+    /// Refunds a held call.
+    pub(super) async fn refund(
+        &self,
+        call: CallId,
+        failure: &CallFailure,
+    ) -> Result<bool, StoreError> {
+        self.end(call, Ending::Refund(failure.clone())).await
+    }
+
+    /// Gives back to their accounts what this instance's escrow rows under `lease` have free
+    /// (all of it when no call is held), as on a clean stop.
+    pub(super) async fn give_back(&self, lease: i64) -> Result<(), StoreError> {
+        let _writer = self.writer.lock().await;
+        let pots: Vec<(i64, Pot)> = self
+            .state()
+            .pots
+            .iter()
+            .filter(|((of, _), _)| *of == lease)
+            .map(|((_, account), pot)| (*account, *pot))
+            .collect();
+        for (account, pot) in pots {
+            let txn = self.db.begin().await?;
+            let row = account::Entity::find_by_id(account)
+                .lock_exclusive()
+                .one(&txn)
+                .await?
+                .ok_or_else(|| unknown_account(AccountId(account)))?;
+            let stored = escrow_row(&txn, account, lease).await?;
+            let free = stored.free_of(pot.held);
+            account::Entity::update_many()
+                .col_expr(
+                    account::Column::SubscriptionCredits,
+                    Expr::value(row.subscription_credits + free.subscription.0),
+                )
+                .col_expr(
+                    account::Column::TopupCredits,
+                    Expr::value(row.topup_credits + free.topup.0),
+                )
+                .filter(account::Column::Id.eq(account))
+                .exec(&txn)
+                .await?;
+            let kept = Balance {
+                subscription: Credits(stored.subscription.0 - free.subscription.0),
+                topup: Credits(stored.topup.0 - free.topup.0),
+            };
+            write_escrow_row(&txn, account, lease, kept).await?;
+            txn.commit().await?;
+            if let Some(pot) = self.state().pots.get_mut(&(lease, account)) {
+                pot.row = kept;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What `charge` would hold of the escrow under `lease`, if the escrow can pay it now.
+fn what_to_hold(
+    state: &State,
+    charge: &OwnedCharge,
+    lease: i64,
+    seen: Seen,
+) -> Result<Split, Short> {
+    let pot = state
+        .pots
+        .get(&(lease, charge.caller.account.0))
+        .copied()
+        .unwrap_or_default();
+    if pot.refilling {
+        return Err(Short::Credits);
+    }
+    let period = seen.subscription_ends_at;
+    let spendable = pot.row.free_of(pot.held).spendable(period, charge.at);
+    let taken = spendable.split_charge(charge.price).ok_or(Short::Credits)?;
+    // Subscription credits first: while the account row has some to spend, top-up credits in
+    // escrow wait (the refill swaps them).
+    let row_subscription = Balance {
+        subscription: Credits(seen.row_subscription),
+        topup: Credits::ZERO,
+    }
+    .spendable(period, charge.at)
+    .subscription;
+    if taken.topup > Credits::ZERO && row_subscription > Credits::ZERO {
+        return Err(Short::Credits);
+    }
+    Ok(taken)
+}
+
+fn stopped() -> StoreError {
+    StoreError::msg("the store's escrow tasks have stopped")
+}
+
+/// An escrow row as stored, locked; zero if there is none.
+async fn escrow_row<C: ConnectionTrait>(
+    txn: &C,
+    account: i64,
+    lease: i64,
+) -> Result<Balance, StoreError> {
+    Ok(escrow::Entity::find_by_id((account, lease))
+        .lock_exclusive()
+        .one(txn)
+        .await?
+        .map(|row| Balance {
+            subscription: Credits(row.subscription_credits),
+            topup: Credits(row.topup_credits),
+        })
+        .unwrap_or_default())
+}
+
+/// Writes an escrow row (locked by [`escrow_row`]), deleting it when it is empty.
+async fn write_escrow_row<C: ConnectionTrait>(
+    txn: &C,
+    account: i64,
+    lease: i64,
+    escrowed: Balance,
+) -> Result<(), StoreError> {
+    if escrowed == Balance::default() {
+        escrow::Entity::delete_by_id((account, lease))
+            .exec(txn)
+            .await?;
+        return Ok(());
+    }
+    let row = escrow::ActiveModel {
+        account_id: Set(account),
+        instance_id: Set(lease),
+        subscription_credits: Set(escrowed.subscription.0),
+        topup_credits: Set(escrowed.topup.0),
+    };
+    let on_conflict = sea_orm::sea_query::OnConflict::columns([
+        escrow::Column::AccountId,
+        escrow::Column::InstanceId,
+    ])
+    .update_columns([
+        escrow::Column::SubscriptionCredits,
+        escrow::Column::TopupCredits,
+    ])
+    .to_owned();
+    escrow::Entity::insert(row)
+        .on_conflict(on_conflict)
+        .exec_without_returning(txn)
+        .await?;
+    Ok(())
+}
+
+/// The key reader: each read answers every reservation that was waiting when it began.
+async fn read_keys(db: DatabaseConnection, mut queue: mpsc::Receiver<KeyRead>) {
+    let mut waiting = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut waiting, MAX_BATCH).await > 0 {
+        let mut keys: Vec<i64> = waiting.iter().map(|read| read.key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let read = active_keys(&db, &keys).await;
+        for KeyRead { key, answer } in waiting.drain(..) {
+            let _ = answer.send(match &read {
+                Ok(seen) => Ok(seen.get(&key).copied()),
+                Err(error) => Err(StoreError::msg(format!("reading keys: {error}"))),
+            });
+        }
+    }
+}
+
+async fn active_keys(
+    db: &DatabaseConnection,
+    keys: &[i64],
+) -> Result<HashMap<i64, Seen>, StoreError> {
+    let list = keys
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let sql = "SELECT k.id, a.subscription_credits, a.subscription_ends_at \
+               FROM mg_api_keys k JOIN mg_accounts a ON a.id = k.account_id \
+               WHERE k.id = ANY($1::bigint[]) AND k.revoked_at IS NULL";
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            [format!("{{{list}}}").into()],
+        ))
+        .await?;
+    let mut seen = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let key: i64 = row.try_get_by_index(0)?;
+        seen.insert(
+            key,
+            Seen {
+                row_subscription: row.try_get_by_index(1)?,
+                subscription_ends_at: row.try_get_by_index(2)?,
+            },
+        );
+    }
+    Ok(seen)
+}
+
+/// The writer of endings: each batch inserts its entries, finished, and debits the escrow
+/// rows of its settles, in one transaction.
+async fn write_endings(escrow: std::sync::Weak<Escrow>, mut queue: mpsc::Receiver<EndJob>) {
+    let mut jobs = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+        let Some(escrow) = escrow.upgrade() else {
+            return;
+        };
+        let answers = match write_batch(&escrow, &jobs).await {
+            Ok(answers) => answers.into_iter().map(Ok).collect(),
+            Err(error) => {
+                let message = error.to_string();
+                jobs.iter()
+                    .map(|_| Err(StoreError::msg(message.clone())))
+                    .collect::<Vec<_>>()
+            }
+        };
+        for (job, answer) in jobs.drain(..).zip(answers) {
+            let _ = job.answer.send(answer);
+        }
+    }
+}
+
+/// How one held call ends in a batch.
+struct Decided<'a> {
+    call: i64,
+    held: HeldCall,
+    finish: Finish<'a>,
+}
+
+async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<bool>, StoreError> {
+    let _writer = escrow.writer.lock().await;
+    // Rows known short of what their settles debit (read again after a failed guard).
+    let mut rows_read: HashMap<(i64, i64), Balance> = HashMap::new();
+    loop {
+        let (decided, debits) = decide(escrow, jobs, &rows_read);
+        let txn = escrow.db.begin().await?;
+        let short = debit(&txn, &debits).await?;
+        if !short.is_empty() {
+            txn.rollback().await?;
+            for (account, lease) in short {
+                let stored = escrow_row(&escrow.db, account, lease).await?;
+                rows_read.insert((lease, account), stored);
+            }
+            continue;
+        }
+        insert_finished(&txn, &decided).await?;
+        txn.commit().await?;
+        let mut state = escrow.state();
+        for ((lease, account), row) in rows_read {
+            state.pots.entry((lease, account)).or_default().row = row;
+        }
+        for ((lease, account), debited) in &debits {
+            let pot = state.pots.entry((*lease, *account)).or_default();
+            pot.row = pot.row.minus(*debited);
+        }
+        for decided in &decided {
+            if state.calls.remove(&decided.call).is_some() {
+                let lease = decided.held.charge.instance.unwrap_or_default();
+                let pot = state.pots.entry((lease, decided.held.account)).or_default();
+                pot.held = pot.held.minus(decided.held.taken);
+            }
+        }
+        let answers = jobs
+            .iter()
+            .map(|job| {
+                decided
+                    .iter()
+                    .find(|decided| decided.call == job.call)
+                    .is_some_and(|decided| {
+                        matches!(decided.finish, Finish::Settled(_) | Finish::Refunded(_))
+                    })
+            })
+            .collect();
+        return Ok(answers);
+    }
+}
+
+/// Decides each job in order against the rows in memory (or as read again): a settle whose
+/// credits are still in the escrow debits it; one whose credits are gone ends unbilled.
+fn decide<'a>(
+    escrow: &Escrow,
+    jobs: &'a [EndJob],
+    rows_read: &HashMap<(i64, i64), Balance>,
+) -> (Vec<Decided<'a>>, HashMap<(i64, i64), Split>) {
+    let state = escrow.state();
+    let mut rows: HashMap<(i64, i64), Balance> = HashMap::new();
+    let mut debits: HashMap<(i64, i64), Split> = HashMap::new();
+    let mut decided: Vec<Decided<'a>> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let Some(held) = state.calls.get(&job.call) else {
+            continue;
+        };
+        if decided.iter().any(|done| done.call == job.call) {
+            continue;
+        }
+        let pot_key = (held.charge.instance.unwrap_or_default(), held.account);
+        let finish = match &job.ending {
+            Ending::Refund(failure) => Finish::Refunded(failure),
+            Ending::Settle(success) => {
+                let row = rows.entry(pot_key).or_insert_with(|| {
+                    rows_read
+                        .get(&pot_key)
+                        .copied()
+                        .or_else(|| state.pots.get(&pot_key).map(|pot| pot.row))
+                        .unwrap_or_default()
+                });
+                let after = row.minus(held.taken);
+                if after.subscription.0 >= 0 && after.topup.0 >= 0 {
+                    *row = after;
+                    let debit = debits.entry(pot_key).or_default();
+                    debit.subscription = Credits(debit.subscription.0 + held.taken.subscription.0);
+                    debit.topup = Credits(debit.topup.0 + held.taken.topup.0);
+                    Finish::Settled(success)
+                } else {
+                    Finish::CreditsGone(success)
+                }
+            }
+        };
+        decided.push(Decided {
+            call: job.call,
+            held: held.clone(),
+            finish,
+        });
+    }
+    (decided, debits)
+}
+
+/// Debits each escrow row, guarded by its buckets; returns the (account, lease) rows found
+/// short (nothing is debited then: the caller rolls back).
+async fn debit<C: ConnectionTrait>(
+    txn: &C,
+    debits: &HashMap<(i64, i64), Split>,
+) -> Result<Vec<(i64, i64)>, StoreError> {
+    let mut short = Vec::new();
+    for ((lease, account), debit) in debits {
+        let done = escrow::Entity::update_many()
+            .col_expr(
+                escrow::Column::SubscriptionCredits,
+                Expr::col(escrow::Column::SubscriptionCredits).sub(debit.subscription.0),
+            )
+            .col_expr(
+                escrow::Column::TopupCredits,
+                Expr::col(escrow::Column::TopupCredits).sub(debit.topup.0),
+            )
+            .filter(escrow::Column::AccountId.eq(*account))
+            .filter(escrow::Column::InstanceId.eq(*lease))
+            .filter(escrow::Column::SubscriptionCredits.gte(debit.subscription.0))
+            .filter(escrow::Column::TopupCredits.gte(debit.topup.0))
+            .exec(txn)
+            .await?;
+        if done.rows_affected != 1 {
+            short.push((*account, *lease));
+        }
+    }
+    Ok(short)
+}
+
+/// Inserts the batch's entries, already finished.
+async fn insert_finished<C: ConnectionTrait>(
+    txn: &C,
+    decided: &[Decided<'_>],
+) -> Result<(), StoreError> {
+    if decided.is_empty() {
+        return Ok(());
+    }
+    let now = Utc::now();
+    let rows = decided.iter().map(|decided| {
+        let held = &decided.held;
+        let billed = decided.finish.billed();
+        call::ActiveModel {
+            id: Set(decided.call),
+            account_id: Set(held.account),
+            key_id: Set(held.charge.caller.key.0),
+            protocol: Set(held.charge.protocol.as_str().to_owned()),
+            model: Set(held.charge.model.clone()),
+            price: Set(held.charge.price.0),
+            charged_subscription: Set(held.taken.subscription.0),
+            charged_topup: Set(held.taken.topup.0),
+            status: Set(decided.finish.status().as_str().to_owned()),
+            upstream_status: Set(decided.finish.upstream_status()),
+            upstream_channel: Set(billed.and_then(|success| success.channel.clone())),
+            upstream_error: Set(decided.finish.error().map(str::to_owned)),
+            input_tokens: Set(billed.and_then(|success| success.usage.input_tokens)),
+            output_tokens: Set(billed.and_then(|success| success.usage.output_tokens)),
+            created_at: Set(held.reserved_at),
+            finished_at: Set(Some(now)),
+            request_id: Set(held.charge.request_id.clone()),
+            instance_id: Set(held.charge.instance),
+        }
+    });
+    let inserted = call::Entity::insert_many(rows)
+        .exec_without_returning(txn)
+        .await?;
+    if inserted != decided.len() as u64 {
+        return Err(StoreError::msg(format!(
+            "inserted {inserted} of {} call-log entries",
+            decided.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Gives back to their accounts the escrow rows whose lease does not hold at `now` (its
+/// instance crashed, stopped without giving back, or lost its lease), each in a transaction of
+/// its own. Returns how many rows it gave back.
+pub(super) async fn give_back_ended(
+    db: &DatabaseConnection,
+    now: DateTime<Utc>,
+) -> Result<u64, StoreError> {
+    let live = sea_orm::sea_query::Query::select()
+        .column(instance::Column::Id)
+        .from(instance::Entity)
+        .and_where(instance::Column::ExpiresAt.gt(now))
+        .to_owned();
+    let ended: Vec<(i64, i64)> = escrow::Entity::find()
+        .select_only()
+        .column(escrow::Column::AccountId)
+        .column(escrow::Column::InstanceId)
+        .filter(escrow::Column::InstanceId.not_in_subquery(live))
+        .into_tuple()
+        .all(db)
+        .await?;
+    let mut given = 0;
+    for (account, lease) in ended {
+        let txn = super::begin_write(db).await?;
+        let row = account::Entity::find_by_id(account)
+            .lock_exclusive()
+            .one(&txn)
+            .await?
+            .ok_or_else(|| unknown_account(AccountId(account)))?;
+        let stored = escrow_row(&txn, account, lease).await?;
+        if stored == Balance::default() {
+            txn.rollback().await?;
+            continue;
+        }
+        // A lease that ended is never renewed, so its escrow cannot grow again meanwhile.
+        account::Entity::update_many()
+            .col_expr(
+                account::Column::SubscriptionCredits,
+                Expr::value(row.subscription_credits + stored.subscription.0),
+            )
+            .col_expr(
+                account::Column::TopupCredits,
+                Expr::value(row.topup_credits + stored.topup.0),
+            )
+            .filter(account::Column::Id.eq(account))
+            .exec(&txn)
+            .await?;
+        write_escrow_row(&txn, account, lease, Balance::default()).await?;
+        txn.commit().await?;
+        tracing::info!(account, lease, "gave back the escrow of a lease that ended");
+        given += 1;
+    }
+    Ok(given)
+}
+
+/// What every escrow row holds, by account.
+pub(super) async fn escrowed<C: ConnectionTrait>(
+    db: &C,
+    accounts: Option<&[i64]>,
+) -> Result<HashMap<i64, Balance>, StoreError> {
+    let mut query = escrow::Entity::find();
+    if let Some(accounts) = accounts {
+        query = query.filter(escrow::Column::AccountId.is_in(accounts.iter().copied()));
+    }
+    let mut sums: HashMap<i64, Balance> = HashMap::new();
+    for row in query.all(db).await? {
+        let sum = sums.entry(row.account_id).or_default();
+        sum.subscription = Credits(sum.subscription.0 + row.subscription_credits);
+        sum.topup = Credits(sum.topup.0 + row.topup_credits);
+    }
+    Ok(sums)
+}

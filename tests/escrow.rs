@@ -1,0 +1,331 @@
+//! Credit escrow on `PostgreSQL` (`SeaOrmStore::with_escrow`): a call is written once, against an
+//! instance's escrow, and every money rule holds as without it: the audit, revocation at once,
+//! subscription credits first, lapses, no overdraft with two instances, and the escrow coming
+//! back on release and after a crash (lease expiry).
+
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use common::*;
+use model_gateway::store::Grant;
+use model_gateway::{
+    Accounts, Bucket, CallFailure, CallStatus, CallSuccess, Caller, ChargeRequest, Credits, Leases,
+    Ledger, Protocol, Reservation, ReserveError, SeaOrmStore,
+};
+use sea_orm::ConnectionTrait;
+
+const PRICE: i64 = 2;
+const TTL: Duration = Duration::from_secs(10);
+
+/// A gateway instance charging against escrow, holding a lease taken at `now`.
+async fn escrow_instance(db: &TestDb, now: DateTime<Utc>) -> Arc<SeaOrmStore> {
+    let store = postgres_store(&db.url, db.pg_schema().unwrap())
+        .await
+        .with_escrow()
+        .unwrap();
+    store.take_lease(now, TTL).await.unwrap().unwrap();
+    Arc::new(store)
+}
+
+async fn reserve(store: &SeaOrmStore, caller: Caller) -> Result<Reservation, ReserveError> {
+    store
+        .reserve(ChargeRequest {
+            caller,
+            protocol: Protocol::ChatCompletions,
+            model: "gpt-4o-mini",
+            price: Credits::new(PRICE),
+            request_id: None,
+            at: Utc::now(),
+            idempotency: None,
+        })
+        .await
+}
+
+async fn settle(store: &SeaOrmStore, reservation: &Reservation) -> bool {
+    store
+        .settle(reservation.call, CallSuccess::default())
+        .await
+        .unwrap()
+}
+
+async fn refund(store: &SeaOrmStore, reservation: &Reservation) -> bool {
+    let failure = CallFailure {
+        upstream_status: Some(500),
+        error: "test".into(),
+    };
+    store.refund(reservation.call, &failure).await.unwrap()
+}
+
+/// The account's row, and the sum of its escrow rows, as stored.
+async fn stored(db: &TestDb, caller: Caller) -> ((i64, i64), (i64, i64)) {
+    let account = caller.account.0;
+    let read = |sql: String| async move {
+        let row = db
+            .store
+            .connection()
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                sql,
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        (
+            row.try_get_by_index::<i64>(0).unwrap(),
+            row.try_get_by_index::<i64>(1).unwrap(),
+        )
+    };
+    let row = read(format!(
+        "SELECT subscription_credits, topup_credits FROM mg_accounts WHERE id = {account}"
+    ))
+    .await;
+    let escrowed = read(format!(
+        "SELECT CAST(COALESCE(SUM(subscription_credits), 0) AS BIGINT), \
+         CAST(COALESCE(SUM(topup_credits), 0) AS BIGINT) FROM mg_escrows WHERE account_id = {account}"
+    ))
+    .await;
+    (row, escrowed)
+}
+
+fn count(calls: &[model_gateway::CallRecord], status: CallStatus) -> usize {
+    calls.iter().filter(|call| call.status == status).count()
+}
+
+#[tokio::test]
+async fn escrow_bills_each_call_once_and_comes_back_on_release() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let instance = escrow_instance(&db, Utc::now()).await;
+    let key = db.funded_key(100, 50).await;
+    let caller = db.caller(&key).await;
+    for i in 0..30 {
+        let reservation = reserve(&instance, caller).await.unwrap();
+        assert_eq!(instance.held_reservations().await, 1);
+        if i % 3 == 0 {
+            assert!(refund(&instance, &reservation).await);
+            assert!(!settle(&instance, &reservation).await, "ended once only");
+        } else {
+            assert!(settle(&instance, &reservation).await);
+            assert!(!refund(&instance, &reservation).await, "ended once only");
+        }
+    }
+    assert_eq!(instance.held_reservations().await, 0);
+    let calls = db.calls(&key).await;
+    assert_eq!(count(&calls, CallStatus::Ok), 20);
+    assert_eq!(count(&calls, CallStatus::Refunded), 10);
+    assert_eq!(count(&calls, CallStatus::Pending), 0);
+    // 20 billed calls, subscription first.
+    let left = balance(100 - 20 * PRICE, 50);
+    assert_eq!(
+        db.balance(&key).await,
+        left,
+        "seen by a store without escrow"
+    );
+    assert_eq!(instance.balance(caller.account).await.unwrap(), left);
+    let (row, escrowed) = stored(&db, caller).await;
+    assert!(
+        escrowed.0 > 0,
+        "the instance took subscription credits into escrow"
+    );
+    assert_eq!((row.0 + escrowed.0, row.1 + escrowed.1), (60, 50));
+    db.assert_audit_holds().await;
+
+    instance.release_lease().await.unwrap();
+    assert_eq!(stored(&db, caller).await, ((60, 50), (0, 0)), "all came back");
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let now = Utc::now();
+    let instance = escrow_instance(&db, now).await;
+    let key = db.funded_key(0, 100).await;
+    let caller = db.caller(&key).await;
+    let billed = reserve(&instance, caller).await.unwrap();
+    assert!(settle(&instance, &billed).await);
+    let _held = reserve(&instance, caller).await.unwrap();
+    let _also_held = reserve(&instance, caller).await.unwrap();
+    // Two calls held: the balance shown counts them as spent.
+    assert_eq!(
+        instance.balance(caller.account).await.unwrap(),
+        balance(0, 100 - 3 * PRICE)
+    );
+    assert_eq!(db.balance(&key).await, balance(0, 100 - PRICE));
+    // The instance dies: no release, no settle.
+    drop(instance);
+
+    let (row, escrowed) = stored(&db, caller).await;
+    assert!(escrowed.1 > 0, "{row:?} {escrowed:?}");
+    let later = |seconds| now + chrono::Duration::seconds(seconds);
+    assert!(
+        db.store
+            .orphaned_reservations(later(5), 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(stored(&db, caller).await.1.1 > 0, "the lease still holds");
+    // Its lease ends: recovery gives the escrow back. The held calls have no entries and
+    // moved nothing, so there is nothing to refund.
+    assert!(
+        db.store
+            .orphaned_reservations(later(11), 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(stored(&db, caller).await, ((0, 100 - PRICE), (0, 0)));
+    let calls = db.calls(&key).await;
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].status, CallStatus::Ok);
+    db.assert_audit_holds().await;
+    // Its lease row goes once nothing refers to it.
+    assert_eq!(db.store.forget_ended_leases(later(11)).await.unwrap(), 1);
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_key_revoked_elsewhere_is_refused_at_once_by_an_escrow_instance() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let instance = escrow_instance(&db, Utc::now()).await;
+    let key = db.funded_key(100, 0).await;
+    let caller = db.caller(&key).await;
+    let first = reserve(&instance, caller).await.unwrap();
+    assert!(settle(&instance, &first).await);
+    // Revoked through another store (the admin API, the CLI), with credits still in escrow.
+    revoke(&db, &key).await;
+    assert!(matches!(
+        reserve(&instance, caller).await,
+        Err(ReserveError::KeyRevoked)
+    ));
+    instance.release_lease().await.unwrap();
+    assert_eq!(stored(&db, caller).await, ((100 - PRICE, 0), (0, 0)));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn subscription_credits_granted_later_are_spent_before_escrowed_topup() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let instance = escrow_instance(&db, Utc::now()).await;
+    let key = db.funded_key(0, 100).await;
+    let caller = db.caller(&key).await;
+    let topup = reserve(&instance, caller).await.unwrap();
+    assert_eq!(topup.taken.topup, Credits::new(PRICE));
+    assert!(settle(&instance, &topup).await);
+    assert!(stored(&db, caller).await.1.1 > 0, "top-up credits in escrow");
+    grant(&db, &key, Bucket::Subscription, 10).await;
+    let subscription = reserve(&instance, caller).await.unwrap();
+    assert_eq!(subscription.taken.subscription, Credits::new(PRICE));
+    assert!(settle(&instance, &subscription).await);
+    assert_eq!(db.balance(&key).await, balance(10 - PRICE, 100 - PRICE));
+    db.assert_audit_holds().await;
+    instance.release_lease().await.unwrap();
+    assert_eq!(stored(&db, caller).await, ((10 - PRICE, 100 - PRICE), (0, 0)));
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_lapse_takes_escrowed_subscription_credits_and_a_call_held_on_them_is_not_billed() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let now = Utc::now();
+    let instance = escrow_instance(&db, now).await;
+    let key = db.funded_key(0, 0).await;
+    let caller = db.caller(&key).await;
+    let period_end = now + chrono::Duration::hours(1);
+    let granted = Grant {
+        period_end: Some(period_end),
+        ..Grant::plain(Bucket::Subscription, Credits::new(100))
+    };
+    db.store.grant_once(caller.account, granted).await.unwrap();
+    let billed = reserve(&instance, caller).await.unwrap();
+    assert!(settle(&instance, &billed).await);
+    let held = reserve(&instance, caller).await.unwrap();
+    assert!(
+        stored(&db, caller).await.1.0 > 0,
+        "subscription credits in escrow"
+    );
+
+    // The period ends while a call is held: everything left lapses, escrow included.
+    let lapses = db
+        .store
+        .lapse_ended_subscriptions(period_end + chrono::Duration::seconds(1))
+        .await
+        .unwrap();
+    assert_eq!(lapses.len(), 1);
+    assert_eq!(lapses[0].amount, Credits::new(100 - PRICE));
+    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
+    // The held call's credits are gone: it ends refunded, unbilled.
+    assert!(!settle(&instance, &held).await);
+    assert_eq!(
+        db.store.call_status(held.call).await.unwrap(),
+        Some(CallStatus::Refunded)
+    );
+    assert_eq!(db.balance(&key).await, balance(0, 0));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn two_escrow_instances_never_overdraw_an_account() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let now = Utc::now();
+    let instances = [
+        escrow_instance(&db, now).await,
+        escrow_instance(&db, now).await,
+    ];
+    let key = db.funded_key(7, 30).await;
+    let caller = db.caller(&key).await;
+    let calls: Vec<_> = (0..40)
+        .map(|i| {
+            let instance = instances[i % 2].clone();
+            tokio::spawn(async move {
+                match reserve(&instance, caller).await {
+                    Ok(reservation) => settle(&instance, &reservation).await,
+                    Err(ReserveError::InsufficientCredits) => false,
+                    Err(error) => panic!("{error}"),
+                }
+            })
+        })
+        .collect();
+    let mut billed = 0;
+    for call in calls {
+        billed += i64::from(call.await.unwrap());
+    }
+    assert!(
+        billed <= 37 / PRICE,
+        "billed {billed} calls of {PRICE} on 37 credits"
+    );
+    assert!(billed > 0);
+    assert_eq!(count(&db.calls(&key).await, CallStatus::Ok) as i64, billed);
+    let left = 37 - billed * PRICE;
+    assert_eq!(db.balance(&key).await.total(), Credits::new(left));
+    db.assert_audit_holds().await;
+    for instance in &instances {
+        instance.release_lease().await.unwrap();
+    }
+    let ((subscription, topup), escrowed) = stored(&db, caller).await;
+    assert_eq!(escrowed, (0, 0));
+    assert_eq!(subscription + topup, left);
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
