@@ -103,7 +103,7 @@ async fn escrow_bills_each_call_once_and_comes_back_on_release() {
         return;
     };
     let instance = escrow_instance(&db, Utc::now()).await;
-    let key = db.funded_key(100, 50).await;
+    let key = db.funded_key(1000, 500).await;
     let caller = db.caller(&key).await;
     for i in 0..30 {
         let reservation = reserve(&instance, caller).await.unwrap();
@@ -122,7 +122,7 @@ async fn escrow_bills_each_call_once_and_comes_back_on_release() {
     assert_eq!(count(&calls, CallStatus::Refunded), 10);
     assert_eq!(count(&calls, CallStatus::Pending), 0);
     // 20 billed calls, subscription first.
-    let left = balance(100 - 20 * PRICE, 50);
+    let left = balance(1000 - 20 * PRICE, 500);
     assert_eq!(
         db.balance(&key).await,
         left,
@@ -134,11 +134,15 @@ async fn escrow_bills_each_call_once_and_comes_back_on_release() {
         escrowed.0 > 0,
         "the instance took subscription credits into escrow"
     );
-    assert_eq!((row.0 + escrowed.0, row.1 + escrowed.1), (60, 50));
+    assert_eq!((row.0 + escrowed.0, row.1 + escrowed.1), (960, 500));
     db.assert_audit_holds().await;
 
     instance.release_lease().await.unwrap();
-    assert_eq!(stored(&db, caller).await, ((60, 50), (0, 0)), "all came back");
+    assert_eq!(
+        stored(&db, caller).await,
+        ((960, 500), (0, 0)),
+        "all came back"
+    );
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }
@@ -150,7 +154,7 @@ async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
     };
     let now = Utc::now();
     let instance = escrow_instance(&db, now).await;
-    let key = db.funded_key(0, 100).await;
+    let key = db.funded_key(0, 1000).await;
     let caller = db.caller(&key).await;
     let billed = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &billed).await);
@@ -159,9 +163,9 @@ async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
     // Two calls held: the balance shown counts them as spent.
     assert_eq!(
         instance.balance(caller.account).await.unwrap(),
-        balance(0, 100 - 3 * PRICE)
+        balance(0, 1000 - 3 * PRICE)
     );
-    assert_eq!(db.balance(&key).await, balance(0, 100 - PRICE));
+    assert_eq!(db.balance(&key).await, balance(0, 1000 - PRICE));
     // The instance dies: no release, no settle.
     drop(instance);
 
@@ -185,7 +189,7 @@ async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
             .unwrap()
             .is_empty()
     );
-    assert_eq!(stored(&db, caller).await, ((0, 100 - PRICE), (0, 0)));
+    assert_eq!(stored(&db, caller).await, ((0, 1000 - PRICE), (0, 0)));
     let calls = db.calls(&key).await;
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].status, CallStatus::Ok);
@@ -201,7 +205,7 @@ async fn a_key_revoked_elsewhere_is_refused_at_once_by_an_escrow_instance() {
         return;
     };
     let instance = escrow_instance(&db, Utc::now()).await;
-    let key = db.funded_key(100, 0).await;
+    let key = db.funded_key(1000, 0).await;
     let caller = db.caller(&key).await;
     let first = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &first).await);
@@ -212,7 +216,7 @@ async fn a_key_revoked_elsewhere_is_refused_at_once_by_an_escrow_instance() {
         Err(ReserveError::KeyRevoked)
     ));
     instance.release_lease().await.unwrap();
-    assert_eq!(stored(&db, caller).await, ((100 - PRICE, 0), (0, 0)));
+    assert_eq!(stored(&db, caller).await, ((1000 - PRICE, 0), (0, 0)));
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }
@@ -223,20 +227,26 @@ async fn subscription_credits_granted_later_are_spent_before_escrowed_topup() {
         return;
     };
     let instance = escrow_instance(&db, Utc::now()).await;
-    let key = db.funded_key(0, 100).await;
+    let key = db.funded_key(0, 1000).await;
     let caller = db.caller(&key).await;
     let topup = reserve(&instance, caller).await.unwrap();
     assert_eq!(topup.taken.topup, Credits::new(PRICE));
     assert!(settle(&instance, &topup).await);
-    assert!(stored(&db, caller).await.1.1 > 0, "top-up credits in escrow");
+    assert!(
+        stored(&db, caller).await.1.1 > 0,
+        "top-up credits in escrow"
+    );
     grant(&db, &key, Bucket::Subscription, 10).await;
     let subscription = reserve(&instance, caller).await.unwrap();
     assert_eq!(subscription.taken.subscription, Credits::new(PRICE));
     assert!(settle(&instance, &subscription).await);
-    assert_eq!(db.balance(&key).await, balance(10 - PRICE, 100 - PRICE));
+    assert_eq!(db.balance(&key).await, balance(10 - PRICE, 1000 - PRICE));
     db.assert_audit_holds().await;
     instance.release_lease().await.unwrap();
-    assert_eq!(stored(&db, caller).await, ((10 - PRICE, 100 - PRICE), (0, 0)));
+    assert_eq!(
+        stored(&db, caller).await,
+        ((10 - PRICE, 1000 - PRICE), (0, 0))
+    );
     db.drop_schema().await;
 }
 
@@ -252,7 +262,7 @@ async fn a_lapse_takes_escrowed_subscription_credits_and_a_call_held_on_them_is_
     let period_end = now + chrono::Duration::hours(1);
     let granted = Grant {
         period_end: Some(period_end),
-        ..Grant::plain(Bucket::Subscription, Credits::new(100))
+        ..Grant::plain(Bucket::Subscription, Credits::new(1000))
     };
     db.store.grant_once(caller.account, granted).await.unwrap();
     let billed = reserve(&instance, caller).await.unwrap();
@@ -270,7 +280,7 @@ async fn a_lapse_takes_escrowed_subscription_credits_and_a_call_held_on_them_is_
         .await
         .unwrap();
     assert_eq!(lapses.len(), 1);
-    assert_eq!(lapses[0].amount, Credits::new(100 - PRICE));
+    assert_eq!(lapses[0].amount, Credits::new(1000 - PRICE));
     assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
     // The held call's credits are gone: it ends refunded, unbilled.
     assert!(!settle(&instance, &held).await);
@@ -288,36 +298,43 @@ async fn two_escrow_instances_never_overdraw_an_account() {
     let Some(db) = postgres_db().await else {
         return;
     };
+    const CREDITS: i64 = 1214;
     let now = Utc::now();
     let instances = [
         escrow_instance(&db, now).await,
         escrow_instance(&db, now).await,
     ];
-    let key = db.funded_key(7, 30).await;
+    let key = db.funded_key(14, CREDITS - 14).await;
     let caller = db.caller(&key).await;
-    let calls: Vec<_> = (0..40)
+    // 40 clients, 20 calls each, half through each instance: 800 calls on 607 calls' worth.
+    let clients: Vec<_> = (0..40)
         .map(|i| {
             let instance = instances[i % 2].clone();
             tokio::spawn(async move {
-                match reserve(&instance, caller).await {
-                    Ok(reservation) => settle(&instance, &reservation).await,
-                    Err(ReserveError::InsufficientCredits) => false,
-                    Err(error) => panic!("{error}"),
+                let mut billed = 0;
+                for _ in 0..20 {
+                    match reserve(&instance, caller).await {
+                        Ok(reservation) => {
+                            billed += i64::from(settle(&instance, &reservation).await)
+                        }
+                        Err(ReserveError::InsufficientCredits) => {}
+                        Err(error) => panic!("{error}"),
+                    }
                 }
+                billed
             })
         })
         .collect();
     let mut billed = 0;
-    for call in calls {
-        billed += i64::from(call.await.unwrap());
+    for client in clients {
+        billed += client.await.unwrap();
     }
     assert!(
-        billed <= 37 / PRICE,
-        "billed {billed} calls of {PRICE} on 37 credits"
+        billed * PRICE <= CREDITS,
+        "billed {billed} calls of {PRICE} on {CREDITS} credits"
     );
-    assert!(billed > 0);
     assert_eq!(count(&db.calls(&key).await, CallStatus::Ok) as i64, billed);
-    let left = 37 - billed * PRICE;
+    let left = CREDITS - billed * PRICE;
     assert_eq!(db.balance(&key).await.total(), Credits::new(left));
     db.assert_audit_holds().await;
     for instance in &instances {
@@ -326,6 +343,54 @@ async fn two_escrow_instances_never_overdraw_an_account() {
     let ((subscription, topup), escrowed) = stored(&db, caller).await;
     assert_eq!(escrowed, (0, 0));
     assert_eq!(subscription + topup, left);
+    // What was left unspent was in escrow (at most a slice per instance) when the other
+    // instance ran out.
+    assert!(left <= 2 * 64 * PRICE, "{left} credits left unspent");
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn an_account_running_low_is_charged_in_the_database_and_refused_only_when_it_cannot_pay() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let now = Utc::now();
+    let instances = [
+        escrow_instance(&db, now).await,
+        escrow_instance(&db, now).await,
+    ];
+    // 50 calls' worth: too little for escrow.
+    let key = db.funded_key(60, 40).await;
+    let caller = db.caller(&key).await;
+    let clients: Vec<_> = (0..10)
+        .map(|i| {
+            let instance = instances[i % 2].clone();
+            tokio::spawn(async move {
+                let mut billed = 0;
+                for _ in 0..6 {
+                    match reserve(&instance, caller).await {
+                        Ok(reservation) => {
+                            billed += i64::from(settle(&instance, &reservation).await)
+                        }
+                        Err(ReserveError::InsufficientCredits) => {}
+                        Err(error) => panic!("{error}"),
+                    }
+                }
+                billed
+            })
+        })
+        .collect();
+    let mut billed = 0;
+    for client in clients {
+        billed += client.await.unwrap();
+    }
+    assert_eq!(billed, 50, "every credit spent, none twice");
+    assert_eq!(
+        stored(&db, caller).await,
+        ((0, 0), (0, 0)),
+        "no escrow taken"
+    );
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
 use model_gateway::{CallLog, CallStatus, KeyHash, KeyStore, SeaOrmStore};
+use sea_orm::ConnectionTrait;
 
 struct Env {
     vars: Vec<(&'static str, String)>,
@@ -417,6 +418,112 @@ async fn a_killed_instances_reservations_are_refunded_by_its_peer_and_only_those
         "the live instance's calls were touched"
     );
     assert_eq!(db.balance(&killed_key).await, balance(100, 0));
+    let env = Env {
+        vars: vec![("DATABASE_URL", database_url)],
+    };
+    let (audited, report) = env.run(&["audit"]);
+    assert!(audited, "{report}");
+    db.drop_schema().await;
+}
+
+/// The account's credits in escrow, summed over its escrow rows.
+async fn escrowed(db: &TestDb, key: &str) -> i64 {
+    let account = db.account(key).await.0;
+    let row = db
+        .store
+        .connection()
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            format!(
+                "SELECT CAST(COALESCE(SUM(subscription_credits + topup_credits), 0) AS BIGINT) \
+                 FROM mg_escrows WHERE account_id = {account}"
+            ),
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get_by_index::<i64>(0).unwrap()
+}
+
+/// Two gateways on one `PostgreSQL` charging against escrow (`GATEWAY_PG_ESCROW=1`), each
+/// holding slow calls in memory; one is killed. Its calls were never written, and once its
+/// lease has expired the other gives its escrow back: the account is whole, with nothing to
+/// refund, and the survivor's escrow is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_escrow_instances_credits_come_back_through_its_peer() {
+    const LEASE_SECS: u64 = 3;
+    const EACH: usize = 5;
+    const CREDITS: i64 = 10_000;
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let provider = FakeProvider::start().await;
+    provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
+    let dir = tempfile::tempdir().unwrap();
+    let models = dir.path().join("models.toml");
+    std::fs::write(
+        &models,
+        one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
+    )
+    .unwrap();
+    let database_url = pg_process_url(&db);
+    let (addresses, mut servers) = serve_two(&[
+        ("DATABASE_URL", database_url.clone()),
+        ("GATEWAY_MODELS", models.display().to_string()),
+        ("GATEWAY_LEASE_SECS", LEASE_SECS.to_string()),
+        ("GATEWAY_PG_ESCROW", "1".into()),
+        ("SLOW_KEY", "provider-key".into()),
+    ])
+    .await;
+    let killed_key = db.funded_key(CREDITS, 0).await;
+    let surviving_key = db.funded_key(CREDITS, 0).await;
+    let client = reqwest::Client::new();
+    call_slowly(&client, &addresses[0], &killed_key, EACH);
+    call_slowly(&client, &addresses[1], &surviving_key, EACH);
+    // Held calls are seen by no other process; their escrow is.
+    wait_for("the calls to be held", async || {
+        escrowed(&db, &killed_key).await > 0 && escrowed(&db, &surviving_key).await > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        pending_calls(&db.store, &killed_key).await,
+        0,
+        "held, not written"
+    );
+
+    servers[0].kill().unwrap();
+    servers[0].wait().unwrap();
+    let killed_at = Instant::now();
+    wait_for("the peer's recovery", async || {
+        escrowed(&db, &killed_key).await == 0
+    })
+    .await;
+    let given_back_after = killed_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(2 * LEASE_SECS)).await;
+    let survivors_escrow = escrowed(&db, &surviving_key).await;
+    servers[1].kill().unwrap();
+    servers[1].wait().unwrap();
+    println!(
+        "lease {LEASE_SECS}s: the killed instance's escrow given back {given_back_after:?} after the kill"
+    );
+    let heartbeat = Duration::from_secs(LEASE_SECS) / 5;
+    assert!(
+        given_back_after
+            <= Duration::from_secs(LEASE_SECS) + heartbeat + Duration::from_millis(500),
+        "given back {given_back_after:?} after the kill"
+    );
+    assert!(
+        given_back_after
+            >= Duration::from_secs(LEASE_SECS) - heartbeat - Duration::from_millis(200),
+        "given back {given_back_after:?} after the kill: before the lease could have expired"
+    );
+    assert!(survivors_escrow > 0, "the live instance's escrow was taken");
+    assert_eq!(db.balance(&killed_key).await, balance(CREDITS, 0));
+    assert!(
+        db.calls(&killed_key).await.is_empty(),
+        "nothing billed, nothing to refund"
+    );
     let env = Env {
         vars: vec![("DATABASE_URL", database_url)],
     };

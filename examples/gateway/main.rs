@@ -191,6 +191,11 @@ struct ServeArgs {
     /// memory, each call is written once, and a second gateway on the file is refused.
     #[arg(long, env = "GATEWAY_SQLITE_SHARED", value_parser = clap::builder::FalseyValueParser::new())]
     sqlite_shared: bool,
+    /// On `PostgreSQL`, charge against credit escrow: each instance moves a slice of each
+    /// account's credits into an escrow row of its own and writes each call once, when it
+    /// ends, without touching the account's row (see `SeaOrmStore::with_escrow`).
+    #[arg(long, env = "GATEWAY_PG_ESCROW", value_parser = clap::builder::FalseyValueParser::new())]
+    pg_escrow: bool,
 }
 
 impl ServeArgs {
@@ -642,6 +647,8 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     let window = Duration::from_secs(args.idempotency_window_secs);
     let store = if store.sqlite_file().is_some() && !args.sqlite_shared {
         store.own_file()?
+    } else if args.pg_escrow {
+        store.with_escrow()?
     } else {
         store
     };

@@ -49,6 +49,13 @@ use crate::store::{
 /// How many calls' worth of credits a refill takes at most.
 const SLICE_CALLS: i64 = 64;
 
+/// How many calls' worth an account must have to spend (in its row and this instance's free
+/// escrow) for a refill to take a slice. Below that its calls are reserved in the database,
+/// where every instance sees the same credits, so that an account running low is refused only
+/// when it cannot pay, save for what other instances still have in escrow (at most a slice
+/// each).
+const ESCROW_FROM_CALLS: i64 = 4 * SLICE_CALLS;
+
 /// Most reads, or settles and refunds, that one statement or transaction carries.
 const MAX_BATCH: usize = 64;
 
@@ -186,12 +193,13 @@ impl Escrow {
     }
 
     /// Reserves `charge` against this instance's escrow under its lease, refilling the escrow
-    /// when it cannot pay.
+    /// when it cannot pay. `None`: the account has too little for escrow (what this instance
+    /// had free of it is back in its row); reserve it in the database.
     pub(super) async fn reserve(
         &self,
-        charge: OwnedCharge,
+        charge: &OwnedCharge,
         lease: i64,
-    ) -> Result<Reservation, ReserveError> {
+    ) -> Result<Option<Reservation>, ReserveError> {
         let (answer, answered) = oneshot::channel();
         let read = KeyRead {
             key: charge.caller.key.0,
@@ -204,12 +212,12 @@ impl Escrow {
             .ok_or(ReserveError::KeyRevoked)?;
         let mut refilled = false;
         loop {
-            match self.try_hold(&charge, lease, seen) {
-                Ok(reservation) => return Ok(reservation),
+            match self.try_hold(charge, lease, seen) {
+                Ok(reservation) => return Ok(Some(reservation)),
                 Err(Short::Ids) => self.fetch_ids().await?,
-                Err(Short::Credits) if refilled => return Err(ReserveError::InsufficientCredits),
+                Err(Short::Credits) if refilled => return Ok(None),
                 Err(Short::Credits) => {
-                    if let Some(row_subscription) = self.refill(&charge, lease, seen).await? {
+                    if let Some(row_subscription) = self.refill(charge, lease, seen).await? {
                         seen.row_subscription = row_subscription;
                         refilled = true;
                     }
@@ -328,12 +336,16 @@ impl Escrow {
             topup: Credits(row.topup_credits + free.topup.0),
         };
         let spendable = pool.spendable(row.subscription_ends_at, now);
-        // Up to a slice, but no more than half of what is there beyond one call, so that
-        // other instances find some.
-        let want = Ord::min(
-            charge.price.0.saturating_mul(SLICE_CALLS),
-            Ord::max(spendable.total().0 / 2, charge.price.0),
-        );
+        // A slice, or at most half of what is there, so that other instances find some;
+        // nothing from an account running low.
+        let want = if spendable.total().0 >= charge.price.0.saturating_mul(ESCROW_FROM_CALLS) {
+            Ord::min(
+                charge.price.0.saturating_mul(SLICE_CALLS),
+                spendable.total().0 / 2,
+            )
+        } else {
+            0
+        };
         let from_subscription = Ord::min(spendable.subscription.0, want);
         let take = Split {
             subscription: Credits(from_subscription),

@@ -234,8 +234,9 @@ impl SeaOrmStore {
 
     /// The same store charging against credit escrow, on `PostgreSQL`: while it holds an
     /// instance lease ([`Leases::take_lease`](super::Leases::take_lease)), it moves a slice of
-    /// each account's credits it charges (up to 64 calls' worth, at most half of what the
-    /// account has to spend beyond one call) into an escrow row of its own, holds reservations
+    /// each account's credits it charges (64 calls' worth, or half of what the account has to
+    /// spend if less; only from an account with at least 256 calls' worth, so that one running
+    /// low is charged in the database) into an escrow row of its own, holds reservations
     /// in memory against it, and writes each call once, when it ends: an `ok` entry with the
     /// escrow's debit, or a `refunded` entry with nothing moved. No call's write touches the
     /// account's row, which other instances charging the same account would wait on.
@@ -253,8 +254,9 @@ impl SeaOrmStore {
     /// held, are reserved in the database as without escrow.
     ///
     /// The price: credits in one instance's escrow are not spendable by another until they come
-    /// back, so an account down to its last few calls' worth can be refused (402) on one instance
-    /// while another still has some of its credits in escrow.
+    /// back. An account that falls below 256 calls' worth gets no new escrow, and each instance
+    /// gives back what it has free at its next call on it, but one can still be refused (402) on
+    /// one instance while another, not called on it since, holds up to a slice of its credits.
     ///
     /// # Errors
     ///
@@ -303,8 +305,10 @@ impl SeaOrmStore {
     /// if it arrived while a batch took or gave up the write lock, at once as soon as the
     /// committer can tell the file's version again.
     async fn reserve_unkeyed(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
-        if let (Some(escrow), Some(lease)) = (&self.escrow, charge.instance) {
-            return escrow.reserve(charge, lease).await;
+        if let (Some(escrow), Some(lease)) = (&self.escrow, charge.instance)
+            && let Some(reservation) = escrow.reserve(&charge, lease).await?
+        {
+            return Ok(reservation);
         }
         #[cfg(feature = "sqlite")]
         if let Some(owned) = &self.owned {
