@@ -394,3 +394,57 @@ async fn an_account_running_low_is_charged_in_the_database_and_refused_only_when
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let instance = escrow_instance(&db, Utc::now()).await;
+    let key = db.funded_key(1000, 0).await;
+    let caller = db.caller(&key).await;
+    let request = |request_id| ChargeRequest {
+        caller,
+        protocol: Protocol::Messages,
+        model: "claude-3-5-haiku",
+        price: Credits::new(PRICE),
+        request_id: Some(request_id),
+        at: Utc::now(),
+        idempotency: None,
+    };
+    let billed = instance.reserve(request("req-billed")).await.unwrap();
+    let success = CallSuccess {
+        upstream_status: 200,
+        usage: model_gateway::TokenUsage {
+            input_tokens: Some(3),
+            output_tokens: Some(4),
+        },
+        channel: Some("primary".into()),
+        reply: None,
+    };
+    assert!(instance.settle(billed.call, success).await.unwrap());
+    let failed = instance.reserve(request("req-failed")).await.unwrap();
+    assert!(refund(&instance, &failed).await);
+
+    let calls = db.calls(&key).await;
+    let entry = |id| calls.iter().find(|call| call.id == id).unwrap();
+    let ok = entry(billed.call);
+    assert_eq!(ok.status, CallStatus::Ok);
+    assert_eq!(ok.protocol, Protocol::Messages);
+    assert_eq!(ok.model, "claude-3-5-haiku");
+    assert_eq!(ok.key, caller.key);
+    assert_eq!(ok.charged_subscription, Credits::new(PRICE));
+    assert_eq!(ok.upstream_status, Some(200));
+    assert_eq!(ok.channel.as_deref(), Some("primary"));
+    assert_eq!((ok.input_tokens, ok.output_tokens), (Some(3), Some(4)));
+    assert_eq!(ok.request_id.as_deref(), Some("req-billed"));
+    assert!(ok.finished_at.unwrap() >= ok.created_at);
+    let refunded = entry(failed.call);
+    assert_eq!(refunded.status, CallStatus::Refunded);
+    assert_eq!(refunded.upstream_status, Some(500));
+    assert_eq!(refunded.upstream_error.as_deref(), Some("test"));
+    assert_eq!(refunded.channel, None);
+    assert_eq!(refunded.request_id.as_deref(), Some("req-failed"));
+    assert_eq!(db.balance(&key).await, balance(1000 - PRICE, 0));
+    db.drop_schema().await;
+}

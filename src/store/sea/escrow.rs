@@ -31,7 +31,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::{Expr, ExprTrait as _};
+use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter,
     QuerySelect, Set, Statement, TransactionTrait,
@@ -39,7 +39,7 @@ use sea_orm::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Finish, OwnedCharge, unknown_account};
-use super::entity::{account, call, escrow, instance};
+use super::entity::{account, escrow, instance};
 use super::holds::HeldCall;
 use crate::credits::{Balance, Credits, Split};
 use crate::store::{
@@ -621,18 +621,14 @@ async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<bool>, Stor
     let mut rows_read: HashMap<(i64, i64), Balance> = HashMap::new();
     loop {
         let (decided, debits) = decide(escrow, jobs, &rows_read);
-        let txn = escrow.db.begin().await?;
-        let short = debit(&txn, &debits).await?;
+        let short = write_sql(&escrow.db, &decided, &debits).await?;
         if !short.is_empty() {
-            txn.rollback().await?;
-            for (account, lease) in short {
+            for (lease, account) in short {
                 let stored = escrow_row(&escrow.db, account, lease).await?;
                 rows_read.insert((lease, account), stored);
             }
             continue;
         }
-        insert_finished(&txn, &decided).await?;
-        txn.commit().await?;
         let mut state = escrow.state();
         for ((lease, account), row) in rows_read {
             state.pots.entry((lease, account)).or_default().row = row;
@@ -660,6 +656,168 @@ async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<bool>, Stor
             })
             .collect();
         return Ok(answers);
+    }
+}
+
+/// Writes a decided batch in one transaction, each statement with one text whatever the
+/// batch's size (its rows passed as arrays), so that each connection prepares it once: the
+/// escrow rows' debits, guarded by their buckets, then the entries, finished. Returns the
+/// (lease, account) rows found short, having written nothing.
+#[cfg(feature = "postgres")]
+async fn write_sql(
+    db: &DatabaseConnection,
+    decided: &[Decided<'_>],
+    debits: &HashMap<(i64, i64), Split>,
+) -> Result<Vec<(i64, i64)>, StoreError> {
+    use sea_orm::sqlx;
+    let sql_error = |error: sqlx::Error| StoreError(Box::new(error));
+    let mut txn = db
+        .get_postgres_connection_pool()
+        .begin()
+        .await
+        .map_err(sql_error)?;
+    if !debits.is_empty() {
+        let (mut leases, mut accounts, mut subscription, mut topup) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for ((lease, account), debit) in debits {
+            leases.push(*lease);
+            accounts.push(*account);
+            subscription.push(debit.subscription.0);
+            topup.push(debit.topup.0);
+        }
+        let debited: Vec<(i64, i64)> = sqlx::query_as(
+            "UPDATE mg_escrows e SET subscription_credits = e.subscription_credits - v.s, \
+             topup_credits = e.topup_credits - v.t \
+             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS v(l, a, s, t) \
+             WHERE e.instance_id = v.l AND e.account_id = v.a \
+             AND e.subscription_credits >= v.s AND e.topup_credits >= v.t \
+             RETURNING e.instance_id, e.account_id",
+        )
+        .bind(leases)
+        .bind(accounts)
+        .bind(subscription)
+        .bind(topup)
+        .fetch_all(&mut *txn)
+        .await
+        .map_err(sql_error)?;
+        if debited.len() != debits.len() {
+            let short = debits
+                .keys()
+                .filter(|pot| !debited.contains(pot))
+                .copied()
+                .collect();
+            txn.rollback().await.map_err(sql_error)?;
+            return Ok(short);
+        }
+    }
+    if !decided.is_empty() {
+        let now = Utc::now();
+        let mut rows = Entries::default();
+        for decided in decided {
+            rows.push(decided, now);
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
+             charged_subscription, charged_topup, status, upstream_status, upstream_channel, \
+             upstream_error, input_tokens, output_tokens, created_at, finished_at, request_id, \
+             instance_id) \
+             SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], \
+             $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::text[], $10::int[], \
+             $11::text[], $12::text[], $13::bigint[], $14::bigint[], $15::timestamptz[], \
+             $16::timestamptz[], $17::text[], $18::bigint[])",
+        )
+        .bind(rows.id)
+        .bind(rows.account)
+        .bind(rows.key)
+        .bind(rows.protocol)
+        .bind(rows.model)
+        .bind(rows.price)
+        .bind(rows.subscription)
+        .bind(rows.topup)
+        .bind(rows.status)
+        .bind(rows.upstream_status)
+        .bind(rows.channel)
+        .bind(rows.error)
+        .bind(rows.input_tokens)
+        .bind(rows.output_tokens)
+        .bind(rows.created_at)
+        .bind(rows.finished_at)
+        .bind(rows.request_id)
+        .bind(rows.instance)
+        .execute(&mut *txn)
+        .await
+        .map_err(sql_error)?;
+        if inserted.rows_affected() != decided.len() as u64 {
+            return Err(StoreError::msg(format!(
+                "inserted {} of {} call-log entries",
+                inserted.rows_affected(),
+                decided.len()
+            )));
+        }
+    }
+    txn.commit().await.map_err(sql_error)?;
+    Ok(Vec::new())
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn write_sql(
+    _: &DatabaseConnection,
+    _: &[Decided<'_>],
+    _: &HashMap<(i64, i64), Split>,
+) -> Result<Vec<(i64, i64)>, StoreError> {
+    Err(StoreError::msg("escrow needs PostgreSQL"))
+}
+
+/// A batch's entries, column by column.
+#[cfg(feature = "postgres")]
+#[derive(Default)]
+struct Entries {
+    id: Vec<i64>,
+    account: Vec<i64>,
+    key: Vec<i64>,
+    protocol: Vec<&'static str>,
+    model: Vec<String>,
+    price: Vec<i64>,
+    subscription: Vec<i64>,
+    topup: Vec<i64>,
+    status: Vec<&'static str>,
+    upstream_status: Vec<Option<i32>>,
+    channel: Vec<Option<String>>,
+    error: Vec<Option<String>>,
+    input_tokens: Vec<Option<i64>>,
+    output_tokens: Vec<Option<i64>>,
+    created_at: Vec<DateTime<Utc>>,
+    finished_at: Vec<DateTime<Utc>>,
+    request_id: Vec<Option<String>>,
+    instance: Vec<Option<i64>>,
+}
+
+#[cfg(feature = "postgres")]
+impl Entries {
+    fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
+        let held = &decided.held;
+        let billed = decided.finish.billed();
+        self.id.push(decided.call);
+        self.account.push(held.account);
+        self.key.push(held.charge.caller.key.0);
+        self.protocol.push(held.charge.protocol.as_str());
+        self.model.push(held.charge.model.clone());
+        self.price.push(held.charge.price.0);
+        self.subscription.push(held.taken.subscription.0);
+        self.topup.push(held.taken.topup.0);
+        self.status.push(decided.finish.status().as_str());
+        self.upstream_status.push(decided.finish.upstream_status());
+        self.channel
+            .push(billed.and_then(|success| success.channel.clone()));
+        self.error.push(decided.finish.error().map(str::to_owned));
+        self.input_tokens
+            .push(billed.and_then(|success| success.usage.input_tokens));
+        self.output_tokens
+            .push(billed.and_then(|success| success.usage.output_tokens));
+        self.created_at.push(held.reserved_at);
+        self.finished_at.push(now);
+        self.request_id.push(held.charge.request_id.clone());
+        self.instance.push(held.charge.instance);
     }
 }
 
@@ -711,81 +869,6 @@ fn decide<'a>(
         });
     }
     (decided, debits)
-}
-
-/// Debits each escrow row, guarded by its buckets; returns the (account, lease) rows found
-/// short (nothing is debited then: the caller rolls back).
-async fn debit<C: ConnectionTrait>(
-    txn: &C,
-    debits: &HashMap<(i64, i64), Split>,
-) -> Result<Vec<(i64, i64)>, StoreError> {
-    let mut short = Vec::new();
-    for ((lease, account), debit) in debits {
-        let done = escrow::Entity::update_many()
-            .col_expr(
-                escrow::Column::SubscriptionCredits,
-                Expr::col(escrow::Column::SubscriptionCredits).sub(debit.subscription.0),
-            )
-            .col_expr(
-                escrow::Column::TopupCredits,
-                Expr::col(escrow::Column::TopupCredits).sub(debit.topup.0),
-            )
-            .filter(escrow::Column::AccountId.eq(*account))
-            .filter(escrow::Column::InstanceId.eq(*lease))
-            .filter(escrow::Column::SubscriptionCredits.gte(debit.subscription.0))
-            .filter(escrow::Column::TopupCredits.gte(debit.topup.0))
-            .exec(txn)
-            .await?;
-        if done.rows_affected != 1 {
-            short.push((*account, *lease));
-        }
-    }
-    Ok(short)
-}
-
-/// Inserts the batch's entries, already finished.
-async fn insert_finished<C: ConnectionTrait>(
-    txn: &C,
-    decided: &[Decided<'_>],
-) -> Result<(), StoreError> {
-    if decided.is_empty() {
-        return Ok(());
-    }
-    let now = Utc::now();
-    let rows = decided.iter().map(|decided| {
-        let held = &decided.held;
-        let billed = decided.finish.billed();
-        call::ActiveModel {
-            id: Set(decided.call),
-            account_id: Set(held.account),
-            key_id: Set(held.charge.caller.key.0),
-            protocol: Set(held.charge.protocol.as_str().to_owned()),
-            model: Set(held.charge.model.clone()),
-            price: Set(held.charge.price.0),
-            charged_subscription: Set(held.taken.subscription.0),
-            charged_topup: Set(held.taken.topup.0),
-            status: Set(decided.finish.status().as_str().to_owned()),
-            upstream_status: Set(decided.finish.upstream_status()),
-            upstream_channel: Set(billed.and_then(|success| success.channel.clone())),
-            upstream_error: Set(decided.finish.error().map(str::to_owned)),
-            input_tokens: Set(billed.and_then(|success| success.usage.input_tokens)),
-            output_tokens: Set(billed.and_then(|success| success.usage.output_tokens)),
-            created_at: Set(held.reserved_at),
-            finished_at: Set(Some(now)),
-            request_id: Set(held.charge.request_id.clone()),
-            instance_id: Set(held.charge.instance),
-        }
-    });
-    let inserted = call::Entity::insert_many(rows)
-        .exec_without_returning(txn)
-        .await?;
-    if inserted != decided.len() as u64 {
-        return Err(StoreError::msg(format!(
-            "inserted {inserted} of {} call-log entries",
-            decided.len()
-        )));
-    }
-    Ok(())
 }
 
 /// Gives back to their accounts the escrow rows whose lease does not hold at `now` (its
