@@ -5,7 +5,9 @@
 //! reservation on one account, from every instance, waits on that account's row. With escrow an
 //! instance moves a slice of an account's credits into an escrow row of its own (`mg_escrows`,
 //! one per account and instance lease), in a short transaction that locks the account row and
-//! takes subscription credits first. Then:
+//! takes subscription credits first; only from an account with enough for many calls (an
+//! account running low is charged in the database, where every instance sees the same credits).
+//! Then:
 //!
 //! - **A reservation** is held in memory against that escrow, as on a `SQLite` file its store
 //!   owns. It waits for no write, only for a read that it shares with the reservations waiting

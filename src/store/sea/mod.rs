@@ -254,9 +254,12 @@ impl SeaOrmStore {
     /// held, are reserved in the database as without escrow.
     ///
     /// The price: credits in one instance's escrow are not spendable by another until they come
-    /// back. An account that falls below 256 calls' worth gets no new escrow, and each instance
-    /// gives back what it has free at its next call on it, but one can still be refused (402) on
-    /// one instance while another, not called on it since, holds up to a slice of its credits.
+    /// back. An account that falls below 256 calls' worth gets no new escrow: each instance
+    /// spends what it still has in escrow for it, then reserves in the database, so the account
+    /// can be refused (402) on one instance while another, not called on it since, still holds
+    /// up to a slice of its credits. And subscription credits come first within each instance's
+    /// escrow and the account row, not across instances: one may spend top-up credits from its
+    /// escrow while another still holds subscription credits of the same account in its own.
     ///
     /// # Errors
     ///
