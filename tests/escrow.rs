@@ -62,6 +62,39 @@ async fn refund(store: &SeaOrmStore, reservation: &Reservation) -> bool {
     store.refund(reservation.call, &failure).await.unwrap()
 }
 
+/// `clients` concurrent clients making `calls` calls each, client `i` through instance
+/// `i % 2`, each call settled if reserved; returns how many were billed.
+async fn charge_from_both(
+    instances: &[Arc<SeaOrmStore>; 2],
+    caller: Caller,
+    clients: usize,
+    calls: usize,
+) -> i64 {
+    let clients: Vec<_> = (0..clients)
+        .map(|i| {
+            let instance = instances[i % 2].clone();
+            tokio::spawn(async move {
+                let mut billed = 0;
+                for _ in 0..calls {
+                    match reserve(&instance, caller).await {
+                        Ok(reservation) => {
+                            billed += i64::from(settle(&instance, &reservation).await)
+                        }
+                        Err(ReserveError::InsufficientCredits) => {}
+                        Err(error) => panic!("{error}"),
+                    }
+                }
+                billed
+            })
+        })
+        .collect();
+    let mut billed = 0;
+    for client in clients {
+        billed += client.await.unwrap();
+    }
+    billed
+}
+
 /// The account's row, and the sum of its escrow rows, as stored.
 async fn stored(db: &TestDb, caller: Caller) -> ((i64, i64), (i64, i64)) {
     let account = caller.account.0;
@@ -307,28 +340,7 @@ async fn two_escrow_instances_never_overdraw_an_account() {
     let key = db.funded_key(14, CREDITS - 14).await;
     let caller = db.caller(&key).await;
     // 40 clients, 20 calls each, half through each instance: 800 calls on 607 calls' worth.
-    let clients: Vec<_> = (0..40)
-        .map(|i| {
-            let instance = instances[i % 2].clone();
-            tokio::spawn(async move {
-                let mut billed = 0;
-                for _ in 0..20 {
-                    match reserve(&instance, caller).await {
-                        Ok(reservation) => {
-                            billed += i64::from(settle(&instance, &reservation).await)
-                        }
-                        Err(ReserveError::InsufficientCredits) => {}
-                        Err(error) => panic!("{error}"),
-                    }
-                }
-                billed
-            })
-        })
-        .collect();
-    let mut billed = 0;
-    for client in clients {
-        billed += client.await.unwrap();
-    }
+    let billed = charge_from_both(&instances, caller, 40, 20).await;
     assert!(
         billed * PRICE <= CREDITS,
         "billed {billed} calls of {PRICE} on {CREDITS} credits"
@@ -363,28 +375,7 @@ async fn an_account_running_low_is_charged_in_the_database_and_refused_only_when
     // 50 calls' worth: too little for escrow.
     let key = db.funded_key(60, 40).await;
     let caller = db.caller(&key).await;
-    let clients: Vec<_> = (0..10)
-        .map(|i| {
-            let instance = instances[i % 2].clone();
-            tokio::spawn(async move {
-                let mut billed = 0;
-                for _ in 0..6 {
-                    match reserve(&instance, caller).await {
-                        Ok(reservation) => {
-                            billed += i64::from(settle(&instance, &reservation).await)
-                        }
-                        Err(ReserveError::InsufficientCredits) => {}
-                        Err(error) => panic!("{error}"),
-                    }
-                }
-                billed
-            })
-        })
-        .collect();
-    let mut billed = 0;
-    for client in clients {
-        billed += client.await.unwrap();
-    }
+    let billed = charge_from_both(&instances, caller, 10, 6).await;
     assert_eq!(billed, 50, "every credit spent, none twice");
     assert_eq!(
         stored(&db, caller).await,

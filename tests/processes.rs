@@ -347,6 +347,46 @@ async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
     assert!(audited, "{report}");
 }
 
+/// Two gateways on the test's `PostgreSQL` schema with `lease_secs` leases and `extra`
+/// settings, calling a provider that answers after a minute.
+struct SlowPair {
+    addresses: [String; 2],
+    servers: Vec<Child>,
+    database_url: String,
+    _provider: FakeProvider,
+    _dir: tempfile::TempDir,
+}
+
+impl SlowPair {
+    async fn start(db: &TestDb, lease_secs: u64, extra: &[(&'static str, String)]) -> SlowPair {
+        let provider = FakeProvider::start().await;
+        provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
+        let dir = tempfile::tempdir().unwrap();
+        let models = dir.path().join("models.toml");
+        std::fs::write(
+            &models,
+            one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
+        )
+        .unwrap();
+        let database_url = pg_process_url(db);
+        let mut vars = vec![
+            ("DATABASE_URL", database_url.clone()),
+            ("GATEWAY_MODELS", models.display().to_string()),
+            ("GATEWAY_LEASE_SECS", lease_secs.to_string()),
+            ("SLOW_KEY", "provider-key".into()),
+        ];
+        vars.extend_from_slice(extra);
+        let (addresses, servers) = serve_two(&vars).await;
+        SlowPair {
+            addresses,
+            servers,
+            database_url,
+            _provider: provider,
+            _dir: dir,
+        }
+    }
+}
+
 /// Two gateways on one `PostgreSQL`, each serving slow calls; one is killed. The other refunds
 /// the dead one's reservations once its lease has expired (within the lease plus a heartbeat),
 /// and none of its own, however long they last.
@@ -357,23 +397,8 @@ async fn a_killed_instances_reservations_are_refunded_by_its_peer_and_only_those
     let Some(db) = postgres_db().await else {
         return;
     };
-    let provider = FakeProvider::start().await;
-    provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models.toml");
-    std::fs::write(
-        &models,
-        one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
-    )
-    .unwrap();
-    let database_url = pg_process_url(&db);
-    let (addresses, mut servers) = serve_two(&[
-        ("DATABASE_URL", database_url.clone()),
-        ("GATEWAY_MODELS", models.display().to_string()),
-        ("GATEWAY_LEASE_SECS", LEASE_SECS.to_string()),
-        ("SLOW_KEY", "provider-key".into()),
-    ])
-    .await;
+    let slow = SlowPair::start(&db, LEASE_SECS, &[]).await;
+    let (addresses, mut servers, database_url) = (slow.addresses, slow.servers, slow.database_url);
     // One account per gateway, so that each one's calls can be told apart.
     let killed_key = db.funded_key(100, 0).await;
     let surviving_key = db.funded_key(100, 0).await;
@@ -457,24 +482,8 @@ async fn a_killed_escrow_instances_credits_come_back_through_its_peer() {
     let Some(db) = postgres_db().await else {
         return;
     };
-    let provider = FakeProvider::start().await;
-    provider.always(Fault::json(200, r#"{"usage":{}}"#).after(Duration::from_secs(60)));
-    let dir = tempfile::tempdir().unwrap();
-    let models = dir.path().join("models.toml");
-    std::fs::write(
-        &models,
-        one_upstream_toml("slow", &provider.base, "SLOW_KEY", ""),
-    )
-    .unwrap();
-    let database_url = pg_process_url(&db);
-    let (addresses, mut servers) = serve_two(&[
-        ("DATABASE_URL", database_url.clone()),
-        ("GATEWAY_MODELS", models.display().to_string()),
-        ("GATEWAY_LEASE_SECS", LEASE_SECS.to_string()),
-        ("GATEWAY_PG_ESCROW", "1".into()),
-        ("SLOW_KEY", "provider-key".into()),
-    ])
-    .await;
+    let slow = SlowPair::start(&db, LEASE_SECS, &[("GATEWAY_PG_ESCROW", "1".into())]).await;
+    let (addresses, mut servers, database_url) = (slow.addresses, slow.servers, slow.database_url);
     let killed_key = db.funded_key(CREDITS, 0).await;
     let surviving_key = db.funded_key(CREDITS, 0).await;
     let client = reqwest::Client::new();

@@ -416,30 +416,7 @@ impl Escrow {
             .collect();
         for (account, pot) in pots {
             let txn = self.db.begin().await?;
-            let row = account::Entity::find_by_id(account)
-                .lock_exclusive()
-                .one(&txn)
-                .await?
-                .ok_or_else(|| unknown_account(AccountId(account)))?;
-            let stored = escrow_row(&txn, account, lease).await?;
-            let free = stored.free_of(pot.held);
-            account::Entity::update_many()
-                .col_expr(
-                    account::Column::SubscriptionCredits,
-                    Expr::value(row.subscription_credits + free.subscription.0),
-                )
-                .col_expr(
-                    account::Column::TopupCredits,
-                    Expr::value(row.topup_credits + free.topup.0),
-                )
-                .filter(account::Column::Id.eq(account))
-                .exec(&txn)
-                .await?;
-            let kept = Balance {
-                subscription: Credits(stored.subscription.0 - free.subscription.0),
-                topup: Credits(stored.topup.0 - free.topup.0),
-            };
-            write_escrow_row(&txn, account, lease, kept).await?;
+            let kept = return_free(&txn, account, lease, pot.held).await?;
             txn.commit().await?;
             if let Some(pot) = self.state().pots.get_mut(&(lease, account)) {
                 pot.row = kept;
@@ -500,6 +477,45 @@ async fn escrow_row<C: ConnectionTrait>(
             topup: Credits(row.topup_credits),
         })
         .unwrap_or_default())
+}
+
+/// Moves what an escrow row has free of `held` back to its account's row, both locked in
+/// `txn` (account first, as every writer of both does); returns what the escrow row keeps.
+async fn return_free<C: ConnectionTrait>(
+    txn: &C,
+    account: i64,
+    lease: i64,
+    held: Balance,
+) -> Result<Balance, StoreError> {
+    let row = account::Entity::find_by_id(account)
+        .lock_exclusive()
+        .one(txn)
+        .await?
+        .ok_or_else(|| unknown_account(AccountId(account)))?;
+    let stored = escrow_row(txn, account, lease).await?;
+    let free = stored.free_of(held);
+    let kept = Balance {
+        subscription: Credits(stored.subscription.0 - free.subscription.0),
+        topup: Credits(stored.topup.0 - free.topup.0),
+    };
+    // An empty row (a lapse can leave one) is deleted all the same.
+    write_escrow_row(txn, account, lease, kept).await?;
+    if free == Balance::default() {
+        return Ok(kept);
+    }
+    account::Entity::update_many()
+        .col_expr(
+            account::Column::SubscriptionCredits,
+            Expr::value(row.subscription_credits + free.subscription.0),
+        )
+        .col_expr(
+            account::Column::TopupCredits,
+            Expr::value(row.topup_credits + free.topup.0),
+        )
+        .filter(account::Column::Id.eq(account))
+        .exec(txn)
+        .await?;
+    Ok(kept)
 }
 
 /// Writes an escrow row (locked by [`escrow_row`]), deleting it when it is empty.
@@ -896,30 +912,9 @@ pub(super) async fn give_back_ended(
     let mut given = 0;
     for (account, lease) in ended {
         let txn = super::begin_write(db).await?;
-        let row = account::Entity::find_by_id(account)
-            .lock_exclusive()
-            .one(&txn)
-            .await?
-            .ok_or_else(|| unknown_account(AccountId(account)))?;
-        let stored = escrow_row(&txn, account, lease).await?;
-        if stored == Balance::default() {
-            txn.rollback().await?;
-            continue;
-        }
-        // A lease that ended is never renewed, so its escrow cannot grow again meanwhile.
-        account::Entity::update_many()
-            .col_expr(
-                account::Column::SubscriptionCredits,
-                Expr::value(row.subscription_credits + stored.subscription.0),
-            )
-            .col_expr(
-                account::Column::TopupCredits,
-                Expr::value(row.topup_credits + stored.topup.0),
-            )
-            .filter(account::Column::Id.eq(account))
-            .exec(&txn)
-            .await?;
-        write_escrow_row(&txn, account, lease, Balance::default()).await?;
+        // A lease that ended is never renewed, and its holder holds nothing that recovery
+        // must leave: all of its escrow goes back.
+        return_free(&txn, account, lease, Balance::default()).await?;
         txn.commit().await?;
         tracing::info!(account, lease, "gave back the escrow of a lease that ended");
         given += 1;
