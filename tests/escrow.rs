@@ -439,3 +439,25 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
     assert_eq!(db.balance(&key).await, balance(1000 - PRICE, 0));
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn an_instance_whose_lease_has_ended_reserves_in_the_database() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    // Its lease ended before its first call (its database was out of reach, say).
+    let instance = escrow_instance(&db, Utc::now() - chrono::Duration::seconds(60)).await;
+    let key = db.funded_key(1000, 0).await;
+    let caller = db.caller(&key).await;
+    let reservation = reserve(&instance, caller).await.unwrap();
+    assert_eq!(instance.held_reservations().await, 0);
+    assert_eq!(
+        db.store.call_status(reservation.call).await.unwrap(),
+        Some(CallStatus::Pending),
+        "reserved in the database"
+    );
+    assert!(settle(&instance, &reservation).await);
+    assert_eq!(stored(&db, caller).await, ((1000 - PRICE, 0), (0, 0)));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}

@@ -146,6 +146,17 @@ impl std::fmt::Debug for EndJob {
     }
 }
 
+/// What a refill came to.
+enum Refill {
+    /// Another call refilled the escrow meanwhile: try it.
+    Again,
+    /// Refilled (or given back, for an account running low); the account row keeps this many
+    /// subscription credits.
+    Done { row_subscription: i64 },
+    /// The instance's lease no longer holds: nothing written.
+    LeaseEnded,
+}
+
 /// Why a reservation could not be held at once.
 enum Short {
     /// No free id: fetch a block.
@@ -218,12 +229,16 @@ impl Escrow {
                 Ok(reservation) => return Ok(Some(reservation)),
                 Err(Short::Ids) => self.fetch_ids().await?,
                 Err(Short::Credits) if refilled => return Ok(None),
-                Err(Short::Credits) => {
-                    if let Some(row_subscription) = self.refill(charge, lease, seen).await? {
+                Err(Short::Credits) => match self.refill(charge, lease, seen).await? {
+                    Refill::Again => {}
+                    Refill::Done { row_subscription } => {
                         seen.row_subscription = row_subscription;
                         refilled = true;
                     }
-                }
+                    // Its lease has ended (recovery may give the escrow back at any moment):
+                    // reserve in the database until the store holds a new one.
+                    Refill::LeaseEnded => return Ok(None),
+                },
             }
         }
     }
@@ -277,19 +292,16 @@ impl Escrow {
     }
 
     /// Gives back what the escrow has free on `charge`'s account and takes a new slice, subscription
-    /// credits first, in one transaction. Returns the account row's subscription credits as it
-    /// leaves them, or `None` if the escrow was refilled meanwhile by another call (nothing was
-    /// written).
+    /// credits first, in one transaction.
     async fn refill(
         &self,
         charge: &OwnedCharge,
         lease: i64,
         seen: Seen,
-    ) -> Result<Option<i64>, ReserveError> {
+    ) -> Result<Refill, ReserveError> {
         let _writer = self.writer.lock().await;
-        // Refilled while this call waited: the caller tries again.
         if what_to_hold(&self.state(), charge, lease, seen).is_ok() {
-            return Ok(None);
+            return Ok(Refill::Again);
         }
         let account = charge.caller.account.0;
         let held = {
@@ -302,9 +314,11 @@ impl Escrow {
         let mut state = self.state();
         let pot = state.pots.entry((lease, account)).or_default();
         pot.refilling = false;
-        let (row, row_subscription) = written?;
+        let Some((row, row_subscription)) = written? else {
+            return Ok(Refill::LeaseEnded);
+        };
         pot.row = row;
-        Ok(Some(row_subscription))
+        Ok(Refill::Done { row_subscription })
     }
 
     async fn write_refill(
@@ -312,7 +326,7 @@ impl Escrow {
         charge: &OwnedCharge,
         lease: i64,
         held: Balance,
-    ) -> Result<(Balance, i64), ReserveError> {
+    ) -> Result<Option<(Balance, i64)>, ReserveError> {
         let account = charge.caller.account.0;
         let txn = self.db.begin().await?;
         let row = account::Entity::find_by_id(account)
@@ -328,7 +342,7 @@ impl Escrow {
             .is_some();
         if !live {
             txn.rollback().await?;
-            return Err(StoreError::msg("this instance's lease has ended").into());
+            return Ok(None);
         }
         let stored = escrow_row(&txn, account, lease).await?;
         // What no held call counts on goes back to the row, then a new slice is taken from it.
@@ -370,7 +384,7 @@ impl Escrow {
             .await?;
         write_escrow_row(&txn, account, lease, escrowed).await?;
         txn.commit().await?;
-        Ok((escrowed, left.subscription.0))
+        Ok(Some((escrowed, left.subscription.0)))
     }
 
     /// Ends a held call: its entry is written, finished, in the next batch.
