@@ -323,6 +323,7 @@ async fn a_lapse_takes_escrowed_subscription_credits_and_a_call_held_on_them_is_
     );
     assert_eq!(db.balance(&key).await, balance(0, 0));
     db.assert_audit_holds().await;
+
     db.drop_schema().await;
 }
 
@@ -458,6 +459,51 @@ async fn an_instance_whose_lease_has_ended_reserves_in_the_database() {
     );
     assert!(settle(&instance, &reservation).await);
     assert_eq!(stored(&db, caller).await, ((1000 - PRICE, 0), (0, 0)));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn after_a_lapse_and_a_new_period_calls_are_billed_from_the_new_periods_credits() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let now = Utc::now();
+    let instance = escrow_instance(&db, now).await;
+    let key = db.funded_key(0, 0).await;
+    let caller = db.caller(&key).await;
+    let period_end = now + chrono::Duration::hours(1);
+    let period = |end, amount| Grant {
+        period_end: Some(end),
+        ..Grant::plain(Bucket::Subscription, Credits::new(amount))
+    };
+    db.store
+        .grant_once(caller.account, period(period_end, 1000))
+        .await
+        .unwrap();
+    let first = reserve(&instance, caller).await.unwrap();
+    assert!(settle(&instance, &first).await);
+    assert!(
+        stored(&db, caller).await.1.0 > 0,
+        "subscription credits in escrow"
+    );
+    // The period ends with no call held, and a new one begins: the instance's escrow still
+    // remembers the old period's credits, which the lapse took.
+    db.store
+        .lapse_ended_subscriptions(period_end + chrono::Duration::seconds(1))
+        .await
+        .unwrap();
+    db.store
+        .grant_once(
+            caller.account,
+            period(period_end + chrono::Duration::days(30), 500),
+        )
+        .await
+        .unwrap();
+    let next = reserve(&instance, caller).await.unwrap();
+    assert_eq!(next.taken.subscription, Credits::new(PRICE));
+    assert!(settle(&instance, &next).await, "billed from the new period");
+    assert_eq!(db.balance(&key).await, balance(500 - PRICE, 0));
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }

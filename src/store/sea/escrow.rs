@@ -73,6 +73,10 @@ struct Pot {
     held: Balance,
     /// A refill is being written: no call may be held against the row until it is known.
     refilling: bool,
+    /// The account's subscription period when the escrow was last refilled. Once the account
+    /// is in another (a lapse took what the escrow had of the old one), its subscription
+    /// credits here are not spent before a refill reads the row again.
+    period_end: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Default)]
@@ -150,9 +154,9 @@ impl std::fmt::Debug for EndJob {
 enum Refill {
     /// Another call refilled the escrow meanwhile: try it.
     Again,
-    /// Refilled (or given back, for an account running low); the account row keeps this many
-    /// subscription credits.
-    Done { row_subscription: i64 },
+    /// Refilled (or given back, for an account running low); the account row as the refill
+    /// left it.
+    Done { seen: Seen },
     /// The instance's lease no longer holds: nothing written.
     LeaseEnded,
 }
@@ -231,8 +235,8 @@ impl Escrow {
                 Err(Short::Credits) if refilled => return Ok(None),
                 Err(Short::Credits) => match self.refill(charge, lease, seen).await? {
                     Refill::Again => {}
-                    Refill::Done { row_subscription } => {
-                        seen.row_subscription = row_subscription;
+                    Refill::Done { seen: after } => {
+                        seen = after;
                         refilled = true;
                     }
                     // Its lease has ended (recovery may give the escrow back at any moment):
@@ -314,11 +318,12 @@ impl Escrow {
         let mut state = self.state();
         let pot = state.pots.entry((lease, account)).or_default();
         pot.refilling = false;
-        let Some((row, row_subscription)) = written? else {
+        let Some((row, seen)) = written? else {
             return Ok(Refill::LeaseEnded);
         };
         pot.row = row;
-        Ok(Refill::Done { row_subscription })
+        pot.period_end = seen.subscription_ends_at;
+        Ok(Refill::Done { seen })
     }
 
     async fn write_refill(
@@ -326,7 +331,7 @@ impl Escrow {
         charge: &OwnedCharge,
         lease: i64,
         held: Balance,
-    ) -> Result<Option<(Balance, i64)>, ReserveError> {
+    ) -> Result<Option<(Balance, Seen)>, ReserveError> {
         let account = charge.caller.account.0;
         let txn = self.db.begin().await?;
         let row = account::Entity::find_by_id(account)
@@ -384,7 +389,11 @@ impl Escrow {
             .await?;
         write_escrow_row(&txn, account, lease, escrowed).await?;
         txn.commit().await?;
-        Ok(Some((escrowed, left.subscription.0)))
+        let seen = Seen {
+            row_subscription: left.subscription.0,
+            subscription_ends_at: row.subscription_ends_at,
+        };
+        Ok(Some((escrowed, seen)))
     }
 
     /// Ends a held call: its entry is written, finished, in the next batch.
@@ -456,6 +465,9 @@ fn what_to_hold(
         return Err(Short::Credits);
     }
     let period = seen.subscription_ends_at;
+    if pot.row.subscription > Credits::ZERO && period != pot.period_end {
+        return Err(Short::Credits);
+    }
     let spendable = pot.row.free_of(pot.held).spendable(period, charge.at);
     let taken = spendable.split_charge(charge.price).ok_or(Short::Credits)?;
     // Subscription credits first: while the account row has some to spend, top-up credits in
