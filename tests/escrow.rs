@@ -23,6 +23,13 @@ use sea_orm::ConnectionTrait;
 const PRICE: i64 = 2;
 const TTL: Duration = Duration::from_secs(10);
 
+/// An account with these credits: its key, and who calls with it.
+async fn funded(db: &TestDb, subscription: i64, topup: i64) -> (String, Caller) {
+    let key = db.funded_key(subscription, topup).await;
+    let caller = db.caller(&key).await;
+    (key, caller)
+}
+
 /// A gateway instance charging against escrow, holding a lease taken at `now`.
 async fn escrow_instance(db: &TestDb, now: DateTime<Utc>) -> Arc<SeaOrmStore> {
     let store = postgres_store(&db.url, db.pg_schema().unwrap())
@@ -136,8 +143,7 @@ async fn escrow_bills_each_call_once_and_comes_back_on_release() {
         return;
     };
     let instance = escrow_instance(&db, Utc::now()).await;
-    let key = db.funded_key(1000, 500).await;
-    let caller = db.caller(&key).await;
+    let (key, caller) = funded(&db, 1000, 500).await;
     for i in 0..30 {
         let reservation = reserve(&instance, caller).await.unwrap();
         assert_eq!(instance.held_reservations().await, 1);
@@ -187,8 +193,7 @@ async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
     };
     let now = Utc::now();
     let instance = escrow_instance(&db, now).await;
-    let key = db.funded_key(0, 1000).await;
-    let caller = db.caller(&key).await;
+    let (key, caller) = funded(&db, 0, 1000).await;
     let billed = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &billed).await);
     let _held = reserve(&instance, caller).await.unwrap();
@@ -238,8 +243,7 @@ async fn a_key_revoked_elsewhere_is_refused_at_once_by_an_escrow_instance() {
         return;
     };
     let instance = escrow_instance(&db, Utc::now()).await;
-    let key = db.funded_key(1000, 0).await;
-    let caller = db.caller(&key).await;
+    let (key, caller) = funded(&db, 1000, 0).await;
     let first = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &first).await);
     // Revoked through another store (the admin API, the CLI), with credits still in escrow.
@@ -260,8 +264,7 @@ async fn subscription_credits_granted_later_are_spent_before_escrowed_topup() {
         return;
     };
     let instance = escrow_instance(&db, Utc::now()).await;
-    let key = db.funded_key(0, 1000).await;
-    let caller = db.caller(&key).await;
+    let (key, caller) = funded(&db, 0, 1000).await;
     let topup = reserve(&instance, caller).await.unwrap();
     assert_eq!(topup.taken.topup, Credits::new(PRICE));
     assert!(settle(&instance, &topup).await);
@@ -290,8 +293,7 @@ async fn a_lapse_takes_escrowed_subscription_credits_and_a_call_held_on_them_is_
     };
     let now = Utc::now();
     let instance = escrow_instance(&db, now).await;
-    let key = db.funded_key(0, 0).await;
-    let caller = db.caller(&key).await;
+    let (key, caller) = funded(&db, 0, 0).await;
     let period_end = now + chrono::Duration::hours(1);
     let granted = Grant {
         period_end: Some(period_end),
@@ -338,8 +340,7 @@ async fn two_escrow_instances_never_overdraw_an_account() {
         escrow_instance(&db, now).await,
         escrow_instance(&db, now).await,
     ];
-    let key = db.funded_key(14, CREDITS - 14).await;
-    let caller = db.caller(&key).await;
+    let (key, caller) = funded(&db, 14, CREDITS - 14).await;
     // 40 clients, 20 calls each, half through each instance: 800 calls on 607 calls' worth.
     let billed = charge_from_both(&instances, caller, 40, 20).await;
     assert!(
@@ -374,8 +375,7 @@ async fn an_account_running_low_is_charged_in_the_database_and_refused_only_when
         escrow_instance(&db, now).await,
     ];
     // 50 calls' worth: too little for escrow.
-    let key = db.funded_key(60, 40).await;
-    let caller = db.caller(&key).await;
+    let (_, caller) = funded(&db, 60, 40).await;
     let billed = charge_from_both(&instances, caller, 10, 6).await;
     assert_eq!(billed, 50, "every credit spent, none twice");
     assert_eq!(
@@ -393,8 +393,7 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
         return;
     };
     let instance = escrow_instance(&db, Utc::now()).await;
-    let key = db.funded_key(1000, 0).await;
-    let caller = db.caller(&key).await;
+    let (key, caller) = funded(&db, 1000, 0).await;
     let request = |request_id| ChargeRequest {
         caller,
         protocol: Protocol::Messages,
@@ -448,8 +447,7 @@ async fn an_instance_whose_lease_has_ended_reserves_in_the_database() {
     };
     // Its lease ended before its first call (its database was out of reach, say).
     let instance = escrow_instance(&db, Utc::now() - chrono::Duration::seconds(60)).await;
-    let key = db.funded_key(1000, 0).await;
-    let caller = db.caller(&key).await;
+    let (_, caller) = funded(&db, 1000, 0).await;
     let reservation = reserve(&instance, caller).await.unwrap();
     assert_eq!(instance.held_reservations().await, 0);
     assert_eq!(
@@ -470,8 +468,7 @@ async fn after_a_lapse_and_a_new_period_calls_are_billed_from_the_new_periods_cr
     };
     let now = Utc::now();
     let instance = escrow_instance(&db, now).await;
-    let key = db.funded_key(0, 0).await;
-    let caller = db.caller(&key).await;
+    let (key, caller) = funded(&db, 0, 0).await;
     let period_end = now + chrono::Duration::hours(1);
     let period = |end, amount| Grant {
         period_end: Some(end),
