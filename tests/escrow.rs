@@ -330,6 +330,130 @@ async fn a_lapse_takes_escrowed_subscription_credits_and_a_call_held_on_them_is_
 }
 
 #[tokio::test]
+async fn one_batch_ending_a_call_on_lapsed_escrow_and_one_on_whole_escrow_bills_only_the_second() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let now = Utc::now();
+    let instance = escrow_instance(&db, now).await;
+    let period_end = now + chrono::Duration::hours(1);
+    let (lapsing_key, lapsing) = funded(&db, 0, 0).await;
+    let period = Grant {
+        period_end: Some(period_end),
+        ..Grant::plain(Bucket::Subscription, Credits::new(1000))
+    };
+    db.store.grant_once(lapsing.account, period).await.unwrap();
+    let (whole_key, whole) = funded(&db, 1000, 0).await;
+    let on_lapsing = reserve(&instance, lapsing).await.unwrap();
+    let on_whole = reserve(&instance, whole).await.unwrap();
+    let whole_escrow = stored(&db, whole).await.1;
+    assert!(whole_escrow.0 >= PRICE, "{whole_escrow:?}");
+
+    // Another process lapses the first account's period while both calls are held.
+    db.store
+        .lapse_ended_subscriptions(period_end + chrono::Duration::seconds(1))
+        .await
+        .unwrap();
+    // Both end in one batch (the test's runtime has one thread: both are queued before the
+    // writer runs): the lapsed escrow row is short of its debit, the other is not.
+    let (lapsed_billed, whole_billed) =
+        tokio::join!(settle(&instance, &on_lapsing), settle(&instance, &on_whole));
+    assert!(!lapsed_billed);
+    assert!(whole_billed);
+    assert_eq!(
+        db.store.call_status(on_lapsing.call).await.unwrap(),
+        Some(CallStatus::Refunded)
+    );
+    assert_eq!(
+        db.store.call_status(on_whole.call).await.unwrap(),
+        Some(CallStatus::Ok)
+    );
+    // Each escrow row moved exactly as its calls ended: the whole one debited once.
+    assert_eq!(stored(&db, lapsing).await, ((0, 0), (0, 0)));
+    assert_eq!(
+        stored(&db, whole).await.1,
+        (whole_escrow.0 - PRICE, whole_escrow.1)
+    );
+    assert_eq!(db.balance(&lapsing_key).await, balance(0, 0));
+    assert_eq!(db.balance(&whole_key).await, balance(1000 - PRICE, 0));
+    assert_eq!(count(&db.calls(&whole_key).await, CallStatus::Ok), 1);
+    db.assert_audit_holds().await;
+
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_lapse_run_by_the_instance_holding_a_call_leaves_the_call_its_credits() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let now = Utc::now();
+    let instance = escrow_instance(&db, now).await;
+    let (key, caller) = funded(&db, 0, 0).await;
+    let period_end = now + chrono::Duration::hours(1);
+    let period = Grant {
+        period_end: Some(period_end),
+        ..Grant::plain(Bucket::Subscription, Credits::new(1000))
+    };
+    db.store.grant_once(caller.account, period).await.unwrap();
+    let held = reserve(&instance, caller).await.unwrap();
+
+    // The instance itself lapses the period: what its held call takes stays in its escrow.
+    let lapses = instance
+        .lapse_ended_subscriptions(period_end + chrono::Duration::seconds(1))
+        .await
+        .unwrap();
+    assert_eq!(lapses.len(), 1);
+    assert_eq!(lapses[0].amount, Credits::new(1000 - PRICE));
+    assert_eq!(stored(&db, caller).await, ((0, 0), (PRICE, 0)));
+    // The call was made within the period: it is billed from it.
+    assert!(settle(&instance, &held).await);
+    assert_eq!(
+        db.store.call_status(held.call).await.unwrap(),
+        Some(CallStatus::Ok)
+    );
+    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
+    assert_eq!(db.balance(&key).await, balance(0, 0));
+    db.assert_audit_holds().await;
+
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn subscription_credits_all_in_escrow_lapse_when_their_period_ends() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let now = Utc::now();
+    let instance = escrow_instance(&db, now).await;
+    let (key, caller) = funded(&db, 0, 10_000).await;
+    let period_end = now + chrono::Duration::hours(1);
+    let period = Grant {
+        period_end: Some(period_end),
+        ..Grant::plain(Bucket::Subscription, Credits::new(100))
+    };
+    db.store.grant_once(caller.account, period).await.unwrap();
+    let billed = reserve(&instance, caller).await.unwrap();
+    assert!(settle(&instance, &billed).await);
+    // The slice took every subscription credit: the row has none left.
+    let ((row_subscription, _), (escrowed_subscription, _)) = stored(&db, caller).await;
+    assert_eq!((row_subscription, escrowed_subscription), (0, 100 - PRICE));
+
+    let lapses = db
+        .store
+        .lapse_ended_subscriptions(period_end + chrono::Duration::seconds(1))
+        .await
+        .unwrap();
+    assert_eq!(lapses.len(), 1);
+    assert_eq!(lapses[0].amount, Credits::new(100 - PRICE));
+    assert_eq!(stored(&db, caller).await.1.0, 0);
+    assert_eq!(db.balance(&key).await, balance(0, 10_000));
+    db.assert_audit_holds().await;
+
+    db.drop_schema().await;
+}
+
+#[tokio::test]
 async fn two_escrow_instances_never_overdraw_an_account() {
     let Some(db) = postgres_db().await else {
         return;

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait, Func, LikeExpr, Query};
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, ConnectionTrait, EntityTrait, NotSet, PaginatorTrait,
-    QueryFilter, QueryOrder, QuerySelect, Set,
+    ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseTransaction, EntityTrait, NotSet,
+    PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 
 use super::entity::{account, api_key, credit_grant, escrow, subscription_lapse};
@@ -60,15 +60,16 @@ fn summary(row: account::Model) -> AccountSummary {
 
 /// Takes out what is left of a locked account's subscription credits, if anything, recording
 /// it as lapsed at `period_end`: from its row and from every escrow row of the account (see
-/// [`SeaOrmStore::with_escrow`]; a held call that counted on escrowed credits then ends
-/// unbilled). What calls hold in memory on a file their store owns (`held`, see
-/// [`SeaOrmStore::own_file`]) stays: those calls were made within the period, and take it when
-/// they end.
+/// [`SeaOrmStore::with_escrow`]). What the lapsing store's own calls hold stays: in memory on a
+/// file it owns (`held`, see [`SeaOrmStore::own_file`]), and in its escrow rows
+/// (`escrow_held`, by lease). Those calls were made within the period, and take it when they
+/// end. A call another instance holds against escrowed credits then ends unbilled.
 async fn lapse<C: ConnectionTrait>(
     txn: &C,
     row: &account::Model,
     period_end: DateTime<Utc>,
     held: Credits,
+    escrow_held: &[(i64, Credits)],
 ) -> Result<Option<Lapse>, StoreError> {
     let from_row = Ord::max(row.subscription_credits - held.0, 0);
     let escrowed: Vec<escrow::Model> = escrow::Entity::find()
@@ -77,7 +78,25 @@ async fn lapse<C: ConnectionTrait>(
         .lock_exclusive()
         .all(txn)
         .await?;
-    let from_escrow: i64 = escrowed.iter().map(|row| row.subscription_credits).sum();
+    // Each escrow row keeps what the lapsing store's calls hold on it.
+    let kept: Vec<(i64, i64)> = escrowed
+        .iter()
+        .map(|escrowed| {
+            let held = escrow_held
+                .iter()
+                .find(|(lease, _)| *lease == escrowed.instance_id)
+                .map_or(0, |(_, held)| held.0);
+            (
+                escrowed.instance_id,
+                Ord::min(escrowed.subscription_credits, held),
+            )
+        })
+        .collect();
+    let from_escrow: i64 = escrowed
+        .iter()
+        .map(|row| row.subscription_credits)
+        .sum::<i64>()
+        - kept.iter().map(|(_, kept)| kept).sum::<i64>();
     let left = from_row + from_escrow;
     if left <= 0 {
         return Ok(None);
@@ -96,10 +115,11 @@ async fn lapse<C: ConnectionTrait>(
             )));
         }
     }
-    if from_escrow > 0 {
+    for (lease, kept) in kept {
         escrow::Entity::update_many()
-            .col_expr(escrow::Column::SubscriptionCredits, Expr::value(0))
+            .col_expr(escrow::Column::SubscriptionCredits, Expr::value(kept))
             .filter(escrow::Column::AccountId.eq(row.id))
+            .filter(escrow::Column::InstanceId.eq(lease))
             .exec(txn)
             .await?;
     }
@@ -158,6 +178,22 @@ impl SeaOrmStore {
             }
         }
         Ok(summaries)
+    }
+
+    /// While this store charges against escrow: no escrowed call ends until the guard drops.
+    async fn pause_escrow_writes(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match &self.escrow {
+            Some(escrow) => Some(escrow.pause_writes().await),
+            None => None,
+        }
+    }
+
+    /// The subscription credits this store's escrowed calls hold on `account`, by lease.
+    fn escrow_held(&self, account: AccountId) -> Vec<(i64, Credits)> {
+        self.escrow
+            .as_ref()
+            .map(|escrow| escrow.subscription_held(account.0))
+            .unwrap_or_default()
     }
 
     async fn key_row(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
@@ -288,15 +324,18 @@ impl Accounts for SeaOrmStore {
             at,
         } = grant;
         check_grant_amount(amount)?;
-        // Held calls must not change while a new period lapses the old one's credits.
+        // Held calls must not change while a new period lapses the old one's credits (a call
+        // held against escrow meanwhile may count on credits the lapse takes: it ends unbilled).
         let holds = self.freeze_holds().await;
+        let _writes = self.pause_escrow_writes().await;
         let held = holds
             .as_ref()
             .map(|holds| holds.on(account.0))
             .unwrap_or_default();
-        let net = |row: &account::Model| match &holds {
-            Some(holds) => holds.net(account.0, balance_of(row)),
-            None => balance_of(row),
+        // What the account has to spend once its row reads `row`.
+        let net = async |txn: &DatabaseTransaction, row: &account::Model| match &holds {
+            Some(holds) => Ok(holds.net(account.0, balance_of(row))),
+            None => self.with_escrow_of(txn, account, balance_of(row)).await,
         };
         let txn = self.begin_write().await?;
         // Grants to one account queue on its row from here, so that the key check below and
@@ -309,6 +348,7 @@ impl Accounts for SeaOrmStore {
                 .one(&txn)
                 .await?;
             if let Some(earlier) = earlier {
+                let balance = net(&txn, &before).await?;
                 txn.rollback().await?;
                 if earlier.bucket != bucket.as_str() || earlier.amount != amount.get() {
                     return Err(StoreError(Box::new(IdempotencyKeyReused {
@@ -316,7 +356,7 @@ impl Accounts for SeaOrmStore {
                     })));
                 }
                 return Ok(Granted {
-                    balance: net(&before),
+                    balance,
                     applied: false,
                 });
             }
@@ -329,7 +369,14 @@ impl Accounts for SeaOrmStore {
         // roll-back undoes the lapse too.
         if new_period {
             let end = before.subscription_ends_at.unwrap_or(at);
-            lapse(&txn, &before, end, held.subscription).await?;
+            lapse(
+                &txn,
+                &before,
+                end,
+                held.subscription,
+                &self.escrow_held(account),
+            )
+            .await?;
             account::Entity::update_many()
                 .col_expr(
                     account::Column::SubscriptionEndsAt,
@@ -379,7 +426,7 @@ impl Accounts for SeaOrmStore {
         }
         .insert(&txn)
         .await?;
-        let balance = net(&locked_account(&txn, account).await?);
+        let balance = net(&txn, &locked_account(&txn, account).await?).await?;
         txn.commit().await?;
         Ok(Granted {
             balance,
@@ -451,7 +498,19 @@ impl Accounts for SeaOrmStore {
             .column(account::Column::Id)
             .column(account::Column::SubscriptionEndsAt)
             .filter(account::Column::SubscriptionEndsAt.is_not_null())
-            .filter(account::Column::SubscriptionCredits.gt(0))
+            .filter(
+                sea_orm::Condition::any()
+                    .add(account::Column::SubscriptionCredits.gt(0))
+                    .add(
+                        account::Column::Id.in_subquery(
+                            Query::select()
+                                .column(escrow::Column::AccountId)
+                                .from(escrow::Entity)
+                                .and_where(escrow::Column::SubscriptionCredits.gt(0))
+                                .to_owned(),
+                        ),
+                    ),
+            )
             .into_tuple()
             .all(&self.db)
             .await?;
@@ -463,10 +522,14 @@ impl Accounts for SeaOrmStore {
             // Held calls must not change while the lapse leaves what they hold.
             let holds = self.freeze_holds().await;
             let held = holds.as_ref().map(|holds| holds.on(id)).unwrap_or_default();
+            let _writes = self.pause_escrow_writes().await;
+            let escrow_held = self.escrow_held(AccountId(id));
             let txn = self.begin_write().await?;
             let row = locked_account(&txn, AccountId(id)).await?;
             let lapsed = match row.subscription_ends_at {
-                Some(end) if end <= now => lapse(&txn, &row, end, held.subscription).await?,
+                Some(end) if end <= now => {
+                    lapse(&txn, &row, end, held.subscription, &escrow_held).await?
+                }
                 _ => None,
             };
             txn.commit().await?;

@@ -209,6 +209,30 @@ impl Escrow {
         self.state().held_on(account)
     }
 
+    /// Holds the escrow's writer: no call ends and no refill is written until the guard drops.
+    pub(super) async fn pause_writes(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.writer.lock().await
+    }
+
+    /// Whether `account`'s escrow under `lease` has subscription credits that no held call
+    /// takes.
+    pub(super) fn has_free_subscription(&self, lease: i64, account: i64) -> bool {
+        self.state()
+            .pots
+            .get(&(lease, account))
+            .is_some_and(|pot| pot.row.subscription > pot.held.subscription)
+    }
+
+    /// The subscription credits held calls take from `account`'s escrow, by lease.
+    pub(super) fn subscription_held(&self, account: i64) -> Vec<(i64, Credits)> {
+        self.state()
+            .pots
+            .iter()
+            .filter(|((_, id), pot)| *id == account && pot.held.subscription > Credits::ZERO)
+            .map(|((lease, _), pot)| (*lease, pot.held.subscription))
+            .collect()
+    }
+
     /// Reserves `charge` against this instance's escrow under its lease, refilling the escrow
     /// when it cannot pay. `None`: the account has too little for escrow (what this instance
     /// had free of it is back in its row); reserve it in the database.
@@ -356,7 +380,7 @@ impl Escrow {
             subscription: Credits(row.subscription_credits + free.subscription.0),
             topup: Credits(row.topup_credits + free.topup.0),
         };
-        let spendable = pool.spendable(row.subscription_ends_at, now);
+        let spendable = pool.spendable(row.subscription_ends_at, charge.at);
         // A slice, or at most half of what is there, so that other instances find some;
         // nothing from an account running low.
         let want = if spendable.total().0 >= charge.price.0.saturating_mul(ESCROW_FROM_CALLS) {
@@ -427,14 +451,18 @@ impl Escrow {
     }
 
     /// Gives back to their accounts what this instance's escrow rows under `lease` have free
-    /// (all of it when no call is held), as on a clean stop.
-    pub(super) async fn give_back(&self, lease: i64) -> Result<(), StoreError> {
+    /// (all of it when no call is held), as on a clean stop; only `account`'s, if given.
+    pub(super) async fn give_back(
+        &self,
+        lease: i64,
+        account: Option<i64>,
+    ) -> Result<(), StoreError> {
         let _writer = self.writer.lock().await;
         let pots: Vec<(i64, Pot)> = self
             .state()
             .pots
             .iter()
-            .filter(|((of, _), _)| *of == lease)
+            .filter(|((of, id), _)| *of == lease && account.is_none_or(|account| account == *id))
             .map(|((_, account), pot)| (*account, *pot))
             .collect();
         for (account, pot) in pots {

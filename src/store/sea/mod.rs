@@ -246,12 +246,14 @@ impl SeaOrmStore {
     /// credits are spent first (top-up credits in escrow are swapped for subscription credits
     /// granted meanwhile) and never after their period; the balance, the account listings and
     /// the audit count escrowed credits as the account's; a lapse takes a subscription's
-    /// escrowed credits too (a held call that counted on them then ends `refunded`, unbilled, and
-    /// its client is told the upstream failed). Escrow comes back on
+    /// escrowed credits too, except what the lapsing store's own calls hold (a call another
+    /// instance holds on them then ends `refunded`, unbilled, and its client is told the
+    /// upstream failed). Escrow comes back on
     /// [`Leases::release_lease`](super::Leases::release_lease), and, after a crash or a lost
     /// lease, when recovery ([`Leases::orphaned_reservations`](super::Leases::orphaned_reservations))
     /// finds its lease ended. Calls with an idempotency key, and all calls while no lease is
-    /// held, are reserved in the database as without escrow.
+    /// held, are reserved in the database as without escrow; for a keyed call, the account's
+    /// free escrow on this instance goes back first when it holds subscription credits.
     ///
     /// The price: credits in one instance's escrow are not spendable by another until they come
     /// back. An account that falls below 256 calls' worth gets no new escrow: each instance
@@ -294,6 +296,23 @@ impl SeaOrmStore {
     /// The holds of a store that owns its file, frozen: no batch is written and no
     /// reservation held until the guard is dropped. Take it before a write transaction, never
     /// inside one.
+    /// What `account` has to spend when its row holds `row`: that with its escrowed credits,
+    /// which are the account's whichever instance holds them, less what this store holds
+    /// against its escrow.
+    async fn with_escrow_of<C: ConnectionTrait>(
+        &self,
+        conn: &C,
+        account: AccountId,
+        row: Balance,
+    ) -> Result<Balance, StoreError> {
+        let escrowed = escrow::escrowed(conn, Some(&[account.0])).await?;
+        let whole = with_escrowed(row, escrowed.get(&account.0).copied().unwrap_or_default());
+        Ok(match &self.escrow {
+            Some(escrow) => whole.free_of(escrow.held_on(account.0)),
+            None => whole,
+        })
+    }
+
     async fn freeze_holds(&self) -> Option<holds::Frozen<'_>> {
         match &self.owned {
             Some(owned) => Some(owned.holds.freeze().await),
@@ -643,6 +662,14 @@ impl Ledger for SeaOrmStore {
                 // Held reservations count as spent: none may change while this one is decided.
                 let holds = self.freeze_holds().await;
                 let window = self.idempotency_window;
+                let account = charge.caller.account.0;
+                // A keyed call is reserved in the database: subscription credits in this
+                // instance's escrow go back first, to be spent before the row's top-up credits.
+                if let (Some(escrow), Some(lease)) = (&self.escrow, charge.instance)
+                    && escrow.has_free_subscription(lease, account)
+                {
+                    escrow.give_back(lease, Some(account)).await?;
+                }
                 let reserved =
                     idempotent::reserve(&self.db, charge.clone(), key, window, holds.as_deref())
                         .await;
@@ -650,7 +677,7 @@ impl Ledger for SeaOrmStore {
                     // The account's credits may be in this instance's escrow: give back what is
                     // free there and try once more.
                     (Err(ReserveError::InsufficientCredits), Some(escrow), Some(lease)) => {
-                        escrow.give_back(lease).await?;
+                        escrow.give_back(lease, Some(account)).await?;
                         idempotent::reserve(&self.db, charge, key, window, holds.as_deref()).await
                     }
                     _ => reserved,
@@ -759,17 +786,7 @@ impl Ledger for SeaOrmStore {
         if let Some(holds) = self.freeze_holds().await {
             return Ok(holds.net(account.0, row().await?));
         }
-        // Escrowed credits are the account's, whichever instance holds them; what this one
-        // holds against its escrow is spent.
-        let escrowed = escrow::escrowed(&self.db, Some(&[account.0])).await?;
-        let whole = with_escrowed(
-            row().await?,
-            escrowed.get(&account.0).copied().unwrap_or_default(),
-        );
-        Ok(match &self.escrow {
-            Some(escrow) => whole.free_of(escrow.held_on(account.0)),
-            None => whole,
-        })
+        self.with_escrow_of(&self.db, account, row().await?).await
     }
 }
 
@@ -821,7 +838,7 @@ impl super::Leases for SeaOrmStore {
 
     async fn release_lease(&self) -> Result<(), StoreError> {
         if let (Some(escrow), Some(lease)) = (&self.escrow, self.lease.current()) {
-            escrow.give_back(lease).await?;
+            escrow.give_back(lease, None).await?;
         }
         leases::release(&self.db, &self.lease).await
     }
