@@ -682,59 +682,81 @@ async fn write_endings(escrow: std::sync::Weak<Escrow>, mut queue: mpsc::Receive
 
 /// How one held call ends in a batch.
 struct Decided<'a> {
+    /// Its job's index in the batch.
+    job: usize,
     call: i64,
     held: HeldCall,
     finish: Finish<'a>,
 }
 
-async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<bool>, StoreError> {
-    let _writer = escrow.writer.lock().await;
-    // Rows known short of what their settles debit (read again after a failed guard).
-    let mut rows_read: HashMap<(i64, i64), Balance> = HashMap::new();
-    loop {
-        let (decided, debits) = decide(escrow, jobs, &rows_read);
-        let short = write_sql(&escrow.db, &decided, &debits).await?;
-        if !short.is_empty() {
-            for (lease, account) in short {
-                let stored = escrow_row(&escrow.db, account, lease).await?;
-                rows_read.insert((lease, account), stored);
-            }
-            continue;
-        }
-        let mut state = escrow.state();
-        for ((lease, account), row) in rows_read {
-            state.pots.entry((lease, account)).or_default().row = row;
-        }
-        for ((lease, account), debited) in &debits {
-            let pot = state.pots.entry((*lease, *account)).or_default();
-            pot.row = pot.row.minus(*debited);
-        }
-        for decided in &decided {
-            if state.calls.remove(&decided.call).is_some() {
-                let lease = decided.held.charge.instance.unwrap_or_default();
-                let pot = state.pots.entry((lease, decided.held.account)).or_default();
-                pot.held = pot.held.minus(decided.held.taken);
-            }
-        }
-        let answers = jobs
-            .iter()
-            .map(|job| {
-                decided
-                    .iter()
-                    .find(|decided| decided.call == job.call)
-                    .is_some_and(|decided| {
-                        matches!(decided.finish, Finish::Settled(_) | Finish::Refunded(_))
-                    })
-            })
-            .collect();
-        return Ok(answers);
+impl Decided<'_> {
+    /// Its escrow row: (lease, account).
+    fn pot(&self) -> (i64, i64) {
+        (
+            self.held.charge.instance.unwrap_or_default(),
+            self.held.account,
+        )
+    }
+
+    /// Whether it debits its escrow row (a settle billed from it).
+    fn debits(&self) -> bool {
+        matches!(self.finish, Finish::Settled(_))
     }
 }
 
-/// Writes a decided batch in one transaction, each statement with one text whatever the
-/// batch's size (its rows passed as arrays), so that each connection prepares it once: the
-/// escrow rows' debits, guarded by their buckets, then the entries, finished. Returns the
-/// (lease, account) rows found short, having written nothing.
+async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<bool>, StoreError> {
+    let _writer = escrow.writer.lock().await;
+    let mut answers = vec![false; jobs.len()];
+    // The jobs still to write, by index, and the rows read again after a failed guard.
+    let mut pending: Vec<usize> = (0..jobs.len()).collect();
+    let mut rows_read: HashMap<(i64, i64), Balance> = HashMap::new();
+    while !pending.is_empty() {
+        let (decided, debits) = decide(escrow, jobs, &pending, &rows_read);
+        let short = write_sql(&escrow.db, &decided, &debits).await?;
+        {
+            let mut state = escrow.state();
+            // What was written: every row debited and the entries of its calls, and every
+            // unbilled ending.
+            for (pot_key, debited) in &debits {
+                if short.contains(pot_key) {
+                    continue;
+                }
+                let pot = state.pots.entry(*pot_key).or_default();
+                let before = rows_read.remove(pot_key).unwrap_or(pot.row);
+                pot.row = before.minus(*debited);
+            }
+            for (pot_key, row) in rows_read.drain() {
+                state.pots.entry(pot_key).or_default().row = row;
+            }
+            pending.clear();
+            for decided in &decided {
+                if decided.debits() && short.contains(&decided.pot()) {
+                    pending.push(decided.job);
+                    continue;
+                }
+                if state.calls.remove(&decided.call).is_some() {
+                    let pot = state.pots.entry(decided.pot()).or_default();
+                    pot.held = pot.held.minus(decided.held.taken);
+                }
+                answers[decided.job] =
+                    matches!(decided.finish, Finish::Settled(_) | Finish::Refunded(_));
+            }
+        }
+        // Rows short of their debits (a lapse took their credits): read again and decide
+        // their settles once more.
+        for (lease, account) in short {
+            let stored = escrow_row(&escrow.db, account, lease).await?;
+            rows_read.insert((lease, account), stored);
+        }
+    }
+    Ok(answers)
+}
+
+/// Writes a decided batch in one statement, so one round trip and one transaction, its text
+/// the same whatever the batch's size (its rows passed as arrays), so that each connection
+/// prepares it once: each escrow row's debit, guarded by its buckets, and the entries, finished,
+/// of the settles on the rows debited and of every unbilled ending. Returns the (lease,
+/// account) rows found short: neither they nor the entries of their settles were written.
 #[cfg(feature = "postgres")]
 async fn write_sql(
     db: &DatabaseConnection,
@@ -742,62 +764,59 @@ async fn write_sql(
     debits: &HashMap<(i64, i64), Split>,
 ) -> Result<Vec<(i64, i64)>, StoreError> {
     use sea_orm::sqlx;
-    let sql_error = |error: sqlx::Error| StoreError(Box::new(error));
-    let mut txn = db
-        .get_postgres_connection_pool()
-        .begin()
-        .await
-        .map_err(sql_error)?;
-    if !debits.is_empty() {
-        let (mut leases, mut accounts, mut subscription, mut topup) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for ((lease, account), debit) in debits {
-            leases.push(*lease);
-            accounts.push(*account);
-            subscription.push(debit.subscription.0);
-            topup.push(debit.topup.0);
-        }
-        let debited: Vec<(i64, i64)> = sqlx::query_as(
-            "UPDATE mg_escrows e SET subscription_credits = e.subscription_credits - v.s, \
-             topup_credits = e.topup_credits - v.t \
-             FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) AS v(l, a, s, t) \
-             WHERE e.instance_id = v.l AND e.account_id = v.a \
-             AND e.subscription_credits >= v.s AND e.topup_credits >= v.t \
-             RETURNING e.instance_id, e.account_id",
+    if decided.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (mut leases, mut accounts, mut subscription, mut topup) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for ((lease, account), debit) in debits {
+        leases.push(*lease);
+        accounts.push(*account);
+        subscription.push(debit.subscription.0);
+        topup.push(debit.topup.0);
+    }
+    let now = Utc::now();
+    let mut rows = Entries::default();
+    for decided in decided {
+        rows.push(decided, now);
+    }
+    let (debited_leases, debited_accounts, inserted): (Option<Vec<i64>>, Option<Vec<i64>>, i64) =
+        sqlx::query_as(
+            "WITH debited AS ( \
+               UPDATE mg_escrows e SET subscription_credits = e.subscription_credits - v.s, \
+               topup_credits = e.topup_credits - v.t \
+               FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) \
+               AS v(l, a, s, t) \
+               WHERE e.instance_id = v.l AND e.account_id = v.a \
+               AND e.subscription_credits >= v.s AND e.topup_credits >= v.t \
+               RETURNING e.instance_id, e.account_id \
+             ), entered AS ( \
+               INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
+               charged_subscription, charged_topup, status, upstream_status, upstream_channel, \
+               upstream_error, input_tokens, output_tokens, created_at, finished_at, \
+               request_id, instance_id) \
+               SELECT u.id, u.account_id, u.key_id, u.protocol, u.model, u.price, u.cs, u.ct, \
+               u.status, u.upstream_status, u.upstream_channel, u.upstream_error, \
+               u.input_tokens, u.output_tokens, u.created_at, u.finished_at, u.request_id, \
+               u.instance_id \
+               FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::text[], \
+               $10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::int[], \
+               $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::timestamptz[], \
+               $20::timestamptz[], $21::text[], $22::bigint[], $23::bool[]) \
+               AS u(id, account_id, key_id, protocol, model, price, cs, ct, status, \
+               upstream_status, upstream_channel, upstream_error, input_tokens, \
+               output_tokens, created_at, finished_at, request_id, instance_id, debits) \
+               WHERE NOT u.debits OR EXISTS (SELECT 1 FROM debited d \
+                 WHERE d.instance_id = u.instance_id AND d.account_id = u.account_id) \
+               RETURNING 1 \
+             ) \
+             SELECT (SELECT array_agg(instance_id) FROM debited), \
+             (SELECT array_agg(account_id) FROM debited), (SELECT count(*) FROM entered)",
         )
         .bind(leases)
         .bind(accounts)
         .bind(subscription)
         .bind(topup)
-        .fetch_all(&mut *txn)
-        .await
-        .map_err(sql_error)?;
-        if debited.len() != debits.len() {
-            let short = debits
-                .keys()
-                .filter(|pot| !debited.contains(pot))
-                .copied()
-                .collect();
-            txn.rollback().await.map_err(sql_error)?;
-            return Ok(short);
-        }
-    }
-    if !decided.is_empty() {
-        let now = Utc::now();
-        let mut rows = Entries::default();
-        for decided in decided {
-            rows.push(decided, now);
-        }
-        let inserted = sqlx::query(
-            "INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
-             charged_subscription, charged_topup, status, upstream_status, upstream_channel, \
-             upstream_error, input_tokens, output_tokens, created_at, finished_at, request_id, \
-             instance_id) \
-             SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], \
-             $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::text[], $10::int[], \
-             $11::text[], $12::text[], $13::bigint[], $14::bigint[], $15::timestamptz[], \
-             $16::timestamptz[], $17::text[], $18::bigint[])",
-        )
         .bind(rows.id)
         .bind(rows.account)
         .bind(rows.key)
@@ -816,19 +835,30 @@ async fn write_sql(
         .bind(rows.finished_at)
         .bind(rows.request_id)
         .bind(rows.instance)
-        .execute(&mut *txn)
+        .bind(rows.debits)
+        .fetch_one(db.get_postgres_connection_pool())
         .await
-        .map_err(sql_error)?;
-        if inserted.rows_affected() != decided.len() as u64 {
-            return Err(StoreError::msg(format!(
-                "inserted {} of {} call-log entries",
-                inserted.rows_affected(),
-                decided.len()
-            )));
-        }
+        .map_err(|error| StoreError(Box::new(error)))?;
+    let debited: Vec<(i64, i64)> = debited_leases
+        .unwrap_or_default()
+        .into_iter()
+        .zip(debited_accounts.unwrap_or_default())
+        .collect();
+    let short: Vec<(i64, i64)> = debits
+        .keys()
+        .filter(|pot| !debited.contains(pot))
+        .copied()
+        .collect();
+    let expected = decided
+        .iter()
+        .filter(|decided| !(decided.debits() && short.contains(&decided.pot())))
+        .count();
+    if usize::try_from(inserted).ok() != Some(expected) {
+        return Err(StoreError::msg(format!(
+            "inserted {inserted} of {expected} call-log entries"
+        )));
     }
-    txn.commit().await.map_err(sql_error)?;
-    Ok(Vec::new())
+    Ok(short)
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -862,6 +892,7 @@ struct Entries {
     finished_at: Vec<DateTime<Utc>>,
     request_id: Vec<Option<String>>,
     instance: Vec<Option<i64>>,
+    debits: Vec<bool>,
 }
 
 #[cfg(feature = "postgres")]
@@ -890,6 +921,7 @@ impl Entries {
         self.finished_at.push(now);
         self.request_id.push(held.charge.request_id.clone());
         self.instance.push(held.charge.instance);
+        self.debits.push(decided.debits());
     }
 }
 
@@ -898,13 +930,15 @@ impl Entries {
 fn decide<'a>(
     escrow: &Escrow,
     jobs: &'a [EndJob],
+    pending: &[usize],
     rows_read: &HashMap<(i64, i64), Balance>,
 ) -> (Vec<Decided<'a>>, HashMap<(i64, i64), Split>) {
     let state = escrow.state();
     let mut rows: HashMap<(i64, i64), Balance> = HashMap::new();
     let mut debits: HashMap<(i64, i64), Split> = HashMap::new();
-    let mut decided: Vec<Decided<'a>> = Vec::with_capacity(jobs.len());
-    for job in jobs {
+    let mut decided: Vec<Decided<'a>> = Vec::with_capacity(pending.len());
+    for &index in pending {
+        let job = &jobs[index];
         let Some(held) = state.calls.get(&job.call) else {
             continue;
         };
@@ -935,6 +969,7 @@ fn decide<'a>(
             }
         };
         decided.push(Decided {
+            job: index,
             call: job.call,
             held: held.clone(),
             finish,
