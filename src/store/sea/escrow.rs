@@ -33,7 +33,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
-use sea_orm::sea_query::Expr;
+use sea_orm::sea_query::{Expr, LockType};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter,
     QuerySelect, Set, Statement, TransactionTrait,
@@ -359,7 +359,7 @@ impl Escrow {
         let account = charge.caller.account.0;
         let txn = self.db.begin().await?;
         let row = account::Entity::find_by_id(account)
-            .lock_exclusive()
+            .lock(LockType::NoKeyUpdate)
             .one(&txn)
             .await?
             .ok_or_else(|| unknown_account(AccountId(account)))?;
@@ -535,6 +535,11 @@ async fn escrow_row<C: ConnectionTrait>(
 
 /// Moves what an escrow row has free of `held` back to its account's row, both locked in
 /// `txn` (account first, as every writer of both does); returns what the escrow row keeps.
+///
+/// The account row is locked `FOR NO KEY UPDATE` here and in a refill: what the update of its
+/// credits takes anyway, and exclusive against every other writer, but unlike `FOR UPDATE` it
+/// neither waits for nor blocks the `FOR KEY SHARE` locks that the foreign-key checks of
+/// entries being inserted (by other instances' batches, for this account) take on it.
 async fn return_free<C: ConnectionTrait>(
     txn: &C,
     account: i64,
@@ -542,7 +547,7 @@ async fn return_free<C: ConnectionTrait>(
     held: Balance,
 ) -> Result<Balance, StoreError> {
     let row = account::Entity::find_by_id(account)
-        .lock_exclusive()
+        .lock(LockType::NoKeyUpdate)
         .one(txn)
         .await?
         .ok_or_else(|| unknown_account(AccountId(account)))?;
