@@ -137,8 +137,26 @@ impl SeaOrmStore {
     /// "database is locked". Ledger writes are answered only once durable (an acknowledged charge
     /// survives a power loss), though their commits do not wait for the disk themselves: see
     /// [`GroupCommitStats::flushes`].
+    ///
+    /// Unless `options` say otherwise ([`ConnectOptions::test_before_acquire`] set to `false`,
+    /// or [`ConnectOptions::test_before_acquire_if_idle_for`]), a pooled connection to a
+    /// database server is tested with a ping before it is handed out only once it has been idle
+    /// for 30 s, and a `SQLite` file's never: sqlx's default, a ping on every checkout, costs a
+    /// round trip before each statement. A connection the server cut while in use fails its
+    /// statement; the pool replaces it, and settles and refunds are retried.
     pub async fn connect_with(mut options: ConnectOptions) -> Result<SeaOrmStore, StoreError> {
         options.sqlx_logging(false);
+        // Test only connections idle long enough to have been dropped (unless the caller chose);
+        // a SQLite file's connections are not dropped at all.
+        if options.get_test_before_acquire()
+            && options.get_test_before_acquire_if_idle_for().is_none()
+        {
+            if options.get_url().starts_with("sqlite:") {
+                options.test_before_acquire(false);
+            } else {
+                options.test_before_acquire_if_idle_for(PING_IF_IDLE_FOR);
+            }
+        }
         #[cfg(feature = "sqlite")]
         if options.get_url().starts_with("sqlite:") {
             use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
@@ -596,6 +614,10 @@ fn moment_value(backend: sea_orm::DbBackend, at: Option<chrono::DateTime<Utc>>) 
         _ => at.into(),
     }
 }
+
+/// How long a pooled connection may sit idle before it is tested on checkout (see
+/// [`SeaOrmStore::connect_with`]).
+const PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// An account row's balance with its escrowed credits (see [`SeaOrmStore::with_escrow`]).
 /// Saturates: a total past the largest balance is reported by the audit, not wrapped.
