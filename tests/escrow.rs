@@ -454,6 +454,40 @@ async fn subscription_credits_all_in_escrow_lapse_when_their_period_ends() {
 }
 
 #[tokio::test]
+async fn a_hot_accounts_slices_grow_and_never_pass_an_eighth_of_its_credits() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let instance = escrow_instance(&db, Utc::now()).await;
+    let (rich_key, rich) = funded(&db, 0, 1_000_000).await;
+    // Calls in quick succession: each refill comes within 250 ms of the last one.
+    let mut most_escrowed = 0;
+    for _ in 0..400 {
+        let reservation = reserve(&instance, rich).await.unwrap();
+        assert!(settle(&instance, &reservation).await);
+        most_escrowed = most_escrowed.max(stored(&db, rich).await.1.1);
+    }
+    assert!(
+        most_escrowed > 64 * PRICE,
+        "at most {most_escrowed} credits in escrow: the slice never grew past 64 calls"
+    );
+    assert!(most_escrowed < 1024 * PRICE, "{most_escrowed}");
+    assert_eq!(
+        db.balance(&rich_key).await,
+        balance(0, 1_000_000 - 400 * PRICE)
+    );
+
+    // An account with 300 calls' worth: its slice is an eighth of that, not 64 calls.
+    let (_, modest) = funded(&db, 0, 300 * PRICE).await;
+    let reservation = reserve(&instance, modest).await.unwrap();
+    assert!(settle(&instance, &reservation).await);
+    assert_eq!(stored(&db, modest).await.1.1, 300 * PRICE / 8 - PRICE);
+    db.assert_audit_holds().await;
+
+    db.drop_schema().await;
+}
+
+#[tokio::test]
 async fn two_escrow_instances_never_overdraw_an_account() {
     let Some(db) = postgres_db().await else {
         return;
@@ -481,9 +515,13 @@ async fn two_escrow_instances_never_overdraw_an_account() {
     let ((subscription, topup), escrowed) = stored(&db, caller).await;
     assert_eq!(escrowed, (0, 0));
     assert_eq!(subscription + topup, left);
-    // What was left unspent was in escrow (at most a slice per instance) when the other
-    // instance ran out.
-    assert!(left <= 2 * 64 * PRICE, "{left} credits left unspent");
+    // What was left unspent was in escrow when the other instance ran out: per instance, at
+    // most what it took at its last refill (an eighth of what the account had then), and less
+    // than a call's price in the row.
+    assert!(
+        left < 2 * (CREDITS / 8) + PRICE,
+        "{left} credits left unspent"
+    );
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }

@@ -48,15 +48,27 @@ use crate::store::{
     AccountId, CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError,
 };
 
-/// How many calls' worth of credits a refill takes at most.
+/// How many calls' worth of credits a refill takes at most, at first.
 const SLICE_CALLS: i64 = 64;
+
+/// The most calls' worth a refill takes: an escrow refilled again within
+/// [`REFILLED_SOON`] of its last refill takes twice its last slice, up to this. A hot account
+/// then costs its instance one refill per 1024 calls, not per 64.
+const MAX_SLICE_CALLS: i64 = 1024;
+
+/// See [`MAX_SLICE_CALLS`].
+const REFILLED_SOON: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A slice is never more than this share of what the account has to spend (1/8), so that other
+/// instances find some, and so that what an instance holds when the account runs low is small.
+const SLICE_SHARE: i64 = 8;
 
 /// How many calls' worth an account must have to spend (in its row and this instance's free
 /// escrow) for a refill to take a slice. Below that its calls are reserved in the database,
 /// where every instance sees the same credits, so that an account running low is refused only
-/// when it cannot pay, save for what other instances still have in escrow (at most a slice
-/// each).
-const ESCROW_FROM_CALLS: i64 = 4 * SLICE_CALLS;
+/// when it cannot pay, save for what other instances still have in escrow (what each took at
+/// its last refill, at most an eighth of what the account had then).
+const ESCROW_FROM_CALLS: i64 = 256;
 
 /// Most reads, or settles and refunds, that one statement or transaction carries.
 const MAX_BATCH: usize = 64;
@@ -73,6 +85,8 @@ struct Pot {
     held: Balance,
     /// A refill is being written: no call may be held against the row until it is known.
     refilling: bool,
+    /// The last refill: when, and how many calls' worth it could take.
+    refilled: Option<(std::time::Instant, i64)>,
     /// The account's subscription period when the escrow was last refilled. Once the account
     /// is in another (a lapse took what the escrow had of the old one), its subscription
     /// credits here are not spent before a refill reads the row again.
@@ -332,19 +346,26 @@ impl Escrow {
             return Ok(Refill::Again);
         }
         let account = charge.caller.account.0;
-        let held = {
+        let (held, slice_calls) = {
             let mut state = self.state();
             let pot = state.pots.entry((lease, account)).or_default();
             pot.refilling = true;
-            pot.held
+            let slice_calls = match pot.refilled {
+                Some((at, calls)) if at.elapsed() < REFILLED_SOON => {
+                    Ord::min(calls.saturating_mul(2), MAX_SLICE_CALLS)
+                }
+                _ => SLICE_CALLS,
+            };
+            (pot.held, slice_calls)
         };
-        let written = self.write_refill(charge, lease, held).await;
+        let written = self.write_refill(charge, lease, held, slice_calls).await;
         let mut state = self.state();
         let pot = state.pots.entry((lease, account)).or_default();
         pot.refilling = false;
         let Some((row, seen)) = written? else {
             return Ok(Refill::LeaseEnded);
         };
+        pot.refilled = Some((std::time::Instant::now(), slice_calls));
         pot.row = row;
         pot.period_end = seen.subscription_ends_at;
         Ok(Refill::Done { seen })
@@ -355,6 +376,7 @@ impl Escrow {
         charge: &OwnedCharge,
         lease: i64,
         held: Balance,
+        slice_calls: i64,
     ) -> Result<Option<(Balance, Seen)>, ReserveError> {
         let account = charge.caller.account.0;
         let txn = self.db.begin().await?;
@@ -381,12 +403,11 @@ impl Escrow {
             topup: Credits(row.topup_credits + free.topup.0),
         };
         let spendable = pool.spendable(row.subscription_ends_at, charge.at);
-        // A slice, or at most half of what is there, so that other instances find some;
-        // nothing from an account running low.
+        // A slice, or at most an eighth of what is there; nothing from an account running low.
         let want = if spendable.total().0 >= charge.price.0.saturating_mul(ESCROW_FROM_CALLS) {
             Ord::min(
-                charge.price.0.saturating_mul(SLICE_CALLS),
-                spendable.total().0 / 2,
+                charge.price.0.saturating_mul(slice_calls),
+                spendable.total().0 / SLICE_SHARE,
             )
         } else {
             0

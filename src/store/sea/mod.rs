@@ -252,9 +252,10 @@ impl SeaOrmStore {
 
     /// The same store charging against credit escrow, on `PostgreSQL`: while it holds an
     /// instance lease ([`Leases::take_lease`](super::Leases::take_lease)), it moves a slice of
-    /// each account's credits it charges (64 calls' worth, or half of what the account has to
-    /// spend if less; only from an account with at least 256 calls' worth, so that one running
-    /// low is charged in the database) into an escrow row of its own, holds reservations
+    /// each account's credits it charges (64 calls' worth, doubling up to 1024 while its escrow
+    /// for the account is refilled again within 250 ms, and at most an eighth of what the
+    /// account has to spend; only from an account with at least 256 calls' worth, so that one
+    /// running low is charged in the database) into an escrow row of its own, holds reservations
     /// in memory against it, and writes each call once, when it ends: an `ok` entry with the
     /// escrow's debit, or a `refunded` entry with nothing moved. No call's write touches the
     /// account's row, which other instances charging the same account would wait on.
@@ -277,7 +278,8 @@ impl SeaOrmStore {
     /// back. An account that falls below 256 calls' worth gets no new escrow: each instance
     /// spends what it still has in escrow for it, then reserves in the database, so the account
     /// can be refused (402) on one instance while another, not called on it since, still holds
-    /// up to a slice of its credits. And subscription credits come first within each instance's
+    /// up to its last slice of its credits (an eighth of what the account had then). An
+    /// instance keeps what it holds of an account until it stops. And subscription credits come first within each instance's
     /// escrow and the account row, not across instances: one may spend top-up credits from its
     /// escrow while another still holds subscription credits of the same account in its own.
     ///
