@@ -30,6 +30,22 @@ async fn funded(db: &TestDb, subscription: i64, topup: i64) -> (String, Caller) 
     (key, caller)
 }
 
+/// Grants `amount` subscription credits in a period ending an hour after `now`; returns its end.
+async fn grant_period(
+    db: &TestDb,
+    caller: Caller,
+    now: DateTime<Utc>,
+    amount: i64,
+) -> DateTime<Utc> {
+    let period_end = now + chrono::Duration::hours(1);
+    let grant = Grant {
+        period_end: Some(period_end),
+        ..Grant::plain(Bucket::Subscription, Credits::new(amount))
+    };
+    db.store.grant_once(caller.account, grant).await.unwrap();
+    period_end
+}
+
 /// A gateway instance charging against escrow, holding a lease taken at `now`.
 async fn escrow_instance(db: &TestDb, now: DateTime<Utc>) -> Arc<SeaOrmStore> {
     let store = postgres_store(&db.url, db.pg_schema().unwrap())
@@ -294,12 +310,7 @@ async fn a_lapse_takes_escrowed_subscription_credits_and_a_call_held_on_them_is_
     let now = Utc::now();
     let instance = escrow_instance(&db, now).await;
     let (key, caller) = funded(&db, 0, 0).await;
-    let period_end = now + chrono::Duration::hours(1);
-    let granted = Grant {
-        period_end: Some(period_end),
-        ..Grant::plain(Bucket::Subscription, Credits::new(1000))
-    };
-    db.store.grant_once(caller.account, granted).await.unwrap();
+    let period_end = grant_period(&db, caller, now, 1000).await;
     let billed = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &billed).await);
     let held = reserve(&instance, caller).await.unwrap();
@@ -336,13 +347,8 @@ async fn one_batch_ending_a_call_on_lapsed_escrow_and_one_on_whole_escrow_bills_
     };
     let now = Utc::now();
     let instance = escrow_instance(&db, now).await;
-    let period_end = now + chrono::Duration::hours(1);
     let (lapsing_key, lapsing) = funded(&db, 0, 0).await;
-    let period = Grant {
-        period_end: Some(period_end),
-        ..Grant::plain(Bucket::Subscription, Credits::new(1000))
-    };
-    db.store.grant_once(lapsing.account, period).await.unwrap();
+    let period_end = grant_period(&db, lapsing, now, 1000).await;
     let (whole_key, whole) = funded(&db, 1000, 0).await;
     let on_lapsing = reserve(&instance, lapsing).await.unwrap();
     let on_whole = reserve(&instance, whole).await.unwrap();
@@ -390,12 +396,7 @@ async fn a_lapse_run_by_the_instance_holding_a_call_leaves_the_call_its_credits(
     let now = Utc::now();
     let instance = escrow_instance(&db, now).await;
     let (key, caller) = funded(&db, 0, 0).await;
-    let period_end = now + chrono::Duration::hours(1);
-    let period = Grant {
-        period_end: Some(period_end),
-        ..Grant::plain(Bucket::Subscription, Credits::new(1000))
-    };
-    db.store.grant_once(caller.account, period).await.unwrap();
+    let period_end = grant_period(&db, caller, now, 1000).await;
     let held = reserve(&instance, caller).await.unwrap();
 
     // The instance itself lapses the period: what its held call takes stays in its escrow.
@@ -427,12 +428,7 @@ async fn subscription_credits_all_in_escrow_lapse_when_their_period_ends() {
     let now = Utc::now();
     let instance = escrow_instance(&db, now).await;
     let (key, caller) = funded(&db, 0, 10_000).await;
-    let period_end = now + chrono::Duration::hours(1);
-    let period = Grant {
-        period_end: Some(period_end),
-        ..Grant::plain(Bucket::Subscription, Credits::new(100))
-    };
-    db.store.grant_once(caller.account, period).await.unwrap();
+    let period_end = grant_period(&db, caller, now, 100).await;
     let billed = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &billed).await);
     // The slice took every subscription credit: the row has none left.
