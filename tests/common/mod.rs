@@ -321,8 +321,12 @@ async fn drop_database(
 ) -> Result<(), sea_orm::DbErr> {
     if let Some(schema) = schema {
         let admin = Database::connect(url).await?;
+        // A test that failed may have left a transaction open on its own runtime, which
+        // waits for this drop: give up after a while rather than hang.
         admin
-            .execute_unprepared(&format!("DROP SCHEMA {schema} CASCADE"))
+            .execute_unprepared(&format!(
+                "SET lock_timeout = '10s'; DROP SCHEMA {schema} CASCADE"
+            ))
             .await?;
         admin.close().await?;
     }
