@@ -662,3 +662,57 @@ async fn after_a_lapse_and_a_new_period_calls_are_billed_from_the_new_periods_cr
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn calls_held_while_a_keyed_call_gives_the_escrow_back_are_all_billed() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let instance = escrow_instance(&db, Utc::now()).await;
+    let (key, caller) = funded(&db, 20_000, 0).await;
+    // 16 clients of unkeyed calls on the escrow, and beside them keyed calls, each of which
+    // first gives back the subscription credits the escrow has free.
+    let unkeyed: Vec<_> = (0..16)
+        .map(|_| {
+            let instance = instance.clone();
+            tokio::spawn(async move {
+                let mut billed = 0;
+                for _ in 0..40 {
+                    let reservation = reserve(&instance, caller).await.unwrap();
+                    billed += i64::from(settle(&instance, &reservation).await);
+                }
+                billed
+            })
+        })
+        .collect();
+    let mut billed = 0;
+    for nth in 0..30 {
+        let idempotency =
+            model_gateway::IdempotencyKey::new(&format!("k{nth}"), "/v1/messages", b"{}").unwrap();
+        let reservation = instance
+            .reserve(ChargeRequest {
+                caller,
+                protocol: Protocol::Messages,
+                model: "claude-3-5-haiku",
+                price: Credits::new(PRICE),
+                request_id: None,
+                at: Utc::now(),
+                idempotency: Some(&idempotency),
+            })
+            .await
+            .unwrap();
+        billed += i64::from(settle(&instance, &reservation).await);
+    }
+    assert_eq!(billed, 30, "every keyed call billed");
+    for client in unkeyed {
+        assert_eq!(client.await.unwrap(), 40, "every unkeyed call billed");
+    }
+    let calls = db.calls(&key).await;
+    assert_eq!(count(&calls, CallStatus::Ok), 16 * 40 + 30);
+    assert_eq!(
+        db.balance(&key).await,
+        balance(20_000 - (16 * 40 + 30) * PRICE, 0)
+    );
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}

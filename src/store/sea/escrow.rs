@@ -83,8 +83,9 @@ struct Pot {
     row: Balance,
     /// What held calls take from it.
     held: Balance,
-    /// A refill is being written: no call may be held against the row until it is known.
-    refilling: bool,
+    /// A refill or a give-back is being written: no call may be held against the row until it
+    /// is known (a call held on credits being given back would find them gone at its end).
+    writing: bool,
     /// The last refill: when, and how many calls' worth it could take.
     refilled: Option<(std::time::Instant, i64)>,
     /// The account's subscription period when the escrow was last refilled. Once the account
@@ -349,7 +350,7 @@ impl Escrow {
         let (held, slice_calls) = {
             let mut state = self.state();
             let pot = state.pots.entry((lease, account)).or_default();
-            pot.refilling = true;
+            pot.writing = true;
             let slice_calls = match pot.refilled {
                 Some((at, calls)) if at.elapsed() < REFILLED_SOON => {
                     Ord::min(calls.saturating_mul(2), MAX_SLICE_CALLS)
@@ -361,7 +362,7 @@ impl Escrow {
         let written = self.write_refill(charge, lease, held, slice_calls).await;
         let mut state = self.state();
         let pot = state.pots.entry((lease, account)).or_default();
-        pot.refilling = false;
+        pot.writing = false;
         let Some((row, seen)) = written? else {
             return Ok(Refill::LeaseEnded);
         };
@@ -478,21 +479,45 @@ impl Escrow {
         lease: i64,
         account: Option<i64>,
     ) -> Result<(), StoreError> {
-        let _writer = self.writer.lock().await;
-        let pots: Vec<(i64, Pot)> = self
+        let pots: Vec<(i64, i64)> = self
             .state()
             .pots
-            .iter()
-            .filter(|((of, id), _)| *of == lease && account.is_none_or(|account| account == *id))
-            .map(|((_, account), pot)| (*account, *pot))
+            .keys()
+            .filter(|(of, id)| *of == lease && account.is_none_or(|account| account == *id))
+            .copied()
             .collect();
-        for (account, pot) in pots {
+        for pot in pots {
+            self.give_back_pot(pot).await?;
+        }
+        Ok(())
+    }
+
+    /// Gives back what an escrow row has free, in a transaction of its own under the writer;
+    /// no call is held against the row meanwhile. A row left with nothing, and no call held on
+    /// it, is forgotten.
+    async fn give_back_pot(&self, (lease, account): (i64, i64)) -> Result<(), StoreError> {
+        let _writer = self.writer.lock().await;
+        let held = {
+            let mut state = self.state();
+            let Some(pot) = state.pots.get_mut(&(lease, account)) else {
+                return Ok(());
+            };
+            pot.writing = true;
+            pot.held
+        };
+        let written = async {
             let txn = self.db.begin().await?;
-            let kept = return_free(&txn, account, lease, pot.held).await?;
+            let kept = return_free(&txn, account, lease, held).await?;
             txn.commit().await?;
-            if let Some(pot) = self.state().pots.get_mut(&(lease, account)) {
-                pot.row = kept;
-            }
+            Ok::<_, StoreError>(kept)
+        }
+        .await;
+        let mut state = self.state();
+        let pot = state.pots.entry((lease, account)).or_default();
+        pot.writing = false;
+        pot.row = written?;
+        if pot.row == Balance::default() && pot.held == Balance::default() {
+            state.pots.remove(&(lease, account));
         }
         Ok(())
     }
@@ -510,7 +535,7 @@ fn what_to_hold(
         .get(&(lease, charge.caller.account.0))
         .copied()
         .unwrap_or_default();
-    if pot.refilling {
+    if pot.writing {
         return Err(Short::Credits);
     }
     let period = seen.subscription_ends_at;
