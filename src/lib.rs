@@ -146,10 +146,10 @@ pub use router::{
 };
 pub use store::{
     AccountAudit, AccountId, Accounts, ActiveKey, BalanceOverflow, CallFailure, CallId, CallLog,
-    CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_IDEMPOTENCY_WINDOW,
-    DEFAULT_MAX_BATCH, GroupCommitStats, KeptReply, KeyId, KeyStore, LeaseId, Leases, Ledger,
-    MAX_KEPT_REPLY_BYTES, MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store,
-    StoreError, Sums, TokenUsage,
+    CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_ESCROW_IDLE,
+    DEFAULT_IDEMPOTENCY_WINDOW, DEFAULT_MAX_BATCH, GroupCommitStats, KeptReply, KeyId, KeyStore,
+    LeaseId, Leases, Ledger, MAX_KEPT_REPLY_BYTES, MemoryStore, Migrator, Reservation,
+    ReserveError, SeaOrmStore, Store, StoreError, Sums, TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
 pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};

@@ -716,3 +716,66 @@ async fn calls_held_while_a_keyed_call_gives_the_escrow_back_are_all_billed() {
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn an_idle_accounts_escrow_comes_back_for_other_instances_to_spend() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    const IDLE: Duration = Duration::from_millis(300);
+    let now = Utc::now();
+    let idle_after = postgres_store(&db.url, db.pg_schema().unwrap())
+        .await
+        .with_escrow_idle_after(IDLE)
+        .unwrap();
+    idle_after.take_lease(now, TTL).await.unwrap().unwrap();
+    let first = Arc::new(idle_after);
+    let second = escrow_instance(&db, now).await;
+    // 500 calls' worth: the first instance's one call takes a slice of an eighth of it.
+    let (key, caller) = funded(&db, 0, 1000).await;
+    let (_, hot) = funded(&db, 0, 1000).await;
+    let reservation = reserve(&first, caller).await.unwrap();
+    assert!(settle(&first, &reservation).await);
+    assert_eq!(stored(&db, caller).await, ((0, 875), (0, 123)));
+    // Another account is charged on the first instance all along: its escrow stays.
+    let charging = {
+        let first = first.clone();
+        tokio::spawn(async move {
+            loop {
+                let reservation = reserve(&first, hot).await.unwrap();
+                assert!(settle(&first, &reservation).await);
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + 20 * IDLE;
+    while stored(&db, caller).await != ((0, 998), (0, 0)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the idle escrow never came back: {:?}",
+            stored(&db, caller).await
+        );
+        tokio::time::sleep(IDLE / 4).await;
+    }
+    // Not given back and taken again: its row is as its first slice left it.
+    assert_eq!(
+        stored(&db, hot).await.0,
+        (0, 875),
+        "the escrow of an account charged meanwhile stays"
+    );
+    charging.abort();
+    // The second instance can spend every credit left.
+    let mut billed = 0;
+    while let Ok(reservation) = reserve(&second, caller).await {
+        billed += i64::from(settle(&second, &reservation).await);
+    }
+    assert_eq!(billed, 499);
+    assert_eq!(db.balance(&key).await, balance(0, 0));
+    db.assert_audit_holds().await;
+    for instance in [&first, &second] {
+        instance.release_lease().await.unwrap();
+    }
+    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}

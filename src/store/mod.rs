@@ -39,7 +39,7 @@ pub use records::{
     AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted,
     IdempotencyKeyReused, KeyInfo, KeyStatus, Lapse, Sums,
 };
-pub use sea::{DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
+pub use sea::{DEFAULT_ESCROW_IDLE, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
 
 /// What [`Ledger::reserve`] is asked to charge.
 #[derive(Debug, Clone, Copy)]

@@ -21,8 +21,10 @@
 //!   were taken from the escrow meanwhile (a lapse) ends `refunded`, unbilled.
 //! - **The escrow comes back** to the account row: at a refill (what is free goes back, and a
 //!   new slice is taken, so subscription credits granted since are spent before top-up ones
-//!   still in escrow), when the instance releases its lease, and after a crash or a lost lease,
-//!   when recovery finds an escrow row whose lease has ended.
+//!   still in escrow), once no call has been held against it for a while (what is free: so
+//!   that other instances can spend an idle account's credits), when the instance releases its
+//!   lease, and after a crash or a lost lease, when recovery finds an escrow row whose lease has
+//!   ended.
 //!
 //! Escrowed credits are the account's: the balance, the account listings and the audit count
 //! them, and a lapse takes a subscription's escrowed credits with the rest. What this instance
@@ -47,6 +49,11 @@ use crate::credits::{Balance, Credits, Split};
 use crate::store::{
     AccountId, CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError,
 };
+
+/// How long an account's escrow may sit with no call held against it before what it has free
+/// goes back to the account (it goes back after this to twice this):
+/// [`SeaOrmStore::with_escrow`](super::SeaOrmStore::with_escrow)'s default.
+pub const DEFAULT_ESCROW_IDLE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How many calls' worth of credits a refill takes at most, at first.
 const SLICE_CALLS: i64 = 64;
@@ -86,6 +93,8 @@ struct Pot {
     /// A refill or a give-back is being written: no call may be held against the row until it
     /// is known (a call held on credits being given back would find them gone at its end).
     writing: bool,
+    /// A call was held against it since the last look for idle escrow.
+    touched: bool,
     /// The last refill: when, and how many calls' worth it could take.
     refilled: Option<(std::time::Instant, i64)>,
     /// The account's subscription period when the escrow was last refilled. Once the account
@@ -185,9 +194,9 @@ enum Short {
 }
 
 impl Escrow {
-    /// Starts the key reader and the writer of endings on the current runtime; both end with
-    /// the last clone of the store.
-    pub(super) fn start(db: DatabaseConnection) -> Arc<Escrow> {
+    /// Starts the key reader, the writer of endings and the look for idle escrow (every
+    /// `idle`) on the current runtime; each ends with the last clone of the store.
+    pub(super) fn start(db: DatabaseConnection, idle: std::time::Duration) -> Arc<Escrow> {
         let (reads, read_queue) = mpsc::channel(4096);
         let (endings, ending_queue) = mpsc::channel(4096);
         let escrow = Arc::new(Escrow {
@@ -200,6 +209,7 @@ impl Escrow {
         });
         tokio::spawn(read_keys(db, read_queue));
         tokio::spawn(write_endings(Arc::downgrade(&escrow), ending_queue));
+        tokio::spawn(give_back_idle(Arc::downgrade(&escrow), idle));
         escrow
     }
 
@@ -293,6 +303,7 @@ impl Escrow {
         let id = state.ids.pop_front().ok_or(Short::Ids)?;
         let pot = state.pots.entry((lease, account)).or_default();
         pot.held = pot.held.plus(taken);
+        pot.touched = true;
         let mut held = charge.clone();
         held.instance = Some(lease);
         state.calls.insert(
@@ -520,6 +531,48 @@ impl Escrow {
             state.pots.remove(&(lease, account));
         }
         Ok(())
+    }
+
+    /// Gives back what each escrow row has free if no call was held against it since the last
+    /// look (so after one to two looks' time idle), and forgets empty rows; returns how many
+    /// rows it gave back.
+    async fn give_back_idle(&self) -> Result<usize, StoreError> {
+        let idle: Vec<(i64, i64)> = {
+            let mut state = self.state();
+            let mut idle = Vec::new();
+            for (key, pot) in &mut state.pots {
+                if std::mem::take(&mut pot.touched) || pot.writing {
+                    continue;
+                }
+                if pot.row.free_of(pot.held) != Balance::default() {
+                    idle.push(*key);
+                }
+            }
+            state.pots.retain(|_, pot| {
+                pot.writing || pot.row != Balance::default() || pot.held != Balance::default()
+            });
+            idle
+        };
+        for pot in &idle {
+            self.give_back_pot(*pot).await?;
+        }
+        Ok(idle.len())
+    }
+}
+
+/// Looks for idle escrow every `every` while the escrow is in use (see
+/// [`Escrow::give_back_idle`]).
+async fn give_back_idle(escrow: std::sync::Weak<Escrow>, every: std::time::Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(escrow) = escrow.upgrade() else {
+            return;
+        };
+        match escrow.give_back_idle().await {
+            Ok(0) => {}
+            Ok(rows) => tracing::debug!(rows, "gave back idle escrow"),
+            Err(error) => tracing::warn!(%error, "giving back idle escrow failed; will retry"),
+        }
     }
 }
 

@@ -62,6 +62,7 @@ mod sqlite_direct;
 
 use batch::{OwnedCharge, Write, unknown_account};
 use entity::{account, api_key, call, credit_grant, subscription_lapse};
+pub use escrow::DEFAULT_ESCROW_IDLE;
 use group_commit::Committer;
 pub use group_commit::DEFAULT_MAX_BATCH;
 pub use jobs::GroupCommitStats;
@@ -278,20 +279,40 @@ impl SeaOrmStore {
     /// back. An account that falls below 256 calls' worth gets no new escrow: each instance
     /// spends what it still has in escrow for it, then reserves in the database, so the account
     /// can be refused (402) on one instance while another, not called on it since, still holds
-    /// up to its last slice of its credits (an eighth of what the account had then). An
-    /// instance keeps what it holds of an account until it stops. And subscription credits come first within each instance's
-    /// escrow and the account row, not across instances: one may spend top-up credits from its
-    /// escrow while another still holds subscription credits of the same account in its own.
+    /// up to its last slice of its credits (an eighth of what the account had then) until it
+    /// gives it back: what an instance's escrow for an account has free goes back to the
+    /// account once no call has been held against it for 5 to 10 seconds
+    /// ([`DEFAULT_ESCROW_IDLE`](super::DEFAULT_ESCROW_IDLE); see [`with_escrow_idle_after`](Self::with_escrow_idle_after)).
+    /// And subscription credits come first within each instance's escrow and the account row,
+    /// not across instances: one may spend top-up credits from its escrow while another still
+    /// holds subscription credits of the same account in its own.
     ///
     /// # Errors
     ///
     /// Not a `PostgreSQL` database.
     pub fn with_escrow(self) -> Result<SeaOrmStore, StoreError> {
+        self.with_escrow_idle_after(DEFAULT_ESCROW_IDLE)
+    }
+
+    /// [`with_escrow`](Self::with_escrow), giving back what an account's escrow has free once
+    /// no call has been held against it for `idle` to twice `idle` (at least 10 ms): the
+    /// instance looks every `idle`. Shorter lets other instances spend an idle account's last
+    /// credits sooner; each give-back is one short transaction on the account's row, and the
+    /// next call on that account takes a new slice in another.
+    ///
+    /// # Errors
+    ///
+    /// Not a `PostgreSQL` database.
+    pub fn with_escrow_idle_after(
+        self,
+        idle: std::time::Duration,
+    ) -> Result<SeaOrmStore, StoreError> {
         if self.db.get_database_backend() != sea_orm::DbBackend::Postgres {
             return Err(StoreError::msg("escrow needs PostgreSQL"));
         }
+        let idle = idle.max(std::time::Duration::from_millis(10));
         Ok(SeaOrmStore {
-            escrow: Some(escrow::Escrow::start(self.db.clone())),
+            escrow: Some(escrow::Escrow::start(self.db.clone(), idle)),
             ..self
         })
     }
