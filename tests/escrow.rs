@@ -779,3 +779,57 @@ async fn an_idle_accounts_escrow_comes_back_for_other_instances_to_spend() {
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_settle_retried_after_its_batch_committed_unanswered_is_billed_once() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let instance = escrow_instance(&db, Utc::now()).await;
+    let (key, caller) = funded(&db, 0, 1000).await;
+    let lost = reserve(&instance, caller).await.unwrap();
+    let beside = reserve(&instance, caller).await.unwrap();
+    let refunded = reserve(&instance, caller).await.unwrap();
+    // A batch settled `lost` and committed, but its reply never came back (the connection
+    // dropped): its entry is written and the escrow row debited; the caller retries.
+    let (account, call, key_id) = (caller.account.0, lost.call.0, caller.key.0);
+    db.store
+        .connection()
+        .execute_unprepared(&format!(
+            "INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
+             charged_subscription, charged_topup, status, upstream_status, created_at, \
+             finished_at, instance_id) SELECT {call}, {account}, {key_id}, 'chat_completions', \
+             'gpt-4o-mini', {PRICE}, 0, {PRICE}, 'ok', 200, now(), now(), instance_id \
+             FROM mg_escrows WHERE account_id = {account}; \
+             UPDATE mg_escrows SET topup_credits = topup_credits - {PRICE} \
+             WHERE account_id = {account}"
+        ))
+        .await
+        .unwrap();
+    // The retry, and a call ending beside it in the same batch.
+    let (retried, other) = tokio::join!(
+        instance.settle(lost.call, CallSuccess::default()),
+        instance.settle(beside.call, CallSuccess::default())
+    );
+    assert!(retried.unwrap(), "the retried settle finds its call billed");
+    assert!(other.unwrap(), "the call beside it is billed");
+    assert!(refund(&instance, &refunded).await);
+    assert_eq!(instance.held_reservations().await, 0);
+    // The instance knows what its escrow has left: spending past it refills, and no call is
+    // held on credits the escrow no longer has.
+    for _ in 0..70 {
+        let reservation = reserve(&instance, caller).await.unwrap();
+        assert!(settle(&instance, &reservation).await);
+    }
+    let billed = 72;
+    let calls = db.calls(&key).await;
+    assert_eq!(count(&calls, CallStatus::Ok), billed);
+    assert_eq!(count(&calls, CallStatus::Refunded), 1);
+    let left = 1000 - billed as i64 * PRICE;
+    assert_eq!(db.balance(&key).await, balance(0, left));
+    db.assert_audit_holds().await;
+    instance.release_lease().await.unwrap();
+    assert_eq!(stored(&db, caller).await, ((0, left), (0, 0)));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}

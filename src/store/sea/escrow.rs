@@ -47,7 +47,7 @@ use super::entity::{account, escrow, instance};
 use super::holds::HeldCall;
 use crate::credits::{Balance, Credits, Split};
 use crate::store::{
-    AccountId, CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError,
+    AccountId, CallFailure, CallId, CallStatus, CallSuccess, Reservation, ReserveError, StoreError,
 };
 
 /// How long an account's escrow may sit with no call held against it before what it has free
@@ -816,7 +816,22 @@ async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<bool>, Stor
     let mut rows_read: HashMap<(i64, i64), Balance> = HashMap::new();
     while !pending.is_empty() {
         let (decided, debits) = decide(escrow, jobs, &pending, &rows_read);
-        let short = write_sql(&escrow.db, &decided, &debits).await?;
+        let short = match write_sql(&escrow.db, &decided, &debits).await {
+            Ok(short) => short,
+            Err(error) => {
+                // The statement may have committed with its reply lost, this time or in an
+                // earlier batch whose callers now retry (then this one failed on their ids).
+                let Ok(written) = written_entries(&escrow.db, &decided).await else {
+                    return Err(error);
+                };
+                if written.is_empty() {
+                    return Err(error);
+                }
+                pending = finish_written(escrow, jobs, &decided, &written, &mut answers).await?;
+                rows_read.clear();
+                continue;
+            }
+        };
         {
             let mut state = escrow.state();
             // What was written: every row debited and the entries of its calls, and every
@@ -854,6 +869,69 @@ async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<bool>, Stor
         }
     }
     Ok(answers)
+}
+
+/// Settles and refunds whose entries are already written (`written`: call id to status), as
+/// a batch whose reply was lost wrote them: each is answered by whether its entry is what it
+/// asked for, no longer held, and its escrow row is read again (the lost batch debited it).
+/// Returns the jobs left to write.
+async fn finish_written(
+    escrow: &Escrow,
+    jobs: &[EndJob],
+    decided: &[Decided<'_>],
+    written: &HashMap<i64, String>,
+    answers: &mut [bool],
+) -> Result<Vec<usize>, StoreError> {
+    let mut pending = Vec::new();
+    let mut pots = Vec::new();
+    {
+        let mut state = escrow.state();
+        for decided in decided {
+            let Some(status) = written.get(&decided.call) else {
+                pending.push(decided.job);
+                continue;
+            };
+            let asked = match jobs[decided.job].ending {
+                Ending::Settle(_) => CallStatus::Ok,
+                Ending::Refund(_) => CallStatus::Refunded,
+            };
+            answers[decided.job] = status == asked.as_str();
+            if state.calls.remove(&decided.call).is_some() {
+                let pot = state.pots.entry(decided.pot()).or_default();
+                pot.held = pot.held.minus(decided.held.taken);
+            }
+            pots.push(decided.pot());
+        }
+    }
+    pots.sort_unstable();
+    pots.dedup();
+    for (lease, account) in pots {
+        let row = escrow_row(&escrow.db, account, lease).await?;
+        escrow.state().pots.entry((lease, account)).or_default().row = row;
+    }
+    Ok(pending)
+}
+
+/// Which of a batch's calls have an entry already, and its status.
+async fn written_entries(
+    db: &DatabaseConnection,
+    decided: &[Decided<'_>],
+) -> Result<HashMap<i64, String>, StoreError> {
+    let list = decided
+        .iter()
+        .map(|decided| decided.call.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT id, status FROM mg_calls WHERE id = ANY($1::bigint[])",
+            [format!("{{{list}}}").into()],
+        ))
+        .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get_by_index(0)?, row.try_get_by_index(1)?)))
+        .collect()
 }
 
 /// Writes a decided batch in one statement, so one round trip and one transaction, its text
