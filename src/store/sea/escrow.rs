@@ -784,6 +784,11 @@ async fn write_endings(escrow: std::sync::Weak<Escrow>, mut queue: mpsc::Receive
     }
 }
 
+/// The escrow row a held call was held against: (lease, account).
+fn pot_of(held: &HeldCall) -> (i64, i64) {
+    (held.charge.instance.unwrap_or_default(), held.account)
+}
+
 /// How one held call ends in a batch.
 struct Decided<'a> {
     /// Its job's index in the batch.
@@ -796,10 +801,7 @@ struct Decided<'a> {
 impl Decided<'_> {
     /// Its escrow row: (lease, account).
     fn pot(&self) -> (i64, i64) {
-        (
-            self.held.charge.instance.unwrap_or_default(),
-            self.held.account,
-        )
+        pot_of(&self.held)
     }
 
     /// Whether it debits its escrow row (a settle billed from it).
@@ -1127,7 +1129,7 @@ fn decide<'a>(
         if decided.iter().any(|done| done.call == job.call) {
             continue;
         }
-        let pot_key = (held.charge.instance.unwrap_or_default(), held.account);
+        let pot_key = pot_of(held);
         let finish = match &job.ending {
             Ending::Refund(failure) => Finish::Refunded(failure),
             Ending::Settle(success) => {
