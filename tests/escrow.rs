@@ -56,6 +56,20 @@ async fn escrow_instance(db: &TestDb, now: DateTime<Utc>) -> Arc<SeaOrmStore> {
     Arc::new(store)
 }
 
+/// The same, giving back an account's free escrow once no call was held on it for `idle`.
+async fn escrow_instance_idle_after(
+    db: &TestDb,
+    now: DateTime<Utc>,
+    idle: Duration,
+) -> Arc<SeaOrmStore> {
+    let store = postgres_store(&db.url, db.pg_schema().unwrap())
+        .await
+        .with_escrow_idle_after(idle)
+        .unwrap();
+    store.take_lease(now, TTL).await.unwrap().unwrap();
+    Arc::new(store)
+}
+
 async fn reserve(store: &SeaOrmStore, caller: Caller) -> Result<Reservation, ReserveError> {
     store
         .reserve(ChargeRequest {
@@ -738,12 +752,7 @@ async fn an_idle_accounts_escrow_comes_back_for_other_instances_to_spend() {
     };
     const IDLE: Duration = Duration::from_millis(300);
     let now = Utc::now();
-    let idle_after = postgres_store(&db.url, db.pg_schema().unwrap())
-        .await
-        .with_escrow_idle_after(IDLE)
-        .unwrap();
-    idle_after.take_lease(now, TTL).await.unwrap().unwrap();
-    let first = Arc::new(idle_after);
+    let first = escrow_instance_idle_after(&db, now, IDLE).await;
     let second = escrow_instance(&db, now).await;
     // 500 calls' worth: the first instance's one call takes a slice of an eighth of it.
     let (key, caller) = funded(&db, 0, 1000).await;
@@ -845,5 +854,83 @@ async fn a_settle_retried_after_its_batch_committed_unanswered_is_billed_once() 
     instance.release_lease().await.unwrap();
     assert_eq!(stored(&db, caller).await, ((0, left), (0, 0)));
     db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn escrow_given_back_idle_between_calls_loses_and_bills_no_credit() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    // Idle escrow is looked for every 10 ms, and clients pause up to 15 ms between calls: pots
+    // are given back while calls arrive on them, on both instances, until the account runs out.
+    const IDLE: Duration = Duration::from_millis(10);
+    const CREDITS: i64 = 3000;
+    let now = Utc::now();
+    let instances = [
+        escrow_instance_idle_after(&db, now, IDLE).await,
+        escrow_instance_idle_after(&db, now, IDLE).await,
+    ];
+    let (key, caller) = funded(&db, 2200, CREDITS - 2200).await;
+    let clients: Vec<_> = (0..12u64)
+        .map(|client| {
+            let instance = instances[client as usize % 2].clone();
+            tokio::spawn(async move {
+                let (mut billed, mut refunded) = (0, 0);
+                for nth in 0..160u64 {
+                    match reserve(&instance, caller).await {
+                        Ok(reservation) if nth % 5 == 4 => {
+                            assert!(refund(&instance, &reservation).await, "refund {nth}");
+                            refunded += 1;
+                        }
+                        Ok(reservation) => {
+                            assert!(settle(&instance, &reservation).await, "settle {nth}");
+                            billed += 1;
+                        }
+                        Err(ReserveError::InsufficientCredits) => {}
+                        Err(error) => panic!("{error}"),
+                    }
+                    let pause = (client * 7 + nth * 3) % 16;
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                (billed, refunded)
+            })
+        })
+        .collect();
+    let (mut billed, mut refunded) = (0, 0);
+    for client in clients {
+        let (b, r) = client.await.unwrap();
+        billed += b;
+        refunded += r;
+    }
+    assert!(
+        billed * PRICE <= CREDITS,
+        "billed {billed} calls on {CREDITS} credits"
+    );
+    db.assert_audit_holds().await;
+    // Both instances idle: every escrow comes back, and what is left can all be spent.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while stored(&db, caller).await.1 != (0, 0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle escrow never came back: {:?}",
+            stored(&db, caller).await
+        );
+        tokio::time::sleep(IDLE).await;
+    }
+    while let Ok(reservation) = reserve(&instances[0], caller).await {
+        assert!(settle(&instances[0], &reservation).await);
+        billed += 1;
+    }
+    assert_eq!(billed * PRICE, CREDITS, "every credit spent, none twice");
+    let calls = db.calls(&key).await;
+    assert_eq!(count(&calls, CallStatus::Ok) as i64, billed);
+    assert_eq!(count(&calls, CallStatus::Refunded) as i64, refunded);
+    assert_eq!(db.balance(&key).await, balance(0, 0));
+    db.assert_audit_holds().await;
+    for instance in &instances {
+        instance.release_lease().await.unwrap();
+    }
+    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
     db.drop_schema().await;
 }
