@@ -934,3 +934,48 @@ async fn escrow_given_back_idle_between_calls_loses_and_bills_no_credit() {
     assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
     db.drop_schema().await;
 }
+
+#[tokio::test]
+async fn a_call_refused_for_credits_another_instance_holds_recalls_them() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    // No idle escrow comes back during the test: only a recall can bring it.
+    const NEVER: Duration = Duration::from_secs(3600);
+    let now = Utc::now();
+    let first = escrow_instance_idle_after(&db, now, NEVER).await;
+    let second = escrow_instance_idle_after(&db, now, NEVER).await;
+    // 500 calls' worth: the first instance's call takes a slice of an eighth of it, and a
+    // second call of its own stays held all along.
+    let (key, caller) = funded(&db, 0, 1000).await;
+    let reservation = reserve(&first, caller).await.unwrap();
+    assert!(settle(&first, &reservation).await);
+    let held = reserve(&first, caller).await.unwrap();
+    assert_eq!(stored(&db, caller).await, ((0, 875), (0, 123)));
+    // The second instance spends the row, then what the first gives back when recalled: every
+    // credit but the held call's.
+    let mut billed = 0;
+    while let Ok(reservation) = reserve(&second, caller).await {
+        assert!(settle(&second, &reservation).await);
+        billed += 1;
+    }
+    assert_eq!(
+        billed, 498,
+        "every credit not held spent through the second instance"
+    );
+    assert_eq!(
+        stored(&db, caller).await,
+        ((0, 0), (0, 2)),
+        "the held call's credits stay in the first instance's escrow"
+    );
+    assert!(settle(&first, &held).await, "the held call is billed");
+    let calls = db.calls(&key).await;
+    assert_eq!(count(&calls, CallStatus::Ok), 500);
+    assert_eq!(db.balance(&key).await, balance(0, 0));
+    db.assert_audit_holds().await;
+    for instance in [&first, &second] {
+        instance.release_lease().await.unwrap();
+    }
+    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
+    db.drop_schema().await;
+}

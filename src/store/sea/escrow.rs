@@ -22,9 +22,10 @@
 //! - **The escrow comes back** to the account row: at a refill (what is free goes back, and a
 //!   new slice is taken, so subscription credits granted since are spent before top-up ones
 //!   still in escrow), once no call has been held against it for a while (what is free: so
-//!   that other instances can spend an idle account's credits), when the instance releases its
-//!   lease, and after a crash or a lost lease, when recovery finds an escrow row whose lease has
-//!   ended.
+//!   that other instances can spend an idle account's credits), when another instance recalls
+//!   it (a call it reserved in the database was refused for credits that this one holds free:
+//!   `NOTIFY mg_escrow_recall`), when the instance releases its lease, and after a crash or a
+//!   lost lease, when recovery finds an escrow row whose lease has ended.
 //!
 //! Escrowed credits are the account's: the balance, the account listings and the audit count
 //! them, and a lapse takes a subscription's escrowed credits with the rest. What this instance
@@ -76,6 +77,14 @@ const SLICE_SHARE: i64 = 8;
 /// when it cannot pay, save for what other instances still have in escrow (what each took at
 /// its last refill, at most an eighth of what the account had then).
 const ESCROW_FROM_CALLS: i64 = 256;
+
+/// How long a reservation refused for credits that other instances hold in escrow waits for
+/// them to give back what they have free (see [`Escrow::recall`]).
+const RECALL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The `PostgreSQL` channel on which an instance asks the others to give back an account's
+/// free escrow; the payload is `schema:account`.
+const RECALL_CHANNEL: &str = "mg_escrow_recall";
 
 /// Most reads, or settles and refunds, that one statement or transaction carries.
 const MAX_BATCH: usize = 64;
@@ -160,6 +169,8 @@ pub(super) struct Escrow {
     fetching_ids: tokio::sync::Mutex<()>,
     reads: mpsc::Sender<KeyRead>,
     endings: mpsc::Sender<EndJob>,
+    /// Dropped with the escrow: the task answering recalls ends.
+    _answering_recalls: oneshot::Sender<()>,
 }
 
 impl std::fmt::Debug for KeyRead {
@@ -199,6 +210,7 @@ impl Escrow {
     pub(super) fn start(db: DatabaseConnection, idle: std::time::Duration) -> Arc<Escrow> {
         let (reads, read_queue) = mpsc::channel(4096);
         let (endings, ending_queue) = mpsc::channel(4096);
+        let (answering_recalls, stop_answering) = oneshot::channel();
         let escrow = Arc::new(Escrow {
             db: db.clone(),
             state: Mutex::default(),
@@ -206,10 +218,15 @@ impl Escrow {
             fetching_ids: tokio::sync::Mutex::default(),
             reads,
             endings,
+            _answering_recalls: answering_recalls,
         });
         tokio::spawn(read_keys(db, read_queue));
         tokio::spawn(write_endings(Arc::downgrade(&escrow), ending_queue));
         tokio::spawn(give_back_idle(Arc::downgrade(&escrow), idle));
+        #[cfg(feature = "postgres")]
+        tokio::spawn(answer_recalls(Arc::downgrade(&escrow), stop_answering));
+        #[cfg(not(feature = "postgres"))]
+        drop(stop_answering);
         escrow
     }
 
@@ -503,6 +520,71 @@ impl Escrow {
         Ok(())
     }
 
+    /// Gives back what this instance's escrow rows for `account` have free (under any lease);
+    /// returns how many rows it gave back.
+    #[cfg(feature = "postgres")]
+    async fn give_back_account(&self, account: i64) -> Result<usize, StoreError> {
+        let pots: Vec<(i64, i64)> = self
+            .state()
+            .pots
+            .iter()
+            .filter(|((_, id), pot)| {
+                *id == account && pot.row.free_of(pot.held) != Balance::default()
+            })
+            .map(|(key, _)| *key)
+            .collect();
+        for pot in &pots {
+            self.give_back_pot(*pot).await?;
+        }
+        Ok(pots.len())
+    }
+
+    /// Asks the other instances holding escrow for `account` (under leases other than
+    /// `lease`) to give back what they have free, and waits until the credits they hold for it
+    /// fall (a give-back, or a call of theirs ending), for at most [`RECALL_WAIT`]. `true`: they
+    /// fell, and a reservation refused for credits may be tried again; `false`: none are held
+    /// elsewhere, or none came back in time.
+    pub(super) async fn recall(&self, account: i64, lease: i64) -> Result<bool, StoreError> {
+        let before = self.escrowed_elsewhere(account, lease).await?;
+        if before == 0 {
+            return Ok(false);
+        }
+        self.db
+            .execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT pg_notify($1, current_schema() || ':' || $2::bigint::text)",
+                [RECALL_CHANNEL.into(), account.into()],
+            ))
+            .await?;
+        let deadline = tokio::time::Instant::now() + RECALL_WAIT;
+        let mut pause = std::time::Duration::from_millis(2);
+        while tokio::time::Instant::now() + pause < deadline {
+            tokio::time::sleep(pause).await;
+            if self.escrowed_elsewhere(account, lease).await? < before {
+                return Ok(true);
+            }
+            pause = Ord::min(pause * 2, std::time::Duration::from_millis(128));
+        }
+        Ok(false)
+    }
+
+    /// The credits escrow rows for `account` under leases other than `lease` hold.
+    async fn escrowed_elsewhere(&self, account: i64, lease: i64) -> Result<i64, StoreError> {
+        let row = self
+            .db
+            .query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT CAST(COALESCE(SUM(subscription_credits + topup_credits), 0) AS BIGINT) \
+                 FROM mg_escrows WHERE account_id = $1 AND instance_id <> $2",
+                [account.into(), lease.into()],
+            ))
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get_by_index::<i64>(0)?,
+            None => 0,
+        })
+    }
+
     /// Gives back what an escrow row has free, in a transaction of its own under the writer;
     /// no call is held against the row meanwhile. A row left with nothing, and no call held on
     /// it, is forgotten.
@@ -574,6 +656,86 @@ async fn give_back_idle(escrow: std::sync::Weak<Escrow>, every: std::time::Durat
             Err(error) => tracing::warn!(%error, "giving back idle escrow failed; will retry"),
         }
     }
+}
+
+/// Listens for recalls (see [`Escrow::recall`]) on a connection of the escrow's pool, and
+/// gives back what this instance's escrow has free for each account recalled in its schema;
+/// ends when the escrow is dropped. A recall missed (while reconnecting) only waits for the
+/// idle look.
+#[cfg(feature = "postgres")]
+async fn answer_recalls(escrow: std::sync::Weak<Escrow>, mut stop: oneshot::Receiver<()>) {
+    const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+    let (schema, mut listener) = loop {
+        let Some(live) = escrow.upgrade() else {
+            return;
+        };
+        match listen_for_recalls(&live).await {
+            Ok(listening) => break listening,
+            Err(error) => tracing::warn!(%error, "listening for escrow recalls failed; will retry"),
+        }
+        drop(live);
+        tokio::select! {
+            _ = &mut stop => return,
+            () = tokio::time::sleep(RETRY) => {}
+        }
+    };
+    loop {
+        let notification = tokio::select! {
+            _ = &mut stop => return,
+            notification = listener.recv() => notification,
+        };
+        let account = match &notification {
+            Ok(notification) => notification
+                .payload()
+                .strip_prefix(schema.as_str())
+                .and_then(|rest| rest.strip_prefix(':'))
+                .and_then(|account| account.parse::<i64>().ok()),
+            Err(error) => {
+                // The next `recv` reconnects.
+                tracing::warn!(%error, "listening for escrow recalls failed; will retry");
+                tokio::select! {
+                    _ = &mut stop => return,
+                    () = tokio::time::sleep(RETRY) => {}
+                }
+                None
+            }
+        };
+        let (Some(account), Some(escrow)) = (account, escrow.upgrade()) else {
+            continue;
+        };
+        match escrow.give_back_account(account).await {
+            Ok(0) => {}
+            Ok(rows) => tracing::debug!(account, rows, "gave back recalled escrow"),
+            Err(error) => tracing::warn!(%error, account, "giving back recalled escrow failed"),
+        }
+    }
+}
+
+/// This store's schema, and a listener on [`RECALL_CHANNEL`].
+#[cfg(feature = "postgres")]
+async fn listen_for_recalls(
+    escrow: &Escrow,
+) -> Result<(String, sea_orm::sqlx::postgres::PgListener), StoreError> {
+    let schema = escrow
+        .db
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT current_schema()",
+        ))
+        .await?
+        .ok_or_else(|| StoreError::msg("no current schema"))?
+        .try_get_by_index::<String>(0)?;
+    let pool = escrow.db.get_postgres_connection_pool();
+    let mut listener = sea_orm::sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .map_err(sql_error)?;
+    listener.listen(RECALL_CHANNEL).await.map_err(sql_error)?;
+    Ok((schema, listener))
+}
+
+#[cfg(feature = "postgres")]
+fn sql_error(error: sea_orm::sqlx::Error) -> StoreError {
+    StoreError::msg(format!("listening for escrow recalls: {error}"))
 }
 
 /// What `charge` would hold of the escrow under `lease`, if the escrow can pay it now.

@@ -277,12 +277,17 @@ impl SeaOrmStore {
     ///
     /// The price: credits in one instance's escrow are not spendable by another until they come
     /// back. An account that falls below 256 calls' worth gets no new escrow: each instance
-    /// spends what it still has in escrow for it, then reserves in the database, so the account
-    /// can be refused (402) on one instance while another, not called on it since, still holds
-    /// up to its last slice of its credits (an eighth of what the account had then) until it
-    /// gives it back: what an instance's escrow for an account has free goes back to the
-    /// account once no call has been held against it for 5 to 10 seconds
+    /// spends what it still has in escrow for it, then reserves in the database. A call that
+    /// the database refuses for credits while other instances hold escrow for the account
+    /// recalls it: the instance asks them (`NOTIFY` on the channel `mg_escrow_recall`, each
+    /// instance listening on one connection of its pool) to give back what they have free,
+    /// waits up to a second for their escrow to fall, and tries once more. So an account is
+    /// refused (402) only when the credits left are held by calls still running elsewhere, or
+    /// a recall was missed (an instance reconnecting): what an instance's escrow for an account
+    /// has free goes back anyway once no call has been held against it for 5 to 10 seconds
     /// ([`DEFAULT_ESCROW_IDLE`](super::DEFAULT_ESCROW_IDLE); see [`with_escrow_idle_after`](Self::with_escrow_idle_after)).
+    /// Calls with an idempotency key do not recall (they are decided with this instance's
+    /// escrow paused).
     /// And subscription credits come first within each instance's escrow and the account row,
     /// not across instances: one may spend top-up credits from its escrow while another still
     /// holds subscription credits of the same account in its own.
@@ -368,10 +373,19 @@ impl SeaOrmStore {
     /// if it arrived while a batch took or gave up the write lock, at once as soon as the
     /// committer can tell the file's version again.
     async fn reserve_unkeyed(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
-        if let (Some(escrow), Some(lease)) = (&self.escrow, charge.instance)
-            && let Some(reservation) = escrow.reserve(&charge, lease).await?
-        {
-            return Ok(reservation);
+        if let (Some(escrow), Some(lease)) = (&self.escrow, charge.instance) {
+            if let Some(reservation) = escrow.reserve(&charge, lease).await? {
+                return Ok(reservation);
+            }
+            // Reserved in the database; refused for credits, tried once more after other
+            // instances gave back what their escrow holds free for the account.
+            let account = charge.caller.account.0;
+            return match self.committer.reserve(charge.clone()).await {
+                Err(ReserveError::InsufficientCredits) if escrow.recall(account, lease).await? => {
+                    self.committer.reserve(charge).await
+                }
+                reserved => reserved,
+            };
         }
         #[cfg(feature = "sqlite")]
         if let Some(owned) = &self.owned {
