@@ -132,6 +132,30 @@ async fn charge_from_both(
     billed
 }
 
+/// `clients` concurrent clients on `instance`, each making `calls` calls, every one of which
+/// must be reserved and billed.
+fn billing_clients(
+    instance: &Arc<SeaOrmStore>,
+    caller: Caller,
+    clients: usize,
+    calls: usize,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..clients)
+        .map(|_| {
+            let instance = instance.clone();
+            tokio::spawn(async move {
+                for nth in 0..calls {
+                    let reservation = reserve(&instance, caller).await.unwrap();
+                    assert!(
+                        settle(&instance, &reservation).await,
+                        "call {nth} not billed"
+                    );
+                }
+            })
+        })
+        .collect()
+}
+
 /// The account's row, and the sum of its escrow rows, as stored.
 async fn stored(db: &TestDb, caller: Caller) -> ((i64, i64), (i64, i64)) {
     let account = caller.account.0;
@@ -472,17 +496,7 @@ async fn a_hot_accounts_slices_grow_and_never_pass_an_eighth_of_its_credits() {
     let (rich_key, rich) = funded(&db, 0, 1_000_000).await;
     // 16 clients, 25 calls each: each refill comes within 250 ms of the last one even on a
     // loaded machine. The escrow row is sampled meanwhile.
-    let clients: Vec<_> = (0..16)
-        .map(|_| {
-            let instance = instance.clone();
-            tokio::spawn(async move {
-                for _ in 0..25 {
-                    let reservation = reserve(&instance, rich).await.unwrap();
-                    assert!(settle(&instance, &reservation).await);
-                }
-            })
-        })
-        .collect();
+    let clients = billing_clients(&instance, rich, 16, 25);
     let mut most_escrowed = 0;
     while !clients.iter().all(tokio::task::JoinHandle::is_finished) {
         most_escrowed = most_escrowed.max(stored(&db, rich).await.1.1);
@@ -700,19 +714,7 @@ async fn calls_held_while_a_keyed_call_gives_the_escrow_back_are_all_billed() {
     let (key, caller) = funded(&db, 20_000, 0).await;
     // 16 clients of unkeyed calls on the escrow, and beside them keyed calls, each of which
     // first gives back the subscription credits the escrow has free.
-    let unkeyed: Vec<_> = (0..16)
-        .map(|_| {
-            let instance = instance.clone();
-            tokio::spawn(async move {
-                let mut billed = 0;
-                for _ in 0..40 {
-                    let reservation = reserve(&instance, caller).await.unwrap();
-                    billed += i64::from(settle(&instance, &reservation).await);
-                }
-                billed
-            })
-        })
-        .collect();
+    let unkeyed = billing_clients(&instance, caller, 16, 40);
     let mut billed = 0;
     for nth in 0..30 {
         let idempotency =
@@ -733,7 +735,7 @@ async fn calls_held_while_a_keyed_call_gives_the_escrow_back_are_all_billed() {
     }
     assert_eq!(billed, 30, "every keyed call billed");
     for client in unkeyed {
-        assert_eq!(client.await.unwrap(), 40, "every unkeyed call billed");
+        client.await.unwrap();
     }
     let calls = db.calls(&key).await;
     assert_eq!(count(&calls, CallStatus::Ok), 16 * 40 + 30);
