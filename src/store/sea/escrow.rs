@@ -690,6 +690,8 @@ async fn answer_recalls(escrow: std::sync::Weak<Escrow>, mut stop: oneshot::Rece
                 .strip_prefix(schema.as_str())
                 .and_then(|rest| rest.strip_prefix(':'))
                 .and_then(|account| account.parse::<i64>().ok()),
+            // The pool was closed: nothing more to listen for.
+            Err(sea_orm::sqlx::Error::PoolClosed) => return,
             Err(error) => {
                 // The next `recv` reconnects.
                 tracing::warn!(%error, "listening for escrow recalls failed; will retry");
