@@ -507,16 +507,10 @@ impl Escrow {
         lease: i64,
         account: Option<i64>,
     ) -> Result<(), StoreError> {
-        let pots: Vec<(i64, i64)> = self
-            .state()
-            .pots
-            .keys()
-            .filter(|(of, id)| *of == lease && account.is_none_or(|account| account == *id))
-            .copied()
-            .collect();
-        for pot in pots {
-            self.give_back_pot(pot).await?;
-        }
+        self.give_back_where(|&(of, id), _| {
+            of == lease && account.is_none_or(|account| account == id)
+        })
+        .await?;
         Ok(())
     }
 
@@ -524,14 +518,23 @@ impl Escrow {
     /// returns how many rows it gave back.
     #[cfg(feature = "postgres")]
     async fn give_back_account(&self, account: i64) -> Result<usize, StoreError> {
+        self.give_back_where(|&(_, id), pot| {
+            id == account && pot.row.free_of(pot.held) != Balance::default()
+        })
+        .await
+    }
+
+    /// Gives back what the escrow rows that `pick` picks have free, one at a time (see
+    /// [`give_back_pot`](Self::give_back_pot)); returns how many it picked.
+    async fn give_back_where(
+        &self,
+        mut pick: impl FnMut(&(i64, i64), &mut Pot) -> bool,
+    ) -> Result<usize, StoreError> {
         let pots: Vec<(i64, i64)> = self
             .state()
             .pots
-            .iter()
-            .filter(|((_, id), pot)| {
-                *id == account && pot.row.free_of(pot.held) != Balance::default()
-            })
-            .map(|(key, _)| *key)
+            .iter_mut()
+            .filter_map(|(key, pot)| pick(key, pot).then_some(*key))
             .collect();
         for pot in &pots {
             self.give_back_pot(*pot).await?;
@@ -570,19 +573,15 @@ impl Escrow {
 
     /// The credits escrow rows for `account` under leases other than `lease` hold.
     async fn escrowed_elsewhere(&self, account: i64, lease: i64) -> Result<i64, StoreError> {
-        let row = self
-            .db
-            .query_one_raw(Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                "SELECT CAST(COALESCE(SUM(subscription_credits + topup_credits), 0) AS BIGINT) \
-                 FROM mg_escrows WHERE account_id = $1 AND instance_id <> $2",
-                [account.into(), lease.into()],
-            ))
+        let rows = escrow::Entity::find()
+            .filter(escrow::Column::AccountId.eq(account))
+            .filter(escrow::Column::InstanceId.ne(lease))
+            .all(&self.db)
             .await?;
-        Ok(match row {
-            Some(row) => row.try_get_by_index::<i64>(0)?,
-            None => 0,
-        })
+        Ok(rows
+            .iter()
+            .map(|row| row.subscription_credits + row.topup_credits)
+            .sum())
     }
 
     /// Gives back what an escrow row has free, in a transaction of its own under the writer;
@@ -619,26 +618,14 @@ impl Escrow {
     /// look (so after one to two looks' time idle), and forgets empty rows; returns how many
     /// rows it gave back.
     async fn give_back_idle(&self) -> Result<usize, StoreError> {
-        let idle: Vec<(i64, i64)> = {
-            let mut state = self.state();
-            let mut idle = Vec::new();
-            for (key, pot) in &mut state.pots {
-                if std::mem::take(&mut pot.touched) || pot.writing {
-                    continue;
-                }
-                if pot.row.free_of(pot.held) != Balance::default() {
-                    idle.push(*key);
-                }
-            }
-            state.pots.retain(|_, pot| {
-                pot.writing || pot.row != Balance::default() || pot.held != Balance::default()
-            });
-            idle
-        };
-        for pot in &idle {
-            self.give_back_pot(*pot).await?;
-        }
-        Ok(idle.len())
+        self.state().pots.retain(|_, pot| {
+            pot.writing || pot.row != Balance::default() || pot.held != Balance::default()
+        });
+        self.give_back_where(|_, pot| {
+            let touched = std::mem::take(&mut pot.touched);
+            !touched && !pot.writing && pot.row.free_of(pot.held) != Balance::default()
+        })
+        .await
     }
 }
 
