@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -215,7 +215,11 @@ def test_an_operator_creates_grants_and_revokes_and_names_stay_text(gateway, bro
     # Search by name, then open the account.
     browser.find_element(By.ID, "search").send_keys("onerror")
     WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#accounts tr")) == 1)
-    browser.find_element(By.CSS_SELECTOR, "#accounts tr").click()
+    # The list is drawn again as each typed letter's search answers: a row found may be
+    # replaced before it is clicked, so click until a row found is still there.
+    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#accounts tr").click() or True
+    )
     wait_text(browser, "account-name", XSS)
     wait_text(browser, "total", "3")
 
