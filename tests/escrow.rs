@@ -84,6 +84,27 @@ async fn reserve(store: &SeaOrmStore, caller: Caller) -> Result<Reservation, Res
         .await
 }
 
+/// A call with an idempotency key of its own (`nth`), reserved in the database.
+async fn reserve_keyed(
+    store: &SeaOrmStore,
+    caller: Caller,
+    nth: usize,
+) -> Result<Reservation, ReserveError> {
+    let idempotency =
+        model_gateway::IdempotencyKey::new(&format!("k{nth}"), "/v1/messages", b"{}").unwrap();
+    store
+        .reserve(ChargeRequest {
+            caller,
+            protocol: Protocol::Messages,
+            model: "claude-3-5-haiku",
+            price: Credits::new(PRICE),
+            request_id: None,
+            at: Utc::now(),
+            idempotency: Some(&idempotency),
+        })
+        .await
+}
+
 async fn settle(store: &SeaOrmStore, reservation: &Reservation) -> bool {
     store
         .settle(reservation.call, CallSuccess::default())
@@ -717,20 +738,7 @@ async fn calls_held_while_a_keyed_call_gives_the_escrow_back_are_all_billed() {
     let unkeyed = billing_clients(&instance, caller, 16, 40);
     let mut billed = 0;
     for nth in 0..30 {
-        let idempotency =
-            model_gateway::IdempotencyKey::new(&format!("k{nth}"), "/v1/messages", b"{}").unwrap();
-        let reservation = instance
-            .reserve(ChargeRequest {
-                caller,
-                protocol: Protocol::Messages,
-                model: "claude-3-5-haiku",
-                price: Credits::new(PRICE),
-                request_id: None,
-                at: Utc::now(),
-                idempotency: Some(&idempotency),
-            })
-            .await
-            .unwrap();
+        let reservation = reserve_keyed(&instance, caller, nth).await.unwrap();
         billed += i64::from(settle(&instance, &reservation).await);
     }
     assert_eq!(billed, 30, "every keyed call billed");
@@ -937,47 +945,185 @@ async fn escrow_given_back_idle_between_calls_loses_and_bills_no_credit() {
     db.drop_schema().await;
 }
 
+/// Calls through `instance`, one at a time, each settled, until one is refused for credits;
+/// returns how many were billed.
+async fn spend_until_refused(instance: &SeaOrmStore, caller: Caller, keyed: bool) -> usize {
+    let mut billed = 0;
+    loop {
+        let reserved = if keyed {
+            reserve_keyed(instance, caller, billed).await
+        } else {
+            reserve(instance, caller).await
+        };
+        match reserved {
+            Ok(reservation) => {
+                assert!(settle(instance, &reservation).await);
+                billed += 1;
+            }
+            Err(ReserveError::InsufficientCredits) => return billed,
+            Err(error) => panic!("{error}"),
+        }
+    }
+}
+
+/// Two escrow instances that give back no idle escrow (only a recall can bring it), and an
+/// account of 500 calls' worth of which the first instance has billed one and holds one
+/// throughout, on a slice of an eighth of the account: its key, who calls, the held call and
+/// the two instances.
+async fn escrow_held_by_the_first_of_two(
+    db: &TestDb,
+) -> (String, Caller, Reservation, [Arc<SeaOrmStore>; 2]) {
+    const NEVER: Duration = Duration::from_secs(3600);
+    let now = Utc::now();
+    let first = escrow_instance_idle_after(db, now, NEVER).await;
+    let second = escrow_instance_idle_after(db, now, NEVER).await;
+    let (key, caller) = funded(db, 0, 1000).await;
+    let reservation = reserve(&first, caller).await.unwrap();
+    assert!(settle(&first, &reservation).await);
+    let held = reserve(&first, caller).await.unwrap();
+    assert_eq!(stored(db, caller).await, ((0, 875), (0, 123)));
+    (key, caller, held, [first, second])
+}
+
+/// The second instance has spent every credit but the held call's: the held call is billed,
+/// nothing is left, the audit holds, and the escrow comes back on release.
+async fn assert_all_spent_but_the_held_call(
+    db: &TestDb,
+    key: &str,
+    caller: Caller,
+    held: &Reservation,
+    instances: &[Arc<SeaOrmStore>; 2],
+) {
+    assert_eq!(
+        stored(db, caller).await,
+        ((0, 0), (0, 2)),
+        "the held call's credits stay in the first instance's escrow"
+    );
+    assert!(settle(&instances[0], held).await, "the held call is billed");
+    let calls = db.calls(key).await;
+    assert_eq!(count(&calls, CallStatus::Ok), 500);
+    assert_eq!(db.balance(key).await, balance(0, 0));
+    db.assert_audit_holds().await;
+    for instance in instances {
+        instance.release_lease().await.unwrap();
+    }
+    assert_eq!(stored(db, caller).await, ((0, 0), (0, 0)));
+}
+
 #[tokio::test]
 async fn a_call_refused_for_credits_another_instance_holds_recalls_them() {
     let Some(db) = postgres_db().await else {
         return;
     };
-    // No idle escrow comes back during the test: only a recall can bring it.
-    const NEVER: Duration = Duration::from_secs(3600);
-    let now = Utc::now();
-    let first = escrow_instance_idle_after(&db, now, NEVER).await;
-    let second = escrow_instance_idle_after(&db, now, NEVER).await;
-    // 500 calls' worth: the first instance's call takes a slice of an eighth of it, and a
-    // second call of its own stays held all along.
-    let (key, caller) = funded(&db, 0, 1000).await;
-    let reservation = reserve(&first, caller).await.unwrap();
-    assert!(settle(&first, &reservation).await);
-    let held = reserve(&first, caller).await.unwrap();
-    assert_eq!(stored(&db, caller).await, ((0, 875), (0, 123)));
+    let (key, caller, held, instances) = escrow_held_by_the_first_of_two(&db).await;
     // The second instance spends the row, then what the first gives back when recalled: every
     // credit but the held call's.
-    let mut billed = 0;
-    while let Ok(reservation) = reserve(&second, caller).await {
-        assert!(settle(&second, &reservation).await);
-        billed += 1;
-    }
+    let billed = spend_until_refused(&instances[1], caller, false).await;
     assert_eq!(
         billed, 498,
         "every credit not held spent through the second instance"
     );
+    assert_all_spent_but_the_held_call(&db, &key, caller, &held, &instances).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_keyed_call_refused_for_credits_another_instance_holds_recalls_them() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let (key, caller, held, instances) = escrow_held_by_the_first_of_two(&db).await;
+    let billed = spend_until_refused(&instances[1], caller, true).await;
     assert_eq!(
-        stored(&db, caller).await,
-        ((0, 0), (0, 2)),
-        "the held call's credits stay in the first instance's escrow"
+        billed, 498,
+        "every credit not held spent through the second instance's keyed calls"
     );
-    assert!(settle(&first, &held).await, "the held call is billed");
-    let calls = db.calls(&key).await;
-    assert_eq!(count(&calls, CallStatus::Ok), 500);
-    assert_eq!(db.balance(&key).await, balance(0, 0));
-    db.assert_audit_holds().await;
-    for instance in [&first, &second] {
-        instance.release_lease().await.unwrap();
+    assert_all_spent_but_the_held_call(&db, &key, caller, &held, &instances).await;
+    db.drop_schema().await;
+}
+
+/// The process ids of the connections on which this test's instances listen for recalls,
+/// once there are `count` of them that are not among `old` (waits up to 10 s).
+async fn recall_listeners(db: &TestDb, count: usize, old: &[i32]) -> Vec<i32> {
+    let sql = format!(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = '{}' \
+         AND query LIKE 'LISTEN%'",
+        db.pg_schema().unwrap()
+    );
+    for _ in 0..200 {
+        let rows = db
+            .store
+            .connection()
+            .query_all_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Postgres,
+                sql.clone(),
+            ))
+            .await
+            .unwrap();
+        let pids: Vec<i32> = rows
+            .iter()
+            .map(|row| row.try_get_by_index::<i32>(0).unwrap())
+            .filter(|pid| !old.contains(pid))
+            .collect();
+        if pids.len() == count {
+            return pids;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
+    panic!("{count} new recall listeners did not appear");
+}
+
+#[tokio::test]
+async fn an_instance_whose_listening_connection_was_cut_listens_again_and_answers_recalls() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let (key, caller, held, instances) = escrow_held_by_the_first_of_two(&db).await;
+    // Both instances' listening connections are ended by the server, as a restart of it or a
+    // network fault would end them.
+    let listening = recall_listeners(&db, 2, &[]).await;
+    for pid in &listening {
+        db.store
+            .connection()
+            .execute_unprepared(&format!("SELECT pg_terminate_backend({pid})"))
+            .await
+            .unwrap();
+    }
+    recall_listeners(&db, 2, &listening).await;
+    let billed = spend_until_refused(&instances[1], caller, false).await;
+    assert_eq!(billed, 498, "the first instance answered the recall");
+    assert_all_spent_but_the_held_call(&db, &key, caller, &held, &instances).await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_call_refused_for_credits_a_crashed_instance_holds_gets_them_back_at_once() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    for keyed in [false, true] {
+        let crashed = escrow_instance(&db, Utc::now()).await;
+        let (key, caller) = funded(&db, 0, 1000).await;
+        let reservation = reserve(&crashed, caller).await.unwrap();
+        assert!(settle(&crashed, &reservation).await);
+        assert_eq!(stored(&db, caller).await, ((0, 875), (0, 123)));
+        // The instance dies (no release), and its lease runs out before recovery's next round.
+        drop(crashed);
+        db.store
+            .connection()
+            .execute_unprepared("UPDATE mg_instances SET expires_at = now() - interval '1 second'")
+            .await
+            .unwrap();
+        // Calls through another instance spend the row; the one refused then brings back the
+        // dead lease's escrow, and the calls after it spend that too.
+        let instance = escrow_instance(&db, Utc::now()).await;
+        let billed = spend_until_refused(&instance, caller, keyed).await;
+        assert_eq!(billed, 499, "keyed: {keyed}");
+        instance.release_lease().await.unwrap();
+        assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
+        let calls = db.calls(&key).await;
+        assert_eq!(count(&calls, CallStatus::Ok), 500);
+    }
+    db.assert_audit_holds().await;
     db.drop_schema().await;
 }

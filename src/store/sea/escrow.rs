@@ -542,13 +542,20 @@ impl Escrow {
         Ok(pots.len())
     }
 
-    /// Asks the other instances holding escrow for `account` (under leases other than
-    /// `lease`) to give back what they have free, and waits until the credits they hold for it
-    /// fall (a give-back, or a call of theirs ending), for at most [`RECALL_WAIT`]. `true`: they
-    /// fell, and a reservation refused for credits may be tried again; `false`: none are held
-    /// elsewhere, or none came back in time.
+    /// Brings back the credits other instances hold in escrow for `account`, for a reservation
+    /// refused for credits. Escrow under a lease that has ended (its instance crashed or lost
+    /// it) is given back here and now, as recovery would give it back on its next round. The
+    /// instances whose leases hold (other than `lease`) are asked to give back what they have
+    /// free, and the call waits until the credits they hold for it fall (a give-back, or a call
+    /// of theirs ending), for at most [`RECALL_WAIT`]. `true`: credits came back, and the
+    /// reservation may be tried again; `false`: none are held elsewhere, or none came back in
+    /// time.
     pub(super) async fn recall(&self, account: i64, lease: i64) -> Result<bool, StoreError> {
-        let before = self.escrowed_elsewhere(account, lease).await?;
+        let now = Utc::now();
+        if give_back_ended(&self.db, now, Some(account)).await? > 0 {
+            return Ok(true);
+        }
+        let before = self.escrowed_elsewhere(account, lease, now).await?;
         if before == 0 {
             return Ok(false);
         }
@@ -563,7 +570,7 @@ impl Escrow {
         let mut pause = std::time::Duration::from_millis(2);
         while tokio::time::Instant::now() + pause < deadline {
             tokio::time::sleep(pause).await;
-            if self.escrowed_elsewhere(account, lease).await? < before {
+            if self.escrowed_elsewhere(account, lease, now).await? < before {
                 return Ok(true);
             }
             pause = Ord::min(pause * 2, std::time::Duration::from_millis(128));
@@ -571,11 +578,18 @@ impl Escrow {
         Ok(false)
     }
 
-    /// The credits escrow rows for `account` under leases other than `lease` hold.
-    async fn escrowed_elsewhere(&self, account: i64, lease: i64) -> Result<i64, StoreError> {
+    /// The credits escrow rows for `account` hold under leases that hold at `now`, other than
+    /// `lease`.
+    async fn escrowed_elsewhere(
+        &self,
+        account: i64,
+        lease: i64,
+        now: DateTime<Utc>,
+    ) -> Result<i64, StoreError> {
         let rows = escrow::Entity::find()
             .filter(escrow::Column::AccountId.eq(account))
             .filter(escrow::Column::InstanceId.ne(lease))
+            .filter(escrow::Column::InstanceId.in_subquery(super::leases::live(now)))
             .all(&self.db)
             .await?;
         Ok(rows
@@ -1313,26 +1327,25 @@ fn decide<'a>(
     (decided, debits)
 }
 
-/// Gives back to their accounts the escrow rows whose lease does not hold at `now` (its
-/// instance crashed, stopped without giving back, or lost its lease), each in a transaction of
-/// its own. Returns how many rows it gave back.
+/// Gives back to their accounts the escrow rows (of `account`, or of every account) whose
+/// lease does not hold at `now` (its instance crashed, stopped without giving back, or lost its
+/// lease), each in a transaction of its own. Returns how many rows it gave back. Recovery and a
+/// recall may both run it at once: a row is read again under its lock, and one given back is
+/// found empty.
 pub(super) async fn give_back_ended(
     db: &DatabaseConnection,
     now: DateTime<Utc>,
+    account: Option<i64>,
 ) -> Result<u64, StoreError> {
-    let live = sea_orm::sea_query::Query::select()
-        .column(instance::Column::Id)
-        .from(instance::Entity)
-        .and_where(instance::Column::ExpiresAt.gt(now))
-        .to_owned();
-    let ended: Vec<(i64, i64)> = escrow::Entity::find()
+    let mut query = escrow::Entity::find()
         .select_only()
         .column(escrow::Column::AccountId)
         .column(escrow::Column::InstanceId)
-        .filter(escrow::Column::InstanceId.not_in_subquery(live))
-        .into_tuple()
-        .all(db)
-        .await?;
+        .filter(escrow::Column::InstanceId.not_in_subquery(super::leases::live(now)));
+    if let Some(account) = account {
+        query = query.filter(escrow::Column::AccountId.eq(account));
+    }
+    let ended: Vec<(i64, i64)> = query.into_tuple().all(db).await?;
     let mut given = 0;
     for (account, lease) in ended {
         let txn = super::begin_write(db).await?;

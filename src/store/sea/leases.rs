@@ -248,7 +248,7 @@ pub(super) async fn orphaned(
     limit: u64,
 ) -> Result<Vec<CallId>, StoreError> {
     end_dead_holders(db, sqlite_file, held, now).await?;
-    super::escrow::give_back_ended(db, now).await?;
+    super::escrow::give_back_ended(db, now, None).await?;
     let ids: Vec<i64> = call::Entity::find()
         .select_only()
         .column(call::Column::Id)
@@ -267,12 +267,16 @@ pub(super) async fn orphaned(
 /// statement, an entry is seen only with its lease (taken before any entry records it), so a
 /// gateway starting meanwhile cannot have its fresh calls taken for orphans.
 fn outside_live_leases(now: DateTime<Utc>) -> sea_orm::sea_query::SimpleExpr {
-    let live = sea_orm::sea_query::Query::select()
+    call::Column::InstanceId.not_in_subquery(live(now))
+}
+
+/// The leases that hold at `now`, as a subquery.
+pub(super) fn live(now: DateTime<Utc>) -> sea_orm::sea_query::SelectStatement {
+    sea_orm::sea_query::Query::select()
         .column(instance::Column::Id)
         .from(instance::Entity)
         .and_where(instance::Column::ExpiresAt.gt(now))
-        .to_owned();
-    call::Column::InstanceId.not_in_subquery(live)
+        .to_owned()
 }
 
 /// Entries that no live lease protects at `now`: made under no lease, or under one that ended.

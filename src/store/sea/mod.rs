@@ -279,15 +279,15 @@ impl SeaOrmStore {
     /// back. An account that falls below 256 calls' worth gets no new escrow: each instance
     /// spends what it still has in escrow for it, then reserves in the database. A call that
     /// the database refuses for credits while other instances hold escrow for the account
-    /// recalls it: the instance asks them (`NOTIFY` on the channel `mg_escrow_recall`, each
-    /// instance listening on one connection of its pool) to give back what they have free,
-    /// waits up to a second for their escrow to fall, and tries once more. So an account is
-    /// refused (402) only when the credits left are held by calls still running elsewhere, or
-    /// a recall was missed (an instance reconnecting): what an instance's escrow for an account
-    /// has free goes back anyway once no call has been held against it for 5 to 10 seconds
+    /// recalls it, keyed or not: escrow under a lease that has ended (a crashed instance's) goes
+    /// back at once, and the instances whose leases hold are asked (`NOTIFY` on the channel
+    /// `mg_escrow_recall`, each instance listening on one connection of its pool, which
+    /// reconnects if the connection is lost) to give back what they have free; the call waits up
+    /// to a second for their escrow to fall, and is tried once more. So an account is refused
+    /// (402) only when the credits left are held by calls still running elsewhere, or a recall
+    /// was missed (an instance reconnecting): what an instance's escrow for an account has free
+    /// goes back anyway once no call has been held against it for 5 to 10 seconds
     /// ([`DEFAULT_ESCROW_IDLE`](super::DEFAULT_ESCROW_IDLE); see [`with_escrow_idle_after`](Self::with_escrow_idle_after)).
-    /// Calls with an idempotency key do not recall (they are decided with this instance's
-    /// escrow paused).
     /// And subscription credits come first within each instance's escrow and the account row,
     /// not across instances: one may spend top-up credits from its escrow while another still
     /// holds subscription credits of the same account in its own.
@@ -339,9 +339,6 @@ impl SeaOrmStore {
             }
     }
 
-    /// The holds of a store that owns its file, frozen: no batch is written and no
-    /// reservation held until the guard is dropped. Take it before a write transaction, never
-    /// inside one.
     /// What `account` has to spend when its row holds `row`: that with its escrowed credits,
     /// which are the account's whichever instance holds them, less what this store holds
     /// against its escrow.
@@ -359,6 +356,9 @@ impl SeaOrmStore {
         })
     }
 
+    /// The holds of a store that owns its file, frozen: no batch is written and no
+    /// reservation held until the guard is dropped. Take it before a write transaction, never
+    /// inside one.
     async fn freeze_holds(&self) -> Option<holds::Frozen<'_>> {
         match &self.owned {
             Some(owned) => Some(owned.holds.freeze().await),
@@ -729,18 +729,24 @@ impl Ledger for SeaOrmStore {
                 {
                     escrow.give_back(lease, Some(account)).await?;
                 }
-                let reserved =
-                    idempotent::reserve(&self.db, charge.clone(), key, window, holds.as_deref())
-                        .await;
-                match (&reserved, &self.escrow, charge.instance) {
+                let reserve =
+                    || idempotent::reserve(&self.db, charge.clone(), key, window, holds.as_deref());
+                let mut reserved = reserve().await;
+                if let (Err(ReserveError::InsufficientCredits), Some(escrow), Some(lease)) =
+                    (&reserved, &self.escrow, charge.instance)
+                {
                     // The account's credits may be in this instance's escrow: give back what is
-                    // free there and try once more.
-                    (Err(ReserveError::InsufficientCredits), Some(escrow), Some(lease)) => {
-                        escrow.give_back(lease, Some(account)).await?;
-                        idempotent::reserve(&self.db, charge, key, window, holds.as_deref()).await
+                    // free there and try once more; then in other instances' (an escrow instance
+                    // owns no file, so nothing is frozen while they are recalled).
+                    escrow.give_back(lease, Some(account)).await?;
+                    reserved = reserve().await;
+                    if let Err(ReserveError::InsufficientCredits) = reserved
+                        && escrow.recall(account, lease).await?
+                    {
+                        reserved = reserve().await;
                     }
-                    _ => reserved,
                 }
+                reserved
             }
             None => self.reserve_unkeyed(charge).await,
         };
