@@ -51,13 +51,19 @@ function enter() {
   listAccounts();
 }
 
+/** How many account lists were asked for: only the last one asked is drawn. */
+let listings = 0;
+
 async function listAccounts(event) {
   if (event) event.preventDefault();
   document.getElementById("error").textContent = "";
   const search = document.getElementById("search").value.trim();
   const query = "/admin/accounts?limit=100" + (search ? "&search=" + encodeURIComponent(search) : "");
+  const listing = ++listings;
   try {
     const page = await admin(query);
+    // Each typed letter asks again; an earlier letter's answer that comes last is not drawn.
+    if (listing !== listings) return;
     const body = document.getElementById("accounts");
     body.replaceChildren();
     for (const account of page.data) {

@@ -39,7 +39,11 @@ async function enter() {
   await refresh();
 }
 
+/** How many refreshes were asked for: only the last one asked is drawn. */
+let refreshes = 0;
+
 async function refresh() {
+  const asked = ++refreshes;
   document.getElementById("account-error").textContent = "";
   try {
     const [balance, usageAnswer, calls] = await Promise.all([
@@ -47,12 +51,15 @@ async function refresh() {
       callApi(key(), "/v1/usage?days=30"),
       callApi(key(), "/v1/calls?limit=20"),
     ]);
+    // A refresh asked for later draws instead, even if this one's answers come last.
+    if (asked !== refreshes) return;
     showBalance(balance);
     usage = usageAnswer;
     drawChart();
     document.getElementById("calls").replaceChildren();
     showCalls(calls);
   } catch (error) {
+    if (asked !== refreshes) return;
     if (error.status === 401) {
       signOut();
       document.getElementById("sign-in-error").textContent = error.message;
@@ -94,8 +101,12 @@ function showCalls(page) {
 }
 
 async function older() {
+  const asked = refreshes;
   try {
-    showCalls(await callApi(key(), "/v1/calls?limit=20&before=" + encodeURIComponent(nextBefore)));
+    const page = await callApi(key(), "/v1/calls?limit=20&before=" + encodeURIComponent(nextBefore));
+    // A refresh since drew the newest calls: this older page belongs to the list before it.
+    if (asked !== refreshes) return;
+    showCalls(page);
   } catch (error) {
     document.getElementById("account-error").textContent = error.message;
   }
