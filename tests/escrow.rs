@@ -760,16 +760,29 @@ async fn an_idle_accounts_escrow_comes_back_for_other_instances_to_spend() {
     let Some(db) = postgres_db().await else {
         return;
     };
-    const IDLE: Duration = Duration::from_millis(300);
+    const IDLE: Duration = Duration::from_secs(1);
+    const SLICED: ((i64, i64), (i64, i64)) = ((0, 875), (0, 123));
+    const GIVEN_BACK: ((i64, i64), (i64, i64)) = ((0, 998), (0, 0));
     let now = Utc::now();
     let first = escrow_instance_idle_after(&db, now, IDLE).await;
     let second = escrow_instance(&db, now).await;
     // 500 calls' worth: the first instance's one call takes a slice of an eighth of it.
     let (key, caller) = funded(&db, 0, 1000).await;
     let (_, hot) = funded(&db, 0, 1000).await;
+    let before_the_call = std::time::Instant::now();
     let reservation = reserve(&first, caller).await.unwrap();
     assert!(settle(&first, &reservation).await);
-    assert_eq!(stored(&db, caller).await, ((0, 875), (0, 123)));
+    let after_the_call = stored(&db, caller).await;
+    // The idle look cannot give the slice back sooner than IDLE after the call was held; a
+    // machine stalled longer than that (a loaded CI runner) may already see it given back.
+    if before_the_call.elapsed() < IDLE {
+        assert_eq!(after_the_call, SLICED, "the call took a slice into escrow");
+    } else {
+        assert!(
+            [SLICED, GIVEN_BACK].contains(&after_the_call),
+            "{after_the_call:?}"
+        );
+    }
     // Another account is charged on the first instance all along: its escrow stays.
     let charging = {
         let first = first.clone();
@@ -782,7 +795,7 @@ async fn an_idle_accounts_escrow_comes_back_for_other_instances_to_spend() {
         })
     };
     let deadline = std::time::Instant::now() + 20 * IDLE;
-    while stored(&db, caller).await != ((0, 998), (0, 0)) {
+    while stored(&db, caller).await != GIVEN_BACK {
         assert!(
             std::time::Instant::now() < deadline,
             "the idle escrow never came back: {:?}",
