@@ -826,18 +826,9 @@ async fn an_idle_accounts_escrow_comes_back_for_other_instances_to_spend() {
     db.drop_schema().await;
 }
 
-#[tokio::test]
-async fn a_settle_retried_after_its_batch_committed_unanswered_is_billed_once() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    let instance = escrow_instance(&db, Utc::now()).await;
-    let (key, caller) = funded(&db, 0, 1000).await;
-    let lost = reserve(&instance, caller).await.unwrap();
-    let beside = reserve(&instance, caller).await.unwrap();
-    let refunded = reserve(&instance, caller).await.unwrap();
-    // A batch settled `lost` and committed, but its reply never came back (the connection
-    // dropped): its entry is written and the escrow row debited; the caller retries.
+/// Writes what a batch settling `lost` from its escrow row (top-up credits) writes, as if it
+/// committed but its reply never came back: its entry, and the row's debit.
+async fn commit_unanswered(db: &TestDb, caller: Caller, lost: &Reservation) {
     let (account, call, key_id) = (caller.account.0, lost.call.0, caller.key.0);
     db.store
         .connection()
@@ -852,6 +843,21 @@ async fn a_settle_retried_after_its_batch_committed_unanswered_is_billed_once() 
         ))
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_settle_retried_after_its_batch_committed_unanswered_is_billed_once() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let instance = escrow_instance(&db, Utc::now()).await;
+    let (key, caller) = funded(&db, 0, 1000).await;
+    let lost = reserve(&instance, caller).await.unwrap();
+    let beside = reserve(&instance, caller).await.unwrap();
+    let refunded = reserve(&instance, caller).await.unwrap();
+    // A batch settled `lost` and committed, but its reply never came back (the connection
+    // dropped); the caller retries.
+    commit_unanswered(&db, caller, &lost).await;
     // The retry, and a call ending beside it in the same batch.
     let (retried, other) = tokio::join!(
         instance.settle(lost.call, CallSuccess::default()),
@@ -876,6 +882,72 @@ async fn a_settle_retried_after_its_batch_committed_unanswered_is_billed_once() 
     db.assert_audit_holds().await;
     instance.release_lease().await.unwrap();
     assert_eq!(stored(&db, caller).await, ((0, left), (0, 0)));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn calls_held_after_a_batch_committed_unanswered_and_unreadable_are_billed_once() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let instance = escrow_instance(&db, Utc::now()).await;
+    // 500 calls' worth; the escrow row holds 62 of them after the first call.
+    let (key, caller) = funded(&db, 0, 1000).await;
+    let lost = reserve(&instance, caller).await.unwrap();
+    let beside = reserve(&instance, caller).await.unwrap();
+    // A batch settling both committed `lost`'s debit but its reply was lost, and the entries
+    // it wrote cannot be read back either (the call log's `status` is out of reach): both
+    // settles fail, and the instance cannot tell what its escrow row holds.
+    commit_unanswered(&db, caller, &lost).await;
+    let calls_log =
+        |from: &str, to: &str| format!("ALTER TABLE mg_calls RENAME COLUMN {from} TO {to}");
+    let connection = db.store.connection();
+    connection
+        .execute_unprepared(&calls_log("status", "status_out_of_reach"))
+        .await
+        .unwrap();
+    let (first, second) = tokio::join!(
+        instance.settle(lost.call, CallSuccess::default()),
+        instance.settle(beside.call, CallSuccess::default())
+    );
+    connection
+        .execute_unprepared(&calls_log("status_out_of_reach", "status"))
+        .await
+        .unwrap();
+    assert!(first.is_err() && second.is_err(), "{first:?} {second:?}");
+    // Meanwhile the instance takes 150 calls, past two refills of the row: none is held on
+    // the debit it did not see, so each is billed.
+    for nth in 0..150 {
+        let reservation = reserve(&instance, caller).await.unwrap();
+        assert!(settle(&instance, &reservation).await, "call {nth} billed");
+    }
+    // The callers retry: `lost` finds its entry, `beside` is written now. Then every credit
+    // left is spent.
+    assert!(
+        settle(&instance, &lost).await,
+        "the lost batch's call is billed"
+    );
+    assert!(
+        settle(&instance, &beside).await,
+        "the call beside it is billed"
+    );
+    let mut billed = 152;
+    while let Ok(reservation) = reserve(&instance, caller).await {
+        assert!(
+            settle(&instance, &reservation).await,
+            "call {billed} billed"
+        );
+        billed += 1;
+    }
+    assert_eq!(billed, 500);
+    assert_eq!(instance.held_reservations().await, 0);
+    let calls = db.calls(&key).await;
+    assert_eq!(count(&calls, CallStatus::Ok), 500);
+    assert_eq!(db.balance(&key).await, balance(0, 0));
+    db.assert_audit_holds().await;
+    instance.release_lease().await.unwrap();
+    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }
