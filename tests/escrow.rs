@@ -916,7 +916,8 @@ async fn calls_held_after_a_batch_committed_unanswered_and_unreadable_are_billed
         .await
         .unwrap();
     assert!(first.is_err() && second.is_err(), "{first:?} {second:?}");
-    // Meanwhile the instance takes 150 calls, past two refills of the row: none is held on
+    // Meanwhile the instance takes 150 calls, past at least one refill of its row (each slice
+    // holds at most an eighth of what is left, 62 calls' worth at first): none is held on
     // the debit it did not see, so each is billed.
     for nth in 0..150 {
         let reservation = reserve(&instance, caller).await.unwrap();
