@@ -21,7 +21,10 @@ use model_gateway::{
 use sea_orm::ConnectionTrait;
 
 const PRICE: i64 = 2;
-const TTL: Duration = Duration::from_secs(10);
+/// The instances' leases: no test renews them, and a lease that runs out mid-test gives its
+/// escrow back to the first call refused for credits (a loaded CI runner once took more than
+/// 10 s over a test's 500 calls).
+const TTL: Duration = Duration::from_secs(600);
 
 /// An account with these credits: its key, and who calls with it.
 async fn funded(db: &TestDb, subscription: i64, topup: i64) -> (String, Caller) {
@@ -284,6 +287,7 @@ async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
 
     let (row, escrowed) = stored(&db, caller).await;
     assert!(escrowed.1 > 0, "{row:?} {escrowed:?}");
+    let ttl = chrono::Duration::from_std(TTL).unwrap();
     let later = |seconds| now + chrono::Duration::seconds(seconds);
     assert!(
         db.store
@@ -297,7 +301,7 @@ async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
     // moved nothing, so there is nothing to refund.
     assert!(
         db.store
-            .orphaned_reservations(later(11), 100)
+            .orphaned_reservations(later(1) + ttl, 100)
             .await
             .unwrap()
             .is_empty()
@@ -308,7 +312,10 @@ async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
     assert_eq!(calls[0].status, CallStatus::Ok);
     db.assert_audit_holds().await;
     // Its lease row goes once nothing refers to it.
-    assert_eq!(db.store.forget_ended_leases(later(11)).await.unwrap(), 1);
+    assert_eq!(
+        db.store.forget_ended_leases(later(1) + ttl).await.unwrap(),
+        1
+    );
     db.drop_schema().await;
 }
 
@@ -667,7 +674,11 @@ async fn an_instance_whose_lease_has_ended_reserves_in_the_database() {
         return;
     };
     // Its lease ended before its first call (its database was out of reach, say).
-    let instance = escrow_instance(&db, Utc::now() - chrono::Duration::seconds(60)).await;
+    let instance = escrow_instance(
+        &db,
+        Utc::now() - chrono::Duration::from_std(TTL).unwrap() - chrono::Duration::seconds(60),
+    )
+    .await;
     let (_, caller) = funded(&db, 1000, 0).await;
     let reservation = reserve(&instance, caller).await.unwrap();
     assert_eq!(instance.held_reservations().await, 0);
