@@ -2,11 +2,15 @@
 //!
 //! 1. the floor: an axum server that parses the body and returns the same mock reply, with
 //!    none of our layers;
-//! 2. the full example gateway (all four layers, behind `model_gateway::server` as the example
+//! 2. the durable floor: the floor, but each request's reply waits until a record of a call-log
+//!    entry's size is on disk, written and `fdatasync`ed in batches by one thread (what any
+//!    gateway that puts a call on disk before answering pays at the least);
+//! 3. the full example gateway (all four layers, behind `model_gateway::server` as the example
 //!    serves them) in mock mode on the in-memory store: what HTTP and the layers cost without a
-//!    database;
-//! 3. the same on a `SQLite` file (WAL);
-//! 4. the same on `PostgreSQL`, when `TEST_POSTGRES_URL` is set (a schema of its own);
+//!    database; then the same with each reply waiting for such a record (the most a gateway
+//!    with a durable ledger could reach here);
+//! 4. the same on a `SQLite` file (WAL), shared and owned;
+//! 5. the same on `PostgreSQL`, when `TEST_POSTGRES_URL` is set (a schema of its own);
 //!
 //! each driven with the same HTTP load (keep-alive connections, one hot account) at
 //! concurrency 1, 16 and 64. Prints requests per second, p50 and p99 latency, each gateway's
@@ -104,21 +108,26 @@ async fn serve_gateway(router: axum::Router) -> String {
     base
 }
 
+/// What the floor answers: the body parsed as the gateway does, the mock's reply.
+fn floor_reply(
+    catalogue: &Catalogue,
+    mut mock: MockUpstream,
+    body: Bytes,
+) -> http::Response<axum::body::Body> {
+    let routed = model_gateway::route(catalogue, Protocol::ChatCompletions, &body, false).unwrap();
+    let mut request = http::Request::new(body);
+    request.extensions_mut().insert(routed);
+    let reply = mock.call(request).into_inner().unwrap();
+    reply.map(|body| axum::body::Body::from(body.as_complete().cloned().unwrap_or_default()))
+}
+
 /// The floor: parse the body as the gateway does, answer the mock reply, nothing else.
 async fn floor() -> Target {
     let catalogue = Arc::new(Catalogue::demo());
     let mock = MockUpstream::new();
     let handler = move |body: Bytes| {
-        let (catalogue, mut mock) = (catalogue.clone(), mock.clone());
-        async move {
-            let routed =
-                model_gateway::route(&catalogue, Protocol::ChatCompletions, &body, false).unwrap();
-            let mut request = http::Request::new(body);
-            request.extensions_mut().insert(routed);
-            let reply = mock.call(request).into_inner().unwrap();
-            reply
-                .map(|body| axum::body::Body::from(body.as_complete().cloned().unwrap_or_default()))
-        }
+        let (catalogue, mock) = (catalogue.clone(), mock.clone());
+        async move { floor_reply(&catalogue, mock, body) }
     };
     let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
     Target {
@@ -129,8 +138,107 @@ async fn floor() -> Target {
     }
 }
 
-/// The full gateway on the in-memory store. It keeps no call log to check afterwards.
-async fn memory_gateway() -> Target {
+/// What a journal record holds: about a call-log entry's size.
+const RECORD: usize = 200;
+/// A journal's file, written over and over from the start.
+const JOURNAL_FILE: u64 = 64 << 20;
+
+/// Records waiting to be written, and the sequence number of the last one queued.
+#[derive(Default)]
+struct Queued {
+    records: std::sync::Mutex<(Vec<u8>, u64)>,
+    wake: std::sync::Condvar,
+}
+
+/// The least a call can pay to be on disk before its reply: one thread writes whatever records
+/// were queued meanwhile to a file written in full beforehand (so that no write changes its
+/// size or its blocks) and `fdatasync`s it, then wakes those records' callers; one write and
+/// one flush per batch, as the gateway's flusher does, and nothing else.
+#[derive(Clone)]
+struct Journal {
+    queued: Arc<Queued>,
+    on_disk: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Journal {
+    fn create(path: &std::path::Path) -> Journal {
+        let file = std::fs::File::create(path).unwrap();
+        std::io::Write::write_all(&mut &file, &vec![0; JOURNAL_FILE as usize]).unwrap();
+        file.sync_all().unwrap();
+        let queued = Arc::new(Queued::default());
+        let (durable, on_disk) = tokio::sync::watch::channel(0u64);
+        let writer = queued.clone();
+        std::thread::spawn(move || {
+            use std::os::unix::fs::FileExt;
+            let (mut offset, mut batch) = (0, Vec::new());
+            loop {
+                let last = {
+                    let mut queued = writer.records.lock().unwrap();
+                    while queued.0.is_empty() {
+                        queued = writer.wake.wait(queued).unwrap();
+                    }
+                    std::mem::swap(&mut batch, &mut queued.0);
+                    queued.1
+                };
+                if offset + batch.len() as u64 > JOURNAL_FILE {
+                    offset = 0;
+                }
+                file.write_all_at(&batch, offset).unwrap();
+                file.sync_data().unwrap();
+                offset += batch.len() as u64;
+                batch.clear();
+                if durable.send(last).is_err() {
+                    return;
+                }
+            }
+        });
+        Journal { queued, on_disk }
+    }
+
+    /// Queues a record and waits until it is on disk.
+    async fn record(&self) {
+        let sequence = {
+            let mut queued = self.queued.records.lock().unwrap();
+            queued.0.extend_from_slice(&[b'x'; RECORD]);
+            queued.1 += 1;
+            queued.1
+        };
+        self.queued.wake.notify_one();
+        self.on_disk
+            .clone()
+            .wait_for(|durable| *durable >= sequence)
+            .await
+            .unwrap();
+    }
+}
+
+/// The durable floor: the floor, but each reply waits for a [`Journal`] record. No gateway
+/// that puts each call on disk before answering can beat it on this machine.
+async fn durable_floor(dir: &std::path::Path) -> Target {
+    let journal = Journal::create(&dir.join("durable-floor.journal"));
+    let catalogue = Arc::new(Catalogue::demo());
+    let mock = MockUpstream::new();
+    let handler = move |body: Bytes| {
+        let (catalogue, mock, journal) = (catalogue.clone(), mock.clone(), journal.clone());
+        async move {
+            let reply = floor_reply(&catalogue, mock, body);
+            journal.record().await;
+            reply
+        }
+    };
+    let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
+    Target {
+        name: "floor, durable",
+        base: serve(router).await,
+        key: None,
+        store: None,
+    }
+}
+
+/// The full gateway on the in-memory store. It keeps no call log to check afterwards. With a
+/// journal, each reply waits for a record of it (the in-memory gateway made durable at the
+/// least cost: what the best ledger on this machine's disk could reach).
+async fn memory_gateway(journal: Option<Journal>) -> Target {
     let store = Arc::new(MemoryStore::new());
     let account = store.create_account("load").await.unwrap();
     let key = NewApiKey::generate();
@@ -146,8 +254,24 @@ async fn memory_gateway() -> Target {
     )
     .body_limits(DEFAULT_MAX_BODY_BYTES)
     .router();
+    let (name, router) = match journal {
+        None => ("gateway, in-memory", router),
+        Some(journal) => (
+            "gateway, in-memory+journal",
+            router.layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let journal = journal.clone();
+                    async move {
+                        let reply = next.run(request).await;
+                        journal.record().await;
+                        reply
+                    }
+                },
+            )),
+        ),
+    };
     Target {
-        name: "gateway, in-memory",
+        name,
         base: serve_gateway(router).await,
         key: Some(key.reveal().to_owned()),
         store: None,
@@ -380,7 +504,9 @@ async fn main() {
     );
     let mut targets = vec![
         floor().await,
-        memory_gateway().await,
+        durable_floor(dir.path()).await,
+        memory_gateway(None).await,
+        memory_gateway(Some(Journal::create(&dir.path().join("gateway.journal")))).await,
         gateway(
             "gateway, SQLite",
             SeaOrmStore::connect(&sqlite_url).await.unwrap(),
