@@ -827,13 +827,7 @@ async fn an_idle_accounts_escrow_comes_back_for_other_instances_to_spend() {
         billed += i64::from(settle(&second, &reservation).await);
     }
     assert_eq!(billed, 499);
-    assert_eq!(db.balance(&key).await, balance(0, 0));
-    db.assert_audit_holds().await;
-    for instance in [&first, &second] {
-        instance.release_lease().await.unwrap();
-    }
-    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
-    db.assert_audit_holds().await;
+    assert_left_after_release(&db, &key, caller, &[&first, &second], 0).await;
     db.drop_schema().await;
 }
 
@@ -856,19 +850,47 @@ async fn commit_unanswered(db: &TestDb, caller: Caller, lost: &Reservation) {
         .unwrap();
 }
 
+/// An escrow instance, an account of 500 calls' worth (its key, who calls), and two calls held
+/// on it: `lost`, which a batch settled and committed without its reply coming back (see
+/// [`commit_unanswered`]), and one beside it.
+async fn a_batch_committed_unanswered(
+    db: &TestDb,
+) -> (Arc<SeaOrmStore>, String, Caller, Reservation, Reservation) {
+    let instance = escrow_instance(db, Utc::now()).await;
+    let (key, caller) = funded(db, 0, 1000).await;
+    let lost = reserve(&instance, caller).await.unwrap();
+    let beside = reserve(&instance, caller).await.unwrap();
+    commit_unanswered(db, caller, &lost).await;
+    (instance, key, caller, lost, beside)
+}
+
+/// The account has `left` top-up credits, the instances give its escrow back on release, and
+/// the audit holds before and after.
+async fn assert_left_after_release(
+    db: &TestDb,
+    key: &str,
+    caller: Caller,
+    instances: &[&SeaOrmStore],
+    left: i64,
+) {
+    assert_eq!(db.balance(key).await, balance(0, left));
+    db.assert_audit_holds().await;
+    for instance in instances {
+        instance.release_lease().await.unwrap();
+    }
+    assert_eq!(stored(db, caller).await, ((0, left), (0, 0)));
+    db.assert_audit_holds().await;
+}
+
 #[tokio::test]
 async fn a_settle_retried_after_its_batch_committed_unanswered_is_billed_once() {
     let Some(db) = postgres_db().await else {
         return;
     };
-    let instance = escrow_instance(&db, Utc::now()).await;
-    let (key, caller) = funded(&db, 0, 1000).await;
-    let lost = reserve(&instance, caller).await.unwrap();
-    let beside = reserve(&instance, caller).await.unwrap();
-    let refunded = reserve(&instance, caller).await.unwrap();
     // A batch settled `lost` and committed, but its reply never came back (the connection
     // dropped); the caller retries.
-    commit_unanswered(&db, caller, &lost).await;
+    let (instance, key, caller, lost, beside) = a_batch_committed_unanswered(&db).await;
+    let refunded = reserve(&instance, caller).await.unwrap();
     // The retry, and a call ending beside it in the same batch.
     let (retried, other) = tokio::join!(
         instance.settle(lost.call, CallSuccess::default()),
@@ -889,11 +911,7 @@ async fn a_settle_retried_after_its_batch_committed_unanswered_is_billed_once() 
     assert_eq!(count(&calls, CallStatus::Ok), billed);
     assert_eq!(count(&calls, CallStatus::Refunded), 1);
     let left = 1000 - billed as i64 * PRICE;
-    assert_eq!(db.balance(&key).await, balance(0, left));
-    db.assert_audit_holds().await;
-    instance.release_lease().await.unwrap();
-    assert_eq!(stored(&db, caller).await, ((0, left), (0, 0)));
-    db.assert_audit_holds().await;
+    assert_left_after_release(&db, &key, caller, &[&instance], left).await;
     db.drop_schema().await;
 }
 
@@ -902,15 +920,11 @@ async fn calls_held_after_a_batch_committed_unanswered_and_unreadable_are_billed
     let Some(db) = postgres_db().await else {
         return;
     };
-    let instance = escrow_instance(&db, Utc::now()).await;
-    // 500 calls' worth; the escrow row holds 62 of them after the first call.
-    let (key, caller) = funded(&db, 0, 1000).await;
-    let lost = reserve(&instance, caller).await.unwrap();
-    let beside = reserve(&instance, caller).await.unwrap();
-    // A batch settling both committed `lost`'s debit but its reply was lost, and the entries
-    // it wrote cannot be read back either (the call log's `status` is out of reach): both
-    // settles fail, and the instance cannot tell what its escrow row holds.
-    commit_unanswered(&db, caller, &lost).await;
+    // 500 calls' worth; the escrow row holds 62 of them after the first call. A batch settling
+    // `lost` and the call beside it committed `lost`'s debit but its reply was lost, and the
+    // entries it wrote cannot be read back either (the call log's `status` is out of reach):
+    // both settles fail, and the instance cannot tell what its escrow row holds.
+    let (instance, key, caller, lost, beside) = a_batch_committed_unanswered(&db).await;
     let calls_log =
         |from: &str, to: &str| format!("ALTER TABLE mg_calls RENAME COLUMN {from} TO {to}");
     let connection = db.store.connection();
@@ -956,11 +970,7 @@ async fn calls_held_after_a_batch_committed_unanswered_and_unreadable_are_billed
     assert_eq!(instance.held_reservations().await, 0);
     let calls = db.calls(&key).await;
     assert_eq!(count(&calls, CallStatus::Ok), 500);
-    assert_eq!(db.balance(&key).await, balance(0, 0));
-    db.assert_audit_holds().await;
-    instance.release_lease().await.unwrap();
-    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
-    db.assert_audit_holds().await;
+    assert_left_after_release(&db, &key, caller, &[&instance], 0).await;
     db.drop_schema().await;
 }
 
@@ -1033,12 +1043,7 @@ async fn escrow_given_back_idle_between_calls_loses_and_bills_no_credit() {
     let calls = db.calls(&key).await;
     assert_eq!(count(&calls, CallStatus::Ok) as i64, billed);
     assert_eq!(count(&calls, CallStatus::Refunded) as i64, refunded);
-    assert_eq!(db.balance(&key).await, balance(0, 0));
-    db.assert_audit_holds().await;
-    for instance in &instances {
-        instance.release_lease().await.unwrap();
-    }
-    assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
+    assert_left_after_release(&db, &key, caller, &[&instances[0], &instances[1]], 0).await;
     db.drop_schema().await;
 }
 
@@ -1099,12 +1104,7 @@ async fn assert_all_spent_but_the_held_call(
     assert!(settle(&instances[0], held).await, "the held call is billed");
     let calls = db.calls(key).await;
     assert_eq!(count(&calls, CallStatus::Ok), 500);
-    assert_eq!(db.balance(key).await, balance(0, 0));
-    db.assert_audit_holds().await;
-    for instance in instances {
-        instance.release_lease().await.unwrap();
-    }
-    assert_eq!(stored(db, caller).await, ((0, 0), (0, 0)));
+    assert_left_after_release(db, key, caller, &[&instances[0], &instances[1]], 0).await;
 }
 
 #[tokio::test]
