@@ -121,23 +121,6 @@ fn floor_reply(
     reply.map(|body| axum::body::Body::from(body.as_complete().cloned().unwrap_or_default()))
 }
 
-/// The floor: parse the body as the gateway does, answer the mock reply, nothing else.
-async fn floor() -> Target {
-    let catalogue = Arc::new(Catalogue::demo());
-    let mock = MockUpstream::new();
-    let handler = move |body: Bytes| {
-        let (catalogue, mock) = (catalogue.clone(), mock.clone());
-        async move { floor_reply(&catalogue, mock, body) }
-    };
-    let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
-    Target {
-        name: "floor (no layers)",
-        base: serve(router).await,
-        key: None,
-        store: None,
-    }
-}
-
 /// What a journal record holds: about a call-log entry's size.
 const RECORD: usize = 200;
 /// A journal's file, written over and over from the start.
@@ -212,23 +195,30 @@ impl Journal {
     }
 }
 
-/// The durable floor: the floor, but each reply waits for a [`Journal`] record. No gateway
-/// that puts each call on disk before answering can beat it on this machine.
-async fn durable_floor(dir: &std::path::Path) -> Target {
-    let journal = Journal::create(&dir.join("durable-floor.journal"));
+/// The floor: parse the body as the gateway does, answer the mock reply, nothing else. With a
+/// journal, the durable floor: each reply waits for a [`Journal`] record; no gateway that puts
+/// each call on disk before answering can beat it on this machine.
+async fn floor(journal: Option<Journal>) -> Target {
+    let name = if journal.is_some() {
+        "floor, durable"
+    } else {
+        "floor (no layers)"
+    };
     let catalogue = Arc::new(Catalogue::demo());
     let mock = MockUpstream::new();
     let handler = move |body: Bytes| {
         let (catalogue, mock, journal) = (catalogue.clone(), mock.clone(), journal.clone());
         async move {
             let reply = floor_reply(&catalogue, mock, body);
-            journal.record().await;
+            if let Some(journal) = journal {
+                journal.record().await;
+            }
             reply
         }
     };
     let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
     Target {
-        name: "floor, durable",
+        name,
         base: serve(router).await,
         key: None,
         store: None,
@@ -503,8 +493,8 @@ async fn main() {
         dir.path().join("owned.db").display()
     );
     let mut targets = vec![
-        floor().await,
-        durable_floor(dir.path()).await,
+        floor(None).await,
+        floor(Some(Journal::create(&dir.path().join("floor.journal")))).await,
         memory_gateway(None).await,
         memory_gateway(Some(Journal::create(&dir.path().join("gateway.journal")))).await,
         gateway(
