@@ -23,11 +23,14 @@
 //! Last, streaming: a fake provider in this process streams `LOADTEST_STREAM_EVENTS` (200)
 //! events, one every `LOADTEST_STREAM_GAP_MS` (10), each stamped with when it was sent;
 //! `LOADTEST_STREAMS` (1000) clients read such streams at once, first from the provider directly,
-//! then through the release gateway binary (`SQLite`, streaming on, every stream billed). It
-//! prints events per second, each event's latency from provider to client (p50, p99) and what
-//! the gateway adds to it, the time to the first event, the gateway's resident memory while the
-//! streams are open, and checks that every stream was billed `ok`. `LOADTEST_ONLY=streams`
-//! runs only this part, `LOADTEST_ONLY=requests` all but this part.
+//! then through a bare proxy (this binary run again as a process of its own: the gateway's HTTP
+//! server and a reqwest client passing bytes on unread, the streaming floor), then through the
+//! release gateway binary (`SQLite`, streaming on, every stream billed). It prints events per
+//! second, each event's latency from provider to client (p50, p99) and what the bare proxy and
+//! the gateway add to it, the CPU each spends per event, the time to the first event, the
+//! gateway's resident memory while the streams are open, and checks that every stream was
+//! billed `ok`. `LOADTEST_ONLY=streams` runs only this part, `LOADTEST_ONLY=requests` all but
+//! this part.
 //!
 //! ```text
 //! cargo build --release --example gateway && cargo run --release --example loadtest
@@ -478,6 +481,10 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[tokio::main]
 async fn main() {
+    if let Ok(upstream) = std::env::var(streaming::PROXY_UPSTREAM) {
+        streaming::bare_proxy(upstream).await;
+        return;
+    }
     if std::env::var("LOADTEST_ONLY").as_deref() == Ok("streams") {
         streaming::run().await;
         return;
@@ -710,6 +717,80 @@ mod streaming {
         super::serve(router).await
     }
 
+    /// Set in the environment of this binary when it runs as the bare proxy: the provider's
+    /// base URL (see [`bare_proxy`]).
+    pub(super) const PROXY_UPSTREAM: &str = "LOADTEST_PROXY_UPSTREAM";
+    /// Where the bare proxy listens.
+    const PROXY_LISTEN: &str = "LOADTEST_PROXY_LISTEN";
+
+    /// The streaming floor: a proxy on the gateway's own server (`model_gateway::server`) and
+    /// a reqwest client, as the gateway has, that forwards each request to `upstream` and
+    /// passes the reply's bytes on as they arrive, reading none of them: no key, no ledger, no
+    /// event parsing. What it adds to each event is what any proxy built of these parts adds
+    /// on this machine. Runs until killed.
+    pub(super) async fn bare_proxy(upstream: String) {
+        let client = reqwest::Client::new();
+        let url = format!("{upstream}/v1/chat/completions");
+        let handler = move |body: Bytes| {
+            let (client, url) = (client.clone(), url.clone());
+            async move {
+                let reply = client
+                    .post(url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                http::Response::<reqwest::Body>::from(reply).map(axum::body::Body::new)
+            }
+        };
+        let router =
+            axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
+        let listener = tokio::net::TcpListener::bind(std::env::var(PROXY_LISTEN).unwrap())
+            .await
+            .unwrap();
+        let limits = model_gateway::server::ServerLimits::default();
+        model_gateway::server::serve(listener, router, limits, std::future::pending())
+            .await
+            .unwrap();
+    }
+
+    /// A free port on the loopback address.
+    fn free_address() -> String {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string()
+    }
+
+    /// Waits until something accepts connections at `address`.
+    async fn listening(address: &str) {
+        while std::net::TcpStream::connect(address).is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `streams` clients read streams through `address` (its process is `pid`); returns what
+    /// they measured and the CPU time the process spent meanwhile, in nanoseconds.
+    async fn drive_through(
+        address: &str,
+        pid: u32,
+        key: &str,
+        streams: u64,
+        events: u64,
+    ) -> (Run, u64) {
+        let cpu_before = cpu_nanos(pid);
+        let run = drive(
+            &format!("http://{address}/v1/chat/completions"),
+            key,
+            streams,
+            events,
+        )
+        .await;
+        (run, cpu_nanos(pid).saturating_sub(cpu_before))
+    }
+
     /// What one side of the comparison measured.
     struct Run {
         events: u64,
@@ -823,6 +904,14 @@ mod streaming {
         EPOCH.get_or_init(Instant::now);
         let provider = provider(gap).await;
 
+        // The bare proxy: this binary again, as a process of its own like the gateway's.
+        let proxy_address = free_address();
+        let mut proxy = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(PROXY_UPSTREAM, &provider)
+            .env(PROXY_LISTEN, &proxy_address)
+            .spawn()
+            .unwrap();
+
         // The gateway binary, on a SQLite file, streaming on, in front of the provider.
         let dir = tempfile::tempdir().unwrap();
         let catalogue = dir.path().join("models.toml");
@@ -834,11 +923,7 @@ mod streaming {
             ),
         )
         .unwrap();
-        let listen = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .to_string();
+        let listen = free_address();
         let url = format!(
             "sqlite://{}?mode=rwc",
             dir.path().join("streams.db").display()
@@ -868,15 +953,21 @@ mod streaming {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        while std::net::TcpStream::connect(&listen).is_err() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        listening(&listen).await;
+        listening(&proxy_address).await;
         let pid = gateway.id();
         let idle = resident_kib(pid);
 
         println!("\nstreaming: {streams} concurrent streams of {events} events, one every {gap:?}");
-        let endpoint = |base: &str| format!("{base}/v1/chat/completions");
-        let mut direct = drive(&endpoint(&provider), "none", streams, events).await;
+        let mut direct = drive(
+            &format!("{provider}/v1/chat/completions"),
+            "none",
+            streams,
+            events,
+        )
+        .await;
+        let (mut bare, bare_cpu) =
+            drive_through(&proxy_address, proxy.id(), "none", streams, events).await;
         // Sample the gateway's memory while its streams are open.
         let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let sampler = {
@@ -888,18 +979,9 @@ mod streaming {
                 }
             })
         };
-        let cpu_before = cpu_nanos(pid);
-        let mut through = drive(
-            &endpoint(&format!("http://{listen}")),
-            &key,
-            streams,
-            events,
-        )
-        .await;
         // The gateway's own work per event, which does not depend on what else shares the
         // machine's cores (its added latency does).
-        let gateway_cpu = cpu_nanos(pid).saturating_sub(cpu_before);
-        let passed_on = through.events;
+        let (mut through, gateway_cpu) = drive_through(&listen, pid, &key, streams, events).await;
         sampler.abort();
 
         // One stream at a time: the time to the first event with nothing else going on.
@@ -910,7 +992,11 @@ mod streaming {
         ] {
             let mut firsts = Vec::new();
             for _ in 0..FIRST_EVENT_ROUNDS {
-                firsts.extend(drive(&endpoint(&base), key, 1, 1).await.first_events);
+                firsts.extend(
+                    drive(&format!("{base}/v1/chat/completions"), key, 1, 1)
+                        .await
+                        .first_events,
+                );
             }
             alone.push((percentile(&mut firsts, 0.5), percentile(&mut firsts, 0.99)));
         }
@@ -931,6 +1017,7 @@ mod streaming {
         let mut figures = Vec::new();
         for (name, run) in [
             ("provider alone", &mut direct),
+            ("through a bare proxy", &mut bare),
             ("through the gateway", &mut through),
         ] {
             let rate = run.events as f64 / run.elapsed.as_secs_f64();
@@ -951,17 +1038,23 @@ mod streaming {
             );
             figures.push((p50, p99, f50));
         }
-        let (direct, through) = (figures[0], figures[1]);
+        let added = |through: (u64, u64, u64)| {
+            let direct = figures[0];
+            format!(
+                "p50 {:+.3} ms, p99 {:+.3} ms; to the first event (p50): {:+.3} ms",
+                (through.0 as f64 - direct.0 as f64) / 1000.0,
+                (through.1 as f64 - direct.1 as f64) / 1000.0,
+                (through.2 as f64 - direct.2 as f64) / 1000.0,
+            )
+        };
+        println!("the bare proxy adds per event: {}", added(figures[1]));
+        println!("the gateway adds per event: {}", added(figures[2]));
+        let per_event = |cpu: u64, events: u64| cpu as f64 / 1000.0 / events.max(1) as f64;
         println!(
-            "the gateway adds per event: p50 {:+.3} ms, p99 {:+.3} ms; to the first event (p50): {:+.3} ms",
-            (through.0 as f64 - direct.0 as f64) / 1000.0,
-            (through.1 as f64 - direct.1 as f64) / 1000.0,
-            (through.2 as f64 - direct.2 as f64) / 1000.0,
-        );
-        println!(
-            "the gateway's CPU per event passed on: {:.1} us ({} events, {:.2} s of CPU)",
-            gateway_cpu as f64 / 1000.0 / passed_on.max(1) as f64,
-            passed_on,
+            "CPU per event passed on: bare proxy {:.1} us, gateway {:.1} us ({} events, {:.2} s of CPU)",
+            per_event(bare_cpu, bare.events),
+            per_event(gateway_cpu, through.events),
+            through.events,
             gateway_cpu as f64 / 1e9,
         );
         println!(
@@ -969,8 +1062,10 @@ mod streaming {
             idle as f64 / 1024.0,
             peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0
         );
-        gateway.kill().ok();
-        gateway.wait().ok();
+        for child in [&mut gateway, &mut proxy] {
+            child.kill().ok();
+            child.wait().ok();
+        }
         // Counted in the database: the call-log API pages at most 1000 entries at a time.
         let store = model_gateway::SeaOrmStore::connect(&url).await.unwrap();
         let ok = super::ok_entries(&store).await;
