@@ -772,15 +772,16 @@ mod streaming {
     }
 
     /// `streams` clients read streams through `address` (its process is `pid`); returns what
-    /// they measured and the CPU time the process spent meanwhile, in nanoseconds.
+    /// they measured and the CPU time the process spent meanwhile, in nanoseconds: in all, and
+    /// in user space (its own code, without the kernel's TCP work).
     async fn drive_through(
         address: &str,
         pid: u32,
         key: &str,
         streams: u64,
         events: u64,
-    ) -> (Run, u64) {
-        let cpu_before = cpu_nanos(pid);
+    ) -> (Run, u64, u64) {
+        let (cpu_before, user_before) = (cpu_nanos(pid), user_nanos(pid));
         let run = drive(
             &format!("http://{address}/v1/chat/completions"),
             key,
@@ -788,7 +789,8 @@ mod streaming {
             events,
         )
         .await;
-        (run, cpu_nanos(pid).saturating_sub(cpu_before))
+        let cpu = cpu_nanos(pid).saturating_sub(cpu_before);
+        (run, cpu, user_nanos(pid).saturating_sub(user_before))
     }
 
     /// What one side of the comparison measured.
@@ -874,6 +876,20 @@ mod streaming {
             .find(|line| line.starts_with("VmRSS:"))
             .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
             .unwrap_or(0)
+    }
+
+    /// User-space CPU time the process `pid` has used so far, in nanoseconds, at the 10 ms
+    /// resolution of `/proc/PID/stat` (`utime`, in clock ticks of 1/100 s).
+    fn user_nanos(pid: u32) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let ticks: u64 = after_name
+            .split_whitespace()
+            .nth(11)
+            .and_then(|ticks| ticks.parse().ok())
+            .unwrap_or(0);
+        ticks * 10_000_000
     }
 
     /// CPU time the process `pid` has used so far, summed over its threads, in nanoseconds.
@@ -966,7 +982,7 @@ mod streaming {
             events,
         )
         .await;
-        let (mut bare, bare_cpu) =
+        let (mut bare, bare_cpu, bare_user) =
             drive_through(&proxy_address, proxy.id(), "none", streams, events).await;
         // Sample the gateway's memory while its streams are open.
         let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -981,7 +997,8 @@ mod streaming {
         };
         // The gateway's own work per event, which does not depend on what else shares the
         // machine's cores (its added latency does).
-        let (mut through, gateway_cpu) = drive_through(&listen, pid, &key, streams, events).await;
+        let (mut through, gateway_cpu, gateway_user) =
+            drive_through(&listen, pid, &key, streams, events).await;
         sampler.abort();
 
         // One stream at a time: the time to the first event with nothing else going on.
@@ -1051,9 +1068,12 @@ mod streaming {
         println!("the gateway adds per event: {}", added(figures[2]));
         let per_event = |cpu: u64, events: u64| cpu as f64 / 1000.0 / events.max(1) as f64;
         println!(
-            "CPU per event passed on: bare proxy {:.1} us, gateway {:.1} us ({} events, {:.2} s of CPU)",
+            "CPU per event passed on: bare proxy {:.1} us ({:.1} us in user space), gateway {:.1} us \
+             ({:.1} us in user space) ({} events, {:.2} s of CPU)",
             per_event(bare_cpu, bare.events),
+            per_event(bare_user, bare.events),
             per_event(gateway_cpu, through.events),
+            per_event(gateway_user, through.events),
             through.events,
             gateway_cpu as f64 / 1e9,
         );

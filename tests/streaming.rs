@@ -658,6 +658,30 @@ async fn a_stream_quiet_past_its_idle_time_out_is_refunded() {
 }
 
 #[tokio::test]
+async fn the_idle_time_out_counts_from_the_last_event_not_the_start() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = provider_gateway(&db, &[&provider], "stream_idle_timeout_secs = 1").await;
+    let key = db.funded_key(10, 0).await;
+    // An event every 400 ms for 2.4 s: longer than the idle time-out, never quiet that long.
+    let mut events = vec![CHAT_ROLE];
+    events.extend(std::iter::repeat_n(CHAT_DELTA, 5));
+    events.push("data: [DONE]\n\n");
+    provider.then(Fault::sse(events).spaced(Duration::from_millis(400)));
+    let started = Instant::now();
+    let received = stream(&gateway, CHAT, &key, chat_stream_body(CHAT_MODEL)).await;
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert_eq!(
+        received.data().len(),
+        6,
+        "every event and [DONE], no error event"
+    );
+    let entry = db.calls(&key).await.remove(0);
+    assert_eq!(entry.status, CallStatus::Ok, "{:?}", entry.upstream_error);
+    assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
+}
+
+#[tokio::test]
 async fn a_stream_past_its_deadline_is_refunded_however_busy() {
     let db = local_db().await;
     let provider = FakeProvider::start().await;

@@ -130,8 +130,14 @@ pub(super) struct BilledStream {
     /// The usage the guard settles with if the client leaves; `None` while it would refund.
     billed_if_dropped: Option<TokenUsage>,
     limits: StreamLimits,
-    idle: Pin<Box<Sleep>>,
-    deadline: Pin<Box<Sleep>>,
+    /// When the whole stream must have ended.
+    deadline: Instant,
+    /// When the provider last sent a complete event (the idle time-out counts from here).
+    last_event: Instant,
+    /// Fires at the earlier of the deadline and the idle time-out as they stood when it was
+    /// set. An event does not move it (a timer update per event costs more than the rest of
+    /// the event's reading); when it fires, it is checked against `last_event` and set again.
+    timer: Pin<Box<Sleep>>,
     /// The outcome being written, then the last bytes to send, if any.
     finishing: Option<Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>>,
     done: bool,
@@ -153,6 +159,7 @@ impl BilledStream {
             error: CLIENT_LEFT_BEFORE_CONTENT.to_owned(),
         }));
         let now = Instant::now();
+        let deadline = now + limits.deadline;
         BilledStream {
             upstream: Some(upstream),
             splitter: EventSplitter::new(),
@@ -162,8 +169,9 @@ impl BilledStream {
             success,
             billed_if_dropped: None,
             limits,
-            idle: Box::pin(tokio::time::sleep_until(now + limits.idle)),
-            deadline: Box::pin(tokio::time::sleep_until(now + limits.deadline)),
+            deadline,
+            last_event: now,
+            timer: Box::pin(tokio::time::sleep_until(deadline.min(now + limits.idle))),
             finishing: None,
             done: false,
             kept: None,
@@ -199,20 +207,17 @@ impl BilledStream {
                     return Poll::Ready(last);
                 }
             }
-            let Some(upstream) = self.upstream.as_mut() else {
+            if self.upstream.is_none() {
                 self.done = true;
                 return Poll::Ready(None);
+            }
+            if let Some(reason) = self.timed_out(cx) {
+                self.fail(reason);
+                continue;
+            }
+            let Some(upstream) = self.upstream.as_mut() else {
+                continue;
             };
-            if self.deadline.as_mut().poll(cx).is_ready() {
-                let deadline = self.limits.deadline;
-                self.fail(format!("the stream passed its deadline of {deadline:?}"));
-                continue;
-            }
-            if self.idle.as_mut().poll(cx).is_ready() {
-                let idle = self.limits.idle;
-                self.fail(format!("no event from the provider for {idle:?}"));
-                continue;
-            }
             let polled =
                 std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(upstream).poll_frame(cx)));
             match polled {
@@ -237,6 +242,25 @@ impl BilledStream {
         }
     }
 
+    /// Why the stream must stop, if it passed its deadline or the provider has been quiet for
+    /// the idle time-out; otherwise the timer is set to wake the stream when one may have come.
+    fn timed_out(&mut self, cx: &mut Context<'_>) -> Option<String> {
+        while self.timer.as_mut().poll(cx).is_ready() {
+            let now = Instant::now();
+            if now >= self.deadline {
+                let deadline = self.limits.deadline;
+                return Some(format!("the stream passed its deadline of {deadline:?}"));
+            }
+            let quiet_until = self.last_event + self.limits.idle;
+            if now >= quiet_until {
+                let idle = self.limits.idle;
+                return Some(format!("no event from the provider for {idle:?}"));
+            }
+            self.timer.as_mut().reset(quiet_until.min(self.deadline));
+        }
+        None
+    }
+
     /// Reads the complete events in `data` (with what came before), and returns those to pass
     /// on. Stops at the stream's end or an error event, and starts writing the outcome.
     fn take_events(&mut self, data: &[u8]) -> Option<Bytes> {
@@ -244,7 +268,9 @@ impl BilledStream {
         let mut forward: Option<BytesMut> = None;
         let mut first: Option<Bytes> = None;
         while let Some(event) = self.splitter.next_event() {
-            self.idle.as_mut().reset(Instant::now() + self.limits.idle);
+            if first.is_none() {
+                self.last_event = Instant::now();
+            }
             let kind = self.reader.read(&event);
             if !matches!(kind, EventKind::Error(_)) {
                 self.keep(&event);

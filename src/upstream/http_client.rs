@@ -55,9 +55,6 @@ const ANTHROPIC_PASSED_HEADERS: &[&str] = &[
     "x-request-id",
 ];
 
-/// How far past the stream deadline a streamed request's own time-out lies.
-const STREAM_TIMEOUT_MARGIN: Duration = Duration::from_secs(30);
-
 /// Calls the providers named in the catalogue.
 #[derive(Clone)]
 pub struct HttpUpstream {
@@ -74,8 +71,6 @@ struct Channel {
     /// The provider key in clear, only to scrub it from anything the provider echoes back.
     secret: Option<String>,
     breaker: CircuitBreaker,
-    /// How long a streamed reply may last: the request's time-out when it streams.
-    stream_deadline: Duration,
 }
 
 impl std::fmt::Debug for HttpUpstream {
@@ -128,7 +123,6 @@ impl HttpUpstream {
                     config: config.clone(),
                     api_key,
                     secret,
-                    stream_deadline: catalogue.stream_deadline(),
                 },
             );
         }
@@ -150,9 +144,10 @@ fn build_client(config: &UpstreamConfig) -> Result<reqwest::Client, reqwest::Err
             default_headers.append(name, value);
         }
     }
+    // No client-wide time-out: each request sets its own, and a streamed one none (see
+    // `Channel::attempt`).
     let mut builder = reqwest::Client::builder()
         .connect_timeout(config.connect_timeout)
-        .timeout(config.timeout)
         .default_headers(default_headers)
         // A redirected POST would be replayed as a GET elsewhere: treat it as a failure.
         .redirect(reqwest::redirect::Policy::none());
@@ -305,19 +300,17 @@ impl Channel {
             ));
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let request_timeout = if routed.stream {
-            // The stream's own deadline is kept by the billing layer, which tells the client
-            // why; this only stops a connection that layer has somehow let go of. The wait for
-            // the first event is bounded below.
-            self.stream_deadline + STREAM_TIMEOUT_MARGIN
-        } else {
-            remaining.min(self.config.timeout)
-        };
-        let sent = self
+        let mut sent = self
             .client
             .post(self.url())
-            .headers(self.headers(request.headers(), api_key))
-            .timeout(request_timeout)
+            .headers(self.headers(request.headers(), api_key));
+        // A streamed reply's time limits (deadline, idle time-out) are kept by the billing layer
+        // with one timer, which tells the client why; a reqwest time-out would poll a second
+        // timer for every event. The wait for the answer and its first event is bounded below.
+        if !routed.stream {
+            sent = sent.timeout(remaining.min(self.config.timeout));
+        }
+        let sent = sent
             .body(routed.upstream_body(request.body(), channel.upstream_model.as_deref()))
             .send();
         let reply = tokio::time::timeout(remaining.min(self.config.timeout), sent)
@@ -549,6 +542,7 @@ impl HttpUpstream {
                 channel.config.base_url
             ))
             .headers(channel.headers(client_headers, api_key))
+            .timeout(channel.config.timeout)
             .body(routed.upstream_body(body, pick.upstream_model.as_deref()))
             .send()
             .await
