@@ -5,8 +5,11 @@
 //! [`EventSplitter`] finds where each complete event ends in the bytes received so far, and a
 //! [`StreamReader`] reads each event once for what billing needs. Neither changes a byte.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
-use serde::Deserialize;
+use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use super::{Protocol, TokenUsage};
@@ -87,18 +90,19 @@ impl EventSplitter {
 
 /// The fields of one event that matter here: its `event:` name and its `data:` lines joined.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Event {
+pub(crate) struct Event<'a> {
     /// The `event:` field, if any.
-    pub name: Option<String>,
-    /// The `data:` lines, joined with `\n`.
-    pub data: String,
+    pub name: Option<&'a str>,
+    /// The `data:` lines, joined with `\n`; borrowed when there is one, as there nearly always
+    /// is, so that reading an event allocates nothing.
+    pub data: Cow<'a, str>,
 }
 
-impl Event {
-    /// Parses one complete event as [`EventSplitter`] returns it. Comments (`:` lines) and other
-    /// fields are skipped; text that is not UTF-8 is read lossily (it is forwarded unchanged).
-    pub(crate) fn parse(event: &[u8]) -> Event {
-        let text = String::from_utf8_lossy(event);
+impl<'a> Event<'a> {
+    /// Parses the text of one complete event as [`EventSplitter`] returns it (read lossily
+    /// where it is not UTF-8: it is forwarded unchanged). Comments (`:` lines) and other fields
+    /// are skipped.
+    pub(crate) fn parse(text: &'a str) -> Event<'a> {
         let mut parsed = Event::default();
         let mut data_lines = 0;
         for line in text.split(['\n', '\r']) {
@@ -107,12 +111,15 @@ impl Event {
                 None => (line, ""),
             };
             match field {
-                "event" => parsed.name = Some(value.to_owned()),
+                "event" => parsed.name = Some(value),
                 "data" => {
-                    if data_lines > 0 {
-                        parsed.data.push('\n');
+                    if data_lines == 0 {
+                        parsed.data = Cow::Borrowed(value);
+                    } else {
+                        let data = parsed.data.to_mut();
+                        data.push('\n');
+                        data.push_str(value);
                     }
-                    parsed.data.push_str(value);
                     data_lines += 1;
                 }
                 _ => {}
@@ -157,7 +164,8 @@ impl StreamReader {
 
     /// Reads one complete event.
     pub(crate) fn read(&mut self, event: &[u8]) -> EventKind {
-        let event = Event::parse(event);
+        let text = String::from_utf8_lossy(event);
+        let event = Event::parse(&text);
         let kind = match self.protocol {
             Protocol::Messages => self.read_messages(&event),
             Protocol::ChatCompletions => self.read_chat(&event),
@@ -178,7 +186,7 @@ impl StreamReader {
         self.content_seen
     }
 
-    fn read_messages(&mut self, event: &Event) -> EventKind {
+    fn read_messages(&mut self, event: &Event<'_>) -> EventKind {
         #[derive(Deserialize)]
         struct Data<'a> {
             #[serde(rename = "type")]
@@ -192,10 +200,7 @@ impl StreamReader {
             usage: Option<TokenUsage>,
         }
         let data: Option<Data<'_>> = serde_json::from_str(&event.data).ok();
-        let name = event
-            .name
-            .as_deref()
-            .or(data.as_ref().and_then(|data| data.kind));
+        let name = event.name.or(data.as_ref().and_then(|data| data.kind));
         let Some(name) = name else {
             return EventKind::Other;
         };
@@ -216,24 +221,19 @@ impl StreamReader {
             "message_stop" => EventKind::End,
             "error" => EventKind::Error(
                 data.and_then(|data| data.error)
-                    .map_or_else(|| event.data.clone(), ErrorObject::describe),
+                    .map_or_else(|| event.data.to_string(), ErrorObject::describe),
             ),
             _ => EventKind::Other,
         }
     }
 
-    fn read_chat(&mut self, event: &Event) -> EventKind {
+    fn read_chat(&mut self, event: &Event<'_>) -> EventKind {
         #[derive(Deserialize)]
-        struct Chunk<'a> {
-            #[serde(default, borrow)]
-            choices: Vec<Choice<'a>>,
+        struct Chunk {
+            #[serde(default)]
+            choices: ChoicesHaveContent,
             usage: Option<TokenUsage>,
             error: Option<ErrorObject>,
-        }
-        #[derive(Deserialize)]
-        struct Choice<'a> {
-            #[serde(borrow)]
-            delta: Option<std::collections::HashMap<&'a str, &'a RawValue>>,
         }
         let data = event.data.trim();
         if data == "[DONE]" {
@@ -242,7 +242,7 @@ impl StreamReader {
         if data.is_empty() {
             return EventKind::Other;
         }
-        let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
+        let Ok(chunk) = serde_json::from_str::<Chunk>(data) else {
             return EventKind::Other;
         };
         if let Some(error) = chunk.error {
@@ -251,15 +251,7 @@ impl StreamReader {
         if let Some(usage) = chunk.usage {
             self.merge(usage);
         }
-        // The first chunk usually carries only `role` and an empty `content`: not content yet.
-        let has_content = chunk.choices.iter().any(|choice| {
-            choice.delta.as_ref().is_some_and(|delta| {
-                delta.iter().any(|(field, value)| {
-                    *field != "role" && !matches!(value.get(), "null" | "\"\"" | "[]")
-                })
-            })
-        });
-        if has_content {
+        if chunk.choices.0 {
             EventKind::Content
         } else {
             EventKind::Other
@@ -273,6 +265,60 @@ impl StreamReader {
         if usage.output_tokens.is_some() {
             self.usage.output_tokens = usage.output_tokens;
         }
+    }
+}
+
+/// Whether a chat chunk's `choices` carry content: a `delta` field other than `role` whose
+/// value is not empty (the first chunk usually carries only `role` and an empty `content`).
+/// Read as the chunk is parsed, without building the choices.
+#[derive(Debug, Default)]
+struct ChoicesHaveContent(bool);
+
+impl<'de> Deserialize<'de> for ChoicesHaveContent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Choice {
+            delta: Option<DeltaHasContent>,
+        }
+        struct Choices;
+        impl<'de> Visitor<'de> for Choices {
+            type Value = ChoicesHaveContent;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of choices")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut choices: A) -> Result<Self::Value, A::Error> {
+                let mut content = false;
+                while let Some(choice) = choices.next_element::<Choice>()? {
+                    content |= choice.delta.is_some_and(|delta| delta.0);
+                }
+                Ok(ChoicesHaveContent(content))
+            }
+        }
+        deserializer.deserialize_seq(Choices)
+    }
+}
+
+/// Whether one choice's `delta` carries content (see [`ChoicesHaveContent`]).
+struct DeltaHasContent(bool);
+
+impl<'de> Deserialize<'de> for DeltaHasContent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Delta;
+        impl<'de> Visitor<'de> for Delta {
+            type Value = DeltaHasContent;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a delta object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut fields: A) -> Result<Self::Value, A::Error> {
+                let mut content = false;
+                while let Some(field) = fields.next_key::<&'de str>()? {
+                    let value: &'de RawValue = fields.next_value()?;
+                    content |= field != "role" && !matches!(value.get(), "null" | "\"\"" | "[]");
+                }
+                Ok(DeltaHasContent(content))
+            }
+        }
+        deserializer.deserialize_map(Delta)
     }
 }
 
@@ -364,6 +410,30 @@ mod tests {
             splitter.next_event().as_deref(),
             Some(&b"data: {\"a\":1}\n\n"[..])
         );
+    }
+
+    #[test]
+    fn an_events_data_lines_are_joined_and_one_line_is_borrowed() {
+        let event = Event::parse("event: message_delta\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n");
+        assert_eq!(event.name, Some("message_delta"));
+        assert_eq!(event.data, "{\"a\":\n1}");
+        let one = Event::parse(": comment\ndata:{\"a\":1}\nid: 7\n\n");
+        assert_eq!((one.name, &one.data), (None, &Cow::Borrowed("{\"a\":1}")));
+    }
+
+    #[test]
+    fn chat_choices_without_content_are_not_content() {
+        let mut reader = StreamReader::new(Protocol::ChatCompletions);
+        for chunk in [
+            &b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[]}}]}\n\n"[..],
+            b"data: {\"choices\":[{\"index\":0,\"delta\":null,\"finish_reason\":\"stop\"}]}\n\n",
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{}},{\"index\":1}]}\n\n",
+        ] {
+            assert_eq!(reader.read(chunk), EventKind::Other, "{chunk:?}");
+        }
+        assert!(!reader.content_seen());
+        let second_choice = b"data: {\"choices\":[{\"index\":0,\"delta\":{}},{\"index\":1,\"delta\":{\"content\":\"x\"}}]}\n\n";
+        assert_eq!(reader.read(second_choice), EventKind::Content);
     }
 
     #[test]
