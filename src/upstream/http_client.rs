@@ -12,6 +12,10 @@
 //!   channel once more.
 //!
 //! If every channel's breaker is open, they are all tried anyway: a call never fails untried.
+//!
+//! A streamed call's wait for the answer and its first event is bounded here; the rest of the
+//! stream is not: its deadline and idle time-out are kept by the layer that bills it
+//! ([`RefundOnUpstreamError`](crate::RefundOnUpstreamError)), with one timer per stream.
 
 use std::collections::HashMap;
 use std::sync::Arc;
