@@ -381,6 +381,22 @@ fn ms(duration: Duration) -> f64 {
     duration.as_secs_f64() * 1000.0
 }
 
+/// A free port on the loopback address.
+fn free_address() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string()
+}
+
+/// Waits until something accepts connections at `address` (a process started by the test).
+async fn listening(address: &str) {
+    while std::net::TcpStream::connect(address).is_err() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Starts the release gateway binary, opens 1000 keep-alive connections that each made one
 /// call, and reads the process's resident memory.
 async fn resident_memory_with_1000_connections() -> Option<(u64, u64)> {
@@ -390,10 +406,7 @@ async fn resident_memory_with_1000_connections() -> Option<(u64, u64)> {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
-    let listen = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().to_string()
-    };
+    let listen = free_address();
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("rss.db").display());
     let env = |command: &mut std::process::Command| {
         command
@@ -416,9 +429,7 @@ async fn resident_memory_with_1000_connections() -> Option<(u64, u64)> {
     serve.arg("serve").stdout(std::process::Stdio::null());
     env(&mut serve);
     let mut child = serve.spawn().unwrap();
-    while std::net::TcpStream::connect(&listen).is_err() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    listening(&listen).await;
     let rss = || streaming::resident_kib(child.id());
     let idle = rss();
     let mut connections = Vec::new();
@@ -755,22 +766,6 @@ mod streaming {
             .unwrap();
     }
 
-    /// A free port on the loopback address.
-    fn free_address() -> String {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .to_string()
-    }
-
-    /// Waits until something accepts connections at `address`.
-    async fn listening(address: &str) {
-        while std::net::TcpStream::connect(address).is_err() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
     /// `streams` clients read streams through `address` (its process is `pid`); returns what
     /// they measured and the CPU time the process spent meanwhile, in nanoseconds: in all, and
     /// in user space (its own code, without the kernel's TCP work).
@@ -921,7 +916,7 @@ mod streaming {
         let provider = provider(gap).await;
 
         // The bare proxy: this binary again, as a process of its own like the gateway's.
-        let proxy_address = free_address();
+        let proxy_address = super::free_address();
         let mut proxy = std::process::Command::new(std::env::current_exe().unwrap())
             .env(PROXY_UPSTREAM, &provider)
             .env(PROXY_LISTEN, &proxy_address)
@@ -939,7 +934,7 @@ mod streaming {
             ),
         )
         .unwrap();
-        let listen = free_address();
+        let listen = super::free_address();
         let url = format!(
             "sqlite://{}?mode=rwc",
             dir.path().join("streams.db").display()
@@ -969,8 +964,8 @@ mod streaming {
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        listening(&listen).await;
-        listening(&proxy_address).await;
+        super::listening(&listen).await;
+        super::listening(&proxy_address).await;
         let pid = gateway.id();
         let idle = resident_kib(pid);
 
