@@ -437,6 +437,44 @@ impl Drop for GatewayProcess {
     }
 }
 
+/// The length of the kernel's queue of connections not yet accepted on the socket listening at
+/// `address`, as `ss` reports it (a listening socket's `Send-Q`).
+fn listen_backlog(address: &str) -> u32 {
+    let port = address.rsplit_once(':').unwrap().1;
+    let output = std::process::Command::new("ss")
+        .args(["-H", "-l", "-t", "-n", &format!("sport = :{port}")])
+        .output()
+        .unwrap();
+    let listing = String::from_utf8(output.stdout).unwrap();
+    let fields: Vec<&str> = listing.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"LISTEN"), "{listing}");
+    fields[2].parse().unwrap()
+}
+
+/// A burst of clients connecting at once finds room in the queue the listener asked for, not
+/// only in tokio's 128: `server::bind` with its backlog, and the example gateway with
+/// `GATEWAY_LISTEN_BACKLOG` (and 4096 by default, capped by the OS).
+#[tokio::test]
+async fn listeners_queue_the_connections_asked_for() {
+    let listener = server::bind("127.0.0.1:0", 37).await.unwrap();
+    assert_eq!(
+        listen_backlog(&listener.local_addr().unwrap().to_string()),
+        37
+    );
+    let gateway = GatewayProcess::start(None, &[("GATEWAY_LISTEN_BACKLOG", "2000")]).await;
+    assert_eq!(listen_backlog(&gateway.address), 2000);
+    let gateway = GatewayProcess::start(None, &[]).await;
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        listen_backlog(&gateway.address),
+        server::DEFAULT_LISTEN_BACKLOG.min(somaxconn)
+    );
+}
+
 /// More slow connections than the process has files for: with 256 files the gateway holds 96
 /// connections, and the flood opens hundreds that send half their headers and stop. A good
 /// client, on a new connection each time, is answered within a few seconds throughout, and

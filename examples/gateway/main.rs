@@ -121,6 +121,10 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "GATEWAY_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
+    /// Connections the kernel may complete before the gateway accepts them: room for a burst of
+    /// clients connecting at once (the OS caps it; on Linux at `net.core.somaxconn`).
+    #[arg(long, env = "GATEWAY_LISTEN_BACKLOG", default_value_t = server::DEFAULT_LISTEN_BACKLOG)]
+    listen_backlog: u32,
     /// Model catalogue (TOML); the built-in demo catalogue when unset.
     #[arg(long, env = "GATEWAY_MODELS")]
     models: Option<std::path::PathBuf>,
@@ -708,7 +712,7 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
             std::future::pending(),
         ));
     }
-    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
+    let listener = server::bind(&args.listen, args.listen_backlog).await?;
     let address = listener.local_addr()?;
     tracing::info!(
         %address,

@@ -23,13 +23,16 @@
 //! Request bodies (time-outs, the memory budget) are bounded where they are read, in
 //! [`ProtocolRouter`](crate::ProtocolRouter).
 //!
+//! Any [`TcpListener`] will do; [`bind`] makes one whose queue of connections not yet accepted
+//! holds a burst of clients connecting at once ([`DEFAULT_LISTEN_BACKLOG`]).
+//!
 //! ```no_run
 //! use std::convert::Infallible;
-//! use model_gateway::server::{RequestBody, ServerLimits, serve};
+//! use model_gateway::server::{DEFAULT_LISTEN_BACKLOG, RequestBody, ServerLimits, bind, serve};
 //! use tower::service_fn;
 //!
 //! # #[tokio::main] async fn main() -> std::io::Result<()> {
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! let listener = bind("127.0.0.1:8080", DEFAULT_LISTEN_BACKLOG).await?;
 //! let hello = service_fn(|_request: http::Request<RequestBody>| async {
 //!     Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from("hi"))))
 //! });
@@ -42,6 +45,7 @@ mod track;
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,7 +53,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket, ToSocketAddrs};
 use tower_service::Service;
 
 use crate::BoxError;
@@ -64,6 +68,10 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Default largest header block answered by the service (larger ones get `431 {"detail"}`).
 pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Default length of a listener's queue of connections the kernel has completed and the server
+/// not yet accepted (see [`bind`]).
+pub const DEFAULT_LISTEN_BACKLOG: u32 = 4096;
 
 /// File descriptors kept back from the connection limit for everything else the process opens
 /// (database connections, the `SQLite` file, log files).
@@ -118,6 +126,43 @@ pub fn raise_file_limit() -> u64 {
 /// The soft limit on open files (a generous guess where the OS does not say).
 fn file_limit() -> u64 {
     rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
+}
+
+/// Binds a listener on the first of `address`'s addresses that binds, with a queue of `backlog`
+/// connections the kernel has completed and the server not yet accepted.
+///
+/// A client that connects while the queue is full is not refused: its connection attempt is
+/// dropped, and its system tries again only a second later. [`TcpListener::bind`]'s queue
+/// holds 128 (the standard library's value), which a burst of clients connecting at once (a
+/// fleet reconnecting after a restart, a load balancer's warm-up) can overflow; the OS caps
+/// `backlog` (on Linux at `net.core.somaxconn`, 4096 by default since Linux 5.4). As with
+/// [`TcpListener::bind`], the address may be reused at once after a restart (Unix).
+pub async fn bind(address: impl ToSocketAddrs, backlog: u32) -> std::io::Result<TcpListener> {
+    let mut last_error = None;
+    for address in tokio::net::lookup_host(address).await? {
+        match listen_on(address, backlog) {
+            Ok(listener) => return Ok(listener),
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the address resolved to no address to bind",
+        )
+    }))
+}
+
+fn listen_on(address: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if address.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(backlog)
 }
 
 /// Serves `service` on `listener` with `limits` until `shutdown` completes, then stops
