@@ -90,7 +90,10 @@ fn process_cpu_time() -> Option<Duration> {
 }
 
 async fn serve(router: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener =
+        model_gateway::server::bind("127.0.0.1:0", model_gateway::server::DEFAULT_LISTEN_BACKLOG)
+            .await
+            .unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     base
@@ -99,7 +102,10 @@ async fn serve(router: axum::Router) -> String {
 /// A gateway router behind the gateway's own server (`model_gateway::server`), as the example
 /// gateway serves it.
 async fn serve_gateway(router: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener =
+        model_gateway::server::bind("127.0.0.1:0", model_gateway::server::DEFAULT_LISTEN_BACKLOG)
+            .await
+            .unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let limits = model_gateway::server::ServerLimits::default();
     tokio::spawn(model_gateway::server::serve(
@@ -757,9 +763,12 @@ mod streaming {
         };
         let router =
             axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
-        let listener = tokio::net::TcpListener::bind(std::env::var(PROXY_LISTEN).unwrap())
-            .await
-            .unwrap();
+        let listener = model_gateway::server::bind(
+            std::env::var(PROXY_LISTEN).unwrap(),
+            model_gateway::server::DEFAULT_LISTEN_BACKLOG,
+        )
+        .await
+        .unwrap();
         let limits = model_gateway::server::ServerLimits::default();
         model_gateway::server::serve(listener, router, limits, std::future::pending())
             .await
