@@ -42,6 +42,7 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, header};
@@ -50,19 +51,30 @@ use tower_service::Service;
 
 use crate::error::GatewayError;
 use crate::keys::KeyHash;
-use crate::store::KeyStore;
+use crate::store::{DEFAULT_LEDGER_TIMEOUT, KeyStore};
 
-/// Configuration of [`ApiKeyAuth`]: the key store to ask.
+/// Configuration of [`ApiKeyAuth`]: the key store to ask, and how long to wait for it.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ApiKeyAuthLayer {
     keys: Arc<dyn KeyStore>,
+    timeout: Duration,
 }
 
 impl ApiKeyAuthLayer {
     /// Authenticates against `keys`.
     pub fn new(keys: Arc<dyn KeyStore>) -> ApiKeyAuthLayer {
-        ApiKeyAuthLayer { keys }
+        ApiKeyAuthLayer {
+            keys,
+            timeout: DEFAULT_LEDGER_TIMEOUT,
+        }
+    }
+
+    /// How long a key's lookup may take before the client is answered `503` (default
+    /// [`DEFAULT_LEDGER_TIMEOUT`]).
+    pub fn lookup_timeout(mut self, timeout: Duration) -> ApiKeyAuthLayer {
+        self.timeout = timeout;
+        self
     }
 }
 
@@ -73,6 +85,7 @@ impl<S> Layer<S> for ApiKeyAuthLayer {
         ApiKeyAuth {
             inner,
             keys: self.keys.clone(),
+            timeout: self.timeout,
         }
     }
 }
@@ -82,6 +95,7 @@ impl<S> Layer<S> for ApiKeyAuthLayer {
 pub struct ApiKeyAuth<S> {
     inner: S,
     keys: Arc<dyn KeyStore>,
+    timeout: Duration,
 }
 
 crate::macros::inner_service_accessors!(ApiKeyAuth, S, inner);
@@ -136,12 +150,17 @@ where
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let presented = presented_key(request.headers()).map(KeyHash::of);
         let keys = self.keys.clone();
+        let timeout = self.timeout;
         let mut inner = crate::macros::take_ready(&mut self.inner);
         ResponseFuture::new(async move {
             let Some(hash) = presented else {
                 return Ok(GatewayError::InvalidApiKey.into_response());
             };
-            match keys.active_key(&hash).await {
+            let Ok(looked_up) = tokio::time::timeout(timeout, keys.active_key(&hash)).await else {
+                tracing::error!(?timeout, "the key store did not answer in time");
+                return Ok(GatewayError::StoreUnavailable.into_response());
+            };
+            match looked_up {
                 Ok(Some(active)) if !active.rules.expired(chrono::Utc::now()) => {
                     request.extensions_mut().insert(active.caller);
                     request.extensions_mut().insert(active.rules);

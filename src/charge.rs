@@ -51,6 +51,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -59,25 +60,39 @@ use tower_service::Service;
 
 use crate::call::{IdempotencyKey, RequestId, Reservation, RoutedCall};
 use crate::error::GatewayError;
+use crate::store::outcome::{Outcome, finish_later};
 use crate::store::{
-    CallFailure, Caller, ChargeRequest, KeptReply, Ledger, ReserveError, StoreError,
+    CallFailure, Caller, ChargeRequest, DEFAULT_LEDGER_TIMEOUT, KeptReply, Ledger, ReserveError,
+    StoreError,
 };
 
 /// The header on a reply given again for a retry with the same `Idempotency-Key` (uncharged),
 /// as Stripe names it.
 pub const IDEMPOTENT_REPLAYED_HEADER: &str = "idempotent-replayed";
 
-/// Configuration of [`CreditCharge`]: the ledger to charge.
+/// Configuration of [`CreditCharge`]: the ledger to charge, and how long to wait for it.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct CreditChargeLayer {
     ledger: Arc<dyn Ledger>,
+    timeout: Duration,
 }
 
 impl CreditChargeLayer {
     /// Charges through `ledger`.
     pub fn new(ledger: Arc<dyn Ledger>) -> CreditChargeLayer {
-        CreditChargeLayer { ledger }
+        CreditChargeLayer {
+            ledger,
+            timeout: DEFAULT_LEDGER_TIMEOUT,
+        }
+    }
+
+    /// How long a reservation may take before the client is answered
+    /// `503 {"detail":"服务暂时不可用, 请稍后重试"}` (default [`DEFAULT_LEDGER_TIMEOUT`]). A
+    /// reservation that lands after that is refunded at once: the upstream is never called.
+    pub fn ledger_timeout(mut self, timeout: Duration) -> CreditChargeLayer {
+        self.timeout = timeout;
+        self
     }
 }
 
@@ -88,6 +103,7 @@ impl<S> Layer<S> for CreditChargeLayer {
         CreditCharge {
             inner,
             ledger: self.ledger.clone(),
+            timeout: self.timeout,
         }
     }
 }
@@ -97,6 +113,7 @@ impl<S> Layer<S> for CreditChargeLayer {
 pub struct CreditCharge<S> {
     inner: S,
     ledger: Arc<dyn Ledger>,
+    timeout: Duration,
 }
 
 crate::macros::inner_service_accessors!(CreditCharge, S, inner);
@@ -139,6 +156,7 @@ where
         let request_id = request.extensions().get::<RequestId>().cloned();
         let idempotency = request.extensions().get::<IdempotencyKey>().cloned();
         let ledger = self.ledger.clone();
+        let timeout = self.timeout;
         let mut inner = crate::macros::take_ready(&mut self.inner);
         ResponseFuture::new(async move {
             let (Some(caller), Some(routed)) = (caller, routed) else {
@@ -157,7 +175,12 @@ where
                 };
                 ledger.reserve(charge).await
             });
-            match reserving.await {
+            // Dropped at the time-out, the reservation goes on and is refunded if it lands.
+            let Ok(reserved) = tokio::time::timeout(timeout, reserving).await else {
+                tracing::error!(?timeout, "the ledger did not answer a reservation in time");
+                return Ok(GatewayError::StoreUnavailable.into_response());
+            };
+            match reserved {
                 Ok(reservation) => {
                     request.extensions_mut().insert(reservation);
                     inner.call(request).await
@@ -248,17 +271,14 @@ impl Drop for ReservationUnderWay {
                 upstream_status: None,
                 error: CANCELLED_WHILE_RESERVING.to_owned(),
             };
-            match ledger.refund(reservation.call, &failure).await {
-                Ok(_) => tracing::info!(
-                    call = reservation.call.0,
-                    "a reservation whose request was dropped was refunded"
-                ),
-                Err(error) => tracing::error!(
-                    call = reservation.call.0,
-                    %error,
-                    "refunding a reservation whose request was dropped failed; left for recovery"
-                ),
-            }
+            let call = reservation.call;
+            finish_later(ledger, call, Outcome::Refund(failure), move |status| {
+                tracing::info!(
+                    call = call.0,
+                    ?status,
+                    "a reservation whose request was dropped ended"
+                );
+            });
         });
     }
 }

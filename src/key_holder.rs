@@ -33,10 +33,11 @@ use crate::auth::ApiKeyAuthLayer;
 use crate::call::{Caller, KeyRules};
 use crate::catalogue::{Catalogue, ModelRoute};
 use crate::error::GatewayError;
+use crate::ledger_deadline::LedgerDeadlineLayer;
 use crate::protocol::Protocol;
 use crate::rate_limit::{RateLimitLayer, RateLimiter};
 use crate::router::route_model;
-use crate::store::{CallId, Store};
+use crate::store::{CallId, DEFAULT_LEDGER_TIMEOUT, Store};
 use crate::upstream::Upstream;
 
 /// When the models were "created", as the list shapes require a date: the catalogue has none.
@@ -66,12 +67,17 @@ pub fn router<S: Store + 'static>(
         catalogue,
         upstream,
     });
-    let with_key = Router::new()
+    // Bounded like the ledger's part of a call; `count_tokens` waits for its provider instead.
+    let reads = Router::new()
         .route("/v1/models", get(list_models::<S>))
         .route("/v1/models/{id}", get(one_model::<S>))
         .route("/v1/balance", get(balance::<S>))
         .route("/v1/calls", get(calls::<S>))
         .route("/v1/usage", get(usage::<S>))
+        .route_layer(LedgerDeadlineLayer {
+            timeout: DEFAULT_LEDGER_TIMEOUT,
+        });
+    let with_key = reads
         .route("/v1/messages/count_tokens", post(count_tokens::<S>))
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(RateLimitLayer::new(limiter))

@@ -101,6 +101,8 @@ mod gateway;
 #[cfg(feature = "api")]
 pub mod key_holder;
 mod keys;
+#[cfg(feature = "api")]
+mod ledger_deadline;
 mod protocol;
 pub mod rate_limit;
 pub mod recovery;

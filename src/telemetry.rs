@@ -16,6 +16,7 @@
 //! | `mg_upstream_seconds` | histogram | `upstream` |
 //! | `mg_breaker_open` | gauge | `upstream` (1 open, 0 closed) |
 //! | `mg_pending_reservations` | gauge | (this process's reservations not yet settled or refunded) |
+//! | `mg_outcomes_unwritten` | gauge | (settles and refunds this process goes on trying while the database is out of reach) |
 //! | `mg_ledger_batch_writes` | histogram | (writes per ledger transaction) |
 //! | `mg_ledger_batch_seconds` | histogram | (one batch: statements and commit) |
 
@@ -137,6 +138,17 @@ pub(crate) fn pending(change: f64) {
     #[cfg(feature = "metrics")]
     if recording() {
         metrics::gauge!("mg_pending_reservations").increment(change);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = change;
+}
+
+/// An outcome the ledger did not take in time is being written in the background (`+1`), or
+/// was (`-1`).
+pub(crate) fn unwritten(change: f64) {
+    #[cfg(feature = "metrics")]
+    if recording() {
+        metrics::gauge!("mg_outcomes_unwritten").increment(change);
     }
     #[cfg(not(feature = "metrics"))]
     let _ = change;

@@ -285,7 +285,11 @@ struct TestLedger {
     /// Settles that are applied and then answer an error, as a commit whose reply is lost.
     lost_settle_answers: std::sync::atomic::AtomicUsize,
     failing_settles: std::sync::atomic::AtomicUsize,
+    failing_refunds: std::sync::atomic::AtomicUsize,
     failing_reserves: AtomicBool,
+    /// Reservations wait (the database is silent) until `reserves_released`.
+    blocked_reserves: AtomicBool,
+    reserves_released: tokio::sync::Notify,
 }
 
 impl TestLedger {
@@ -297,7 +301,10 @@ impl TestLedger {
             lost_settle_answers: std::sync::atomic::AtomicUsize::new(0),
             entered: tokio::sync::Notify::new(),
             failing_settles: std::sync::atomic::AtomicUsize::new(0),
+            failing_refunds: std::sync::atomic::AtomicUsize::new(0),
             failing_reserves: AtomicBool::new(false),
+            blocked_reserves: AtomicBool::new(false),
+            reserves_released: tokio::sync::Notify::new(),
         })
     }
 }
@@ -311,6 +318,9 @@ impl Ledger for TestLedger {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
         if self.failing_reserves.load(Ordering::SeqCst) {
             return Err(store_down().into());
+        }
+        if self.blocked_reserves.load(Ordering::SeqCst) {
+            self.reserves_released.notified().await;
         }
         self.inner.reserve(request).await
     }
@@ -335,6 +345,12 @@ impl Ledger for TestLedger {
         settled
     }
     async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
+        let failing = self
+            .failing_refunds
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if failing.is_ok() {
+            return Err(store_down());
+        }
         self.inner.refund(call, failure).await
     }
     async fn balance(&self, account: AccountId) -> Result<Balance, StoreError> {
@@ -464,29 +480,101 @@ async fn a_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
         .await;
 }
 
+/// A settle the ledger does not take in time: the client gets 503 and no reply, and the call
+/// is refunded in the background once the ledger answers, on a live gateway, with no recovery
+/// run (recovery never touches a live lease's reservations). Here the refund too fails 3 times
+/// (0.25 + 1 + 2 s of pauses) before it lands.
 #[tokio::test]
-async fn when_the_store_stays_down_the_client_gets_503_and_recovery_refunds_the_call() {
+async fn a_settle_not_written_in_time_answers_503_and_is_refunded_once_the_ledger_answers() {
     let store = Arc::new(MemoryStore::new());
     let (account, key) = funded(&store, 10).await;
     let ledger = TestLedger::new(store.clone());
     ledger.failing_settles.store(usize::MAX, Ordering::SeqCst);
+    ledger.failing_refunds.store(3, Ordering::SeqCst);
+    let stack = ServiceBuilder::new()
+        .layer(ApiKeyAuthLayer::new(store.clone()))
+        .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
+        .layer(CreditChargeLayer::new(ledger.clone()))
+        .layer(
+            RefundOnUpstreamErrorLayer::new(ledger.clone())
+                .ledger_timeout(Duration::from_millis(500)),
+        )
+        .service(model_gateway::MockUpstream::new());
 
-    let response = stack_with_ledger(&store, &ledger)
-        .oneshot(chat_request(&key))
-        .await
-        .unwrap();
-
+    let started = std::time::Instant::now();
+    let response = stack.oneshot(chat_request(&key)).await.unwrap();
     assert_eq!(response.status(), 503, "no reply without a settled bill");
-    let calls = store.recent_calls(account, 10).await.unwrap();
-    assert_eq!(
-        calls[0].status,
-        CallStatus::Pending,
-        "counted as charged until recovered"
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered within the ledger time-out"
     );
-    let refunded = recover_stale_reservations(store.as_ref(), Duration::ZERO)
-        .await
-        .unwrap();
-    assert_eq!(refunded, [calls[0].id]);
+    assert_eq!(
+        store.recent_calls(account, 10).await.unwrap()[0].status,
+        CallStatus::Pending
+    );
+
+    let mut call = store.recent_calls(account, 10).await.unwrap()[0].clone();
+    for _ in 0..100 {
+        if call.status != CallStatus::Pending {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        call = store.recent_calls(account, 10).await.unwrap()[0].clone();
+    }
+    assert_eq!(
+        call.status,
+        CallStatus::Refunded,
+        "refunded without a restart or recovery"
+    );
+    assert_eq!(
+        call.upstream_error.as_deref(),
+        Some(model_gateway::refund::SETTLE_NOT_WRITTEN)
+    );
+    assert_eq!(
+        ledger.failing_refunds.load(Ordering::SeqCst),
+        0,
+        "the refund was retried"
+    );
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
+}
+
+/// A store that never answers a reservation: the client gets 503 within the ledger time-out.
+#[tokio::test]
+async fn a_reservation_the_store_never_answers_is_a_503_within_the_ledger_time_out() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = TestLedger::new(store.clone());
+    ledger.blocked_reserves.store(true, Ordering::SeqCst);
+    let stack = ServiceBuilder::new()
+        .layer(ApiKeyAuthLayer::new(store.clone()))
+        .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
+        .layer(CreditChargeLayer::new(ledger.clone()).ledger_timeout(Duration::from_millis(300)))
+        .layer(RefundOnUpstreamErrorLayer::new(ledger.clone()))
+        .service(model_gateway::MockUpstream::new());
+
+    let started = std::time::Instant::now();
+    let response = stack.oneshot(chat_request(&key)).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // The reservation lands once the store answers, and is refunded at once.
+    ledger.blocked_reserves.store(false, Ordering::SeqCst);
+    ledger.reserves_released.notify_waiters();
+    let mut calls = Vec::new();
+    for _ in 0..50 {
+        calls = store.recent_calls(account, 10).await.unwrap();
+        if calls
+            .first()
+            .is_some_and(|call| call.status != CallStatus::Pending)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].status, CallStatus::Refunded);
     assert_eq!(
         store.balance(account).await.unwrap().total(),
         Credits::new(10)
@@ -1009,4 +1097,216 @@ async fn a_revoked_key_is_refused_on_its_next_call_on_every_gateway() {
         db.admin().revoke_clear_key(&key).await.is_err(),
         "already revoked"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The database out of reach: refused, or silent, between the gateway and PostgreSQL.
+
+/// A gateway on the test `PostgreSQL` reached through a [`DbProxy`], holding a lease (a live
+/// gateway: recovery never touches its reservations), calling a provider that answers after
+/// `delay`; with escrow when asked.
+struct ProxiedGateway {
+    db: TestDb,
+    proxy: common::db_proxy::DbProxy,
+    store: Arc<model_gateway::SeaOrmStore>,
+    gateway: Gateway,
+    _provider: FakeProvider,
+    upkeep: Option<model_gateway::recovery::UpkeepHandle<model_gateway::SeaOrmStore>>,
+}
+
+async fn proxied_postgres_gateway(delay: Duration, escrow: bool) -> Option<ProxiedGateway> {
+    let url = postgres_url()?;
+    let db = postgres_db().await?;
+    let server = common::db_proxy::server_of(&url);
+    let proxy = common::db_proxy::DbProxy::start(server.clone()).await;
+    let mut store = postgres_store(&proxy.url(&url, &server), db.pg_schema().unwrap()).await;
+    if escrow {
+        store = store.with_escrow().unwrap();
+    }
+    let store = Arc::new(store);
+    let upkeep = model_gateway::recovery::Upkeep::new(store.clone(), Duration::from_secs(600))
+        .lease_ttl(Duration::from_secs(30))
+        .start()
+        .await
+        .unwrap();
+    let provider = FakeProvider::start().await;
+    provider.always(Fault::json(200, r#"{"usage":{}}"#).after(delay));
+    let catalogue =
+        Catalogue::from_toml(&one_upstream_toml("slow", &provider.base, "K", "")).unwrap();
+    let through_proxy = TestDb::sharing(&db, store.clone());
+    let gateway = http_gateway(&through_proxy, catalogue).await;
+    Some(ProxiedGateway {
+        db,
+        proxy,
+        store,
+        gateway,
+        _provider: provider,
+        upkeep: Some(upkeep),
+    })
+}
+
+impl ProxiedGateway {
+    /// Waits (up to `within`) until the schema has `entries` entries and none is `pending`
+    /// (an escrowed call has none until it ends); how many are not finished then.
+    async fn unfinished_after(&self, entries: i64, within: Duration) -> i64 {
+        let started = std::time::Instant::now();
+        loop {
+            let row = self
+                .db
+                .store
+                .connection()
+                .query_one_raw(sea_orm::Statement::from_string(
+                    sea_orm::DbBackend::Postgres,
+                    "SELECT COUNT(*) FILTER (WHERE status <> 'pending') AS n FROM mg_calls",
+                ))
+                .await
+                .unwrap()
+                .unwrap();
+            let finished: i64 = row.try_get("", "n").unwrap();
+            if finished >= entries || started.elapsed() > within {
+                return entries - finished;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn finish(mut self) {
+        if let Some(upkeep) = self.upkeep.take() {
+            upkeep.stop().await;
+        }
+        drop(self.gateway);
+        drop(self.store);
+        drop(self.proxy);
+        self.db.drop_schema().await;
+    }
+}
+
+/// Finding 1 of the fault run: `PostgreSQL` refused for a few seconds while 8 clients' calls are
+/// at a slow provider. Their settles cannot be written: each client gets 503 within the ledger
+/// time-out, and once the database answers again every entry ends `refunded` within seconds,
+/// on the live gateway, with no restart and no recovery run; every balance view agrees.
+async fn refused_mid_call_every_reservation_ends(escrow: bool) {
+    let Some(rig) = proxied_postgres_gateway(Duration::from_millis(1500), escrow).await else {
+        return;
+    };
+    let key = rig.db.funded_key(1000, 0).await;
+    assert_eq!(rig.gateway.chat(&key, CHAT_MODEL).await.status, 200);
+    let before = rig.db.balance(&key).await;
+
+    let calls = (0..8).map(|_| rig.gateway.chat(&key, CHAT_MODEL));
+    let calls = futures::future::join_all(calls);
+    let refusing = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        rig.proxy.set(common::db_proxy::Passage::Refused);
+    };
+    let started = std::time::Instant::now();
+    let (answers, ()) = tokio::join!(calls, refusing);
+    let answered_in = started.elapsed();
+    rig.proxy.set(common::db_proxy::Passage::Open);
+    for answer in &answers {
+        assert_eq!(answer.status, 503, "{answer:?}");
+    }
+    assert!(
+        answered_in < Duration::from_secs(9),
+        "answered in {answered_in:?}"
+    );
+
+    let unfinished = rig.unfinished_after(9, Duration::from_secs(15)).await;
+    assert_eq!(unfinished, 0, "nothing held by nothing");
+    let calls = rig.db.calls(&key).await;
+    let refunded = calls
+        .iter()
+        .filter(|call| call.status == CallStatus::Refunded)
+        .count();
+    assert_eq!(refunded, 8, "{calls:#?}");
+    assert_eq!(rig.db.balance(&key).await, before, "the database's balance");
+    let through_gateway = rig.gateway.send(
+        rig.gateway
+            .client
+            .get(format!("{}/v1/balance", rig.gateway.base))
+            .bearer_auth(&key),
+    );
+    let through_gateway = through_gateway.await;
+    assert_eq!(through_gateway.status, 200);
+    assert_eq!(
+        through_gateway.body["total"].as_i64(),
+        Some(before.total().get()),
+        "the key holder's balance agrees: {:?}",
+        through_gateway.body
+    );
+    assert_eq!(
+        rig.gateway.chat(&key, CHAT_MODEL).await.status,
+        200,
+        "serving again"
+    );
+    rig.db.assert_audit_holds().await;
+    rig.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_refused_mid_call_every_reservation_ends_on_a_live_gateway() {
+    refused_mid_call_every_reservation_ends(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_escrow_refused_mid_call_every_reservation_ends_and_balances_agree() {
+    refused_mid_call_every_reservation_ends(true).await;
+}
+
+/// Finding 2 of the fault run: a database that stops answering (nothing refused) makes calls
+/// and the key holders' endpoints `503` within the ledger time-out instead of hanging; once it
+/// answers again, what was reserved meanwhile ends and the books balance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_gone_silent_answers_503_within_the_ledger_time_out() {
+    let Some(rig) = proxied_postgres_gateway(Duration::ZERO, false).await else {
+        return;
+    };
+    let key = rig.db.funded_key(1000, 0).await;
+    assert_eq!(rig.gateway.chat(&key, CHAT_MODEL).await.status, 200);
+    let before = rig.db.balance(&key).await;
+
+    rig.proxy.set(common::db_proxy::Passage::Silent);
+    let started = std::time::Instant::now();
+    let calls = futures::future::join_all((0..4).map(|_| rig.gateway.chat(&key, CHAT_MODEL)));
+    let balance = rig.gateway.send(
+        rig.gateway
+            .client
+            .get(format!("{}/v1/balance", rig.gateway.base))
+            .bearer_auth(&key),
+    );
+    let (calls, balance) = tokio::join!(calls, balance);
+    let answered_in = started.elapsed();
+    for answer in calls.iter().chain([&balance]) {
+        assert_eq!(answer.status, 503, "{answer:?}");
+        assert!(!answer.detail().is_empty());
+    }
+    let bound = model_gateway::store::DEFAULT_LEDGER_TIMEOUT + Duration::from_secs(2);
+    assert!(answered_in < bound, "answered in {answered_in:?}");
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    rig.proxy.set(common::db_proxy::Passage::Open);
+    // The four calls' reservations land once the database answers, and end.
+    assert_eq!(rig.unfinished_after(5, Duration::from_secs(15)).await, 0);
+    // A settle already on its way to the database when its client was answered 503 may land
+    // (see the README): the books then say so, and balance.
+    let calls = rig.db.calls(&key).await;
+    let billed = calls
+        .iter()
+        .filter(|call| call.status == CallStatus::Ok)
+        .count() as i64;
+    let late = billed - 1;
+    assert!(late <= 1, "{calls:#?}");
+    let expected = before.total().get() - late * CHAT_PRICE;
+    assert_eq!(
+        rig.db.balance(&key).await.total().get(),
+        expected,
+        "{calls:#?}"
+    );
+    assert_eq!(
+        rig.gateway.chat(&key, CHAT_MODEL).await.status,
+        200,
+        "serving again"
+    );
+    rig.db.assert_audit_holds().await;
+    rig.finish().await;
 }

@@ -32,7 +32,8 @@ use subtle::ConstantTimeEq;
 
 use super::{Admin, AdminError, CallFilter, GrantRequest, KeyPatch, NewAccount};
 use crate::error::GatewayError;
-use crate::store::{AccountId, CallId, CallStatus, KeyId, Store};
+use crate::ledger_deadline::LedgerDeadlineLayer;
+use crate::store::{AccountId, CallId, CallStatus, DEFAULT_LEDGER_TIMEOUT, KeyId, Store};
 
 /// Shortest admin token accepted: guessing it must be out of reach.
 pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
@@ -144,6 +145,9 @@ fn limit(query: &HashMap<String, String>) -> Result<Option<u64>, GatewayError> {
         .transpose()
 }
 
+/// How long `GET /admin/audit` may take before it answers `503`.
+const AUDIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The admin API over `admin`, opened by `token`; see the module docs. Merge it into the
 /// gateway's router only when an admin token is configured: without one, `/admin` does not
 /// exist.
@@ -159,7 +163,16 @@ pub fn router<S: Store + 'static>(admin: Admin<S>, token: AdminToken) -> Router 
         .route("/admin/accounts/{id}/calls", get(calls::<S>))
         .route("/admin/keys/{id}", patch(update_key::<S>))
         .route("/admin/keys/{id}/revoke", post(revoke_key::<S>))
-        .route("/admin/audit", get(audit::<S>))
+        .route_layer(LedgerDeadlineLayer {
+            timeout: DEFAULT_LEDGER_TIMEOUT,
+        })
+        // The audit reads every account and entry: bounded, but longer.
+        .route(
+            "/admin/audit",
+            get(audit::<S>).layer(LedgerDeadlineLayer {
+                timeout: AUDIT_DEADLINE,
+            }),
+        )
         .method_not_allowed_fallback(crate::key_holder::method_not_allowed)
         .route_layer(middleware::from_fn_with_state(token, require_token))
         .with_state(admin)

@@ -328,8 +328,8 @@ impl BilledStream {
             return;
         };
         self.finishing = Some(Box::pin(async move {
-            if let Err(unbilled) = guard.settle(success).await {
-                tracing::error!(call = guard.call.0, %unbilled, "a finished stream could not be billed");
+            if let Err(unbilled) = guard.settle_delivered(success).await {
+                tracing::error!(call = guard.call.0, %unbilled, "a finished stream was not billed in time");
             }
             None
         }));

@@ -1,6 +1,5 @@
 //! [`UnsettledCall`]: a reservation that writes its outcome once, however the call ends.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +7,14 @@ use super::CANCELLED_BEFORE_ANSWER;
 use crate::catalogue::ModelRoute;
 use crate::error::GatewayError;
 use crate::protocol::Protocol;
+pub(super) use crate::store::outcome::Outcome;
+use crate::store::outcome::{finish_later, within};
 use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger};
+
+/// What a call's entry says when its settle could not be written in time: the client got `503`
+/// and no reply, so the call is refunded once the database answers again.
+pub const SETTLE_NOT_WRITTEN: &str = "the settle could not be written in time (the database was \
+     out of reach); the reply was withheld and the call refunded";
 
 /// A reservation whose outcome is not written yet. If it is dropped unwritten (the request
 /// future or the stream was dropped because the client went away or a time-out above gave up,
@@ -24,6 +30,9 @@ pub(super) struct UnsettledCall {
     /// What to write if this is dropped unwritten.
     if_dropped: Outcome,
     written: bool,
+    /// How long the call waits for the ledger before it answers `503` and the write goes on in
+    /// the background.
+    timeout: Duration,
 }
 
 /// A call as the metrics and the log count it: its model, protocol, the credits it took and
@@ -37,15 +46,24 @@ pub(super) struct Meter {
 }
 
 impl Meter {
-    /// The outcome was written: the call is no longer pending here. One log line per call,
+    /// The call is no longer pending here: it ended as `status` (`None`: unknown, or not ended
+    /// by anyone, which a guarded write that moved nothing rules out). One log line per call,
     /// with what an operator looks for (the request's id is in the span).
-    fn ended(&self, call: CallId, settled: bool) {
+    fn ended(&self, call: CallId, status: Option<CallStatus>) {
+        crate::telemetry::pending(-1.0);
         let model = self
             .model
             .as_ref()
             .map_or("unknown", |model| model.name.as_str());
+        let settled = match status {
+            Some(CallStatus::Ok) => true,
+            Some(CallStatus::Refunded) => false,
+            Some(CallStatus::Pending) | None => {
+                tracing::error!(call = call.0, ?status, "a call's end could not be read");
+                return;
+            }
+        };
         crate::telemetry::call_ended(model, self.protocol, settled, self.credits);
-        crate::telemetry::pending(-1.0);
         tracing::info!(
             call = call.0,
             model,
@@ -63,15 +81,13 @@ impl Meter {
     }
 }
 
-/// An outcome to write.
-#[derive(Debug, Clone)]
-pub(super) enum Outcome {
-    Settle(CallSuccess),
-    Refund(CallFailure),
-}
-
 impl UnsettledCall {
-    pub(super) fn new(ledger: Arc<dyn Ledger>, call: CallId, meter: Meter) -> UnsettledCall {
+    pub(super) fn new(
+        ledger: Arc<dyn Ledger>,
+        call: CallId,
+        meter: Meter,
+        timeout: Duration,
+    ) -> UnsettledCall {
         crate::telemetry::pending(1.0);
         UnsettledCall {
             ledger,
@@ -82,6 +98,7 @@ impl UnsettledCall {
                 error: CANCELLED_BEFORE_ANSWER.to_owned(),
             }),
             written: false,
+            timeout,
         }
     }
 
@@ -92,114 +109,128 @@ impl UnsettledCall {
     }
 
     /// Settles. `Ok` once the call is billed; otherwise the reply must not be handed out, and
-    /// the error says why: the store stayed unreachable through every retry (the entry stays
-    /// `pending` until recovery refunds it), or the call was refunded meanwhile.
+    /// the error says why: the ledger did not answer in time (`503`; the call is refunded in
+    /// the background once it does), or the call was refunded meanwhile (`502`).
     pub(super) async fn settle(&mut self, success: CallSuccess) -> Result<(), GatewayError> {
+        self.settle_then(success, Later::Refund).await
+    }
+
+    /// Settles a call whose content already reached its client (a stream that ended): if the
+    /// ledger does not answer in time, the settle goes on in the background, since the client
+    /// has what it pays for.
+    pub(super) async fn settle_delivered(
+        &mut self,
+        success: CallSuccess,
+    ) -> Result<(), GatewayError> {
+        self.settle_then(success, Later::Settle).await
+    }
+
+    async fn settle_then(
+        &mut self,
+        success: CallSuccess,
+        later: Later,
+    ) -> Result<(), GatewayError> {
+        let if_late = match later {
+            Later::Refund => Outcome::Refund(not_written()),
+            Later::Settle => Outcome::Settle(success.clone()),
+        };
         self.if_dropped = Outcome::Settle(success.clone());
         let (ledger, call) = (self.ledger.clone(), self.call);
-        let settled = with_retries(call, "settle", || ledger.settle(call, success.clone())).await;
+        let settled = within(self.timeout, call, "settle", || {
+            ledger.settle(call, success.clone())
+        })
+        .await;
         self.written = true;
         match settled {
             Some(true) => {
-                self.meter.ended(self.call, true);
+                self.meter.ended(call, Some(CallStatus::Ok));
                 Ok(())
             }
             // Not `pending` any more: billed by an earlier attempt whose answer was lost, or
-            // refunded meanwhile (by recovery, if its age is shorter than this call lasted).
-            // Only a billed call may have its reply.
-            Some(false) => match with_retries(call, "read", || ledger.call_status(call)).await {
-                Some(Some(CallStatus::Ok)) => Ok(()),
-                Some(status) => {
-                    tracing::error!(
-                        call = call.0,
-                        ?status,
-                        "the call was finished by someone else while its upstream answered \
-                         (a recovery age shorter than the call?); its reply is withheld"
-                    );
-                    Err(GatewayError::UpstreamUnavailable)
+            // refunded meanwhile (by recovery, after this gateway lost its lease). Only a
+            // billed call may have its reply.
+            Some(false) => {
+                match within(self.timeout, call, "read", || ledger.call_status(call)).await {
+                    Some(status) => {
+                        self.meter.ended(call, status);
+                        if status == Some(CallStatus::Ok) {
+                            return Ok(());
+                        }
+                        tracing::error!(
+                            call = call.0,
+                            ?status,
+                            "the call was finished by someone else while its upstream answered \
+                         (its lease ended?); its reply is withheld"
+                        );
+                        Err(GatewayError::UpstreamUnavailable)
+                    }
+                    None => {
+                        // Finished, but how is unknown: a guarded write moves nothing and reads it.
+                        self.finish_later(if_late);
+                        Err(GatewayError::StoreUnavailable)
+                    }
                 }
-                None => Err(GatewayError::StoreUnavailable),
-            },
-            None => Err(GatewayError::StoreUnavailable),
+            }
+            // A complete reply is withheld, so the call is not billed: refunded once the
+            // ledger answers. (A settle that did land, its answer lost, stays billed: the
+            // refund finds it `ok` and moves nothing.) A stream's content was delivered: its
+            // settle goes on.
+            None => {
+                self.finish_later(if_late);
+                Err(GatewayError::StoreUnavailable)
+            }
         }
     }
 
-    /// Refunds; `false` if the store stayed unreachable through every retry. A refund that
-    /// finds its entry no longer `pending` is done: its credits are back, or were never to be.
+    /// Refunds; `false` if the ledger did not answer in time (the refund goes on in the
+    /// background until it does). A refund that finds its entry no longer `pending` is done:
+    /// its credits are back, or were never to be.
     pub(super) async fn refund(&mut self, failure: CallFailure) -> bool {
         self.if_dropped = Outcome::Refund(failure.clone());
         let (ledger, call) = (self.ledger.clone(), self.call);
-        let refunded = with_retries(call, "refund", || ledger.refund(call, &failure)).await;
+        let refunded = within(self.timeout, call, "refund", || {
+            ledger.refund(call, &failure)
+        })
+        .await;
         self.written = true;
-        if refunded == Some(true) {
-            self.meter.ended(self.call, false);
+        match refunded {
+            Some(true) => self.meter.ended(call, Some(CallStatus::Refunded)),
+            // Finished by someone else: the background reads how, for the metrics.
+            Some(false) | None => self.finish_later(Outcome::Refund(failure)),
         }
         refunded.is_some()
+    }
+
+    /// Hands `outcome` to a task that writes it however long the ledger takes.
+    fn finish_later(&self, outcome: Outcome) {
+        let meter = self.meter.clone();
+        let call = self.call;
+        finish_later(self.ledger.clone(), call, outcome, move |status| {
+            meter.ended(call, status);
+        });
+    }
+}
+
+/// What a settle that the ledger did not take in time becomes.
+#[derive(Debug, Clone, Copy)]
+enum Later {
+    /// The reply was withheld: refund.
+    Refund,
+    /// The content reached the client: settle.
+    Settle,
+}
+
+fn not_written() -> CallFailure {
+    CallFailure {
+        upstream_status: None,
+        error: SETTLE_NOT_WRITTEN.to_owned(),
     }
 }
 
 impl Drop for UnsettledCall {
     fn drop(&mut self) {
-        if self.written {
-            return;
-        }
-        let (ledger, call, meter) = (self.ledger.clone(), self.call, self.meter.clone());
-        let outcome = self.if_dropped.clone();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::error!(
-                call = call.0,
-                "no runtime to finish a dropped call; left for recovery"
-            );
-            return;
-        };
-        runtime.spawn(async move {
-            let settling = matches!(outcome, Outcome::Settle(_));
-            let written = match outcome {
-                Outcome::Settle(success) => ledger.settle(call, success).await,
-                Outcome::Refund(failure) => ledger.refund(call, &failure).await,
-            };
-            match written {
-                Ok(true) => meter.ended(call, settling),
-                Ok(false) => {}
-                Err(error) => {
-                    tracing::error!(call = call.0, %error, "finishing a dropped call failed; left for recovery");
-                }
-            }
-        });
-    }
-}
-
-/// Pauses between attempts to write an outcome while the store is unreachable (a dropped
-/// connection is replaced by the pool within these).
-const WRITE_RETRY_PAUSES: [Duration; 3] = [
-    Duration::from_millis(50),
-    Duration::from_millis(250),
-    Duration::from_secs(1),
-];
-
-/// Runs a settle, a refund or a read until the store answers; `None` if it never does. Settles
-/// and refunds are guarded by the entry's status, so repeating one whose first attempt did land
-/// changes nothing. An entry whose write never lands stays `pending`, and recovery refunds it
-/// later.
-async fn with_retries<F, Fut, T>(call: CallId, what: &str, mut write: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, crate::StoreError>>,
-{
-    for pause in WRITE_RETRY_PAUSES.iter().map(Some).chain([None]) {
-        match write().await {
-            Ok(answer) => return Some(answer),
-            Err(error) => {
-                tracing::error!(call = call.0, %error, "{what} failed");
-                match pause {
-                    Some(pause) => tokio::time::sleep(*pause).await,
-                    None => {
-                        tracing::error!(call = call.0, "{what} given up after retries");
-                        return None;
-                    }
-                }
-            }
+        if !self.written {
+            self.finish_later(self.if_dropped.clone());
         }
     }
-    None
 }

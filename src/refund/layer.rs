@@ -9,7 +9,7 @@ use super::DEFAULT_UPSTREAM_BOUND;
 use super::body::StreamLimits;
 use super::service::RefundOnUpstreamError;
 use crate::catalogue::{DEFAULT_STREAM_DEADLINE, DEFAULT_STREAM_IDLE_TIMEOUT};
-use crate::store::Ledger;
+use crate::store::{DEFAULT_LEDGER_TIMEOUT, Ledger};
 
 /// Configuration of [`RefundOnUpstreamError`]: the ledger that settles and refunds, and the
 /// longest an upstream may take.
@@ -19,6 +19,7 @@ pub struct RefundOnUpstreamErrorLayer {
     ledger: Arc<dyn Ledger>,
     upstream_bound: Duration,
     stream_limits: StreamLimits,
+    ledger_timeout: Duration,
 }
 
 impl RefundOnUpstreamErrorLayer {
@@ -31,7 +32,17 @@ impl RefundOnUpstreamErrorLayer {
                 deadline: DEFAULT_STREAM_DEADLINE,
                 idle: DEFAULT_STREAM_IDLE_TIMEOUT,
             },
+            ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
         }
+    }
+
+    /// How long a call waits for its settle or refund (quick retries included) before the
+    /// client is answered `503` without a reply (default [`DEFAULT_LEDGER_TIMEOUT`]). The
+    /// write is not given up: it goes on in the background until the ledger takes it, a settle
+    /// whose reply was withheld as a refund.
+    pub fn ledger_timeout(mut self, timeout: Duration) -> RefundOnUpstreamErrorLayer {
+        self.ledger_timeout = timeout;
+        self
     }
 
     /// Refunds a call whose upstream has not answered within `bound`. With every call bounded,
@@ -67,6 +78,7 @@ impl<U> Layer<U> for RefundOnUpstreamErrorLayer {
             self.ledger.clone(),
             self.upstream_bound,
             self.stream_limits,
+            self.ledger_timeout,
         )
     }
 }

@@ -62,6 +62,7 @@ mod service;
 use std::time::Duration;
 
 pub use body::{CLIENT_LEFT_BEFORE_CONTENT, ResponseBody};
+pub use guard::SETTLE_NOT_WRITTEN;
 pub use layer::RefundOnUpstreamErrorLayer;
 pub use service::RefundOnUpstreamError;
 pub use service::ResponseFuture;

@@ -29,6 +29,7 @@ pub struct RefundOnUpstreamError<U> {
     ledger: Arc<dyn Ledger>,
     upstream_bound: Duration,
     stream_limits: StreamLimits,
+    ledger_timeout: Duration,
     /// An upstream that failed `poll_ready` fails the next call (which is refunded) rather than
     /// the whole service: every service the router sees is infallible.
     not_ready: Option<UpstreamError>,
@@ -41,6 +42,7 @@ impl<U: Clone> Clone for RefundOnUpstreamError<U> {
             ledger: self.ledger.clone(),
             upstream_bound: self.upstream_bound,
             stream_limits: self.stream_limits,
+            ledger_timeout: self.ledger_timeout,
             not_ready: None,
         }
     }
@@ -59,12 +61,14 @@ impl<U> RefundOnUpstreamError<U> {
         ledger: Arc<dyn Ledger>,
         upstream_bound: Duration,
         stream_limits: StreamLimits,
+        ledger_timeout: Duration,
     ) -> Self {
         RefundOnUpstreamError {
             upstream,
             ledger,
             upstream_bound,
             stream_limits,
+            ledger_timeout,
             not_ready: None,
         }
     }
@@ -129,7 +133,12 @@ where
                     credits: reservation.taken.total().get(),
                     charged_at: std::time::Instant::now(),
                 };
-                UnsettledCall::new(self.ledger.clone(), reservation.call, meter)
+                UnsettledCall::new(
+                    self.ledger.clone(),
+                    reservation.call,
+                    meter,
+                    self.ledger_timeout,
+                )
             });
         // A keyed call's reply is kept with its settle, for the client's retries.
         let keep_reply = request.extensions().get::<IdempotencyKey>().is_some();

@@ -479,11 +479,13 @@ struct Funds {
 }
 
 impl Funds {
-    /// A store that cannot answer does not stop the call: the charge decides later.
+    /// A store that cannot answer (in time) does not stop the call: the charge decides later,
+    /// and answers `503` itself within its own time-out.
     async fn can_pay(&self, caller: Caller) -> bool {
-        match self.ledger.balance(caller.account).await {
-            Ok(balance) => balance.total() >= self.cheapest,
-            Err(_) => true,
+        let read = self.ledger.balance(caller.account);
+        match tokio::time::timeout(crate::store::DEFAULT_LEDGER_TIMEOUT, read).await {
+            Ok(Ok(balance)) => balance.total() >= self.cheapest,
+            Ok(Err(_)) | Err(_) => true,
         }
     }
 }

@@ -28,6 +28,7 @@ pub use crate::protocol::TokenUsage;
 
 mod idempotency;
 mod memory;
+pub(crate) mod outcome;
 mod records;
 mod sea;
 
@@ -35,6 +36,7 @@ pub use crate::call::IdempotencyKey;
 pub use idempotency::{DEFAULT_IDEMPOTENCY_WINDOW, KeptReply, MAX_KEPT_REPLY_BYTES};
 pub(crate) use idempotency::{KeyedCall, KeyedDecision, decide as decide_keyed, window_cutoff};
 pub use memory::MemoryStore;
+pub use outcome::DEFAULT_LEDGER_TIMEOUT;
 pub use records::{
     AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted,
     IdempotencyKeyReused, KeyInfo, KeyStatus, Lapse, Sums,

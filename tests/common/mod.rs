@@ -7,6 +7,7 @@
 //! `SQLite`, when the build has it), and tests about one backend are compiled with it only.
 #![allow(dead_code)]
 
+pub mod db_proxy;
 pub mod fake_provider;
 
 use std::sync::Arc;
