@@ -744,3 +744,104 @@ async fn held_calls_beside_batches_and_another_connection_spend_each_credit_once
     );
     db.assert_audit_holds().await;
 }
+
+/// A small filesystem of its own, mounted for one test and unmounted after it.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    /// A tmpfs of `size` (e.g. `"4m"`); `None` where mounting is not allowed (not root).
+    fn mount(size: &str) -> Option<SmallDisk> {
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if !matches!(mounted, Ok(status) if status.success()) {
+            eprintln!("a tmpfs cannot be mounted here (it needs root); skipping this test");
+            return None;
+        }
+        Some(SmallDisk { dir })
+    }
+
+    /// Fills what is left with a ballast file.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut ballast = std::fs::File::create(self.dir.path().join("ballast")).unwrap();
+        let chunk = vec![0_u8; 64 * 1024];
+        while ballast.write_all(&chunk).is_ok() {}
+        // The last bytes that fit, one at a time.
+        while ballast.write_all(&[0]).is_ok() {}
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.dir.path().join("ballast")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Finding 1 of the fault run, on the owned file: with the disk full, calls' outcomes cannot be
+/// written and their clients get 503; once space comes back, every held reservation ends on the
+/// live gateway (no restart) and the held-aware balance equals the books.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_leaves_no_credit_held_once_space_comes_back() {
+    let Some(disk) = SmallDisk::mount("8m") else {
+        return;
+    };
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        disk.dir.path().join("gateway.db").display()
+    );
+    let store = Arc::new(SeaOrmStore::connect(&url).await.unwrap().own_file().unwrap());
+    let db = TestDb::at(store.clone(), url);
+    let gateway = start_mock_gateway(&db).await;
+    let key = db.funded_key(1000, 0).await;
+    assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200);
+
+    disk.fill();
+    let mut refused = 0;
+    for _ in 0..200 {
+        match gateway.chat(&key, CHAT_MODEL).await.status {
+            200 => {}
+            503 => {
+                refused += 1;
+                break;
+            }
+            other => panic!("answered {other}"),
+        }
+    }
+    assert_eq!(refused, 1, "the full disk made a call fail");
+    let more = futures::future::join_all((0..7).map(|_| gateway.chat(&key, CHAT_MODEL))).await;
+    assert!(more.iter().all(|answer| answer.status == 503), "{more:?}");
+    assert!(store.held_reservations().await >= 8, "held while the disk is full");
+
+    disk.free();
+    for _ in 0..150 {
+        if store.held_reservations().await == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(store.held_reservations().await, 0, "nothing held by nothing");
+    let calls = db.calls(&key).await;
+    let billed = calls.iter().filter(|call| call.status == CallStatus::Ok).count() as i64;
+    let refunded = calls.iter().filter(|call| call.status == CallStatus::Refunded).count();
+    assert!(refunded >= 8, "the refused calls were refunded: {refunded}");
+    assert_eq!(
+        db.balance(&key).await.total().get(),
+        1000 - billed * CHAT_PRICE,
+        "the held-aware balance equals the books"
+    );
+    db.assert_audit_holds().await;
+    assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200, "serving again");
+}

@@ -215,6 +215,17 @@ impl TestDb {
         }
     }
 
+    /// A database the test made itself (a file it keeps in a place of its own).
+    pub fn at(store: Arc<SeaOrmStore>, url: String) -> TestDb {
+        TestDb {
+            store,
+            url,
+            _dir: None,
+            pg_schema: None,
+            mysql_database: None,
+        }
+    }
+
     /// The same database through a second store with its own pool, as a second gateway
     /// process would have it.
     pub async fn second_instance(&self) -> TestDb {
