@@ -100,18 +100,19 @@ impl<S: Store + 'static> Gateway<S> {
         let stack = crate::stack_with_limiter(
             self.store.clone(),
             self.catalogue.clone(),
-            self.body,
+            self.body.clone(),
             self.upstream.clone(),
             self.limiter.clone(),
         );
         let mut router = Router::new()
             .route_service("/v1/chat/completions", stack.clone())
             .route_service("/v1/messages", stack)
-            .merge(crate::key_holder::router(
+            .merge(crate::key_holder::router_with_body_limits(
                 self.store.clone(),
                 self.catalogue.clone(),
                 self.upstream,
                 self.limiter,
+                self.body,
             ));
         router = router.merge(crate::console::router(self.admin_token.is_some()));
         if let Some(token) = self.admin_token {

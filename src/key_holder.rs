@@ -25,7 +25,6 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -36,7 +35,7 @@ use crate::error::GatewayError;
 use crate::ledger_deadline::LedgerDeadlineLayer;
 use crate::protocol::Protocol;
 use crate::rate_limit::{RateLimitLayer, RateLimiter};
-use crate::router::route_model;
+use crate::router::{BodyLimits, read_beside_calls, route_model};
 use crate::store::{CallId, DEFAULT_LEDGER_TIMEOUT, Store};
 use crate::upstream::Upstream;
 
@@ -52,6 +51,7 @@ struct Shared<S> {
     store: Arc<S>,
     catalogue: Arc<Catalogue>,
     upstream: Upstream,
+    body: BodyLimits,
 }
 
 /// The key holders' endpoints and the probes; see the module docs. Requests with a key count
@@ -62,10 +62,24 @@ pub fn router<S: Store + 'static>(
     upstream: Upstream,
     limiter: RateLimiter,
 ) -> Router {
+    router_with_body_limits(store, catalogue, upstream, limiter, BodyLimits::default())
+}
+
+/// [`router`], reading `count_tokens` bodies within `body`: the same size limit, pause and
+/// deadline time-outs, memory budget and cap for keys that cannot pay as the calls' (give it
+/// the calls' [`BodyLimits`], whose budget is then shared).
+pub fn router_with_body_limits<S: Store + 'static>(
+    store: Arc<S>,
+    catalogue: Arc<Catalogue>,
+    upstream: Upstream,
+    limiter: RateLimiter,
+    body: BodyLimits,
+) -> Router {
     let shared = Arc::new(Shared {
         store: store.clone(),
         catalogue,
         upstream,
+        body,
     });
     // Bounded like the ledger's part of a call; `count_tokens` waits for its provider instead.
     let reads = Router::new()
@@ -318,12 +332,17 @@ async fn usage<S: Store>(
     }
 }
 
-async fn count_tokens<S>(
+async fn count_tokens<S: Store + 'static>(
     State(shared): State<Arc<Shared<S>>>,
     Extension(rules): Extension<KeyRules>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: axum::extract::Request,
 ) -> Response {
+    let ledger: Arc<dyn crate::store::Ledger> = shared.store.clone();
+    let read = read_beside_calls(request, &shared.catalogue, &shared.body, ledger).await;
+    let (headers, body, _permit) = match read {
+        Ok((parts, body, permit)) => (parts.headers, body, permit),
+        Err(refusal) => return refuse(refusal),
+    };
     let routed = match route_model(&shared.catalogue, Protocol::Messages, &body) {
         Ok(routed) if !rules.allows(&routed.model.name) => {
             return refuse(GatewayError::ModelNotAllowed);

@@ -680,3 +680,20 @@ async fn the_command_line_and_the_api_agree() {
     assert!(cli(&db, &["audit"]).contains("audit passed"));
     assert_eq!(audit.body["ok"], true);
 }
+
+/// Finding 6 of the fault run: a body over the admin API's 2 MiB is a `{"detail"}` 413.
+#[tokio::test]
+async fn an_admin_body_over_its_limit_is_a_json_413() {
+    let db = local_db().await;
+    let gateway = admin_gateway(&db).await;
+    let name = "x".repeat(3 << 20);
+    let answer = gateway
+        .admin(
+            reqwest::Method::POST,
+            "/admin/accounts",
+            Some(json!({ "name": name })),
+        )
+        .await;
+    assert_eq!(answer.status, 413);
+    assert_eq!(answer.detail(), "请求体过大");
+}

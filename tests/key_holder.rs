@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
-use model_gateway::Catalogue;
+use model_gateway::{Catalogue, MockUpstream, Upstream};
 use serde_json::{Value, json};
 
 async fn get(gateway: &Gateway, path: &str, key: Option<&str>, anthropic: bool) -> Answer {
@@ -493,4 +493,59 @@ async fn ready_turns_503_while_the_database_is_unreachable_and_back() {
     assert_eq!(back, 200, "ready again once the database can be reached");
     drop(gateway);
     db.drop_schema().await;
+}
+
+/// A `count_tokens` body of `bytes` bytes: a messages request padded to that size.
+fn padded_messages_body(bytes: usize) -> String {
+    let padding = "x".repeat(bytes);
+    format!(
+        r#"{{"model":"{MESSAGES_MODEL}","max_tokens":8,"messages":[{{"role":"user","content":"{padding}"}}]}}"#
+    )
+}
+
+/// Findings 5 and 6 of the fault run: `count_tokens` bodies go through the calls' limits (the
+/// largest body, and the cap for a key that cannot pay for any model), and each refusal is a
+/// `{"detail"}` 413, not axum's plain text.
+#[tokio::test]
+async fn count_tokens_bodies_are_read_within_the_calls_limits() {
+    let db = local_db().await;
+    let limits = model_gateway::router::BodyLimits::new(3 << 20).unfunded_max_bytes(64 * 1024);
+    let router = model_gateway::Gateway::new(
+        db.store.clone(),
+        Arc::new(Catalogue::demo()),
+        Upstream::Mock(MockUpstream::new()),
+    )
+    .body_limits(limits)
+    .router();
+    let gateway = serve_router(router).await;
+    let funded = db.funded_key(10, 0).await;
+    let unfunded = db.funded_key(0, 0).await;
+    let path = "/v1/messages/count_tokens";
+
+    let over = gateway
+        .post_x_api_key(path, &funded, padded_messages_body(4 << 20))
+        .await;
+    assert_eq!(over.status, 413);
+    assert_eq!(over.detail(), "请求体过大");
+
+    let fits = gateway
+        .post_x_api_key(path, &funded, padded_messages_body(2 << 20))
+        .await;
+    assert_eq!(
+        fits.status, 200,
+        "a body over axum's 2 MiB but within the limit: {fits:?}"
+    );
+
+    let unpaid = gateway
+        .post_x_api_key(path, &unfunded, padded_messages_body(128 * 1024))
+        .await;
+    assert_eq!(
+        unpaid.status, 413,
+        "a key that cannot pay sends at most the unfunded size"
+    );
+    assert_eq!(unpaid.detail(), "请求体过大");
+    let small = gateway
+        .post_x_api_key(path, &unfunded, messages_body(MESSAGES_MODEL))
+        .await;
+    assert_eq!(small.status, 200);
 }

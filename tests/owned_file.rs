@@ -802,7 +802,13 @@ async fn a_full_disk_leaves_no_credit_held_once_space_comes_back() {
         "sqlite://{}?mode=rwc",
         disk.dir.path().join("gateway.db").display()
     );
-    let store = Arc::new(SeaOrmStore::connect(&url).await.unwrap().own_file().unwrap());
+    let store = Arc::new(
+        SeaOrmStore::connect(&url)
+            .await
+            .unwrap()
+            .own_file()
+            .unwrap(),
+    );
     let db = TestDb::at(store.clone(), url);
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(1000, 0).await;
@@ -823,7 +829,10 @@ async fn a_full_disk_leaves_no_credit_held_once_space_comes_back() {
     assert_eq!(refused, 1, "the full disk made a call fail");
     let more = futures::future::join_all((0..7).map(|_| gateway.chat(&key, CHAT_MODEL))).await;
     assert!(more.iter().all(|answer| answer.status == 503), "{more:?}");
-    assert!(store.held_reservations().await >= 8, "held while the disk is full");
+    assert!(
+        store.held_reservations().await >= 8,
+        "held while the disk is full"
+    );
 
     disk.free();
     for _ in 0..150 {
@@ -832,10 +841,20 @@ async fn a_full_disk_leaves_no_credit_held_once_space_comes_back() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert_eq!(store.held_reservations().await, 0, "nothing held by nothing");
+    assert_eq!(
+        store.held_reservations().await,
+        0,
+        "nothing held by nothing"
+    );
     let calls = db.calls(&key).await;
-    let billed = calls.iter().filter(|call| call.status == CallStatus::Ok).count() as i64;
-    let refunded = calls.iter().filter(|call| call.status == CallStatus::Refunded).count();
+    let billed = calls
+        .iter()
+        .filter(|call| call.status == CallStatus::Ok)
+        .count() as i64;
+    let refunded = calls
+        .iter()
+        .filter(|call| call.status == CallStatus::Refunded)
+        .count();
     assert!(refunded >= 8, "the refused calls were refunded: {refunded}");
     assert_eq!(
         db.balance(&key).await.total().get(),
@@ -843,5 +862,9 @@ async fn a_full_disk_leaves_no_credit_held_once_space_comes_back() {
         "the held-aware balance equals the books"
     );
     db.assert_audit_holds().await;
-    assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200, "serving again");
+    assert_eq!(
+        gateway.chat(&key, CHAT_MODEL).await.status,
+        200,
+        "serving again"
+    );
 }

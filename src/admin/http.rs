@@ -104,6 +104,24 @@ fn answer<T: Serialize>(status: StatusCode, result: Result<T, AdminError>) -> Re
     }
 }
 
+/// An admin request's body: axum's `Bytes` (at most its default 2 MiB), refused as
+/// `{"detail"}` JSON like every other refusal, 413 included.
+struct AdminBody(Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for AdminBody {
+    type Rejection = Response;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        match Bytes::from_request(request, state).await {
+            Ok(body) => Ok(AdminBody(body)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(refuse(GatewayError::PayloadTooLarge))
+            }
+            Err(_) => Err(refuse(GatewayError::UnreadableBody)),
+        }
+    }
+}
+
 fn json_body(body: &Bytes) -> Result<serde_json::Value, GatewayError> {
     serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)
 }
@@ -178,7 +196,10 @@ pub fn router<S: Store + 'static>(admin: Admin<S>, token: AdminToken) -> Router 
         .with_state(admin)
 }
 
-async fn create_account<S: Store>(State(admin): State<Admin<S>>, body: Bytes) -> Response {
+async fn create_account<S: Store>(
+    State(admin): State<Admin<S>>,
+    AdminBody(body): AdminBody,
+) -> Response {
     let new = match json_body(&body).and_then(|body| NewAccount::from_json(&body)) {
         Ok(new) => new,
         Err(refusal) => return refuse(refusal),
@@ -220,7 +241,7 @@ async fn grant<S: Store>(
     State(admin): State<Admin<S>>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    AdminBody(body): AdminBody,
 ) -> Response {
     let read = account_id(&id).and_then(|account| {
         let grant = GrantRequest::from_json(&json_body(&body)?)?;
@@ -273,7 +294,7 @@ async fn calls<S: Store>(
 async fn update_key<S: Store>(
     State(admin): State<Admin<S>>,
     Path(id): Path<String>,
-    body: Bytes,
+    AdminBody(body): AdminBody,
 ) -> Response {
     let read = key_id(&id).and_then(|key| Ok((key, KeyPatch::from_json(&json_body(&body)?)?)));
     match read {

@@ -237,6 +237,37 @@ where
     Ok(Request::from_parts(parts, body))
 }
 
+/// Reads the body of a request served beside the calls (`count_tokens`) within the calls'
+/// `limits`: its declared length first, then size, pauses, deadline and memory budget as
+/// [`read_body`] does; a caller (from [`ApiKeyAuth`](crate::ApiKeyAuth)) whose credits cannot
+/// pay for `catalogue`'s cheapest model may send only the unfunded size.
+pub(crate) async fn read_beside_calls<B>(
+    request: Request<B>,
+    catalogue: &Catalogue,
+    limits: &BodyLimits,
+    ledger: Arc<dyn Ledger>,
+) -> Result<(http::request::Parts, Bytes, Option<BodyPermit>), GatewayError>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let declared_length = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if declared_length.is_some_and(|length| length > limits.max_bytes as u64) {
+        return Err(GatewayError::PayloadTooLarge);
+    }
+    let (parts, body) = request.into_parts();
+    let funds = (catalogue.models().map(|model| model.price).min())
+        .map(|cheapest| Funds { ledger, cheapest });
+    let payer = funds
+        .as_ref()
+        .zip(parts.extensions.get::<Caller>().copied());
+    let (body, permit) = read_body(body, limits, declared_length, payer).await?;
+    Ok((parts, body, permit))
+}
+
 /// Reads a whole request body within `limits`: no more than its size, no pause between chunks
 /// longer than its idle time-out, all of it before its deadline, and no more at once than the
 /// memory budget allows across every request (waiting up to the idle time-out for room). A
