@@ -171,8 +171,13 @@ impl<S: Store + 'static> Upkeep<S> {
         self.recover_orphans().await;
         self.sweep().await;
         let store = self.store.clone();
+        let keeper = tokio::spawn(hold_lease(self.store.clone(), self.lease_ttl));
         let task = tokio::spawn(self.run());
-        Ok(UpkeepHandle { store, task })
+        Ok(UpkeepHandle {
+            store,
+            task,
+            keeper,
+        })
     }
 
     async fn run(self) {
@@ -182,30 +187,11 @@ impl<S: Store + 'static> Upkeep<S> {
         let mut last_sweep = tokio::time::Instant::now();
         loop {
             heartbeats.tick().await;
-            self.keep_lease().await;
             self.recover_orphans().await;
             if last_sweep.elapsed() >= self.sweep_interval {
                 last_sweep = tokio::time::Instant::now();
                 self.sweep().await;
             }
-        }
-    }
-
-    async fn keep_lease(&self) {
-        match self.store.renew_lease(Utc::now(), self.lease_ttl).await {
-            Ok(true) => return,
-            Ok(false) => tracing::error!(
-                "this gateway's instance lease had ended (the database was out of reach for \
-                 longer than the lease); calls under way may have been refunded by recovery and \
-                 will not be billed; taking a new lease"
-            ),
-            Err(error) => {
-                tracing::warn!(%error, "renewing the instance lease failed; will retry");
-                return;
-            }
-        }
-        if let Err(error) = self.store.take_lease(Utc::now(), self.lease_ttl).await {
-            tracing::error!(%error, "taking a new instance lease failed; will retry");
         }
     }
 
@@ -253,11 +239,57 @@ impl<S: Store + 'static> Upkeep<S> {
     }
 }
 
+/// Pause between attempts to renew a lease that could not be renewed.
+const RENEW_RETRY: Duration = Duration::from_millis(250);
+
+/// Renews the lease every heartbeat, on a task of its own so that a slow recovery pass never
+/// delays it. A renewal that fails (or takes longer than a heartbeat) is tried again every
+/// 250 ms until it holds, so that the lease outlives an outage of the database shorter than
+/// its time to live less a heartbeat; the store refuses to reserve under a lease it could not
+/// renew in time (see [`Leases::renew_lease`]).
+async fn hold_lease<S: Store + ?Sized>(store: Arc<S>, ttl: Duration) {
+    let heartbeat = ttl / 5;
+    loop {
+        tokio::time::sleep(heartbeat).await;
+        loop {
+            let attempt = tokio::time::timeout(heartbeat, keep_lease(store.as_ref(), ttl)).await;
+            if matches!(attempt, Ok(true)) {
+                break;
+            }
+            tokio::time::sleep(RENEW_RETRY).await;
+        }
+    }
+}
+
+/// Renews the lease, or takes a new one if it had ended; whether the store holds one now.
+async fn keep_lease<S: Store + ?Sized>(store: &S, ttl: Duration) -> bool {
+    match store.renew_lease(Utc::now(), ttl).await {
+        Ok(true) => return true,
+        Ok(false) => tracing::error!(
+            "this gateway's instance lease had ended (the database was out of reach for \
+             longer than the lease); calls under way may have been refunded by recovery and \
+             will not be billed; taking a new lease"
+        ),
+        Err(error) => {
+            tracing::warn!(%error, "renewing the instance lease failed; will retry");
+            return false;
+        }
+    }
+    match store.take_lease(Utc::now(), ttl).await {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::error!(%error, "taking a new instance lease failed; will retry");
+            false
+        }
+    }
+}
+
 /// The running [`Upkeep`]; [`stop`](UpkeepHandle::stop) it on a clean shutdown.
 #[derive(Debug)]
 pub struct UpkeepHandle<S> {
     store: Arc<S>,
     task: tokio::task::JoinHandle<()>,
+    keeper: tokio::task::JoinHandle<()>,
 }
 
 impl<S: Store + 'static> UpkeepHandle<S> {
@@ -265,7 +297,9 @@ impl<S: Store + 'static> UpkeepHandle<S> {
     /// recovered at once by any instance (after a clean shutdown, nothing should be).
     pub async fn stop(self) {
         self.task.abort();
+        self.keeper.abort();
         let _ = self.task.await;
+        let _ = self.keeper.await;
         if let Err(error) = self.store.release_lease().await {
             tracing::warn!(%error, "ending the instance lease failed; it will expire");
         }

@@ -1115,6 +1115,14 @@ struct ProxiedGateway {
 }
 
 async fn proxied_postgres_gateway(delay: Duration, escrow: bool) -> Option<ProxiedGateway> {
+    proxied_postgres_gateway_with_lease(delay, escrow, Duration::from_secs(30)).await
+}
+
+async fn proxied_postgres_gateway_with_lease(
+    delay: Duration,
+    escrow: bool,
+    lease: Duration,
+) -> Option<ProxiedGateway> {
     let url = postgres_url()?;
     let db = postgres_db().await?;
     let server = common::db_proxy::server_of(&url);
@@ -1125,7 +1133,7 @@ async fn proxied_postgres_gateway(delay: Duration, escrow: bool) -> Option<Proxi
     }
     let store = Arc::new(store);
     let upkeep = model_gateway::recovery::Upkeep::new(store.clone(), Duration::from_secs(600))
-        .lease_ttl(Duration::from_secs(30))
+        .lease_ttl(lease)
         .start()
         .await
         .unwrap();
@@ -1146,8 +1154,9 @@ async fn proxied_postgres_gateway(delay: Duration, escrow: bool) -> Option<Proxi
 }
 
 impl ProxiedGateway {
-    /// Waits (up to `within`) until the schema has `entries` entries and none is `pending`
-    /// (an escrowed call has none until it ends); how many are not finished then.
+    /// Waits (up to `within`) until the schema has at least `entries` finished entries and
+    /// none `pending` (an escrowed call has none until it ends); how many are not finished
+    /// then.
     async fn unfinished_after(&self, entries: i64, within: Duration) -> i64 {
         let started = std::time::Instant::now();
         loop {
@@ -1157,14 +1166,17 @@ impl ProxiedGateway {
                 .connection()
                 .query_one_raw(sea_orm::Statement::from_string(
                     sea_orm::DbBackend::Postgres,
-                    "SELECT COUNT(*) FILTER (WHERE status <> 'pending') AS n FROM mg_calls",
+                    "SELECT COUNT(*) FILTER (WHERE status <> 'pending') AS finished, \
+                     COUNT(*) FILTER (WHERE status = 'pending') AS pending FROM mg_calls",
                 ))
                 .await
                 .unwrap()
                 .unwrap();
-            let finished: i64 = row.try_get("", "n").unwrap();
-            if finished >= entries || started.elapsed() > within {
-                return entries - finished;
+            let finished: i64 = row.try_get("", "finished").unwrap();
+            let pending: i64 = row.try_get("", "pending").unwrap();
+            let unfinished = pending + (entries - finished).max(0);
+            if unfinished == 0 || started.elapsed() > within {
+                return unfinished;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -1306,6 +1318,77 @@ async fn postgres_gone_silent_answers_503_within_the_ledger_time_out() {
         rig.gateway.chat(&key, CHAT_MODEL).await.status,
         200,
         "serving again"
+    );
+    rig.db.assert_audit_holds().await;
+    rig.finish().await;
+}
+
+/// Finding 3 of the fault run: `PostgreSQL` refused for 3 s against a 5 s lease, while 4 clients
+/// call without pause. The lease is kept (renewed as soon as the database answers, never
+/// taken anew), and no call is withheld: every answer is 200 (billed once) or 503 (never
+/// billed), none 502, and no entry is refunded for a lease that ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_refused_for_less_than_the_lease_keeps_it_and_withholds_no_call() {
+    let rig = proxied_postgres_gateway_with_lease(Duration::ZERO, false, Duration::from_secs(5));
+    let Some(rig) = rig.await else {
+        return;
+    };
+    let key = rig.db.funded_key(100_000, 0).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = (0..4).map(|_| {
+        let (gateway, key, stop) = (&rig.gateway, key.clone(), stop.clone());
+        async move {
+            let mut statuses = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                statuses.push(gateway.chat(&key, CHAT_MODEL).await.status);
+            }
+            statuses
+        }
+    });
+    let outage = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        rig.proxy.set(common::db_proxy::Passage::Refused);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        rig.proxy.set(common::db_proxy::Passage::Open);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.store(true, Ordering::SeqCst);
+    };
+    let (statuses, ()) = tokio::join!(futures::future::join_all(clients), outage);
+    let statuses: Vec<u16> = statuses.into_iter().flatten().collect();
+    let count = |status| statuses.iter().filter(|s| **s == status).count();
+    assert_eq!(count(502), 0, "no call withheld");
+    assert_eq!(count(200) + count(503), statuses.len(), "{statuses:?}");
+    assert!(count(503) > 0, "the outage was felt");
+
+    assert_eq!(rig.unfinished_after(0, Duration::from_secs(15)).await, 0);
+    let leases = rig
+        .db
+        .store
+        .connection()
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            "SELECT COUNT(*) AS n FROM mg_instances",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        leases.try_get::<i64>("", "n").unwrap(),
+        1,
+        "the lease was kept, never taken anew"
+    );
+    let calls = rig.db.calls(&key).await;
+    let billed = calls
+        .iter()
+        .filter(|call| call.status == CallStatus::Ok)
+        .count();
+    assert_eq!(billed, count(200), "each 200 billed once, no 503 billed");
+    assert!(
+        calls.iter().all(|call| !call
+            .upstream_error
+            .as_deref()
+            .is_some_and(|error| error.contains("lease ended"))),
+        "no call refunded for its lease"
     );
     rig.db.assert_audit_holds().await;
     rig.finish().await;

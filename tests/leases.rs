@@ -323,3 +323,50 @@ async fn upkeep_takes_a_new_lease_when_its_lease_was_lost_and_ends_it_on_stop() 
     assert_eq!(refunded, vec![protected.call]);
     db.assert_audit_holds().await;
 }
+
+/// Finding 3 of the fault run: a gateway stops reserving under its lease once it could not
+/// renew it in time (its time to live less a heartbeat, a fifth of it), before any other
+/// instance could judge it ended and refund what is reserved under it; a renewal opens it
+/// again.
+#[tokio::test]
+async fn no_call_is_reserved_under_a_lease_not_renewed_in_time() {
+    each_database(async |db: &TestDb| {
+        let (_, caller) = caller(db, 100).await;
+        let ttl = Duration::from_millis(1000);
+        db.store.take_lease(Utc::now(), ttl).await.unwrap();
+        let reserved = reserve(db.store.as_ref(), caller).await;
+        assert!(db.store.refund(reserved.call, &failure()).await.unwrap());
+
+        tokio::time::sleep(Duration::from_millis(850)).await;
+        let refused = db.store.reserve(charge(caller)).await;
+        assert!(
+            matches!(refused, Err(model_gateway::ReserveError::Store(_))),
+            "{refused:?}"
+        );
+
+        assert!(db.store.renew_lease(Utc::now(), ttl).await.unwrap());
+        let reserved = reserve(db.store.as_ref(), caller).await;
+        assert_eq!(status(db, &reserved).await, CallStatus::Pending);
+        db.store.release_lease().await.unwrap();
+    })
+    .await;
+}
+
+fn charge(caller: Caller) -> ChargeRequest<'static> {
+    ChargeRequest {
+        caller,
+        protocol: Protocol::ChatCompletions,
+        model: CHAT_MODEL,
+        price: Credits::new(CHAT_PRICE),
+        request_id: None,
+        at: Utc::now(),
+        idempotency: None,
+    }
+}
+
+fn failure() -> model_gateway::CallFailure {
+    model_gateway::CallFailure {
+        upstream_status: None,
+        error: "test".into(),
+    }
+}

@@ -17,6 +17,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
@@ -36,12 +37,45 @@ const NONE: i64 = 0;
 pub(super) struct HeldLease {
     id: AtomicI64,
     lock: Mutex<Option<LockFile>>,
+    /// Until when, on this process's monotonic clock, the lease surely holds for every reader:
+    /// from just before the statement that last set its expiry, its time to live less a margin
+    /// (see [`safe_until`]). Past it, no call is reserved under the lease.
+    safe_until: Mutex<Option<Instant>>,
 }
 
 impl HeldLease {
     /// The lease that reservations record now.
     pub(super) fn current(&self) -> Option<i64> {
         Some(self.id.load(Ordering::Acquire)).filter(|id| *id != NONE)
+    }
+
+    /// The lease a reservation made now records: `None` if there is none; an error if it is
+    /// held but could not be renewed in time, so that another instance may judge it ended and
+    /// refund what is reserved under it. The call is then answered `503` rather than reserved
+    /// and later withheld.
+    pub(super) fn for_reservation(&self) -> Result<Option<i64>, StoreError> {
+        let Some(id) = self.current() else {
+            return Ok(None);
+        };
+        let safe_until = *self
+            .safe_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match safe_until {
+            Some(until) if Instant::now() >= until => Err(StoreError::msg(
+                "this gateway's instance lease could not be renewed in time; no call is \
+                 reserved under it until it is",
+            )),
+            _ => Ok(Some(id)),
+        }
+    }
+
+    /// The lease's expiry was set by a statement sent at `sent` with `ttl`.
+    fn extended(&self, sent: Instant, ttl: std::time::Duration) {
+        *self
+            .safe_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(safe_until(sent, ttl));
     }
 
     fn hold(&self, id: i64, lock: Option<LockFile>) {
@@ -135,6 +169,15 @@ fn host_name() -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// How long a lease whose expiry a statement sent at `sent` set to its `ttl` surely holds, on
+/// the sender's monotonic clock: the expiry is `now + ttl` on the sender's wall clock, taken
+/// before `sent`, and readers judge it by theirs. A margin of one heartbeat (a fifth of the
+/// lease) covers the readers' clocks running ahead (hosts keep them in step with NTP) and the
+/// statement's own time.
+fn safe_until(sent: Instant, ttl: std::time::Duration) -> Instant {
+    sent + ttl - ttl / 5
+}
+
 fn expiry(now: DateTime<Utc>, ttl: std::time::Duration) -> Result<DateTime<Utc>, StoreError> {
     chrono::Duration::from_std(ttl)
         .ok()
@@ -154,6 +197,7 @@ pub(super) async fn take(
     if let Some(previous) = held.current() {
         end(db, held, previous).await?;
     }
+    let sent = Instant::now();
     let row = instance::ActiveModel {
         id: NotSet,
         host: Set(host_name()),
@@ -166,6 +210,7 @@ pub(super) async fn take(
         Some(database) => Some(create_lock(database, id)?),
         None => None,
     };
+    held.extended(sent, ttl);
     held.hold(id, lock);
     Ok(LeaseId(id))
 }
@@ -181,6 +226,7 @@ pub(super) async fn renew(
     let Some(id) = held.current() else {
         return Ok(false);
     };
+    let sent = Instant::now();
     let renewed = instance::Entity::update_many()
         .col_expr(instance::Column::ExpiresAt, Expr::value(expiry(now, ttl)?))
         .filter(instance::Column::Id.eq(id))
@@ -188,6 +234,7 @@ pub(super) async fn renew(
         .exec(db)
         .await?;
     if renewed.rows_affected == 1 {
+        held.extended(sent, ttl);
         return Ok(true);
     }
     held.drop_lease(id);

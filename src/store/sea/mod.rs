@@ -715,7 +715,7 @@ impl KeyStore for SeaOrmStore {
 impl Ledger for SeaOrmStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
         let mut charge = OwnedCharge::from(request);
-        charge.instance = self.lease.current();
+        charge.instance = self.lease.for_reservation()?;
         let reserved = match request.idempotency {
             Some(key) => {
                 // Held reservations count as spent: none may change while this one is decided.
