@@ -697,3 +697,44 @@ async fn an_admin_body_over_its_limit_is_a_json_413() {
     assert_eq!(answer.status, 413);
     assert_eq!(answer.detail(), "请求体过大");
 }
+
+/// Finding 8 of the fault run: a search folds case beyond ASCII alike on every database
+/// (`SQLite`'s `lower()` folds ASCII only), and a search with a NUL (`%00`) lists nothing it
+/// should not: the API refuses control characters.
+#[tokio::test]
+async fn account_search_folds_unicode_case_on_every_database_and_refuses_control_characters() {
+    each_database(async |db: &TestDb| {
+        let admin = db.admin();
+        for name in ["Ünïcödé ÄBC", "plain ascii", "ÜBER"] {
+            let new = model_gateway::admin::NewAccount {
+                name: name.into(),
+                subscription: 0,
+                topup: 0,
+            };
+            admin.create_account(&new).await.unwrap();
+        }
+        let names = async |search: &str| -> Vec<String> {
+            let found = admin.accounts(None, Some(10), Some(search)).await.unwrap();
+            found.data.into_iter().map(|account| account.name).collect()
+        };
+        assert_eq!(names("ünïcödé").await, ["Ünïcödé ÄBC"]);
+        assert_eq!(names("äbc").await, ["Ünïcödé ÄBC"]);
+        assert_eq!(names("ü").await, ["Ünïcödé ÄBC", "ÜBER"]);
+        assert_eq!(names("ASCII").await, ["plain ascii"]);
+        assert!(names("\0").await.is_empty(), "a NUL matches no name");
+        // Paged: the second match comes after the first.
+        let first = admin.accounts(None, Some(1), Some("ü")).await.unwrap();
+        let after = first.data[0].id;
+        let next = admin
+            .accounts(Some(after), Some(1), Some("ü"))
+            .await
+            .unwrap();
+        assert_eq!(next.data[0].name, "ÜBER");
+    })
+    .await;
+    let db = local_db().await;
+    let gateway = admin_gateway(&db).await;
+    let refused = gateway.admin_get("/admin/accounts?search=%00").await;
+    assert_eq!(refused.status, 400);
+    assert!(refused.detail().contains("search"), "{refused:?}");
+}

@@ -217,6 +217,12 @@ async fn list_accounts<S: Store>(
         Err(refusal) => return refuse(refusal),
     };
     let search = query.get("search").map(String::as_str);
+    if search.is_some_and(|search| search.chars().any(char::is_control)) {
+        return refuse(GatewayError::InvalidField {
+            field: "search".into(),
+            reason: "不能含控制字符",
+        });
+    }
     answer(
         StatusCode::OK,
         admin.accounts(after.map(AccountId), limit, search).await,

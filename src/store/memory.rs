@@ -563,7 +563,7 @@ impl Accounts for MemoryStore {
         let limit = usize::try_from(query.limit).unwrap_or(usize::MAX);
         let matches = |id: AccountId, row: &AccountRow| {
             query.search.is_none_or(|search| {
-                row.name.contains(search)
+                row.name.to_lowercase().contains(&search.to_lowercase())
                     || state.key_rows.values().any(|key| {
                         key.account == id && !search.is_empty() && key.prefix.starts_with(search)
                     })

@@ -152,6 +152,31 @@ fn like_escaped(text: &str) -> String {
 }
 
 impl SeaOrmStore {
+    /// The first `limit` accounts after `after`, by id, whose name folded to lower case
+    /// contains `lowered`, matched in Rust with Unicode's case folding.
+    async fn names_containing(
+        &self,
+        after: Option<AccountId>,
+        lowered: &str,
+        limit: u64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut select = account::Entity::find()
+            .select_only()
+            .column(account::Column::Id)
+            .column(account::Column::Name)
+            .order_by_asc(account::Column::Id);
+        if let Some(after) = after {
+            select = select.filter(account::Column::Id.gt(after.0));
+        }
+        let rows: Vec<(i64, String)> = select.into_tuple().all(&self.db).await?;
+        Ok(rows
+            .into_iter()
+            .filter(|(_, name)| name.to_lowercase().contains(lowered))
+            .map(|(id, _)| id)
+            .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .collect())
+    }
+
     /// Accounts as read, with their escrowed credits, less what calls hold on them in memory
     /// (see [`SeaOrmStore::own_file`] and [`SeaOrmStore::with_escrow`]): what they have to
     /// spend. A display, so read outside the
@@ -448,12 +473,27 @@ impl Accounts for SeaOrmStore {
             select = select.filter(account::Column::Id.gt(after.0));
         }
         if let Some(search) = query.search.filter(|search| !search.is_empty()) {
+            // No name or key holds a NUL (PostgreSQL cannot even take one as a parameter).
+            if search.contains('\0') {
+                return Ok(Vec::new());
+            }
             let lowered = search.to_lowercase();
-            let name = Expr::expr(Func::lower(Expr::col((
-                account::Entity,
-                account::Column::Name,
-            ))))
-            .like(LikeExpr::new(format!("%{}%", like_escaped(&lowered))).escape('\\'));
+            let name = if self.db.get_database_backend() == sea_orm::DbBackend::Sqlite
+                && !lowered.chars().all(|c| c.is_ascii_graphic() || c == ' ')
+            {
+                // SQLite's `lower()` folds ASCII only, and a NUL ends its strings: such a
+                // search is matched here, as PostgreSQL and MariaDB match it.
+                let ids = self
+                    .names_containing(query.after, &lowered, query.limit)
+                    .await?;
+                account::Column::Id.is_in(ids)
+            } else {
+                Expr::expr(Func::lower(Expr::col((
+                    account::Entity,
+                    account::Column::Name,
+                ))))
+                .like(LikeExpr::new(format!("%{}%", like_escaped(&lowered))).escape('\\'))
+            };
             // A key's display prefix, or the whole key pasted in.
             let key_matches =
                 Query::select()
