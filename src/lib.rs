@@ -120,9 +120,10 @@ pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
 pub use call::{IdempotencyKey, KeyRules, RequestId, RoutedCall};
 pub use catalogue::{
     Catalogue, CatalogueError, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
-    DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_STREAM_DEADLINE,
-    DEFAULT_STREAM_IDLE_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE, ModelChannel,
-    ModelRoute, UpstreamConfig, UpstreamKind,
+    DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_REPLY_BYTES, DEFAULT_STREAM_DEADLINE, DEFAULT_STREAM_IDLE_TIMEOUT,
+    DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE, ModelChannel, ModelRoute, UpstreamConfig,
+    UpstreamKind,
 };
 pub use charge::{
     CANCELLED_WHILE_RESERVING, CreditCharge, CreditChargeLayer, IDEMPOTENT_REPLAYED_HEADER,
@@ -234,7 +235,8 @@ where
             RefundOnUpstreamErrorLayer::new(store)
                 .upstream_bound(upstream_bound)
                 .stream_deadline(catalogue.stream_deadline())
-                .stream_idle_timeout(catalogue.stream_idle_timeout()),
+                .stream_idle_timeout(catalogue.stream_idle_timeout())
+                .stream_max_event_bytes(catalogue.max_event_bytes()),
         )
         .service(upstream)
 }

@@ -825,3 +825,89 @@ async fn mysql_random_stream_endings_each_write_one_outcome() {
     let Some(db) = mysql_db().await else { return };
     assert_random_stream_endings_each_write_one_outcome(db).await;
 }
+
+/// An event's start that never ends: `data: ` and 64 chunks of 64 KiB, no blank line.
+fn endless_event() -> Vec<Vec<u8>> {
+    let mut chunks = vec![b"data: {\"choices\":[{\"delta\":{\"content\":\"".to_vec()];
+    chunks.extend(std::iter::repeat_n(vec![b'x'; 64 * 1024], 64));
+    chunks
+}
+
+/// Finding 4 of the fault run: an event that never ends, after the stream started, is read no
+/// further than the largest event: the stream fails at once (not at the idle time-out), is
+/// refunded, and the client gets a final error event.
+#[tokio::test]
+async fn an_event_past_the_largest_event_ends_the_stream_refunded() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let settings = "max_event_bytes = 262144\nstream_idle_timeout_secs = 60";
+    let gateway = provider_gateway(&db, &[&provider], settings).await;
+    let key = db.funded_key(10, 0).await;
+    let mut chunks = vec![CHAT_ROLE.as_bytes().to_vec()];
+    chunks.extend(endless_event());
+    provider.then(Fault::sse(chunks).ending(StreamEnd::Hang));
+    let started = Instant::now();
+    let received = stream(&gateway, CHAT, &key, chat_stream_body(CHAT_MODEL)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(received.data().pop().unwrap()["error"]["type"], "api_error");
+    let entry = finished_call(&db, &key).await;
+    assert_eq!(entry.status, CallStatus::Refunded);
+    assert!(entry.upstream_error.unwrap().contains("262144 bytes"));
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+}
+
+/// Finding 4: a first event that never ends is an upstream failure before the stream starts: a
+/// JSON 502 and a refund, at once.
+#[tokio::test]
+async fn a_first_event_past_the_largest_event_is_a_refunded_502() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = provider_gateway(&db, &[&provider], "max_event_bytes = 262144").await;
+    let key = db.funded_key(10, 0).await;
+    provider.then(Fault::sse(endless_event()).ending(StreamEnd::Hang));
+    let started = Instant::now();
+    let received = stream(&gateway, CHAT, &key, chat_stream_body(CHAT_MODEL)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(received.status, 502);
+    let entry = finished_call(&db, &key).await;
+    assert_eq!(entry.status, CallStatus::Refunded);
+    assert!(entry.upstream_error.unwrap().contains("262144 bytes"));
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+}
+
+/// Finding 4: a complete reply larger than the largest reply, declared or not, fails the call
+/// (502, refunded) instead of being buffered and billed.
+#[tokio::test]
+async fn a_reply_past_the_largest_reply_is_a_refunded_502() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = provider_gateway(&db, &[&provider], "max_reply_bytes = 262144").await;
+    let key = db.funded_key(10, 0).await;
+    let big = format!("{{\"usage\":{{}},\"pad\":\"{}\"}}", "x".repeat(512 * 1024));
+    provider.then(Fault::json(200, &big));
+    let mut chunked = vec![b"{\"usage\":{},\"pad\":\"".to_vec()];
+    chunked.extend(std::iter::repeat_n(vec![b'x'; 64 * 1024], 64));
+    provider.then(Fault::sse(chunked).content_type("application/json"));
+    for how in ["declared", "chunked"] {
+        let answer = gateway.chat(&key, CHAT_MODEL).await;
+        assert_eq!(answer.status, 502, "{how}");
+    }
+    let calls = db.calls(&key).await;
+    assert_eq!(calls.len(), 2);
+    for call in calls {
+        assert_eq!(call.status, CallStatus::Refunded);
+        assert!(call.upstream_error.unwrap().contains("262144 bytes"));
+    }
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+    // Within the limit, a reply is read whole as before.
+    provider.then(Fault::json(200, r#"{"usage":{}}"#));
+    assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200);
+}

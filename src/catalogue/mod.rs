@@ -50,6 +50,13 @@ pub const DEFAULT_STREAM_DEADLINE: Duration = Duration::from_secs(600);
 /// Default longest a streamed reply may go without a complete event (providers send pings).
 pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Default largest complete reply read from a provider: past it the call fails and is refunded.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 32 * 1024 * 1024;
+
+/// Default largest single event of a provider's stream (or its unfinished tail): past it the
+/// stream fails and is refunded.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+
 /// Default number of consecutive failures that open an upstream's circuit breaker.
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 
@@ -126,6 +133,8 @@ pub struct Catalogue {
     streaming: bool,
     stream_deadline: Duration,
     stream_idle_timeout: Duration,
+    max_reply_bytes: usize,
+    max_event_bytes: usize,
 }
 
 impl Default for Catalogue {
@@ -138,6 +147,8 @@ impl Default for Catalogue {
             streaming: false,
             stream_deadline: DEFAULT_STREAM_DEADLINE,
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
         }
     }
 }
@@ -227,6 +238,8 @@ struct CatalogueFile {
     streaming: bool,
     stream_deadline_secs: Option<u64>,
     stream_idle_timeout_secs: Option<u64>,
+    max_reply_bytes: Option<u64>,
+    max_event_bytes: Option<u64>,
     #[serde(default)]
     upstreams: Vec<UpstreamEntry>,
     #[serde(default)]
@@ -304,6 +317,18 @@ fn positive_secs(
     }
 }
 
+fn positive_bytes(
+    value: Option<u64>,
+    default: usize,
+    what: impl FnOnce() -> String,
+) -> Result<usize, CatalogueError> {
+    match value {
+        None => Ok(default),
+        Some(0) => Err(CatalogueError::Zero(what())),
+        Some(bytes) => Ok(usize::try_from(bytes).unwrap_or(usize::MAX)),
+    }
+}
+
 impl Catalogue {
     /// The built-in demo catalogue.
     pub fn demo() -> Catalogue {
@@ -335,6 +360,14 @@ impl Catalogue {
             DEFAULT_STREAM_IDLE_TIMEOUT,
             || "stream_idle_timeout_secs".to_owned(),
         )?;
+        let max_reply_bytes =
+            positive_bytes(file.max_reply_bytes, DEFAULT_MAX_REPLY_BYTES, || {
+                "max_reply_bytes".to_owned()
+            })?;
+        let max_event_bytes =
+            positive_bytes(file.max_event_bytes, DEFAULT_MAX_EVENT_BYTES, || {
+                "max_event_bytes".to_owned()
+            })?;
         let mut upstreams: HashMap<String, Arc<UpstreamConfig>> = HashMap::new();
         for entry in file.upstreams {
             let name = entry.name;
@@ -410,6 +443,8 @@ impl Catalogue {
             streaming: file.streaming,
             stream_deadline,
             stream_idle_timeout,
+            max_reply_bytes,
+            max_event_bytes,
         })
     }
 
@@ -457,6 +492,18 @@ impl Catalogue {
     /// (`stream_idle_timeout_secs`).
     pub fn stream_idle_timeout(&self) -> Duration {
         self.stream_idle_timeout
+    }
+
+    /// The largest complete reply read from a provider (`max_reply_bytes`, default
+    /// [`DEFAULT_MAX_REPLY_BYTES`]); a larger one fails the attempt, so the call is refunded.
+    pub fn max_reply_bytes(&self) -> usize {
+        self.max_reply_bytes
+    }
+
+    /// The largest event a provider's stream may send, or hold unfinished (`max_event_bytes`,
+    /// default [`DEFAULT_MAX_EVENT_BYTES`]); past it the stream fails and is refunded.
+    pub fn max_event_bytes(&self) -> usize {
+        self.max_event_bytes
     }
 }
 

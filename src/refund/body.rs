@@ -115,6 +115,8 @@ impl Body for ResponseBody {
 pub(super) struct StreamLimits {
     pub(super) deadline: Duration,
     pub(super) idle: Duration,
+    /// The largest event, or unfinished tail of one, held from the provider.
+    pub(super) max_event: usize,
 }
 
 /// A provider's event stream on its way to the client, billed when it ends.
@@ -305,6 +307,13 @@ impl BilledStream {
                 }
                 _ => {}
             }
+        }
+        // An event never finished (or one too large) would grow without bound.
+        if self.upstream.is_some() && self.splitter.pending() > self.limits.max_event {
+            let max = self.limits.max_event;
+            self.fail(format!(
+                "the provider's event passed the {max} bytes an event may have"
+            ));
         }
         forward.map(BytesMut::freeze).or(first)
     }

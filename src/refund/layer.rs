@@ -8,7 +8,9 @@ use tower_layer::Layer;
 use super::DEFAULT_UPSTREAM_BOUND;
 use super::body::StreamLimits;
 use super::service::RefundOnUpstreamError;
-use crate::catalogue::{DEFAULT_STREAM_DEADLINE, DEFAULT_STREAM_IDLE_TIMEOUT};
+use crate::catalogue::{
+    DEFAULT_MAX_EVENT_BYTES, DEFAULT_STREAM_DEADLINE, DEFAULT_STREAM_IDLE_TIMEOUT,
+};
 use crate::store::{DEFAULT_LEDGER_TIMEOUT, Ledger};
 
 /// Configuration of [`RefundOnUpstreamError`]: the ledger that settles and refunds, and the
@@ -31,6 +33,7 @@ impl RefundOnUpstreamErrorLayer {
             stream_limits: StreamLimits {
                 deadline: DEFAULT_STREAM_DEADLINE,
                 idle: DEFAULT_STREAM_IDLE_TIMEOUT,
+                max_event: DEFAULT_MAX_EVENT_BYTES,
             },
             ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
         }
@@ -59,6 +62,13 @@ impl RefundOnUpstreamErrorLayer {
     /// take back a reservation younger than this (see [`crate::recovery_age`]).
     pub fn stream_deadline(mut self, deadline: Duration) -> RefundOnUpstreamErrorLayer {
         self.stream_limits.deadline = deadline;
+        self
+    }
+
+    /// Ends a streamed reply, as a failure, whose provider sends an event larger than `bytes`
+    /// (or holds that many unfinished), so that memory stays bounded.
+    pub fn stream_max_event_bytes(mut self, bytes: usize) -> RefundOnUpstreamErrorLayer {
+        self.stream_limits.max_event = bytes;
         self
     }
 

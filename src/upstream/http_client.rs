@@ -75,6 +75,18 @@ struct Channel {
     /// The provider key in clear, only to scrub it from anything the provider echoes back.
     secret: Option<String>,
     breaker: CircuitBreaker,
+    /// How much of a provider's answer is read at most.
+    limits: ReadLimits,
+}
+
+/// How much of a provider's answer the gateway reads at most, so that a provider sending a
+/// reply or an event without end cannot take the gateway's memory.
+#[derive(Debug, Clone, Copy)]
+struct ReadLimits {
+    /// A complete reply.
+    reply: usize,
+    /// One event of a stream, or its unfinished tail.
+    event: usize,
 }
 
 impl std::fmt::Debug for HttpUpstream {
@@ -127,6 +139,10 @@ impl HttpUpstream {
                     config: config.clone(),
                     api_key,
                     secret,
+                    limits: ReadLimits {
+                        reply: catalogue.max_reply_bytes(),
+                        event: catalogue.max_event_bytes(),
+                    },
                 },
             );
         }
@@ -135,6 +151,41 @@ impl HttpUpstream {
             call_deadline: catalogue.call_deadline(),
         })
     }
+}
+
+/// Reads a whole reply, at most `max` bytes: a larger one (declared or as it arrives) is an
+/// error, read no further. Most replies arrive in one chunk and are kept without a copy.
+async fn read_capped(mut reply: reqwest::Response, max: usize) -> Result<Bytes, String> {
+    let too_large = || format!("the reply is larger than the {max} bytes the gateway reads");
+    if reply
+        .content_length()
+        .is_some_and(|length| length > max as u64)
+    {
+        return Err(too_large());
+    }
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut length = 0;
+    while let Some(chunk) = reply.chunk().await.map_err(transport_error)? {
+        length += chunk.len();
+        if length > max {
+            return Err(too_large());
+        }
+        match (&mut first, &mut joined) {
+            (None, _) => first = Some(chunk),
+            (Some(head), None) => {
+                let mut both = bytes::BytesMut::with_capacity(length);
+                both.extend_from_slice(head);
+                both.extend_from_slice(&chunk);
+                joined = Some(both);
+            }
+            (Some(_), Some(both)) => both.extend_from_slice(&chunk),
+        }
+    }
+    Ok(joined
+        .map(bytes::BytesMut::freeze)
+        .or(first)
+        .unwrap_or_default())
 }
 
 fn build_client(config: &UpstreamConfig) -> Result<reqwest::Client, reqwest::Error> {
@@ -241,6 +292,12 @@ impl Channel {
         let mut splitter = EventSplitter::new();
         let first = async {
             while splitter.next_event().is_none() {
+                if splitter.pending() > self.limits.event {
+                    return Err(format!(
+                        "the first event passed the {} bytes an event may have",
+                        self.limits.event
+                    ));
+                }
                 match body.frame().await {
                     Some(Ok(frame)) => {
                         if let Ok(data) = frame.into_data() {
@@ -327,10 +384,9 @@ impl Channel {
             return self.event_stream(reply, first_event).await;
         }
         let reply_headers = reply.headers().clone();
-        let body = reply
-            .bytes()
+        let body = read_capped(reply, self.limits.reply)
             .await
-            .map_err(|error| retryable(Some(status.as_u16()), transport_error(error)))?;
+            .map_err(|message| retryable(Some(status.as_u16()), message))?;
 
         if status.is_success() {
             let usage = complete_reply(status, &body)
@@ -553,10 +609,9 @@ impl HttpUpstream {
             .map_err(|error| UpstreamError::transport(transport_error(error)))?;
         let status = reply.status();
         let content_type = reply.headers().get(header::CONTENT_TYPE).cloned();
-        let body = reply
-            .bytes()
+        let body = read_capped(reply, channel.limits.reply)
             .await
-            .map_err(|error| UpstreamError::transport(transport_error(error)))?;
+            .map_err(UpstreamError::transport)?;
         let mut response = Response::new(Bytes::from(
             channel.scrub(String::from_utf8_lossy(&body).into_owned()),
         ));
