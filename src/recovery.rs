@@ -195,6 +195,25 @@ impl<S: Store + 'static> Upkeep<S> {
         }
     }
 
+    /// Counts the reservations still not ended past the recovery age (`mg_overdue_reservations`),
+    /// and logs them: credits no live call holds, which the operator should hear of.
+    async fn count_overdue(&self) {
+        let age = chrono::Duration::from_std(self.recovery_age).unwrap_or(chrono::Duration::MAX);
+        match self.store.overdue_reservations(Utc::now() - age).await {
+            Ok(overdue) => {
+                crate::telemetry::overdue(overdue.calls);
+                if overdue.calls > 0 {
+                    tracing::error!(
+                        calls = overdue.calls,
+                        credits = %overdue.credits,
+                        "reservations still pending past the longest a call can take"
+                    );
+                }
+            }
+            Err(error) => tracing::warn!(%error, "counting overdue reservations failed"),
+        }
+    }
+
     async fn recover_orphans(&self) {
         match recover_orphaned_reservations(self.store.as_ref()).await {
             Ok(refunded) if !refunded.is_empty() => tracing::warn!(
@@ -224,6 +243,7 @@ impl<S: Store + 'static> Upkeep<S> {
             Ok(_) => {}
             Err(error) => tracing::error!(%error, "recovery pass failed; will retry"),
         }
+        self.count_overdue().await;
         if let Err(error) = self.store.forget_ended_leases(Utc::now()).await {
             tracing::warn!(%error, "forgetting ended instance leases failed; will retry");
         }

@@ -16,6 +16,7 @@
 //! | `mg_upstream_seconds` | histogram | `upstream` |
 //! | `mg_breaker_open` | gauge | `upstream` (1 open, 0 closed) |
 //! | `mg_pending_reservations` | gauge | (this process's reservations not yet settled or refunded) |
+//! | `mg_overdue_reservations` | gauge | (reservations still not ended past the longest a call can take, as the upkeep last counted them; should be 0) |
 //! | `mg_outcomes_unwritten` | gauge | (settles and refunds this process goes on trying while the database is out of reach) |
 //! | `mg_ledger_batch_writes` | histogram | (writes per ledger transaction) |
 //! | `mg_ledger_batch_seconds` | histogram | (one batch: statements and commit) |
@@ -141,6 +142,16 @@ pub(crate) fn pending(change: f64) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = change;
+}
+
+/// How many reservations the upkeep last found overdue.
+pub(crate) fn overdue(calls: u64) {
+    #[cfg(feature = "metrics")]
+    if recording() {
+        metrics::gauge!("mg_overdue_reservations").set(calls as f64);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = calls;
 }
 
 /// An outcome the ledger did not take in time is being written in the background (`+1`), or

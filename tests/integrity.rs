@@ -20,9 +20,9 @@ use http_body_util::Full;
 use model_gateway::{
     AccountId, Accounts, ApiKeyAuthLayer, Balance, Bucket, CANCELLED_BEFORE_ANSWER,
     CANCELLED_WHILE_RESERVING, CallFailure, CallId, CallLog, CallRecord, CallStatus, CallSuccess,
-    Catalogue, ChargeRequest, CreditChargeLayer, Credits, HttpUpstream, Ledger, MemoryStore,
-    NewApiKey, ProtocolRouterLayer, RefundOnUpstreamErrorLayer, Reservation, ReserveError,
-    StoreError, Upstream, UpstreamBody, UpstreamError, recover_stale_reservations,
+    Catalogue, ChargeRequest, CreditChargeLayer, Credits, HttpUpstream, KeyStore, Ledger,
+    MemoryStore, NewApiKey, ProtocolRouterLayer, RefundOnUpstreamErrorLayer, Reservation,
+    ReserveError, StoreError, Upstream, UpstreamBody, UpstreamError, recover_stale_reservations,
 };
 use sea_orm::ConnectionTrait;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -1392,4 +1392,70 @@ async fn postgres_refused_for_less_than_the_lease_keeps_it_and_withholds_no_call
     );
     rig.db.assert_audit_holds().await;
     rig.finish().await;
+}
+
+/// "The audit sees it": reservations not ended past the longest a call can take are reported,
+/// with their credits, whether their entries are `pending` in the database or their holds are
+/// in a store's memory (an owned `SQLite` file); ended ones never.
+#[tokio::test]
+async fn the_audit_reports_reservations_past_the_longest_call_in_the_database_and_in_memory() {
+    async fn check(db: &TestDb) {
+        let key = db.funded_key(100, 0).await;
+        let caller = db.caller(&key).await;
+        let charge = || ChargeRequest {
+            caller,
+            protocol: model_gateway::Protocol::ChatCompletions,
+            model: CHAT_MODEL,
+            price: Credits::new(CHAT_PRICE),
+            request_id: None,
+            at: chrono::Utc::now(),
+            idempotency: None,
+        };
+        let held = db.store.reserve(charge()).await.unwrap();
+        let ended = db.store.reserve(charge()).await.unwrap();
+        let failure = CallFailure {
+            upstream_status: None,
+            error: "test".into(),
+        };
+        assert!(db.store.refund(ended.call, &failure).await.unwrap());
+        let now = chrono::Utc::now();
+        let later = now + chrono::Duration::seconds(60);
+        let overdue = db.store.overdue_reservations(later).await.unwrap();
+        assert_eq!(overdue.calls, 1, "the held one, not the ended one");
+        assert_eq!(overdue.credits, i128::from(CHAT_PRICE));
+        let earlier = now - chrono::Duration::seconds(60);
+        assert_eq!(
+            db.store.overdue_reservations(earlier).await.unwrap().calls,
+            0
+        );
+        let audit = db.admin().audit().await.unwrap();
+        assert_eq!(
+            audit.overdue_reservations.calls, 0,
+            "young reservations are no concern"
+        );
+        assert!(db.store.refund(held.call, &failure).await.unwrap());
+        assert_eq!(db.store.overdue_reservations(later).await.unwrap().calls, 0);
+    }
+    each_database(async |db: &TestDb| check(db).await).await;
+    #[cfg(feature = "sqlite")]
+    check(&owned_sqlite_db().await).await;
+    let memory = Arc::new(MemoryStore::new());
+    let (_, key) = funded(&memory, 10).await;
+    let caller = memory
+        .caller_for_key(&model_gateway::KeyHash::of(&key))
+        .await
+        .unwrap()
+        .unwrap();
+    let request = ChargeRequest {
+        caller,
+        protocol: model_gateway::Protocol::ChatCompletions,
+        model: CHAT_MODEL,
+        price: Credits::new(CHAT_PRICE),
+        request_id: None,
+        at: chrono::Utc::now(),
+        idempotency: None,
+    };
+    memory.reserve(request).await.unwrap();
+    let later = chrono::Utc::now() + chrono::Duration::seconds(60);
+    assert_eq!(memory.overdue_reservations(later).await.unwrap().calls, 1);
 }

@@ -491,6 +491,9 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             print_json(&admin.calls(AccountId(account), &filter).await?)?;
         }
         Command::Audit => {
+            // The catalogue says how long a call may take, past which a reservation is overdue.
+            let catalogue = load_catalogue(&ServeArgs::parse_from_env())?;
+            let admin = Admin::new(admin.store().clone()).with_catalogue(Arc::new(catalogue));
             let report = admin.audit().await?;
             for line in &report.accounts {
                 println!("{line}");
@@ -510,6 +513,13 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             println!(
                 "audit passed: {accounts} accounts; in both buckets every balance equals grants minus ok and pending charges, and none is negative"
             );
+            let overdue = report.overdue_reservations;
+            if overdue.calls > 0 {
+                eprintln!(
+                    "warning: {} reservations ({} credits) are still pending past the longest a call can take: credits held by no live call",
+                    overdue.calls, overdue.credits
+                );
+            }
         }
         Command::Recover => {
             let args = ServeArgs::parse_from_env();

@@ -280,6 +280,11 @@ pub struct AuditView {
     pub ok: bool,
     /// One line per account.
     pub accounts: Vec<serde_json::Value>,
+    /// Reservations still not ended past the longest a call can take ([`crate::recovery_age`]
+    /// of the catalogue), in the database and held in this gateway's memory: credits held by
+    /// no live call. The books balance with them (they count as charged until refunded), but
+    /// there should be none: each is for the operator to look at.
+    pub overdue_reservations: crate::store::Overdue,
 }
 
 /// Which calls [`Admin::calls`] lists.
@@ -561,9 +566,16 @@ impl<S: Store> Admin<S> {
     /// bucket, no negative bucket, a total that can be represented.
     pub async fn audit(&self) -> Result<AuditView, AdminError> {
         let audits = self.store.audit().await?;
+        let longest_call = match &self.catalogue {
+            Some(catalogue) => crate::recovery_age(catalogue),
+            None => crate::recovery_age(&Catalogue::default()),
+        };
+        let cutoff = chrono::Utc::now()
+            - chrono::Duration::from_std(longest_call).unwrap_or(chrono::Duration::MAX);
         Ok(AuditView {
             ok: audits.iter().all(AccountAudit::holds),
             accounts: audits.iter().map(audit_line).collect(),
+            overdue_reservations: self.store.overdue_reservations(cutoff).await?,
         })
     }
 

@@ -241,6 +241,7 @@ where
 /// `limits`: its declared length first, then size, pauses, deadline and memory budget as
 /// [`read_body`] does; a caller (from [`ApiKeyAuth`](crate::ApiKeyAuth)) whose credits cannot
 /// pay for `catalogue`'s cheapest model may send only the unfunded size.
+#[cfg(feature = "api")]
 pub(crate) async fn read_beside_calls<B>(
     request: Request<B>,
     catalogue: &Catalogue,

@@ -397,6 +397,24 @@ impl MemoryStore {
 
 #[async_trait]
 impl Accounts for MemoryStore {
+    async fn overdue_reservations(
+        &self,
+        cutoff: DateTime<Utc>,
+    ) -> Result<super::Overdue, StoreError> {
+        let state = self.lock();
+        let mut overdue = super::Overdue::default();
+        for call in state
+            .calls
+            .iter()
+            .filter(|call| call.status == CallStatus::Pending && call.created_at < cutoff)
+        {
+            overdue.calls += 1;
+            overdue.credits +=
+                i128::from(call.charged_subscription.get()) + i128::from(call.charged_topup.get());
+        }
+        Ok(overdue)
+    }
+
     async fn create_account(&self, name: &str) -> Result<AccountId, StoreError> {
         let mut state = self.lock();
         let account = AccountId(state.balances.len() as i64 + 1);

@@ -39,7 +39,7 @@ pub use memory::MemoryStore;
 pub use outcome::DEFAULT_LEDGER_TIMEOUT;
 pub use records::{
     AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted,
-    IdempotencyKeyReused, KeyInfo, KeyStatus, Lapse, Sums,
+    IdempotencyKeyReused, KeyInfo, KeyStatus, Lapse, Overdue, Sums,
 };
 pub use sea::{DEFAULT_ESCROW_IDLE, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
 
@@ -452,6 +452,11 @@ pub trait Accounts: Send + Sync + std::fmt::Debug {
 
     /// How many accounts exist.
     async fn account_count(&self) -> Result<u64, StoreError>;
+
+    /// Reservations reserved before `cutoff` (the longest a call can take, ago) and still not
+    /// ended: `pending` entries, whichever instance's, and the calls this store holds in memory
+    /// (an owned `SQLite` file's, an escrow instance's). For the audit.
+    async fn overdue_reservations(&self, cutoff: DateTime<Utc>) -> Result<Overdue, StoreError>;
 
     /// Takes out the subscription credits of every account whose period ended by `now`,
     /// recording each as a [`Lapse`]; once per period (credits refunded into an ended period

@@ -246,3 +246,15 @@ impl AccountAudit {
         None
     }
 }
+
+/// Reservations still `pending` past the longest a call can take (see
+/// [`Accounts::overdue_reservations`](super::Accounts::overdue_reservations)): credits that no
+/// live call holds. A gateway finishes its calls' outcomes itself, so there should be none; one
+/// here is for the operator to look at (and recovery to refund once its lease ends).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Overdue {
+    /// How many.
+    pub calls: u64,
+    /// The credits they hold.
+    pub credits: i128,
+}

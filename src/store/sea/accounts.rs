@@ -10,13 +10,14 @@ use sea_orm::{
     PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 
-use super::entity::{account, api_key, credit_grant, escrow, subscription_lapse};
+use super::entity::{account, api_key, call, credit_grant, escrow, subscription_lapse};
 use super::{SeaOrmStore, balance_of, locked_account, with_escrowed};
 use crate::credits::{Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::{
-    AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, BalanceOverflow, Grant,
-    Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, Lapse, StoreError, check_grant_amount,
+    AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, BalanceOverflow, CallStatus,
+    Grant, Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, Lapse, StoreError,
+    check_grant_amount,
 };
 
 /// The rules stored on a key's row.
@@ -580,6 +581,31 @@ impl Accounts for SeaOrmStore {
 
     async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError> {
         self.audit_accounts().await
+    }
+
+    async fn overdue_reservations(
+        &self,
+        cutoff: chrono::DateTime<Utc>,
+    ) -> Result<crate::store::Overdue, StoreError> {
+        let pending: Vec<(i64, i64)> = call::Entity::find()
+            .select_only()
+            .column(call::Column::ChargedSubscription)
+            .column(call::Column::ChargedTopup)
+            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
+            .filter(call::Column::CreatedAt.lt(cutoff))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let mut overdue = crate::store::Overdue::default();
+        for (subscription, topup) in pending {
+            overdue.calls += 1;
+            overdue.credits += i128::from(subscription) + i128::from(topup);
+        }
+        for held in self.held_before(cutoff).await {
+            overdue.calls += held.calls;
+            overdue.credits += held.credits;
+        }
+        Ok(overdue)
     }
 
     async fn ready(&self) -> Result<(), StoreError> {

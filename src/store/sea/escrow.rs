@@ -241,6 +241,11 @@ impl Escrow {
         self.state().calls.len()
     }
 
+    /// The held calls reserved before `cutoff`.
+    pub(super) fn held_before(&self, cutoff: DateTime<Utc>) -> crate::store::Overdue {
+        super::holds::older_than(self.state().calls.values(), cutoff)
+    }
+
     /// Whether `call` is held here (and so ends here).
     pub(super) fn holds(&self, call: CallId) -> bool {
         self.state().calls.contains_key(&call.0)

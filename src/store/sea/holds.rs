@@ -139,6 +139,11 @@ impl Holds {
         self.calls.len()
     }
 
+    /// The held calls reserved before `cutoff`: how many, and the credits they hold.
+    pub(super) fn older_than(&self, cutoff: DateTime<Utc>) -> crate::store::Overdue {
+        older_than(self.calls.values(), cutoff)
+    }
+
     /// Applies a committed batch's changes.
     pub(super) fn apply(&mut self, changes: HoldChanges) {
         for (id, held) in changes.added {
@@ -382,4 +387,17 @@ impl RowCache {
             }
         }
     }
+}
+
+/// Of `calls`, those reserved before `cutoff`: how many, and the credits they hold.
+pub(super) fn older_than<'a>(
+    calls: impl Iterator<Item = &'a HeldCall>,
+    cutoff: DateTime<Utc>,
+) -> crate::store::Overdue {
+    let mut overdue = crate::store::Overdue::default();
+    for held in calls.filter(|held| held.reserved_at < cutoff) {
+        overdue.calls += 1;
+        overdue.credits += i128::from(held.taken.total().get());
+    }
+    overdue
 }

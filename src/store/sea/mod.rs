@@ -339,6 +339,18 @@ impl SeaOrmStore {
             }
     }
 
+    /// The calls this store holds in memory (owned file, escrow) reserved before `cutoff`.
+    async fn held_before(&self, cutoff: chrono::DateTime<Utc>) -> Vec<super::Overdue> {
+        let mut held = Vec::new();
+        if let Some(escrow) = &self.escrow {
+            held.push(escrow.held_before(cutoff));
+        }
+        if let Some(owned) = &self.owned {
+            held.push(owned.holds.lock().holds.older_than(cutoff));
+        }
+        held
+    }
+
     /// What `account` has to spend when its row holds `row`: that with its escrowed credits,
     /// which are the account's whichever instance holds them, less what this store holds
     /// against its escrow.
