@@ -59,11 +59,13 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::call::{IdempotencyKey, RequestId, Reservation, RoutedCall};
+use crate::catalogue::ModelRoute;
 use crate::error::GatewayError;
+use crate::protocol::Protocol;
 use crate::store::outcome::{Outcome, finish_later};
 use crate::store::{
-    CallFailure, Caller, ChargeRequest, DEFAULT_LEDGER_TIMEOUT, KeptReply, Ledger, ReserveError,
-    StoreError,
+    CallFailure, CallStatus, Caller, ChargeRequest, DEFAULT_LEDGER_TIMEOUT, KeptReply, Ledger,
+    ReserveError, StoreError,
 };
 
 /// The header on a reply given again for a retry with the same `Idempotency-Key` (uncharged),
@@ -163,7 +165,8 @@ where
                 tracing::error!("CreditCharge needs ApiKeyAuth and ProtocolRouter outside it");
                 return Ok(GatewayError::Misconfigured.into_response());
             };
-            let reserving = ReservationUnderWay::new(ledger.clone(), async move {
+            let counted_as = (routed.model.clone(), routed.protocol);
+            let reserving = ReservationUnderWay::new(ledger.clone(), counted_as, async move {
                 let charge = ChargeRequest {
                     at: chrono::Utc::now(),
                     caller,
@@ -223,16 +226,20 @@ type Reserving = Pin<Box<dyn Future<Output = Result<Reservation, ReserveError>> 
 /// that is not dropped costs nothing more than the box.
 struct ReservationUnderWay {
     ledger: Arc<dyn Ledger>,
+    /// The model and endpoint the metrics count the call under, if it is refunded here.
+    counted_as: (Arc<ModelRoute>, Protocol),
     reserving: Option<Reserving>,
 }
 
 impl ReservationUnderWay {
     fn new(
         ledger: Arc<dyn Ledger>,
+        counted_as: (Arc<ModelRoute>, Protocol),
         reserving: impl Future<Output = Result<Reservation, ReserveError>> + Send + 'static,
     ) -> ReservationUnderWay {
         ReservationUnderWay {
             ledger,
+            counted_as,
             reserving: Some(Box::pin(reserving)),
         }
     }
@@ -263,6 +270,7 @@ impl Drop for ReservationUnderWay {
             return;
         };
         let ledger = self.ledger.clone();
+        let (model, protocol) = self.counted_as.clone();
         runtime.spawn(async move {
             let Ok(reservation) = reserving.await else {
                 return;
@@ -272,12 +280,18 @@ impl Drop for ReservationUnderWay {
                 error: CANCELLED_WHILE_RESERVING.to_owned(),
             };
             let call = reservation.call;
+            let credits = reservation.taken.total().get();
             finish_later(ledger, call, Outcome::Refund(failure), move |status| {
                 tracing::info!(
                     call = call.0,
                     ?status,
                     "a reservation whose request was dropped ended"
                 );
+                // Counted as the ledger has it, like every call that reached the upstream.
+                if let Some(status @ (CallStatus::Ok | CallStatus::Refunded)) = status {
+                    let settled = status == CallStatus::Ok;
+                    crate::telemetry::call_ended(&model.name, protocol, settled, credits);
+                }
             });
         });
     }

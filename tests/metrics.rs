@@ -33,7 +33,7 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metrics_count_known_traffic() {
     let metrics = model_gateway::telemetry::install_prometheus().unwrap();
     let db = local_db().await;
@@ -106,4 +106,103 @@ async fn the_metrics_count_known_traffic() {
     // Three reservations, two settles and a refund went through the ledger's batches.
     assert!(value("mg_ledger_batch_writes_sum") >= 6.0, "{seen:#?}");
     assert!(value("mg_ledger_batch_seconds_count") >= 1.0);
+
+    clients_leaving_at_any_moment_leave_the_metrics_equal_to_the_ledger(&metrics, &db).await;
+}
+
+/// Finding 9 of the fault run: after a storm of clients that hang up at any moment (before the
+/// provider answered, while the call settles, after), the call counters equal the ledger's
+/// entries, the credits counter its charges, and the pending gauge is back to zero. Counted
+/// as the change since before the storm (the recorder is the process's).
+async fn clients_leaving_at_any_moment_leave_the_metrics_equal_to_the_ledger(
+    metrics: &model_gateway::telemetry::PrometheusHandle,
+    db: &TestDb,
+) {
+    let provider = FakeProvider::start().await;
+    let ok = r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#;
+    provider.always(Fault::json(200, ok).after(std::time::Duration::from_millis(40)));
+    let catalogue =
+        Catalogue::from_toml(&one_upstream_toml("storm", &provider.base, "K", "")).unwrap();
+    let gateway = http_gateway(db, catalogue).await;
+    let key = db.funded_key(10_000, 0).await;
+    let series = |outcome: &str| {
+        format!(
+            "mg_calls_total{{model=\"{CHAT_MODEL}\",outcome=\"{outcome}\",protocol=\"chat_completions\"}}"
+        )
+    };
+    let charged = format!("mg_credits_charged_total{{model=\"{CHAT_MODEL}\"}}");
+    let read = |name: &str| samples(&metrics.render()).get(name).copied().unwrap_or(0.0);
+    let before = (
+        read(&series("ok")),
+        read(&series("refunded")),
+        read(&charged),
+    );
+
+    // 12 rounds of 25 clients, each hanging up after 5 to 125 ms (the provider answers after
+    // 40 ms, the settle a little later), or not at all.
+    for round in 0..12_u64 {
+        let calls = (0..25_u64).map(|i| {
+            let client = reqwest::Client::builder()
+                .timeout(std::time::Duration::from_millis(5 + (i * 5 + round) % 125))
+                .build()
+                .unwrap();
+            let (url, key) = (format!("{}{CHAT}", gateway.base), key.clone());
+            async move {
+                let _ = client
+                    .post(url)
+                    .bearer_auth(key)
+                    .body(chat_body(CHAT_MODEL))
+                    .send()
+                    .await;
+            }
+        });
+        futures::future::join_all(calls).await;
+    }
+
+    let mut entries = Vec::new();
+    let mut seen = (0.0, 0.0, 0.0);
+    for _ in 0..100 {
+        entries = db.calls(&key).await;
+        seen = (
+            read(&series("ok")) - before.0,
+            read(&series("refunded")) - before.1,
+            read(&charged) - before.2,
+        );
+        let count = |status| entries.iter().filter(|call| call.status == status).count() as f64;
+        let ledger = (
+            count(model_gateway::CallStatus::Ok),
+            count(model_gateway::CallStatus::Refunded),
+            count(model_gateway::CallStatus::Ok) * CHAT_PRICE as f64,
+        );
+        let finished = entries
+            .iter()
+            .all(|call| call.status != model_gateway::CallStatus::Pending);
+        if finished && ledger == seen && read("mg_pending_reservations") == 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let count = |status| entries.iter().filter(|call| call.status == status).count() as f64;
+    // Clients that left before their call was charged wrote nothing.
+    assert!(entries.len() > 200, "{}", entries.len());
+    assert_eq!(count(model_gateway::CallStatus::Pending), 0.0);
+    assert!(
+        count(model_gateway::CallStatus::Ok) > 0.0
+            && count(model_gateway::CallStatus::Refunded) > 0.0
+    );
+    assert_eq!(
+        seen.0,
+        count(model_gateway::CallStatus::Ok),
+        "ok calls counted as in the ledger"
+    );
+    assert_eq!(
+        seen.1,
+        count(model_gateway::CallStatus::Refunded),
+        "refunded calls likewise"
+    );
+    assert_eq!(
+        seen.2,
+        count(model_gateway::CallStatus::Ok) * CHAT_PRICE as f64
+    );
+    assert_eq!(read("mg_pending_reservations"), 0.0, "nothing pending");
 }
