@@ -11,7 +11,7 @@
 //! | `GET /v1/usage?days=30` | yes | the account's billed calls and credits per UTC day and model over the last `days` days (1 to 366), summed by the database |
 //! | `POST /v1/messages/count_tokens` | yes | the provider's token count for a messages request (the mock estimates); free, no call-log entry |
 //! | `GET /health` | no | 200 while the process runs (the database is not touched) |
-//! | `GET /ready` | no | 200 when the database answers, else `503 {"detail"}` |
+//! | `GET /ready` | no | 200 when the database answers (and a `SQLite` file takes a write), else `503 {"detail"}` |
 //! | `GET /`, `HEAD /` | no | 200 |
 //!
 //! Nothing here is charged or written to the call log. Errors are `{"detail": ...}` like the

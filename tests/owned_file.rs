@@ -814,7 +814,17 @@ async fn a_full_disk_leaves_no_credit_held_once_space_comes_back() {
     let key = db.funded_key(1000, 0).await;
     assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200);
 
+    let ready = async || {
+        let answer = gateway.client.get(format!("{}/ready", gateway.base)).send();
+        answer.await.unwrap().status().as_u16()
+    };
+    assert_eq!(ready().await, 200);
     disk.fill();
+    assert_eq!(
+        ready().await,
+        503,
+        "/ready says the ledger cannot take writes"
+    );
     let mut refused = 0;
     for _ in 0..200 {
         match gateway.chat(&key, CHAT_MODEL).await.status {

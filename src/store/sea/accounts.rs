@@ -153,6 +153,25 @@ fn like_escaped(text: &str) -> String {
 }
 
 impl SeaOrmStore {
+    /// Whether a `SQLite` file takes a write now (a full disk does not): one transaction that
+    /// writes the header's `user_version` back as it was.
+    async fn write_probe(&self) -> Result<(), sea_orm::DbErr> {
+        use sea_orm::{ConnectionTrait, TransactionTrait};
+        let txn = self.db.begin().await?;
+        let version: i64 = txn
+            .query_one_raw(sea_orm::Statement::from_string(
+                txn.get_database_backend(),
+                "PRAGMA user_version",
+            ))
+            .await?
+            .map(|row| row.try_get_by_index(0))
+            .transpose()?
+            .unwrap_or(0);
+        txn.execute_unprepared(&format!("PRAGMA user_version = {version}"))
+            .await?;
+        txn.commit().await
+    }
+
     /// The first `limit` accounts after `after`, by id, whose name folded to lower case
     /// contains `lowered`, matched in Rust with Unicode's case folding.
     async fn names_containing(
@@ -611,9 +630,15 @@ impl Accounts for SeaOrmStore {
     async fn ready(&self) -> Result<(), StoreError> {
         // A store that cannot be reached makes the pool wait for its connect time-out: answer
         // within a few seconds either way.
-        let ping = sea_orm::ConnectionTrait::execute_unprepared(&self.db, "SELECT 1");
-        match tokio::time::timeout(super::READY_WITHIN, ping).await {
-            Ok(pinged) => pinged.map(|_| ()).map_err(Into::into),
+        let probe = async {
+            sea_orm::ConnectionTrait::execute_unprepared(&self.db, "SELECT 1").await?;
+            if self.sqlite_file.is_some() {
+                self.write_probe().await?;
+            }
+            Ok::<(), sea_orm::DbErr>(())
+        };
+        match tokio::time::timeout(super::READY_WITHIN, probe).await {
+            Ok(probed) => probed.map_err(Into::into),
             Err(_) => Err(StoreError::msg(format!(
                 "the database did not answer within {:?}",
                 super::READY_WITHIN
