@@ -279,6 +279,7 @@ async fn calls<S: Store>(
             let next_before = has_more
                 .then(|| entries.last().map(|entry| entry.id))
                 .flatten();
+            let entries: Vec<Value> = entries.iter().map(for_key_holder).collect();
             axum::Json(json!({
                 "object": "list",
                 "data": entries,
@@ -291,6 +292,35 @@ async fn calls<S: Store>(
             tracing::error!(%error, "call log unavailable");
             refuse(GatewayError::StoreUnavailable)
         }
+    }
+}
+
+/// An entry as its key holder reads it: the operator's record of why a call was refunded (a
+/// provider's body, channel and variable names) is replaced by a reason the key holder can act
+/// on; the admin API keeps the whole text.
+fn for_key_holder(entry: &crate::store::CallRecord) -> Value {
+    let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
+    if let Some(error) = &entry.upstream_error {
+        value["upstream_error"] = Value::from(refund_reason(error));
+    }
+    value
+}
+
+/// Why a call was refunded, in the key holder's terms.
+fn refund_reason(error: &str) -> &'static str {
+    use crate::refund::{CANCELLED_BEFORE_ANSWER, CLIENT_LEFT_BEFORE_CONTENT, SETTLE_NOT_WRITTEN};
+    if [
+        CANCELLED_BEFORE_ANSWER,
+        crate::charge::CANCELLED_WHILE_RESERVING,
+        CLIENT_LEFT_BEFORE_CONTENT,
+    ]
+    .contains(&error)
+    {
+        "请求在回复前被取消 (客户端断开), 已退款"
+    } else if error == SETTLE_NOT_WRITTEN || error.starts_with("recovered") {
+        "网关未能完成这次调用 (数据库暂时不可用或网关重启), 已退款"
+    } else {
+        "上游服务暂时不可用, 已退款"
     }
 }
 
@@ -335,6 +365,7 @@ async fn usage<S: Store>(
 async fn count_tokens<S: Store + 'static>(
     State(shared): State<Arc<Shared<S>>>,
     Extension(rules): Extension<KeyRules>,
+    Extension(caller): Extension<Caller>,
     request: axum::extract::Request,
 ) -> Response {
     let ledger: Arc<dyn crate::store::Ledger> = shared.store.clone();
@@ -350,6 +381,15 @@ async fn count_tokens<S: Store + 'static>(
         Ok(routed) => routed,
         Err(refusal) => return refuse(refusal),
     };
+    // Free, but only for a key that could pay for a call of the model: a key without credits
+    // gets no free line to the provider (its requests per minute limit the rest).
+    let balance =
+        tokio::time::timeout(DEFAULT_LEDGER_TIMEOUT, shared.store.balance(caller.account));
+    match balance.await {
+        Ok(Ok(balance)) if balance.total() >= routed.model.price => {}
+        Ok(Ok(_)) => return refuse(GatewayError::InsufficientCredits),
+        Ok(Err(_)) | Err(_) => return refuse(GatewayError::StoreUnavailable),
+    }
     match shared.upstream.count_tokens(&routed, &headers, &body).await {
         Ok(answer) => answer.map(axum::body::Body::from).into_response(),
         Err(error) => {

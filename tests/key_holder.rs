@@ -544,8 +544,49 @@ async fn count_tokens_bodies_are_read_within_the_calls_limits() {
         "a key that cannot pay sends at most the unfunded size"
     );
     assert_eq!(unpaid.detail(), "请求体过大");
+    // A doubt of the fault run, decided: counting is free, but not for a key that cannot pay
+    // for a call of the model (it had a free line to the provider).
     let small = gateway
         .post_x_api_key(path, &unfunded, messages_body(MESSAGES_MODEL))
         .await;
-    assert_eq!(small.status, 200);
+    assert_eq!(small.status, 402);
+    assert_eq!(small.detail(), "积分不足");
+    let funded_small = gateway
+        .post_x_api_key(path, &funded, messages_body(MESSAGES_MODEL))
+        .await;
+    assert_eq!(funded_small.status, 200);
+    assert!(db.calls(&funded).await.is_empty(), "counting is not charged");
+}
+
+/// A doubt of the fault run, decided: the key holders' `/v1/calls` gives a refunded call's
+/// reason in terms they can act on, never the operator's record (the provider's body, the
+/// channel's and variables' names), which the admin API keeps whole.
+#[tokio::test]
+async fn key_holders_read_why_a_call_was_refunded_but_not_the_operators_record() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    provider.always(Fault::json(
+        500,
+        r#"{"error":{"message":"backend pool-7 down, see OPS_SECRET_ENV"}}"#,
+    ));
+    let toml = one_upstream_toml("internal-channel", &provider.base, "K", "");
+    let gateway = http_gateway(&db, Catalogue::from_toml(&toml).unwrap()).await;
+    let key = db.funded_key(10, 0).await;
+    assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 502);
+
+    let log = get(&gateway, "/v1/calls", Some(&key), false).await;
+    let entry = &log.body["data"][0];
+    assert_eq!(entry["status"], "refunded");
+    assert_eq!(entry["upstream_error"], "上游服务暂时不可用, 已退款");
+    let text = log.body.to_string();
+    assert!(
+        !text.contains("pool-7") && !text.contains("OPS_SECRET_ENV"),
+        "{text}"
+    );
+
+    let operators = db.calls(&key).await.remove(0).upstream_error.unwrap();
+    assert!(
+        operators.contains("pool-7"),
+        "the operator keeps the record: {operators}"
+    );
 }
