@@ -555,7 +555,10 @@ async fn count_tokens_bodies_are_read_within_the_calls_limits() {
         .post_x_api_key(path, &funded, messages_body(MESSAGES_MODEL))
         .await;
     assert_eq!(funded_small.status, 200);
-    assert!(db.calls(&funded).await.is_empty(), "counting is not charged");
+    assert!(
+        db.calls(&funded).await.is_empty(),
+        "counting is not charged"
+    );
 }
 
 /// A doubt of the fault run, decided: the key holders' `/v1/calls` gives a refunded call's

@@ -34,18 +34,7 @@ async fn caller(db: &TestDb, credits: i64) -> (String, Caller) {
 }
 
 async fn reserve(store: &dyn Ledger, caller: Caller) -> Reservation {
-    store
-        .reserve(ChargeRequest {
-            caller,
-            protocol: Protocol::ChatCompletions,
-            model: CHAT_MODEL,
-            price: Credits::new(CHAT_PRICE),
-            request_id: None,
-            at: Utc::now(),
-            idempotency: None,
-        })
-        .await
-        .unwrap()
+    store.reserve(charge(caller)).await.unwrap()
 }
 
 async fn status(db: &TestDb, reservation: &Reservation) -> CallStatus {

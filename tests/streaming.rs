@@ -846,18 +846,25 @@ async fn an_event_past_the_largest_event_ends_the_stream_refunded() {
     let mut chunks = vec![CHAT_ROLE.as_bytes().to_vec()];
     chunks.extend(endless_event());
     provider.then(Fault::sse(chunks).ending(StreamEnd::Hang));
+    let received = stream_refunded_for_size(&gateway, &db, &key).await;
+    assert_eq!(received.data().pop().unwrap()["error"]["type"], "api_error");
+}
+
+/// Streams a chat call that must end at once (not at a time-out), refunded for an event past
+/// 262144 bytes, the key's 10 credits all back.
+async fn stream_refunded_for_size(gateway: &Gateway, db: &TestDb, key: &str) -> Streamed {
     let started = Instant::now();
-    let received = stream(&gateway, CHAT, &key, chat_stream_body(CHAT_MODEL)).await;
+    let received = stream(gateway, CHAT, key, chat_stream_body(CHAT_MODEL)).await;
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "{:?}",
         started.elapsed()
     );
-    assert_eq!(received.data().pop().unwrap()["error"]["type"], "api_error");
-    let entry = finished_call(&db, &key).await;
+    let entry = finished_call(db, key).await;
     assert_eq!(entry.status, CallStatus::Refunded);
     assert!(entry.upstream_error.unwrap().contains("262144 bytes"));
-    assert_eq!(db.balance(&key).await, balance(10, 0));
+    assert_eq!(db.balance(key).await, balance(10, 0));
+    received
 }
 
 /// Finding 4: a first event that never ends is an upstream failure before the stream starts: a
@@ -869,18 +876,8 @@ async fn a_first_event_past_the_largest_event_is_a_refunded_502() {
     let gateway = provider_gateway(&db, &[&provider], "max_event_bytes = 262144").await;
     let key = db.funded_key(10, 0).await;
     provider.then(Fault::sse(endless_event()).ending(StreamEnd::Hang));
-    let started = Instant::now();
-    let received = stream(&gateway, CHAT, &key, chat_stream_body(CHAT_MODEL)).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(20),
-        "{:?}",
-        started.elapsed()
-    );
+    let received = stream_refunded_for_size(&gateway, &db, &key).await;
     assert_eq!(received.status, 502);
-    let entry = finished_call(&db, &key).await;
-    assert_eq!(entry.status, CallStatus::Refunded);
-    assert!(entry.upstream_error.unwrap().contains("262144 bytes"));
-    assert_eq!(db.balance(&key).await, balance(10, 0));
 }
 
 /// Finding 4: a complete reply larger than the largest reply, declared or not, fails the call

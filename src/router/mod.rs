@@ -206,13 +206,7 @@ where
     if request.method() != Method::POST {
         return Err(GatewayError::MethodNotAllowed);
     }
-    let declared_length = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    if declared_length.is_some_and(|length| length > limits.max_bytes as u64) {
-        return Err(GatewayError::PayloadTooLarge);
-    }
+    let declared_length = declared_length(request.headers(), limits)?;
     let (mut parts, body) = request.into_parts();
     let payer = funds.zip(parts.extensions.get::<Caller>().copied());
     let (body, permit) = read_body(body, limits, declared_length, payer).await?;
@@ -237,6 +231,20 @@ where
     Ok(Request::from_parts(parts, body))
 }
 
+/// A body's declared length (`Content-Length`), refused at once if over the largest body.
+fn declared_length(
+    headers: &http::HeaderMap,
+    limits: &BodyLimits,
+) -> Result<Option<u64>, GatewayError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limits.max_bytes as u64) {
+        return Err(GatewayError::PayloadTooLarge);
+    }
+    Ok(declared)
+}
+
 /// Reads the body of a request served beside the calls (`count_tokens`) within the calls'
 /// `limits`: its declared length first, then size, pauses, deadline and memory budget as
 /// [`read_body`] does; a caller (from [`ApiKeyAuth`](crate::ApiKeyAuth)) whose credits cannot
@@ -252,13 +260,7 @@ where
     B: Body,
     B::Error: Into<BoxError>,
 {
-    let declared_length = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    if declared_length.is_some_and(|length| length > limits.max_bytes as u64) {
-        return Err(GatewayError::PayloadTooLarge);
-    }
+    let declared_length = declared_length(request.headers(), limits)?;
     let (parts, body) = request.into_parts();
     let funds = (catalogue.models().map(|model| model.price).min())
         .map(|cheapest| Funds { ledger, cheapest });
