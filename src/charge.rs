@@ -166,18 +166,21 @@ where
                 return Ok(GatewayError::Misconfigured.into_response());
             };
             let counted_as = (routed.model.clone(), routed.protocol);
-            let reserving = ReservationUnderWay::new(ledger.clone(), counted_as, async move {
-                let charge = ChargeRequest {
-                    at: chrono::Utc::now(),
-                    caller,
-                    protocol: routed.protocol,
-                    model: &routed.model.name,
-                    price: routed.model.price,
-                    request_id: request_id.as_ref().map(RequestId::as_str),
-                    idempotency: idempotency.as_ref(),
-                };
-                ledger.reserve(charge).await
-            });
+            let asked = (caller, request_id.clone());
+            let looked_up_if_lost = (ledger.clone(), request_id.clone());
+            let reserving =
+                ReservationUnderWay::new(ledger.clone(), counted_as, asked, async move {
+                    let charge = ChargeRequest {
+                        at: chrono::Utc::now(),
+                        caller,
+                        protocol: routed.protocol,
+                        model: &routed.model.name,
+                        price: routed.model.price,
+                        request_id: request_id.as_ref().map(RequestId::as_str),
+                        idempotency: idempotency.as_ref(),
+                    };
+                    ledger.reserve(charge).await
+                });
             // Dropped at the time-out, the reservation goes on and is refunded if it lands.
             let Ok(reserved) = tokio::time::timeout(timeout, reserving).await else {
                 tracing::error!(?timeout, "the ledger did not answer a reservation in time");
@@ -204,6 +207,8 @@ where
                 }
                 Err(ReserveError::Store(error)) => {
                     tracing::error!(%error, "reservation failed; nothing charged");
+                    let (ledger, request_id) = looked_up_if_lost;
+                    refund_if_it_landed(ledger, caller, request_id);
                     Ok(GatewayError::StoreUnavailable.into_response())
                 }
             }
@@ -228,6 +233,8 @@ struct ReservationUnderWay {
     ledger: Arc<dyn Ledger>,
     /// The model and endpoint the metrics count the call under, if it is refunded here.
     counted_as: (Arc<ModelRoute>, Protocol),
+    /// Who asked, and the request's id: where to look for a reservation whose answer was lost.
+    asked: (Caller, Option<RequestId>),
     reserving: Option<Reserving>,
 }
 
@@ -235,11 +242,13 @@ impl ReservationUnderWay {
     fn new(
         ledger: Arc<dyn Ledger>,
         counted_as: (Arc<ModelRoute>, Protocol),
+        asked: (Caller, Option<RequestId>),
         reserving: impl Future<Output = Result<Reservation, ReserveError>> + Send + 'static,
     ) -> ReservationUnderWay {
         ReservationUnderWay {
             ledger,
             counted_as,
+            asked,
             reserving: Some(Box::pin(reserving)),
         }
     }
@@ -271,9 +280,15 @@ impl Drop for ReservationUnderWay {
         };
         let ledger = self.ledger.clone();
         let (model, protocol) = self.counted_as.clone();
+        let (caller, request_id) = self.asked.clone();
         runtime.spawn(async move {
-            let Ok(reservation) = reserving.await else {
-                return;
+            let reservation = match reserving.await {
+                Ok(reservation) => reservation,
+                Err(ReserveError::Store(_)) => {
+                    refund_if_it_landed(ledger, caller, request_id);
+                    return;
+                }
+                Err(_) => return,
             };
             let failure = CallFailure {
                 upstream_status: None,
@@ -295,6 +310,51 @@ impl Drop for ReservationUnderWay {
             });
         });
     }
+}
+
+/// What a reservation's entry says when the store failed as it was written (the connection cut
+/// just after the commit, say) and the entry was found afterwards: its client was answered 503,
+/// so it is refunded.
+pub const RESERVATION_ANSWER_LOST: &str = "the store failed as this reservation was written \
+     and its client was answered 503; found afterwards by its request id and refunded";
+
+/// After a reservation failed in the store, which may have committed it all the same (its answer
+/// lost with the connection): looks, until the store answers, for `caller`'s pending entry of
+/// this request and refunds it, so that no credit stays held by a call that was refused. Needs
+/// the request's id ([`RequestIdLayer`](crate::RequestIdLayer) sets one).
+fn refund_if_it_landed(ledger: Arc<dyn Ledger>, caller: Caller, request_id: Option<RequestId>) {
+    let Some(request_id) = request_id else {
+        return;
+    };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut pause = std::time::Duration::from_millis(250);
+        let found = loop {
+            match ledger
+                .pending_for_request(caller.account, request_id.as_str())
+                .await
+            {
+                Ok(found) => break found,
+                Err(_) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                }
+            }
+        };
+        for call in found {
+            tracing::warn!(
+                call = call.0,
+                "a reservation whose answer was lost is refunded"
+            );
+            let failure = CallFailure {
+                upstream_status: None,
+                error: RESERVATION_ANSWER_LOST.to_owned(),
+            };
+            finish_later(ledger.clone(), call, Outcome::Refund(failure), |_| {});
+        }
+    });
 }
 
 /// A kept reply given again, uncharged, marked as such.

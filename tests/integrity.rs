@@ -289,6 +289,9 @@ struct TestLedger {
     failing_reserves: AtomicBool,
     /// Reservations wait (the database is silent) until `reserves_released`.
     blocked_reserves: AtomicBool,
+    /// The next reservations are made, then answered with an error (a commit whose answer the
+    /// cut connection lost).
+    lost_reserve_answers: std::sync::atomic::AtomicUsize,
     reserves_released: tokio::sync::Notify,
 }
 
@@ -304,6 +307,7 @@ impl TestLedger {
             failing_refunds: std::sync::atomic::AtomicUsize::new(0),
             failing_reserves: AtomicBool::new(false),
             blocked_reserves: AtomicBool::new(false),
+            lost_reserve_answers: std::sync::atomic::AtomicUsize::new(0),
             reserves_released: tokio::sync::Notify::new(),
         })
     }
@@ -322,7 +326,14 @@ impl Ledger for TestLedger {
         if self.blocked_reserves.load(Ordering::SeqCst) {
             self.reserves_released.notified().await;
         }
-        self.inner.reserve(request).await
+        let reserved = self.inner.reserve(request).await;
+        let lost =
+            self.lost_reserve_answers
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if lost.is_ok() {
+            return Err(store_down().into());
+        }
+        reserved
     }
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
         self.entered.notify_one();
@@ -358,6 +369,13 @@ impl Ledger for TestLedger {
     }
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {
         self.inner.call_status(call).await
+    }
+    async fn pending_for_request(
+        &self,
+        account: AccountId,
+        request_id: &str,
+    ) -> Result<Vec<CallId>, StoreError> {
+        self.inner.pending_for_request(account, request_id).await
     }
     async fn stale_reservations(
         &self,
@@ -397,6 +415,7 @@ fn stack_with_ledger_timeout(
 + Send
 + 'static {
     ServiceBuilder::new()
+        .layer(model_gateway::RequestIdLayer::new())
         .layer(ApiKeyAuthLayer::new(store.clone()))
         .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
         .layer(CreditChargeLayer::new(ledger.clone()).ledger_timeout(timeout))
@@ -562,6 +581,33 @@ async fn a_reservation_the_store_never_answers_is_a_503_within_the_ledger_time_o
     let calls = store.recent_calls(account, 10).await.unwrap();
     assert_eq!(calls.len(), 1);
     assert_eq!(call.status, CallStatus::Refunded);
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10)
+    );
+}
+
+/// A reservation the store made but whose answer was lost (the connection cut just after the
+/// commit): its client is answered 503, and the entry is found by the request's id and
+/// refunded, not left held by no call under a live lease.
+#[tokio::test]
+async fn a_reservation_whose_answer_was_lost_is_found_by_its_request_id_and_refunded() {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, 10).await;
+    let ledger = TestLedger::new(store.clone());
+    ledger.lost_reserve_answers.store(1, Ordering::SeqCst);
+
+    let response = stack_with_ledger(&store, &ledger)
+        .oneshot(chat_request(&key))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    let call = finished_call(store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Refunded);
+    assert_eq!(
+        call.upstream_error.as_deref(),
+        Some(model_gateway::charge::RESERVATION_ANSWER_LOST)
+    );
     assert_eq!(
         store.balance(account).await.unwrap().total(),
         Credits::new(10)

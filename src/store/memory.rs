@@ -277,6 +277,24 @@ impl Ledger for MemoryStore {
         Ok(expired.len() as u64)
     }
 
+    async fn pending_for_request(
+        &self,
+        account: AccountId,
+        request_id: &str,
+    ) -> Result<Vec<CallId>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .calls
+            .iter()
+            .filter(|call| {
+                call.account == account
+                    && call.status == CallStatus::Pending
+                    && call.request_id.as_deref() == Some(request_id)
+            })
+            .map(|call| call.id)
+            .collect())
+    }
+
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {
         let state = self.lock();
         let index = usize::try_from(call.0)

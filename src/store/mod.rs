@@ -279,6 +279,15 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
         cutoff: DateTime<Utc>,
         limit: u64,
     ) -> Result<Vec<CallId>, StoreError>;
+
+    /// `account`'s `pending` entries made for the request `request_id` (`x-request-id`): where
+    /// to look for a reservation whose answer was lost (the store failed, perhaps after it
+    /// committed), so that it is refunded rather than left held by no call.
+    async fn pending_for_request(
+        &self,
+        account: AccountId,
+        request_id: &str,
+    ) -> Result<Vec<CallId>, StoreError>;
 }
 
 /// A gateway instance's lease on the database; each reservation records the lease it was made

@@ -818,6 +818,23 @@ impl Ledger for SeaOrmStore {
         self.committer.refund(call, failure.clone()).await
     }
 
+    async fn pending_for_request(
+        &self,
+        account: AccountId,
+        request_id: &str,
+    ) -> Result<Vec<CallId>, StoreError> {
+        let ids: Vec<i64> = call::Entity::find()
+            .select_only()
+            .column(call::Column::Id)
+            .filter(call::Column::AccountId.eq(account.0))
+            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
+            .filter(call::Column::RequestId.eq(request_id))
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(ids.into_iter().map(CallId).collect())
+    }
+
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {
         let status: Option<String> = call::Entity::find_by_id(call.0)
             .select_only()
