@@ -167,7 +167,6 @@ where
             };
             let counted_as = (routed.model.clone(), routed.protocol);
             let asked = (caller, request_id.clone());
-            let looked_up_if_lost = (ledger.clone(), request_id.clone());
             let reserving =
                 ReservationUnderWay::new(ledger.clone(), counted_as, asked, async move {
                     let charge = ChargeRequest {
@@ -207,8 +206,6 @@ where
                 }
                 Err(ReserveError::Store(error)) => {
                     tracing::error!(%error, "reservation failed; nothing charged");
-                    let (ledger, request_id) = looked_up_if_lost;
-                    refund_if_it_landed(ledger, caller, request_id);
                     Ok(GatewayError::StoreUnavailable.into_response())
                 }
             }
@@ -224,8 +221,9 @@ pub const CANCELLED_WHILE_RESERVING: &str = "cancelled while its credits were be
 
 type Reserving = Pin<Box<dyn Future<Output = Result<Reservation, ReserveError>> + Send>>;
 
-/// A reservation under way. Dropped before it is answered (its request was dropped), it is not
-/// abandoned: a reservation the ledger is writing may land after its caller is gone, and nobody
+/// A reservation under way. Answered with a store error, it looks for its entry in case the
+/// commit landed with its answer lost ([`refund_if_it_landed`]). Dropped before it is answered
+/// (its request was dropped), it is not abandoned: a reservation the ledger is writing may land after its caller is gone, and nobody
 /// would then end it, so its credits would stay taken and its entry `pending` until recovery.
 /// Instead the reservation is driven to its end on a spawned task and refunded there. A call
 /// that is not dropped costs nothing more than the box.
@@ -265,6 +263,10 @@ impl Future for ReservationUnderWay {
         };
         let answered = std::task::ready!(reserving.as_mut().poll(cx));
         self.reserving = None;
+        if let Err(ReserveError::Store(_)) = answered {
+            let (caller, request_id) = self.asked.clone();
+            refund_if_it_landed(self.ledger.clone(), caller, request_id);
+        }
         Poll::Ready(answered)
     }
 }
@@ -284,6 +286,7 @@ impl Drop for ReservationUnderWay {
         runtime.spawn(async move {
             let reservation = match reserving.await {
                 Ok(reservation) => reservation,
+                // Its answer may have been lost with a commit that landed.
                 Err(ReserveError::Store(_)) => {
                     refund_if_it_landed(ledger, caller, request_id);
                     return;
