@@ -10,16 +10,23 @@
 use std::sync::Arc;
 
 use axum::{Router, routing::get};
+use model_gateway::recovery::Upkeep;
 use model_gateway::{
     ApiKeyAuthLayer, Catalogue, CreditChargeLayer, MockUpstream, ProtocolRouterLayer,
-    RefundOnUpstreamErrorLayer, SeaOrmStore,
+    RefundOnUpstreamErrorLayer, SeaOrmStore, recovery_age,
 };
 use tower::ServiceBuilder;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Shared mode: the host app writes the same file through its own connections.
     let store = Arc::new(SeaOrmStore::connect("sqlite://embedded.db?mode=rwc").await?);
     let catalogue = Arc::new(Catalogue::demo());
+    // Holds this instance's lease, so that a crash's reservations are refunded at the next
+    // start (which this does first) rather than never; keep the handle for as long as you serve.
+    let _upkeep = Upkeep::new(store.clone(), recovery_age(&catalogue))
+        .start()
+        .await?;
 
     // Outermost first: who is calling, which model, charge, refund on upstream failure.
     let gateway = ServiceBuilder::new()

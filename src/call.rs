@@ -10,9 +10,14 @@
 //! | [`RequestId`]  | [`RequestIdLayer`](crate::RequestIdLayer)      | [`CreditCharge`](crate::CreditCharge) (the call log), the log lines |
 //! | [`IdempotencyKey`] | [`ProtocolRouter`](crate::ProtocolRouter) | [`CreditCharge`](crate::CreditCharge), [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
 //! | [`ServedBy`] (response) | [`HttpUpstream`](crate::HttpUpstream) | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
+//! | [`ClientWrites`] | the server ([`crate::server`] for HTTP/1.1)   | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) (what a stream bills) |
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Waker;
+
+use atomic_waker::AtomicWaker;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -216,6 +221,50 @@ impl IdempotencyKey {
     /// The request's fingerprint, as 64 hexadecimal digits (how the stores keep it).
     pub fn fingerprint(&self) -> String {
         hex::encode(self.fingerprint)
+    }
+}
+
+/// How far a client's connection has written what it was handed to its socket. Request
+/// extension added by the server, for HTTP/1.1 ([`crate::server`] adds it); read by
+/// [`RefundOnUpstreamError`](crate::RefundOnUpstreamError), which then bills a stream whose
+/// client goes away only for content the socket accepted.
+///
+/// A server adds one per connection and calls [`flushed`](Self::flushed) each time the
+/// connection has handed everything it held to its socket (hyper's HTTP/1.1 flushes its socket
+/// only once its write buffer is empty). Without it (HTTP/2, or a server that does not count),
+/// a stream's content counts as written once the server has asked for the frame after it: on
+/// hyper's HTTP/2 that is once the flow-control window has let it through.
+#[derive(Debug, Clone, Default)]
+pub struct ClientWrites(Arc<Flushes>);
+
+#[derive(Debug, Default)]
+struct Flushes {
+    count: AtomicU64,
+    /// The response body waiting for the next flush (HTTP/1.1 writes one response at a time).
+    waiting: AtomicWaker,
+}
+
+impl ClientWrites {
+    /// A new count, for a new connection.
+    pub fn new() -> ClientWrites {
+        ClientWrites::default()
+    }
+
+    /// The connection has handed everything it held to its socket.
+    pub fn flushed(&self) {
+        self.0.count.fetch_add(1, Ordering::Release);
+        self.0.waiting.wake();
+    }
+
+    /// How many times [`flushed`](Self::flushed) has been called: a frame handed to the
+    /// connection when this said `n` is in the socket once it says more than `n`.
+    pub fn flushes(&self) -> u64 {
+        self.0.count.load(Ordering::Acquire)
+    }
+
+    /// Wakes `waker` at the next flush (one waiter at a time: the response being written).
+    pub fn wake_at_next_flush(&self, waker: &Waker) {
+        self.0.waiting.register(waker);
     }
 }
 

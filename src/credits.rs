@@ -168,6 +168,14 @@ impl Split {
     pub fn total(self) -> Credits {
         Credits(self.subscription.0 + self.topup.0)
     }
+
+    /// Two splits added bucket by bucket (what several calls took together).
+    pub(crate) fn plus(self, other: Split) -> Split {
+        Split {
+            subscription: Credits(self.subscription.0 + other.subscription.0),
+            topup: Credits(self.topup.0 + other.topup.0),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@
 //!    messages, and `protocol::sse` for their event streams), `call` (the extensions and ids),
 //!    `error` ([`GatewayError`], [`UpstreamError`]), `classify` (what a provider's answer
 //!    means: billable, retry elsewhere, refused; `Retry-After`), `catalogue`.
-//! 2. Storage: the traits in `store` (with `store::idempotency`, the rule for keyed calls),
+//! 2. Storage: the traits in `store` (with `store::rules`: the reservation rule, holds, escrow pots and keyed calls, pure),
 //!    and the backends `store::memory` and `store::sea`
 //!    (inside it: `batch` decides, `jobs` is the committer's vocabulary, `flush` and `batches`
 //!    answer, `group_commit` and `sqlite_direct` write; `idempotent` writes keyed calls).

@@ -12,8 +12,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use common::*;
 use model_gateway::{
-    CallStatus, Caller, ChargeRequest, Credits, KeyHash, KeyStore, Leases, Ledger, Protocol,
-    Reservation, recover_orphaned_reservations, recover_stale_reservations,
+    Accounts, CallStatus, Caller, ChargeRequest, Credits, KeyHash, KeyStore, Leases, Ledger,
+    Protocol, Reservation, recover_orphaned_reservations, recover_stale_reservations,
 };
 
 const TTL: Duration = Duration::from_secs(10);
@@ -332,8 +332,12 @@ async fn no_call_is_reserved_under_a_lease_not_renewed_in_time() {
             matches!(refused, Err(model_gateway::ReserveError::Store(_))),
             "{refused:?}"
         );
+        // `/ready` says so too: on a database server, the lease's renewals are the writes it sees.
+        let not_ready = db.store.ready().await.unwrap_err();
+        assert!(not_ready.to_string().contains("lease"), "{not_ready}");
 
         assert!(db.store.renew_lease(Utc::now(), ttl).await.unwrap());
+        db.store.ready().await.unwrap();
         let reserved = reserve(db.store.as_ref(), caller).await;
         assert_eq!(status(db, &reserved).await, CallStatus::Pending);
         db.store.release_lease().await.unwrap();

@@ -8,6 +8,8 @@
 #![allow(clippy::unwrap_used, unreachable_pub)]
 
 mod common;
+#[path = "streaming/delivery.rs"]
+mod delivery;
 
 use std::time::{Duration, Instant};
 
@@ -576,8 +578,11 @@ async fn assert_a_client_that_leaves_is_billed_only_after_content(db: TestDb) {
     let gateway = provider_gateway(&db, &[&provider], "").await;
     let key = db.funded_key(10, 0).await;
 
+    // An empty block opening is not content yet.
+    let empty_block = "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n";
     for (events, billed) in [
         (vec![MESSAGES_START], false),
+        (vec![MESSAGES_START, empty_block], false),
         (vec![MESSAGES_START, MESSAGES_DELTA], true),
     ] {
         let hung_up = provider.hung_up();

@@ -27,6 +27,7 @@ use model_gateway::admin::{
 use model_gateway::rate_limit::RateLimiter;
 use model_gateway::recovery::{DEFAULT_LEASE_TTL, Upkeep};
 use model_gateway::server::{self, ServerLimits};
+use model_gateway::store::ChargingMode;
 use model_gateway::{
     AccountId, BodyLimits, Bucket, CallId, CallStatus, Catalogue, Credits,
     DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE, DEFAULT_BODY_IDLE_TIMEOUT,
@@ -659,13 +660,9 @@ fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::Catalogu
 async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let catalogue = Arc::new(load_catalogue(&args)?);
     let window = Duration::from_secs(args.idempotency_window_secs);
-    let store = if store.sqlite_file().is_some() && !args.sqlite_shared {
-        store.own_file()?
-    } else if args.pg_escrow {
-        store.with_escrow()?
-    } else {
-        store
-    };
+    let mode = ChargingMode::choose(&store, args.sqlite_shared, args.pg_escrow);
+    let store = store.in_mode(mode)?;
+    tracing::info!(mode = mode.as_str(), "charging mode");
     let store = Arc::new(store.with_idempotency_window(window));
     let upstream = if args.mock {
         if let Some(demo) = Admin::new(store.clone()).ensure_demo_account().await? {

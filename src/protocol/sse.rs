@@ -143,13 +143,11 @@ pub(crate) enum EventKind {
     Other,
 }
 
-/// Reads a protocol's events in order and keeps what billing needs: the usage reported so far
-/// and whether any content has been seen.
+/// Reads a protocol's events in order and keeps what billing needs: the usage reported so far.
 #[derive(Debug, Clone)]
 pub(crate) struct StreamReader {
     protocol: Protocol,
     usage: TokenUsage,
-    content_seen: bool,
 }
 
 impl StreamReader {
@@ -158,7 +156,6 @@ impl StreamReader {
         StreamReader {
             protocol,
             usage: TokenUsage::default(),
-            content_seen: false,
         }
     }
 
@@ -166,24 +163,15 @@ impl StreamReader {
     pub(crate) fn read(&mut self, event: &[u8]) -> EventKind {
         let text = String::from_utf8_lossy(event);
         let event = Event::parse(&text);
-        let kind = match self.protocol {
+        match self.protocol {
             Protocol::Messages => self.read_messages(&event),
             Protocol::ChatCompletions => self.read_chat(&event),
-        };
-        if kind == EventKind::Content {
-            self.content_seen = true;
         }
-        kind
     }
 
     /// The usage the stream has reported so far.
     pub(crate) fn usage(&self) -> TokenUsage {
         self.usage
-    }
-
-    /// Whether any content event has been read.
-    pub(crate) fn content_seen(&self) -> bool {
-        self.content_seen
     }
 
     fn read_messages(&mut self, event: &Event<'_>) -> EventKind {
@@ -194,6 +182,8 @@ impl StreamReader {
             message: Option<Message>,
             usage: Option<TokenUsage>,
             error: Option<ErrorObject>,
+            content_block: Option<DeltaHasContent>,
+            delta: Option<DeltaHasContent>,
         }
         #[derive(Deserialize)]
         struct Message {
@@ -217,7 +207,16 @@ impl StreamReader {
                 }
                 EventKind::Other
             }
-            "content_block_start" | "content_block_delta" => EventKind::Content,
+            // A block that opens empty (`"text": ""`) is not content yet; a tool call's opens
+            // with its name.
+            "content_block_start" | "content_block_delta" => {
+                let block = data.and_then(|data| data.content_block.or(data.delta));
+                if block.is_none_or(|block| block.0) {
+                    EventKind::Content
+                } else {
+                    EventKind::Other
+                }
+            }
             "message_stop" => EventKind::End,
             "error" => EventKind::Error(
                 data.and_then(|data| data.error)
@@ -298,7 +297,8 @@ impl<'de> Deserialize<'de> for ChoicesHaveContent {
     }
 }
 
-/// Whether one choice's `delta` carries content (see [`ChoicesHaveContent`]).
+/// Whether a chat choice's `delta`, or a messages block or block delta, carries content: a field
+/// other than `role` and `type` whose value is not empty (see [`ChoicesHaveContent`]).
 struct DeltaHasContent(bool);
 
 impl<'de> Deserialize<'de> for DeltaHasContent {
@@ -313,7 +313,8 @@ impl<'de> Deserialize<'de> for DeltaHasContent {
                 let mut content = false;
                 while let Some(field) = fields.next_key::<&'de str>()? {
                     let value: &'de RawValue = fields.next_value()?;
-                    content |= field != "role" && !matches!(value.get(), "null" | "\"\"" | "[]");
+                    content |= !matches!(field, "role" | "type")
+                        && !matches!(value.get(), "null" | "\"\"" | "[]" | "{}");
                 }
                 Ok(DeltaHasContent(content))
             }
@@ -431,7 +432,6 @@ mod tests {
         ] {
             assert_eq!(reader.read(chunk), EventKind::Other, "{chunk:?}");
         }
-        assert!(!reader.content_seen());
         let second_choice = b"data: {\"choices\":[{\"index\":0,\"delta\":{}},{\"index\":1,\"delta\":{\"content\":\"x\"}}]}\n\n";
         assert_eq!(reader.read(second_choice), EventKind::Content);
     }
@@ -441,7 +441,6 @@ mod tests {
         let mut reader = StreamReader::new(Protocol::Messages);
         let start = b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n";
         assert_eq!(reader.read(start), EventKind::Other);
-        assert!(!reader.content_seen());
         assert_eq!(
             reader.read(b"event: ping\ndata: {\"type\": \"ping\"}\n\n"),
             EventKind::Other
@@ -454,7 +453,6 @@ mod tests {
             reader.read(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
             EventKind::End
         );
-        assert!(reader.content_seen());
         assert_eq!(
             reader.usage(),
             TokenUsage {
@@ -462,6 +460,25 @@ mod tests {
                 output_tokens: Some(15)
             }
         );
+    }
+
+    #[test]
+    fn a_messages_block_that_opens_empty_is_not_content_and_a_tool_call_is() {
+        let mut reader = StreamReader::new(Protocol::Messages);
+        for empty in [
+            &b"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"[..],
+            b"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
+            b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"\"}}\n\n",
+        ] {
+            assert_eq!(reader.read(empty), EventKind::Other, "{empty:?}");
+        }
+        let tool = b"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"get_weather\",\"input\":{}}}\n\n";
+        assert_eq!(reader.read(tool), EventKind::Content);
+        let text = b"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"Hi\"}}\n\n";
+        assert_eq!(reader.read(text), EventKind::Content);
+        // A block event the reader cannot make out is counted as content, as before.
+        let odd = b"event: content_block_delta\ndata: not json\n\n";
+        assert_eq!(reader.read(odd), EventKind::Content);
     }
 
     #[test]

@@ -10,8 +10,11 @@
 //!   dropped, the call refunded, and the client gets one last error event in its protocol's
 //!   shape before the stream closes;
 //! - the client goes away (the body is dropped): the upstream is dropped with it, so the
-//!   provider stops; the call is billed if any content event had reached the client, refunded
-//!   otherwise.
+//!   provider stops; the call is billed if any content event had been written to the client
+//!   (see [`super::delivery`] for what counts), refunded otherwise.
+//!
+//! The provider's final event goes out as a frame of its own, and the settle waits until the
+//! connection has taken the content before it.
 //!
 //! Events are forwarded whole and unchanged, as soon as each is complete.
 
@@ -27,10 +30,12 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use tokio::time::{Instant, Sleep};
 
+use super::delivery::{Delivery, WATCHDOG_GRACE, WatchedCall};
 use super::guard::{Outcome, UnsettledCall};
+use crate::call::ClientWrites;
 use crate::error::{GatewayError, UpstreamError};
+use crate::protocol::Protocol;
 use crate::protocol::sse::{EventKind, EventSplitter, StreamReader, error_event};
-use crate::protocol::{Protocol, TokenUsage};
 use crate::reply::EventStream;
 use crate::store::{CallFailure, CallSuccess, KeptReply, MAX_KEPT_REPLY_BYTES};
 
@@ -125,12 +130,10 @@ pub(super) struct BilledStream {
     splitter: EventSplitter,
     reader: StreamReader,
     protocol: Protocol,
-    /// `None` once the outcome is being written.
-    guard: Option<UnsettledCall>,
+    /// The call, shared with its watchdog, and what of the stream the connection took.
+    call: WatchedCall,
     /// What a settle records, but for the usage read from the stream.
     success: CallSuccess,
-    /// The usage the guard settles with if the client leaves; `None` while it would refund.
-    billed_if_dropped: Option<TokenUsage>,
     limits: StreamLimits,
     /// When the whole stream must have ended.
     deadline: Instant,
@@ -140,6 +143,9 @@ pub(super) struct BilledStream {
     /// set. An event does not move it (a timer update per event costs more than the rest of
     /// the event's reading); when it fires, it is checked against `last_event` and set again.
     timer: Pin<Box<Sleep>>,
+    /// The provider's final event, held back to go out as a frame of its own: once the
+    /// connection asks for what follows it, everything before it went through.
+    end_event: Option<Bytes>,
     /// The outcome being written, then the last bytes to send, if any.
     finishing: Option<Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>>,
     done: bool,
@@ -149,12 +155,14 @@ pub(super) struct BilledStream {
 }
 
 impl BilledStream {
+    /// `writes`: how the client's connection counts what its socket took, if it does.
     pub(super) fn new(
         upstream: EventStream,
         protocol: Protocol,
         mut guard: UnsettledCall,
         success: CallSuccess,
         limits: StreamLimits,
+        writes: Option<ClientWrites>,
     ) -> BilledStream {
         guard.if_dropped(Outcome::Refund(CallFailure {
             upstream_status: Some(success.upstream_status),
@@ -162,18 +170,24 @@ impl BilledStream {
         }));
         let now = Instant::now();
         let deadline = now + limits.deadline;
+        let call = WatchedCall::new(
+            guard,
+            Delivery::new(writes),
+            success.clone(),
+            deadline + WATCHDOG_GRACE,
+        );
         BilledStream {
             upstream: Some(upstream),
             splitter: EventSplitter::new(),
             reader: StreamReader::new(protocol),
             protocol,
-            guard: Some(guard),
+            call,
             success,
-            billed_if_dropped: None,
             limits,
             deadline,
             last_event: now,
             timer: Box::pin(tokio::time::sleep_until(deadline.min(now + limits.idle))),
+            end_event: None,
             finishing: None,
             done: false,
             kept: None,
@@ -198,7 +212,8 @@ impl BilledStream {
         }
     }
 
-    /// The next bytes for the client: whole events, then possibly a last error event.
+    /// The next bytes for the client: whole events, then the final event, then possibly a last
+    /// error event.
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
         loop {
             if let Some(finishing) = &mut self.finishing {
@@ -209,9 +224,33 @@ impl BilledStream {
                     return Poll::Ready(last);
                 }
             }
-            if self.upstream.is_none() {
-                self.done = true;
+            if self.done {
                 return Poll::Ready(None);
+            }
+            {
+                let mut call = self.call.lock();
+                call.delivery.asked();
+                call.confirm();
+                if call.guard.is_none() {
+                    // The watchdog ended the call: the client took nothing for too long.
+                    drop(call);
+                    self.upstream = None;
+                    self.done = true;
+                    return Poll::Ready(None);
+                }
+            }
+            if self.upstream.is_none() {
+                // The provider's stream ended: its final event goes out, then the call is
+                // settled once the connection has taken all the content before it.
+                if let Some(end_event) = self.end_event.take() {
+                    self.call.lock().delivery.handed(None);
+                    return Poll::Ready(Some(end_event));
+                }
+                if !self.content_taken(cx) {
+                    return Poll::Pending;
+                }
+                self.settle();
+                continue;
             }
             if let Some(reason) = self.timed_out(cx) {
                 self.fail(reason);
@@ -227,8 +266,10 @@ impl BilledStream {
                 Ok(Poll::Pending) => return Poll::Pending,
                 Ok(Poll::Ready(Some(Ok(frame)))) => {
                     if let Ok(data) = frame.into_data()
-                        && let Some(events) = self.take_events(&data)
+                        && let Some((events, content)) = self.take_events(&data)
                     {
+                        let usage = content.then(|| self.reader.usage());
+                        self.call.lock().delivery.handed(usage);
                         return Poll::Ready(Some(events));
                     }
                 }
@@ -242,6 +283,19 @@ impl BilledStream {
                 }
             }
         }
+    }
+
+    /// Whether the connection has taken every content frame handed on; if not, a wake-up is
+    /// arranged for when it may have.
+    fn content_taken(&self, cx: &mut Context<'_>) -> bool {
+        let mut call = self.call.lock();
+        if call.delivery.all_taken() {
+            return true;
+        }
+        call.delivery.wake_when_taken(cx.waker());
+        // Taken between the first look and the registration?
+        call.confirm();
+        call.delivery.all_taken()
     }
 
     /// Why the stream must stop, if it passed its deadline or the provider has been quiet for
@@ -264,23 +318,33 @@ impl BilledStream {
     }
 
     /// Reads the complete events in `data` (with what came before), and returns those to pass
-    /// on. Stops at the stream's end or an error event, and starts writing the outcome.
-    fn take_events(&mut self, data: &[u8]) -> Option<Bytes> {
+    /// on, and whether any of them is content. Stops at the stream's end (its final event is
+    /// held back) or an error event (the outcome is then being written).
+    fn take_events(&mut self, data: &[u8]) -> Option<(Bytes, bool)> {
         self.splitter.push(data);
         let mut forward: Option<BytesMut> = None;
         let mut first: Option<Bytes> = None;
+        let mut content = false;
         while let Some(event) = self.splitter.next_event() {
             if first.is_none() {
                 self.last_event = Instant::now();
             }
             let kind = self.reader.read(&event);
-            if !matches!(kind, EventKind::Error(_)) {
-                self.keep(&event);
+            match kind {
+                EventKind::Error(message) => {
+                    self.fail(format!("the provider sent an error event: {message}"));
+                    break;
+                }
+                EventKind::End => {
+                    self.keep(&event);
+                    self.upstream = None;
+                    self.end_event = Some(event);
+                    break;
+                }
+                EventKind::Content => content = true,
+                EventKind::Other => {}
             }
-            if let EventKind::Error(message) = kind {
-                self.fail(format!("the provider sent an error event: {message}"));
-                break;
-            }
+            self.keep(&event);
             match (&mut first, &mut forward) {
                 (None, _) => first = Some(event),
                 (Some(head), None) => {
@@ -290,23 +354,6 @@ impl BilledStream {
                 }
                 (Some(_), Some(joined)) => joined.extend_from_slice(&event),
             }
-            match kind {
-                EventKind::End => {
-                    self.settle();
-                    break;
-                }
-                // Billed from here on, with the usage known so far, if the client leaves.
-                _ if self.reader.content_seen()
-                    && self.billed_if_dropped != Some(self.reader.usage()) =>
-                {
-                    self.billed_if_dropped = Some(self.reader.usage());
-                    let success = self.success_so_far();
-                    if let Some(guard) = &mut self.guard {
-                        guard.if_dropped(Outcome::Settle(success));
-                    }
-                }
-                _ => {}
-            }
         }
         // An event never finished (or one too large) would grow without bound.
         if self.upstream.is_some() && self.splitter.pending() > self.limits.max_event {
@@ -315,7 +362,10 @@ impl BilledStream {
                 "the provider's event passed the {max} bytes an event may have"
             ));
         }
-        forward.map(BytesMut::freeze).or(first)
+        forward
+            .map(BytesMut::freeze)
+            .or(first)
+            .map(|events| (events, content))
     }
 
     fn success_so_far(&self) -> CallSuccess {
@@ -325,15 +375,15 @@ impl BilledStream {
         }
     }
 
-    /// The stream ended normally: settle, then end the client's stream.
+    /// The stream ended normally and its content was taken: settle, then end the client's
+    /// stream.
     fn settle(&mut self) {
-        self.upstream = None;
         let mut success = self.success_so_far();
         success.reply = self.kept.take().and_then(|kept| {
             let event_stream = Some("text/event-stream".to_owned());
             KeptReply::new(self.success.upstream_status, event_stream, kept.freeze())
         });
-        let Some(mut guard) = self.guard.take() else {
+        let Some(mut guard) = self.call.lock().guard.take() else {
             return;
         };
         self.finishing = Some(Box::pin(async move {
@@ -347,7 +397,7 @@ impl BilledStream {
     /// The provider failed after the stream started: drop it, refund, and tell the client.
     fn fail(&mut self, reason: String) {
         self.upstream = None;
-        let Some(mut guard) = self.guard.take() else {
+        let Some(mut guard) = self.call.lock().guard.take() else {
             return;
         };
         tracing::warn!(call = guard.call.0, %reason, "stream failed; refunding");

@@ -55,12 +55,14 @@
 //! ```
 
 mod body;
+mod delivery;
 mod guard;
 mod layer;
 mod service;
 
 use std::time::Duration;
 
+pub use crate::call::ClientWrites;
 pub use body::{CLIENT_LEFT_BEFORE_CONTENT, ResponseBody};
 pub use guard::SETTLE_NOT_WRITTEN;
 pub use layer::RefundOnUpstreamErrorLayer;

@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::body::{BilledStream, ResponseBody, StreamLimits};
 use super::guard::{Meter, UnsettledCall};
 use super::layer::RefundOnUpstreamErrorLayer;
-use crate::call::{IdempotencyKey, Reservation, RoutedCall, ServedBy};
+use crate::call::{ClientWrites, IdempotencyKey, Reservation, RoutedCall, ServedBy};
 use crate::classify::complete_reply;
 use crate::error::{GatewayError, UpstreamError};
 use crate::protocol::Protocol;
@@ -142,6 +142,7 @@ where
             });
         // A keyed call's reply is kept with its settle, for the client's retries.
         let keep_reply = request.extensions().get::<IdempotencyKey>().is_some();
+        let writes = request.extensions().get::<ClientWrites>().cloned();
         let not_ready = self.not_ready.take();
         let bound = self.upstream_bound;
         let limits = self.stream_limits;
@@ -194,7 +195,7 @@ where
                     };
                     event_stream_headers(&mut parts.headers);
                     let mut stream =
-                        BilledStream::new(events, protocol, unsettled, success, limits);
+                        BilledStream::new(events, protocol, unsettled, success, limits, writes);
                     if keep_reply {
                         stream.keep_reply();
                     }

@@ -16,6 +16,9 @@
 //! - headers larger than [`ServerLimits::max_header_bytes`] are answered
 //!   `431 {"detail"}`; hyper itself answers larger ones (above its read buffer) and malformed
 //!   request lines with an empty 431 or 400, which no hook lets us change;
+//! - on HTTP/1.1, each request carries the connection's [`ClientWrites`], so that a stream is
+//!   billed only for content its socket accepted (see
+//!   [`RefundOnUpstreamError`](crate::RefundOnUpstreamError));
 //! - a request refused before its body was read (401, 404, 413) is answered intact on HTTP/2
 //!   too: its unread body is kept until the response has been sent, so the stream ends with
 //!   the response rather than a reset that makes clients drop it.
@@ -42,6 +45,7 @@
 
 mod connections;
 mod track;
+mod writes;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -57,8 +61,10 @@ use tokio::net::{TcpListener, TcpSocket, ToSocketAddrs};
 use tower_service::Service;
 
 use crate::BoxError;
+use crate::call::ClientWrites;
 use connections::Connections;
 pub use track::{RequestBody, ResponseFuture, Tracked, TrackedBody};
+use writes::CountedFlushes;
 
 /// Default time a client has to send a request's headers.
 pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(15);
@@ -213,12 +219,18 @@ where
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = Tracked::new(service.clone(), slot.clone(), limits.max_header_bytes);
+        let writes = ClientWrites::new();
+        let service = Tracked::new(
+            service.clone(),
+            slot.clone(),
+            limits.max_header_bytes,
+            writes.clone(),
+        );
         let builder = builder.clone();
         let stopping = stopping.clone();
         tokio::spawn(async move {
             let connection = builder.serve_connection_with_upgrades(
-                TokioIo::new(stream),
+                TokioIo::new(CountedFlushes::new(stream, writes)),
                 hyper_util::service::TowerToHyperService::new(service),
             );
             tokio::pin!(connection);

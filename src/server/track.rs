@@ -17,6 +17,7 @@ use tower_service::Service;
 
 use super::connections::Slot;
 use crate::BoxError;
+use crate::call::ClientWrites;
 use crate::error::GatewayError;
 
 /// The service on one connection: the application's service, watched by the server.
@@ -25,14 +26,22 @@ pub struct Tracked<S> {
     inner: S,
     slot: Slot,
     max_header_bytes: usize,
+    /// The connection's count of flushes, handed to its HTTP/1.1 requests.
+    writes: ClientWrites,
 }
 
 impl<S> Tracked<S> {
-    pub(super) fn new(inner: S, slot: Slot, max_header_bytes: usize) -> Tracked<S> {
+    pub(super) fn new(
+        inner: S,
+        slot: Slot,
+        max_header_bytes: usize,
+        writes: ClientWrites,
+    ) -> Tracked<S> {
         Tracked {
             inner,
             slot,
             max_header_bytes,
+            writes,
         }
     }
 }
@@ -258,10 +267,14 @@ where
                 parts, tracked,
             ))));
         }
-        let request = request.map(|body| RequestBody {
+        let mut request = request.map(|body| RequestBody {
             inner: Some(body),
             state: state.clone(),
         });
+        // On HTTP/2 a flush says nothing of one stream: its frames wait for their own window.
+        if request.version() < http::Version::HTTP_2 {
+            request.extensions_mut().insert(self.writes.clone());
+        }
         let mut inner = crate::macros::take_ready(&mut self.inner);
         ResponseFuture::new(async move {
             let response = inner.call(request).await?;

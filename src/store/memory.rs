@@ -12,10 +12,13 @@ use super::{
     CallFailure, CallId, CallLog, CallQuery, CallRecord, CallStatus, CallSuccess, Caller,
     ChargeRequest, DEFAULT_IDEMPOTENCY_WINDOW, DailyUsage, Grant, Granted, IdempotencyKeyReused,
     KeptReply, KeyId, KeyInfo, KeyRules, KeyStore, KeyedCall, KeyedDecision, Lapse, Ledger,
-    Reservation, ReserveError, StoreError, Sums, check_grant_amount, decide_keyed, window_cutoff,
+    Reservation, ReserveError, StoreError, Sums, check_grant_amount, decide_keyed, unknown_account,
+    window_cutoff,
 };
-use crate::credits::{Balance, Bucket, Credits};
+use crate::credits::{Balance, Bucket, Credits, Split};
 use crate::keys::{KeyHash, NewApiKey};
+use crate::store::rules::holds;
+use crate::store::rules::reserve::{Payer, decide_reserve};
 
 /// A store that keeps everything in one mutex-guarded map; each operation is atomic because it
 /// runs entirely under the lock.
@@ -140,10 +143,6 @@ impl MemoryStore {
     }
 }
 
-fn unknown_account(account: AccountId) -> StoreError {
-    StoreError::msg(format!("unknown account {}", account.0))
-}
-
 #[async_trait]
 impl KeyStore for MemoryStore {
     async fn active_key(&self, key: &KeyHash) -> Result<Option<ActiveKey>, StoreError> {
@@ -170,11 +169,10 @@ impl super::Leases for MemoryStore {}
 impl Ledger for MemoryStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
         let mut state = self.lock();
-        if state.key_revoked(request.caller.key) {
-            return Err(ReserveError::KeyRevoked);
-        }
+        let key_active = !state.key_revoked(request.caller.key);
         let account = request.caller.account;
-        if let Some(key) = request.idempotency {
+        // A revoked key is refused before its idempotency record is read.
+        if key_active && let Some(key) = request.idempotency {
             let found = state.keyed_call(account, key.key());
             let window = state.idempotency_window();
             if let KeyedDecision::Answer(answer) = decide_keyed(found, key, request.at, window) {
@@ -185,16 +183,16 @@ impl Ledger for MemoryStore {
             .accounts
             .get(&account)
             .and_then(|row| row.subscription_ends_at);
-        let balance = state
+        let payer = state
             .balances
-            .get_mut(&account)
-            .ok_or_else(|| unknown_account(account))?;
-        let taken = balance
-            .spendable(ends_at, request.at)
-            .split_charge(request.price)
-            .ok_or(ReserveError::InsufficientCredits)?;
-        balance.subscription.0 -= taken.subscription.0;
-        balance.topup.0 -= taken.topup.0;
+            .get(&account)
+            .map(|balance| Payer::unheld(*balance, ends_at));
+        let taken = decide_reserve(key_active, payer, request.at, request.price)
+            .map_err(|refusal| refusal.into_error(account))?;
+        let Some(balance) = state.balances.get_mut(&account) else {
+            unreachable!("decide_reserve found the account")
+        };
+        *balance = holds::take(*balance, taken);
         let call = CallId(state.calls.len() as i64 + 1);
         state.calls.push(CallRecord {
             id: call,
@@ -320,8 +318,13 @@ impl Ledger for MemoryStore {
             record.charged_topup,
         );
         let balance = state.balances.entry(account).or_default();
-        balance.subscription.0 += subscription.0;
-        balance.topup.0 += topup.0;
+        *balance = holds::give_back(
+            *balance,
+            Split {
+                subscription,
+                topup,
+            },
+        );
         Ok(true)
     }
 

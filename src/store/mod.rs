@@ -26,22 +26,26 @@ use crate::keys::KeyHash;
 use crate::protocol::Protocol;
 pub use crate::protocol::TokenUsage;
 
-mod idempotency;
 mod memory;
 pub(crate) mod outcome;
 mod records;
+pub(crate) mod rules;
 mod sea;
 
 pub use crate::call::IdempotencyKey;
-pub use idempotency::{DEFAULT_IDEMPOTENCY_WINDOW, KeptReply, MAX_KEPT_REPLY_BYTES};
-pub(crate) use idempotency::{KeyedCall, KeyedDecision, decide as decide_keyed, window_cutoff};
 pub use memory::MemoryStore;
 pub use outcome::DEFAULT_LEDGER_TIMEOUT;
 pub use records::{
     AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted,
     IdempotencyKeyReused, KeyInfo, KeyStatus, Lapse, Overdue, Sums,
 };
-pub use sea::{DEFAULT_ESCROW_IDLE, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
+pub use rules::idempotency::{DEFAULT_IDEMPOTENCY_WINDOW, KeptReply, MAX_KEPT_REPLY_BYTES};
+pub(crate) use rules::idempotency::{
+    KeyedCall, KeyedDecision, decide as decide_keyed, window_cutoff,
+};
+pub use sea::{
+    ChargingMode, DEFAULT_ESCROW_IDLE, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore,
+};
 
 /// What [`Ledger::reserve`] is asked to charge.
 #[derive(Debug, Clone, Copy)]
@@ -513,6 +517,11 @@ impl From<BalanceOverflow> for StoreError {
     fn from(overflow: BalanceOverflow) -> StoreError {
         StoreError(Box::new(overflow))
     }
+}
+
+/// The error for a write or a reservation on an account that does not exist.
+pub(crate) fn unknown_account(account: AccountId) -> StoreError {
+    StoreError::msg(format!("unknown account {}", account.0))
 }
 
 pub(crate) fn check_grant_amount(amount: Credits) -> Result<(), StoreError> {

@@ -378,15 +378,29 @@ pub async fn start_gateway(
     upstream: Upstream,
     max_body_bytes: usize,
 ) -> Gateway {
-    let router = model_gateway::Gateway::new(db.store.clone(), Arc::new(catalogue), upstream)
+    serve_router(gateway_router(db, catalogue, upstream, max_body_bytes)).await
+}
+
+/// The example gateway's router on `db`.
+pub fn gateway_router(
+    db: &TestDb,
+    catalogue: Catalogue,
+    upstream: Upstream,
+    max_body_bytes: usize,
+) -> axum::Router {
+    model_gateway::Gateway::new(db.store.clone(), Arc::new(catalogue), upstream)
         .body_limits(max_body_bytes)
-        .router();
-    serve_router(router).await
+        .router()
 }
 
 /// `router` served over real HTTP on an ephemeral port, as the example gateway serves it.
 pub async fn serve_router(router: axum::Router) -> Gateway {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_router_on(listener, router)
+}
+
+/// `router` served on `listener`, as the example gateway serves it.
+pub fn serve_router_on(listener: tokio::net::TcpListener, router: axum::Router) -> Gateway {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move {
         let limits = model_gateway::server::ServerLimits::default();

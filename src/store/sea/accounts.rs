@@ -10,8 +10,10 @@ use sea_orm::{
     PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 
-use super::entity::{account, api_key, call, credit_grant, escrow, subscription_lapse};
-use super::{SeaOrmStore, balance_of, locked_account, with_escrowed};
+use super::SeaOrmStore;
+use super::entity::{account, api_key, call, credit_grant, escrow};
+use super::lapses::lapse;
+use super::rows::{balance_of, locked_account, moment_value, with_escrowed};
 use crate::credits::{Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::{
@@ -57,87 +59,6 @@ fn summary(row: account::Model) -> AccountSummary {
         name: row.name,
         created_at: row.created_at,
     }
-}
-
-/// Takes out what is left of a locked account's subscription credits, if anything, recording
-/// it as lapsed at `period_end`: from its row and from every escrow row of the account (see
-/// [`SeaOrmStore::with_escrow`]). What the lapsing store's own calls hold stays: in memory on a
-/// file it owns (`held`, see [`SeaOrmStore::own_file`]), and in its escrow rows
-/// (`escrow_held`, by lease). Those calls were made within the period, and take it when they
-/// end. A call another instance holds against escrowed credits then ends unbilled.
-async fn lapse<C: ConnectionTrait>(
-    txn: &C,
-    row: &account::Model,
-    period_end: DateTime<Utc>,
-    held: Credits,
-    escrow_held: &[(i64, Credits)],
-) -> Result<Option<Lapse>, StoreError> {
-    let from_row = Ord::max(row.subscription_credits - held.0, 0);
-    let escrowed: Vec<escrow::Model> = escrow::Entity::find()
-        .filter(escrow::Column::AccountId.eq(row.id))
-        .filter(escrow::Column::SubscriptionCredits.gt(0))
-        .lock_exclusive()
-        .all(txn)
-        .await?;
-    // Each escrow row keeps what the lapsing store's calls hold on it.
-    let kept: Vec<(i64, i64)> = escrowed
-        .iter()
-        .map(|escrowed| {
-            let held = escrow_held
-                .iter()
-                .find(|(lease, _)| *lease == escrowed.instance_id)
-                .map_or(0, |(_, held)| held.0);
-            (
-                escrowed.instance_id,
-                Ord::min(escrowed.subscription_credits, held),
-            )
-        })
-        .collect();
-    let from_escrow: i64 = escrowed
-        .iter()
-        .map(|row| row.subscription_credits)
-        .sum::<i64>()
-        - kept.iter().map(|(_, kept)| kept).sum::<i64>();
-    let left = from_row + from_escrow;
-    if left <= 0 {
-        return Ok(None);
-    }
-    if from_row > 0 {
-        let emptied = account::Entity::update_many()
-            .col_expr(account::Column::SubscriptionCredits, Expr::value(held.0))
-            .filter(account::Column::Id.eq(row.id))
-            .filter(account::Column::SubscriptionCredits.eq(row.subscription_credits))
-            .exec(txn)
-            .await?;
-        if emptied.rows_affected != 1 {
-            return Err(StoreError::msg(format!(
-                "account {} changed under its lock",
-                row.id
-            )));
-        }
-    }
-    for (lease, kept) in kept {
-        escrow::Entity::update_many()
-            .col_expr(escrow::Column::SubscriptionCredits, Expr::value(kept))
-            .filter(escrow::Column::AccountId.eq(row.id))
-            .filter(escrow::Column::InstanceId.eq(lease))
-            .exec(txn)
-            .await?;
-    }
-    subscription_lapse::ActiveModel {
-        id: NotSet,
-        account_id: Set(row.id),
-        amount: Set(left),
-        period_end: Set(period_end),
-        created_at: Set(Utc::now()),
-    }
-    .insert(txn)
-    .await?;
-    Ok(Some(Lapse {
-        account: AccountId(row.id),
-        amount: Credits(left),
-        period_end,
-    }))
 }
 
 /// `text` for a `LIKE` pattern, its wildcards taken literally.
@@ -327,7 +248,7 @@ impl Accounts for SeaOrmStore {
             .col_expr(api_key::Column::Models, Expr::value(models))
             .col_expr(
                 api_key::Column::ExpiresAt,
-                Expr::value(super::moment_value(
+                Expr::value(moment_value(
                     self.db.get_database_backend(),
                     rules.expires_at,
                 )),
@@ -425,7 +346,7 @@ impl Accounts for SeaOrmStore {
             account::Entity::update_many()
                 .col_expr(
                     account::Column::SubscriptionEndsAt,
-                    Expr::value(super::moment_value(txn.get_database_backend(), period_end)),
+                    Expr::value(moment_value(txn.get_database_backend(), period_end)),
                 )
                 .filter(account::Column::Id.eq(account.0))
                 .exec(&txn)
@@ -628,6 +549,15 @@ impl Accounts for SeaOrmStore {
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
+        // Calls are refused (503) under a lease that could not be renewed in time: on a
+        // database server, the renewals are the writes a full disk or a lost primary stops.
+        self.lease.for_reservation()?;
+        if self.committer.halted() {
+            return Err(StoreError::msg(
+                "a ledger flush (fsync) failed: the committer refuses every write until the \
+                 gateway restarts",
+            ));
+        }
         // A store that cannot be reached makes the pool wait for its connect time-out: answer
         // within a few seconds either way.
         let probe = async {
@@ -644,5 +574,24 @@ impl Accounts for SeaOrmStore {
                 super::READY_WITHIN
             ))),
         }
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_store_whose_committer_a_failed_flush_stopped_is_not_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("ledger.db").display()
+        );
+        let store = SeaOrmStore::connect(&url).await.unwrap();
+        store.ready().await.unwrap();
+        store.committer.halt();
+        let refused = store.ready().await.unwrap_err();
+        assert!(refused.to_string().contains("flush"), "{refused}");
     }
 }

@@ -10,78 +10,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Utc};
 
 use super::holds::{HeldCall, HoldChanges, Holds};
+use super::writes::{AccountRead, Outcome, OwnedCharge, Wanted, Write, unknown_account};
 use crate::credits::{Balance, Credits, Split};
-use crate::protocol::Protocol;
+use crate::store::rules::holds;
+use crate::store::rules::reserve::{Payer, decide_reserve};
 use crate::store::{
-    AccountId, CallFailure, CallId, CallStatus, CallSuccess, Caller, ChargeRequest, Reservation,
-    ReserveError, StoreError,
+    AccountId, CallFailure, CallId, CallStatus, CallSuccess, Reservation, ReserveError, StoreError,
 };
-
-/// A [`ChargeRequest`] that can wait in a queue.
-#[derive(Debug, Clone)]
-pub(super) struct OwnedCharge {
-    pub(super) caller: Caller,
-    pub(super) protocol: Protocol,
-    pub(super) model: String,
-    pub(super) price: Credits,
-    pub(super) request_id: Option<String>,
-    pub(super) at: DateTime<Utc>,
-    /// The lease of the instance making the reservation (recorded on its entry).
-    pub(super) instance: Option<i64>,
-}
-
-impl From<ChargeRequest<'_>> for OwnedCharge {
-    fn from(request: ChargeRequest<'_>) -> OwnedCharge {
-        OwnedCharge {
-            caller: request.caller,
-            protocol: request.protocol,
-            model: request.model.to_owned(),
-            price: request.price,
-            request_id: request.request_id.map(str::to_owned),
-            at: request.at,
-            instance: None,
-        }
-    }
-}
-
-/// One ledger write waiting for its batch.
-#[derive(Debug)]
-pub(super) enum Write {
-    Reserve(OwnedCharge),
-    Settle(CallId, CallSuccess),
-    Refund(CallId, CallFailure),
-}
-
-impl Write {
-    /// Whether, on a file its store owns, this write holds back reservations decided at once
-    /// while it waits for the committer (see `holds::State::queued`). A reservation or a
-    /// refund changes what an account has to spend; a settle only turns held credits into a
-    /// debit, so what later reservations see does not wait on it.
-    pub(super) fn holds_back_reservations(&self) -> bool {
-        matches!(self, Write::Reserve(_) | Write::Refund(..))
-    }
-}
-
-/// What one write came to, once its batch is written (and, for the caller to hear it,
-/// committed).
-#[derive(Debug)]
-pub(super) enum Outcome {
-    Reserved(Result<Reservation, ReserveError>),
-    /// A settle or refund: `true` if it finished a `pending` entry.
-    Finished(bool),
-}
-
-/// The rows a batch must read before it decides: the entries its settles and refunds finish,
-/// the accounts its reservations charge (refunds add their entries' accounts) and its callers'
-/// keys.
-#[derive(Debug, Default)]
-pub(super) struct Wanted {
-    pub(super) entries: BTreeSet<i64>,
-    pub(super) accounts: BTreeSet<i64>,
-    pub(super) keys: BTreeSet<i64>,
-    /// How many reservations the batch holds (each may need a new entry).
-    pub(super) reservations: usize,
-}
 
 impl Wanted {
     /// What `writes` need read; a call held in `holds` needs its account, not an entry.
@@ -119,13 +54,6 @@ pub(super) struct Reads {
     pub(super) entries: BTreeMap<i64, Entry>,
     pub(super) accounts: BTreeMap<i64, AccountRead>,
     pub(super) active_keys: BTreeSet<i64>,
-}
-
-/// An account as a batch reads it: its balance, and when its subscription credits end.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct AccountRead {
-    pub(super) balance: Balance,
-    pub(super) subscription_ends_at: Option<DateTime<Utc>>,
 }
 
 /// A call-log entry that a settle or refund may finish.
@@ -334,18 +262,16 @@ impl<'a> Plan<'a> {
         held: &'a HeldCall,
     ) -> Result<Decision, StoreError> {
         let state = self.account(held.account)?;
-        state.held = state.held.minus(held.taken);
+        state.held = holds::release(state.held, held.taken);
         let (finish, decision) = match write {
-            Write::Settle(_, success) => {
-                let row = state.row.minus(held.taken);
-                if row.subscription.0 >= 0 && row.topup.0 >= 0 {
+            Write::Settle(_, success) => match holds::debit_held(state.row, held.taken) {
+                Some(row) => {
                     state.row = row;
                     state.change = state.change.minus(held.taken);
                     (Finish::Settled(success), Decision::Finished(true))
-                } else {
-                    (Finish::CreditsGone(success), Decision::Finished(false))
                 }
-            }
+                None => (Finish::CreditsGone(success), Decision::Finished(false)),
+            },
             Write::Refund(_, failure) => (Finish::Refunded(failure), Decision::Finished(true)),
             Write::Reserve(_) => unreachable!("a reservation holds no call yet"),
         };
@@ -355,18 +281,18 @@ impl<'a> Plan<'a> {
 
     fn reserve(&mut self, charge: &'a OwnedCharge, active_keys: &BTreeSet<i64>) -> Decision {
         let account = charge.caller.account;
-        if !active_keys.contains(&charge.caller.key.0) {
-            return Decision::Refused(ReserveError::KeyRevoked);
-        }
+        let key_active = active_keys.contains(&charge.caller.key.0);
         let holding = self.hold_new;
-        let Some(state) = self.accounts.get_mut(&account.0) else {
-            return Decision::Refused(unknown_account(account).into());
+        let payer = self.accounts.get(&account.0).map(AccountState::payer);
+        let taken = match decide_reserve(key_active, payer, charge.at, charge.price) {
+            Ok(taken) => taken,
+            Err(refusal) => return Decision::Refused(refusal.into_error(account)),
         };
-        let Some(taken) = state.spendable(charge.at).split_charge(charge.price) else {
-            return Decision::Refused(ReserveError::InsufficientCredits);
+        let Some(state) = self.accounts.get_mut(&account.0) else {
+            unreachable!("decide_reserve found the account")
         };
         if holding {
-            state.held = state.held.plus(taken);
+            state.held = holds::hold(state.held, taken);
         } else {
             state.take(taken);
         }
@@ -429,22 +355,22 @@ impl<'a> Plan<'a> {
 }
 
 impl AccountState {
-    /// What a call made at `at` may spend: the row less what is held (a bucket that another
-    /// connection emptied under its holds has nothing to spend), and nothing of a subscription
-    /// whose period has ended.
-    fn spendable(&self, at: DateTime<Utc>) -> Balance {
-        self.row
-            .free_of(self.held)
-            .spendable(self.subscription_ends_at, at)
+    /// What a reservation sees of this account (see [`decide_reserve`]).
+    fn payer(&self) -> Payer {
+        Payer {
+            balance: self.row,
+            held: self.held,
+            subscription_ends_at: self.subscription_ends_at,
+        }
     }
 
     fn take(&mut self, split: Split) {
-        self.row = self.row.minus(split);
+        self.row = holds::take(self.row, split);
         self.change = self.change.minus(split);
     }
 
     fn give_back(&mut self, split: Split) {
-        self.row = self.row.plus(split);
+        self.row = holds::give_back(self.row, split);
         self.change = self.change.plus(split);
     }
 }
@@ -455,9 +381,4 @@ pub(super) fn split(subscription: i64, topup: i64) -> Split {
         subscription: Credits(subscription),
         topup: Credits(topup),
     }
-}
-
-/// The error for a write on an account that does not exist.
-pub(super) fn unknown_account(account: AccountId) -> StoreError {
-    StoreError::msg(format!("unknown account {}", account.0))
 }

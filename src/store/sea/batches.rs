@@ -6,9 +6,9 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::mpsc;
 
-use super::batch::{Outcome, Write};
 use super::flush::Durability;
 use super::jobs::{Counters, Failure, Job};
+use super::writes::{Outcome, Write};
 use crate::store::{CallId, StoreError};
 
 /// What a committer loop does with each batch, whichever way it writes it: counts it, and
@@ -145,9 +145,9 @@ mod tests {
     use super::*;
     use crate::credits::{Credits, Split};
     use crate::protocol::Protocol;
-    use crate::store::sea::batch::OwnedCharge;
     use crate::store::sea::flush::{FlushRules, Flusher};
     use crate::store::sea::jobs::Reply;
+    use crate::store::sea::writes::OwnedCharge;
     use crate::store::{AccountId, CallId, Caller, KeyId};
     use crate::store::{CallFailure, CallSuccess, Reservation, ReserveError};
     use oneshot::error::TryRecvError;

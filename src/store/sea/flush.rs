@@ -29,13 +29,13 @@
 //! [`postgres_flush_allowed`]) has no flusher and commits each batch synchronously.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, RuntimeErr};
 use tokio::sync::mpsc;
 
-use super::batch::Outcome;
 use super::jobs::{Counters, Job};
+use super::writes::Outcome;
 use crate::store::{CallId, StoreError};
 
 /// Writes of one committed batch that wait for a flush, with their outcomes.
@@ -53,9 +53,9 @@ pub(super) enum Durability {
     Flushed {
         flusher: mpsc::UnboundedSender<Committed>,
         reservations_wait: bool,
-        // Read only where a failed flush halts the committer: SQLite.
+        /// Whose `halted` says a failed flush stopped the committer (read only on `SQLite`).
         #[cfg_attr(not(any(test, feature = "sqlite")), allow(dead_code))]
-        halted: Arc<AtomicBool>,
+        stats: Arc<Counters>,
     },
 }
 
@@ -97,7 +97,7 @@ impl Durability {
     pub(super) fn halted(&self) -> bool {
         match self {
             Durability::AtCommit => false,
-            Durability::Flushed { halted, .. } => halted.load(Ordering::Acquire),
+            Durability::Flushed { stats, .. } => stats.halted.load(Ordering::Acquire),
         }
     }
 }
@@ -115,7 +115,6 @@ pub(super) enum FlushRules {
 pub(super) struct Flusher {
     queue: mpsc::UnboundedReceiver<Committed>,
     stats: Arc<Counters>,
-    halted: Arc<AtomicBool>,
     halt_on_failure: bool,
     waiting: Vec<Committed>,
 }
@@ -126,16 +125,14 @@ impl Flusher {
         let reservations_wait = rules == FlushRules::Postgres;
         let halt_on_failure = rules == FlushRules::SqliteFile;
         let (sender, queue) = mpsc::unbounded_channel();
-        let halted = Arc::new(AtomicBool::new(false));
         let durability = Durability::Flushed {
             flusher: sender,
             reservations_wait,
-            halted: halted.clone(),
+            stats: stats.clone(),
         };
         let flusher = Flusher {
             queue,
             stats,
-            halted,
             halt_on_failure,
             waiting: Vec::new(),
         };
@@ -176,7 +173,7 @@ impl Flusher {
             }
             Err(error) => {
                 if self.halt_on_failure {
-                    self.halted.store(true, Ordering::Release);
+                    self.stats.halted.store(true, Ordering::Release);
                 }
                 tracing::error!(%error, halted = self.halt_on_failure, "ledger flush failed; its writes are in doubt");
                 let mut refused = Vec::new();

@@ -15,12 +15,12 @@ use std::sync::Arc;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend};
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{Outcome, OwnedCharge, Write};
 use super::batches::Batches;
 use super::flush::{self, Durability, FlushRules, Flusher};
 use super::holds::State;
 use super::jobs::{Counters, Failure, GroupCommitStats, Job, Kept, Reply, begin_write, stopped};
 use super::ledger_ops::apply_in;
+use super::writes::{Outcome, OwnedCharge, Write};
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
 /// Most ledger writes one transaction carries.
@@ -100,6 +100,19 @@ impl Committer {
 
     pub(super) fn stats(&self) -> GroupCommitStats {
         self.stats.snapshot()
+    }
+
+    /// Whether a failed flush stopped this committer for good: every write is refused.
+    pub(super) fn halted(&self) -> bool {
+        self.stats.halted.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the committer stopped, as a failed flush does.
+    #[cfg(test)]
+    pub(super) fn halt(&self) {
+        self.stats
+            .halted
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Queues a write with its reply channel; the answer comes on the returned receiver.

@@ -21,9 +21,10 @@ use std::collections::{HashMap, VecDeque};
 
 use chrono::{DateTime, Utc};
 
-use super::batch::{AccountRead, OwnedCharge, Wanted, Write};
 use super::jobs::Kept;
+use super::writes::{AccountRead, OwnedCharge, Wanted, Write};
 use crate::credits::{Balance, Split};
+use crate::store::rules;
 
 /// A call whose credits are held in memory.
 #[derive(Debug, Clone)]
@@ -148,7 +149,7 @@ impl Holds {
     pub(super) fn apply(&mut self, changes: HoldChanges) {
         for (id, held) in changes.added {
             let on = self.accounts.entry(held.account).or_default();
-            *on = on.plus(held.taken);
+            *on = rules::holds::hold(*on, held.taken);
             self.calls.insert(id, held);
         }
         for id in changes.ended {
@@ -156,7 +157,7 @@ impl Holds {
                 continue;
             };
             if let Some(on) = self.accounts.get_mut(&held.account) {
-                *on = on.minus(held.taken);
+                *on = rules::holds::release(*on, held.taken);
                 if *on == Balance::default() {
                     self.accounts.remove(&held.account);
                 }

@@ -1,7 +1,7 @@
 //! Calls with an idempotency key, on the sea-orm backend: their reservations and settles leave
 //! the group commit for one transaction each of their own, on the pool, so that the key's
 //! record is read and written in the very transaction that moves the money (the rule is
-//! `store::idempotency`'s).
+//! `store::rules::idempotency`'s).
 //!
 //! - **reserve**: lock the account (as a batch does), check the key is active, read the key's
 //!   record and the status of its call (no row lock: see `record`), decide; then reserve through the same statements as a
@@ -23,11 +23,12 @@ use sea_orm::{
     ColumnTrait, DatabaseConnection, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect,
 };
 
-use super::batch::{Outcome, OwnedCharge, Write};
 use super::entity::{api_key, call, idempotent_call};
 use super::holds::Holds;
 use super::jobs::begin_write;
-use super::{ledger_ops, locked_account};
+use super::ledger_ops;
+use super::rows::locked_account;
+use super::writes::{Outcome, OwnedCharge, Write};
 use crate::store::{
     AccountId, CallId, CallStatus, CallSuccess, IdempotencyKey, KeptReply, KeyedCall,
     KeyedDecision, Reservation, ReserveError, StoreError, decide_keyed, window_cutoff,

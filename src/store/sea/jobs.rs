@@ -3,7 +3,7 @@
 //! write and its reply, the counters, why a batch failed, and how a write transaction begins.
 //! It imports none of them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sea_orm::{
     DatabaseConnection, DatabaseTransaction, DbErr, SqliteTransactionMode, TransactionOptions,
@@ -11,7 +11,7 @@ use sea_orm::{
 };
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{Outcome, Write};
+use super::writes::{Outcome, Write};
 use crate::store::{CallFailure, CallId, Reservation, ReserveError, StoreError};
 
 /// A write and where its answer goes.
@@ -49,6 +49,8 @@ pub(super) struct Counters {
     pub(super) writes: AtomicU64,
     pub(super) rolled_back: AtomicU64,
     pub(super) flushes: AtomicU64,
+    /// A failed flush stopped the committer for good (`SQLite`; see [`super::flush`]).
+    pub(super) halted: AtomicBool,
 }
 
 impl Counters {

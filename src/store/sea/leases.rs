@@ -260,7 +260,7 @@ pub(super) async fn end(
 }
 
 /// On a `SQLite` file, ends the leases that hold at `now` but whose holder is dead.
-async fn end_dead_holders(
+pub(super) async fn end_dead_holders(
     db: &DatabaseConnection,
     sqlite_file: Option<&Path>,
     held: &HeldLease,
@@ -285,17 +285,13 @@ async fn end_dead_holders(
     Ok(())
 }
 
-/// `pending` entries made under a lease that does not hold at `now`, oldest first. Escrow held
-/// under such a lease is given back to its accounts first (see `super::escrow`).
+/// `pending` entries made under a lease that does not hold at `now`, oldest first (call
+/// [`end_dead_holders`] first, and give back the escrow of ended leases).
 pub(super) async fn orphaned(
     db: &DatabaseConnection,
-    sqlite_file: Option<&Path>,
-    held: &HeldLease,
     now: DateTime<Utc>,
     limit: u64,
 ) -> Result<Vec<CallId>, StoreError> {
-    end_dead_holders(db, sqlite_file, held, now).await?;
-    super::escrow::give_back_ended(db, now, None).await?;
     let ids: Vec<i64> = call::Entity::find()
         .select_only()
         .column(call::Column::Id)

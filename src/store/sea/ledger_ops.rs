@@ -25,11 +25,10 @@ use sea_orm::{
     Set, Statement,
 };
 
-use super::batch::{
-    AccountRead, Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split,
-};
+use super::batch::{Entry, Finish, NewEntry, Plan, Reads, split};
 use super::entity::{account, api_key, call};
 use super::holds::Holds;
+use super::writes::{AccountRead, Outcome, Wanted, Write};
 use crate::credits::{Balance, Credits};
 use crate::store::{CallStatus, StoreError};
 

@@ -22,26 +22,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use chrono::Utc;
-use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ColumnTrait, ConnectOptions, ConnectionTrait, Database, DatabaseConnection,
-    DatabaseTransaction, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbErr,
     TransactionTrait,
 };
 use sea_orm_migration::MigratorTrait;
 
-use super::{
-    AccountAudit, AccountId, ActiveKey, CallFailure, CallId, CallLog, CallQuery, CallRecord,
-    CallStatus, CallSuccess, Caller, ChargeRequest, DailyUsage, KeyId, KeyStore, Ledger,
-    Reservation, ReserveError, StoreError, Sums,
-};
-use crate::credits::{Balance, Bucket, Credits};
-use crate::keys::KeyHash;
-use crate::protocol::Protocol;
+use super::{AccountId, Reservation, ReserveError, StoreError};
+use crate::credits::Balance;
 
 mod accounts;
+mod audit;
 mod batch;
 mod batches;
 mod entity;
@@ -54,23 +46,35 @@ mod holds;
 mod idempotent;
 mod jobs;
 mod key_cache;
+mod lapses;
 mod leases;
+mod ledger;
 mod ledger_ops;
 mod migration;
+mod mode;
+mod reads;
+mod rows;
 #[cfg(feature = "sqlite")]
 mod sqlite_direct;
+mod upkeep;
+mod writes;
 
-use batch::{OwnedCharge, Write, unknown_account};
-use entity::{account, api_key, call, credit_grant, subscription_lapse};
 pub use escrow::DEFAULT_ESCROW_IDLE;
 use group_commit::Committer;
 pub use group_commit::DEFAULT_MAX_BATCH;
 pub use jobs::GroupCommitStats;
 #[cfg(feature = "sqlite")]
+use jobs::Reply;
+#[cfg(feature = "sqlite")]
 use jobs::SQLITE_BUSY_TIMEOUT;
-use jobs::{Reply, begin_write};
+use jobs::begin_write;
 use key_cache::KeyCache;
 pub use migration::Migrator;
+pub use mode::ChargingMode;
+use rows::with_escrowed;
+use writes::OwnedCharge;
+#[cfg(feature = "sqlite")]
+use writes::Write;
 
 /// How long a readiness check waits for the database.
 const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
@@ -209,8 +213,8 @@ impl SeaOrmStore {
     /// failed: the account never goes below zero.
     ///
     /// A call with an idempotency key is still reserved in the database (see
-    /// [`Ledger::reserve`]), and so are calls while their store does not own the file. While
-    /// held, a call has no call-log entry; [`Ledger::balance`] counts it as spent.
+    /// [`Ledger::reserve`](crate::store::Ledger::reserve)), and so are calls while their store does not own the file. While
+    /// held, a call has no call-log entry; [`Ledger::balance`](crate::store::Ledger::balance) counts it as spent.
     ///
     /// # Errors
     ///
@@ -464,118 +468,6 @@ impl SeaOrmStore {
         self.keys = Arc::new(KeyCache::with_ttl(ttl));
         self
     }
-
-    async fn audit_accounts(&self) -> Result<Vec<AccountAudit>, StoreError> {
-        let mut audits: Vec<AccountAudit> = account::Entity::find()
-            .order_by_asc(account::Column::Id)
-            .all(&self.db)
-            .await?
-            .into_iter()
-            .map(|row| AccountAudit {
-                account: AccountId(row.id),
-                balance: balance_of(&row),
-                granted: Sums::default(),
-                charged: Sums::default(),
-                lapsed: 0,
-            })
-            .collect();
-        let index = |audits: &[AccountAudit], id: i64| {
-            audits.binary_search_by_key(&AccountId(id), |audit| audit.account)
-        };
-        // Escrowed credits are the account's (see `with_escrow`).
-        for (account, escrowed) in escrow::escrowed(&self.db, None).await? {
-            let Ok(at) = index(&audits, account) else {
-                return Err(StoreError::msg(format!(
-                    "escrow for missing account {account}"
-                )));
-            };
-            audits[at].balance = with_escrowed(audits[at].balance, escrowed);
-        }
-
-        // Sums of many 64-bit amounts may pass 64 bits (SQLite then fails, PostgreSQL cannot
-        // cast back): each is summed as its high and low 32 bits, which fit for up to 2^31
-        // rows, and put together here exactly. SUM widens to a decimal on some databases;
-        // bring each half back to a 64-bit integer.
-        let integer = match self.db.get_database_backend() {
-            sea_orm::DbBackend::MySql => "SIGNED",
-            _ => "BIGINT",
-        };
-        let sum = |column: &str, half: &str| {
-            let part = match half {
-                "high" => format!("({column} >> 32)"),
-                _ => format!("({column} & 4294967295)"),
-            };
-            Expr::cust(format!("CAST(COALESCE(SUM({part}), 0) AS {integer})"))
-        };
-        let exact = |high: i64, low: i64| (i128::from(high) << 32) + i128::from(low);
-        let grants: Vec<(i64, String, i64, i64)> = credit_grant::Entity::find()
-            .select_only()
-            .column(credit_grant::Column::AccountId)
-            .column(credit_grant::Column::Bucket)
-            .column_as(sum("amount", "high"), "high")
-            .column_as(sum("amount", "low"), "low")
-            .group_by(credit_grant::Column::AccountId)
-            .group_by(credit_grant::Column::Bucket)
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        for (account, bucket, high, low) in grants {
-            let Ok(at) = index(&audits, account) else {
-                return Err(StoreError::msg(format!(
-                    "grant for missing account {account}"
-                )));
-            };
-            match Bucket::parse(&bucket) {
-                Some(Bucket::Subscription) => audits[at].granted.subscription = exact(high, low),
-                Some(Bucket::Topup) => audits[at].granted.topup = exact(high, low),
-                None => return Err(StoreError::msg(format!("unknown bucket {bucket}"))),
-            }
-        }
-
-        let charges: Vec<(i64, i64, i64, i64, i64)> = call::Entity::find()
-            .select_only()
-            .column(call::Column::AccountId)
-            .column_as(sum("charged_subscription", "high"), "subscription_high")
-            .column_as(sum("charged_subscription", "low"), "subscription_low")
-            .column_as(sum("charged_topup", "high"), "topup_high")
-            .column_as(sum("charged_topup", "low"), "topup_low")
-            .filter(
-                call::Column::Status.is_in([CallStatus::Ok.as_str(), CallStatus::Pending.as_str()]),
-            )
-            .group_by(call::Column::AccountId)
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        for (account, subscription_high, subscription_low, topup_high, topup_low) in charges {
-            let Ok(at) = index(&audits, account) else {
-                return Err(StoreError::msg(format!(
-                    "call for missing account {account}"
-                )));
-            };
-            audits[at].charged = Sums {
-                subscription: exact(subscription_high, subscription_low),
-                topup: exact(topup_high, topup_low),
-            };
-        }
-        let lapses: Vec<(i64, i64, i64)> = subscription_lapse::Entity::find()
-            .select_only()
-            .column(subscription_lapse::Column::AccountId)
-            .column_as(sum("amount", "high"), "high")
-            .column_as(sum("amount", "low"), "low")
-            .group_by(subscription_lapse::Column::AccountId)
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        for (account, high, low) in lapses {
-            let Ok(at) = index(&audits, account) else {
-                return Err(StoreError::msg(format!(
-                    "lapse for missing account {account}"
-                )));
-            };
-            audits[at].lapsed = exact(high, low);
-        }
-        Ok(audits)
-    }
 }
 
 /// The file behind a `sqlite:` URL; `None` for other databases and in-memory `SQLite` (which a
@@ -654,377 +546,6 @@ async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     session.commit().await
 }
 
-/// A moment as a statement value that every backend keeps whole. On `MySQL` it is a plain
-/// `DATETIME` in UTC: sqlx sends a `DateTime<Utc>` as a `TIMESTAMP`, which `MariaDB` stores as
-/// `NULL` past 2038-01-19 (a key's expiry or a subscription's end set that far would vanish).
-fn moment_value(backend: sea_orm::DbBackend, at: Option<chrono::DateTime<Utc>>) -> sea_orm::Value {
-    match backend {
-        sea_orm::DbBackend::MySql => at.map(|at| at.naive_utc()).into(),
-        _ => at.into(),
-    }
-}
-
 /// How long a pooled connection may sit idle before it is tested on checkout (see
 /// [`SeaOrmStore::connect_with`]).
 const PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// An account row's balance with its escrowed credits (see [`SeaOrmStore::with_escrow`]).
-/// Saturates: a total past the largest balance is reported by the audit, not wrapped.
-fn with_escrowed(row: Balance, escrowed: Balance) -> Balance {
-    Balance {
-        subscription: Credits(row.subscription.0.saturating_add(escrowed.subscription.0)),
-        topup: Credits(row.topup.0.saturating_add(escrowed.topup.0)),
-    }
-}
-
-fn balance_of(row: &account::Model) -> Balance {
-    Balance {
-        subscription: Credits(row.subscription_credits),
-        topup: Credits(row.topup_credits),
-    }
-}
-
-async fn locked_account<C: ConnectionTrait>(
-    txn: &C,
-    account: AccountId,
-) -> Result<account::Model, StoreError> {
-    account::Entity::find_by_id(account.0)
-        .lock_exclusive()
-        .one(txn)
-        .await?
-        .ok_or_else(|| unknown_account(account))
-}
-
-#[async_trait]
-impl KeyStore for SeaOrmStore {
-    /// Answers from the store's cache of active keys when it can (see [`Ledger::reserve`] for
-    /// how a key revoked since is refused).
-    async fn active_key(&self, key: &KeyHash) -> Result<Option<ActiveKey>, StoreError> {
-        if let Some(active) = self.keys.get(key) {
-            return Ok(Some(active));
-        }
-        let found = api_key::Entity::find()
-            .filter(api_key::Column::KeyHash.eq(key.as_str()))
-            .filter(api_key::Column::RevokedAt.is_null())
-            .one(&self.db)
-            .await?;
-        let Some(row) = found else {
-            return Ok(None);
-        };
-        let active = ActiveKey {
-            caller: Caller {
-                account: AccountId(row.account_id),
-                key: KeyId(row.id),
-            },
-            rules: accounts::key_rules(&row)?,
-        };
-        self.keys.remember(key, active.clone());
-        Ok(Some(active))
-    }
-}
-
-#[async_trait]
-impl Ledger for SeaOrmStore {
-    async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
-        let mut charge = OwnedCharge::from(request);
-        charge.instance = self.lease.for_reservation()?;
-        let reserved = match request.idempotency {
-            Some(key) => {
-                // Held reservations count as spent: none may change while this one is decided.
-                let holds = self.freeze_holds().await;
-                let window = self.idempotency_window;
-                let account = charge.caller.account.0;
-                // A keyed call is reserved in the database: subscription credits in this
-                // instance's escrow go back first, to be spent before the row's top-up credits.
-                if let (Some(escrow), Some(lease)) = (&self.escrow, charge.instance)
-                    && escrow.has_free_subscription(lease, account)
-                {
-                    escrow.give_back(lease, Some(account)).await?;
-                }
-                let reserve =
-                    || idempotent::reserve(&self.db, charge.clone(), key, window, holds.as_deref());
-                let mut reserved = reserve().await;
-                if let (Err(ReserveError::InsufficientCredits), Some(escrow), Some(lease)) =
-                    (&reserved, &self.escrow, charge.instance)
-                {
-                    // The account's credits may be in this instance's escrow: give back what is
-                    // free there and try once more; then in other instances' (an escrow instance
-                    // owns no file, so nothing is frozen while they are recalled).
-                    escrow.give_back(lease, Some(account)).await?;
-                    reserved = reserve().await;
-                    if let Err(ReserveError::InsufficientCredits) = reserved
-                        && escrow.recall(account, lease).await?
-                    {
-                        reserved = reserve().await;
-                    }
-                }
-                reserved
-            }
-            None => self.reserve_unkeyed(charge).await,
-        };
-        if let Err(ReserveError::KeyRevoked) = reserved {
-            self.keys.forget_id(request.caller.key);
-        }
-        reserved
-    }
-
-    async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
-        if let Some(escrow) = self.escrow.as_ref().filter(|escrow| escrow.holds(call)) {
-            return escrow.settle(call, success).await;
-        }
-        let Some(owned) = &self.owned else {
-            if success.reply.is_some() {
-                return idempotent::settle(&self.db, call, success).await;
-            }
-            return self.committer.settle(call, success).await;
-        };
-        // Queued under the holds' lock, in order with reservations and refunds (see
-        // `reserve_unkeyed`).
-        let slot = self.committer.slot().await?;
-        let answer = {
-            let mut state = owned.holds.lock();
-            // A keyed call, reserved in the database: a held one has no key, and so no record
-            // to keep its reply in, and the committer settles it.
-            if success.reply.is_some() && state.holds.call(call.0).is_none() {
-                Err(success)
-            } else {
-                Ok(slot.queue(&mut state, Write::Settle(call, success), Reply::Finish))
-            }
-        };
-        match answer {
-            Ok(answer) => answer.wait().await,
-            Err(success) => idempotent::settle(&self.db, call, success).await,
-        }
-    }
-
-    async fn forget_idempotent_calls(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {
-        idempotent::forget(&self.db, now, self.idempotency_window).await
-    }
-
-    async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
-        if let Some(escrow) = self.escrow.as_ref().filter(|escrow| escrow.holds(call)) {
-            return escrow.refund(call, failure).await;
-        }
-        if let Some(owned) = &self.owned {
-            // Queued under the holds' lock: see `reserve_unkeyed`.
-            let slot = self.committer.slot().await?;
-            let answer = {
-                let mut state = owned.holds.lock();
-                let refund = Write::Refund(call, failure.clone());
-                slot.queue(&mut state, refund, Reply::Finish)
-            };
-            return answer.wait().await;
-        }
-        self.committer.refund(call, failure.clone()).await
-    }
-
-    async fn pending_for_request(
-        &self,
-        account: AccountId,
-        request_id: &str,
-    ) -> Result<Vec<CallId>, StoreError> {
-        let ids: Vec<i64> = call::Entity::find()
-            .select_only()
-            .column(call::Column::Id)
-            .filter(call::Column::AccountId.eq(account.0))
-            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
-            .filter(call::Column::RequestId.eq(request_id))
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        Ok(ids.into_iter().map(CallId).collect())
-    }
-
-    async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {
-        let status: Option<String> = call::Entity::find_by_id(call.0)
-            .select_only()
-            .column(call::Column::Status)
-            .into_tuple()
-            .one(&self.db)
-            .await?;
-        status
-            .map(|status| {
-                CallStatus::parse(&status)
-                    .ok_or_else(|| StoreError::msg(format!("unknown status {status}")))
-            })
-            .transpose()
-    }
-
-    async fn stale_reservations(
-        &self,
-        cutoff: chrono::DateTime<Utc>,
-        limit: u64,
-    ) -> Result<Vec<CallId>, StoreError> {
-        let ids: Vec<i64> = call::Entity::find()
-            .select_only()
-            .column(call::Column::Id)
-            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
-            .filter(call::Column::CreatedAt.lt(cutoff))
-            .filter(leases::unprotected(Utc::now()))
-            .order_by_asc(call::Column::CreatedAt)
-            .limit(limit)
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        Ok(ids.into_iter().map(CallId).collect())
-    }
-
-    async fn balance(&self, account: AccountId) -> Result<Balance, StoreError> {
-        let row = async || {
-            account::Entity::find_by_id(account.0)
-                .one(&self.db)
-                .await?
-                .map(|row| balance_of(&row))
-                .ok_or_else(|| unknown_account(account))
-        };
-        if let Some(holds) = self.freeze_holds().await {
-            return Ok(holds.net(account.0, row().await?));
-        }
-        self.with_escrow_of(&self.db, account, row().await?).await
-    }
-}
-
-fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
-    let protocol = Protocol::parse(&row.protocol)
-        .ok_or_else(|| StoreError::msg(format!("unknown protocol {}", row.protocol)))?;
-    let status = CallStatus::parse(&row.status)
-        .ok_or_else(|| StoreError::msg(format!("unknown status {}", row.status)))?;
-    Ok(CallRecord {
-        id: CallId(row.id),
-        account: AccountId(row.account_id),
-        key: KeyId(row.key_id),
-        protocol,
-        model: row.model,
-        price: Credits(row.price),
-        charged_subscription: Credits(row.charged_subscription),
-        charged_topup: Credits(row.charged_topup),
-        status,
-        upstream_status: row.upstream_status.and_then(|s| u16::try_from(s).ok()),
-        channel: row.upstream_channel,
-        upstream_error: row.upstream_error,
-        input_tokens: row.input_tokens,
-        output_tokens: row.output_tokens,
-        created_at: row.created_at,
-        finished_at: row.finished_at,
-        request_id: row.request_id,
-    })
-}
-
-#[async_trait]
-impl super::Leases for SeaOrmStore {
-    async fn take_lease(
-        &self,
-        now: chrono::DateTime<Utc>,
-        ttl: std::time::Duration,
-    ) -> Result<Option<super::LeaseId>, StoreError> {
-        leases::take(&self.db, self.sqlite_file.as_deref(), &self.lease, now, ttl)
-            .await
-            .map(Some)
-    }
-
-    async fn renew_lease(
-        &self,
-        now: chrono::DateTime<Utc>,
-        ttl: std::time::Duration,
-    ) -> Result<bool, StoreError> {
-        leases::renew(&self.db, &self.lease, now, ttl).await
-    }
-
-    async fn release_lease(&self) -> Result<(), StoreError> {
-        if let (Some(escrow), Some(lease)) = (&self.escrow, self.lease.current()) {
-            escrow.give_back(lease, None).await?;
-        }
-        leases::release(&self.db, &self.lease).await
-    }
-
-    async fn orphaned_reservations(
-        &self,
-        now: chrono::DateTime<Utc>,
-        limit: u64,
-    ) -> Result<Vec<CallId>, StoreError> {
-        leases::orphaned(
-            &self.db,
-            self.sqlite_file.as_deref(),
-            &self.lease,
-            now,
-            limit,
-        )
-        .await
-    }
-
-    async fn forget_ended_leases(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {
-        leases::forget_ended(&self.db, now).await
-    }
-}
-
-#[async_trait]
-impl CallLog for SeaOrmStore {
-    async fn usage(
-        &self,
-        account: AccountId,
-        since: chrono::DateTime<Utc>,
-    ) -> Result<Vec<DailyUsage>, StoreError> {
-        // The UTC day of a call, as each database writes it.
-        let (day, integer) = match self.db.get_database_backend() {
-            sea_orm::DbBackend::Postgres => (
-                "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
-                "BIGINT",
-            ),
-            sea_orm::DbBackend::MySql => ("DATE_FORMAT(created_at, '%Y-%m-%d')", "SIGNED"),
-            _ => ("substr(created_at, 1, 10)", "BIGINT"),
-        };
-        let rows: Vec<(String, String, i64, i64)> = call::Entity::find()
-            .select_only()
-            .column_as(Expr::cust(day), "day")
-            .column(call::Column::Model)
-            .column_as(Expr::cust(format!("CAST(COUNT(*) AS {integer})")), "calls")
-            .column_as(
-                Expr::cust(format!("CAST(COALESCE(SUM(price), 0) AS {integer})")),
-                "credits",
-            )
-            .filter(call::Column::AccountId.eq(account.0))
-            .filter(call::Column::Status.eq(CallStatus::Ok.as_str()))
-            .filter(call::Column::CreatedAt.gte(since))
-            .group_by(Expr::cust(day))
-            .group_by(call::Column::Model)
-            .order_by_asc(Expr::cust(day))
-            .order_by_asc(call::Column::Model)
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(day, model, calls, credits)| DailyUsage {
-                day,
-                model,
-                calls,
-                credits,
-            })
-            .collect())
-    }
-
-    async fn calls(
-        &self,
-        account: AccountId,
-        query: CallQuery<'_>,
-    ) -> Result<Vec<CallRecord>, StoreError> {
-        let mut select = call::Entity::find().filter(call::Column::AccountId.eq(account.0));
-        if let Some(before) = query.before {
-            select = select.filter(call::Column::Id.lt(before.0));
-        }
-        if let Some(status) = query.status {
-            select = select.filter(call::Column::Status.eq(status.as_str()));
-        }
-        if let Some(model) = query.model {
-            select = select.filter(call::Column::Model.eq(model));
-        }
-        select
-            .order_by_desc(call::Column::Id)
-            .limit(query.limit)
-            .all(&self.db)
-            .await?
-            .into_iter()
-            .map(call_record)
-            .collect()
-    }
-}

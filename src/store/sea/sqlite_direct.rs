@@ -31,15 +31,14 @@ use rusqlite::{
 };
 use tokio::sync::mpsc;
 
-use super::batch::OwnedCharge;
-use super::batch::{
-    AccountRead, EndedHold, Entry, Finish, NewEntry, Outcome, Plan, Reads, Wanted, Write, split,
-};
+use super::batch::{EndedHold, Entry, Finish, NewEntry, Plan, Reads, split};
 use super::batches::Batches;
 use super::flush::Flusher;
 use super::holds::{HoldChanges, Holds, IdBlock, RowCache, SharedHolds, State};
 use super::jobs::{Failure, Job, Kept, Reply, SQLITE_BUSY_TIMEOUT};
+use super::writes::{AccountRead, Outcome, OwnedCharge, Wanted, Write};
 use crate::credits::{Balance, Credits};
+use crate::store::rules::reserve::{Payer, decide_reserve};
 use crate::store::{CallId, CallStatus, Reservation, ReserveError, StoreError};
 
 fn store_error(error: rusqlite::Error) -> StoreError {
@@ -379,18 +378,22 @@ fn decide_now(
     if !state.rows.check(version) {
         return None;
     }
-    if !*state.rows.keys.get(&charge.caller.key.0)? {
-        return Some(Err(ReserveError::KeyRevoked));
-    }
+    // A key or an account not in the cached rows is decided by a batch, which reads them.
+    let key_active = *state.rows.keys.get(&charge.caller.key.0)?;
     let account = charge.caller.account;
-    let row = *state.rows.accounts.get(&account.0)?;
-    let held = state.holds.on(account.0);
-    let free = row
-        .balance
-        .free_of(held)
-        .spendable(row.subscription_ends_at, charge.at);
-    let Some(taken) = free.split_charge(charge.price) else {
-        return Some(Err(ReserveError::InsufficientCredits));
+    let row = if key_active {
+        Some(*state.rows.accounts.get(&account.0)?)
+    } else {
+        None
+    };
+    let payer = row.map(|row| Payer {
+        balance: row.balance,
+        held: state.holds.on(account.0),
+        subscription_ends_at: row.subscription_ends_at,
+    });
+    let taken = match decide_reserve(key_active, payer, charge.at, charge.price) {
+        Ok(taken) => taken,
+        Err(refusal) => return Some(Err(refusal.into_error(account))),
     };
     let call = state.holds.hold(account.0, charge, taken)?;
     Some(Ok(Reservation {

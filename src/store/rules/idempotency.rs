@@ -22,12 +22,12 @@
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 
-use super::{CallStatus, ReserveError};
 use crate::call::IdempotencyKey;
+use crate::store::{CallStatus, ReserveError};
 
 /// How long a key holds after the call that took it: a retry within it is answered from the
 /// record, a call after it is a new call (and takes the key anew). Records older than this are
-/// deleted by [`Ledger::forget_idempotent_calls`](super::Ledger::forget_idempotent_calls).
+/// deleted by [`Ledger::forget_idempotent_calls`](crate::store::Ledger::forget_idempotent_calls).
 pub const DEFAULT_IDEMPOTENCY_WINDOW: std::time::Duration =
     std::time::Duration::from_secs(24 * 60 * 60);
 

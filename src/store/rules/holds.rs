@@ -1,0 +1,120 @@
+//! What a reservation holds and what its end moves, bucket by bucket.
+//!
+//! Two ways to keep a reservation: its credits are **taken** from the balance at once (shared
+//! mode, the in-memory store), and a refund gives them back; or they are **held** beside the
+//! balance (an owned file, escrow), and a settle debits them from the balance while a refund
+//! moves nothing. Either way the hold or the debit is exactly what the reservation took.
+
+use crate::credits::{Balance, Split};
+
+/// The balance with a refunded call's credits back in the buckets they came from.
+pub(crate) fn give_back(balance: Balance, taken: Split) -> Balance {
+    debug_assert!(is_split(taken), "a reservation took {taken:?}");
+    balance.plus(taken)
+}
+
+/// The balance once a reservation takes its credits from it at once.
+pub(crate) fn take(balance: Balance, taken: Split) -> Balance {
+    let left = balance.minus(taken);
+    debug_assert!(
+        left.subscription.get() >= 0 && left.topup.get() >= 0,
+        "a reservation took more than the balance had: {taken:?} of {balance:?}"
+    );
+    left
+}
+
+/// What is held with one more call's credits.
+pub(crate) fn hold(held: Balance, taken: Split) -> Balance {
+    debug_assert!(is_split(taken), "a reservation took {taken:?}");
+    held.plus(taken)
+}
+
+/// What is held once a held call ends, settled or refunded.
+pub(crate) fn release(held: Balance, taken: Split) -> Balance {
+    let left = held.minus(taken);
+    debug_assert!(
+        left.subscription.get() >= 0 && left.topup.get() >= 0,
+        "a hold released twice, or one never held: {taken:?} of {held:?}"
+    );
+    left
+}
+
+/// The balance once a held call's settle debits it: `None` when a bucket would go below zero
+/// (another writer, a lapse, took the credits), and the call then ends unbilled.
+pub(crate) fn debit_held(balance: Balance, taken: Split) -> Option<Balance> {
+    debug_assert!(is_split(taken), "a reservation took {taken:?}");
+    let after = balance.minus(taken);
+    (after.subscription.get() >= 0 && after.topup.get() >= 0).then_some(after)
+}
+
+/// Whether `split` is what a reservation can take: no part below zero.
+fn is_split(split: Split) -> bool {
+    split.subscription.get() >= 0 && split.topup.get() >= 0
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::store::rules::test_values::{balance, split};
+
+    #[test]
+    fn a_refund_returns_credits_to_the_buckets_they_came_from() {
+        assert_eq!(give_back(balance(1, 2), split(3, 4)), balance(4, 6));
+    }
+
+    #[test]
+    fn a_settle_debits_a_held_call_only_while_its_credits_are_there() {
+        assert_eq!(debit_held(balance(5, 5), split(2, 3)), Some(balance(3, 2)));
+        assert_eq!(debit_held(balance(1, 5), split(2, 0)), None);
+        assert_eq!(debit_held(balance(5, 2), split(0, 3)), None);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(10_000))]
+
+        /// Holding calls and releasing each once leaves nothing held; what is held at any moment
+        /// is the sum of the calls still held.
+        #[test]
+        fn what_is_held_is_the_sum_of_the_calls_still_held(
+            calls in prop::collection::vec((0i64..1_000, 0i64..1_000), 0..20),
+            order in any::<prop::sample::Index>(),
+        ) {
+            let taken: Vec<Split> = calls.iter().map(|&(s, t)| split(s, t)).collect();
+            let mut held = Balance::default();
+            for &call in &taken {
+                held = hold(held, call);
+            }
+            let mut still: Vec<Split> = taken.clone();
+            while !still.is_empty() {
+                let ended = still.remove(order.index(still.len()));
+                held = release(held, ended);
+                let sum = still.iter().fold(Balance::default(), |sum, &call| sum.plus(call));
+                prop_assert_eq!(held, sum);
+            }
+            prop_assert_eq!(held, Balance::default());
+        }
+
+        /// A settle of a held call takes exactly what the call holds, bucket by bucket, and
+        /// never leaves a bucket below zero; a refund of a taken call gives exactly that back.
+        #[test]
+        fn a_settle_moves_what_the_call_holds_and_a_refund_what_it_took(
+            subscription in 0i64..2_000,
+            topup in 0i64..2_000,
+            taken_sub in 0i64..1_500,
+            taken_topup in 0i64..1_500,
+        ) {
+            let before = balance(subscription, topup);
+            let taken = split(taken_sub, taken_topup);
+            match debit_held(before, taken) {
+                Some(after) => {
+                    prop_assert_eq!(after.plus(taken), before);
+                    prop_assert!(after.subscription.get() >= 0 && after.topup.get() >= 0);
+                }
+                None => prop_assert!(taken_sub > subscription || taken_topup > topup),
+            }
+            prop_assert_eq!(give_back(before.minus(taken), taken), before);
+        }
+    }
+}

@@ -1,0 +1,457 @@
+//! The key reader and the writer of endings: the two tasks beside an instance's escrow.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The key reader: each read answers every reservation that was waiting when it began.
+pub(super) async fn read_keys(db: DatabaseConnection, mut queue: mpsc::Receiver<KeyRead>) {
+    let mut waiting = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut waiting, MAX_BATCH).await > 0 {
+        let mut keys: Vec<i64> = waiting.iter().map(|read| read.key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let read = active_keys(&db, &keys).await;
+        for KeyRead { key, answer } in waiting.drain(..) {
+            let _ = answer.send(match &read {
+                Ok(seen) => Ok(seen.get(&key).copied()),
+                Err(error) => Err(StoreError::msg(format!("reading keys: {error}"))),
+            });
+        }
+    }
+}
+
+pub(super) async fn active_keys(
+    db: &DatabaseConnection,
+    keys: &[i64],
+) -> Result<HashMap<i64, Seen>, StoreError> {
+    let list = keys
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let sql = "SELECT k.id, a.subscription_credits, a.subscription_ends_at \
+               FROM mg_api_keys k JOIN mg_accounts a ON a.id = k.account_id \
+               WHERE k.id = ANY($1::bigint[]) AND k.revoked_at IS NULL";
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            [format!("{{{list}}}").into()],
+        ))
+        .await?;
+    let mut seen = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let key: i64 = row.try_get_by_index(0)?;
+        seen.insert(
+            key,
+            Seen {
+                row_subscription: row.try_get_by_index(1)?,
+                subscription_ends_at: row.try_get_by_index(2)?,
+            },
+        );
+    }
+    Ok(seen)
+}
+
+/// The writer of endings: each batch inserts its entries, finished, and debits the escrow
+/// rows of its settles, in one transaction.
+pub(super) async fn write_endings(
+    escrow: std::sync::Weak<Escrow>,
+    mut queue: mpsc::Receiver<EndJob>,
+) {
+    let mut jobs = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+        let Some(escrow) = escrow.upgrade() else {
+            return;
+        };
+        let answers = match write_batch(&escrow, &jobs).await {
+            Ok(answers) => answers.into_iter().map(Ok).collect(),
+            Err(error) => {
+                let message = error.to_string();
+                jobs.iter()
+                    .map(|_| Err(StoreError::msg(message.clone())))
+                    .collect::<Vec<_>>()
+            }
+        };
+        for (job, answer) in jobs.drain(..).zip(answers) {
+            let _ = job.answer.send(answer);
+        }
+    }
+}
+
+/// The escrow row a held call was held against: (lease, account).
+pub(super) fn pot_of(held: &HeldCall) -> (i64, i64) {
+    (held.charge.instance.unwrap_or_default(), held.account)
+}
+
+/// How one held call ends in a batch.
+pub(super) struct Decided<'a> {
+    /// Its job's index in the batch.
+    job: usize,
+    call: i64,
+    held: HeldCall,
+    finish: Finish<'a>,
+}
+
+impl Decided<'_> {
+    /// Its escrow row: (lease, account).
+    fn pot(&self) -> (i64, i64) {
+        pot_of(&self.held)
+    }
+
+    /// Whether it debits its escrow row (a settle billed from it).
+    fn debits(&self) -> bool {
+        matches!(self.finish, Finish::Settled(_))
+    }
+}
+
+pub(super) async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<bool>, StoreError> {
+    let _writer = escrow.writer.lock().await;
+    let mut answers = vec![false; jobs.len()];
+    // The jobs still to write, by index, and the rows read again after a failed guard.
+    let mut pending: Vec<usize> = (0..jobs.len()).collect();
+    let mut rows_read: HashMap<(i64, i64), Balance> = HashMap::new();
+    while !pending.is_empty() {
+        let (decided, debits) = decide(escrow, jobs, &pending, &rows_read);
+        let short = match write_sql(&escrow.db, &decided, &debits).await {
+            Ok(short) => short,
+            Err(error) => {
+                // The statement may have committed with its reply lost, this time or in an
+                // earlier batch whose callers now retry (then this one failed on their ids).
+                let Ok(written) = written_entries(&escrow.db, &decided).await else {
+                    return Err(error);
+                };
+                if written.is_empty() {
+                    return Err(error);
+                }
+                pending = finish_written(escrow, jobs, &decided, &written, &mut answers).await?;
+                rows_read.clear();
+                continue;
+            }
+        };
+        {
+            let mut state = escrow.state();
+            // What was written: every row debited and the entries of its calls, and every
+            // unbilled ending.
+            for (pot_key, debited) in &debits {
+                if short.contains(pot_key) {
+                    continue;
+                }
+                let pot = state.pots.entry(*pot_key).or_default();
+                let before = rows_read.remove(pot_key).unwrap_or(pot.row);
+                pot.row = before.minus(*debited);
+            }
+            for (pot_key, row) in rows_read.drain() {
+                state.pots.entry(pot_key).or_default().row = row;
+            }
+            pending.clear();
+            for decided in &decided {
+                if decided.debits() && short.contains(&decided.pot()) {
+                    pending.push(decided.job);
+                    continue;
+                }
+                if state.calls.remove(&decided.call).is_some() {
+                    let pot = state.pots.entry(decided.pot()).or_default();
+                    pot.held = holds::release(pot.held, decided.held.taken);
+                }
+                answers[decided.job] =
+                    matches!(decided.finish, Finish::Settled(_) | Finish::Refunded(_));
+            }
+        }
+        // Rows short of their debits (a lapse took their credits): read again and decide
+        // their settles once more.
+        for (lease, account) in short {
+            let stored = escrow_row(&escrow.db, account, lease).await?;
+            rows_read.insert((lease, account), stored);
+        }
+    }
+    Ok(answers)
+}
+
+/// Settles and refunds whose entries are already written (`written`: call id to status), as
+/// a batch whose reply was lost wrote them: each is answered by whether its entry is what it
+/// asked for, no longer held, and its escrow row is read again (the lost batch debited it).
+/// Returns the jobs left to write.
+pub(super) async fn finish_written(
+    escrow: &Escrow,
+    jobs: &[EndJob],
+    decided: &[Decided<'_>],
+    written: &HashMap<i64, String>,
+    answers: &mut [bool],
+) -> Result<Vec<usize>, StoreError> {
+    let mut pending = Vec::new();
+    let mut pots = Vec::new();
+    {
+        let mut state = escrow.state();
+        for decided in decided {
+            let Some(status) = written.get(&decided.call) else {
+                pending.push(decided.job);
+                continue;
+            };
+            let asked = match jobs[decided.job].ending {
+                Ending::Settle(_) => CallStatus::Ok,
+                Ending::Refund(_) => CallStatus::Refunded,
+            };
+            answers[decided.job] = status == asked.as_str();
+            if state.calls.remove(&decided.call).is_some() {
+                let pot = state.pots.entry(decided.pot()).or_default();
+                pot.held = holds::release(pot.held, decided.held.taken);
+            }
+            pots.push(decided.pot());
+        }
+    }
+    pots.sort_unstable();
+    pots.dedup();
+    for (lease, account) in pots {
+        let row = escrow_row(&escrow.db, account, lease).await?;
+        escrow.state().pots.entry((lease, account)).or_default().row = row;
+    }
+    Ok(pending)
+}
+
+/// Which of a batch's calls have an entry already, and its status.
+pub(super) async fn written_entries(
+    db: &DatabaseConnection,
+    decided: &[Decided<'_>],
+) -> Result<HashMap<i64, String>, StoreError> {
+    let list = decided
+        .iter()
+        .map(|decided| decided.call.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT id, status FROM mg_calls WHERE id = ANY($1::bigint[])",
+            [format!("{{{list}}}").into()],
+        ))
+        .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get_by_index(0)?, row.try_get_by_index(1)?)))
+        .collect()
+}
+
+/// Writes a decided batch in one statement, so one round trip and one transaction, its text
+/// the same whatever the batch's size (its rows passed as arrays), so that each connection
+/// prepares it once: each escrow row's debit, guarded by its buckets, and the entries, finished,
+/// of the settles on the rows debited and of every unbilled ending. Returns the (lease,
+/// account) rows found short: neither they nor the entries of their settles were written.
+#[cfg(feature = "postgres")]
+pub(super) async fn write_sql(
+    db: &DatabaseConnection,
+    decided: &[Decided<'_>],
+    debits: &HashMap<(i64, i64), Split>,
+) -> Result<Vec<(i64, i64)>, StoreError> {
+    use sea_orm::sqlx;
+    if decided.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (mut leases, mut accounts, mut subscription, mut topup) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for ((lease, account), debit) in debits {
+        leases.push(*lease);
+        accounts.push(*account);
+        subscription.push(debit.subscription.0);
+        topup.push(debit.topup.0);
+    }
+    let now = Utc::now();
+    let mut rows = Entries::default();
+    for decided in decided {
+        rows.push(decided, now);
+    }
+    let (debited_leases, debited_accounts, inserted): (Option<Vec<i64>>, Option<Vec<i64>>, i64) =
+        sqlx::query_as(
+            "WITH debited AS ( \
+               UPDATE mg_escrows e SET subscription_credits = e.subscription_credits - v.s, \
+               topup_credits = e.topup_credits - v.t \
+               FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[]) \
+               AS v(l, a, s, t) \
+               WHERE e.instance_id = v.l AND e.account_id = v.a \
+               AND e.subscription_credits >= v.s AND e.topup_credits >= v.t \
+               RETURNING e.instance_id, e.account_id \
+             ), entered AS ( \
+               INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
+               charged_subscription, charged_topup, status, upstream_status, upstream_channel, \
+               upstream_error, input_tokens, output_tokens, created_at, finished_at, \
+               request_id, instance_id) \
+               SELECT u.id, u.account_id, u.key_id, u.protocol, u.model, u.price, u.cs, u.ct, \
+               u.status, u.upstream_status, u.upstream_channel, u.upstream_error, \
+               u.input_tokens, u.output_tokens, u.created_at, u.finished_at, u.request_id, \
+               u.instance_id \
+               FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::text[], \
+               $10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::int[], \
+               $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::timestamptz[], \
+               $20::timestamptz[], $21::text[], $22::bigint[], $23::bool[]) \
+               AS u(id, account_id, key_id, protocol, model, price, cs, ct, status, \
+               upstream_status, upstream_channel, upstream_error, input_tokens, \
+               output_tokens, created_at, finished_at, request_id, instance_id, debits) \
+               WHERE NOT u.debits OR EXISTS (SELECT 1 FROM debited d \
+                 WHERE d.instance_id = u.instance_id AND d.account_id = u.account_id) \
+               RETURNING 1 \
+             ) \
+             SELECT (SELECT array_agg(instance_id) FROM debited), \
+             (SELECT array_agg(account_id) FROM debited), (SELECT count(*) FROM entered)",
+        )
+        .bind(leases)
+        .bind(accounts)
+        .bind(subscription)
+        .bind(topup)
+        .bind(rows.id)
+        .bind(rows.account)
+        .bind(rows.key)
+        .bind(rows.protocol)
+        .bind(rows.model)
+        .bind(rows.price)
+        .bind(rows.subscription)
+        .bind(rows.topup)
+        .bind(rows.status)
+        .bind(rows.upstream_status)
+        .bind(rows.channel)
+        .bind(rows.error)
+        .bind(rows.input_tokens)
+        .bind(rows.output_tokens)
+        .bind(rows.created_at)
+        .bind(rows.finished_at)
+        .bind(rows.request_id)
+        .bind(rows.instance)
+        .bind(rows.debits)
+        .fetch_one(db.get_postgres_connection_pool())
+        .await
+        .map_err(|error| StoreError(Box::new(error)))?;
+    let debited: Vec<(i64, i64)> = debited_leases
+        .unwrap_or_default()
+        .into_iter()
+        .zip(debited_accounts.unwrap_or_default())
+        .collect();
+    let short: Vec<(i64, i64)> = debits
+        .keys()
+        .filter(|pot| !debited.contains(pot))
+        .copied()
+        .collect();
+    let expected = decided
+        .iter()
+        .filter(|decided| !(decided.debits() && short.contains(&decided.pot())))
+        .count();
+    if usize::try_from(inserted).ok() != Some(expected) {
+        return Err(StoreError::msg(format!(
+            "inserted {inserted} of {expected} call-log entries"
+        )));
+    }
+    Ok(short)
+}
+
+#[cfg(not(feature = "postgres"))]
+pub(super) async fn write_sql(
+    _: &DatabaseConnection,
+    _: &[Decided<'_>],
+    _: &HashMap<(i64, i64), Split>,
+) -> Result<Vec<(i64, i64)>, StoreError> {
+    Err(StoreError::msg("escrow needs PostgreSQL"))
+}
+
+/// A batch's entries, column by column.
+#[cfg(feature = "postgres")]
+#[derive(Default)]
+pub(super) struct Entries {
+    id: Vec<i64>,
+    account: Vec<i64>,
+    key: Vec<i64>,
+    protocol: Vec<&'static str>,
+    model: Vec<String>,
+    price: Vec<i64>,
+    subscription: Vec<i64>,
+    topup: Vec<i64>,
+    status: Vec<&'static str>,
+    upstream_status: Vec<Option<i32>>,
+    channel: Vec<Option<String>>,
+    error: Vec<Option<String>>,
+    input_tokens: Vec<Option<i64>>,
+    output_tokens: Vec<Option<i64>>,
+    created_at: Vec<DateTime<Utc>>,
+    finished_at: Vec<DateTime<Utc>>,
+    request_id: Vec<Option<String>>,
+    instance: Vec<Option<i64>>,
+    debits: Vec<bool>,
+}
+
+#[cfg(feature = "postgres")]
+impl Entries {
+    fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
+        let held = &decided.held;
+        let billed = decided.finish.billed();
+        self.id.push(decided.call);
+        self.account.push(held.account);
+        self.key.push(held.charge.caller.key.0);
+        self.protocol.push(held.charge.protocol.as_str());
+        self.model.push(held.charge.model.clone());
+        self.price.push(held.charge.price.0);
+        self.subscription.push(held.taken.subscription.0);
+        self.topup.push(held.taken.topup.0);
+        self.status.push(decided.finish.status().as_str());
+        self.upstream_status.push(decided.finish.upstream_status());
+        self.channel
+            .push(billed.and_then(|success| success.channel.clone()));
+        self.error.push(decided.finish.error().map(str::to_owned));
+        self.input_tokens
+            .push(billed.and_then(|success| success.usage.input_tokens));
+        self.output_tokens
+            .push(billed.and_then(|success| success.usage.output_tokens));
+        self.created_at.push(held.reserved_at);
+        self.finished_at.push(now);
+        self.request_id.push(held.charge.request_id.clone());
+        self.instance.push(held.charge.instance);
+        self.debits.push(decided.debits());
+    }
+}
+
+/// Decides each job in order against the rows in memory (or as read again): a settle whose
+/// credits are still in the escrow debits it; one whose credits are gone ends unbilled.
+pub(super) fn decide<'a>(
+    escrow: &Escrow,
+    jobs: &'a [EndJob],
+    pending: &[usize],
+    rows_read: &HashMap<(i64, i64), Balance>,
+) -> (Vec<Decided<'a>>, HashMap<(i64, i64), Split>) {
+    let state = escrow.state();
+    let mut rows: HashMap<(i64, i64), Balance> = HashMap::new();
+    let mut debits: HashMap<(i64, i64), Split> = HashMap::new();
+    let mut decided: Vec<Decided<'a>> = Vec::with_capacity(pending.len());
+    for &index in pending {
+        let job = &jobs[index];
+        let Some(held) = state.calls.get(&job.call) else {
+            continue;
+        };
+        if decided.iter().any(|done| done.call == job.call) {
+            continue;
+        }
+        let pot_key = pot_of(held);
+        let finish = match &job.ending {
+            Ending::Refund(failure) => Finish::Refunded(failure),
+            Ending::Settle(success) => {
+                let row = rows.entry(pot_key).or_insert_with(|| {
+                    rows_read
+                        .get(&pot_key)
+                        .copied()
+                        .or_else(|| state.pots.get(&pot_key).map(|pot| pot.row))
+                        .unwrap_or_default()
+                });
+                match holds::debit_held(*row, held.taken) {
+                    Some(after) => {
+                        *row = after;
+                        let debit = debits.entry(pot_key).or_default();
+                        *debit = debit.plus(held.taken);
+                        Finish::Settled(success)
+                    }
+                    None => Finish::CreditsGone(success),
+                }
+            }
+        };
+        decided.push(Decided {
+            job: index,
+            call: job.call,
+            held: held.clone(),
+            finish,
+        });
+    }
+    (decided, debits)
+}

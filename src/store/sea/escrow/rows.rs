@@ -1,0 +1,151 @@
+//! The escrow rows: read and written under their account's lock, given back when their lease
+//! has ended, summed by account.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// An escrow row as stored, locked; zero if there is none.
+pub(super) async fn escrow_row<C: ConnectionTrait>(
+    txn: &C,
+    account: i64,
+    lease: i64,
+) -> Result<Balance, StoreError> {
+    Ok(escrow::Entity::find_by_id((account, lease))
+        .lock_exclusive()
+        .one(txn)
+        .await?
+        .map(|row| Balance {
+            subscription: Credits(row.subscription_credits),
+            topup: Credits(row.topup_credits),
+        })
+        .unwrap_or_default())
+}
+
+/// Moves what an escrow row has free of `held` back to its account's row, both locked in
+/// `txn` (account first, as every writer of both does); returns what the escrow row keeps.
+///
+/// The account row is locked `FOR NO KEY UPDATE` here and in a refill: what the update of its
+/// credits takes anyway, and exclusive against every other writer, but unlike `FOR UPDATE` it
+/// neither waits for nor blocks the `FOR KEY SHARE` locks that the foreign-key checks of
+/// entries being inserted (by other instances' batches, for this account) take on it.
+pub(super) async fn return_free<C: ConnectionTrait>(
+    txn: &C,
+    account: i64,
+    lease: i64,
+    held: Balance,
+) -> Result<Balance, StoreError> {
+    let row = account::Entity::find_by_id(account)
+        .lock(LockType::NoKeyUpdate)
+        .one(txn)
+        .await?
+        .ok_or_else(|| unknown_account(AccountId(account)))?;
+    let stored = escrow_row(txn, account, lease).await?;
+    let free = stored.free_of(held);
+    let kept = Balance {
+        subscription: Credits(stored.subscription.0 - free.subscription.0),
+        topup: Credits(stored.topup.0 - free.topup.0),
+    };
+    // An empty row (a lapse can leave one) is deleted all the same.
+    write_escrow_row(txn, account, lease, kept).await?;
+    if free == Balance::default() {
+        return Ok(kept);
+    }
+    account::Entity::update_many()
+        .col_expr(
+            account::Column::SubscriptionCredits,
+            Expr::value(row.subscription_credits + free.subscription.0),
+        )
+        .col_expr(
+            account::Column::TopupCredits,
+            Expr::value(row.topup_credits + free.topup.0),
+        )
+        .filter(account::Column::Id.eq(account))
+        .exec(txn)
+        .await?;
+    Ok(kept)
+}
+
+/// Writes an escrow row (locked by [`escrow_row`]), deleting it when it is empty.
+pub(super) async fn write_escrow_row<C: ConnectionTrait>(
+    txn: &C,
+    account: i64,
+    lease: i64,
+    escrowed: Balance,
+) -> Result<(), StoreError> {
+    if escrowed == Balance::default() {
+        escrow::Entity::delete_by_id((account, lease))
+            .exec(txn)
+            .await?;
+        return Ok(());
+    }
+    let row = escrow::ActiveModel {
+        account_id: Set(account),
+        instance_id: Set(lease),
+        subscription_credits: Set(escrowed.subscription.0),
+        topup_credits: Set(escrowed.topup.0),
+    };
+    let on_conflict = sea_orm::sea_query::OnConflict::columns([
+        escrow::Column::AccountId,
+        escrow::Column::InstanceId,
+    ])
+    .update_columns([
+        escrow::Column::SubscriptionCredits,
+        escrow::Column::TopupCredits,
+    ])
+    .to_owned();
+    escrow::Entity::insert(row)
+        .on_conflict(on_conflict)
+        .exec_without_returning(txn)
+        .await?;
+    Ok(())
+}
+
+/// Gives back to their accounts the escrow rows (of `account`, or of every account) whose
+/// lease does not hold at `now` (its instance crashed, stopped without giving back, or lost its
+/// lease), each in a transaction of its own. Returns how many rows it gave back. Recovery and a
+/// recall may both run it at once: a row is read again under its lock, and one given back is
+/// found empty.
+pub(in crate::store::sea) async fn give_back_ended(
+    db: &DatabaseConnection,
+    now: DateTime<Utc>,
+    account: Option<i64>,
+) -> Result<u64, StoreError> {
+    let mut query = escrow::Entity::find()
+        .select_only()
+        .column(escrow::Column::AccountId)
+        .column(escrow::Column::InstanceId)
+        .filter(escrow::Column::InstanceId.not_in_subquery(super::super::leases::live(now)));
+    if let Some(account) = account {
+        query = query.filter(escrow::Column::AccountId.eq(account));
+    }
+    let ended: Vec<(i64, i64)> = query.into_tuple().all(db).await?;
+    let mut given = 0;
+    for (account, lease) in ended {
+        let txn = super::super::jobs::begin_write(db).await?;
+        // A lease that ended is never renewed, and its holder holds nothing that recovery
+        // must leave: all of its escrow goes back.
+        return_free(&txn, account, lease, Balance::default()).await?;
+        txn.commit().await?;
+        tracing::info!(account, lease, "gave back the escrow of a lease that ended");
+        given += 1;
+    }
+    Ok(given)
+}
+
+/// What every escrow row holds, by account.
+pub(in crate::store::sea) async fn escrowed<C: ConnectionTrait>(
+    db: &C,
+    accounts: Option<&[i64]>,
+) -> Result<HashMap<i64, Balance>, StoreError> {
+    let mut query = escrow::Entity::find();
+    if let Some(accounts) = accounts {
+        query = query.filter(escrow::Column::AccountId.is_in(accounts.iter().copied()));
+    }
+    let mut sums: HashMap<i64, Balance> = HashMap::new();
+    for row in query.all(db).await? {
+        let sum = sums.entry(row.account_id).or_default();
+        sum.subscription = Credits(sum.subscription.0 + row.subscription_credits);
+        sum.topup = Credits(sum.topup.0 + row.topup_credits);
+    }
+    Ok(sums)
+}

@@ -1,0 +1,143 @@
+//! What the sea-orm store answers from its rows: active keys, and the call log.
+
+use async_trait::async_trait;
+use chrono::Utc;
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+
+use crate::credits::Credits;
+use crate::keys::KeyHash;
+use crate::protocol::Protocol;
+use crate::store::{
+    AccountId, ActiveKey, CallId, CallLog, CallQuery, CallRecord, CallStatus, Caller, DailyUsage,
+    KeyId, KeyStore, StoreError,
+};
+
+use super::entity::{api_key, call};
+use super::{SeaOrmStore, accounts};
+
+#[async_trait]
+impl KeyStore for SeaOrmStore {
+    /// Answers from the store's cache of active keys when it can (see [`Ledger::reserve`](crate::store::Ledger::reserve) for
+    /// how a key revoked since is refused).
+    async fn active_key(&self, key: &KeyHash) -> Result<Option<ActiveKey>, StoreError> {
+        if let Some(active) = self.keys.get(key) {
+            return Ok(Some(active));
+        }
+        let found = api_key::Entity::find()
+            .filter(api_key::Column::KeyHash.eq(key.as_str()))
+            .filter(api_key::Column::RevokedAt.is_null())
+            .one(&self.db)
+            .await?;
+        let Some(row) = found else {
+            return Ok(None);
+        };
+        let active = ActiveKey {
+            caller: Caller {
+                account: AccountId(row.account_id),
+                key: KeyId(row.id),
+            },
+            rules: accounts::key_rules(&row)?,
+        };
+        self.keys.remember(key, active.clone());
+        Ok(Some(active))
+    }
+}
+
+fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
+    let protocol = Protocol::parse(&row.protocol)
+        .ok_or_else(|| StoreError::msg(format!("unknown protocol {}", row.protocol)))?;
+    let status = CallStatus::parse(&row.status)
+        .ok_or_else(|| StoreError::msg(format!("unknown status {}", row.status)))?;
+    Ok(CallRecord {
+        id: CallId(row.id),
+        account: AccountId(row.account_id),
+        key: KeyId(row.key_id),
+        protocol,
+        model: row.model,
+        price: Credits(row.price),
+        charged_subscription: Credits(row.charged_subscription),
+        charged_topup: Credits(row.charged_topup),
+        status,
+        upstream_status: row.upstream_status.and_then(|s| u16::try_from(s).ok()),
+        channel: row.upstream_channel,
+        upstream_error: row.upstream_error,
+        input_tokens: row.input_tokens,
+        output_tokens: row.output_tokens,
+        created_at: row.created_at,
+        finished_at: row.finished_at,
+        request_id: row.request_id,
+    })
+}
+
+#[async_trait]
+impl CallLog for SeaOrmStore {
+    async fn usage(
+        &self,
+        account: AccountId,
+        since: chrono::DateTime<Utc>,
+    ) -> Result<Vec<DailyUsage>, StoreError> {
+        // The UTC day of a call, as each database writes it.
+        let (day, integer) = match self.db.get_database_backend() {
+            sea_orm::DbBackend::Postgres => (
+                "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+                "BIGINT",
+            ),
+            sea_orm::DbBackend::MySql => ("DATE_FORMAT(created_at, '%Y-%m-%d')", "SIGNED"),
+            _ => ("substr(created_at, 1, 10)", "BIGINT"),
+        };
+        let rows: Vec<(String, String, i64, i64)> = call::Entity::find()
+            .select_only()
+            .column_as(Expr::cust(day), "day")
+            .column(call::Column::Model)
+            .column_as(Expr::cust(format!("CAST(COUNT(*) AS {integer})")), "calls")
+            .column_as(
+                Expr::cust(format!("CAST(COALESCE(SUM(price), 0) AS {integer})")),
+                "credits",
+            )
+            .filter(call::Column::AccountId.eq(account.0))
+            .filter(call::Column::Status.eq(CallStatus::Ok.as_str()))
+            .filter(call::Column::CreatedAt.gte(since))
+            .group_by(Expr::cust(day))
+            .group_by(call::Column::Model)
+            .order_by_asc(Expr::cust(day))
+            .order_by_asc(call::Column::Model)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(day, model, calls, credits)| DailyUsage {
+                day,
+                model,
+                calls,
+                credits,
+            })
+            .collect())
+    }
+
+    async fn calls(
+        &self,
+        account: AccountId,
+        query: CallQuery<'_>,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        let mut select = call::Entity::find().filter(call::Column::AccountId.eq(account.0));
+        if let Some(before) = query.before {
+            select = select.filter(call::Column::Id.lt(before.0));
+        }
+        if let Some(status) = query.status {
+            select = select.filter(call::Column::Status.eq(status.as_str()));
+        }
+        if let Some(model) = query.model {
+            select = select.filter(call::Column::Model.eq(model));
+        }
+        select
+            .order_by_desc(call::Column::Id)
+            .limit(query.limit)
+            .all(&self.db)
+            .await?
+            .into_iter()
+            .map(call_record)
+            .collect()
+    }
+}

@@ -1,0 +1,87 @@
+//! What the ledger's writers and deciders share: a charge that can wait in a queue, one write
+//! waiting for its batch and what it came to, what a batch must read, and an account as read.
+//! A leaf: the batch plan, the holds, the jobs and the committers all build on it.
+
+use std::collections::BTreeSet;
+
+use chrono::{DateTime, Utc};
+
+use crate::credits::{Balance, Credits};
+use crate::protocol::Protocol;
+pub(super) use crate::store::unknown_account;
+use crate::store::{
+    CallFailure, CallId, CallSuccess, Caller, ChargeRequest, Reservation, ReserveError,
+};
+
+/// A [`ChargeRequest`] that can wait in a queue.
+#[derive(Debug, Clone)]
+pub(super) struct OwnedCharge {
+    pub(super) caller: Caller,
+    pub(super) protocol: Protocol,
+    pub(super) model: String,
+    pub(super) price: Credits,
+    pub(super) request_id: Option<String>,
+    pub(super) at: DateTime<Utc>,
+    /// The lease of the instance making the reservation (recorded on its entry).
+    pub(super) instance: Option<i64>,
+}
+
+impl From<ChargeRequest<'_>> for OwnedCharge {
+    fn from(request: ChargeRequest<'_>) -> OwnedCharge {
+        OwnedCharge {
+            caller: request.caller,
+            protocol: request.protocol,
+            model: request.model.to_owned(),
+            price: request.price,
+            request_id: request.request_id.map(str::to_owned),
+            at: request.at,
+            instance: None,
+        }
+    }
+}
+
+/// One ledger write waiting for its batch.
+#[derive(Debug)]
+pub(super) enum Write {
+    Reserve(OwnedCharge),
+    Settle(CallId, CallSuccess),
+    Refund(CallId, CallFailure),
+}
+
+impl Write {
+    /// Whether, on a file its store owns, this write holds back reservations decided at once
+    /// while it waits for the committer (see `holds::State::queued`). A reservation or a
+    /// refund changes what an account has to spend; a settle only turns held credits into a
+    /// debit, so what later reservations see does not wait on it.
+    pub(super) fn holds_back_reservations(&self) -> bool {
+        matches!(self, Write::Reserve(_) | Write::Refund(..))
+    }
+}
+
+/// What one write came to, once its batch is written (and, for the caller to hear it,
+/// committed).
+#[derive(Debug)]
+pub(super) enum Outcome {
+    Reserved(Result<Reservation, ReserveError>),
+    /// A settle or refund: `true` if it finished a `pending` entry.
+    Finished(bool),
+}
+
+/// The rows a batch must read before it decides: the entries its settles and refunds finish,
+/// the accounts its reservations charge (refunds add their entries' accounts) and its callers'
+/// keys.
+#[derive(Debug, Default)]
+pub(super) struct Wanted {
+    pub(super) entries: BTreeSet<i64>,
+    pub(super) accounts: BTreeSet<i64>,
+    pub(super) keys: BTreeSet<i64>,
+    /// How many reservations the batch holds (each may need a new entry).
+    pub(super) reservations: usize,
+}
+
+/// An account as a batch reads it: its balance, and when its subscription credits end.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AccountRead {
+    pub(super) balance: Balance,
+    pub(super) subscription_ends_at: Option<DateTime<Utc>>,
+}
