@@ -19,7 +19,8 @@ use super::{CallFailure, CallId, CallStatus, CallSuccess, Ledger, StoreError};
 /// database that stops answering costs a client this long, not minutes.
 pub const DEFAULT_LEDGER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Pauses between the quick retries of a write on the call's own task.
+/// Pauses between the retries of a write on the call's own task; the last repeats until the
+/// ledger time-out, so an outage shorter than it costs a call a delay, not its reply.
 const QUICK_PAUSES: [Duration; 3] = [
     Duration::from_millis(50),
     Duration::from_millis(250),
@@ -70,8 +71,11 @@ impl Outcome {
     }
 }
 
-/// Runs `attempt` until it answers, with quick pauses between failures, all within `timeout`
-/// (an attempt still running then is dropped); `None` if it never answered in time.
+/// Runs `attempt` until it answers, with quick pauses between failures (the last repeating),
+/// all within `timeout` (an attempt still running then is dropped); `None` if it never
+/// answered in time. Retrying to the end matters: a settle whose commit landed with its answer
+/// lost (the connection cut) is found billed by the next attempt once the database is back,
+/// and its reply handed out, rather than its client answered `503` for a billed call.
 pub(crate) async fn within<T, F, Fut>(
     timeout: Duration,
     call: CallId,
@@ -83,18 +87,19 @@ where
     Fut: Future<Output = Result<T, StoreError>>,
 {
     let tries = async {
-        for pause in QUICK_PAUSES.iter().map(Some).chain([None]) {
+        let last = QUICK_PAUSES[QUICK_PAUSES.len() - 1];
+        let mut pauses = QUICK_PAUSES.into_iter().chain(std::iter::repeat(last));
+        loop {
             match attempt().await {
-                Ok(answer) => return Some(answer),
+                Ok(answer) => return answer,
                 Err(error) => {
                     tracing::error!(call = call.0, %error, "{what} failed");
-                    tokio::time::sleep(*pause?).await;
+                    tokio::time::sleep(pauses.next().unwrap_or(last)).await;
                 }
             }
         }
-        None
     };
-    let answer = tokio::time::timeout(timeout, tries).await.ok().flatten();
+    let answer = tokio::time::timeout(timeout, tries).await.ok();
     if answer.is_none() {
         tracing::error!(
             call = call.0,
@@ -166,5 +171,47 @@ async fn until_written(ledger: &dyn Ledger, call: CallId, outcome: &Outcome) -> 
             Ok(Ok(status)) => return status,
             Ok(Err(_)) | Err(_) => tokio::time::sleep(pause()).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    /// A database out for 3 s (past the quick pauses) but back within the 5 s time-out: the
+    /// write is retried until it answers, not given up after the quick pauses.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_is_retried_until_the_time_out_not_only_the_quick_pauses() {
+        let started = tokio::time::Instant::now();
+        let attempts = AtomicU32::new(0);
+        let answer = within(Duration::from_secs(5), CallId(1), "settle", || {
+            attempts.fetch_add(1, Ordering::SeqCst);
+            let back = started.elapsed() >= Duration::from_secs(3);
+            async move {
+                if back {
+                    Ok("billed")
+                } else {
+                    Err(StoreError::msg("connection refused"))
+                }
+            }
+        })
+        .await;
+        assert_eq!(answer, Some("billed"));
+        // 0, 0.05, 0.3, 1.3, 2.3 s refused; 3.3 s answered.
+        assert_eq!(attempts.load(Ordering::SeqCst), 6);
+    }
+
+    /// An outage longer than the time-out: `None` at the time-out, not later.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_never_answers_gives_up_at_the_time_out() {
+        let started = tokio::time::Instant::now();
+        let answer: Option<()> = within(Duration::from_secs(5), CallId(1), "settle", || async {
+            Err(StoreError::msg("connection refused"))
+        })
+        .await;
+        assert_eq!(answer, None);
+        assert_eq!(started.elapsed(), Duration::from_secs(5));
     }
 }
