@@ -26,6 +26,22 @@ impl Credits {
     pub const fn get(self) -> i64 {
         self.0
     }
+
+    /// `self + other`, checked: no amount the ledger keeps can reach `i64`'s bounds (grants are
+    /// refused past [`Credits::MAX`]), so an overflow is a bug, asserted in debug builds; it
+    /// saturates rather than wraps.
+    pub(crate) fn plus(self, other: Credits) -> Credits {
+        let sum = self.0.checked_add(other.0);
+        debug_assert!(sum.is_some(), "credits overflowed: {self} + {other}");
+        Credits(sum.unwrap_or(if other.0 > 0 { i64::MAX } else { i64::MIN }))
+    }
+
+    /// `self - other`, checked as [`plus`](Self::plus).
+    pub(crate) fn minus(self, other: Credits) -> Credits {
+        let difference = self.0.checked_sub(other.0);
+        debug_assert!(difference.is_some(), "credits overflowed: {self} - {other}");
+        Credits(difference.unwrap_or(if other.0 > 0 { i64::MIN } else { i64::MAX }))
+    }
 }
 
 impl std::fmt::Display for Credits {
@@ -117,8 +133,27 @@ impl Balance {
     /// This balance with `split` added, bucket by bucket (credits given back, or held).
     pub(crate) fn plus(self, split: Split) -> Balance {
         Balance {
-            subscription: Credits(self.subscription.0 + split.subscription.0),
-            topup: Credits(self.topup.0 + split.topup.0),
+            subscription: self.subscription.plus(split.subscription),
+            topup: self.topup.plus(split.topup),
+        }
+    }
+
+    /// Two balances added bucket by bucket (what several holds hold together).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // escrow's
+    pub(crate) fn and(self, other: Balance) -> Balance {
+        Balance {
+            subscription: self.subscription.plus(other.subscription),
+            topup: self.topup.plus(other.topup),
+        }
+    }
+
+    /// This balance less `other`, bucket by bucket; a bucket can go below zero, as with
+    /// [`minus`](Self::minus).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // escrow's
+    pub(crate) fn less(self, other: Balance) -> Balance {
+        Balance {
+            subscription: self.subscription.minus(other.subscription),
+            topup: self.topup.minus(other.topup),
         }
     }
 
@@ -126,8 +161,8 @@ impl Balance {
     /// that must not let it check the result.
     pub(crate) fn minus(self, split: Split) -> Balance {
         Balance {
-            subscription: Credits(self.subscription.0 - split.subscription.0),
-            topup: Credits(self.topup.0 - split.topup.0),
+            subscription: self.subscription.minus(split.subscription),
+            topup: self.topup.minus(split.topup),
         }
     }
 
@@ -170,10 +205,11 @@ impl Split {
     }
 
     /// Two splits added bucket by bucket (what several calls took together).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // escrow's
     pub(crate) fn plus(self, other: Split) -> Split {
         Split {
-            subscription: Credits(self.subscription.0 + other.subscription.0),
-            topup: Credits(self.topup.0 + other.topup.0),
+            subscription: self.subscription.plus(other.subscription),
+            topup: self.topup.plus(other.topup),
         }
     }
 }

@@ -45,10 +45,18 @@
 //!    messages, and `protocol::sse` for their event streams), `call` (the extensions and ids),
 //!    `error` ([`GatewayError`], [`UpstreamError`]), `classify` (what a provider's answer
 //!    means: billable, retry elsewhere, refused; `Retry-After`), `catalogue`.
-//! 2. Storage: the traits in `store` (with `store::rules`: the reservation rule, holds, escrow pots and keyed calls, pure),
-//!    and the backends `store::memory` and `store::sea`
-//!    (inside it: `batch` decides, `jobs` is the committer's vocabulary, `flush` and `batches`
-//!    answer, `group_commit` and `sqlite_direct` write; `idempotent` writes keyed calls).
+//! 2. Storage: the traits in `store`; `store::rules`, the pure core that every backend and
+//!    charging mode calls (the reservation rule, what a hold takes and gives back, what a call
+//!    may hold of an escrow pot, keyed calls), with no database, runtime or clock inside; and
+//!    the backends `store::memory` and `store::sea`. Inside `store::sea`, from the bottom up:
+//!    the leaves (`entity`, `rows`, `writes`, `held`: the vocabulary, the row helpers and the held calls);
+//!    `batch` decides a batch against the rules, `jobs` is the committer's vocabulary, `flush`
+//!    and `batches` answer, `ledger_ops` and `sqlite_direct` write a batch (sqlx, or `SQLite`
+//!    directly), `group_commit` is the committer; the charging modes above it, each a type in
+//!    `mode::Mode`: shared (the committer alone), `owned/` (a `SQLite` file one gateway owns,
+//!    behind the `sqlite` feature) and `escrow/` (`PostgreSQL` only, behind `postgres`); then
+//!    `store` (the [`SeaOrmStore`] façade, which delegates to its mode), and the trait
+//!    implementations beside it (`ledger`, `accounts`, `reads`, `audit`, `upkeep`).
 //! 3. Upstreams: `upstream` ([`MockUpstream`], [`HttpUpstream`] with its breaker).
 //! 4. The layers, each in its own module: `auth`, [`rate_limit`], `router`, `charge`, and
 //!    `refund` (a folder: layer, service, the guard that writes a call's outcome once, the
@@ -147,12 +155,14 @@ pub use router::{
     DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES,
     ProtocolRouter, ProtocolRouterLayer, route, route_model,
 };
+#[cfg(feature = "postgres")]
+pub use store::DEFAULT_ESCROW_IDLE;
 pub use store::{
     AccountAudit, AccountId, Accounts, ActiveKey, BalanceOverflow, CallFailure, CallId, CallLog,
-    CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_ESCROW_IDLE,
-    DEFAULT_IDEMPOTENCY_WINDOW, DEFAULT_MAX_BATCH, GroupCommitStats, KeptReply, KeyId, KeyStore,
-    LeaseId, Leases, Ledger, MAX_KEPT_REPLY_BYTES, MemoryStore, Migrator, Reservation,
-    ReserveError, SeaOrmStore, Store, StoreError, Sums, TokenUsage,
+    CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_IDEMPOTENCY_WINDOW,
+    DEFAULT_MAX_BATCH, GroupCommitStats, KeptReply, KeyId, KeyStore, LeaseId, Leases, Ledger,
+    MAX_KEPT_REPLY_BYTES, MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store,
+    StoreError, Sums, TokenUsage,
 };
 pub use upstream::mock::MOCK_REPLY_TEXT;
 pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};

@@ -12,7 +12,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CallFailure, CallId, CallStatus, CallSuccess, Ledger, StoreError};
+use super::traits::Ledger;
+use super::types::{CallFailure, CallStatus, CallSuccess, StoreError};
+use crate::call::CallId;
 
 /// How long a call waits for the ledger, by default, for any one thing it asks of it (a key's
 /// lookup, a reservation, a settle or refund with its retries), before it answers `503`: a

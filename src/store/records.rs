@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::{AccountId, CallId, CallStatus, KeyId};
-use crate::call::KeyRules;
+use super::types::CallStatus;
+use crate::call::{AccountId, CallId, KeyId, KeyRules};
 use crate::credits::{Balance, Bucket, Credits};
 
 /// An account as listed: who, and what it holds.

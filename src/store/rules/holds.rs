@@ -47,6 +47,40 @@ pub(crate) fn debit_held(balance: Balance, taken: Split) -> Option<Balance> {
     (after.subscription.get() >= 0 && after.topup.get() >= 0).then_some(after)
 }
 
+/// What a settle of a held call takes: `charged`, never more than its reservation holds in
+/// either bucket. Today a call is charged its price, exactly what it held; once prices depend
+/// on what the provider reports, a reservation holds a ceiling and its settle takes at most
+/// that.
+pub(crate) fn settled(held: Split, charged: Split) -> Split {
+    debug_assert!(
+        is_split(charged)
+            && charged.subscription <= held.subscription
+            && charged.topup <= held.topup,
+        "a settle took more than its reservation holds: {charged:?} of {held:?}"
+    );
+    charged
+}
+
+/// Whether what is held on each account (or pot) is the sum of its held calls' credits:
+/// `held` lists each account's hold, `calls` each held call's account and credits.
+#[cfg(any(feature = "sqlite", feature = "postgres", test))]
+pub(crate) fn sums_agree<K: Ord + Copy>(
+    held: impl IntoIterator<Item = (K, Balance)>,
+    calls: impl IntoIterator<Item = (K, Split)>,
+) -> bool {
+    let mut sums = std::collections::BTreeMap::<K, Balance>::new();
+    for (on, taken) in calls {
+        let sum = sums.entry(on).or_default();
+        *sum = sum.plus(taken);
+    }
+    let held: std::collections::BTreeMap<K, Balance> = held
+        .into_iter()
+        .filter(|(_, balance)| *balance != Balance::default())
+        .collect();
+    sums.retain(|_, sum| *sum != Balance::default());
+    held == sums
+}
+
 /// Whether `split` is what a reservation can take: no part below zero.
 fn is_split(split: Split) -> bool {
     split.subscription.get() >= 0 && split.topup.get() >= 0
@@ -58,6 +92,31 @@ mod tests {
 
     use super::*;
     use crate::store::rules::test_values::{balance, split};
+
+    #[test]
+    #[should_panic(expected = "a settle took more than its reservation holds")]
+    #[cfg(debug_assertions)]
+    fn a_settle_taking_more_than_its_reservation_holds_is_caught() {
+        settled(split(2, 0), split(1, 2));
+    }
+
+    #[test]
+    fn a_settle_takes_at_most_what_its_reservation_holds() {
+        assert_eq!(settled(split(2, 3), split(2, 3)), split(2, 3));
+        assert_eq!(settled(split(2, 3), split(1, 0)), split(1, 0));
+    }
+
+    #[test]
+    fn holds_agree_with_their_calls_only_when_each_is_their_sum() {
+        let calls = [(1, split(1, 2)), (1, split(3, 0)), (2, split(0, 5))];
+        assert!(sums_agree([(1, balance(4, 2)), (2, balance(0, 5))], calls));
+        assert!(!sums_agree([(1, balance(4, 2)), (2, balance(0, 4))], calls));
+        assert!(!sums_agree([(1, balance(4, 2))], calls), "a hold missing");
+        assert!(sums_agree(
+            [(1, balance(4, 2)), (2, balance(0, 5)), (3, balance(0, 0))],
+            calls
+        ));
+    }
 
     #[test]
     fn a_refund_returns_credits_to_the_buckets_they_came_from() {

@@ -19,43 +19,20 @@
 //! The reply is written in the transaction that settles, so a billed call's reply is kept
 //! exactly when the call is `ok`.
 
+#[cfg(test)]
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 
 use crate::call::IdempotencyKey;
-use crate::store::{CallStatus, ReserveError};
+#[cfg(test)]
+use crate::store::types::MAX_KEPT_REPLY_BYTES;
+use crate::store::types::{CallStatus, KeptReply, ReserveError};
 
 /// How long a key holds after the call that took it: a retry within it is answered from the
 /// record, a call after it is a new call (and takes the key anew). Records older than this are
 /// deleted by [`Ledger::forget_idempotent_calls`](crate::store::Ledger::forget_idempotent_calls).
 pub const DEFAULT_IDEMPOTENCY_WINDOW: std::time::Duration =
     std::time::Duration::from_secs(24 * 60 * 60);
-
-/// The largest reply kept for a retry, in bytes. A billed call with a larger reply keeps none,
-/// and a retry is told so (409) rather than billed again.
-pub const MAX_KEPT_REPLY_BYTES: usize = 1024 * 1024;
-
-/// A billed call's reply, as kept for a retry with the same idempotency key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeptReply {
-    /// The HTTP status the client got.
-    pub status: u16,
-    /// Its `Content-Type`, if it had one.
-    pub content_type: Option<String>,
-    /// The body exactly as the client got it (a stream's events, one after another).
-    pub body: Bytes,
-}
-
-impl KeptReply {
-    /// A reply to keep; `None` if its body is larger than [`MAX_KEPT_REPLY_BYTES`].
-    pub fn new(status: u16, content_type: Option<String>, body: Bytes) -> Option<KeptReply> {
-        (body.len() <= MAX_KEPT_REPLY_BYTES).then_some(KeptReply {
-            status,
-            content_type,
-            body,
-        })
-    }
-}
 
 /// A keyed call's record as a store reads it, under the account's lock.
 #[derive(Debug, Clone)]

@@ -8,6 +8,7 @@
 //! - [`escrow`]: what a call may hold of an escrow pot;
 //! - [`idempotency`]: what a call with an idempotency key gets.
 
+#[cfg(any(feature = "postgres", test))]
 pub(crate) mod escrow;
 pub(crate) mod holds;
 pub(crate) mod idempotency;

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 
 use crate::call::AccountId;
 use crate::credits::{Balance, Credits, Split};
-use crate::store::{ReserveError, unknown_account};
+use crate::store::types::{ReserveError, unknown_account};
 
 /// What a reservation sees of the account that pays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,10 +10,10 @@ use sea_orm::{
     PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 
-use super::SeaOrmStore;
 use super::entity::{account, api_key, call, credit_grant, escrow};
 use super::lapses::lapse;
-use super::rows::{balance_of, locked_account, moment_value, with_escrowed};
+use super::rows::{balance_of, escrowed, locked_account, moment_value, with_escrowed};
+use super::store::SeaOrmStore;
 use crate::credits::{Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::{
@@ -73,6 +73,9 @@ fn like_escaped(text: &str) -> String {
     escaped
 }
 
+/// How long a readiness check waits for the database.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl SeaOrmStore {
     /// Whether a `SQLite` file takes a write now (a full disk does not): one transaction that
     /// writes the header's `user_version` back as it was.
@@ -129,37 +132,14 @@ impl SeaOrmStore {
         // Escrowed credits are the account's, whichever instance holds them (see
         // `with_escrow`); what this one holds against its escrow is spent.
         let ids: Vec<i64> = summaries.iter().map(|summary| summary.id.0).collect();
-        let escrowed = super::escrow::escrowed(&self.db, Some(&ids)).await?;
+        let escrowed = escrowed(&self.db, Some(&ids)).await?;
         for summary in &mut summaries {
             let extra = escrowed.get(&summary.id.0).copied().unwrap_or_default();
-            summary.balance = with_escrowed(summary.balance, extra);
-            if let Some(escrow) = &self.escrow {
-                summary.balance = summary.balance.free_of(escrow.held_on(summary.id.0));
-            }
-        }
-        if let Some(owned) = &self.owned {
-            let state = owned.holds.lock();
-            for summary in &mut summaries {
-                summary.balance = state.holds.net(summary.id.0, summary.balance);
-            }
+            summary.balance = self
+                .mode
+                .net(summary.id, with_escrowed(summary.balance, extra));
         }
         Ok(summaries)
-    }
-
-    /// While this store charges against escrow: no escrowed call ends until the guard drops.
-    async fn pause_escrow_writes(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        match &self.escrow {
-            Some(escrow) => Some(escrow.pause_writes().await),
-            None => None,
-        }
-    }
-
-    /// The subscription credits this store's escrowed calls hold on `account`, by lease.
-    fn escrow_held(&self, account: AccountId) -> Vec<(i64, Credits)> {
-        self.escrow
-            .as_ref()
-            .map(|escrow| escrow.subscription_held(account.0))
-            .unwrap_or_default()
     }
 
     async fn key_row(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
@@ -293,7 +273,7 @@ impl Accounts for SeaOrmStore {
         // Held calls must not change while a new period lapses the old one's credits (a call
         // held against escrow meanwhile may count on credits the lapse takes: it ends unbilled).
         let holds = self.freeze_holds().await;
-        let _writes = self.pause_escrow_writes().await;
+        let _writes = self.mode.pause_escrow_writes().await;
         let held = holds
             .as_ref()
             .map(|holds| holds.on(account.0))
@@ -340,7 +320,7 @@ impl Accounts for SeaOrmStore {
                 &before,
                 end,
                 held.subscription,
-                &self.escrow_held(account),
+                &self.mode.escrow_held(account),
             )
             .await?;
             account::Entity::update_many()
@@ -503,8 +483,8 @@ impl Accounts for SeaOrmStore {
             // Held calls must not change while the lapse leaves what they hold.
             let holds = self.freeze_holds().await;
             let held = holds.as_ref().map(|holds| holds.on(id)).unwrap_or_default();
-            let _writes = self.pause_escrow_writes().await;
-            let escrow_held = self.escrow_held(AccountId(id));
+            let _writes = self.mode.pause_escrow_writes().await;
+            let escrow_held = self.mode.escrow_held(AccountId(id));
             let txn = self.begin_write().await?;
             let row = locked_account(&txn, AccountId(id)).await?;
             let lapsed = match row.subscription_ends_at {
@@ -541,10 +521,9 @@ impl Accounts for SeaOrmStore {
             overdue.calls += 1;
             overdue.credits += i128::from(subscription) + i128::from(topup);
         }
-        for held in self.held_before(cutoff).await {
-            overdue.calls += held.calls;
-            overdue.credits += held.credits;
-        }
+        let held = self.mode.held_before(cutoff);
+        overdue.calls += held.calls;
+        overdue.credits += held.credits;
         Ok(overdue)
     }
 
@@ -567,11 +546,11 @@ impl Accounts for SeaOrmStore {
             }
             Ok::<(), sea_orm::DbErr>(())
         };
-        match tokio::time::timeout(super::READY_WITHIN, probe).await {
+        match tokio::time::timeout(READY_WITHIN, probe).await {
             Ok(probed) => probed.map_err(Into::into),
             Err(_) => Err(StoreError::msg(format!(
                 "the database did not answer within {:?}",
-                super::READY_WITHIN
+                READY_WITHIN
             ))),
         }
     }

@@ -7,8 +7,8 @@ use crate::credits::Bucket;
 use crate::store::{AccountAudit, AccountId, CallStatus, StoreError, Sums};
 
 use super::entity::{account, call, credit_grant, subscription_lapse};
-use super::rows::{balance_of, with_escrowed};
-use super::{SeaOrmStore, escrow};
+use super::rows::{balance_of, escrowed, with_escrowed};
+use super::store::SeaOrmStore;
 
 impl SeaOrmStore {
     pub(super) async fn audit_accounts(&self) -> Result<Vec<AccountAudit>, StoreError> {
@@ -29,7 +29,7 @@ impl SeaOrmStore {
             audits.binary_search_by_key(&AccountId(id), |audit| audit.account)
         };
         // Escrowed credits are the account's (see `with_escrow`).
-        for (account, escrowed) in escrow::escrowed(&self.db, None).await? {
+        for (account, escrowed) in escrowed(&self.db, None).await? {
             let Ok(at) = index(&audits, account) else {
                 return Err(StoreError::msg(format!(
                     "escrow for missing account {account}"

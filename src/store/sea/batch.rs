@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-use super::holds::{HeldCall, HoldChanges, Holds};
+#[cfg(feature = "sqlite")]
+use super::held::HoldChanges;
+use super::held::{HeldCall, Holds};
 use super::writes::{AccountRead, Outcome, OwnedCharge, Wanted, Write, unknown_account};
 use crate::credits::{Balance, Credits, Split};
 use crate::store::rules::holds;
@@ -171,7 +173,7 @@ enum Decision {
 
 impl<'a> Plan<'a> {
     /// Decides every write, in order, against what the batch read less what `holds` hold (the
-    /// calls they hold end here, see [`super::holds`]). With `hold_new`, reservations are held
+    /// calls they hold end here, see [`super::held`]). With `hold_new`, reservations are held
     /// in memory instead of written.
     pub(super) fn decide(
         writes: &[&'a Write],
@@ -264,10 +266,11 @@ impl<'a> Plan<'a> {
         let state = self.account(held.account)?;
         state.held = holds::release(state.held, held.taken);
         let (finish, decision) = match write {
-            Write::Settle(_, success) => match holds::debit_held(state.row, held.taken) {
+            // A call is charged its price, all that it holds.
+            Write::Settle(_, success) => match holds::debit_held(state.row, charged(held)) {
                 Some(row) => {
                     state.row = row;
-                    state.change = state.change.minus(held.taken);
+                    state.change = state.change.minus(charged(held));
                     (Finish::Settled(success), Decision::Finished(true))
                 }
                 None => (Finish::CreditsGone(success), Decision::Finished(false)),
@@ -313,6 +316,7 @@ impl<'a> Plan<'a> {
             .collect()
     }
 
+    #[cfg(feature = "sqlite")]
     /// What the batch does to the holds, given the ids its new reservations take (in order).
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // held by `sqlite_direct` only
     pub(super) fn hold_changes(&self, ids: &[i64], at: DateTime<Utc>) -> HoldChanges {
@@ -381,4 +385,9 @@ pub(super) fn split(subscription: i64, topup: i64) -> Split {
         subscription: Credits(subscription),
         topup: Credits(topup),
     }
+}
+
+/// What a held call's settle takes: its price, which is what it holds (never more).
+pub(super) fn charged(held: &HeldCall) -> crate::credits::Split {
+    holds::settled(held.taken, held.taken)
 }

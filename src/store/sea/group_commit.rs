@@ -17,9 +17,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::batches::Batches;
 use super::flush::{self, Durability, FlushRules, Flusher};
-use super::holds::State;
-use super::jobs::{Counters, Failure, GroupCommitStats, Job, Kept, Reply, begin_write, stopped};
+#[cfg(feature = "sqlite")]
+use super::jobs::Kept;
+use super::jobs::{Counters, Failure, GroupCommitStats, Job, Reply, begin_write, stopped};
 use super::ledger_ops::apply_in;
+#[cfg(feature = "sqlite")]
+use super::owned::state::State;
 use super::writes::{Outcome, OwnedCharge, Write};
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
@@ -67,7 +70,7 @@ impl Committer {
         connection: rusqlite::Connection,
         wal: std::fs::File,
         max_batch: usize,
-        holds: Option<Arc<super::holds::SharedHolds>>,
+        holds: Option<Arc<super::owned::state::SharedHolds>>,
     ) -> Result<Committer, StoreError> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
@@ -83,17 +86,17 @@ impl Committer {
             "mg-sqlite-flusher",
             Box::new(move || super::sqlite_direct::flush(wal, flusher)),
         )?;
-        // Beside the holds before any reservation can ask for it (see `sqlite_direct::run`).
+        // Beside the holds before any reservation can ask for it (see `run_direct`).
         let own = match &holds {
             Some(shared) => {
-                super::sqlite_direct::install(shared, connection);
+                super::owned::decide::install(shared, connection);
                 None
             }
             None => Some(connection),
         };
         spawn(
             "mg-sqlite-committer",
-            Box::new(move || super::sqlite_direct::run(own, queue, batches, holds)),
+            Box::new(move || run_direct(own, queue, batches, holds)),
         )?;
         Ok(Committer { jobs, stats })
     }
@@ -143,6 +146,7 @@ impl Committer {
         self.submit(Write::Reserve(charge), Reply::Reserve).await
     }
 
+    #[cfg(feature = "sqlite")]
     /// Room in the queue for one write, taken before the holds' state is locked (the lock is
     /// never held across an await); [`Slot::queue`] then queues the write under the lock. The
     /// room is kept with the write if it waits beside the holds before going to the committer.
@@ -170,9 +174,11 @@ impl Committer {
     }
 }
 
+#[cfg(feature = "sqlite")]
 /// Room for one write in a committer's queue (see [`Committer::slot`]).
 pub(super) struct Slot(mpsc::OwnedPermit<Job>);
 
+#[cfg(feature = "sqlite")]
 impl Slot {
     /// Queues `write` while its caller holds the holds' state lock (`state`), so that an
     /// account's writes on an owned file are decided in the order they took the lock (see
@@ -240,6 +246,45 @@ async fn apply(
         Err(error) => {
             let _ = txn.rollback().await;
             Err(Failure::Statement(error))
+        }
+    }
+}
+
+/// The committer's loop on a `SQLite` file, on its own thread: until every sender is gone,
+/// take a batch, write it in one transaction (`super::sqlite_direct`), answer it. With
+/// `holds`, reservations are held in memory (see `super::owned`) and the connection, `own`
+/// otherwise, is kept beside them between batches (`owned::decide::install`).
+#[cfg(feature = "sqlite")]
+fn run_direct(
+    mut own: Option<rusqlite::Connection>,
+    mut queue: mpsc::Receiver<Job>,
+    mut batches: Batches,
+    holds: Option<Arc<super::owned::state::SharedHolds>>,
+) {
+    while batches.next_blocking(&mut queue) {
+        let applied = if batches.halted() {
+            Err(Failure::Halted)
+        } else {
+            let writes = batches.writes();
+            match (own.as_mut(), &holds) {
+                (Some(connection), _) => super::sqlite_direct::apply(connection, &writes),
+                (None, Some(shared)) => super::owned::decide::apply_holding(&writes, shared),
+                (None, None) => unreachable!("the connection is here or beside the holds"),
+            }
+        };
+        let unclaimed = batches.conclude(applied);
+        match holds.as_deref() {
+            // Held for callers that are gone: no guard will end them, and they moved nothing.
+            Some(shared) if !unclaimed.is_empty() => {
+                let ended = unclaimed.into_iter().map(|call| call.0).collect();
+                shared.lock().holds.apply(super::held::HoldChanges {
+                    ended,
+                    ..super::held::HoldChanges::default()
+                });
+            }
+            Some(_) => {}
+            // On a file no store owns they are in the database: refunded in the next batch.
+            None => batches.refund_unclaimed(unclaimed),
         }
     }
 }

@@ -24,7 +24,7 @@ use sea_orm::{
 };
 
 use super::entity::{api_key, call, idempotent_call};
-use super::holds::Holds;
+use super::held::Holds;
 use super::jobs::begin_write;
 use super::ledger_ops;
 use super::rows::locked_account;
@@ -35,7 +35,7 @@ use crate::store::{
 };
 
 /// Reserves a keyed call, or answers it from its key's record; see the module docs.
-/// What `holds` hold (a store that owns its file, see [`super::holds`]) counts as spent; the
+/// What `holds` hold (a store that owns its file, see `super::owned`) counts as spent; the
 /// caller keeps them locked until this returns.
 pub(super) async fn reserve(
     db: &DatabaseConnection,

@@ -9,7 +9,9 @@ use sea_orm::{
     DatabaseConnection, DatabaseTransaction, DbErr, SqliteTransactionMode, TransactionOptions,
     TransactionTrait,
 };
-use tokio::sync::{mpsc, oneshot};
+#[cfg(feature = "sqlite")]
+use tokio::sync::mpsc;
+use tokio::sync::oneshot;
 
 use super::writes::{Outcome, Write};
 use crate::store::{CallFailure, CallId, Reservation, ReserveError, StoreError};
@@ -22,13 +24,15 @@ pub(super) struct Job {
 }
 
 /// A write with room kept for it in the committer's queue, so that it can be sent there later
-/// without waiting (see `holds::State::waiting`).
+/// without waiting (see `owned::State::waiting`).
+#[cfg(feature = "sqlite")]
 #[derive(Debug)]
 pub(super) struct Kept {
     pub(super) job: Job,
     pub(super) room: mpsc::OwnedPermit<Job>,
 }
 
+#[cfg(feature = "sqlite")]
 impl Kept {
     pub(super) fn send(self) {
         self.room.send(self.job);
@@ -140,7 +144,7 @@ impl Job {
     /// Answers the write's caller. A caller that stopped waiting (its future was dropped) is
     /// not an error here: the write stands. A call reserved for a caller that is gone has no
     /// guard to end it, so it is returned: a held one is let go by the committer
-    /// (`sqlite_direct::run`); one written to the database is refunded by the committer in
+    /// (`group_commit::run_direct`); one written to the database is refunded by the committer in
     /// its next batch ([`Job::refund_unclaimed`]). ([`CreditCharge`](crate::CreditCharge)
     /// never leaves one behind: it finishes a reservation whose request was dropped and
     /// refunds it itself; see [`Ledger::reserve`].)

@@ -10,7 +10,7 @@ use sea_orm::{
 
 use super::entity::{account, escrow, subscription_lapse};
 use crate::credits::Credits;
-use crate::store::{AccountId, Lapse, StoreError};
+use crate::store::{AccountId, Lapse, LeaseId, StoreError};
 
 /// Takes out what is left of a locked account's subscription credits, if anything, recording
 /// it as lapsed at `period_end`: from its row and from every escrow row of the account (see
@@ -23,7 +23,7 @@ pub(super) async fn lapse<C: ConnectionTrait>(
     row: &account::Model,
     period_end: DateTime<Utc>,
     held: Credits,
-    escrow_held: &[(i64, Credits)],
+    escrow_held: &[(LeaseId, Credits)],
 ) -> Result<Option<Lapse>, StoreError> {
     let from_row = Ord::max(row.subscription_credits - held.0, 0);
     let escrowed: Vec<escrow::Model> = escrow::Entity::find()
@@ -38,7 +38,7 @@ pub(super) async fn lapse<C: ConnectionTrait>(
         .map(|escrowed| {
             let held = escrow_held
                 .iter()
-                .find(|(lease, _)| *lease == escrowed.instance_id)
+                .find(|(lease, _)| lease.0 == escrowed.instance_id)
                 .map_or(0, |(_, held)| held.0);
             (
                 escrowed.instance_id,

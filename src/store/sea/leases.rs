@@ -22,11 +22,11 @@ use std::time::Instant;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, EntityTrait, NotSet, QueryFilter, QueryOrder,
-    QuerySelect, Set,
+    ColumnTrait, Condition, DatabaseConnection, EntityTrait, NotSet, QueryFilter, QuerySelect, Set,
 };
 
 use super::entity::{call, escrow, instance};
+use super::rows::pending_ids;
 use crate::store::{CallId, CallStatus, LeaseId, StoreError};
 
 /// No lease: reservations record none.
@@ -292,18 +292,10 @@ pub(super) async fn orphaned(
     now: DateTime<Utc>,
     limit: u64,
 ) -> Result<Vec<CallId>, StoreError> {
-    let ids: Vec<i64> = call::Entity::find()
-        .select_only()
-        .column(call::Column::Id)
-        .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
-        .filter(call::Column::InstanceId.is_not_null())
-        .filter(outside_live_leases(now))
-        .order_by_asc(call::Column::Id)
-        .limit(limit)
-        .into_tuple()
-        .all(db)
-        .await?;
-    Ok(ids.into_iter().map(CallId).collect())
+    let which = Condition::all()
+        .add(call::Column::InstanceId.is_not_null())
+        .add(outside_live_leases(now));
+    pending_ids(db, which, call::Column::Id, Some(limit)).await
 }
 
 /// Entries whose lease does not hold at `now`. A subquery, not a list read beforehand: in one

@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use chrono::Utc;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{ColumnTrait, Condition, EntityTrait, QuerySelect};
 
 use crate::credits::Balance;
 use crate::store::{
@@ -11,10 +11,10 @@ use crate::store::{
 };
 
 use super::entity::{account, call};
-use super::jobs::Reply;
-use super::rows::balance_of;
-use super::writes::{OwnedCharge, Write, unknown_account};
-use super::{SeaOrmStore, idempotent, leases};
+use super::rows::{balance_of, pending_ids};
+use super::store::SeaOrmStore;
+use super::writes::{OwnedCharge, unknown_account};
+use super::{idempotent, leases};
 
 #[async_trait]
 impl Ledger for SeaOrmStore {
@@ -26,34 +26,11 @@ impl Ledger for SeaOrmStore {
                 // Held reservations count as spent: none may change while this one is decided.
                 let holds = self.freeze_holds().await;
                 let window = self.idempotency_window;
-                let account = charge.caller.account.0;
-                // A keyed call is reserved in the database: subscription credits in this
-                // instance's escrow go back first, to be spent before the row's top-up credits.
-                if let (Some(escrow), Some(lease)) = (&self.escrow, charge.instance)
-                    && escrow.has_free_subscription(lease, account)
-                {
-                    escrow.give_back(lease, Some(account)).await?;
-                }
                 let reserve =
                     || idempotent::reserve(&self.db, charge.clone(), key, window, holds.as_deref());
-                let mut reserved = reserve().await;
-                if let (Err(ReserveError::InsufficientCredits), Some(escrow), Some(lease)) =
-                    (&reserved, &self.escrow, charge.instance)
-                {
-                    // The account's credits may be in this instance's escrow: give back what is
-                    // free there and try once more; then in other instances' (an escrow instance
-                    // owns no file, so nothing is frozen while they are recalled).
-                    escrow.give_back(lease, Some(account)).await?;
-                    reserved = reserve().await;
-                    if let Err(ReserveError::InsufficientCredits) = reserved
-                        && escrow.recall(account, lease).await?
-                    {
-                        reserved = reserve().await;
-                    }
-                }
-                reserved
+                self.mode.reserve_keyed(&charge, reserve).await
             }
-            None => self.reserve_unkeyed(charge).await,
+            None => self.mode.reserve(self.writers(), charge).await,
         };
         if let Err(ReserveError::KeyRevoked) = reserved {
             self.keys.forget_id(request.caller.key);
@@ -62,32 +39,7 @@ impl Ledger for SeaOrmStore {
     }
 
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
-        if let Some(escrow) = self.escrow.as_ref().filter(|escrow| escrow.holds(call)) {
-            return escrow.settle(call, success).await;
-        }
-        let Some(owned) = &self.owned else {
-            if success.reply.is_some() {
-                return idempotent::settle(&self.db, call, success).await;
-            }
-            return self.committer.settle(call, success).await;
-        };
-        // Queued under the holds' lock, in order with reservations and refunds (see
-        // `reserve_unkeyed`).
-        let slot = self.committer.slot().await?;
-        let answer = {
-            let mut state = owned.holds.lock();
-            // A keyed call, reserved in the database: a held one has no key, and so no record
-            // to keep its reply in, and the committer settles it.
-            if success.reply.is_some() && state.holds.call(call.0).is_none() {
-                Err(success)
-            } else {
-                Ok(slot.queue(&mut state, Write::Settle(call, success), Reply::Finish))
-            }
-        };
-        match answer {
-            Ok(answer) => answer.wait().await,
-            Err(success) => idempotent::settle(&self.db, call, success).await,
-        }
+        self.mode.settle(self.writers(), call, success).await
     }
 
     async fn forget_idempotent_calls(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {
@@ -95,20 +47,7 @@ impl Ledger for SeaOrmStore {
     }
 
     async fn refund(&self, call: CallId, failure: &CallFailure) -> Result<bool, StoreError> {
-        if let Some(escrow) = self.escrow.as_ref().filter(|escrow| escrow.holds(call)) {
-            return escrow.refund(call, failure).await;
-        }
-        if let Some(owned) = &self.owned {
-            // Queued under the holds' lock: see `reserve_unkeyed`.
-            let slot = self.committer.slot().await?;
-            let answer = {
-                let mut state = owned.holds.lock();
-                let refund = Write::Refund(call, failure.clone());
-                slot.queue(&mut state, refund, Reply::Finish)
-            };
-            return answer.wait().await;
-        }
-        self.committer.refund(call, failure.clone()).await
+        self.mode.refund(self.writers(), call, failure).await
     }
 
     async fn pending_for_request(
@@ -116,16 +55,10 @@ impl Ledger for SeaOrmStore {
         account: AccountId,
         request_id: &str,
     ) -> Result<Vec<CallId>, StoreError> {
-        let ids: Vec<i64> = call::Entity::find()
-            .select_only()
-            .column(call::Column::Id)
-            .filter(call::Column::AccountId.eq(account.0))
-            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
-            .filter(call::Column::RequestId.eq(request_id))
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        Ok(ids.into_iter().map(CallId).collect())
+        let which = Condition::all()
+            .add(call::Column::AccountId.eq(account.0))
+            .add(call::Column::RequestId.eq(request_id));
+        pending_ids(&self.db, which, call::Column::Id, None).await
     }
 
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {
@@ -148,18 +81,10 @@ impl Ledger for SeaOrmStore {
         cutoff: chrono::DateTime<Utc>,
         limit: u64,
     ) -> Result<Vec<CallId>, StoreError> {
-        let ids: Vec<i64> = call::Entity::find()
-            .select_only()
-            .column(call::Column::Id)
-            .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
-            .filter(call::Column::CreatedAt.lt(cutoff))
-            .filter(leases::unprotected(Utc::now()))
-            .order_by_asc(call::Column::CreatedAt)
-            .limit(limit)
-            .into_tuple()
-            .all(&self.db)
-            .await?;
-        Ok(ids.into_iter().map(CallId).collect())
+        let which = Condition::all()
+            .add(call::Column::CreatedAt.lt(cutoff))
+            .add(leases::unprotected(Utc::now()));
+        pending_ids(&self.db, which, call::Column::CreatedAt, Some(limit)).await
     }
 
     async fn balance(&self, account: AccountId) -> Result<Balance, StoreError> {

@@ -27,13 +27,13 @@ use sea_orm::{
 
 use super::batch::{Entry, Finish, NewEntry, Plan, Reads, split};
 use super::entity::{account, api_key, call};
-use super::holds::Holds;
+use super::held::Holds;
 use super::writes::{AccountRead, Outcome, Wanted, Write};
 use crate::credits::{Balance, Credits};
 use crate::store::{CallStatus, StoreError};
 
 /// Applies `writes` in order inside `txn`; see the module documentation. What `holds` hold
-/// (see [`super::holds`]) counts as spent.
+/// (see [`super::held`]) counts as spent.
 pub(super) async fn apply_in<C: ConnectionTrait>(
     txn: &C,
     writes: &[&Write],

@@ -22,14 +22,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use chrono::Utc;
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbErr,
     TransactionTrait,
 };
 use sea_orm_migration::MigratorTrait;
 
-use super::{AccountId, Reservation, ReserveError, StoreError};
+use super::{AccountId, ReserveError, StoreError};
 use crate::credits::Balance;
 
 mod accounts;
@@ -37,12 +36,13 @@ mod audit;
 mod batch;
 mod batches;
 mod entity;
+#[cfg(feature = "postgres")]
 mod escrow;
 mod flush;
 mod group_commit;
-// Reservations held in memory need the SQLite committer; elsewhere only their types are used.
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-mod holds;
+// Held calls are kept by the owned file and escrow; the batch decider reads them in any build.
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+mod held;
 mod idempotent;
 mod jobs;
 mod key_cache;
@@ -52,70 +52,29 @@ mod ledger;
 mod ledger_ops;
 mod migration;
 mod mode;
+#[cfg(feature = "sqlite")]
+mod owned;
 mod reads;
 mod rows;
 #[cfg(feature = "sqlite")]
 mod sqlite_direct;
+mod store;
 mod upkeep;
 mod writes;
 
+#[cfg(feature = "postgres")]
 pub use escrow::DEFAULT_ESCROW_IDLE;
 use group_commit::Committer;
 pub use group_commit::DEFAULT_MAX_BATCH;
 pub use jobs::GroupCommitStats;
-#[cfg(feature = "sqlite")]
-use jobs::Reply;
 #[cfg(feature = "sqlite")]
 use jobs::SQLITE_BUSY_TIMEOUT;
 use jobs::begin_write;
 use key_cache::KeyCache;
 pub use migration::Migrator;
 pub use mode::ChargingMode;
-use rows::with_escrowed;
-use writes::OwnedCharge;
-#[cfg(feature = "sqlite")]
-use writes::Write;
-
-/// How long a readiness check waits for the database.
-const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// A [`Store`](super::Store) on a relational database through sea-orm.
-///
-/// Reservations, settles and refunds go through one committer task per store, which applies up
-/// to [`DEFAULT_MAX_BATCH`] queued ones in a single transaction (group commit) and answers each
-/// only after that transaction committed. Key lookups are answered from a cache of active keys
-/// after the first; reservations check the key in their transaction, so a revoked key is
-/// refused on its next charged call on every store sharing the database. The store must be
-/// created inside the Tokio runtime that will use it.
-#[derive(Debug, Clone)]
-pub struct SeaOrmStore {
-    db: DatabaseConnection,
-    committer: Committer,
-    keys: Arc<KeyCache>,
-    /// The database file, when it is a `SQLite` file: its ledger writes bypass sqlx.
-    sqlite_file: Option<Arc<Path>>,
-    /// On `PostgreSQL`, whether the ledger's batches may commit asynchronously and be made
-    /// durable by the flusher (see [`flush::postgres_flush_allowed`]).
-    postgres_flusher: bool,
-    /// The instance lease this store's reservations record, shared by its clones.
-    lease: Arc<leases::HeldLease>,
-    /// How long an idempotency key holds after its call.
-    idempotency_window: std::time::Duration,
-    /// When this store owns its `SQLite` file ([`SeaOrmStore::own_file`]): the reservations held
-    /// in memory, and the owner's lock.
-    owned: Option<Owned>,
-    /// When this store charges against escrow ([`SeaOrmStore::with_escrow`]).
-    escrow: Option<Arc<escrow::Escrow>>,
-}
-
-/// What a store that owns its `SQLite` file keeps (see [`SeaOrmStore::own_file`]).
-#[derive(Debug, Clone)]
-struct Owned {
-    holds: Arc<holds::SharedHolds>,
-    /// Locked for as long as any clone of the store lives; the kernel lets it go if the
-    /// process dies.
-    _lock: Arc<std::fs::File>,
-}
+use mode::{Frozen, Mode, Writers};
+pub use store::SeaOrmStore;
 
 impl From<DbErr> for StoreError {
     fn from(error: DbErr) -> StoreError {
@@ -193,8 +152,7 @@ impl SeaOrmStore {
             postgres_flusher,
             lease: Arc::default(),
             idempotency_window: super::DEFAULT_IDEMPOTENCY_WINDOW,
-            owned: None,
-            escrow: None,
+            mode: Mode::Shared,
         })
     }
 
@@ -221,38 +179,22 @@ impl SeaOrmStore {
     /// Not a `SQLite` file (always, in a build without the `sqlite` feature), the lock file
     /// cannot be made, or another store owns the file.
     pub fn own_file(self) -> Result<SeaOrmStore, StoreError> {
-        let Some(file) = self.sqlite_file.clone() else {
-            return Err(StoreError::msg("only a SQLite file can be owned"));
-        };
-        let lock_path = format!("{}-owner.lock", file.display());
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|error| StoreError::msg(format!("opening {lock_path}: {error}")))?;
-        if let Err(error) = lock.try_lock() {
-            return Err(StoreError::msg(format!(
-                "another gateway owns {} (its lock {lock_path} is held: {error}); \
-                 stop it first, or serve the file shared",
-                file.display()
-            )));
+        #[cfg(feature = "sqlite")]
+        if let Some(file) = self.sqlite_file.clone() {
+            let owned = owned::Owned::lock(&file)?;
+            return Ok(SeaOrmStore {
+                committer: committer(
+                    &self.db,
+                    Some(&file),
+                    DEFAULT_MAX_BATCH,
+                    self.postgres_flusher,
+                    Some(owned.holds.clone()),
+                )?,
+                mode: Mode::OwnedFile(owned),
+                ..self
+            });
         }
-        let owned = Owned {
-            holds: Arc::default(),
-            _lock: Arc::new(lock),
-        };
-        Ok(SeaOrmStore {
-            committer: committer(
-                &self.db,
-                Some(&file),
-                DEFAULT_MAX_BATCH,
-                self.postgres_flusher,
-                Some(owned.holds.clone()),
-            )?,
-            owned: Some(owned),
-            ..self
-        })
+        Err(StoreError::msg("only a SQLite file can be owned"))
     }
 
     /// The same store charging against credit escrow, on `PostgreSQL`: while it holds an
@@ -300,7 +242,12 @@ impl SeaOrmStore {
     ///
     /// Not a `PostgreSQL` database.
     pub fn with_escrow(self) -> Result<SeaOrmStore, StoreError> {
-        self.with_escrow_idle_after(DEFAULT_ESCROW_IDLE)
+        #[cfg(feature = "postgres")]
+        return self.with_escrow_idle_after(DEFAULT_ESCROW_IDLE);
+        #[cfg(not(feature = "postgres"))]
+        Err(StoreError::msg(
+            "escrow needs PostgreSQL (the `postgres` feature)",
+        ))
     }
 
     /// [`with_escrow`](Self::with_escrow), giving back what an account's escrow has free once
@@ -312,6 +259,7 @@ impl SeaOrmStore {
     /// # Errors
     ///
     /// Not a `PostgreSQL` database.
+    #[cfg(feature = "postgres")]
     pub fn with_escrow_idle_after(
         self,
         idle: std::time::Duration,
@@ -321,7 +269,7 @@ impl SeaOrmStore {
         }
         let idle = idle.max(std::time::Duration::from_millis(10));
         Ok(SeaOrmStore {
-            escrow: Some(escrow::Escrow::start(self.db.clone(), idle)),
+            mode: Mode::Escrow(escrow::Escrow::start(self.db.clone(), idle)),
             ..self
         })
     }
@@ -335,24 +283,7 @@ impl SeaOrmStore {
     /// `SQLite` file, see [`own_file`](Self::own_file), or charges against escrow, see
     /// [`with_escrow`](Self::with_escrow)).
     pub async fn held_reservations(&self) -> usize {
-        let escrowed = self.escrow.as_ref().map_or(0, |escrow| escrow.held_calls());
-        escrowed
-            + match &self.owned {
-                Some(owned) => owned.holds.lock().holds.len(),
-                None => 0,
-            }
-    }
-
-    /// The calls this store holds in memory (owned file, escrow) reserved before `cutoff`.
-    async fn held_before(&self, cutoff: chrono::DateTime<Utc>) -> Vec<super::Overdue> {
-        let mut held = Vec::new();
-        if let Some(escrow) = &self.escrow {
-            held.push(escrow.held_before(cutoff));
-        }
-        if let Some(owned) = &self.owned {
-            held.push(owned.holds.lock().holds.older_than(cutoff));
-        }
-        held
+        self.mode.held_calls()
     }
 
     /// What `account` has to spend when its row holds `row`: that with its escrowed credits,
@@ -364,64 +295,21 @@ impl SeaOrmStore {
         account: AccountId,
         row: Balance,
     ) -> Result<Balance, StoreError> {
-        let escrowed = escrow::escrowed(conn, Some(&[account.0])).await?;
-        let whole = with_escrowed(row, escrowed.get(&account.0).copied().unwrap_or_default());
-        Ok(match &self.escrow {
-            Some(escrow) => whole.free_of(escrow.held_on(account.0)),
-            None => whole,
-        })
+        let whole = rows::with_escrow_rows(conn, account, row).await?;
+        Ok(self.mode.net(account, whole))
     }
 
-    /// The holds of a store that owns its file, frozen: no batch is written and no
-    /// reservation held until the guard is dropped. Take it before a write transaction, never
-    /// inside one.
-    async fn freeze_holds(&self) -> Option<holds::Frozen<'_>> {
-        match &self.owned {
-            Some(owned) => Some(owned.holds.freeze().await),
-            None => None,
-        }
+    /// The held calls of an owned file, frozen (see [`Mode::freeze_holds`]).
+    async fn freeze_holds(&self) -> Option<Frozen<'_>> {
+        self.mode.freeze_holds().await
     }
 
-    /// A reservation without an idempotency key: on a file this store owns, decided at once
-    /// where the rows the committer last read still hold (see `sqlite_direct::reserve_now`)
-    /// and no reservation or refund waits for the committer (which would decide it first);
-    /// otherwise queued (`holds::State::queue`): by the committer in its next batch, or,
-    /// if it arrived while a batch took or gave up the write lock, at once as soon as the
-    /// committer can tell the file's version again.
-    async fn reserve_unkeyed(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
-        if let (Some(escrow), Some(lease)) = (&self.escrow, charge.instance) {
-            if let Some(reservation) = escrow.reserve(&charge, lease).await? {
-                return Ok(reservation);
-            }
-            // Reserved in the database; refused for credits, tried once more after other
-            // instances gave back what their escrow holds free for the account.
-            let account = charge.caller.account.0;
-            return match self.committer.reserve(charge.clone()).await {
-                Err(ReserveError::InsufficientCredits) if escrow.recall(account, lease).await? => {
-                    self.committer.reserve(charge).await
-                }
-                reserved => reserved,
-            };
+    /// Where the ledger's writes go.
+    fn writers(&self) -> Writers<'_> {
+        Writers {
+            committer: &self.committer,
+            db: &self.db,
         }
-        #[cfg(feature = "sqlite")]
-        if let Some(owned) = &self.owned {
-            let shared = &owned.holds;
-            if let Some(reserved) = sqlite_direct::reserve_now(&mut shared.lock(), &charge) {
-                return reserved;
-            }
-            let slot = self.committer.slot().await?;
-            // Queued under the lock, so that reservations and refunds are decided in the
-            // order they took it.
-            let answer = {
-                let mut state = shared.lock();
-                if let Some(reserved) = sqlite_direct::reserve_now(&mut state, &charge) {
-                    return reserved;
-                }
-                slot.queue(&mut state, Write::Reserve(charge), Reply::Reserve)
-            };
-            return answer.wait().await;
-        }
-        self.committer.reserve(charge).await
     }
 
     /// How the ledger's writes have been grouped into transactions so far.
@@ -432,7 +320,13 @@ impl SeaOrmStore {
     /// The same store with at most `max_batch` ledger writes per transaction (1: none shared).
     /// Fails only if a `SQLite` file cannot be opened again for the new committer.
     pub fn with_max_batch(self, max_batch: usize) -> Result<SeaOrmStore, StoreError> {
-        let holds = self.owned.as_ref().map(|owned| owned.holds.clone());
+        #[cfg(feature = "sqlite")]
+        let holds = match &self.mode {
+            Mode::OwnedFile(owned) => Some(owned.holds.clone()),
+            _ => None,
+        };
+        #[cfg(not(feature = "sqlite"))]
+        let holds = None;
         Ok(SeaOrmStore {
             committer: committer(
                 &self.db,
@@ -490,7 +384,8 @@ fn committer(
     sqlite_file: Option<&Path>,
     max_batch: usize,
     postgres_flusher: bool,
-    holds: Option<Arc<holds::SharedHolds>>,
+    #[cfg(feature = "sqlite")] holds: Option<Arc<owned::state::SharedHolds>>,
+    #[cfg(not(feature = "sqlite"))] holds: Option<std::convert::Infallible>,
 ) -> Result<Committer, StoreError> {
     #[cfg(feature = "sqlite")]
     if let Some(file) = sqlite_file {
@@ -549,3 +444,40 @@ async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
 /// How long a pooled connection may sit idle before it is tested on checkout (see
 /// [`SeaOrmStore::connect_with`]).
 const PING_IF_IDLE_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl ChargingMode {
+    /// The mode the example gateway runs in on `store`'s database: a `SQLite` file is owned
+    /// unless `share_sqlite_file` (other processes write it too); otherwise escrow when
+    /// `escrow` is asked (it needs `PostgreSQL`: [`SeaOrmStore::in_mode`] refuses it elsewhere);
+    /// otherwise shared.
+    pub fn choose(store: &SeaOrmStore, share_sqlite_file: bool, escrow: bool) -> ChargingMode {
+        if store.sqlite_file().is_some() && !share_sqlite_file {
+            ChargingMode::OwnedFile
+        } else if escrow {
+            ChargingMode::Escrow
+        } else {
+            ChargingMode::Shared
+        }
+    }
+}
+
+impl SeaOrmStore {
+    /// This store, charging in `mode` (a store connects [`Shared`](ChargingMode::Shared)).
+    ///
+    /// # Errors
+    ///
+    /// As [`own_file`](Self::own_file) and [`with_escrow`](Self::with_escrow): the mode is not
+    /// one this database has, or another store owns the file.
+    pub fn in_mode(self, mode: ChargingMode) -> Result<SeaOrmStore, StoreError> {
+        match mode {
+            ChargingMode::Shared => Ok(self),
+            ChargingMode::OwnedFile => self.own_file(),
+            ChargingMode::Escrow => self.with_escrow(),
+        }
+    }
+
+    /// How this store charges.
+    pub fn mode(&self) -> ChargingMode {
+        self.mode.kind()
+    }
+}

@@ -13,8 +13,9 @@ use crate::store::{
     KeyId, KeyStore, StoreError,
 };
 
+use super::accounts;
 use super::entity::{api_key, call};
-use super::{SeaOrmStore, accounts};
+use super::store::SeaOrmStore;
 
 #[async_trait]
 impl KeyStore for SeaOrmStore {

@@ -1,13 +1,16 @@
 //! Reading and writing rows the same way on every database: a moment as a value each backend
 //! keeps whole, an account's balance from its row, the row locked. A leaf beside the entities.
 
-use chrono::Utc;
-use sea_orm::{ConnectionTrait, EntityTrait, QuerySelect};
+use std::collections::HashMap;
 
-use super::entity::account;
+use chrono::Utc;
+use sea_orm::sea_query::IntoCondition;
+use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+
+use super::entity::{account, call, escrow};
 use super::writes::unknown_account;
 use crate::credits::{Balance, Credits};
-use crate::store::{AccountId, StoreError};
+use crate::store::{AccountId, CallId, CallStatus, StoreError};
 
 /// A moment as a statement value that every backend keeps whole. On `MySQL` it is a plain
 /// `DATETIME` in UTC: sqlx sends a `DateTime<Utc>` as a `TIMESTAMP`, which `MariaDB` stores as
@@ -49,4 +52,63 @@ pub(super) async fn locked_account<C: ConnectionTrait>(
         .one(txn)
         .await?
         .ok_or_else(|| unknown_account(account))
+}
+
+/// What every escrow row holds, by account (of `accounts`, or of all). Any database's schema
+/// has the table; only escrow on `PostgreSQL` (`super::escrow`) fills it.
+pub(super) async fn escrowed<C: ConnectionTrait>(
+    db: &C,
+    accounts: Option<&[i64]>,
+) -> Result<HashMap<i64, Balance>, StoreError> {
+    let mut query = escrow::Entity::find();
+    if let Some(accounts) = accounts {
+        query = query.filter(escrow::Column::AccountId.is_in(accounts.iter().copied()));
+    }
+    let mut sums: HashMap<i64, Balance> = HashMap::new();
+    for row in query.all(db).await? {
+        let sum = sums.entry(row.account_id).or_default();
+        *sum = with_escrowed(
+            *sum,
+            Balance {
+                subscription: Credits(row.subscription_credits),
+                topup: Credits(row.topup_credits),
+            },
+        );
+    }
+    Ok(sums)
+}
+
+/// `account`'s balance when its row holds `row`: that with its escrowed credits, which are the
+/// account's whichever instance holds them.
+pub(super) async fn with_escrow_rows<C: ConnectionTrait>(
+    conn: &C,
+    account: AccountId,
+    row: Balance,
+) -> Result<Balance, StoreError> {
+    let escrowed = escrowed(conn, Some(&[account.0])).await?;
+    Ok(with_escrowed(
+        row,
+        escrowed.get(&account.0).copied().unwrap_or_default(),
+    ))
+}
+
+/// The ids of the `pending` entries that `which` picks, ordered by `order`, at most `limit`:
+/// the one query behind recovery's two rules and the lookup of a lost reservation.
+pub(super) async fn pending_ids<C: ConnectionTrait>(
+    db: &C,
+    which: impl IntoCondition,
+    order: call::Column,
+    limit: Option<u64>,
+) -> Result<Vec<CallId>, StoreError> {
+    let ids: Vec<i64> = call::Entity::find()
+        .select_only()
+        .column(call::Column::Id)
+        .filter(call::Column::Status.eq(CallStatus::Pending.as_str()))
+        .filter(which)
+        .order_by_asc(order)
+        .limit(limit)
+        .into_tuple()
+        .all(db)
+        .await?;
+    Ok(ids.into_iter().map(CallId).collect())
 }

@@ -4,7 +4,8 @@
 use async_trait::async_trait;
 use chrono::Utc;
 
-use super::{SeaOrmStore, escrow, leases};
+use super::leases;
+use super::store::SeaOrmStore;
 use crate::store::LeaseId;
 use crate::store::{CallId, StoreError};
 
@@ -29,9 +30,7 @@ impl crate::store::Leases for SeaOrmStore {
     }
 
     async fn release_lease(&self) -> Result<(), StoreError> {
-        if let (Some(escrow), Some(lease)) = (&self.escrow, self.lease.current()) {
-            escrow.give_back(lease, None).await?;
-        }
+        self.mode.release(self.lease.current().map(LeaseId)).await?;
         leases::release(&self.db, &self.lease).await
     }
 
@@ -43,7 +42,8 @@ impl crate::store::Leases for SeaOrmStore {
         leases::end_dead_holders(&self.db, self.sqlite_file.as_deref(), &self.lease, now).await?;
         // Escrow held under an ended lease goes back to its accounts before its calls are
         // refunded.
-        escrow::give_back_ended(&self.db, now, None).await?;
+        #[cfg(feature = "postgres")]
+        super::escrow::give_back_ended(&self.db, now, None).await?;
         leases::orphaned(&self.db, now, limit).await
     }
 

@@ -50,9 +50,10 @@ pub(super) enum Write {
 
 impl Write {
     /// Whether, on a file its store owns, this write holds back reservations decided at once
-    /// while it waits for the committer (see `holds::State::queued`). A reservation or a
+    /// while it waits for the committer (see `owned::State::queued`). A reservation or a
     /// refund changes what an account has to spend; a settle only turns held credits into a
     /// debit, so what later reservations see does not wait on it.
+    #[cfg(feature = "sqlite")]
     pub(super) fn holds_back_reservations(&self) -> bool {
         matches!(self, Write::Reserve(_) | Write::Refund(..))
     }

@@ -1,7 +1,18 @@
 //! The key reader and the writer of endings: the two tasks beside an instance's escrow.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use tokio::sync::mpsc;
+
+use super::rows::escrow_row;
+use super::state::{EndJob, Ending, Escrow, KeyRead, MAX_BATCH, PotKey, Seen};
+use crate::credits::{Balance, Split};
+use crate::store::rules::holds;
+use crate::store::sea::batch::{Finish, charged};
+use crate::store::sea::held::HeldCall;
+use crate::store::{AccountId, CallStatus, LeaseId, StoreError};
 
 /// The key reader: each read answers every reservation that was waiting when it began.
 pub(super) async fn read_keys(db: DatabaseConnection, mut queue: mpsc::Receiver<KeyRead>) {
@@ -79,9 +90,12 @@ pub(super) async fn write_endings(
     }
 }
 
-/// The escrow row a held call was held against: (lease, account).
-pub(super) fn pot_of(held: &HeldCall) -> (i64, i64) {
-    (held.charge.instance.unwrap_or_default(), held.account)
+/// The escrow pot a held call was held against.
+pub(super) fn pot_of(held: &HeldCall) -> PotKey {
+    PotKey::new(
+        LeaseId(held.charge.instance.unwrap_or_default()),
+        AccountId(held.account),
+    )
 }
 
 /// How one held call ends in a batch.
@@ -94,8 +108,8 @@ pub(super) struct Decided<'a> {
 }
 
 impl Decided<'_> {
-    /// Its escrow row: (lease, account).
-    fn pot(&self) -> (i64, i64) {
+    /// Its escrow pot.
+    fn pot(&self) -> PotKey {
         pot_of(&self.held)
     }
 
@@ -110,7 +124,7 @@ pub(super) async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<
     let mut answers = vec![false; jobs.len()];
     // The jobs still to write, by index, and the rows read again after a failed guard.
     let mut pending: Vec<usize> = (0..jobs.len()).collect();
-    let mut rows_read: HashMap<(i64, i64), Balance> = HashMap::new();
+    let mut rows_read: HashMap<PotKey, Balance> = HashMap::new();
     while !pending.is_empty() {
         let (decided, debits) = decide(escrow, jobs, &pending, &rows_read);
         let short = match write_sql(&escrow.db, &decided, &debits).await {
@@ -157,12 +171,16 @@ pub(super) async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<
                 answers[decided.job] =
                     matches!(decided.finish, Finish::Settled(_) | Finish::Refunded(_));
             }
+            debug_assert!(
+                state.sums_agree(),
+                "what a pot holds is not the sum of its held calls"
+            );
         }
         // Rows short of their debits (a lapse took their credits): read again and decide
         // their settles once more.
-        for (lease, account) in short {
-            let stored = escrow_row(&escrow.db, account, lease).await?;
-            rows_read.insert((lease, account), stored);
+        for pot in short {
+            let stored = escrow_row(&escrow.db, pot).await?;
+            rows_read.insert(pot, stored);
         }
     }
     Ok(answers)
@@ -199,12 +217,16 @@ pub(super) async fn finish_written(
             }
             pots.push(decided.pot());
         }
+        debug_assert!(
+            state.sums_agree(),
+            "what a pot holds is not the sum of its held calls"
+        );
     }
     pots.sort_unstable();
     pots.dedup();
-    for (lease, account) in pots {
-        let row = escrow_row(&escrow.db, account, lease).await?;
-        escrow.state().pots.entry((lease, account)).or_default().row = row;
+    for pot in pots {
+        let row = escrow_row(&escrow.db, pot).await?;
+        escrow.state().pots.entry(pot).or_default().row = row;
     }
     Ok(pending)
 }
@@ -234,23 +256,22 @@ pub(super) async fn written_entries(
 /// Writes a decided batch in one statement, so one round trip and one transaction, its text
 /// the same whatever the batch's size (its rows passed as arrays), so that each connection
 /// prepares it once: each escrow row's debit, guarded by its buckets, and the entries, finished,
-/// of the settles on the rows debited and of every unbilled ending. Returns the (lease,
-/// account) rows found short: neither they nor the entries of their settles were written.
-#[cfg(feature = "postgres")]
+/// of the settles on the rows debited and of every unbilled ending. Returns the pots
+/// found short: neither they nor the entries of their settles were written.
 pub(super) async fn write_sql(
     db: &DatabaseConnection,
     decided: &[Decided<'_>],
-    debits: &HashMap<(i64, i64), Split>,
-) -> Result<Vec<(i64, i64)>, StoreError> {
+    debits: &HashMap<PotKey, Split>,
+) -> Result<Vec<PotKey>, StoreError> {
     use sea_orm::sqlx;
     if decided.is_empty() {
         return Ok(Vec::new());
     }
     let (mut leases, mut accounts, mut subscription, mut topup) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for ((lease, account), debit) in debits {
-        leases.push(*lease);
-        accounts.push(*account);
+    for (pot, debit) in debits {
+        leases.push(pot.lease.0);
+        accounts.push(pot.account.0);
         subscription.push(debit.subscription.0);
         topup.push(debit.topup.0);
     }
@@ -318,12 +339,13 @@ pub(super) async fn write_sql(
         .fetch_one(db.get_postgres_connection_pool())
         .await
         .map_err(|error| StoreError(Box::new(error)))?;
-    let debited: Vec<(i64, i64)> = debited_leases
+    let debited: Vec<PotKey> = debited_leases
         .unwrap_or_default()
         .into_iter()
         .zip(debited_accounts.unwrap_or_default())
+        .map(|(lease, account)| PotKey::new(LeaseId(lease), AccountId(account)))
         .collect();
-    let short: Vec<(i64, i64)> = debits
+    let short: Vec<PotKey> = debits
         .keys()
         .filter(|pot| !debited.contains(pot))
         .copied()
@@ -340,17 +362,7 @@ pub(super) async fn write_sql(
     Ok(short)
 }
 
-#[cfg(not(feature = "postgres"))]
-pub(super) async fn write_sql(
-    _: &DatabaseConnection,
-    _: &[Decided<'_>],
-    _: &HashMap<(i64, i64), Split>,
-) -> Result<Vec<(i64, i64)>, StoreError> {
-    Err(StoreError::msg("escrow needs PostgreSQL"))
-}
-
 /// A batch's entries, column by column.
-#[cfg(feature = "postgres")]
 #[derive(Default)]
 pub(super) struct Entries {
     id: Vec<i64>,
@@ -373,8 +385,6 @@ pub(super) struct Entries {
     instance: Vec<Option<i64>>,
     debits: Vec<bool>,
 }
-
-#[cfg(feature = "postgres")]
 impl Entries {
     fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
         let held = &decided.held;
@@ -410,11 +420,11 @@ pub(super) fn decide<'a>(
     escrow: &Escrow,
     jobs: &'a [EndJob],
     pending: &[usize],
-    rows_read: &HashMap<(i64, i64), Balance>,
-) -> (Vec<Decided<'a>>, HashMap<(i64, i64), Split>) {
+    rows_read: &HashMap<PotKey, Balance>,
+) -> (Vec<Decided<'a>>, HashMap<PotKey, Split>) {
     let state = escrow.state();
-    let mut rows: HashMap<(i64, i64), Balance> = HashMap::new();
-    let mut debits: HashMap<(i64, i64), Split> = HashMap::new();
+    let mut rows: HashMap<PotKey, Balance> = HashMap::new();
+    let mut debits: HashMap<PotKey, Split> = HashMap::new();
     let mut decided: Vec<Decided<'a>> = Vec::with_capacity(pending.len());
     for &index in pending {
         let job = &jobs[index];
@@ -435,11 +445,11 @@ pub(super) fn decide<'a>(
                         .or_else(|| state.pots.get(&pot_key).map(|pot| pot.row))
                         .unwrap_or_default()
                 });
-                match holds::debit_held(*row, held.taken) {
+                match holds::debit_held(*row, charged(held)) {
                     Some(after) => {
                         *row = after;
                         let debit = debits.entry(pot_key).or_default();
-                        *debit = debit.plus(held.taken);
+                        *debit = debit.plus(charged(held));
                         Finish::Settled(success)
                     }
                     None => Finish::CreditsGone(success),

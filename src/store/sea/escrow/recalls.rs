@@ -1,7 +1,10 @@
 //! Escrow given back when it sits idle, and when another instance recalls it.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use tokio::sync::oneshot;
+
+use super::state::{Escrow, RECALL_CHANNEL};
+use crate::store::{AccountId, StoreError};
 
 /// Looks for idle escrow every `every` while the escrow is in use (see
 /// [`Escrow::give_back_idle`]).
@@ -23,7 +26,6 @@ pub(super) async fn give_back_idle(escrow: std::sync::Weak<Escrow>, every: std::
 /// gives back what this instance's escrow has free for each account recalled in its schema;
 /// ends when the escrow is dropped. A recall missed (while reconnecting) only waits for the
 /// idle look.
-#[cfg(feature = "postgres")]
 pub(super) async fn answer_recalls(
     escrow: std::sync::Weak<Escrow>,
     mut stop: oneshot::Receiver<()>,
@@ -69,7 +71,7 @@ pub(super) async fn answer_recalls(
         let (Some(account), Some(escrow)) = (account, escrow.upgrade()) else {
             continue;
         };
-        match escrow.give_back_account(account).await {
+        match escrow.give_back_account(AccountId(account)).await {
             Ok(0) => {}
             Ok(rows) => tracing::debug!(account, rows, "gave back recalled escrow"),
             Err(error) => tracing::warn!(%error, account, "giving back recalled escrow failed"),
@@ -78,7 +80,6 @@ pub(super) async fn answer_recalls(
 }
 
 /// This store's schema, and a listener on [`RECALL_CHANNEL`].
-#[cfg(feature = "postgres")]
 pub(super) async fn listen_for_recalls(
     escrow: &Escrow,
 ) -> Result<(String, sea_orm::sqlx::postgres::PgListener), StoreError> {
@@ -98,8 +99,6 @@ pub(super) async fn listen_for_recalls(
     listener.listen(RECALL_CHANNEL).await.map_err(sql_error)?;
     Ok((schema, listener))
 }
-
-#[cfg(feature = "postgres")]
 pub(super) fn sql_error(error: sea_orm::sqlx::Error) -> StoreError {
     StoreError::msg(format!("listening for escrow recalls: {error}"))
 }

@@ -1,16 +1,24 @@
 //! The escrow rows: read and written under their account's lock, given back when their lease
 //! has ended, summed by account.
 
-#[allow(clippy::wildcard_imports)]
-use super::*;
+use chrono::{DateTime, Utc};
+use sea_orm::sea_query::{Expr, LockType};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, EntityTrait, QueryFilter, QuerySelect, Set,
+};
+
+use super::state::PotKey;
+use crate::credits::{Balance, Credits};
+use crate::store::sea::entity::{account, escrow};
+use crate::store::sea::writes::unknown_account;
+use crate::store::{AccountId, LeaseId, StoreError};
 
 /// An escrow row as stored, locked; zero if there is none.
 pub(super) async fn escrow_row<C: ConnectionTrait>(
     txn: &C,
-    account: i64,
-    lease: i64,
+    pot: PotKey,
 ) -> Result<Balance, StoreError> {
-    Ok(escrow::Entity::find_by_id((account, lease))
+    Ok(escrow::Entity::find_by_id((pot.account.0, pot.lease.0))
         .lock_exclusive()
         .one(txn)
         .await?
@@ -30,23 +38,19 @@ pub(super) async fn escrow_row<C: ConnectionTrait>(
 /// entries being inserted (by other instances' batches, for this account) take on it.
 pub(super) async fn return_free<C: ConnectionTrait>(
     txn: &C,
-    account: i64,
-    lease: i64,
+    pot: PotKey,
     held: Balance,
 ) -> Result<Balance, StoreError> {
-    let row = account::Entity::find_by_id(account)
+    let row = account::Entity::find_by_id(pot.account.0)
         .lock(LockType::NoKeyUpdate)
         .one(txn)
         .await?
-        .ok_or_else(|| unknown_account(AccountId(account)))?;
-    let stored = escrow_row(txn, account, lease).await?;
+        .ok_or_else(|| unknown_account(pot.account))?;
+    let stored = escrow_row(txn, pot).await?;
     let free = stored.free_of(held);
-    let kept = Balance {
-        subscription: Credits(stored.subscription.0 - free.subscription.0),
-        topup: Credits(stored.topup.0 - free.topup.0),
-    };
+    let kept = stored.less(free);
     // An empty row (a lapse can leave one) is deleted all the same.
-    write_escrow_row(txn, account, lease, kept).await?;
+    write_escrow_row(txn, pot, kept).await?;
     if free == Balance::default() {
         return Ok(kept);
     }
@@ -59,7 +63,7 @@ pub(super) async fn return_free<C: ConnectionTrait>(
             account::Column::TopupCredits,
             Expr::value(row.topup_credits + free.topup.0),
         )
-        .filter(account::Column::Id.eq(account))
+        .filter(account::Column::Id.eq(pot.account.0))
         .exec(txn)
         .await?;
     Ok(kept)
@@ -68,19 +72,18 @@ pub(super) async fn return_free<C: ConnectionTrait>(
 /// Writes an escrow row (locked by [`escrow_row`]), deleting it when it is empty.
 pub(super) async fn write_escrow_row<C: ConnectionTrait>(
     txn: &C,
-    account: i64,
-    lease: i64,
+    pot: PotKey,
     escrowed: Balance,
 ) -> Result<(), StoreError> {
     if escrowed == Balance::default() {
-        escrow::Entity::delete_by_id((account, lease))
+        escrow::Entity::delete_by_id((pot.account.0, pot.lease.0))
             .exec(txn)
             .await?;
         return Ok(());
     }
     let row = escrow::ActiveModel {
-        account_id: Set(account),
-        instance_id: Set(lease),
+        account_id: Set(pot.account.0),
+        instance_id: Set(pot.lease.0),
         subscription_credits: Set(escrowed.subscription.0),
         topup_credits: Set(escrowed.topup.0),
     };
@@ -108,44 +111,27 @@ pub(super) async fn write_escrow_row<C: ConnectionTrait>(
 pub(in crate::store::sea) async fn give_back_ended(
     db: &DatabaseConnection,
     now: DateTime<Utc>,
-    account: Option<i64>,
+    account: Option<AccountId>,
 ) -> Result<u64, StoreError> {
     let mut query = escrow::Entity::find()
         .select_only()
         .column(escrow::Column::AccountId)
         .column(escrow::Column::InstanceId)
-        .filter(escrow::Column::InstanceId.not_in_subquery(super::super::leases::live(now)));
+        .filter(escrow::Column::InstanceId.not_in_subquery(crate::store::sea::leases::live(now)));
     if let Some(account) = account {
-        query = query.filter(escrow::Column::AccountId.eq(account));
+        query = query.filter(escrow::Column::AccountId.eq(account.0));
     }
     let ended: Vec<(i64, i64)> = query.into_tuple().all(db).await?;
     let mut given = 0;
     for (account, lease) in ended {
-        let txn = super::super::jobs::begin_write(db).await?;
+        let pot = PotKey::new(LeaseId(lease), AccountId(account));
+        let txn = crate::store::sea::jobs::begin_write(db).await?;
         // A lease that ended is never renewed, and its holder holds nothing that recovery
         // must leave: all of its escrow goes back.
-        return_free(&txn, account, lease, Balance::default()).await?;
+        return_free(&txn, pot, Balance::default()).await?;
         txn.commit().await?;
         tracing::info!(account, lease, "gave back the escrow of a lease that ended");
         given += 1;
     }
     Ok(given)
-}
-
-/// What every escrow row holds, by account.
-pub(in crate::store::sea) async fn escrowed<C: ConnectionTrait>(
-    db: &C,
-    accounts: Option<&[i64]>,
-) -> Result<HashMap<i64, Balance>, StoreError> {
-    let mut query = escrow::Entity::find();
-    if let Some(accounts) = accounts {
-        query = query.filter(escrow::Column::AccountId.is_in(accounts.iter().copied()));
-    }
-    let mut sums: HashMap<i64, Balance> = HashMap::new();
-    for row in query.all(db).await? {
-        let sum = sums.entry(row.account_id).or_default();
-        sum.subscription = Credits(sum.subscription.0 + row.subscription_credits);
-        sum.topup = Credits(sum.topup.0 + row.topup_credits);
-    }
-    Ok(sums)
 }

@@ -1,173 +1,12 @@
-//! Reservations held in memory, for a `SQLite` file that one gateway owns
-//! ([`SeaOrmStore::own_file`](super::SeaOrmStore::own_file)).
-//!
-//! A reservation written to the database costs a write when the call starts and another when it
-//! ends. When one process owns the file, the reservation can instead live here: the credits are
-//! held against the balance the committer read, and the call's outcome is written once, when it
-//! ends: an `ok` entry with its debit, or a `refunded` entry with nothing moved. A crash loses
-//! only holds, which moved no money, so recovery has nothing to do for them.
-//!
-//! A reservation is held at once, on its caller's task, against the rows the committer last
-//! read, while those are still what the file holds; otherwise the committer decides it in its
-//! next batch against the rows it reads under the file's write lock, so what other connections
-//! wrote (a grant, a revocation, a lapse from the CLI) is seen by the next reservation. One
-//! that arrives while a batch takes or gives up that lock, when nobody can tell, waits in
-//! order until the committer can ([`State::waiting`]). Only the committer's batches end
-//! holds. The store's own transactions that must see the holds still (a lapse leaves held
-//! credits in place; a keyed reservation cannot spend them) freeze them
-//! ([`SharedHolds::freeze`]) while they run.
+//! The owned file's shared holds: what the committer's thread, the callers' tasks and the
+//! store's pool transactions share (see `super`).
 
 use std::collections::{HashMap, VecDeque};
 
-use chrono::{DateTime, Utc};
-
-use super::jobs::Kept;
-use super::writes::{AccountRead, OwnedCharge, Wanted, Write};
-use crate::credits::{Balance, Split};
-use crate::store::rules;
-
-/// A call whose credits are held in memory.
-#[derive(Debug, Clone)]
-pub(super) struct HeldCall {
-    pub(super) account: i64,
-    pub(super) charge: OwnedCharge,
-    pub(super) taken: Split,
-    /// When it was reserved: its entry's `created_at`.
-    pub(super) reserved_at: DateTime<Utc>,
-}
-
-/// Every held call, what they hold on each account, and the ids set aside for new ones.
-#[derive(Debug, Default, Clone)]
-pub(super) struct Holds {
-    calls: HashMap<i64, HeldCall>,
-    accounts: HashMap<i64, Balance>,
-    ids: IdBlock,
-}
-
-/// Call ids set aside for held calls: `next..end`. The file's id sequence has been moved past
-/// `end`, so entries inserted by anyone else never take one of them.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) struct IdBlock {
-    pub(super) next: i64,
-    pub(super) end: i64,
-}
-
-impl IdBlock {
-    pub(super) fn left(self) -> i64 {
-        self.end - self.next
-    }
-}
-
-/// What one committed batch did to the holds.
-#[derive(Debug, Default)]
-pub(super) struct HoldChanges {
-    pub(super) added: Vec<(i64, HeldCall)>,
-    pub(super) ended: Vec<i64>,
-    pub(super) ids: Option<IdBlock>,
-}
-
-impl Holds {
-    pub(super) fn call(&self, call: i64) -> Option<&HeldCall> {
-        self.calls.get(&call)
-    }
-
-    /// What is held on `account`.
-    pub(super) fn on(&self, account: i64) -> Balance {
-        self.accounts.get(&account).copied().unwrap_or_default()
-    }
-
-    /// `row`, an account's credits as stored, less what is held on it: what it has to spend.
-    pub(super) fn net(&self, account: i64, row: Balance) -> Balance {
-        row.free_of(self.on(account))
-    }
-
-    pub(super) fn ids(&self) -> IdBlock {
-        self.ids
-    }
-
-    /// Holds `taken` on `account` for a new call, under the next id set aside, if one is left.
-    pub(super) fn hold(&mut self, account: i64, charge: &OwnedCharge, taken: Split) -> Option<i64> {
-        if self.ids.left() < 1 {
-            return None;
-        }
-        let id = self.ids.next;
-        let held = HeldCall {
-            account,
-            charge: charge.clone(),
-            taken,
-            reserved_at: Utc::now(),
-        };
-        let ids = IdBlock {
-            next: id + 1,
-            end: self.ids.end,
-        };
-        self.apply(HoldChanges {
-            added: vec![(id, held)],
-            ended: Vec::new(),
-            ids: Some(ids),
-        });
-        Some(id)
-    }
-
-    /// What a batch of `writes` needs of the holds, copied, so that it can be written while
-    /// the state stays unlocked: the calls it ends, what is held on the accounts it touches
-    /// and the ids set aside. Calls held meanwhile are not in it; they are not the batch's.
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for `sqlite_direct` only
-    pub(super) fn for_batch(&self, writes: &[&Write]) -> Holds {
-        let mut part = Holds {
-            ids: self.ids,
-            ..Holds::default()
-        };
-        for write in writes {
-            let account = match write {
-                Write::Reserve(charge) => charge.caller.account.0,
-                Write::Settle(call, _) | Write::Refund(call, _) => match self.calls.get(&call.0) {
-                    Some(held) => {
-                        part.calls.insert(call.0, held.clone());
-                        held.account
-                    }
-                    None => continue,
-                },
-            };
-            if let Some(&on) = self.accounts.get(&account) {
-                part.accounts.insert(account, on);
-            }
-        }
-        part
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.calls.len()
-    }
-
-    /// The held calls reserved before `cutoff`: how many, and the credits they hold.
-    pub(super) fn older_than(&self, cutoff: DateTime<Utc>) -> crate::store::Overdue {
-        older_than(self.calls.values(), cutoff)
-    }
-
-    /// Applies a committed batch's changes.
-    pub(super) fn apply(&mut self, changes: HoldChanges) {
-        for (id, held) in changes.added {
-            let on = self.accounts.entry(held.account).or_default();
-            *on = rules::holds::hold(*on, held.taken);
-            self.calls.insert(id, held);
-        }
-        for id in changes.ended {
-            let Some(held) = self.calls.remove(&id) else {
-                continue;
-            };
-            if let Some(on) = self.accounts.get_mut(&held.account) {
-                *on = rules::holds::release(*on, held.taken);
-                if *on == Balance::default() {
-                    self.accounts.remove(&held.account);
-                }
-            }
-        }
-        if let Some(ids) = changes.ids {
-            self.ids = ids;
-        }
-    }
-}
+use super::super::held::Holds;
+use super::super::jobs::Kept;
+use super::super::writes::{AccountRead, Wanted, Write};
+use crate::credits::Balance;
 
 /// The holds, shared by the committer's thread, the callers' tasks and the store's pool
 /// transactions that must see them still (a lapse, a keyed reservation, a grant).
@@ -182,14 +21,14 @@ impl Holds {
 ///   for a pool transaction which must see the holds unchanged throughout. Everyone takes it
 ///   before the database's write lock, never after, so the two cannot deadlock.
 #[derive(Debug, Default)]
-pub(super) struct SharedHolds {
+pub(in crate::store::sea) struct SharedHolds {
     state: std::sync::Mutex<State>,
     gate: tokio::sync::Mutex<()>,
 }
 
 impl SharedHolds {
     /// The state, locked. Hold the guard only for work in memory, and never across an await.
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(in crate::store::sea) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while it was held left nothing half-changed that the ledger relies on: holds
         // and rows change only after a batch has committed, each in one step.
         self.state
@@ -199,14 +38,14 @@ impl SharedHolds {
 
     /// For the committer: held through a batch, so that no [`Frozen`] reader runs meanwhile.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // taken by `sqlite_direct` only
-    pub(super) fn gate_blocking(&self) -> tokio::sync::MutexGuard<'_, ()> {
+    pub(in crate::store::sea) fn gate_blocking(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.gate.blocking_lock()
     }
 
     /// The holds as they stand, kept from changing until the guard is dropped: the committer
     /// writes no batch and no reservation is held at once meanwhile (they wait for the
     /// committer, in order). Take it before a write transaction, never inside one.
-    pub(super) async fn freeze(&self) -> Frozen<'_> {
+    pub(in crate::store::sea) async fn freeze(&self) -> Frozen<'_> {
         let gate = self.gate.lock().await;
         let holds = {
             let mut state = self.lock();
@@ -223,7 +62,7 @@ impl SharedHolds {
 
 /// The holds as they stood when [`SharedHolds::freeze`] returned, and still stand while this
 /// lives.
-pub(super) struct Frozen<'a> {
+pub(in crate::store::sea) struct Frozen<'a> {
     shared: &'a SharedHolds,
     holds: Holds,
     _gate: tokio::sync::MutexGuard<'a, ()>,
@@ -248,16 +87,16 @@ impl Drop for Frozen<'_> {
 /// read (so that most reservations are decided here, without a batch), and the committer's
 /// connection, which is here whenever no batch is being written.
 #[derive(Debug, Default)]
-pub(super) struct State {
-    pub(super) holds: Holds,
-    pub(super) rows: RowCache,
+pub(in crate::store::sea) struct State {
+    pub(in crate::store::sea) holds: Holds,
+    pub(in crate::store::sea) rows: RowCache,
     /// Reservations and refunds queued for the committer whose batch has not yet ended. While
     /// there are any, reservations queue behind them instead of being decided at once: an
     /// account's reservations and refunds are decided in the order they arrive, and a batch
     /// that decides reservations or refunds sees holds that do not change under it.
-    pub(super) queued: usize,
+    pub(in crate::store::sea) queued: usize,
     /// How many [`Frozen`] guards are alive; while any is, reservations queue.
-    pub(super) frozen: usize,
+    pub(in crate::store::sea) frozen: usize,
     /// Reservations that arrived while a batch was taking or giving up the file's write lock,
     /// when nobody can tell whether another connection has committed, and the reservations
     /// that arrived after them: they wait here, in order, for the committer to know the file's
@@ -266,14 +105,14 @@ pub(super) struct State {
     /// batch straight away kept their place too, but held back every reservation after them
     /// until that batch ended (see BENCHMARKS.md). A refund arriving meanwhile sends them on
     /// first ([`State::queue`]).
-    pub(super) waiting: VecDeque<Kept>,
+    pub(in crate::store::sea) waiting: VecDeque<Kept>,
     /// While a batch holds the file's write lock: the file's version (`PRAGMA data_version`)
     /// that the committer read under it. Nobody else can commit until the batch does, so the
     /// rows read at that version stay true without asking the connection, which the batch is
     /// using. `None` while no batch holds the lock, or once it is about to commit.
-    pub(super) writing: Option<i64>,
+    pub(in crate::store::sea) writing: Option<i64>,
     #[cfg(feature = "sqlite")]
-    pub(super) connection: Option<rusqlite::Connection>,
+    pub(in crate::store::sea) connection: Option<rusqlite::Connection>,
 }
 
 impl State {
@@ -284,7 +123,7 @@ impl State {
     /// ahead of it, so that each is decided before it, as they arrived. A settle does not
     /// change what a reservation can take (its credits stay spent), and the calls it ends are
     /// never among the waiting ones, so it goes straight past them.
-    pub(super) fn queue(&mut self, kept: Kept) {
+    pub(in crate::store::sea) fn queue(&mut self, kept: Kept) {
         match kept.job.write {
             Write::Reserve(_)
                 if !self.waiting.is_empty()
@@ -305,7 +144,7 @@ impl State {
 
     /// Sends a write to the committer, counted in [`State::queued`] if it holds back
     /// reservations.
-    pub(super) fn send(&mut self, kept: Kept) {
+    pub(in crate::store::sea) fn send(&mut self, kept: Kept) {
         if kept.job.write.holds_back_reservations() {
             self.queued += 1;
         }
@@ -326,17 +165,17 @@ impl State {
 /// committer's connection reports the same `PRAGMA data_version` (which changes when any other
 /// connection commits: a grant, a revocation, a lapse, a keyed call, another process).
 #[derive(Debug, Default)]
-pub(super) struct RowCache {
+pub(in crate::store::sea) struct RowCache {
     version: Option<i64>,
-    pub(super) accounts: HashMap<i64, AccountRead>,
+    pub(in crate::store::sea) accounts: HashMap<i64, AccountRead>,
     /// Whether each key is active.
-    pub(super) keys: HashMap<i64, bool>,
+    pub(in crate::store::sea) keys: HashMap<i64, bool>,
 }
 
 impl RowCache {
     /// Keeps the rows if `version` is the one they were read at; otherwise empties the cache
     /// for that version. `true` if they were kept.
-    pub(super) fn check(&mut self, version: i64) -> bool {
+    pub(in crate::store::sea) fn check(&mut self, version: i64) -> bool {
         if self.version == Some(version) {
             return true;
         }
@@ -348,7 +187,7 @@ impl RowCache {
 
     /// The rows a batch of `wanted` can take from here, copied, at the same version.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for `sqlite_direct` only
-    pub(super) fn part(&self, wanted: &Wanted) -> RowCache {
+    pub(in crate::store::sea) fn part(&self, wanted: &Wanted) -> RowCache {
         let accounts = (wanted.accounts.iter())
             .filter_map(|id| Some((*id, *self.accounts.get(id)?)))
             .collect();
@@ -365,7 +204,7 @@ impl RowCache {
     /// Takes in what a batch read into its [`RowCache::part`], if both are still at the same
     /// version.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for `sqlite_direct` only
-    pub(super) fn merge(&mut self, part: RowCache) {
+    pub(in crate::store::sea) fn merge(&mut self, part: RowCache) {
         if self.version.is_some() && self.version == part.version {
             self.accounts.extend(part.accounts);
             self.keys.extend(part.keys);
@@ -373,14 +212,14 @@ impl RowCache {
     }
 
     /// Forgets every row (after a batch whose outcome is unknown).
-    pub(super) fn clear(&mut self) {
+    pub(in crate::store::sea) fn clear(&mut self) {
         self.version = None;
         self.accounts.clear();
         self.keys.clear();
     }
 
     /// Applies a committed batch's changes to the rows it read.
-    pub(super) fn apply(&mut self, changes: &[(i64, Balance)]) {
+    pub(in crate::store::sea) fn apply(&mut self, changes: &[(i64, Balance)]) {
         for (id, change) in changes {
             if let Some(row) = self.accounts.get_mut(id) {
                 row.balance.subscription.0 += change.subscription.0;
@@ -388,17 +227,4 @@ impl RowCache {
             }
         }
     }
-}
-
-/// Of `calls`, those reserved before `cutoff`: how many, and the credits they hold.
-pub(super) fn older_than<'a>(
-    calls: impl Iterator<Item = &'a HeldCall>,
-    cutoff: DateTime<Utc>,
-) -> crate::store::Overdue {
-    let mut overdue = crate::store::Overdue::default();
-    for held in calls.filter(|held| held.reserved_at < cutoff) {
-        overdue.calls += 1;
-        overdue.credits += i128::from(held.taken.total().get());
-    }
-    overdue
 }

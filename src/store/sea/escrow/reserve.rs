@@ -1,0 +1,280 @@
+//! Holding a call against the escrow: at once where the pot can pay, after a refill where it
+//! cannot, and in the database where the account has too little for escrow.
+
+use chrono::Utc;
+
+use sea_orm::sea_query::{Expr, LockType};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement,
+    TransactionTrait,
+};
+use tokio::sync::oneshot;
+
+use super::rows::{escrow_row, write_escrow_row};
+use super::state::{
+    ESCROW_FROM_CALLS, Escrow, ID_BLOCK, KeyRead, MAX_SLICE_CALLS, PotKey, REFILLED_SOON, Refill,
+    SLICE_CALLS, SLICE_SHARE, Seen, Short, stopped, what_to_hold,
+};
+use crate::credits::{Balance, Credits, Split};
+use crate::store::rules::holds;
+use crate::store::sea::entity::{account, instance};
+use crate::store::sea::group_commit::Committer;
+use crate::store::sea::held::HeldCall;
+use crate::store::sea::rows::balance_of;
+use crate::store::sea::writes::{OwnedCharge, unknown_account};
+use crate::store::{AccountId, CallId, LeaseId, Reservation, ReserveError, StoreError};
+
+impl Escrow {
+    /// Reserves `charge` against this instance's escrow under its lease, refilling the escrow
+    /// when it cannot pay. `None`: the account has too little for escrow (what this instance
+    /// had free of it is back in its row); reserve it in the database.
+    pub(super) async fn reserve(
+        &self,
+        charge: &OwnedCharge,
+        pot: PotKey,
+    ) -> Result<Option<Reservation>, ReserveError> {
+        let (answer, answered) = oneshot::channel();
+        let read = KeyRead {
+            key: charge.caller.key.0,
+            answer,
+        };
+        self.reads.send(read).await.map_err(|_| stopped())?;
+        let mut seen = answered
+            .await
+            .map_err(|_| stopped())??
+            .ok_or(ReserveError::KeyRevoked)?;
+        let mut refilled = false;
+        loop {
+            match self.try_hold(charge, pot, seen) {
+                Ok(reservation) => return Ok(Some(reservation)),
+                Err(Short::Ids) => self.fetch_ids().await?,
+                Err(Short::Credits) if refilled => return Ok(None),
+                Err(Short::Credits) => match self.refill(charge, pot, seen).await? {
+                    Refill::Again => {}
+                    Refill::Done { seen: after } => {
+                        seen = after;
+                        refilled = true;
+                    }
+                    // Its lease has ended (recovery may give the escrow back at any moment):
+                    // reserve in the database until the store holds a new one.
+                    Refill::LeaseEnded => return Ok(None),
+                },
+            }
+        }
+    }
+
+    fn try_hold(
+        &self,
+        charge: &OwnedCharge,
+        pot: PotKey,
+        seen: Seen,
+    ) -> Result<Reservation, Short> {
+        let account = charge.caller.account.0;
+        let mut state = self.state();
+        let taken = what_to_hold(&state, charge, pot, seen)?;
+        let id = state.ids.pop_front().ok_or(Short::Ids)?;
+        let held_on = state.pots.entry(pot).or_default();
+        held_on.held = holds::hold(held_on.held, taken);
+        held_on.touched = true;
+        let mut held = charge.clone();
+        held.instance = Some(pot.lease.0);
+        state.calls.insert(
+            id,
+            HeldCall {
+                account,
+                charge: held,
+                taken,
+                reserved_at: Utc::now(),
+            },
+        );
+        debug_assert!(
+            state.sums_agree(),
+            "what a pot holds is not the sum of its held calls"
+        );
+        Ok(Reservation {
+            call: CallId(id),
+            account: AccountId(account),
+            taken,
+        })
+    }
+
+    async fn fetch_ids(&self) -> Result<(), StoreError> {
+        let _one = self.fetching_ids.lock().await;
+        if !self.state().ids.is_empty() {
+            return Ok(());
+        }
+        let sql = "SELECT nextval(pg_get_serial_sequence('mg_calls', 'id')) \
+                   FROM generate_series(1, $1::bigint)";
+        let rows = self
+            .db
+            .query_all_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                sql,
+                [ID_BLOCK.into()],
+            ))
+            .await?;
+        let ids = rows
+            .iter()
+            .map(|row| row.try_get_by_index::<i64>(0))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.state().ids.extend(ids);
+        Ok(())
+    }
+
+    /// Gives back what the escrow has free on `charge`'s account and takes a new slice, subscription
+    /// credits first, in one transaction.
+    async fn refill(
+        &self,
+        charge: &OwnedCharge,
+        pot: PotKey,
+        seen: Seen,
+    ) -> Result<Refill, ReserveError> {
+        let _writer = self.writer.lock().await;
+        if what_to_hold(&self.state(), charge, pot, seen).is_ok() {
+            return Ok(Refill::Again);
+        }
+        let (held, slice_calls) = {
+            let mut state = self.state();
+            let refilled = state.pots.entry(pot).or_default();
+            refilled.writing = true;
+            let slice_calls = match refilled.refilled {
+                Some((at, calls)) if at.elapsed() < REFILLED_SOON => {
+                    Ord::min(calls.saturating_mul(2), MAX_SLICE_CALLS)
+                }
+                _ => SLICE_CALLS,
+            };
+            (refilled.held, slice_calls)
+        };
+        let written = self.write_refill(charge, pot, held, slice_calls).await;
+        let mut state = self.state();
+        let refilled = state.pots.entry(pot).or_default();
+        refilled.writing = false;
+        let Some((row, seen)) = written? else {
+            return Ok(Refill::LeaseEnded);
+        };
+        refilled.refilled = Some((std::time::Instant::now(), slice_calls));
+        refilled.row = row;
+        refilled.period_end = seen.subscription_ends_at;
+        Ok(Refill::Done { seen })
+    }
+
+    async fn write_refill(
+        &self,
+        charge: &OwnedCharge,
+        pot: PotKey,
+        held: Balance,
+        slice_calls: i64,
+    ) -> Result<Option<(Balance, Seen)>, ReserveError> {
+        let txn = self.db.begin().await?;
+        let row = account::Entity::find_by_id(pot.account.0)
+            .lock(LockType::NoKeyUpdate)
+            .one(&txn)
+            .await?
+            .ok_or_else(|| unknown_account(pot.account))?;
+        let now = Utc::now();
+        let live = instance::Entity::find_by_id(pot.lease.0)
+            .filter(instance::Column::ExpiresAt.gt(now))
+            .one(&txn)
+            .await?
+            .is_some();
+        if !live {
+            txn.rollback().await?;
+            return Ok(None);
+        }
+        let stored = escrow_row(&txn, pot).await?;
+        // What no held call counts on goes back to the row, then a new slice is taken from it.
+        let free = stored.free_of(held);
+        let pool = balance_of(&row).and(free);
+        let spendable = pool.spendable(row.subscription_ends_at, charge.at);
+        // A slice, or at most an eighth of what is there; nothing from an account running low.
+        let want = if spendable.total().0 >= charge.price.0.saturating_mul(ESCROW_FROM_CALLS) {
+            Ord::min(
+                charge.price.0.saturating_mul(slice_calls),
+                spendable.total().0 / SLICE_SHARE,
+            )
+        } else {
+            0
+        };
+        let from_subscription = Ord::min(spendable.subscription.0, want);
+        let take = Split {
+            subscription: Credits(from_subscription),
+            topup: Credits(Ord::min(spendable.topup.0, want - from_subscription)),
+        };
+        let left = pool.minus(take);
+        let escrowed = stored.less(free).plus(take);
+        account::Entity::update_many()
+            .col_expr(
+                account::Column::SubscriptionCredits,
+                Expr::value(left.subscription.0),
+            )
+            .col_expr(account::Column::TopupCredits, Expr::value(left.topup.0))
+            .filter(account::Column::Id.eq(pot.account.0))
+            .exec(&txn)
+            .await?;
+        write_escrow_row(&txn, pot, escrowed).await?;
+        txn.commit().await?;
+        let seen = Seen {
+            row_subscription: left.subscription.0,
+            subscription_ends_at: row.subscription_ends_at,
+        };
+        Ok(Some((escrowed, seen)))
+    }
+
+    /// Reserves a call without an idempotency key: against this instance's escrow while it
+    /// holds a lease; otherwise, or when the account has too little for escrow, in the
+    /// database, and, if refused for credits there, once more after other instances gave back
+    /// what their escrow holds free for the account.
+    pub(in crate::store::sea) async fn reserve_or_in_database(
+        &self,
+        committer: &Committer,
+        charge: OwnedCharge,
+    ) -> Result<Reservation, ReserveError> {
+        let Some(lease) = charge.instance else {
+            return committer.reserve(charge).await;
+        };
+        let pot = PotKey::new(LeaseId(lease), charge.caller.account);
+        if let Some(reservation) = self.reserve(&charge, pot).await? {
+            return Ok(reservation);
+        }
+        match committer.reserve(charge.clone()).await {
+            Err(ReserveError::InsufficientCredits) if self.recall(pot).await? => {
+                committer.reserve(charge).await
+            }
+            reserved => reserved,
+        }
+    }
+
+    /// Reserves a keyed call, which is reserved in the database, with `reserve`: subscription
+    /// credits in this instance's escrow go back first, to be spent before the row's top-up
+    /// credits; a call refused for credits gives back what is free here and is tried once
+    /// more, then recalls other instances' (an escrow instance owns no file, so nothing is
+    /// frozen while they are recalled).
+    pub(in crate::store::sea) async fn reserve_keyed<F, Fut>(
+        &self,
+        charge: &OwnedCharge,
+        reserve: F,
+    ) -> Result<Reservation, ReserveError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<Reservation, ReserveError>>,
+    {
+        let Some(lease) = charge.instance else {
+            return reserve().await;
+        };
+        let pot = PotKey::new(LeaseId(lease), charge.caller.account);
+        if self.has_free_subscription(pot) {
+            self.give_back(pot.lease, Some(pot.account)).await?;
+        }
+        let mut reserved = reserve().await;
+        if let Err(ReserveError::InsufficientCredits) = reserved {
+            self.give_back(pot.lease, Some(pot.account)).await?;
+            reserved = reserve().await;
+            if let Err(ReserveError::InsufficientCredits) = reserved
+                && self.recall(pot).await?
+            {
+                reserved = reserve().await;
+            }
+        }
+        reserved
+    }
+}

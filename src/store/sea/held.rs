@@ -1,0 +1,194 @@
+//! Reservations held in memory: what a held call took, and the holds of a batch or a store.
+//! Two modes hold calls: a `SQLite` file one gateway owns (`super::owned`) and escrow on
+//! `PostgreSQL` (`super::escrow`); the committer's batches decide against them (`super::batch`).
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+
+use super::writes::OwnedCharge;
+#[cfg(feature = "sqlite")]
+use super::writes::Write;
+use crate::credits::{Balance, Split};
+#[cfg(feature = "sqlite")]
+use crate::store::rules;
+
+/// A call whose credits are held in memory.
+#[derive(Debug, Clone)]
+pub(super) struct HeldCall {
+    pub(super) account: i64,
+    pub(super) charge: OwnedCharge,
+    pub(super) taken: Split,
+    /// When it was reserved: its entry's `created_at`.
+    pub(super) reserved_at: DateTime<Utc>,
+}
+
+/// Every held call, what they hold on each account, and the ids set aside for new ones.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Holds {
+    calls: HashMap<i64, HeldCall>,
+    accounts: HashMap<i64, Balance>,
+    #[cfg(feature = "sqlite")]
+    ids: IdBlock,
+}
+
+#[cfg(feature = "sqlite")]
+/// Call ids set aside for held calls: `next..end`. The file's id sequence has been moved past
+/// `end`, so entries inserted by anyone else never take one of them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct IdBlock {
+    pub(super) next: i64,
+    pub(super) end: i64,
+}
+
+#[cfg(feature = "sqlite")]
+impl IdBlock {
+    pub(super) fn left(self) -> i64 {
+        self.end - self.next
+    }
+}
+
+#[cfg(feature = "sqlite")]
+/// What one committed batch did to the holds.
+#[derive(Debug, Default)]
+pub(super) struct HoldChanges {
+    pub(super) added: Vec<(i64, HeldCall)>,
+    pub(super) ended: Vec<i64>,
+    pub(super) ids: Option<IdBlock>,
+}
+
+impl Holds {
+    pub(super) fn call(&self, call: i64) -> Option<&HeldCall> {
+        self.calls.get(&call)
+    }
+
+    /// What is held on `account`.
+    pub(super) fn on(&self, account: i64) -> Balance {
+        self.accounts.get(&account).copied().unwrap_or_default()
+    }
+
+    /// `row`, an account's credits as stored, less what is held on it: what it has to spend.
+    pub(super) fn net(&self, account: i64, row: Balance) -> Balance {
+        row.free_of(self.on(account))
+    }
+
+    #[cfg(feature = "sqlite")]
+    pub(super) fn ids(&self) -> IdBlock {
+        self.ids
+    }
+
+    #[cfg(feature = "sqlite")]
+    /// Holds `taken` on `account` for a new call, under the next id set aside, if one is left.
+    pub(super) fn hold(&mut self, account: i64, charge: &OwnedCharge, taken: Split) -> Option<i64> {
+        if self.ids.left() < 1 {
+            return None;
+        }
+        let id = self.ids.next;
+        let held = HeldCall {
+            account,
+            charge: charge.clone(),
+            taken,
+            reserved_at: Utc::now(),
+        };
+        let ids = IdBlock {
+            next: id + 1,
+            end: self.ids.end,
+        };
+        self.apply(HoldChanges {
+            added: vec![(id, held)],
+            ended: Vec::new(),
+            ids: Some(ids),
+        });
+        Some(id)
+    }
+
+    #[cfg(feature = "sqlite")]
+    /// What a batch of `writes` needs of the holds, copied, so that it can be written while
+    /// the state stays unlocked: the calls it ends, what is held on the accounts it touches
+    /// and the ids set aside. Calls held meanwhile are not in it; they are not the batch's.
+    pub(super) fn for_batch(&self, writes: &[&Write]) -> Holds {
+        let mut part = Holds {
+            ids: self.ids,
+            ..Holds::default()
+        };
+        for write in writes {
+            let account = match write {
+                Write::Reserve(charge) => charge.caller.account.0,
+                Write::Settle(call, _) | Write::Refund(call, _) => match self.calls.get(&call.0) {
+                    Some(held) => {
+                        part.calls.insert(call.0, held.clone());
+                        held.account
+                    }
+                    None => continue,
+                },
+            };
+            if let Some(&on) = self.accounts.get(&account) {
+                part.accounts.insert(account, on);
+            }
+        }
+        part
+    }
+
+    #[cfg(feature = "sqlite")]
+    pub(super) fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    #[cfg(feature = "sqlite")]
+    /// The held calls reserved before `cutoff`: how many, and the credits they hold.
+    pub(super) fn older_than(&self, cutoff: DateTime<Utc>) -> crate::store::Overdue {
+        older_than(self.calls.values(), cutoff)
+    }
+
+    #[cfg(feature = "sqlite")]
+    /// Applies a committed batch's changes.
+    pub(super) fn apply(&mut self, changes: HoldChanges) {
+        for (id, held) in changes.added {
+            let on = self.accounts.entry(held.account).or_default();
+            *on = rules::holds::hold(*on, held.taken);
+            self.calls.insert(id, held);
+        }
+        for id in changes.ended {
+            let Some(held) = self.calls.remove(&id) else {
+                continue;
+            };
+            if let Some(on) = self.accounts.get_mut(&held.account) {
+                *on = rules::holds::release(*on, held.taken);
+                if *on == Balance::default() {
+                    self.accounts.remove(&held.account);
+                }
+            }
+        }
+        if let Some(ids) = changes.ids {
+            self.ids = ids;
+        }
+        debug_assert!(
+            self.sums_agree(),
+            "what is held on an account is not the sum of its held calls"
+        );
+    }
+
+    /// Whether what is held on each account is the sum of its held calls.
+    #[cfg(feature = "sqlite")]
+    fn sums_agree(&self) -> bool {
+        rules::holds::sums_agree(
+            self.accounts
+                .iter()
+                .map(|(account, held)| (*account, *held)),
+            self.calls.values().map(|held| (held.account, held.taken)),
+        )
+    }
+}
+
+/// Of `calls`, those reserved before `cutoff`: how many, and the credits they hold.
+pub(super) fn older_than<'a>(
+    calls: impl Iterator<Item = &'a HeldCall>,
+    cutoff: DateTime<Utc>,
+) -> crate::store::Overdue {
+    let mut overdue = crate::store::Overdue::default();
+    for held in calls.filter(|held| held.reserved_at < cutoff) {
+        overdue.calls += 1;
+        overdue.credits += i128::from(held.taken.total().get());
+    }
+    overdue
+}

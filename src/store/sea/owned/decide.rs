@@ -1,0 +1,283 @@
+//! The owned file's batches and reservations decided at once, on the committer's thread and
+//! the callers' tasks (see `super`): a batch applied beside the holds, and a reservation held
+//! without one where the rows the committer last read still hold.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::state::{RowCache, SharedHolds, State};
+use crate::credits::Balance;
+use crate::store::rules::reserve::{Payer, decide_reserve};
+use crate::store::sea::held::HoldChanges;
+use crate::store::sea::jobs::{Failure, Job, Kept, Reply};
+use crate::store::sea::sqlite_direct::{apply_in, data_version, store_error};
+use crate::store::sea::writes::{Outcome, OwnedCharge, Wanted, Write};
+use crate::store::{CallId, Reservation, ReserveError, StoreError};
+
+/// Puts a new committer's connection beside the holds, before its thread starts, so that
+/// reservations can be decided at once from the first batch on. The rows cached are
+/// forgotten: they were read through another connection, whose `PRAGMA data_version` counts
+/// apart from this one's.
+pub(in crate::store::sea) fn install(shared: &SharedHolds, connection: Connection) {
+    let mut state = shared.lock();
+    state.connection = Some(connection);
+    state.rows.clear();
+}
+
+/// Applies a batch beside the holds. The state is locked only in memory: to lend the batch
+/// the connection and copies of the holds and rows it needs, to say that it is writing, and
+/// to take its changes once it has committed. Reservations go on being decided at once
+/// meanwhile, except while the batch decides reservations or refunds itself (see
+/// [`State::queued`]) or is taking or giving up the write lock (they wait, and are served
+/// once it has read the version under the lock or given the connection back: see
+/// [`State::waiting`]); the [`SharedHolds`] gate keeps [`Frozen`](super::Frozen) readers out.
+pub(in crate::store::sea) fn apply_holding(
+    writes: &[&Write],
+    shared: &SharedHolds,
+) -> Result<Vec<Outcome>, Failure> {
+    let _gate = shared.gate_blocking();
+    let mut lent = Lent {
+        shared,
+        connection: shared.lock().connection.take(),
+        given_back: false,
+    };
+    let Some(connection) = lent.connection.as_mut() else {
+        return Err(Failure::Statement(StoreError::msg(
+            "the committer's connection is gone",
+        )));
+    };
+    let applied = write_beside_holds(connection, writes, shared);
+    let version = data_version(connection).ok();
+    // A batch rolled back whose writes will run again alone is not over: its reservations
+    // and refunds still hold others back.
+    let over = !matches!(applied, Err(Failure::Statement(_))) || writes.len() == 1;
+    let mut state = shared.lock();
+    if over {
+        let taken = (writes.iter())
+            .filter(|write| write.holds_back_reservations())
+            .count();
+        state.queued = state.queued.saturating_sub(taken);
+    }
+    let outcomes = match applied {
+        Ok(Written {
+            outcomes,
+            holds,
+            rows,
+            accounts,
+        }) => {
+            state.holds.apply(holds);
+            state.rows.merge(rows);
+            state.rows.apply(&accounts);
+            // Another connection may have committed since this batch did.
+            match version {
+                Some(version) => {
+                    state.rows.check(version);
+                }
+                None => state.rows.clear(),
+            }
+            Ok(outcomes)
+        }
+        Err(failure) => {
+            state.rows.clear();
+            Err(failure)
+        }
+    };
+    lent.give_back(&mut state);
+    outcomes
+}
+
+/// The committer's connection, lent to a batch: back beside the holds when given back or
+/// dropped, however the batch ended, and the writes that waited for it served.
+struct Lent<'a> {
+    shared: &'a SharedHolds,
+    connection: Option<Connection>,
+    given_back: bool,
+}
+
+impl Lent<'_> {
+    /// Gives the connection back and serves the writes that waited for it.
+    fn give_back(&mut self, state: &mut State) {
+        self.given_back = true;
+        state.writing = None;
+        if let Some(connection) = self.connection.take() {
+            if state.connection.is_some() {
+                // A new committer installed its own meanwhile (`with_max_batch`): keep that
+                // one, and none of the rows read through this one.
+                state.rows.clear();
+            } else {
+                state.connection = Some(connection);
+            }
+        }
+        serve_waiting(state);
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if !self.given_back {
+            let mut state = self.shared.lock();
+            self.give_back(&mut state);
+        }
+    }
+}
+
+/// What a batch written beside the holds did: its outcomes, its changes to the holds, the rows
+/// it read and what it wrote to each account.
+struct Written {
+    outcomes: Vec<Outcome>,
+    holds: HoldChanges,
+    rows: RowCache,
+    accounts: Vec<(i64, Balance)>,
+}
+
+fn write_beside_holds(
+    connection: &mut Connection,
+    writes: &[&Write],
+    shared: &SharedHolds,
+) -> Result<Written, Failure> {
+    let statement = Failure::Statement;
+    let txn = connection
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|error| statement(store_error(error)))?;
+    // Under the write lock: nobody else commits until this batch does.
+    let version = data_version(&txn).map_err(statement)?;
+    let (holds, mut rows) = {
+        let mut state = shared.lock();
+        state.rows.check(version);
+        state.writing = Some(version);
+        serve_waiting(&mut state);
+        let holds = state.holds.for_batch(writes);
+        let rows = state.rows.part(&Wanted::of(writes, Some(&holds)));
+        (holds, rows)
+    };
+    // On an error the transaction is dropped, which rolls it back.
+    let written = apply_in(&txn, writes, Some((&holds, &mut rows)));
+    // From its commit on, another connection may commit too: reservations must ask the file.
+    shared.lock().writing = None;
+    let (outcomes, holds, accounts) = written.map_err(statement)?;
+    txn.commit()
+        .map_err(|error| Failure::Commit(store_error(error)))?;
+    Ok(Written {
+        outcomes,
+        holds,
+        rows,
+        accounts,
+    })
+}
+
+/// Reserves `charge` at once, from the rows the committer last read, if they are still what
+/// the file holds (no other connection has committed since) and hold the caller's account and
+/// key, and nothing waiting, queued or frozen must be decided first; `None` queues it
+/// ([`State::queue`]). On the caller's task, with the state locked.
+///
+/// Whether another connection has committed is asked of the committer's connection between
+/// batches; while a batch holds the file's write lock nobody else can commit, so the version
+/// the batch read stands ([`State::writing`]). For the moment a batch takes or gives up the
+/// lock, nobody can tell: the reservation waits, in order, until the committer can
+/// ([`State::waiting`]).
+pub(super) fn reserve_now(
+    state: &mut State,
+    charge: &OwnedCharge,
+) -> Option<Result<Reservation, ReserveError>> {
+    if !state.waiting.is_empty() {
+        return None;
+    }
+    reserve_in_turn(state, charge)
+}
+
+/// [`reserve_now`] for a reservation whose turn it is: nothing waits before it.
+fn reserve_in_turn(
+    state: &mut State,
+    charge: &OwnedCharge,
+) -> Option<Result<Reservation, ReserveError>> {
+    let version = version_for_now(state)?;
+    decide_now(state, version, charge)
+}
+
+/// The file's version, for a reservation that may be decided at once: `None` while anything
+/// queued or frozen must be decided first, or while nobody can tell (see [`reserve_now`]).
+fn version_for_now(state: &State) -> Option<i64> {
+    if state.queued > 0 || state.frozen > 0 {
+        return None;
+    }
+    match (&state.connection, state.writing) {
+        (Some(connection), _) => data_version(connection).ok(),
+        (None, writing) => writing,
+    }
+}
+
+/// Serves the reservations that waited while a batch took or gave up the write lock
+/// ([`State::waiting`]), in the order they arrived, now that the committer can tell the file's
+/// version again: each is decided at once if it could be were it arriving now; the first that
+/// cannot, and every one after it, go to the committer. One whose caller has gone (its future
+/// was dropped: the client went away) is dropped too, so that it holds nothing that no guard
+/// would ever end.
+fn serve_waiting(state: &mut State) {
+    if state.waiting.is_empty() {
+        return;
+    }
+    // Read once for all of them: each arrived before this read, so whatever another
+    // connection committed before it began is seen, as a reservation decided on arrival
+    // would see it.
+    let version = version_for_now(state);
+    while let Some(Kept { job, room }) = state.waiting.pop_front() {
+        let job = match job {
+            Job {
+                reply: Reply::Reserve(answer),
+                ..
+            } if answer.is_closed() => continue,
+            Job {
+                write: Write::Reserve(charge),
+                reply: Reply::Reserve(answer),
+            } => match version
+                .filter(|_| state.queued == 0)
+                .and_then(|version| decide_now(state, version, &charge))
+            {
+                Some(reserved) => {
+                    // As with a batch's answers (`Job::answer`), a caller that stopped waiting
+                    // is not an error here.
+                    let _ = answer.send(reserved);
+                    continue;
+                }
+                None => Job {
+                    write: Write::Reserve(charge),
+                    reply: Reply::Reserve(answer),
+                },
+            },
+            job => job,
+        };
+        state.send(Kept { job, room });
+    }
+}
+
+fn decide_now(
+    state: &mut State,
+    version: i64,
+    charge: &OwnedCharge,
+) -> Option<Result<Reservation, ReserveError>> {
+    if !state.rows.check(version) {
+        return None;
+    }
+    // A key or an account not in the cached rows is decided by a batch, which reads them.
+    let key_active = *state.rows.keys.get(&charge.caller.key.0)?;
+    let account = charge.caller.account;
+    let row = if key_active {
+        Some(*state.rows.accounts.get(&account.0)?)
+    } else {
+        None
+    };
+    let payer = row.map(|row| Payer {
+        balance: row.balance,
+        held: state.holds.on(account.0),
+        subscription_ends_at: row.subscription_ends_at,
+    });
+    let taken = match decide_reserve(key_active, payer, charge.at, charge.price) {
+        Ok(taken) => taken,
+        Err(refusal) => return Some(Err(refusal.into_error(account))),
+    };
+    let call = state.holds.hold(account.0, charge, taken)?;
+    Some(Ok(Reservation {
+        call: CallId(call),
+        account,
+        taken,
+    }))
+}

@@ -1,0 +1,255 @@
+//! The values the storage traits exchange: what a reservation is asked, how a call ended, the
+//! call log's record, the errors. A leaf: the traits (`super::traits`), the records
+//! (`super::records`) and every backend build on it.
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::call::{AccountId, CallId, Caller, IdempotencyKey, KeyId, KeyRules};
+use crate::credits::{Bucket, Credits};
+use crate::error::UpstreamError;
+use crate::protocol::{Protocol, TokenUsage};
+
+/// The largest reply kept for a retry, in bytes. A billed call with a larger reply keeps none,
+/// and a retry is told so (409) rather than billed again.
+pub const MAX_KEPT_REPLY_BYTES: usize = 1024 * 1024;
+
+/// A billed call's reply, as kept for a retry with the same idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptReply {
+    /// The HTTP status the client got.
+    pub status: u16,
+    /// Its `Content-Type`, if it had one.
+    pub content_type: Option<String>,
+    /// The body exactly as the client got it (a stream's events, one after another).
+    pub body: Bytes,
+}
+
+impl KeptReply {
+    /// A reply to keep; `None` if its body is larger than [`MAX_KEPT_REPLY_BYTES`].
+    pub fn new(status: u16, content_type: Option<String>, body: Bytes) -> Option<KeptReply> {
+        (body.len() <= MAX_KEPT_REPLY_BYTES).then_some(KeptReply {
+            status,
+            content_type,
+            body,
+        })
+    }
+}
+
+/// What [`Ledger::reserve`](crate::store::Ledger::reserve) is asked to charge.
+#[derive(Debug, Clone, Copy)]
+pub struct ChargeRequest<'a> {
+    /// Who pays.
+    pub caller: Caller,
+    /// The endpoint called.
+    pub protocol: Protocol,
+    /// The model's catalogue name.
+    pub model: &'a str,
+    /// The model's price.
+    pub price: Credits,
+    /// The request's id (`x-request-id`), kept in the call log.
+    pub request_id: Option<&'a str>,
+    /// When the call is made: a subscription whose period ended by then is not spent.
+    pub at: DateTime<Utc>,
+    /// The call's idempotency key, if the client sent one: at most one call per account and
+    /// key is billed (see [`Ledger::reserve`](crate::store::Ledger::reserve)).
+    pub idempotency: Option<&'a IdempotencyKey>,
+}
+
+/// A successful upstream call, recorded when it is settled.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallSuccess {
+    /// The upstream's HTTP status.
+    pub upstream_status: u16,
+    /// Token usage, when the reply carries it.
+    pub usage: TokenUsage,
+    /// The catalogue upstream (channel) that served the call, when the upstream says.
+    pub channel: Option<String>,
+    /// For a call with an idempotency key, the reply to keep for its retries: written in the
+    /// settle's transaction, so it is kept exactly when the call is billed. `None` keeps none
+    /// (a retry is then told the call was billed, and is not billed again).
+    pub reply: Option<KeptReply>,
+}
+
+/// A failed upstream call, recorded when it is refunded; for the operator, never for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallFailure {
+    /// The upstream's HTTP status, when it answered at all.
+    pub upstream_status: Option<u16>,
+    /// What went wrong (connection error, time-out, an excerpt of the upstream's error body).
+    pub error: String,
+}
+
+/// Where a call-log entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    /// Credits reserved, upstream call under way.
+    Pending,
+    /// Upstream succeeded; the credits are spent.
+    Ok,
+    /// Upstream failed; the credits went back.
+    Refunded,
+}
+
+impl CallStatus {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallStatus::Pending => "pending",
+            CallStatus::Ok => "ok",
+            CallStatus::Refunded => "refunded",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(name: &str) -> Option<CallStatus> {
+        match name {
+            "pending" => Some(CallStatus::Pending),
+            "ok" => Some(CallStatus::Ok),
+            "refunded" => Some(CallStatus::Refunded),
+            _ => None,
+        }
+    }
+}
+
+/// One call-log entry as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CallRecord {
+    /// Entry id.
+    pub id: CallId,
+    /// Paying account.
+    pub account: AccountId,
+    /// Key used.
+    pub key: KeyId,
+    /// Endpoint called.
+    pub protocol: Protocol,
+    /// Catalogue model name.
+    pub model: String,
+    /// Price at the time of the call.
+    pub price: Credits,
+    /// Credits taken from the subscription bucket.
+    pub charged_subscription: Credits,
+    /// Credits taken from the top-up bucket.
+    pub charged_topup: Credits,
+    /// Outcome.
+    pub status: CallStatus,
+    /// Upstream HTTP status, when it answered.
+    pub upstream_status: Option<u16>,
+    /// The upstream (channel) that served the call.
+    pub channel: Option<String>,
+    /// Upstream failure, for refunded calls: each channel's failure in the order tried.
+    pub upstream_error: Option<String>,
+    /// Prompt tokens reported by the upstream.
+    pub input_tokens: Option<i64>,
+    /// Completion tokens reported by the upstream.
+    pub output_tokens: Option<i64>,
+    /// When the credits were reserved.
+    pub created_at: DateTime<Utc>,
+    /// When the call was settled or refunded.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The request's id (`x-request-id`), as the client's answer carried it.
+    pub request_id: Option<String>,
+}
+
+/// The store could not do what was asked (database unreachable, a constraint violated, ...).
+#[derive(Debug, thiserror::Error)]
+#[error("store error: {0}")]
+pub struct StoreError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+
+impl StoreError {
+    /// A store error with a plain message.
+    pub fn msg(message: impl Into<String>) -> StoreError {
+        StoreError(message.into().into())
+    }
+}
+
+/// Why a reservation was not made. Nothing was written in either case.
+#[derive(Debug, thiserror::Error)]
+pub enum ReserveError {
+    /// Both buckets together hold less than the price.
+    #[error("insufficient credits")]
+    InsufficientCredits,
+    /// The caller's key was revoked (or is unknown) when the reservation ran. Stores check this
+    /// inside the reserving transaction, so a key lookup answered from a cache cannot let a
+    /// revoked key spend.
+    #[error("the API key is revoked")]
+    KeyRevoked,
+    /// The idempotency key's call is still running.
+    #[error("a call with this idempotency key is still running")]
+    IdempotentCallRunning,
+    /// The idempotency key was used for a different request (path or body) within the window.
+    #[error("the idempotency key was used for a different request")]
+    IdempotencyKeyReused,
+    /// The idempotency key's call was billed: its reply, to answer again uncharged (`None`: it
+    /// was not kept, being too large or the client having left a stream).
+    #[error("the call with this idempotency key was already answered")]
+    AlreadyAnswered(Option<KeptReply>),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A key that authenticates: whose it is, and its rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveKey {
+    /// Who pays.
+    pub caller: Caller,
+    /// What the key may do.
+    pub rules: KeyRules,
+}
+
+/// A gateway instance's lease on the database; each reservation records the lease it was made
+/// under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct LeaseId(pub i64);
+
+/// A grant refused because it would take a bucket, or the account's total, past
+/// [`Credits::MAX`]. Carried inside the [`StoreError`] that [`Accounts::grant`](crate::store::Accounts::grant) returns
+/// (`error.0.downcast_ref::<BalanceOverflow>()`); nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "granting {amount} {bucket} credits to account {account} would take its balance past the largest \
+     value a balance can hold ({max}); nothing was granted",
+    account = .account.0, bucket = .bucket.as_str(), max = Credits::MAX
+)]
+pub struct BalanceOverflow {
+    /// The account.
+    pub account: AccountId,
+    /// The bucket the grant was for.
+    pub bucket: Bucket,
+    /// The amount refused.
+    pub amount: Credits,
+}
+
+impl From<BalanceOverflow> for StoreError {
+    fn from(overflow: BalanceOverflow) -> StoreError {
+        StoreError(Box::new(overflow))
+    }
+}
+
+/// The error for a write or a reservation on an account that does not exist.
+pub(crate) fn unknown_account(account: AccountId) -> StoreError {
+    StoreError::msg(format!("unknown account {}", account.0))
+}
+
+pub(crate) fn check_grant_amount(amount: Credits) -> Result<(), StoreError> {
+    if amount.get() > 0 {
+        Ok(())
+    } else {
+        Err(StoreError::msg(format!(
+            "a grant must be positive, got {amount}"
+        )))
+    }
+}
+
+impl From<UpstreamError> for CallFailure {
+    fn from(error: UpstreamError) -> CallFailure {
+        CallFailure {
+            upstream_status: error.status,
+            error: error.message,
+        }
+    }
+}
