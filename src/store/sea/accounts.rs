@@ -276,11 +276,11 @@ impl Accounts for SeaOrmStore {
         let _writes = self.mode.pause_escrow_writes().await;
         let held = holds
             .as_ref()
-            .map(|holds| holds.on(account.0))
+            .map(|holds| holds.on(account))
             .unwrap_or_default();
         // What the account has to spend once its row reads `row`.
         let net = async |txn: &DatabaseTransaction, row: &account::Model| match &holds {
-            Some(holds) => Ok(holds.net(account.0, balance_of(row))),
+            Some(holds) => Ok(holds.net(account, balance_of(row))),
             None => self.with_escrow_of(txn, account, balance_of(row)).await,
         };
         let txn = self.begin_write().await?;
@@ -482,7 +482,10 @@ impl Accounts for SeaOrmStore {
         {
             // Held calls must not change while the lapse leaves what they hold.
             let holds = self.freeze_holds().await;
-            let held = holds.as_ref().map(|holds| holds.on(id)).unwrap_or_default();
+            let held = holds
+                .as_ref()
+                .map(|holds| holds.on(AccountId(id)))
+                .unwrap_or_default();
             let _writes = self.mode.pause_escrow_writes().await;
             let escrow_held = self.mode.escrow_held(AccountId(id));
             let txn = self.begin_write().await?;

@@ -32,8 +32,8 @@ impl Wanted {
                     wanted.reservations += 1;
                 }
                 Write::Settle(call, _) | Write::Refund(call, _) => {
-                    match holds.and_then(|holds| holds.call(call.0)) {
-                        Some(held) => wanted.accounts.insert(held.account),
+                    match holds.and_then(|holds| holds.call(*call)) {
+                        Some(held) => wanted.accounts.insert(held.account.0),
                         None => wanted.entries.insert(call.0),
                     };
                 }
@@ -192,7 +192,9 @@ impl<'a> Plan<'a> {
                 let state = AccountState {
                     row: read.balance,
                     change: Balance::default(),
-                    held: holds.map(|holds| holds.on(id)).unwrap_or_default(),
+                    held: holds
+                        .map(|holds| holds.on(AccountId(id)))
+                        .unwrap_or_default(),
                     subscription_ends_at: read.subscription_ends_at,
                 };
                 (id, state)
@@ -249,7 +251,7 @@ impl<'a> Plan<'a> {
         let (Write::Settle(call, _) | Write::Refund(call, _)) = write else {
             return None;
         };
-        let held = self.holds?.call(call.0)?;
+        let held = self.holds?.call(*call)?;
         let ended = self.ended_holds.iter().any(|ended| ended.call == call.0);
         (!ended).then_some((call.0, held))
     }
@@ -263,7 +265,7 @@ impl<'a> Plan<'a> {
         call: i64,
         held: &'a HeldCall,
     ) -> Result<Decision, StoreError> {
-        let state = self.account(held.account)?;
+        let state = self.account(held.account.0)?;
         state.held = holds::release(state.held, held.taken);
         let (finish, decision) = match write {
             // A call is charged its price, all that it holds.
@@ -318,7 +320,6 @@ impl<'a> Plan<'a> {
 
     #[cfg(feature = "sqlite")]
     /// What the batch does to the holds, given the ids its new reservations take (in order).
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // held by `sqlite_direct` only
     pub(super) fn hold_changes(&self, ids: &[i64], at: DateTime<Utc>) -> HoldChanges {
         HoldChanges {
             added: self
@@ -327,15 +328,19 @@ impl<'a> Plan<'a> {
                 .zip(ids)
                 .map(|(new, &id)| {
                     let held = HeldCall {
-                        account: new.account,
+                        account: AccountId(new.account),
                         charge: new.charge.clone(),
                         taken: new.taken,
                         reserved_at: at,
                     };
-                    (id, held)
+                    (CallId(id), held)
                 })
                 .collect(),
-            ended: self.ended_holds.iter().map(|ended| ended.call).collect(),
+            ended: self
+                .ended_holds
+                .iter()
+                .map(|ended| CallId(ended.call))
+                .collect(),
             ids: None,
         }
     }

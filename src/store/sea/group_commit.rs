@@ -276,7 +276,7 @@ fn run_direct(
         match holds.as_deref() {
             // Held for callers that are gone: no guard will end them, and they moved nothing.
             Some(shared) if !unclaimed.is_empty() => {
-                let ended = unclaimed.into_iter().map(|call| call.0).collect();
+                let ended = unclaimed;
                 shared.lock().holds.apply(super::held::HoldChanges {
                     ended,
                     ..super::held::HoldChanges::default()

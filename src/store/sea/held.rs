@@ -12,11 +12,12 @@ use super::writes::Write;
 use crate::credits::{Balance, Split};
 #[cfg(feature = "sqlite")]
 use crate::store::rules;
+use crate::store::{AccountId, CallId};
 
 /// A call whose credits are held in memory.
 #[derive(Debug, Clone)]
 pub(super) struct HeldCall {
-    pub(super) account: i64,
+    pub(super) account: AccountId,
     pub(super) charge: OwnedCharge,
     pub(super) taken: Split,
     /// When it was reserved: its entry's `created_at`.
@@ -26,8 +27,8 @@ pub(super) struct HeldCall {
 /// Every held call, what they hold on each account, and the ids set aside for new ones.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Holds {
-    calls: HashMap<i64, HeldCall>,
-    accounts: HashMap<i64, Balance>,
+    calls: HashMap<CallId, HeldCall>,
+    accounts: HashMap<AccountId, Balance>,
     #[cfg(feature = "sqlite")]
     ids: IdBlock,
 }
@@ -52,23 +53,23 @@ impl IdBlock {
 /// What one committed batch did to the holds.
 #[derive(Debug, Default)]
 pub(super) struct HoldChanges {
-    pub(super) added: Vec<(i64, HeldCall)>,
-    pub(super) ended: Vec<i64>,
+    pub(super) added: Vec<(CallId, HeldCall)>,
+    pub(super) ended: Vec<CallId>,
     pub(super) ids: Option<IdBlock>,
 }
 
 impl Holds {
-    pub(super) fn call(&self, call: i64) -> Option<&HeldCall> {
+    pub(super) fn call(&self, call: CallId) -> Option<&HeldCall> {
         self.calls.get(&call)
     }
 
     /// What is held on `account`.
-    pub(super) fn on(&self, account: i64) -> Balance {
+    pub(super) fn on(&self, account: AccountId) -> Balance {
         self.accounts.get(&account).copied().unwrap_or_default()
     }
 
     /// `row`, an account's credits as stored, less what is held on it: what it has to spend.
-    pub(super) fn net(&self, account: i64, row: Balance) -> Balance {
+    pub(super) fn net(&self, account: AccountId, row: Balance) -> Balance {
         row.free_of(self.on(account))
     }
 
@@ -79,7 +80,12 @@ impl Holds {
 
     #[cfg(feature = "sqlite")]
     /// Holds `taken` on `account` for a new call, under the next id set aside, if one is left.
-    pub(super) fn hold(&mut self, account: i64, charge: &OwnedCharge, taken: Split) -> Option<i64> {
+    pub(super) fn hold(
+        &mut self,
+        account: AccountId,
+        charge: &OwnedCharge,
+        taken: Split,
+    ) -> Option<CallId> {
         if self.ids.left() < 1 {
             return None;
         }
@@ -95,11 +101,11 @@ impl Holds {
             end: self.ids.end,
         };
         self.apply(HoldChanges {
-            added: vec![(id, held)],
+            added: vec![(CallId(id), held)],
             ended: Vec::new(),
             ids: Some(ids),
         });
-        Some(id)
+        Some(CallId(id))
     }
 
     #[cfg(feature = "sqlite")]
@@ -113,10 +119,10 @@ impl Holds {
         };
         for write in writes {
             let account = match write {
-                Write::Reserve(charge) => charge.caller.account.0,
-                Write::Settle(call, _) | Write::Refund(call, _) => match self.calls.get(&call.0) {
+                Write::Reserve(charge) => charge.caller.account,
+                Write::Settle(call, _) | Write::Refund(call, _) => match self.calls.get(call) {
                     Some(held) => {
-                        part.calls.insert(call.0, held.clone());
+                        part.calls.insert(*call, held.clone());
                         held.account
                     }
                     None => continue,

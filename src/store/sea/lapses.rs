@@ -25,7 +25,7 @@ pub(super) async fn lapse<C: ConnectionTrait>(
     held: Credits,
     escrow_held: &[(LeaseId, Credits)],
 ) -> Result<Option<Lapse>, StoreError> {
-    let from_row = Ord::max(row.subscription_credits - held.0, 0);
+    let from_row = Ord::max(Credits(row.subscription_credits).minus(held).get(), 0);
     let escrowed: Vec<escrow::Model> = escrow::Entity::find()
         .filter(escrow::Column::AccountId.eq(row.id))
         .filter(escrow::Column::SubscriptionCredits.gt(0))

@@ -6,8 +6,8 @@ use sea_orm::{ColumnTrait, Condition, EntityTrait, QuerySelect};
 
 use crate::credits::Balance;
 use crate::store::{
-    AccountId, CallFailure, CallId, CallStatus, CallSuccess, ChargeRequest, Ledger, Reservation,
-    ReserveError, StoreError,
+    AccountId, CallFailure, CallId, CallStatus, CallSuccess, ChargeRequest, LeaseId, Ledger,
+    Reservation, ReserveError, StoreError,
 };
 
 use super::entity::{account, call};
@@ -20,7 +20,7 @@ use super::{idempotent, leases};
 impl Ledger for SeaOrmStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
         let mut charge = OwnedCharge::from(request);
-        charge.instance = self.lease.for_reservation()?;
+        charge.instance = self.lease.for_reservation()?.map(LeaseId);
         let reserved = match request.idempotency {
             Some(key) => {
                 // Held reservations count as spent: none may change while this one is decided.
@@ -96,7 +96,7 @@ impl Ledger for SeaOrmStore {
                 .ok_or_else(|| unknown_account(account))
         };
         if let Some(holds) = self.freeze_holds().await {
-            return Ok(holds.net(account.0, row().await?));
+            return Ok(holds.net(account, row().await?));
         }
         self.with_escrow_of(&self.db, account, row().await?).await
     }

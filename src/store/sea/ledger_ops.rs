@@ -177,7 +177,7 @@ async fn insert_entries<C: ConnectionTrait>(
         created_at: Set(now),
         finished_at: Set(None),
         request_id: Set(entry.charge.request_id.clone()),
-        instance_id: Set(entry.charge.instance),
+        instance_id: Set(entry.charge.instance.map(|lease| lease.0)),
     };
     let Some(mut ids) = ids else {
         // No way to know a multi-row insert's ids here: one insert per entry.

@@ -91,7 +91,7 @@ impl Mode {
         match self {
             Mode::Shared => whole,
             #[cfg(feature = "sqlite")]
-            Mode::OwnedFile(owned) => owned.net(account.0, whole),
+            Mode::OwnedFile(owned) => owned.net(account, whole),
             #[cfg(feature = "postgres")]
             Mode::Escrow(escrow) => whole.free_of(escrow.held_on(account)),
         }

@@ -347,7 +347,7 @@ fn bind_charge(
         &status.as_str(),
         &created_at,
         &charge.request_id,
-        &charge.instance,
+        &charge.instance.map(|lease| lease.0),
     ];
     bind_from(statement, first, &columns)
 }
@@ -401,7 +401,7 @@ fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<
     let now = timestamp_now();
     for EndedHold { call, held, finish } in ended {
         let entry = NewEntry {
-            account: held.account,
+            account: held.account.0,
             charge: &held.charge,
             taken: held.taken,
         };

@@ -10,7 +10,7 @@ use crate::credits::{Balance, Credits};
 use crate::protocol::Protocol;
 pub(super) use crate::store::unknown_account;
 use crate::store::{
-    CallFailure, CallId, CallSuccess, Caller, ChargeRequest, Reservation, ReserveError,
+    CallFailure, CallId, CallSuccess, Caller, ChargeRequest, LeaseId, Reservation, ReserveError,
 };
 
 /// A [`ChargeRequest`] that can wait in a queue.
@@ -23,7 +23,7 @@ pub(super) struct OwnedCharge {
     pub(super) request_id: Option<String>,
     pub(super) at: DateTime<Utc>,
     /// The lease of the instance making the reservation (recorded on its entry).
-    pub(super) instance: Option<i64>,
+    pub(super) instance: Option<LeaseId>,
 }
 
 impl From<ChargeRequest<'_>> for OwnedCharge {

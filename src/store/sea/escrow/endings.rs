@@ -12,7 +12,7 @@ use crate::credits::{Balance, Split};
 use crate::store::rules::holds;
 use crate::store::sea::batch::{Finish, charged};
 use crate::store::sea::held::HeldCall;
-use crate::store::{AccountId, CallStatus, LeaseId, StoreError};
+use crate::store::{AccountId, CallId, CallStatus, LeaseId, StoreError};
 
 /// The key reader: each read answers every reservation that was waiting when it began.
 pub(super) async fn read_keys(db: DatabaseConnection, mut queue: mpsc::Receiver<KeyRead>) {
@@ -92,17 +92,14 @@ pub(super) async fn write_endings(
 
 /// The escrow pot a held call was held against.
 pub(super) fn pot_of(held: &HeldCall) -> PotKey {
-    PotKey::new(
-        LeaseId(held.charge.instance.unwrap_or_default()),
-        AccountId(held.account),
-    )
+    PotKey::new(held.charge.instance.unwrap_or(LeaseId(0)), held.account)
 }
 
 /// How one held call ends in a batch.
 pub(super) struct Decided<'a> {
     /// Its job's index in the batch.
     job: usize,
-    call: i64,
+    call: CallId,
     held: HeldCall,
     finish: Finish<'a>,
 }
@@ -202,7 +199,7 @@ pub(super) async fn finish_written(
     {
         let mut state = escrow.state();
         for decided in decided {
-            let Some(status) = written.get(&decided.call) else {
+            let Some(status) = written.get(&decided.call.0) else {
                 pending.push(decided.job);
                 continue;
             };
@@ -238,7 +235,7 @@ pub(super) async fn written_entries(
 ) -> Result<HashMap<i64, String>, StoreError> {
     let list = decided
         .iter()
-        .map(|decided| decided.call.to_string())
+        .map(|decided| decided.call.0.to_string())
         .collect::<Vec<_>>()
         .join(",");
     let rows = db
@@ -389,8 +386,8 @@ impl Entries {
     fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
         let held = &decided.held;
         let billed = decided.finish.billed();
-        self.id.push(decided.call);
-        self.account.push(held.account);
+        self.id.push(decided.call.0);
+        self.account.push(held.account.0);
         self.key.push(held.charge.caller.key.0);
         self.protocol.push(held.charge.protocol.as_str());
         self.model.push(held.charge.model.clone());
@@ -409,7 +406,8 @@ impl Entries {
         self.created_at.push(held.reserved_at);
         self.finished_at.push(now);
         self.request_id.push(held.charge.request_id.clone());
-        self.instance.push(held.charge.instance);
+        self.instance
+            .push(held.charge.instance.map(|lease| lease.0));
         self.debits.push(decided.debits());
     }
 }

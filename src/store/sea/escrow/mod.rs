@@ -85,7 +85,7 @@ impl Escrow {
     async fn end(&self, call: CallId, ending: Ending) -> Result<bool, StoreError> {
         let (answer, answered) = oneshot::channel();
         let job = EndJob {
-            call: call.0,
+            call,
             ending,
             answer,
         };

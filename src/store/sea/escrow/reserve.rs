@@ -22,7 +22,7 @@ use crate::store::sea::group_commit::Committer;
 use crate::store::sea::held::HeldCall;
 use crate::store::sea::rows::balance_of;
 use crate::store::sea::writes::{OwnedCharge, unknown_account};
-use crate::store::{AccountId, CallId, LeaseId, Reservation, ReserveError, StoreError};
+use crate::store::{AccountId, CallId, Reservation, ReserveError, StoreError};
 
 impl Escrow {
     /// Reserves `charge` against this instance's escrow under its lease, refilling the escrow
@@ -77,11 +77,11 @@ impl Escrow {
         held_on.held = holds::hold(held_on.held, taken);
         held_on.touched = true;
         let mut held = charge.clone();
-        held.instance = Some(pot.lease.0);
+        held.instance = Some(pot.lease);
         state.calls.insert(
-            id,
+            CallId(id),
             HeldCall {
-                account,
+                account: pot.account,
                 charge: held,
                 taken,
                 reserved_at: Utc::now(),
@@ -232,7 +232,7 @@ impl Escrow {
         let Some(lease) = charge.instance else {
             return committer.reserve(charge).await;
         };
-        let pot = PotKey::new(LeaseId(lease), charge.caller.account);
+        let pot = PotKey::new(lease, charge.caller.account);
         if let Some(reservation) = self.reserve(&charge, pot).await? {
             return Ok(reservation);
         }
@@ -261,7 +261,7 @@ impl Escrow {
         let Some(lease) = charge.instance else {
             return reserve().await;
         };
-        let pot = PotKey::new(LeaseId(lease), charge.caller.account);
+        let pot = PotKey::new(lease, charge.caller.account);
         if self.has_free_subscription(pot) {
             self.give_back(pot.lease, Some(pot.account)).await?;
         }

@@ -10,6 +10,7 @@ use sea_orm::{
 use super::state::PotKey;
 use crate::credits::{Balance, Credits};
 use crate::store::sea::entity::{account, escrow};
+use crate::store::sea::rows::balance_of;
 use crate::store::sea::writes::unknown_account;
 use crate::store::{AccountId, LeaseId, StoreError};
 
@@ -54,15 +55,13 @@ pub(super) async fn return_free<C: ConnectionTrait>(
     if free == Balance::default() {
         return Ok(kept);
     }
+    let back = balance_of(&row).and(free);
     account::Entity::update_many()
         .col_expr(
             account::Column::SubscriptionCredits,
-            Expr::value(row.subscription_credits + free.subscription.0),
+            Expr::value(back.subscription.get()),
         )
-        .col_expr(
-            account::Column::TopupCredits,
-            Expr::value(row.topup_credits + free.topup.0),
-        )
+        .col_expr(account::Column::TopupCredits, Expr::value(back.topup.get()))
         .filter(account::Column::Id.eq(pot.account.0))
         .exec(txn)
         .await?;

@@ -92,7 +92,7 @@ pub(super) struct Pot {
 #[derive(Debug, Default)]
 pub(super) struct State {
     pub(super) pots: HashMap<PotKey, Pot>,
-    pub(super) calls: HashMap<i64, HeldCall>,
+    pub(super) calls: HashMap<CallId, HeldCall>,
     pub(super) ids: VecDeque<i64>,
 }
 
@@ -110,11 +110,8 @@ impl State {
         rules::holds::sums_agree(
             self.pots.iter().map(|(key, pot)| (*key, pot.held)),
             self.calls.values().map(|held| {
-                let lease = held.charge.instance.unwrap_or_default();
-                (
-                    PotKey::new(LeaseId(lease), AccountId(held.account)),
-                    held.taken,
-                )
+                let lease = held.charge.instance.unwrap_or(LeaseId(0));
+                (PotKey::new(lease, held.account), held.taken)
             }),
         )
     }
@@ -139,7 +136,7 @@ pub(super) enum Ending {
 }
 
 pub(super) struct EndJob {
-    pub(super) call: i64,
+    pub(super) call: CallId,
     pub(super) ending: Ending,
     pub(super) answer: oneshot::Sender<Result<bool, StoreError>>,
 }
@@ -213,7 +210,7 @@ impl Escrow {
 
     /// Whether `call` is held here (and so ends here).
     pub(in crate::store::sea) fn holds(&self, call: CallId) -> bool {
-        self.state().calls.contains_key(&call.0)
+        self.state().calls.contains_key(&call)
     }
 
     /// What is held on `account` in memory.

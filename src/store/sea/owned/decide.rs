@@ -11,7 +11,7 @@ use crate::store::sea::held::HoldChanges;
 use crate::store::sea::jobs::{Failure, Job, Kept, Reply};
 use crate::store::sea::sqlite_direct::{apply_in, data_version, store_error};
 use crate::store::sea::writes::{Outcome, OwnedCharge, Wanted, Write};
-use crate::store::{CallId, Reservation, ReserveError, StoreError};
+use crate::store::{Reservation, ReserveError, StoreError};
 
 /// Puts a new committer's connection beside the holds, before its thread starts, so that
 /// reservations can be decided at once from the first batch on. The rows cached are
@@ -267,16 +267,16 @@ fn decide_now(
     };
     let payer = row.map(|row| Payer {
         balance: row.balance,
-        held: state.holds.on(account.0),
+        held: state.holds.on(account),
         subscription_ends_at: row.subscription_ends_at,
     });
     let taken = match decide_reserve(key_active, payer, charge.at, charge.price) {
         Ok(taken) => taken,
         Err(refusal) => return Some(Err(refusal.into_error(account))),
     };
-    let call = state.holds.hold(account.0, charge, taken)?;
+    let call = state.holds.hold(account, charge, taken)?;
     Some(Ok(Reservation {
-        call: CallId(call),
+        call,
         account,
         taken,
     }))

@@ -30,7 +30,9 @@ use super::idempotent;
 use super::jobs::Reply;
 use super::writes::{OwnedCharge, Write};
 use crate::credits::Balance;
-use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
+use crate::store::{
+    AccountId, CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError,
+};
 pub(super) use state::{Frozen, SharedHolds};
 
 /// What a store that owns its `SQLite` file keeps.
@@ -83,7 +85,7 @@ impl Owned {
     }
 
     /// What `account` has to spend when its row holds `row`, less what is held on it.
-    pub(super) fn net(&self, account: i64, row: Balance) -> Balance {
+    pub(super) fn net(&self, account: AccountId, row: Balance) -> Balance {
         self.holds.lock().holds.net(account, row)
     }
 
@@ -126,7 +128,7 @@ impl Owned {
         let slot = committer.slot().await?;
         let answer = {
             let mut state = self.holds.lock();
-            if success.reply.is_some() && state.holds.call(call.0).is_none() {
+            if success.reply.is_some() && state.holds.call(call).is_none() {
                 Err(success)
             } else {
                 Ok(slot.queue(&mut state, Write::Settle(call, success), Reply::Finish))
