@@ -49,14 +49,15 @@
 //!    charging mode calls (the reservation rule, what a hold takes and gives back, what a call
 //!    may hold of an escrow pot, keyed calls), with no database, runtime or clock inside; and
 //!    the backends `store::memory` and `store::sea`. Inside `store::sea`, from the bottom up:
-//!    the leaves (`entity`, `rows`, `writes`, `held`: the vocabulary, the row helpers and the held calls);
-//!    `batch` decides a batch against the rules, `jobs` is the committer's vocabulary, `flush`
-//!    and `batches` answer, `ledger_ops` and `sqlite_direct` write a batch (sqlx, or `SQLite`
-//!    directly), `group_commit` is the committer; the charging modes above it, each a type in
-//!    `mode::Mode`: shared (the committer alone), `owned/` (a `SQLite` file one gateway owns,
-//!    behind the `sqlite` feature) and `escrow/` (`PostgreSQL` only, behind `postgres`); then
-//!    `store` (the [`SeaOrmStore`] façade, which delegates to its mode), and the trait
-//!    implementations beside it (`ledger`, `accounts`, `reads`, `audit`, `upkeep`).
+//!    the leaves (`entity`, `rows`, `writes`, `held`: the vocabulary, the row helpers and the
+//!    held calls); `commit/`, the committer every mode writes through (`jobs` its vocabulary,
+//!    `batch` decides a batch against the rules, `ledger_ops` and `sqlite_direct` write it
+//!    through sqlx or to a `SQLite` file directly, `batches` and `flush` answer once durable,
+//!    `group_commit` runs it); the charging modes above it, each a type in `mode::Mode`:
+//!    shared (the committer alone), `owned/` (a `SQLite` file one gateway owns, behind the
+//!    `sqlite` feature) and `escrow/` (`PostgreSQL` only, behind `postgres`); then `store` (the
+//!    [`SeaOrmStore`] façade, which delegates to its mode) and the trait implementations beside
+//!    it (`ledger`, `accounts`, `reads`, `audit`, `upkeep`).
 //! 3. Upstreams: `upstream` ([`MockUpstream`], [`HttpUpstream`] with its breaker).
 //! 4. The layers, each in its own module: `auth`, [`rate_limit`], `router`, `charge`, and
 //!    `refund` (a folder: layer, service, the guard that writes a call's outcome once, the

@@ -1,6 +1,6 @@
 //! Reservations held in memory: what a held call took, and the holds of a batch or a store.
 //! Two modes hold calls: a `SQLite` file one gateway owns (`super::owned`) and escrow on
-//! `PostgreSQL` (`super::escrow`); the committer's batches decide against them (`super::batch`).
+//! `PostgreSQL` (`super::escrow`); the committer's batches decide against them (`super::commit::batch`).
 
 use std::collections::HashMap;
 

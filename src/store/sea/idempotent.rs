@@ -23,10 +23,10 @@ use sea_orm::{
     ColumnTrait, DatabaseConnection, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect,
 };
 
+use super::commit::jobs::begin_write;
+use super::commit::ledger_ops;
 use super::entity::{api_key, call, idempotent_call};
 use super::held::Holds;
-use super::jobs::begin_write;
-use super::ledger_ops;
 use super::rows::locked_account;
 use super::writes::{Outcome, OwnedCharge, Write};
 use crate::store::{

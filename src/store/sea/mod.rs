@@ -33,43 +33,36 @@ use crate::credits::Balance;
 
 mod accounts;
 mod audit;
-mod batch;
-mod batches;
+mod commit;
 mod entity;
 #[cfg(feature = "postgres")]
 mod escrow;
-mod flush;
-mod group_commit;
 // Held calls are kept by the owned file and escrow; the batch decider reads them in any build.
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 mod held;
 mod idempotent;
-mod jobs;
 mod key_cache;
 mod lapses;
 mod leases;
 mod ledger;
-mod ledger_ops;
 mod migration;
 mod mode;
 #[cfg(feature = "sqlite")]
 mod owned;
 mod reads;
 mod rows;
-#[cfg(feature = "sqlite")]
-mod sqlite_direct;
 mod store;
 mod upkeep;
 mod writes;
 
+use commit::group_commit::Committer;
+pub use commit::group_commit::DEFAULT_MAX_BATCH;
+pub use commit::jobs::GroupCommitStats;
+#[cfg(feature = "sqlite")]
+use commit::jobs::SQLITE_BUSY_TIMEOUT;
+use commit::jobs::begin_write;
 #[cfg(feature = "postgres")]
 pub use escrow::DEFAULT_ESCROW_IDLE;
-use group_commit::Committer;
-pub use group_commit::DEFAULT_MAX_BATCH;
-pub use jobs::GroupCommitStats;
-#[cfg(feature = "sqlite")]
-use jobs::SQLITE_BUSY_TIMEOUT;
-use jobs::begin_write;
 use key_cache::KeyCache;
 pub use migration::Migrator;
 pub use mode::ChargingMode;
@@ -136,7 +129,7 @@ impl SeaOrmStore {
         let db = Database::connect(options).await?;
         migrate(&db).await?;
         let postgres_flusher = db.get_database_backend() == sea_orm::DbBackend::Postgres
-            && flush::postgres_flush_allowed(&db).await?;
+            && commit::flush::postgres_flush_allowed(&db).await?;
         let committer = committer(
             &db,
             sqlite_file.as_deref(),
@@ -389,7 +382,7 @@ fn committer(
 ) -> Result<Committer, StoreError> {
     #[cfg(feature = "sqlite")]
     if let Some(file) = sqlite_file {
-        let (connection, wal) = sqlite_direct::open(file)?;
+        let (connection, wal) = commit::sqlite_direct::open(file)?;
         return Committer::start_direct(connection, wal, max_batch, holds);
     }
     let _ = (sqlite_file, holds);

@@ -3,7 +3,7 @@
 //! ledger delegates whatever differs between modes.
 //!
 //! The modes, each in its own module: shared (every reservation a row, written by the
-//! committer: `super::group_commit`), the owned file (`super::owned`, `SQLite` only, behind the
+//! committer: `super::commit::group_commit`), the owned file (`super::owned`, `SQLite` only, behind the
 //! `sqlite` feature) and escrow (`super::escrow`, `PostgreSQL` only, behind `postgres`).
 
 #[cfg(feature = "postgres")]
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use sea_orm::DatabaseConnection;
 
-use super::group_commit::Committer;
+use super::commit::group_commit::Committer;
 use super::idempotent;
 use super::writes::OwnedCharge;
 use crate::credits::{Balance, Credits};

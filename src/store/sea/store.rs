@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sea_orm::DatabaseConnection;
 
-use super::group_commit::Committer;
+use super::commit::group_commit::Committer;
 use super::key_cache::KeyCache;
 use super::leases;
 use super::mode::Mode;

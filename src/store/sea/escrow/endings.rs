@@ -10,7 +10,7 @@ use super::rows::escrow_row;
 use super::state::{EndJob, Ending, Escrow, KeyRead, MAX_BATCH, PotKey, Seen};
 use crate::credits::{Balance, Split};
 use crate::store::rules::holds;
-use crate::store::sea::batch::{Finish, charged};
+use crate::store::sea::commit::batch::{Finish, charged};
 use crate::store::sea::held::HeldCall;
 use crate::store::{AccountId, CallId, CallStatus, LeaseId, StoreError};
 

@@ -17,8 +17,8 @@ use super::state::{
 };
 use crate::credits::{Balance, Credits, Split};
 use crate::store::rules::holds;
+use crate::store::sea::commit::group_commit::Committer;
 use crate::store::sea::entity::{account, instance};
-use crate::store::sea::group_commit::Committer;
 use crate::store::sea::held::HeldCall;
 use crate::store::sea::rows::balance_of;
 use crate::store::sea::writes::{OwnedCharge, unknown_account};

@@ -124,7 +124,7 @@ pub(in crate::store::sea) async fn give_back_ended(
     let mut given = 0;
     for (account, lease) in ended {
         let pot = PotKey::new(LeaseId(lease), AccountId(account));
-        let txn = crate::store::sea::jobs::begin_write(db).await?;
+        let txn = crate::store::sea::commit::jobs::begin_write(db).await?;
         // A lease that ended is never renewed, and its holder holds nothing that recovery
         // must leave: all of its escrow goes back.
         return_free(&txn, pot, Balance::default()).await?;

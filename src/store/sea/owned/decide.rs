@@ -7,9 +7,9 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::state::{RowCache, SharedHolds, State};
 use crate::credits::Balance;
 use crate::store::rules::reserve::{Payer, decide_reserve};
+use crate::store::sea::commit::jobs::{Failure, Job, Kept, Reply};
+use crate::store::sea::commit::sqlite_direct::{apply_in, data_version, store_error};
 use crate::store::sea::held::HoldChanges;
-use crate::store::sea::jobs::{Failure, Job, Kept, Reply};
-use crate::store::sea::sqlite_direct::{apply_in, data_version, store_error};
 use crate::store::sea::writes::{Outcome, OwnedCharge, Wanted, Write};
 use crate::store::{Reservation, ReserveError, StoreError};
 

@@ -25,9 +25,9 @@ use std::sync::Arc;
 
 use sea_orm::DatabaseConnection;
 
-use super::group_commit::Committer;
+use super::commit::group_commit::Committer;
+use super::commit::jobs::Reply;
 use super::idempotent;
-use super::jobs::Reply;
 use super::writes::{OwnedCharge, Write};
 use crate::credits::Balance;
 use crate::store::{

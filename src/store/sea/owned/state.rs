@@ -4,9 +4,9 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::super::held::Holds;
-use super::super::jobs::Kept;
 use super::super::writes::{AccountRead, Wanted, Write};
 use crate::credits::Balance;
+use crate::store::sea::commit::jobs::Kept;
 
 /// The holds, shared by the committer's thread, the callers' tasks and the store's pool
 /// transactions that must see them still (a lapse, a keyed reservation, a grant).

@@ -35,18 +35,18 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, RuntimeErr};
 use tokio::sync::mpsc;
 
 use super::jobs::{Counters, Job};
-use super::writes::Outcome;
+use crate::store::sea::writes::Outcome;
 use crate::store::{CallId, StoreError};
 
 /// Writes of one committed batch that wait for a flush, with their outcomes.
-pub(super) type Committed = Vec<(Job, Outcome)>;
+pub(in crate::store::sea) type Committed = Vec<(Job, Outcome)>;
 
 /// Most committed batches one flush answers (a bound on one loop turn, not on throughput).
 const MOST_BATCHES_PER_FLUSH: usize = 1024;
 
 /// How a committer's batches become durable.
 #[derive(Debug)]
-pub(super) enum Durability {
+pub(in crate::store::sea) enum Durability {
     /// Each commit is durable when it returns: every write is answered then.
     AtCommit,
     /// Commits return before they are durable; the flusher answers the writes that wait.
@@ -63,7 +63,10 @@ impl Durability {
     /// Answers each write of a committed batch that may hear its outcome now, and hands the
     /// others to the flusher. Returns the calls reserved for callers that are gone, among
     /// those answered now (see [`Job::answer`]).
-    pub(super) fn answer(&self, committed: impl Iterator<Item = (Job, Outcome)>) -> Vec<CallId> {
+    pub(in crate::store::sea) fn answer(
+        &self,
+        committed: impl Iterator<Item = (Job, Outcome)>,
+    ) -> Vec<CallId> {
         let Durability::Flushed {
             flusher,
             reservations_wait,
@@ -94,7 +97,7 @@ impl Durability {
 
     /// Whether a failed flush has stopped the committer for good (see the module docs).
     #[cfg(any(test, feature = "sqlite"))]
-    pub(super) fn halted(&self) -> bool {
+    pub(in crate::store::sea) fn halted(&self) -> bool {
         match self {
             Durability::AtCommit => false,
             Durability::Flushed { stats, .. } => stats.halted.load(Ordering::Acquire),
@@ -104,7 +107,7 @@ impl Durability {
 
 /// Each database's rules for its flusher (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum FlushRules {
+pub(in crate::store::sea) enum FlushRules {
     /// `PostgreSQL`: reservations wait for the flush too; a failed flush does not halt.
     Postgres,
     /// A `SQLite` file: reservations are answered at commit; a failed fsync halts the committer.
@@ -112,7 +115,7 @@ pub(super) enum FlushRules {
 }
 
 /// The flusher's side: where committed writes arrive, and how a flush is concluded.
-pub(super) struct Flusher {
+pub(in crate::store::sea) struct Flusher {
     queue: mpsc::UnboundedReceiver<Committed>,
     stats: Arc<Counters>,
     halt_on_failure: bool,
@@ -121,7 +124,10 @@ pub(super) struct Flusher {
 
 impl Flusher {
     /// A flusher and the committer's [`Durability`] that feeds it, by the database's `rules`.
-    pub(super) fn new(stats: Arc<Counters>, rules: FlushRules) -> (Flusher, Durability) {
+    pub(in crate::store::sea) fn new(
+        stats: Arc<Counters>,
+        rules: FlushRules,
+    ) -> (Flusher, Durability) {
         let reservations_wait = rules == FlushRules::Postgres;
         let halt_on_failure = rules == FlushRules::SqliteFile;
         let (sender, queue) = mpsc::unbounded_channel();
@@ -142,7 +148,7 @@ impl Flusher {
     /// Waits, on a thread outside the runtime, for committed writes; `false` once the committer
     /// is gone and everything was answered.
     #[cfg(any(test, feature = "sqlite"))]
-    pub(super) fn next_blocking(&mut self) -> bool {
+    pub(in crate::store::sea) fn next_blocking(&mut self) -> bool {
         self.queue
             .blocking_recv_many(&mut self.waiting, MOST_BATCHES_PER_FLUSH)
             > 0
@@ -162,7 +168,10 @@ impl Flusher {
     /// [`Job::answer`]) and, if the flush failed, those whose callers were just told so (their
     /// commit stands, but nobody will call the upstream for them or end them). Only
     /// reservations on `PostgreSQL` wait for a flush, so on a `SQLite` file there are none.
-    pub(super) fn conclude(&mut self, flushed: Result<(), StoreError>) -> Vec<CallId> {
+    pub(in crate::store::sea) fn conclude(
+        &mut self,
+        flushed: Result<(), StoreError>,
+    ) -> Vec<CallId> {
         self.stats.flushes.fetch_add(1, Ordering::Relaxed);
         match flushed {
             Ok(()) => {
@@ -208,7 +217,9 @@ const POSTGRES_FLUSH: &str = "SELECT set_config('synchronous_commit', \
 /// revoked, or a PostgreSQL-compatible server without the function), `false`: the committer
 /// then commits each batch synchronously, as durable and slower under contention, instead of
 /// failing every charged call. Any other error (the server is unreachable, say) is returned.
-pub(super) async fn postgres_flush_allowed(db: &DatabaseConnection) -> Result<bool, StoreError> {
+pub(in crate::store::sea) async fn postgres_flush_allowed(
+    db: &DatabaseConnection,
+) -> Result<bool, StoreError> {
     let Err(error) = db.execute_unprepared(POSTGRES_FLUSH).await else {
         return Ok(true);
     };
@@ -233,7 +244,7 @@ pub(super) async fn postgres_flush_allowed(db: &DatabaseConnection) -> Result<bo
 /// committer whose queue is `jobs`: the refunds of reservations whose callers never learned
 /// of them go there (see [`Flusher::conclude`]). A weak sender, so that the committer still ends once the
 /// store's own senders are gone.
-pub(super) fn start_postgres(
+pub(in crate::store::sea) fn start_postgres(
     db: DatabaseConnection,
     mut flusher: Flusher,
     jobs: mpsc::WeakSender<Job>,

@@ -22,8 +22,8 @@ use super::jobs::Kept;
 use super::jobs::{Counters, Failure, GroupCommitStats, Job, Reply, begin_write, stopped};
 use super::ledger_ops::apply_in;
 #[cfg(feature = "sqlite")]
-use super::owned::state::State;
-use super::writes::{Outcome, OwnedCharge, Write};
+use crate::store::sea::owned::state::State;
+use crate::store::sea::writes::{Outcome, OwnedCharge, Write};
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
 /// Most ledger writes one transaction carries.
@@ -34,7 +34,7 @@ const QUEUE: usize = 4096;
 
 /// The queue to a store's committer task.
 #[derive(Debug, Clone)]
-pub(super) struct Committer {
+pub(in crate::store::sea) struct Committer {
     jobs: mpsc::Sender<Job>,
     stats: Arc<Counters>,
 }
@@ -43,7 +43,7 @@ impl Committer {
     /// Starts the committer task on the current Tokio runtime. With `postgres_flusher` its
     /// batches commit asynchronously and a flusher task makes them durable (see
     /// [`super::flush`]); otherwise each commit is durable when it returns.
-    pub(super) fn start(
+    pub(in crate::store::sea) fn start(
         db: DatabaseConnection,
         max_batch: usize,
         postgres_flusher: bool,
@@ -66,11 +66,11 @@ impl Committer {
     /// file (see [`super::sqlite_direct`]), holding reservations in memory with `holds`. The
     /// thread ends when the last sender is dropped.
     #[cfg(feature = "sqlite")]
-    pub(super) fn start_direct(
+    pub(in crate::store::sea) fn start_direct(
         connection: rusqlite::Connection,
         wal: std::fs::File,
         max_batch: usize,
-        holds: Option<Arc<super::owned::state::SharedHolds>>,
+        holds: Option<Arc<crate::store::sea::owned::state::SharedHolds>>,
     ) -> Result<Committer, StoreError> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
@@ -89,7 +89,7 @@ impl Committer {
         // Beside the holds before any reservation can ask for it (see `run_direct`).
         let own = match &holds {
             Some(shared) => {
-                super::owned::decide::install(shared, connection);
+                crate::store::sea::owned::decide::install(shared, connection);
                 None
             }
             None => Some(connection),
@@ -101,18 +101,18 @@ impl Committer {
         Ok(Committer { jobs, stats })
     }
 
-    pub(super) fn stats(&self) -> GroupCommitStats {
+    pub(in crate::store::sea) fn stats(&self) -> GroupCommitStats {
         self.stats.snapshot()
     }
 
     /// Whether a failed flush stopped this committer for good: every write is refused.
-    pub(super) fn halted(&self) -> bool {
+    pub(in crate::store::sea) fn halted(&self) -> bool {
         self.stats.halted.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Marks the committer stopped, as a failed flush does.
     #[cfg(test)]
-    pub(super) fn halt(&self) {
+    pub(in crate::store::sea) fn halt(&self) {
         self.stats
             .halted
             .store(true, std::sync::atomic::Ordering::Release);
@@ -142,7 +142,10 @@ impl Committer {
         self.send(write, reply).await?.wait().await
     }
 
-    pub(super) async fn reserve(&self, charge: OwnedCharge) -> Result<Reservation, ReserveError> {
+    pub(in crate::store::sea) async fn reserve(
+        &self,
+        charge: OwnedCharge,
+    ) -> Result<Reservation, ReserveError> {
         self.submit(Write::Reserve(charge), Reply::Reserve).await
     }
 
@@ -150,12 +153,12 @@ impl Committer {
     /// Room in the queue for one write, taken before the holds' state is locked (the lock is
     /// never held across an await); [`Slot::queue`] then queues the write under the lock. The
     /// room is kept with the write if it waits beside the holds before going to the committer.
-    pub(super) async fn slot(&self) -> Result<Slot, StoreError> {
+    pub(in crate::store::sea) async fn slot(&self) -> Result<Slot, StoreError> {
         let room = (self.jobs.clone().reserve_owned().await).map_err(|_| stopped())?;
         Ok(Slot(room))
     }
 
-    pub(super) async fn settle(
+    pub(in crate::store::sea) async fn settle(
         &self,
         call: CallId,
         success: CallSuccess,
@@ -164,7 +167,7 @@ impl Committer {
             .await
     }
 
-    pub(super) async fn refund(
+    pub(in crate::store::sea) async fn refund(
         &self,
         call: CallId,
         failure: CallFailure,
@@ -176,14 +179,14 @@ impl Committer {
 
 #[cfg(feature = "sqlite")]
 /// Room for one write in a committer's queue (see [`Committer::slot`]).
-pub(super) struct Slot(mpsc::OwnedPermit<Job>);
+pub(in crate::store::sea) struct Slot(mpsc::OwnedPermit<Job>);
 
 #[cfg(feature = "sqlite")]
 impl Slot {
     /// Queues `write` while its caller holds the holds' state lock (`state`), so that an
     /// account's writes on an owned file are decided in the order they took the lock (see
     /// [`State::queue`]). The caller lets the lock go before waiting for the answer.
-    pub(super) fn queue<T, E>(
+    pub(in crate::store::sea) fn queue<T, E>(
         self,
         state: &mut State,
         write: Write,
@@ -202,10 +205,10 @@ impl Slot {
 }
 
 /// The answer to a queued write, once its batch is written.
-pub(super) struct Answer<T, E>(oneshot::Receiver<Result<T, E>>);
+pub(in crate::store::sea) struct Answer<T, E>(oneshot::Receiver<Result<T, E>>);
 
 impl<T, E: From<StoreError>> Answer<T, E> {
-    pub(super) async fn wait(self) -> Result<T, E> {
+    pub(in crate::store::sea) async fn wait(self) -> Result<T, E> {
         self.0.await.map_err(|_| stopped())?
     }
 }
@@ -252,14 +255,14 @@ async fn apply(
 
 /// The committer's loop on a `SQLite` file, on its own thread: until every sender is gone,
 /// take a batch, write it in one transaction (`super::sqlite_direct`), answer it. With
-/// `holds`, reservations are held in memory (see `super::owned`) and the connection, `own`
+/// `holds`, reservations are held in memory (see `crate::store::sea::owned`) and the connection, `own`
 /// otherwise, is kept beside them between batches (`owned::decide::install`).
 #[cfg(feature = "sqlite")]
 fn run_direct(
     mut own: Option<rusqlite::Connection>,
     mut queue: mpsc::Receiver<Job>,
     mut batches: Batches,
-    holds: Option<Arc<super::owned::state::SharedHolds>>,
+    holds: Option<Arc<crate::store::sea::owned::state::SharedHolds>>,
 ) {
     while batches.next_blocking(&mut queue) {
         let applied = if batches.halted() {
@@ -268,7 +271,9 @@ fn run_direct(
             let writes = batches.writes();
             match (own.as_mut(), &holds) {
                 (Some(connection), _) => super::sqlite_direct::apply(connection, &writes),
-                (None, Some(shared)) => super::owned::decide::apply_holding(&writes, shared),
+                (None, Some(shared)) => {
+                    crate::store::sea::owned::decide::apply_holding(&writes, shared)
+                }
                 (None, None) => unreachable!("the connection is here or beside the holds"),
             }
         };
@@ -277,10 +282,13 @@ fn run_direct(
             // Held for callers that are gone: no guard will end them, and they moved nothing.
             Some(shared) if !unclaimed.is_empty() => {
                 let ended = unclaimed;
-                shared.lock().holds.apply(super::held::HoldChanges {
-                    ended,
-                    ..super::held::HoldChanges::default()
-                });
+                shared
+                    .lock()
+                    .holds
+                    .apply(crate::store::sea::held::HoldChanges {
+                        ended,
+                        ..crate::store::sea::held::HoldChanges::default()
+                    });
             }
             Some(_) => {}
             // On a file no store owns they are in the database: refunded in the next batch.

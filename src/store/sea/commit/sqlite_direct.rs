@@ -31,20 +31,20 @@ use rusqlite::{
 
 use super::batch::{EndedHold, Entry, Finish, NewEntry, Plan, Reads, split};
 use super::flush::Flusher;
-use super::held::{HoldChanges, Holds, IdBlock};
 use super::jobs::{Failure, SQLITE_BUSY_TIMEOUT};
-use super::owned::state::RowCache;
-use super::writes::{AccountRead, Outcome, Wanted, Write};
 use crate::credits::{Balance, Credits};
+use crate::store::sea::held::{HoldChanges, Holds, IdBlock};
+use crate::store::sea::owned::state::RowCache;
+use crate::store::sea::writes::{AccountRead, Outcome, Wanted, Write};
 use crate::store::{CallStatus, StoreError};
 
-pub(super) fn store_error(error: rusqlite::Error) -> StoreError {
+pub(in crate::store::sea) fn store_error(error: rusqlite::Error) -> StoreError {
     StoreError(Box::new(error))
 }
 
 /// Opens the committer's own connection to a database file the sea-orm pool has migrated, and
 /// the WAL file that its flusher syncs.
-pub(super) fn open(file: &Path) -> Result<(Connection, File), StoreError> {
+pub(in crate::store::sea) fn open(file: &Path) -> Result<(Connection, File), StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let connection = Connection::open_with_flags(file, flags).map_err(store_error)?;
     connection
@@ -97,7 +97,7 @@ fn open_wal(connection: &Connection) -> Result<File, StoreError> {
 const ID_BLOCK: i64 = 4096;
 
 /// Changes whenever another connection has committed to the file since the last call.
-pub(super) fn data_version(connection: &Connection) -> Result<i64, StoreError> {
+pub(in crate::store::sea) fn data_version(connection: &Connection) -> Result<i64, StoreError> {
     connection
         .prepare_cached("PRAGMA data_version")
         .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
@@ -106,7 +106,7 @@ pub(super) fn data_version(connection: &Connection) -> Result<i64, StoreError> {
 
 /// The flusher's loop, on its own thread: until the committer is gone, take every batch
 /// committed since the last flush, fsync the WAL, answer them.
-pub(super) fn flush(wal: File, mut flusher: Flusher) {
+pub(in crate::store::sea) fn flush(wal: File, mut flusher: Flusher) {
     while flusher.next_blocking() {
         let synced = wal.sync_data().map_err(|error| StoreError(Box::new(error)));
         // Reservations on a SQLite file are answered at commit, never here.
@@ -119,10 +119,10 @@ pub(super) fn flush(wal: File, mut flusher: Flusher) {
 }
 
 /// A batch's outcomes, what it did to the holds and what it wrote to each account.
-pub(super) type Applied = (Vec<Outcome>, HoldChanges, Vec<(i64, Balance)>);
+pub(in crate::store::sea) type Applied = (Vec<Outcome>, HoldChanges, Vec<(i64, Balance)>);
 
 /// Applies a batch on a file that no store owns: nothing is held in memory.
-pub(super) fn apply(
+pub(in crate::store::sea) fn apply(
     connection: &mut Connection,
     writes: &[&Write],
 ) -> Result<Vec<Outcome>, Failure> {
@@ -136,7 +136,7 @@ pub(super) fn apply(
     Ok(outcomes)
 }
 
-pub(super) fn apply_in(
+pub(in crate::store::sea) fn apply_in(
     txn: &Transaction<'_>,
     writes: &[&Write],
     owned: Option<(&Holds, &mut RowCache)>,

@@ -8,13 +8,13 @@ use tokio::sync::mpsc;
 
 use super::flush::Durability;
 use super::jobs::{Counters, Failure, Job};
-use super::writes::{Outcome, Write};
+use crate::store::sea::writes::{Outcome, Write};
 use crate::store::{CallId, StoreError};
 
 /// What a committer loop does with each batch, whichever way it writes it: counts it, and
 /// answers its writes from the outcome. A batch of several rolled back by a failing statement
 /// is not answered; its writes are queued to run again one by one, ahead of anything new.
-pub(super) struct Batches {
+pub(in crate::store::sea) struct Batches {
     current: Vec<Job>,
     alone: VecDeque<Job>,
     /// Refunds of reservations that landed for callers that were gone, for the next batch.
@@ -27,7 +27,11 @@ pub(super) struct Batches {
 }
 
 impl Batches {
-    pub(super) fn new(max: usize, stats: Arc<Counters>, durability: Durability) -> Batches {
+    pub(in crate::store::sea) fn new(
+        max: usize,
+        stats: Arc<Counters>,
+        durability: Durability,
+    ) -> Batches {
         Batches {
             current: Vec::with_capacity(max),
             alone: VecDeque::new(),
@@ -41,13 +45,13 @@ impl Batches {
 
     /// Whether a failed flush has stopped this committer: its batches must not be written.
     #[cfg(any(test, feature = "sqlite"))]
-    pub(super) fn halted(&self) -> bool {
+    pub(in crate::store::sea) fn halted(&self) -> bool {
         self.durability.halted()
     }
 
     /// Takes, as the next batch, a write waiting to run alone if there is one, or else the
     /// refunds of unclaimed reservations if there are any.
-    pub(super) fn next_alone(&mut self) -> bool {
+    pub(in crate::store::sea) fn next_alone(&mut self) -> bool {
         if let Some(job) = self.alone.pop_front() {
             self.current.push(job);
             return true;
@@ -62,7 +66,7 @@ impl Batches {
     /// Refunds `calls` in the next batch: reservations written to the database for callers
     /// that were gone when they landed (see [`Job::answer`]). Nobody else knows their ids, so
     /// nothing else would end them before recovery.
-    pub(super) fn refund_unclaimed(&mut self, calls: Vec<CallId>) {
+    pub(in crate::store::sea) fn refund_unclaimed(&mut self, calls: Vec<CallId>) {
         if !calls.is_empty() {
             tracing::info!(
                 calls = calls.len(),
@@ -73,31 +77,34 @@ impl Batches {
     }
 
     /// Receives the next batch on the runtime; `false` once every sender is gone.
-    pub(super) async fn next(&mut self, queue: &mut mpsc::Receiver<Job>) -> bool {
+    pub(in crate::store::sea) async fn next(&mut self, queue: &mut mpsc::Receiver<Job>) -> bool {
         self.next_alone() || queue.recv_many(&mut self.current, self.max).await > 0
     }
 
     /// Whether commits return before they are durable (the flusher makes them so).
-    pub(super) fn flushed_later(&self) -> bool {
+    pub(in crate::store::sea) fn flushed_later(&self) -> bool {
         matches!(self.durability, Durability::Flushed { .. })
     }
 
     /// Receives the next batch on a thread outside the runtime; `false` once every sender is
     /// gone.
     #[cfg(feature = "sqlite")]
-    pub(super) fn next_blocking(&mut self, queue: &mut mpsc::Receiver<Job>) -> bool {
+    pub(in crate::store::sea) fn next_blocking(&mut self, queue: &mut mpsc::Receiver<Job>) -> bool {
         self.next_alone() || queue.blocking_recv_many(&mut self.current, self.max) > 0
     }
 
     /// The current batch's writes, in queue order; the batch is being written from now.
-    pub(super) fn writes(&mut self) -> Vec<&Write> {
+    pub(in crate::store::sea) fn writes(&mut self) -> Vec<&Write> {
         self.started = std::time::Instant::now();
         self.current.iter().map(|job| &job.write).collect()
     }
 
     /// Answers the current batch from how its transaction ended. Returns the calls it reserved
     /// for callers that are gone (see [`Job::answer`]).
-    pub(super) fn conclude(&mut self, applied: Result<Vec<Outcome>, Failure>) -> Vec<CallId> {
+    pub(in crate::store::sea) fn conclude(
+        &mut self,
+        applied: Result<Vec<Outcome>, Failure>,
+    ) -> Vec<CallId> {
         let stats = &self.stats;
         stats.transactions.fetch_add(1, Ordering::Relaxed);
         let size = self.current.len();
@@ -139,14 +146,14 @@ impl Batches {
 
 #[cfg(test)]
 mod tests {
-    //! The answering rule of [`super::super::flush`], driven by hand: no flusher thread, no
+    //! The answering rule of [`crate::store::flush`], driven by hand: no flusher thread, no
     //! database, every step taken by the test.
 
     use super::*;
     use crate::credits::{Credits, Split};
     use crate::protocol::Protocol;
-    use crate::store::sea::flush::{FlushRules, Flusher};
-    use crate::store::sea::jobs::Reply;
+    use crate::store::sea::commit::flush::{FlushRules, Flusher};
+    use crate::store::sea::commit::jobs::Reply;
     use crate::store::sea::writes::OwnedCharge;
     use crate::store::{AccountId, CallId, Caller, KeyId};
     use crate::store::{CallFailure, CallSuccess, Reservation, ReserveError};

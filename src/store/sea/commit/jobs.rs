@@ -13,52 +13,52 @@ use sea_orm::{
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 
-use super::writes::{Outcome, Write};
+use crate::store::sea::writes::{Outcome, Write};
 use crate::store::{CallFailure, CallId, Reservation, ReserveError, StoreError};
 
 /// A write and where its answer goes.
 #[derive(Debug)]
-pub(super) struct Job {
-    pub(super) write: Write,
-    pub(super) reply: Reply,
+pub(in crate::store::sea) struct Job {
+    pub(in crate::store::sea) write: Write,
+    pub(in crate::store::sea) reply: Reply,
 }
 
 /// A write with room kept for it in the committer's queue, so that it can be sent there later
 /// without waiting (see `owned::State::waiting`).
 #[cfg(feature = "sqlite")]
 #[derive(Debug)]
-pub(super) struct Kept {
-    pub(super) job: Job,
-    pub(super) room: mpsc::OwnedPermit<Job>,
+pub(in crate::store::sea) struct Kept {
+    pub(in crate::store::sea) job: Job,
+    pub(in crate::store::sea) room: mpsc::OwnedPermit<Job>,
 }
 
 #[cfg(feature = "sqlite")]
 impl Kept {
-    pub(super) fn send(self) {
+    pub(in crate::store::sea) fn send(self) {
         self.room.send(self.job);
     }
 }
 
 /// Where a write's answer goes: a reservation, or a settle or refund.
 #[derive(Debug)]
-pub(super) enum Reply {
+pub(in crate::store::sea) enum Reply {
     Reserve(oneshot::Sender<Result<Reservation, ReserveError>>),
     Finish(oneshot::Sender<Result<bool, StoreError>>),
 }
 
 /// What a committer has done so far, counted as it goes.
 #[derive(Debug, Default)]
-pub(super) struct Counters {
-    pub(super) transactions: AtomicU64,
-    pub(super) writes: AtomicU64,
-    pub(super) rolled_back: AtomicU64,
-    pub(super) flushes: AtomicU64,
+pub(in crate::store::sea) struct Counters {
+    pub(in crate::store::sea) transactions: AtomicU64,
+    pub(in crate::store::sea) writes: AtomicU64,
+    pub(in crate::store::sea) rolled_back: AtomicU64,
+    pub(in crate::store::sea) flushes: AtomicU64,
     /// A failed flush stopped the committer for good (`SQLite`; see [`super::flush`]).
-    pub(super) halted: AtomicBool,
+    pub(in crate::store::sea) halted: AtomicBool,
 }
 
 impl Counters {
-    pub(super) fn snapshot(&self) -> GroupCommitStats {
+    pub(in crate::store::sea) fn snapshot(&self) -> GroupCommitStats {
         GroupCommitStats {
             transactions: self.transactions.load(Ordering::Relaxed),
             writes: self.writes.load(Ordering::Relaxed),
@@ -90,12 +90,12 @@ pub struct GroupCommitStats {
 }
 
 /// The answer when the committer is gone.
-pub(super) fn stopped() -> StoreError {
+pub(in crate::store::sea) fn stopped() -> StoreError {
     StoreError::msg("the ledger's committer task has stopped (its runtime shut down)")
 }
 
 /// Why a batch's transaction did not commit.
-pub(super) enum Failure {
+pub(in crate::store::sea) enum Failure {
     /// A statement failed; the transaction was rolled back and wrote nothing.
     Statement(StoreError),
     /// The commit failed: whether it wrote is unknown.
@@ -108,13 +108,13 @@ pub(super) enum Failure {
 /// What the call log says of a reservation the store refunds because its caller never learned
 /// of it: the caller had stopped waiting when it landed (see [`Job::answer`]), or was answered
 /// a store error (a failed flush: see `Flusher::conclude`).
-pub(super) const CALLER_GONE: &str = "refunded by the store: its caller never learned of it \
+pub(in crate::store::sea) const CALLER_GONE: &str = "refunded by the store: its caller never learned of it \
      (the caller stopped waiting, or was answered a store error)";
 
 impl Job {
     /// A refund of `call`, reserved in the database for a caller that never learned of it;
     /// nobody waits for its answer.
-    pub(super) fn refund_unclaimed(call: CallId) -> Job {
+    pub(in crate::store::sea) fn refund_unclaimed(call: CallId) -> Job {
         let (answer, _) = oneshot::channel();
         let failure = CallFailure {
             upstream_status: None,
@@ -126,11 +126,11 @@ impl Job {
         }
     }
 
-    pub(super) fn is_reservation(&self) -> bool {
+    pub(in crate::store::sea) fn is_reservation(&self) -> bool {
         matches!(self.write, Write::Reserve(_))
     }
 
-    pub(super) fn fail(self, error: StoreError) {
+    pub(in crate::store::sea) fn fail(self, error: StoreError) {
         match self.reply {
             Reply::Reserve(to) => {
                 let _ = to.send(Err(ReserveError::Store(error)));
@@ -150,7 +150,7 @@ impl Job {
     /// refunds it itself; see [`Ledger::reserve`].)
     ///
     /// [`Ledger::reserve`]: crate::Ledger::reserve
-    pub(super) fn answer(self, outcome: Outcome) -> Option<CallId> {
+    pub(in crate::store::sea) fn answer(self, outcome: Outcome) -> Option<CallId> {
         match (self.reply, outcome) {
             (Reply::Reserve(to), Outcome::Reserved(reserved)) => {
                 if let Err(Ok(unclaimed)) = to.send(reserved) {
@@ -178,11 +178,14 @@ fn wrong_kind() -> StoreError {
 /// How long a `SQLite` connection waits for another writer before giving up. Writers hold the lock
 /// for one short transaction, so reaching this means the database is stuck, not busy.
 #[cfg(feature = "sqlite")]
-pub(super) const SQLITE_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub(in crate::store::sea) const SQLITE_BUSY_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(30);
 
 /// A transaction that writes: on `SQLite` it takes the write lock at `BEGIN`, so that what it reads
 /// cannot change before it writes (a deferred transaction would fail to upgrade).
-pub(super) async fn begin_write(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
+pub(in crate::store::sea) async fn begin_write(
+    db: &DatabaseConnection,
+) -> Result<DatabaseTransaction, DbErr> {
     db.begin_with_options(TransactionOptions {
         sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
         ..TransactionOptions::default()

@@ -26,15 +26,15 @@ use sea_orm::{
 };
 
 use super::batch::{Entry, Finish, NewEntry, Plan, Reads, split};
-use super::entity::{account, api_key, call};
-use super::held::Holds;
-use super::writes::{AccountRead, Outcome, Wanted, Write};
 use crate::credits::{Balance, Credits};
+use crate::store::sea::entity::{account, api_key, call};
+use crate::store::sea::held::Holds;
+use crate::store::sea::writes::{AccountRead, Outcome, Wanted, Write};
 use crate::store::{CallStatus, StoreError};
 
 /// Applies `writes` in order inside `txn`; see the module documentation. What `holds` hold
-/// (see [`super::held`]) counts as spent.
-pub(super) async fn apply_in<C: ConnectionTrait>(
+/// (see [`crate::store::sea::held`]) counts as spent.
+pub(in crate::store::sea) async fn apply_in<C: ConnectionTrait>(
     txn: &C,
     writes: &[&Write],
     holds: Option<&Holds>,

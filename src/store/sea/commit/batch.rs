@@ -9,20 +9,22 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-#[cfg(feature = "sqlite")]
-use super::held::HoldChanges;
-use super::held::{HeldCall, Holds};
-use super::writes::{AccountRead, Outcome, OwnedCharge, Wanted, Write, unknown_account};
 use crate::credits::{Balance, Credits, Split};
 use crate::store::rules::holds;
 use crate::store::rules::reserve::{Payer, decide_reserve};
+#[cfg(feature = "sqlite")]
+use crate::store::sea::held::HoldChanges;
+use crate::store::sea::held::{HeldCall, Holds};
+use crate::store::sea::writes::{
+    AccountRead, Outcome, OwnedCharge, Wanted, Write, unknown_account,
+};
 use crate::store::{
     AccountId, CallFailure, CallId, CallStatus, CallSuccess, Reservation, ReserveError, StoreError,
 };
 
 impl Wanted {
     /// What `writes` need read; a call held in `holds` needs its account, not an entry.
-    pub(super) fn of(writes: &[&Write], holds: Option<&Holds>) -> Wanted {
+    pub(in crate::store::sea) fn of(writes: &[&Write], holds: Option<&Holds>) -> Wanted {
         let mut wanted = Wanted::default();
         for write in writes {
             match write {
@@ -43,7 +45,10 @@ impl Wanted {
     }
 
     /// The accounts to lock once the entries are read: the reservations' and the entries'.
-    pub(super) fn accounts_with(&self, entries: &BTreeMap<i64, Entry>) -> BTreeSet<i64> {
+    pub(in crate::store::sea) fn accounts_with(
+        &self,
+        entries: &BTreeMap<i64, Entry>,
+    ) -> BTreeSet<i64> {
         let mut accounts = self.accounts.clone();
         accounts.extend(entries.values().map(|entry| entry.account));
         accounts
@@ -52,31 +57,31 @@ impl Wanted {
 
 /// What a batch read, under lock. Rows that do not exist are simply absent.
 #[derive(Debug, Default)]
-pub(super) struct Reads {
-    pub(super) entries: BTreeMap<i64, Entry>,
-    pub(super) accounts: BTreeMap<i64, AccountRead>,
-    pub(super) active_keys: BTreeSet<i64>,
+pub(in crate::store::sea) struct Reads {
+    pub(in crate::store::sea) entries: BTreeMap<i64, Entry>,
+    pub(in crate::store::sea) accounts: BTreeMap<i64, AccountRead>,
+    pub(in crate::store::sea) active_keys: BTreeSet<i64>,
 }
 
 /// A call-log entry that a settle or refund may finish.
 #[derive(Debug)]
-pub(super) struct Entry {
-    pub(super) account: i64,
-    pub(super) pending: bool,
-    pub(super) taken: Split,
+pub(in crate::store::sea) struct Entry {
+    pub(in crate::store::sea) account: i64,
+    pub(in crate::store::sea) pending: bool,
+    pub(in crate::store::sea) taken: Split,
 }
 
 /// A `pending` entry to insert.
 #[derive(Debug)]
-pub(super) struct NewEntry<'a> {
-    pub(super) account: i64,
-    pub(super) charge: &'a OwnedCharge,
-    pub(super) taken: Split,
+pub(in crate::store::sea) struct NewEntry<'a> {
+    pub(in crate::store::sea) account: i64,
+    pub(in crate::store::sea) charge: &'a OwnedCharge,
+    pub(in crate::store::sea) taken: Split,
 }
 
 /// How a finished entry ends.
 #[derive(Debug)]
-pub(super) enum Finish<'a> {
+pub(in crate::store::sea) enum Finish<'a> {
     Settled(&'a CallSuccess),
     Refunded(&'a CallFailure),
     /// A held call whose credits were gone from its account when it ended (another
@@ -86,14 +91,14 @@ pub(super) enum Finish<'a> {
 
 impl Finish<'_> {
     /// The status the entry ends in.
-    pub(super) fn status(&self) -> CallStatus {
+    pub(in crate::store::sea) fn status(&self) -> CallStatus {
         match self {
             Finish::Settled(_) => CallStatus::Ok,
             Finish::Refunded(_) | Finish::CreditsGone(_) => CallStatus::Refunded,
         }
     }
 
-    pub(super) fn upstream_status(&self) -> Option<i32> {
+    pub(in crate::store::sea) fn upstream_status(&self) -> Option<i32> {
         match self {
             Finish::Settled(success) | Finish::CreditsGone(success) => {
                 Some(i32::from(success.upstream_status))
@@ -103,7 +108,7 @@ impl Finish<'_> {
     }
 
     /// What a billed call reports (its channel and token counts); `None` for the others.
-    pub(super) fn billed(&self) -> Option<&CallSuccess> {
+    pub(in crate::store::sea) fn billed(&self) -> Option<&CallSuccess> {
         match self {
             Finish::Settled(success) => Some(success),
             Finish::Refunded(_) | Finish::CreditsGone(_) => None,
@@ -111,7 +116,7 @@ impl Finish<'_> {
     }
 
     /// Why a call was not billed; `None` for a billed one.
-    pub(super) fn error(&self) -> Option<&str> {
+    pub(in crate::store::sea) fn error(&self) -> Option<&str> {
         match self {
             Finish::Settled(_) => None,
             Finish::Refunded(failure) => Some(&failure.error),
@@ -121,27 +126,27 @@ impl Finish<'_> {
 }
 
 /// Why a held call ended with [`Finish::CreditsGone`], as its entry records it.
-pub(super) const CREDITS_GONE: &str =
+pub(in crate::store::sea) const CREDITS_GONE: &str =
     "not billed: its credits were taken from the account while the call ran";
 
 /// A held call that ends in this batch: its entry is inserted, already finished.
 #[derive(Debug)]
 #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // written by `sqlite_direct` only
-pub(super) struct EndedHold<'a> {
-    pub(super) call: i64,
-    pub(super) held: &'a HeldCall,
-    pub(super) finish: Finish<'a>,
+pub(in crate::store::sea) struct EndedHold<'a> {
+    pub(in crate::store::sea) call: i64,
+    pub(in crate::store::sea) held: &'a HeldCall,
+    pub(in crate::store::sea) finish: Finish<'a>,
 }
 
 /// A batch decided: what to insert, finish and write to the accounts, and each write's answer.
 #[derive(Debug)]
-pub(super) struct Plan<'a> {
+pub(in crate::store::sea) struct Plan<'a> {
     /// New `pending` entries, in queue order.
-    pub(super) new_entries: Vec<NewEntry<'a>>,
+    pub(in crate::store::sea) new_entries: Vec<NewEntry<'a>>,
     /// Entries that stop being `pending`, with how.
-    pub(super) finished: Vec<(i64, Finish<'a>)>,
+    pub(in crate::store::sea) finished: Vec<(i64, Finish<'a>)>,
     /// Held calls that end, whose entries are inserted finished.
-    pub(super) ended_holds: Vec<EndedHold<'a>>,
+    pub(in crate::store::sea) ended_holds: Vec<EndedHold<'a>>,
     /// Each account's balance as the batch leaves it, and its net change.
     accounts: BTreeMap<i64, AccountState>,
     /// The reservations held in memory, if any: what they hold counts as spent.
@@ -173,9 +178,9 @@ enum Decision {
 
 impl<'a> Plan<'a> {
     /// Decides every write, in order, against what the batch read less what `holds` hold (the
-    /// calls they hold end here, see [`super::held`]). With `hold_new`, reservations are held
+    /// calls they hold end here, see [`crate::store::sea::held`]). With `hold_new`, reservations are held
     /// in memory instead of written.
-    pub(super) fn decide(
+    pub(in crate::store::sea) fn decide(
         writes: &[&'a Write],
         reads: Reads,
         holds: Option<&'a Holds>,
@@ -310,7 +315,7 @@ impl<'a> Plan<'a> {
     }
 
     /// Each account whose balance the batch changes, with the net change.
-    pub(super) fn account_changes(&self) -> Vec<(i64, Balance)> {
+    pub(in crate::store::sea) fn account_changes(&self) -> Vec<(i64, Balance)> {
         self.accounts
             .iter()
             .filter(|(_, held)| held.change != Balance::default())
@@ -320,7 +325,11 @@ impl<'a> Plan<'a> {
 
     #[cfg(feature = "sqlite")]
     /// What the batch does to the holds, given the ids its new reservations take (in order).
-    pub(super) fn hold_changes(&self, ids: &[i64], at: DateTime<Utc>) -> HoldChanges {
+    pub(in crate::store::sea) fn hold_changes(
+        &self,
+        ids: &[i64],
+        at: DateTime<Utc>,
+    ) -> HoldChanges {
         HoldChanges {
             added: self
                 .new_entries
@@ -346,7 +355,7 @@ impl<'a> Plan<'a> {
     }
 
     /// Each write's answer, given the ids the new entries were inserted under (in order).
-    pub(super) fn outcomes(self, ids: &[i64]) -> Vec<Outcome> {
+    pub(in crate::store::sea) fn outcomes(self, ids: &[i64]) -> Vec<Outcome> {
         let new_entries = self.new_entries;
         self.decisions
             .into_iter()
@@ -385,7 +394,7 @@ impl AccountState {
 }
 
 /// An entry's charged buckets as stored.
-pub(super) fn split(subscription: i64, topup: i64) -> Split {
+pub(in crate::store::sea) fn split(subscription: i64, topup: i64) -> Split {
     Split {
         subscription: Credits(subscription),
         topup: Credits(topup),
@@ -393,6 +402,6 @@ pub(super) fn split(subscription: i64, topup: i64) -> Split {
 }
 
 /// What a held call's settle takes: its price, which is what it holds (never more).
-pub(super) fn charged(held: &HeldCall) -> crate::credits::Split {
+pub(in crate::store::sea) fn charged(held: &HeldCall) -> crate::credits::Split {
     holds::settled(held.taken, held.taken)
 }
