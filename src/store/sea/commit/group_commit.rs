@@ -111,7 +111,7 @@ impl Committer {
     }
 
     /// Marks the committer stopped, as a failed flush does.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "sqlite"))]
     pub(in crate::store::sea) fn halt(&self) {
         self.stats
             .halted
