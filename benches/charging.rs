@@ -23,8 +23,9 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use http::Request;
 use http_body_util::Full;
 use model_gateway::{
-    Bucket, CallFailure, CallSuccess, Caller, Catalogue, ChargeRequest, Credits, Leases,
-    MemoryStore, MockUpstream, NewApiKey, Protocol, SeaOrmStore, Store,
+    Catalogue, Credits, MemoryStore, Protocol, SeaOrmStore, Store, credits::Bucket,
+    keys::NewApiKey, store::CallFailure, store::CallSuccess, store::Caller, store::ChargeRequest,
+    store::Leases, upstream::MockUpstream,
 };
 use sea_orm::ConnectionTrait;
 use tower::{Service, ServiceExt};
@@ -54,15 +55,12 @@ enum Outcome {
 
 /// One reserve followed by its settle or refund.
 async fn charge_once(store: &dyn Store, caller: Caller, outcome: Outcome) {
-    let request = ChargeRequest {
+    let request = ChargeRequest::new(
         caller,
-        protocol: Protocol::ChatCompletions,
-        model: "gpt-4o-mini",
-        price: Credits::new(2),
-        request_id: None,
-        at: chrono::Utc::now(),
-        idempotency: None,
-    };
+        Protocol::ChatCompletions,
+        "gpt-4o-mini",
+        Credits::new(2),
+    );
     let reservation = store.reserve(request).await.unwrap();
     let done = match outcome {
         Outcome::Settle => store.settle(reservation.call, CallSuccess::default()).await,
@@ -238,7 +236,7 @@ fn stack_overhead(c: &mut Criterion) {
     let stack = model_gateway::stack(
         store,
         Arc::new(Catalogue::demo()),
-        model_gateway::DEFAULT_MAX_BODY_BYTES,
+        model_gateway::router::DEFAULT_MAX_BODY_BYTES,
         MockUpstream::new(),
     );
     let bearer = format!("Bearer {}", key.reveal());
@@ -257,7 +255,8 @@ fn stack_overhead(c: &mut Criterion) {
     });
     // The floor: the mock alone, given the extension the router would have added.
     let routed =
-        model_gateway::route(&Catalogue::demo(), Protocol::ChatCompletions, &body, false).unwrap();
+        model_gateway::router::route(&Catalogue::demo(), Protocol::ChatCompletions, &body, false)
+            .unwrap();
     let mut mock = MockUpstream::new();
     c.bench_function("stack/bare mock upstream", |b| {
         b.iter(|| {

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use axum::{Router, routing::get};
 use model_gateway::recovery::Upkeep;
 use model_gateway::{
-    ApiKeyAuthLayer, Catalogue, CreditChargeLayer, MockUpstream, ProtocolRouterLayer,
-    RefundOnUpstreamErrorLayer, SeaOrmStore, recovery_age,
+    ApiKeyAuthLayer, Catalogue, CreditChargeLayer, ProtocolRouterLayer, RefundOnUpstreamErrorLayer,
+    SeaOrmStore, recovery::recovery_age, upstream::MockUpstream,
 };
 use tower::ServiceBuilder;
 

@@ -52,8 +52,9 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use model_gateway::{
-    Accounts, Bucket, Catalogue, Credits, DEFAULT_MAX_BODY_BYTES, GroupCommitStats, MemoryStore,
-    MockUpstream, NewApiKey, Protocol, SeaOrmStore, Upstream,
+    Accounts, Catalogue, Credits, MemoryStore, Protocol, SeaOrmStore, Upstream, credits::Bucket,
+    keys::NewApiKey, router::DEFAULT_MAX_BODY_BYTES, store::GroupCommitStats,
+    upstream::MockUpstream,
 };
 use sea_orm::{ConnectionTrait, Statement};
 use tower::Service;
@@ -123,7 +124,8 @@ fn floor_reply(
     mut mock: MockUpstream,
     body: Bytes,
 ) -> http::Response<axum::body::Body> {
-    let routed = model_gateway::route(catalogue, Protocol::ChatCompletions, &body, false).unwrap();
+    let routed =
+        model_gateway::router::route(catalogue, Protocol::ChatCompletions, &body, false).unwrap();
     let mut request = http::Request::new(body);
     request.extensions_mut().insert(routed);
     let reply = mock.call(request).into_inner().unwrap();

@@ -1,7 +1,7 @@
 //! [`ApiKeyAuth`]: who is calling.
 //!
 //! Takes the key from `Authorization: Bearer KEY` or `x-api-key: KEY`, looks up its SHA-256
-//! through a [`KeyStore`], and adds the [`Caller`](crate::Caller) and [`KeyRules`](crate::KeyRules)
+//! through a [`KeyStore`], and adds the [`Caller`](crate::store::Caller) and [`KeyRules`](crate::call::KeyRules)
 //! request extensions. A missing, unknown, revoked or expired key is answered
 //! `401 {"detail":"无效的 API Key"}` and goes no further.
 //!
@@ -10,7 +10,7 @@
 //! use bytes::Bytes;
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
-//! use model_gateway::{Accounts, ApiKeyAuthLayer, Caller, MemoryStore, NewApiKey};
+//! use model_gateway::{Accounts, ApiKeyAuthLayer, store::Caller, MemoryStore, keys::NewApiKey};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -90,7 +90,7 @@ impl<S> Layer<S> for ApiKeyAuthLayer {
     }
 }
 
-/// Middleware that authenticates the caller and adds the [`Caller`](crate::Caller) extension.
+/// Middleware that authenticates the caller and adds the [`Caller`](crate::store::Caller) extension.
 #[derive(Debug, Clone)]
 pub struct ApiKeyAuth<S> {
     inner: S,

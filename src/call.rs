@@ -7,9 +7,9 @@
 //! | [`Caller`]      | [`ApiKeyAuth`](crate::ApiKeyAuth)             | [`CreditCharge`](crate::CreditCharge) |
 //! | [`RoutedCall`]  | [`ProtocolRouter`](crate::ProtocolRouter)     | [`CreditCharge`](crate::CreditCharge), the upstream |
 //! | [`Reservation`] | [`CreditCharge`](crate::CreditCharge)         | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
-//! | [`RequestId`]  | [`RequestIdLayer`](crate::RequestIdLayer)      | [`CreditCharge`](crate::CreditCharge) (the call log), the log lines |
+//! | [`RequestId`]  | [`RequestIdLayer`](crate::request_id::RequestIdLayer)      | [`CreditCharge`](crate::CreditCharge) (the call log), the log lines |
 //! | [`IdempotencyKey`] | [`ProtocolRouter`](crate::ProtocolRouter) | [`CreditCharge`](crate::CreditCharge), [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
-//! | [`ServedBy`] (response) | [`HttpUpstream`](crate::HttpUpstream) | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
+//! | [`ServedBy`] (response) | [`HttpUpstream`](crate::upstream::HttpUpstream) | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
 //! | [`ClientWrites`] | the server ([`crate::server`] for HTTP/1.1)   | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) (what a stream bills) |
 
 use std::ops::Range;
@@ -268,13 +268,13 @@ impl ClientWrites {
     }
 }
 
-/// The upstream (channel) that served a call. Response extension added by [`HttpUpstream`](crate::HttpUpstream),
+/// The upstream (channel) that served a call. Response extension added by [`HttpUpstream`](crate::upstream::HttpUpstream),
 /// read by [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) for the call log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedBy(pub String);
 
 /// The id of one request: the client's own `x-request-id` when it sent a sane one, else a new
-/// one. Request extension added by [`RequestIdLayer`](crate::RequestIdLayer); the answer
+/// one. Request extension added by [`RequestIdLayer`](crate::request_id::RequestIdLayer); the answer
 /// carries it as `x-request-id`, the call log keeps it, and the provider is sent it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RequestId(HeaderValue);

@@ -17,8 +17,8 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use model_gateway::{
-//!     Accounts, Bucket, Caller, Catalogue, CreditChargeLayer, Credits, KeyId, Ledger,
-//!     MemoryStore, Protocol, Reservation, RoutedCall,
+//!     Accounts, Catalogue, CreditChargeLayer, Credits, KeyId, Ledger, MemoryStore, Protocol,
+//!     call::RoutedCall, credits::Bucket, store::Caller, store::Reservation,
 //! };
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
@@ -324,7 +324,7 @@ pub const RESERVATION_ANSWER_LOST: &str = "the store failed as this reservation 
 /// After a reservation failed in the store, which may have committed it all the same (its answer
 /// lost with the connection): looks, until the store answers, for `caller`'s pending entry of
 /// this request and refunds it, so that no credit stays held by a call that was refused. Needs
-/// the request's id ([`RequestIdLayer`](crate::RequestIdLayer) sets one).
+/// the request's id ([`RequestIdLayer`](crate::request_id::RequestIdLayer) sets one).
 fn refund_if_it_landed(ledger: Arc<dyn Ledger>, caller: Caller, request_id: Option<RequestId>) {
     let Some(request_id) = request_id else {
         return;

@@ -80,7 +80,7 @@ pub enum GatewayError {
     /// The layers were assembled wrongly (a required request extension is missing).
     #[error("the layers are assembled wrongly (a request extension is missing)")]
     Misconfigured,
-    /// The key may not call this model ([`KeyRules::models`](crate::KeyRules::models)).
+    /// The key may not call this model ([`KeyRules::models`](crate::call::KeyRules::models)).
     #[error("the API key may not call this model")]
     ModelNotAllowed,
     /// The key made more requests this minute than its limit; it may try again after the given

@@ -1,13 +1,12 @@
 //! [`Gateway`]: the whole HTTP surface of a gateway as one axum [`Router`], for a server to
 //! serve: the two call endpoints through the [`stack`](crate::stack), the key holders'
-//! endpoints and probes ([`key_holder`](crate::key_holder)), the admin API when an admin token
-//! is set ([`admin`](crate::admin)), the web console ([`console`](crate::console)), and a JSON
-//! 404 for the rest, every answer with an
-//! `x-request-id`.
+//! endpoints and probes ([`key_holder`](crate::key_holder)), and a JSON 404 for the rest, every
+//! answer with an `x-request-id`. With the `api` feature, also the admin API when an admin
+//! token is set (`admin::router`) and the web console (`console`).
 //!
 //! ```
 //! use std::sync::Arc;
-//! use model_gateway::{Catalogue, Gateway, MemoryStore, MockUpstream, Upstream};
+//! use model_gateway::{Catalogue, Gateway, MemoryStore, upstream::MockUpstream, Upstream};
 //!
 //! let store = Arc::new(MemoryStore::new());
 //! let router: axum::Router = Gateway::new(store, Arc::new(Catalogue::demo()), Upstream::Mock(MockUpstream::new()))
@@ -20,6 +19,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 
+#[cfg(feature = "api")]
 use crate::admin::{self, Admin, AdminToken};
 use crate::catalogue::Catalogue;
 use crate::error::GatewayError;
@@ -29,6 +29,7 @@ use crate::router::BodyLimits;
 use crate::store::Store;
 use crate::upstream::Upstream;
 
+#[cfg(feature = "api")]
 type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// A gateway's configuration, turned into its router by [`Gateway::router`].
@@ -39,7 +40,9 @@ pub struct Gateway<S> {
     upstream: Upstream,
     body: BodyLimits,
     limiter: RateLimiter,
+    #[cfg(feature = "api")]
     admin_token: Option<AdminToken>,
+    #[cfg(feature = "api")]
     metrics: Option<Render>,
 }
 
@@ -48,7 +51,6 @@ impl<S> std::fmt::Debug for Gateway<S> {
         f.debug_struct("Gateway")
             .field("body", &self.body)
             .field("limiter", &self.limiter)
-            .field("admin", &self.admin_token.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -63,7 +65,9 @@ impl<S: Store + 'static> Gateway<S> {
             upstream,
             body: BodyLimits::default(),
             limiter: RateLimiter::local(),
+            #[cfg(feature = "api")]
             admin_token: None,
+            #[cfg(feature = "api")]
             metrics: None,
         }
     }
@@ -83,6 +87,7 @@ impl<S: Store + 'static> Gateway<S> {
 
     /// Serves the admin API under `/admin` for this token's holder; `None`: `/admin` does not
     /// exist (404).
+    #[cfg(feature = "api")]
     pub fn admin_token(mut self, token: Option<AdminToken>) -> Gateway<S> {
         self.admin_token = token;
         self
@@ -90,6 +95,7 @@ impl<S: Store + 'static> Gateway<S> {
 
     /// Serves `GET /metrics` (what `render` returns, e.g. a Prometheus handle's text) behind
     /// the admin token; without an admin token this has no effect.
+    #[cfg(feature = "api")]
     pub fn metrics(mut self, render: impl Fn() -> String + Send + Sync + 'static) -> Gateway<S> {
         self.metrics = Some(Arc::new(render));
         self
@@ -104,7 +110,7 @@ impl<S: Store + 'static> Gateway<S> {
             self.upstream.clone(),
             self.limiter.clone(),
         );
-        let mut router = Router::new()
+        let router = Router::new()
             .route_service("/v1/chat/completions", stack.clone())
             .route_service("/v1/messages", stack)
             .merge(crate::key_holder::router_with_body_limits(
@@ -114,16 +120,34 @@ impl<S: Store + 'static> Gateway<S> {
                 self.limiter,
                 self.body,
             ));
-        router = router.merge(crate::console::router(self.admin_token.is_some()));
-        if let Some(token) = self.admin_token {
-            let admin = Admin::new(self.store).with_catalogue(self.catalogue);
-            router = router.merge(admin::router(admin, token.clone()));
-            if let Some(render) = self.metrics {
-                router = router.merge(admin::metrics_router(move || render(), token));
-            }
-        }
+        #[cfg(feature = "api")]
+        let router = router.merge(operator_apis(
+            self.store,
+            self.catalogue,
+            self.admin_token,
+            self.metrics,
+        ));
         router
             .fallback(|| async { GatewayError::UnknownPath.into_response::<Body>() })
             .layer(RequestIdLayer::new())
     }
+}
+
+/// The console, and the admin API (with `/metrics` when `metrics` is set) for `token`'s holder.
+#[cfg(feature = "api")]
+fn operator_apis<S: Store + 'static>(
+    store: Arc<S>,
+    catalogue: Arc<Catalogue>,
+    token: Option<AdminToken>,
+    metrics: Option<Render>,
+) -> Router {
+    let mut router = crate::console::router(token.is_some());
+    if let Some(token) = token {
+        let admin = Admin::new(store).with_catalogue(catalogue);
+        router = router.merge(admin::router(admin, token.clone()));
+        if let Some(render) = metrics {
+            router = router.merge(admin::metrics_router(move || render(), token));
+        }
+    }
+    router
 }

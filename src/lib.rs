@@ -15,7 +15,7 @@
 //!    whether the key may call that model (403).
 //! 3. [`CreditCharge`]: reserve the price and write a `pending` call-log entry (402).
 //! 4. [`RefundOnUpstreamError`]: settle on success, refund on failure (502).
-//! 5. The upstream: [`Upstream`] ([`MockUpstream`] or [`HttpUpstream`]), or your own service.
+//! 5. The upstream: [`Upstream`] ([`MockUpstream`](crate::upstream::MockUpstream) or [`HttpUpstream`](crate::upstream::HttpUpstream)), or your own service.
 //!
 //! So every request gets one clear answer, in this order: 401, then 429, then 400/413, then 404,
 //! then 403, then 402, then the upstream. A request refused at any step is never charged.
@@ -27,12 +27,12 @@
 //!
 //! | Extension        | Added by            | Read by                                   |
 //! |------------------|---------------------|-------------------------------------------|
-//! | [`Caller`]       | [`ApiKeyAuth`]      | [`RateLimit`](rate_limit::RateLimit), [`CreditCharge`] |
-//! | [`KeyRules`]     | [`ApiKeyAuth`]      | [`RateLimit`](rate_limit::RateLimit), [`ProtocolRouter`] |
-//! | [`RoutedCall`]   | [`ProtocolRouter`]  | [`CreditCharge`], [`RefundOnUpstreamError`] (streams), the upstream |
-//! | [`Reservation`]  | [`CreditCharge`]    | [`RefundOnUpstreamError`]                 |
-//! | [`IdempotencyKey`] | [`ProtocolRouter`] (the client's `Idempotency-Key`) | [`CreditCharge`] (billed at most once), [`RefundOnUpstreamError`] (keeps the reply) |
-//! | [`ServedBy`] (on the response) | [`HttpUpstream`] | [`RefundOnUpstreamError`]     |
+//! | [`Caller`](crate::store::Caller)       | [`ApiKeyAuth`]      | [`RateLimit`](rate_limit::RateLimit), [`CreditCharge`] |
+//! | [`KeyRules`](crate::call::KeyRules)     | [`ApiKeyAuth`]      | [`RateLimit`](rate_limit::RateLimit), [`ProtocolRouter`] |
+//! | [`RoutedCall`](crate::call::RoutedCall)   | [`ProtocolRouter`]  | [`CreditCharge`], [`RefundOnUpstreamError`] (streams), the upstream |
+//! | [`Reservation`](crate::store::Reservation)  | [`CreditCharge`]    | [`RefundOnUpstreamError`]                 |
+//! | [`IdempotencyKey`](crate::call::IdempotencyKey) | [`ProtocolRouter`] (the client's `Idempotency-Key`) | [`CreditCharge`] (billed at most once), [`RefundOnUpstreamError`] (keeps the reply) |
+//! | [`ServedBy`](crate::upstream::ServedBy) (on the response) | [`HttpUpstream`](crate::upstream::HttpUpstream) | [`RefundOnUpstreamError`]     |
 //!
 //! [`ProtocolRouter`] also turns the body into [`Bytes`](bytes::Bytes), exactly as the client
 //! sent it; layers inside it see `Request<Bytes>`.
@@ -43,7 +43,7 @@
 //!
 //! 1. Plain types: `credits`, `keys`, `protocol` (the two wire formats: usage, provider error
 //!    messages, and `protocol::sse` for their event streams), `call` (the extensions and ids),
-//!    `error` ([`GatewayError`], [`UpstreamError`]), `classify` (what a provider's answer
+//!    `error` ([`GatewayError`], [`UpstreamError`](crate::error::UpstreamError)), `classify` (what a provider's answer
 //!    means: billable, retry elsewhere, refused; `Retry-After`), `catalogue`.
 //! 2. Storage: the traits in `store`; `store::rules`, the pure core that every backend and
 //!    charging mode calls (the reservation rule, what a hold takes and gives back, what a call
@@ -58,11 +58,11 @@
 //!    `sqlite` feature) and `escrow/` (`PostgreSQL` only, behind `postgres`); then `store` (the
 //!    [`SeaOrmStore`] façade, which delegates to its mode) and the trait implementations beside
 //!    it (`ledger`, `accounts`, `reads`, `audit`, `upkeep`).
-//! 3. Upstreams: `upstream` ([`MockUpstream`], [`HttpUpstream`] with its breaker).
+//! 3. Upstreams: `upstream` ([`MockUpstream`](crate::upstream::MockUpstream), [`HttpUpstream`](crate::upstream::HttpUpstream) with its breaker).
 //! 4. The layers, each in its own module: `auth`, [`rate_limit`], `router`, `charge`, and
 //!    `refund` (a folder: layer, service, the guard that writes a call's outcome once, the
 //!    streaming body).
-//! 5. The stack ([`stack`]) and [`recovery`] (instance leases, the age rule, and [`Upkeep`],
+//! 5. The stack ([`stack`]) and [`recovery`] (instance leases, the age rule, and [`Upkeep`](crate::recovery::Upkeep),
 //!    which runs them for a serving gateway); [`admin`] (the operator's operations, and their HTTP
 //!    API), [`key_holder`] (the key holders' endpoints), [`Gateway`] (all of it as one axum
 //!    router), [`server`] (the front door) and [`telemetry`] (metrics).
@@ -86,8 +86,8 @@
 //!
 //! A reservation always ends: settled, refunded, or, if its gateway died or its database was
 //! unreachable, refunded later: at once once its gateway's lease ended
-//! ([`recover_orphaned_reservations`]), or by age if it was made under no lease
-//! ([`recover_stale_reservations`]).
+//! ([`recover_orphaned_reservations`](crate::recovery::recover_orphaned_reservations)), or by age if it was made under no lease
+//! ([`recover_stale_reservations`](crate::recovery::recover_stale_reservations)).
 
 #![warn(missing_docs)]
 
@@ -97,22 +97,22 @@ use std::sync::Arc;
 mod macros;
 pub mod admin;
 pub mod auth;
-mod call;
-mod catalogue;
+pub mod call;
+pub mod catalogue;
 pub mod charge;
 mod classify;
 #[cfg(feature = "api")]
 pub mod console;
-mod credits;
-mod error;
-#[cfg(feature = "api")]
+pub mod credits;
+pub mod error;
+#[cfg(feature = "server")]
 mod gateway;
-#[cfg(feature = "api")]
+#[cfg(feature = "server")]
 pub mod key_holder;
-mod keys;
-#[cfg(feature = "api")]
+pub mod keys;
+#[cfg(feature = "server")]
 mod ledger_deadline;
-mod protocol;
+pub mod protocol;
 pub mod rate_limit;
 pub mod recovery;
 pub mod refund;
@@ -125,51 +125,24 @@ pub mod store;
 pub mod telemetry;
 pub mod upstream;
 
-pub use auth::{ApiKeyAuth, ApiKeyAuthLayer, presented_key};
-pub use call::{IdempotencyKey, KeyRules, RequestId, RoutedCall};
-pub use catalogue::{
-    Catalogue, CatalogueError, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
-    DEFAULT_CALL_DEADLINE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_EVENT_BYTES,
-    DEFAULT_MAX_REPLY_BYTES, DEFAULT_STREAM_DEADLINE, DEFAULT_STREAM_IDLE_TIMEOUT,
-    DEFAULT_UPSTREAM_TIMEOUT, DEMO_CATALOGUE, ModelChannel, ModelRoute, UpstreamConfig,
-    UpstreamKind,
-};
-pub use charge::{
-    CANCELLED_WHILE_RESERVING, CreditCharge, CreditChargeLayer, IDEMPOTENT_REPLAYED_HEADER,
-};
-pub use credits::{Balance, Bucket, Credits, Split};
-pub use error::{GatewayError, UpstreamError};
-#[cfg(feature = "api")]
+// The headline types; everything else lives in its topic module.
+pub use auth::{ApiKeyAuth, ApiKeyAuthLayer};
+pub use catalogue::Catalogue;
+pub use charge::{CreditCharge, CreditChargeLayer};
+pub use credits::{Balance, Credits};
+pub use error::GatewayError;
+#[cfg(feature = "server")]
 pub use gateway::Gateway;
-pub use keys::{KEY_PREFIX, KeyHash, NewApiKey};
 pub use protocol::Protocol;
-pub use protocol::reply_usage;
-pub use recovery::{Upkeep, recover_orphaned_reservations, recover_stale_reservations};
-pub use refund::{
-    CANCELLED_BEFORE_ANSWER, CLIENT_LEFT_BEFORE_CONTENT, DEFAULT_UPSTREAM_BOUND,
-    RefundOnUpstreamError, RefundOnUpstreamErrorLayer, ResponseBody,
-};
-pub use reply::UpstreamBody;
-pub use request_id::{REQUEST_ID_HEADER, RequestIdLayer, RequestIdService};
-pub use router::{
-    BodyBudget, BodyLimits, BodyPermit, DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE,
-    DEFAULT_BODY_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES,
-    ProtocolRouter, ProtocolRouterLayer, route, route_model,
-};
-#[cfg(feature = "postgres")]
-pub use store::DEFAULT_ESCROW_IDLE;
+pub use refund::{RefundOnUpstreamError, RefundOnUpstreamErrorLayer};
+pub use router::{ProtocolRouter, ProtocolRouterLayer};
 pub use store::{
-    AccountAudit, AccountId, Accounts, ActiveKey, BalanceOverflow, CallFailure, CallId, CallLog,
-    CallRecord, CallStatus, CallSuccess, Caller, ChargeRequest, DEFAULT_IDEMPOTENCY_WINDOW,
-    DEFAULT_MAX_BATCH, GroupCommitStats, KeptReply, KeyId, KeyStore, LeaseId, Leases, Ledger,
-    MAX_KEPT_REPLY_BYTES, MemoryStore, Migrator, Reservation, ReserveError, SeaOrmStore, Store,
-    StoreError, Sums, TokenUsage,
+    AccountId, Accounts, CallId, CallLog, KeyId, KeyStore, Ledger, MemoryStore, SeaOrmStore, Store,
 };
-pub use upstream::mock::MOCK_REPLY_TEXT;
-pub use upstream::{HttpUpstream, MockUpstream, ServedBy, Upstream};
+pub use upstream::Upstream;
 
-/// An error of any type, boxed; what request bodies may fail with (tower's).
-pub use tower::BoxError;
+use request_id::{RequestIdLayer, RequestIdService};
+use router::BodyLimits;
 
 /// The full gateway service: the layers around upstream `U`.
 pub type GatewayStack<U> = RequestIdService<
@@ -180,23 +153,23 @@ pub type GatewayStack<U> = RequestIdService<
 ///
 /// | Layer                       | Reads                       | Adds            | Refuses with   |
 /// |-----------------------------|-----------------------------|-----------------|----------------|
-/// | [`RequestIdLayer`]          | `x-request-id`              | [`RequestId`]   |                |
-/// | [`ApiKeyAuth`]              | `Authorization`/`x-api-key` | [`Caller`], [`KeyRules`] | 401   |
-/// | [`RateLimit`](rate_limit::RateLimit) | [`Caller`], [`KeyRules`] |       | 429            |
-/// | [`ProtocolRouter`]          | path, method, body, [`KeyRules`] | [`RoutedCall`] | 404, 405, 413, 400, 403 |
-/// | [`CreditCharge`]            | [`Caller`], [`RoutedCall`]  | [`Reservation`] | 402            |
-/// | [`RefundOnUpstreamError`]   | [`Reservation`]             |                 | 502 (refunded) |
-/// | `upstream`                  | [`RoutedCall`], body        |                 |                |
+/// | [`RequestIdLayer`]          | `x-request-id`              | [`RequestId`](crate::call::RequestId)   |                |
+/// | [`ApiKeyAuth`]              | `Authorization`/`x-api-key` | [`Caller`](crate::store::Caller), [`KeyRules`](crate::call::KeyRules) | 401   |
+/// | [`RateLimit`](rate_limit::RateLimit) | [`Caller`](crate::store::Caller), [`KeyRules`](crate::call::KeyRules) |       | 429            |
+/// | [`ProtocolRouter`]          | path, method, body, [`KeyRules`](crate::call::KeyRules) | [`RoutedCall`](crate::call::RoutedCall) | 404, 405, 413, 400, 403 |
+/// | [`CreditCharge`]            | [`Caller`](crate::store::Caller), [`RoutedCall`](crate::call::RoutedCall)  | [`Reservation`](crate::store::Reservation) | 402            |
+/// | [`RefundOnUpstreamError`]   | [`Reservation`](crate::store::Reservation)             |                 | 502 (refunded) |
+/// | `upstream`                  | [`RoutedCall`](crate::call::RoutedCall), body        |                 |                |
 ///
 /// `body` says how request bodies are read ([`BodyLimits`]; a number is the largest body, with
 /// the default time-outs and memory budget), and callers who cannot pay for any model may send
 /// only a small body ([`ProtocolRouterLayer::unfunded_callers_through`]).
 ///
 /// The result is a `Service<Request<B>>` for any request body `B`, answering
-/// `Response<ResponseBody>` and never failing, so it mounts directly in an axum `Router` or on
+/// `Response<`[`ResponseBody`](refund::ResponseBody)`>` and never failing, so it mounts directly in an axum `Router` or on
 /// bare hyper. Every call is bounded by the catalogue's call deadline plus
-/// [`UPSTREAM_BOUND_MARGIN`] until its reply (or first event) arrives, and a stream by the
-/// catalogue's stream deadline after that; see [`recovery_age`] for what that means for
+/// [`UPSTREAM_BOUND_MARGIN`](crate::recovery::UPSTREAM_BOUND_MARGIN) until its reply (or first event) arrives, and a stream by the
+/// catalogue's stream deadline after that; see [`recovery_age`](crate::recovery::recovery_age) for what that means for
 /// recovery. Streaming (`stream: true` answered with server-sent events) is on when the
 /// catalogue says so ([`Catalogue::with_streaming`]). Keys' requests per minute are counted in
 /// this process ([`RateLimiter::local`](rate_limit::RateLimiter::local)); see
@@ -231,7 +204,7 @@ pub fn stack_with_limiter<S, U>(
 where
     S: Store + 'static,
 {
-    let upstream_bound = catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN;
+    let upstream_bound = catalogue.call_deadline() + recovery::UPSTREAM_BOUND_MARGIN;
     tower::ServiceBuilder::new()
         .layer(RequestIdLayer::new())
         .layer(ApiKeyAuthLayer::new(store.clone()))
@@ -250,20 +223,4 @@ where
                 .stream_max_event_bytes(catalogue.max_event_bytes()),
         )
         .service(upstream)
-}
-
-/// How far past the catalogue's call deadline [`stack`] bounds an upstream call. The HTTP
-/// upstream stops at the deadline itself; this bound catches any other upstream.
-pub const UPSTREAM_BOUND_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// How old a `pending` reservation must be before recovery refunds it, for gateways built with
-/// [`stack`] on `catalogue`: the upstream bound, plus the stream deadline when streaming is on,
-/// plus a minute for settling and refunding.
-pub fn recovery_age(catalogue: &Catalogue) -> std::time::Duration {
-    let streams = if catalogue.streaming() {
-        catalogue.stream_deadline()
-    } else {
-        std::time::Duration::ZERO
-    };
-    catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN + streams + std::time::Duration::from_secs(60)
 }

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 
+use crate::catalogue::Catalogue;
 use crate::store::{CallFailure, CallId, Leases, Ledger, Store, StoreError};
 
 /// How long an instance lease holds without renewal, by default: how soon after a gateway dies
@@ -50,7 +51,7 @@ pub async fn recover_stale_reservations(
     older_than: Duration,
 ) -> Result<Vec<CallId>, StoreError> {
     let age = chrono::Duration::from_std(older_than)
-        .map_err(|_| StoreError::msg("recovery age out of range"))?;
+        .map_err(|_| StoreError::Invalid("recovery age out of range".into()))?;
     let cutoff = Utc::now() - age;
     let failure = CallFailure {
         upstream_status: None,
@@ -134,7 +135,7 @@ pub struct Upkeep<S> {
 
 impl<S: Store + 'static> Upkeep<S> {
     /// Upkeep for `store`, refunding reservations made under no lease once older than
-    /// `recovery_age` (see [`recovery_age`](crate::recovery_age)).
+    /// `recovery_age` (see [`recovery_age`]).
     pub fn new(store: Arc<S>, recovery_age: Duration) -> Upkeep<S> {
         Upkeep {
             store,
@@ -324,4 +325,20 @@ impl<S: Store + 'static> UpkeepHandle<S> {
             tracing::warn!(%error, "ending the instance lease failed; it will expire");
         }
     }
+}
+
+/// How far past the catalogue's call deadline [`stack`](crate::stack) bounds an upstream call. The HTTP
+/// upstream stops at the deadline itself; this bound catches any other upstream.
+pub const UPSTREAM_BOUND_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How old a `pending` reservation must be before recovery refunds it, for gateways built with
+/// [`stack`](crate::stack) on `catalogue`: the upstream bound, plus the stream deadline when streaming is on,
+/// plus a minute for settling and refunding.
+pub fn recovery_age(catalogue: &Catalogue) -> std::time::Duration {
+    let streams = if catalogue.streaming() {
+        catalogue.stream_deadline()
+    } else {
+        std::time::Duration::ZERO
+    };
+    catalogue.call_deadline() + UPSTREAM_BOUND_MARGIN + streams + std::time::Duration::from_secs(60)
 }

@@ -12,7 +12,7 @@
 //! use bytes::Bytes;
 //! use http::{Request, Response};
 //! use http_body_util::Full;
-//! use model_gateway::{RequestId, RequestIdLayer};
+//! use model_gateway::{call::RequestId, request_id::RequestIdLayer};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {

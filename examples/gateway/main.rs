@@ -21,18 +21,21 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use std::time::Duration;
 
+#[cfg(feature = "api")]
+use model_gateway::admin::AdminToken;
 use model_gateway::admin::{
-    Admin, AdminToken, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount,
+    Admin, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount,
 };
 use model_gateway::rate_limit::RateLimiter;
 use model_gateway::recovery::{DEFAULT_LEASE_TTL, Upkeep};
 use model_gateway::server::{self, ServerLimits};
 use model_gateway::store::ChargingMode;
 use model_gateway::{
-    AccountId, BodyLimits, Bucket, CallId, CallStatus, Catalogue, Credits,
-    DEFAULT_BODY_BUDGET_BYTES, DEFAULT_BODY_DEADLINE, DEFAULT_BODY_IDLE_TIMEOUT,
-    DEFAULT_IDEMPOTENCY_WINDOW, DEFAULT_MAX_BODY_BYTES, DEFAULT_UNFUNDED_MAX_BODY_BYTES, Gateway,
-    HttpUpstream, KeyId, MockUpstream, SeaOrmStore, Upstream,
+    AccountId, CallId, Catalogue, Credits, Gateway, KeyId, SeaOrmStore, Upstream, credits::Bucket,
+    router::BodyLimits, router::DEFAULT_BODY_BUDGET_BYTES, router::DEFAULT_BODY_DEADLINE,
+    router::DEFAULT_BODY_IDLE_TIMEOUT, router::DEFAULT_MAX_BODY_BYTES,
+    router::DEFAULT_UNFUNDED_MAX_BODY_BYTES, store::CallStatus, store::DEFAULT_IDEMPOTENCY_WINDOW,
+    upstream::HttpUpstream, upstream::MockUpstream,
 };
 
 #[derive(Parser)]
@@ -174,6 +177,7 @@ struct ServeArgs {
     #[arg(long, env = "GATEWAY_REDIS_URL")]
     redis_url: Option<String>,
     /// Prefix of the rate limiter's Redis keys.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     #[arg(long, env = "GATEWAY_REDIS_PREFIX", default_value = "mg:")]
     redis_prefix: String,
     /// Largest request header block, in bytes (431 beyond).
@@ -227,7 +231,7 @@ impl ServeArgs {
 
     fn recovery_age(&self, catalogue: &Catalogue) -> std::time::Duration {
         self.recovery_age_secs.map_or_else(
-            || model_gateway::recovery_age(catalogue),
+            || model_gateway::recovery::recovery_age(catalogue),
             std::time::Duration::from_secs,
         )
     }
@@ -526,8 +530,8 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             let args = ServeArgs::parse_from_env();
             let age = args.recovery_age(&load_catalogue(&args)?);
             let store = admin.store().as_ref();
-            let orphaned = model_gateway::recover_orphaned_reservations(store).await?;
-            let stale = model_gateway::recover_stale_reservations(store, age).await?;
+            let orphaned = model_gateway::recovery::recover_orphaned_reservations(store).await?;
+            let stale = model_gateway::recovery::recover_stale_reservations(store, age).await?;
             println!(
                 "refunded {} reservations of stopped instances and {} stale reservations",
                 orphaned.len(),
@@ -646,7 +650,7 @@ impl ServeArgs {
     }
 }
 
-fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::CatalogueError> {
+fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::catalogue::CatalogueError> {
     let catalogue = match &args.models {
         Some(path) => Catalogue::from_path(path)?,
         None => Catalogue::demo(),
@@ -680,45 +684,12 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
         .lease_ttl(Duration::from_secs(args.lease_secs))
         .start()
         .await?;
-    let admin_token = args
-        .admin_token
-        .clone()
-        .map(AdminToken::new)
-        .transpose()
-        .map_err(|error| format!("GATEWAY_ADMIN_TOKEN: {error}"))?;
-    let limiter = match &args.redis_url {
-        Some(url) => RateLimiter::redis(url, args.redis_prefix.clone())
-            .map_err(|error| format!("GATEWAY_REDIS_URL: {error}"))?,
-        None => RateLimiter::local(),
-    };
-    let mut gateway = Gateway::new(store, catalogue.clone(), upstream)
+    let limiter = rate_limiter(&args)?;
+    let gateway = Gateway::new(store, catalogue.clone(), upstream)
         .body_limits(args.body_limits())
-        .rate_limiter(limiter)
-        .admin_token(admin_token.clone());
-    let metrics = match (&args.metrics_listen, &admin_token) {
-        (None, None) => None,
-        _ => Some(model_gateway::telemetry::install_prometheus()?),
-    };
-    if let (Some(metrics), Some(_)) = (&metrics, &admin_token) {
-        let metrics = metrics.clone();
-        gateway = gateway.metrics(move || metrics.render());
-    }
-    let router = gateway.router();
+        .rate_limiter(limiter);
+    let router = operator_apis(gateway, &args).await?.router();
     let limits = args.server_limits();
-    if let (Some(address), Some(metrics)) = (&args.metrics_listen, metrics) {
-        let listener = tokio::net::TcpListener::bind(address).await?;
-        tracing::info!(address = %listener.local_addr()?, "metrics at /metrics");
-        let router = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || std::future::ready(metrics.render())),
-        );
-        tokio::spawn(server::serve(
-            listener,
-            router,
-            ServerLimits::default(),
-            std::future::pending(),
-        ));
-    }
     let listener = server::bind(&args.listen, args.listen_backlog).await?;
     let address = listener.local_addr()?;
     tracing::info!(
@@ -735,6 +706,85 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     upkeep.stop().await;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Counts keys' requests per minute in Redis when `GATEWAY_REDIS_URL` is set (the `redis`
+/// feature), else in this process.
+fn rate_limiter(args: &ServeArgs) -> Result<RateLimiter, Box<dyn std::error::Error>> {
+    let Some(url) = &args.redis_url else {
+        return Ok(RateLimiter::local());
+    };
+    #[cfg(feature = "redis")]
+    return Ok(RateLimiter::redis(url, args.redis_prefix.clone())
+        .map_err(|error| format!("GATEWAY_REDIS_URL: {error}"))?);
+    #[cfg(not(feature = "redis"))]
+    return Err({
+        let _ = url;
+        needs_feature("GATEWAY_REDIS_URL", "redis")
+    });
+}
+
+/// The admin API and console (`GATEWAY_ADMIN_TOKEN`, the `api` feature) and Prometheus metrics
+/// (`GATEWAY_METRICS_LISTEN` or the admin token, the `metrics` feature).
+async fn operator_apis<S: model_gateway::Store + 'static>(
+    gateway: Gateway<S>,
+    args: &ServeArgs,
+) -> Result<Gateway<S>, Box<dyn std::error::Error>> {
+    #[cfg(feature = "api")]
+    let admin_token = args
+        .admin_token
+        .clone()
+        .map(AdminToken::new)
+        .transpose()
+        .map_err(|error| format!("GATEWAY_ADMIN_TOKEN: {error}"))?;
+    #[cfg(not(feature = "api"))]
+    if args.admin_token.is_some() {
+        return Err(needs_feature("GATEWAY_ADMIN_TOKEN", "api"));
+    }
+    #[cfg(feature = "metrics")]
+    {
+        #[cfg(not(feature = "api"))]
+        let admin_token: Option<()> = None;
+        let metrics = match (&args.metrics_listen, &admin_token) {
+            (None, None) => None,
+            _ => Some(model_gateway::telemetry::install_prometheus()?),
+        };
+        if let (Some(address), Some(metrics)) = (&args.metrics_listen, metrics.clone()) {
+            let listener = tokio::net::TcpListener::bind(address).await?;
+            tracing::info!(address = %listener.local_addr()?, "metrics at /metrics");
+            let router = axum::Router::new().route(
+                "/metrics",
+                axum::routing::get(move || std::future::ready(metrics.render())),
+            );
+            tokio::spawn(server::serve(
+                listener,
+                router,
+                ServerLimits::default(),
+                std::future::pending(),
+            ));
+        }
+        #[cfg(feature = "api")]
+        if let (Some(metrics), Some(_)) = (metrics, &admin_token) {
+            let gateway = gateway.admin_token(admin_token);
+            return Ok(gateway.metrics(move || metrics.render()));
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    if args.metrics_listen.is_some() {
+        return Err(needs_feature("GATEWAY_METRICS_LISTEN", "metrics"));
+    }
+    #[cfg(feature = "api")]
+    let gateway = gateway.admin_token(admin_token);
+    Ok(gateway)
+}
+
+/// A setting this build cannot honour: refused at start rather than silently ignored.
+#[cfg(not(all(feature = "api", feature = "metrics", feature = "redis")))]
+fn needs_feature(setting: &str, feature: &str) -> Box<dyn std::error::Error> {
+    format!(
+        "{setting} needs the `{feature}` feature: cargo run --release --example gateway --features {feature}"
+    )
+    .into()
 }
 
 /// Ctrl-C, or SIGTERM on Unix: stop accepting, finish the calls under way, exit.

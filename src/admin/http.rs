@@ -44,7 +44,7 @@ pub struct AdminToken(Arc<str>);
 
 impl AdminToken {
     /// The token, if it is at least [`MIN_ADMIN_TOKEN_CHARS`] characters long.
-    pub fn new(token: impl Into<String>) -> Result<AdminToken, crate::BoxError> {
+    pub fn new(token: impl Into<String>) -> Result<AdminToken, tower::BoxError> {
         let token = token.into();
         if token.chars().count() < MIN_ADMIN_TOKEN_CHARS {
             return Err(format!(

@@ -10,7 +10,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use model_gateway::admin::{Admin, GrantRequest, NewAccount};
-//! use model_gateway::{Bucket, Credits, MemoryStore};
+//! use model_gateway::{credits::Bucket, Credits, MemoryStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let admin = Admin::new(Arc::new(MemoryStore::new()));
@@ -40,9 +40,8 @@ use crate::credits::{Bucket, Credits};
 use crate::error::GatewayError;
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::{
-    AccountAudit, AccountId, AccountQuery, AccountSummary, BalanceOverflow, CallId, CallQuery,
-    CallRecord, CallStatus, Grant, IdempotencyKeyReused, KeyId, KeyInfo, KeyStatus, Store,
-    StoreError,
+    AccountAudit, AccountId, AccountQuery, AccountSummary, CallId, CallQuery, CallRecord,
+    CallStatus, Grant, KeyId, KeyInfo, KeyStatus, Store, StoreError,
 };
 
 #[cfg(feature = "api")]
@@ -83,13 +82,13 @@ impl From<GatewayError> for AdminError {
 impl From<StoreError> for AdminError {
     fn from(error: StoreError) -> AdminError {
         // Refusals the store found are the operator's to fix, not outages.
-        if error.0.downcast_ref::<BalanceOverflow>().is_some() {
-            return AdminError::Refused(GatewayError::BalanceOverflow);
+        match error {
+            StoreError::BalanceOverflow(_) => AdminError::Refused(GatewayError::BalanceOverflow),
+            StoreError::IdempotencyKeyReused(_) => {
+                AdminError::Refused(GatewayError::IdempotencyKeyReused)
+            }
+            error => AdminError::Store(error),
         }
-        if error.0.downcast_ref::<IdempotencyKeyReused>().is_some() {
-            return AdminError::Refused(GatewayError::IdempotencyKeyReused);
-        }
-        AdminError::Store(error)
     }
 }
 
@@ -280,7 +279,7 @@ pub struct AuditView {
     pub ok: bool,
     /// One line per account.
     pub accounts: Vec<serde_json::Value>,
-    /// Reservations still not ended past the longest a call can take ([`crate::recovery_age`]
+    /// Reservations still not ended past the longest a call can take ([`crate::recovery::recovery_age`]
     /// of the catalogue), in the database and held in this gateway's memory: credits held by
     /// no live call. The books balance with them (they count as charged until refunded), but
     /// there should be none: each is for the operator to look at.
@@ -567,8 +566,8 @@ impl<S: Store> Admin<S> {
     pub async fn audit(&self) -> Result<AuditView, AdminError> {
         let audits = self.store.audit().await?;
         let longest_call = match &self.catalogue {
-            Some(catalogue) => crate::recovery_age(catalogue),
-            None => crate::recovery_age(&Catalogue::default()),
+            Some(catalogue) => crate::recovery::recovery_age(catalogue),
+            None => crate::recovery::recovery_age(&Catalogue::default()),
         };
         let cutoff = chrono::Utc::now()
             - chrono::Duration::from_std(longest_call).unwrap_or(chrono::Duration::MAX);

@@ -1,5 +1,5 @@
 //! The two wire protocols the gateway speaks, and what their replies say: token usage and the
-//! provider's own error message. [`sse`] reads their event streams.
+//! provider's own error message. Its `sse` module (inside the crate) reads their event streams.
 
 use serde::{Deserialize, Serialize};
 

@@ -45,7 +45,7 @@ impl RateLimiter {
     /// cannot be reached. Fails only on a URL that is not a Redis URL; nothing is connected
     /// until the first limited request.
     #[cfg(feature = "redis")]
-    pub fn redis(url: &str, prefix: impl Into<String>) -> Result<RateLimiter, crate::BoxError> {
+    pub fn redis(url: &str, prefix: impl Into<String>) -> Result<RateLimiter, tower::BoxError> {
         Ok(RateLimiter {
             local: Arc::default(),
             shared: Some(Arc::new(redis_windows::RedisWindows::new(
@@ -155,7 +155,7 @@ mod redis_windows {
     }
 
     impl RedisWindows {
-        pub(super) fn new(url: &str, prefix: String) -> Result<RedisWindows, crate::BoxError> {
+        pub(super) fn new(url: &str, prefix: String) -> Result<RedisWindows, tower::BoxError> {
             Ok(RedisWindows {
                 client: redis::Client::open(url)?,
                 prefix,

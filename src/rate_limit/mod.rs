@@ -17,7 +17,7 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
 //! use model_gateway::rate_limit::{RateLimitLayer, RateLimiter};
-//! use model_gateway::{AccountId, Caller, KeyId, KeyRules};
+//! use model_gateway::{AccountId, store::Caller, KeyId, call::KeyRules};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -50,7 +50,7 @@ impl RefundOnUpstreamErrorLayer {
 
     /// Refunds a call whose upstream has not answered within `bound`. With every call bounded,
     /// a reservation still `pending` after the bound plus a margin belongs to no live call,
-    /// which is what makes [`recover_stale_reservations`](crate::recover_stale_reservations)
+    /// which is what makes [`recover_stale_reservations`](crate::recovery::recover_stale_reservations)
     /// safe beside running gateways.
     pub fn upstream_bound(mut self, bound: Duration) -> RefundOnUpstreamErrorLayer {
         self.upstream_bound = bound;
@@ -59,7 +59,7 @@ impl RefundOnUpstreamErrorLayer {
 
     /// Ends a streamed reply that has lasted `deadline` since its first event: the provider
     /// failed, so the call is refunded and the client gets an error event. Recovery must not
-    /// take back a reservation younger than this (see [`crate::recovery_age`]).
+    /// take back a reservation younger than this (see [`crate::recovery::recovery_age`]).
     pub fn stream_deadline(mut self, deadline: Duration) -> RefundOnUpstreamErrorLayer {
         self.stream_limits.deadline = deadline;
         self

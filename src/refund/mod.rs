@@ -3,7 +3,7 @@
 //! Wraps the upstream service. When the upstream answers 2xx with a JSON body, the call's entry
 //! becomes `ok` (with the token usage the reply reports) and the reply goes to the client
 //! unchanged. On any failure (connection error, time-out, non-2xx status, unreadable or non-JSON
-//! body) the [`Reservation`](crate::Reservation)'s credits go back to the buckets they came from, the entry becomes
+//! body) the [`Reservation`](crate::store::Reservation)'s credits go back to the buckets they came from, the entry becomes
 //! `refunded` with the upstream's status and error kept for the operator, and the client gets
 //! `502 {"detail":"上游服务暂时不可用"}`.
 //!
@@ -26,8 +26,8 @@
 //! use bytes::Bytes;
 //! use http::{Request, Response, StatusCode};
 //! use model_gateway::{
-//!     Accounts, Bucket, Caller, Credits, KeyId, Ledger, MemoryStore, Protocol, ChargeRequest,
-//!     RefundOnUpstreamErrorLayer, UpstreamError,
+//!     Accounts, Credits, KeyId, Ledger, MemoryStore, Protocol, RefundOnUpstreamErrorLayer,
+//!     credits::Bucket, error::UpstreamError, store::Caller, store::ChargeRequest,
 //! };
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
@@ -36,7 +36,7 @@
 //! let account = store.create_account("demo").await.unwrap();
 //! store.grant(account, Bucket::Subscription, Credits::new(5)).await.unwrap();
 //! let caller = Caller { account, key: KeyId(1) };
-//! let charge = ChargeRequest { caller, protocol: Protocol::Messages, model: "m", price: Credits::new(5), request_id: None, at: chrono::Utc::now(), idempotency: None };
+//! let charge = ChargeRequest::new(caller, Protocol::Messages, "m", Credits::new(5));
 //! let reservation = store.reserve(charge).await.unwrap();
 //!
 //! let failing_upstream = service_fn(|_: Request<Bytes>| async {
@@ -70,8 +70,8 @@ pub use service::RefundOnUpstreamError;
 pub use service::ResponseFuture;
 
 /// Default bound on one upstream call, whatever the upstream: beyond it the call is refunded.
-/// [`HttpUpstream`](crate::HttpUpstream) keeps its own, shorter deadline
-/// ([`DEFAULT_CALL_DEADLINE`](crate::DEFAULT_CALL_DEADLINE)).
+/// [`HttpUpstream`](crate::upstream::HttpUpstream) keeps its own, shorter deadline
+/// ([`DEFAULT_CALL_DEADLINE`](crate::catalogue::DEFAULT_CALL_DEADLINE)).
 pub const DEFAULT_UPSTREAM_BOUND: Duration = Duration::from_secs(330);
 
 /// What a refund records when the call's future was dropped before the upstream answered.

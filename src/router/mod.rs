@@ -15,7 +15,7 @@
 //! use bytes::Bytes;
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::Full;
-//! use model_gateway::{Catalogue, ProtocolRouterLayer, RoutedCall};
+//! use model_gateway::{Catalogue, ProtocolRouterLayer, call::RoutedCall};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -53,13 +53,13 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::BoxError;
 use crate::call::{Caller, IdempotencyKey, KeyRules, RoutedCall};
 use crate::catalogue::Catalogue;
 use crate::credits::Credits;
 use crate::error::GatewayError;
 use crate::protocol::Protocol;
 use crate::store::Ledger;
+use tower::BoxError;
 
 /// Default body limit: 32 MiB, room for a few base64 images.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
@@ -249,7 +249,7 @@ fn declared_length(
 /// `limits`: its declared length first, then size, pauses, deadline and memory budget as
 /// [`read_body`] does; a caller (from [`ApiKeyAuth`](crate::ApiKeyAuth)) whose credits cannot
 /// pay for `catalogue`'s cheapest model may send only the unfunded size.
-#[cfg(feature = "api")]
+#[cfg(feature = "server")]
 pub(crate) async fn read_beside_calls<B>(
     request: Request<B>,
     catalogue: &Catalogue,

@@ -60,9 +60,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpSocket, ToSocketAddrs};
 use tower_service::Service;
 
-use crate::BoxError;
 use crate::call::ClientWrites;
 use connections::Connections;
+use tower::BoxError;
 pub use track::{RequestBody, ResponseFuture, Tracked, TrackedBody};
 use writes::CountedFlushes;
 

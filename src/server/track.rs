@@ -16,9 +16,9 @@ use hyper::body::Incoming;
 use tower_service::Service;
 
 use super::connections::Slot;
-use crate::BoxError;
 use crate::call::ClientWrites;
 use crate::error::GatewayError;
+use tower::BoxError;
 
 /// The service on one connection: the application's service, watched by the server.
 #[derive(Debug, Clone)]

@@ -14,9 +14,17 @@
 //!
 //! Two implementations ship: [`SeaOrmStore`] (`SQLite`, `PostgreSQL`, `MySQL`/`MariaDB`) and
 //! [`MemoryStore`], the reference model the database backends are tested against.
+//!
+#![doc = include_str!("../docs/ledger.md")]
 
 pub use crate::call::{AccountId, CallId, Caller, KeyId, KeyRules, Reservation};
 pub use crate::protocol::TokenUsage;
+/// The sea-orm this crate is built on: [`SeaOrmStore::connection`] and [`Migrator`] are its
+/// types, so an embedder that runs its own queries or migrations beside the store uses this
+/// one rather than a version of its own.
+pub use sea_orm;
+/// sea-orm's migrations, for [`Migrator`] (`MigratorTrait`).
+pub use sea_orm_migration;
 
 mod memory;
 pub(crate) mod outcome;
@@ -30,8 +38,8 @@ pub use crate::call::IdempotencyKey;
 pub use memory::MemoryStore;
 pub use outcome::DEFAULT_LEDGER_TIMEOUT;
 pub use records::{
-    AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted,
-    IdempotencyKeyReused, KeyInfo, KeyStatus, Lapse, Overdue, Sums,
+    AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted, KeyInfo,
+    KeyStatus, Lapse, Overdue, Sums,
 };
 pub use rules::idempotency::DEFAULT_IDEMPOTENCY_WINDOW;
 pub(crate) use rules::idempotency::{
@@ -43,6 +51,6 @@ pub use sea::{ChargingMode, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOr
 pub use traits::{Accounts, CallLog, KeyStore, Leases, Ledger, Store};
 pub use types::{
     ActiveKey, BalanceOverflow, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest,
-    KeptReply, LeaseId, MAX_KEPT_REPLY_BYTES, ReserveError, StoreError,
+    IdempotencyKeyReused, KeptReply, LeaseId, MAX_KEPT_REPLY_BYTES, ReserveError, StoreError,
 };
 pub(crate) use types::{check_grant_amount, unknown_account};

@@ -140,18 +140,6 @@ pub struct Granted {
     pub applied: bool,
 }
 
-/// A grant whose idempotency key the account already used for a different grant (another
-/// bucket or amount). Carried inside the [`StoreError`](super::StoreError) that
-/// [`Accounts::grant_once`](super::Accounts::grant_once) returns; nothing was written.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "idempotency key {key:?} was used for a different grant on this account; nothing was granted"
-)]
-pub struct IdempotencyKeyReused {
-    /// The key.
-    pub key: String,
-}
-
 /// Which call-log entries [`CallLog::calls`](super::CallLog::calls) returns: newest first, older
 /// than `before`, at most `limit`, optionally of one status or model.
 #[derive(Debug, Clone, Copy, Default)]

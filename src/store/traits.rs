@@ -73,7 +73,7 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError>;
 
     /// Deletes the idempotency records older than the store's window at `now` whose calls are
-    /// no longer `pending`; returns how many. Run now and then (as [`Upkeep`](crate::Upkeep)
+    /// no longer `pending`; returns how many. Run now and then (as [`Upkeep`](crate::recovery::Upkeep)
     /// does) to bound their storage.
     async fn forget_idempotent_calls(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
         let _ = now;
@@ -214,7 +214,7 @@ pub trait Accounts: Send + Sync + std::fmt::Debug {
     async fn add_key(
         &self,
         account: AccountId,
-        key: &crate::NewApiKey,
+        key: &crate::keys::NewApiKey,
     ) -> Result<KeyId, StoreError>;
 
     /// Refuses the key from now on. Returns `false` if no active key had that hash.

@@ -37,8 +37,19 @@ impl KeptReply {
     }
 }
 
-/// What [`Ledger::reserve`](crate::store::Ledger::reserve) is asked to charge.
+/// What [`Ledger::reserve`](crate::store::Ledger::reserve) is asked to charge. Built with
+/// [`ChargeRequest::new`] (fields may be added, so it has no struct literal outside the crate):
+///
+/// ```
+/// use model_gateway::{AccountId, Credits, KeyId, Protocol, store::{Caller, ChargeRequest}};
+///
+/// let caller = Caller { account: AccountId(1), key: KeyId(1) };
+/// let charge = ChargeRequest::new(caller, Protocol::ChatCompletions, "gpt-4o-mini", Credits::new(2))
+///     .with_request_id(Some("req_1"));
+/// assert_eq!(charge.request_id, Some("req_1"));
+/// ```
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ChargeRequest<'a> {
     /// Who pays.
     pub caller: Caller,
@@ -55,6 +66,40 @@ pub struct ChargeRequest<'a> {
     /// The call's idempotency key, if the client sent one: at most one call per account and
     /// key is billed (see [`Ledger::reserve`](crate::store::Ledger::reserve)).
     pub idempotency: Option<&'a IdempotencyKey>,
+}
+
+impl<'a> ChargeRequest<'a> {
+    /// A charge of `price` for a call of `model` on `protocol` by `caller`, made now, with no
+    /// request id and no idempotency key.
+    pub fn new(caller: Caller, protocol: Protocol, model: &'a str, price: Credits) -> Self {
+        ChargeRequest {
+            caller,
+            protocol,
+            model,
+            price,
+            request_id: None,
+            at: Utc::now(),
+            idempotency: None,
+        }
+    }
+
+    /// The request's id (`x-request-id`), kept in the call log.
+    pub fn with_request_id(mut self, request_id: Option<&'a str>) -> Self {
+        self.request_id = request_id;
+        self
+    }
+
+    /// The time the call is made (a subscription whose period ended by then is not spent).
+    pub fn at(mut self, at: DateTime<Utc>) -> Self {
+        self.at = at;
+        self
+    }
+
+    /// The client's idempotency key: at most one call per account and key is billed.
+    pub fn with_idempotency(mut self, idempotency: Option<&'a IdempotencyKey>) -> Self {
+        self.idempotency = idempotency;
+        self
+    }
 }
 
 /// A successful upstream call, recorded when it is settled.
@@ -153,20 +198,45 @@ pub struct CallRecord {
     pub request_id: Option<String>,
 }
 
-/// The store could not do what was asked (database unreachable, a constraint violated, ...).
+/// The store could not do what was asked. Callers match the kind: the refusals (the last
+/// four) wrote nothing and are the caller's to fix; [`Database`](StoreError::Database) is an
+/// outage or a fault, worth a retry or a 503.
 #[derive(Debug, thiserror::Error)]
-#[error("store error: {0}")]
-pub struct StoreError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database failed, could not be reached, or answered what the store cannot read.
+    #[error("store error: {0}")]
+    Database(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A grant would take a balance past [`Credits::MAX`].
+    #[error(transparent)]
+    BalanceOverflow(#[from] BalanceOverflow),
+    /// A grant's idempotency key was already used for a different grant.
+    #[error(transparent)]
+    IdempotencyKeyReused(#[from] IdempotencyKeyReused),
+    /// No account has this id.
+    #[error("unknown account {}", .0.0)]
+    UnknownAccount(AccountId),
+    /// An argument the store cannot take (a grant that is not positive, an `rpm` too large).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
 
 impl StoreError {
-    /// A store error with a plain message.
+    /// A database failure described by `message`.
     pub fn msg(message: impl Into<String>) -> StoreError {
-        StoreError(message.into().into())
+        StoreError::Database(message.into().into())
+    }
+
+    /// A database failure caused by `error`.
+    pub fn database(error: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+        StoreError::Database(Box::new(error))
     }
 }
 
-/// Why a reservation was not made. Nothing was written in either case.
+/// Why a reservation was not made. Nothing was written in any case. More kinds may come:
+/// match with a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReserveError {
     /// Both buckets together hold less than the price.
     #[error("insufficient credits")]
@@ -208,7 +278,7 @@ pub struct LeaseId(pub i64);
 
 /// A grant refused because it would take a bucket, or the account's total, past
 /// [`Credits::MAX`]. Carried inside the [`StoreError`] that [`Accounts::grant`](crate::store::Accounts::grant) returns
-/// (`error.0.downcast_ref::<BalanceOverflow>()`); nothing was written.
+/// ([`StoreError::BalanceOverflow`]); nothing was written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "granting {amount} {bucket} credits to account {account} would take its balance past the largest \
@@ -224,22 +294,28 @@ pub struct BalanceOverflow {
     pub amount: Credits,
 }
 
-impl From<BalanceOverflow> for StoreError {
-    fn from(overflow: BalanceOverflow) -> StoreError {
-        StoreError(Box::new(overflow))
-    }
+/// A grant whose idempotency key the account already used for a different grant (another
+/// bucket or amount). Carried as [`StoreError::IdempotencyKeyReused`] by what
+/// [`Accounts::grant_once`](crate::store::Accounts::grant_once) returns; nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "idempotency key {key:?} was used for a different grant on this account; nothing was granted"
+)]
+pub struct IdempotencyKeyReused {
+    /// The key.
+    pub key: String,
 }
 
 /// The error for a write or a reservation on an account that does not exist.
 pub(crate) fn unknown_account(account: AccountId) -> StoreError {
-    StoreError::msg(format!("unknown account {}", account.0))
+    StoreError::UnknownAccount(account)
 }
 
 pub(crate) fn check_grant_amount(amount: Credits) -> Result<(), StoreError> {
     if amount.get() > 0 {
         Ok(())
     } else {
-        Err(StoreError::msg(format!(
+        Err(StoreError::Invalid(format!(
             "a grant must be positive, got {amount}"
         )))
     }

@@ -15,7 +15,6 @@ use http::{HeaderMap, Request, Response};
 use tower_service::Service;
 
 use crate::call::RoutedCall;
-use crate::reply::UpstreamBody;
 
 mod breaker;
 mod http_client;
@@ -23,8 +22,10 @@ pub(crate) mod mock;
 
 pub use crate::call::ServedBy;
 pub use crate::error::UpstreamError;
+pub use crate::protocol::reply_usage;
+pub use crate::reply::UpstreamBody;
 pub use http_client::HttpUpstream;
-pub use mock::MockUpstream;
+pub use mock::{MOCK_REPLY_TEXT, MockUpstream};
 
 crate::macros::response_future! {
     /// The future [`Upstream`] and [`HttpUpstream`] answer with.

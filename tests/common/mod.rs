@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use model_gateway::{
-    Accounts, Balance, Bucket, CallLog, CallRecord, Catalogue, Credits, DEFAULT_MAX_BODY_BYTES,
-    KeyHash, KeyStore, Ledger, MockUpstream, NewApiKey, SeaOrmStore, Upstream,
+    Accounts, Balance, CallLog, Catalogue, Credits, KeyStore, Ledger, SeaOrmStore, Upstream,
+    credits::Bucket, keys::KeyHash, keys::NewApiKey, router::DEFAULT_MAX_BODY_BYTES,
+    store::CallRecord, upstream::MockUpstream,
 };
 use sea_orm::{ConnectOptions, ConnectionTrait, Database};
 use serde_json::Value;
@@ -33,7 +34,25 @@ pub struct TestDb {
 /// The database a test about the gateway rather than one backend runs on: a temporary
 /// `SQLite` file, the embedded default; in a build without `sqlite`, a schema of its own on the
 /// test `PostgreSQL`, or else a database of its own on the test `MariaDB` (dropped with it).
+/// `TEST_LOCAL_DB=postgres` or `mysql` picks one of those in any build that has it, so CI runs
+/// these tests on every backend without building them again.
 pub async fn local_db() -> TestDb {
+    match std::env::var("TEST_LOCAL_DB").as_deref() {
+        #[cfg(feature = "postgres")]
+        Ok("postgres") => {
+            return postgres_db()
+                .await
+                .expect("TEST_LOCAL_DB=postgres: set TEST_POSTGRES_URL");
+        }
+        #[cfg(feature = "mysql")]
+        Ok("mysql") => {
+            return mysql_db()
+                .await
+                .expect("TEST_LOCAL_DB=mysql: set TEST_MYSQL_URL");
+        }
+        Ok(other) if other != "sqlite" => panic!("TEST_LOCAL_DB={other}: not in this build"),
+        _ => {}
+    }
     #[cfg(feature = "sqlite")]
     return sqlite_db().await;
     #[cfg(all(not(feature = "sqlite"), feature = "postgres"))]
@@ -282,7 +301,7 @@ impl TestDb {
     }
 
     /// Whose key `key` is.
-    pub async fn caller(&self, key: &str) -> model_gateway::Caller {
+    pub async fn caller(&self, key: &str) -> model_gateway::store::Caller {
         self.store
             .caller_for_key(&KeyHash::of(key))
             .await
@@ -418,8 +437,10 @@ pub fn serve_router_on(listener: tokio::net::TcpListener, router: axum::Router) 
 /// The example gateway calling the providers `catalogue` names over HTTP, with every provider
 /// key `sk-provider`.
 pub async fn http_gateway(db: &TestDb, catalogue: Catalogue) -> Gateway {
-    let upstream =
-        model_gateway::HttpUpstream::with_keys(&catalogue, |_| Some("sk-provider".into())).unwrap();
+    let upstream = model_gateway::upstream::HttpUpstream::with_keys(&catalogue, |_| {
+        Some("sk-provider".into())
+    })
+    .unwrap();
     start_gateway(
         db,
         catalogue,
@@ -618,4 +639,59 @@ pub fn resident_kib(pid: u32) -> u64 {
         .find(|line| line.starts_with("VmRSS:"))
         .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0)
+}
+
+/// One test per database backend, each on a database of its own (dropped with it; a backend
+/// whose test URL is unset is skipped, one the build lacks is not compiled):
+///
+/// ```ignore
+/// backends!(
+///     /// What the test shows.
+///     async fn refunds_pay_back_once(db) { assert_refunds_pay_back_once(&db).await; }
+/// );
+/// ```
+///
+/// defines `refunds_pay_back_once::sqlite`, `::postgres` and `::mysql`. `#[multi_thread]`
+/// before `async` runs each on four worker threads.
+#[allow(unused_macros)]
+macro_rules! backends {
+    ($(#[doc = $doc:literal])* #[multi_thread] async fn $name:ident($db:ident) $body:block) => {
+        backends!(@define [tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            $(#[doc = $doc])* $name $db $body);
+    };
+    ($(#[doc = $doc:literal])* async fn $name:ident($db:ident) $body:block) => {
+        backends!(@define [tokio::test] $(#[doc = $doc])* $name $db $body);
+    };
+    (@define [$test:meta] $(#[doc = $doc:literal])* $name:ident $db:ident $body:block) => {
+        $(#[doc = $doc])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[cfg(feature = "sqlite")]
+            #[$test]
+            async fn sqlite() {
+                let $db = $crate::common::sqlite_db().await;
+                $body
+            }
+
+            #[cfg(feature = "postgres")]
+            #[$test]
+            async fn postgres() {
+                let Some($db) = $crate::common::postgres_db().await else {
+                    return;
+                };
+                $body
+            }
+
+            #[cfg(feature = "mysql")]
+            #[$test]
+            async fn mysql() {
+                let Some($db) = $crate::common::mysql_db().await else {
+                    return;
+                };
+                $body
+            }
+        }
+    };
 }

@@ -10,12 +10,13 @@ use crate::call::{AccountId, KeyId, KeyRules};
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::records::{
-    AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted,
-    IdempotencyKeyReused, KeyInfo, Lapse, Overdue, Sums,
+    AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted, KeyInfo,
+    Lapse, Overdue, Sums,
 };
 use crate::store::traits::{Accounts, CallLog};
 use crate::store::types::{
-    BalanceOverflow, CallRecord, CallStatus, StoreError, check_grant_amount, unknown_account,
+    BalanceOverflow, CallRecord, CallStatus, IdempotencyKeyReused, StoreError, check_grant_amount,
+    unknown_account,
 };
 
 #[async_trait]
@@ -197,9 +198,9 @@ impl Accounts for MemoryStore {
             && let Some(&earlier) = row.grants_by_key.get(key)
         {
             if earlier != (grant.bucket, grant.amount) {
-                return Err(StoreError(Box::new(IdempotencyKeyReused {
+                return Err(StoreError::IdempotencyKeyReused(IdempotencyKeyReused {
                     key: key.to_owned(),
-                })));
+                }));
             }
             return Ok(Granted {
                 balance,

@@ -1,7 +1,7 @@
 //! The rules that move credits, as plain functions over plain values: no database, runtime or
 //! clock inside. Every store and every charging mode calls them, so a rule is changed in one
 //! place and tested alone (unit and property tests here, against the in-memory model in
-//! `tests/ledger_properties.rs`).
+//! `tests/it/ledger_properties.rs`).
 //!
 //! - [`reserve`]: may a call reserve its price, and from which buckets;
 //! - [`holds`]: what a reservation holds, and what a settle and a refund move;

@@ -218,11 +218,15 @@ impl Accounts for SeaOrmStore {
         let models = rules
             .models
             .as_ref()
-            .map(|models| serde_json::to_string(models).map_err(|e| StoreError(Box::new(e))))
+            .map(|models| {
+                serde_json::to_string(&models[..]).map_err(|e| StoreError::Database(Box::new(e)))
+            })
             .transpose()?;
         let rpm = rules
             .rpm
-            .map(|rpm| i32::try_from(rpm).map_err(|_| StoreError::msg("rpm is too large")))
+            .map(|rpm| {
+                i32::try_from(rpm).map_err(|_| StoreError::Invalid("rpm is too large".into()))
+            })
             .transpose()?;
         api_key::Entity::update_many()
             .col_expr(api_key::Column::Models, Expr::value(models))
@@ -297,9 +301,9 @@ impl Accounts for SeaOrmStore {
                 let balance = net(&txn, &before).await?;
                 txn.rollback().await?;
                 if earlier.bucket != bucket.as_str() || earlier.amount != amount.get() {
-                    return Err(StoreError(Box::new(IdempotencyKeyReused {
+                    return Err(StoreError::IdempotencyKeyReused(IdempotencyKeyReused {
                         key: key.to_owned(),
-                    })));
+                    }));
                 }
                 return Ok(Granted {
                     balance,

@@ -182,7 +182,7 @@ fn expiry(now: DateTime<Utc>, ttl: std::time::Duration) -> Result<DateTime<Utc>,
     chrono::Duration::from_std(ttl)
         .ok()
         .and_then(|ttl| now.checked_add_signed(ttl))
-        .ok_or_else(|| StoreError::msg("lease time to live out of range"))
+        .ok_or_else(|| StoreError::Invalid("lease time to live out of range".into()))
 }
 
 /// Takes a new lease until `now + ttl` and makes it the one `held` records, ending the one it

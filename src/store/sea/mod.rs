@@ -71,7 +71,7 @@ pub use store::SeaOrmStore;
 
 impl From<DbErr> for StoreError {
     fn from(error: DbErr) -> StoreError {
-        StoreError(Box::new(error))
+        StoreError::Database(Box::new(error))
     }
 }
 

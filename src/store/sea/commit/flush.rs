@@ -31,7 +31,9 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, RuntimeErr};
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+use sea_orm::RuntimeErr;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 use tokio::sync::mpsc;
 
 use super::jobs::{Counters, Job};
@@ -212,6 +214,23 @@ const POSTGRES_FLUSH: &str = "SELECT set_config('synchronous_commit', \
      ELSE current_setting('synchronous_commit') END, true), \
      pg_logical_emit_message(true, 'model-gateway', 'flush')";
 
+/// The database's own code for `error` (its SQLSTATE), when it gave one.
+fn error_code(error: &DbErr) -> Option<String> {
+    // sea-orm has sqlx errors only when built with a database driver.
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+    if let DbErr::Exec(RuntimeErr::SqlxError(sqlx)) | DbErr::Query(RuntimeErr::SqlxError(sqlx)) =
+        error
+    {
+        return sqlx
+            .as_database_error()
+            .and_then(|error| error.code())
+            .map(|code| code.into_owned());
+    }
+    #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+    let _ = error;
+    None
+}
+
 /// Whether this database lets the store's role write the flush (see [`POSTGRES_FLUSH`]), tried
 /// once when the store connects. Where it may not (`EXECUTE` on `pg_logical_emit_message`
 /// revoked, or a PostgreSQL-compatible server without the function), `false`: the committer
@@ -223,12 +242,7 @@ pub(in crate::store::sea) async fn postgres_flush_allowed(
     let Err(error) = db.execute_unprepared(POSTGRES_FLUSH).await else {
         return Ok(true);
     };
-    let code = match &error {
-        DbErr::Exec(RuntimeErr::SqlxError(sqlx)) | DbErr::Query(RuntimeErr::SqlxError(sqlx)) => {
-            sqlx.as_database_error().and_then(|error| error.code())
-        }
-        _ => None,
-    };
+    let code = error_code(&error);
     // insufficient_privilege, undefined_function
     if matches!(code.as_deref(), Some("42501" | "42883")) {
         tracing::warn!(

@@ -80,7 +80,7 @@ impl Committer {
             std::thread::Builder::new()
                 .name(name.into())
                 .spawn(work)
-                .map_err(|error| StoreError(Box::new(error)))
+                .map_err(|error| StoreError::Database(Box::new(error)))
         };
         spawn(
             "mg-sqlite-flusher",

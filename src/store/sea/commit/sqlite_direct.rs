@@ -39,7 +39,7 @@ use crate::store::sea::writes::{AccountRead, Outcome, Wanted, Write};
 use crate::store::{CallStatus, StoreError};
 
 pub(in crate::store::sea) fn store_error(error: rusqlite::Error) -> StoreError {
-    StoreError(Box::new(error))
+    StoreError::Database(Box::new(error))
 }
 
 /// Opens the committer's own connection to a database file the sea-orm pool has migrated, and
@@ -77,7 +77,7 @@ fn open_wal(connection: &Connection) -> Result<File, StoreError> {
         .path()
         .filter(|path| !path.is_empty())
         .ok_or_else(|| StoreError::msg("the SQLite committer needs a database file"))?;
-    let io = |error: std::io::Error| StoreError(Box::new(error));
+    let io = |error: std::io::Error| StoreError::Database(Box::new(error));
     let wal = File::open(format!("{database}-wal")).map_err(io)?;
     wal.sync_all().map_err(io)?;
     if let Some(directory) = Path::new(database).parent() {
@@ -108,7 +108,9 @@ pub(in crate::store::sea) fn data_version(connection: &Connection) -> Result<i64
 /// committed since the last flush, fsync the WAL, answer them.
 pub(in crate::store::sea) fn flush(wal: File, mut flusher: Flusher) {
     while flusher.next_blocking() {
-        let synced = wal.sync_data().map_err(|error| StoreError(Box::new(error)));
+        let synced = wal
+            .sync_data()
+            .map_err(|error| StoreError::Database(Box::new(error)));
         // Reservations on a SQLite file are answered at commit, never here.
         let unclaimed = flusher.conclude(synced);
         debug_assert!(

@@ -335,7 +335,7 @@ pub(super) async fn write_sql(
         .bind(rows.debits)
         .fetch_one(db.get_postgres_connection_pool())
         .await
-        .map_err(|error| StoreError(Box::new(error)))?;
+        .map_err(|error| StoreError::Database(Box::new(error)))?;
     let debited: Vec<PotKey> = debited_leases
         .unwrap_or_default()
         .into_iter()

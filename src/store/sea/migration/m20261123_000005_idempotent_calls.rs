@@ -27,7 +27,7 @@ const BY_KEY: &str = "mg_idempotent_calls_key";
 const BY_CALL: &str = "mg_idempotent_calls_call";
 const BY_AGE: &str = "mg_idempotent_calls_age";
 
-/// A reply of up to [`MAX_KEPT_REPLY_BYTES`](crate::MAX_KEPT_REPLY_BYTES): `MySQL`'s `BLOB`
+/// A reply of up to [`MAX_KEPT_REPLY_BYTES`](crate::store::MAX_KEPT_REPLY_BYTES): `MySQL`'s `BLOB`
 /// holds only 64 KiB, so it gets `LONGBLOB`.
 fn reply_body(manager: &SchemaManager) -> ColumnDef {
     let mut definition = ColumnDef::new(MgIdempotentCalls::ReplyBody);

@@ -2,11 +2,7 @@
 //! each refusal uncharged and unlogged, each holding on a second gateway sharing the database;
 //! rate limits shared through a Redis of the test's own, and the fallback when it stops.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -16,7 +12,8 @@ use common::*;
 use model_gateway::admin::{Admin, KeyPatch};
 use model_gateway::rate_limit::RateLimiter;
 use model_gateway::{
-    Catalogue, Gateway, KeyHash, KeyId, KeyStore, MockUpstream, SeaOrmStore, Upstream,
+    Catalogue, Gateway, KeyId, KeyStore, SeaOrmStore, Upstream, keys::KeyHash,
+    upstream::MockUpstream,
 };
 
 /// A gateway in mock mode on `store`, counting rates with `limiter`.
@@ -372,7 +369,7 @@ async fn rate_limits_hold_across_two_gateways_through_redis_and_per_gateway_when
 #[tokio::test]
 async fn dates_past_2038_are_kept_on_every_database() {
     use model_gateway::store::Grant;
-    use model_gateway::{Accounts, Bucket, Credits};
+    use model_gateway::{Accounts, Credits, credits::Bucket};
 
     each_database(async |db| {
         let far = chrono::DateTime::parse_from_rfc3339("2999-01-01T00:00:00Z")
@@ -380,9 +377,9 @@ async fn dates_past_2038_are_kept_on_every_database() {
             .to_utc();
         let key = db.funded_key(0, 1).await;
         let key_id = db.store.keys_of(db.account(&key).await).await.unwrap()[0].id;
-        let rules = model_gateway::KeyRules {
+        let rules = model_gateway::call::KeyRules {
             expires_at: Some(far),
-            ..model_gateway::KeyRules::default()
+            ..model_gateway::call::KeyRules::default()
         };
         let info = db
             .store

@@ -6,19 +6,16 @@
 //! their window), applied to the in-memory model and to a database backend. After every step
 //! both agree on every outcome and balance, and the database's audit holds.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use common::*;
 use model_gateway::store::Grant;
 use model_gateway::store::{IdempotencyKey, KeptReply};
 use model_gateway::{
-    AccountId, Bucket, CallFailure, CallId, CallSuccess, Caller, ChargeRequest, Credits, KeyId,
-    MemoryStore, NewApiKey, Protocol, ReserveError, Store,
+    AccountId, CallId, Credits, KeyId, MemoryStore, Protocol, Store, credits::Bucket,
+    keys::NewApiKey, store::CallFailure, store::CallSuccess, store::Caller, store::ChargeRequest,
+    store::ReserveError,
 };
 
 /// How long an idempotency key holds in these runs: a few ticks of the clock.
@@ -249,18 +246,17 @@ impl<'a> Side<'a> {
                     IdempotencyKey::new(&format!("key-{idem}"), "/v1/messages", body.as_bytes())
                         .unwrap()
                 });
-                let request = ChargeRequest {
-                    caller: Caller {
+                let request = ChargeRequest::new(
+                    Caller {
                         account: self.accounts[account],
                         key: self.keys[account][key].0,
                     },
-                    protocol: Protocol::Messages,
-                    model: "m",
-                    price: Credits::new(price),
-                    request_id: None,
-                    at: self.now,
-                    idempotency: idempotency.as_ref(),
-                };
+                    Protocol::Messages,
+                    "m",
+                    Credits::new(price),
+                )
+                .at(self.now)
+                .with_idempotency(idempotency.as_ref());
                 match self.store.reserve(request).await {
                     Ok(reservation) => (
                         format!("reserved {:?}", reservation.taken),
@@ -274,6 +270,7 @@ impl<'a> Side<'a> {
                         (format!("replay {reply:?}"), None)
                     }
                     Err(ReserveError::Store(error)) => panic!("store failed: {error}"),
+                    Err(other) => panic!("a refusal the model does not know: {other}"),
                 }
             }
             Op::Settle { .. } | Op::Refund { .. } if self.calls.is_empty() => {
@@ -424,7 +421,7 @@ proptest! {
         runtime().block_on(async {
             let Some(db) = postgres_db().await else { return };
             let store = db.store.as_ref().clone().with_idempotency_window(WINDOW).with_escrow().unwrap();
-            model_gateway::Leases::take_lease(&store, Utc::now(), std::time::Duration::from_secs(3600)).await.unwrap();
+            model_gateway::store::Leases::take_lease(&store, Utc::now(), std::time::Duration::from_secs(3600)).await.unwrap();
             run_store_against_model(&db, &store, &ops, true).await;
             drop(store);
             db.drop_schema().await;

@@ -2,18 +2,14 @@
 //! tests): killed with SIGKILL mid-call and restarted, and two of them sharing one `PostgreSQL`
 //! under many clients while the provider fails a random share of calls.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
-use model_gateway::{CallLog, CallStatus, KeyHash, KeyStore, SeaOrmStore};
+use model_gateway::{CallLog, KeyStore, SeaOrmStore, keys::KeyHash, store::CallStatus};
 use sea_orm::ConnectionTrait;
 
 struct Env {

@@ -2,14 +2,10 @@
 //! refusal is a 4xx with a JSON `detail`, nothing is charged for it, the server never answers
 //! 5xx, and the books still balance afterwards.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use common::*;
-use model_gateway::CallStatus;
+use model_gateway::store::CallStatus;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -296,7 +292,7 @@ async fn an_endless_chunked_body_is_cut_at_the_limit() {
     let gateway = start_gateway(
         &db,
         model_gateway::Catalogue::demo(),
-        model_gateway::Upstream::Mock(model_gateway::MockUpstream::new()),
+        model_gateway::Upstream::Mock(model_gateway::upstream::MockUpstream::new()),
         1 << 20,
     )
     .await;

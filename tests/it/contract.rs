@@ -1,15 +1,12 @@
 //! The service contract over real HTTP, against the example gateway's router on a temporary
 //! `SQLite` file with the mock upstream (the refund cases use an upstream that is down).
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use common::*;
 use model_gateway::{
-    Bucket, CallLog, CallStatus, Catalogue, HttpUpstream, Ledger, Protocol, Upstream,
+    CallLog, Catalogue, Ledger, Protocol, Upstream, credits::Bucket, store::CallStatus,
+    upstream::HttpUpstream,
 };
 
 #[tokio::test]
@@ -133,7 +130,7 @@ async fn a_body_over_the_limit_gets_413_and_is_not_charged() {
     let gateway = start_gateway(
         &db,
         Catalogue::demo(),
-        Upstream::Mock(model_gateway::MockUpstream::new()),
+        Upstream::Mock(model_gateway::upstream::MockUpstream::new()),
         1024,
     )
     .await;
@@ -423,7 +420,7 @@ async fn operator_commands_create_grant_and_report() {
     };
     let created = admin.create_account(&new).await.unwrap();
     let key = created.key.as_str();
-    assert!(key.starts_with(model_gateway::KEY_PREFIX));
+    assert!(key.starts_with(model_gateway::keys::KEY_PREFIX));
     let account = admin.account_of_key(key).await.unwrap();
     assert_eq!(account, created.id);
     let balance = admin.add_credits(account, 1, 2).await.unwrap();
@@ -446,8 +443,8 @@ async fn the_stack_serves_on_bare_hyper_without_axum() {
     let service = model_gateway::stack(
         db.store.clone(),
         std::sync::Arc::new(Catalogue::demo()),
-        model_gateway::DEFAULT_MAX_BODY_BYTES,
-        Upstream::Mock(model_gateway::MockUpstream::new()),
+        model_gateway::router::DEFAULT_MAX_BODY_BYTES,
+        Upstream::Mock(model_gateway::upstream::MockUpstream::new()),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());

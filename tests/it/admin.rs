@@ -2,19 +2,15 @@
 //! command line agreeing with it. Served over real HTTP on a `SQLite` file; idempotent grants
 //! also on `PostgreSQL` and `MariaDB`.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
 use common::*;
 use model_gateway::admin::{Admin, AdminToken};
 use model_gateway::{
-    Accounts, Bucket, CallFailure, ChargeRequest, Credits, Gateway, KeyStore, Ledger, MockUpstream,
-    Protocol, Upstream,
+    Accounts, Credits, Gateway, KeyStore, Ledger, Protocol, Upstream, credits::Bucket,
+    store::CallFailure, store::ChargeRequest, upstream::MockUpstream,
 };
 use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
@@ -461,21 +457,18 @@ async fn calls_are_paged_newest_first_and_filtered_by_status_and_model() {
     // A refunded call, as a failed upstream leaves it.
     let caller = db
         .store
-        .caller_for_key(&model_gateway::KeyHash::of(&key))
+        .caller_for_key(&model_gateway::keys::KeyHash::of(&key))
         .await
         .unwrap()
         .unwrap();
     let reservation = db
         .store
-        .reserve(ChargeRequest {
+        .reserve(ChargeRequest::new(
             caller,
-            protocol: Protocol::ChatCompletions,
-            model: CHAT_MODEL,
-            price: Credits::new(CHAT_PRICE),
-            request_id: None,
-            at: chrono::Utc::now(),
-            idempotency: None,
-        })
+            Protocol::ChatCompletions,
+            CHAT_MODEL,
+            Credits::new(CHAT_PRICE),
+        ))
         .await
         .unwrap();
     let failure = CallFailure {

@@ -2,17 +2,13 @@
 //! an account with no calls, for calls through the gateway on every database, and for an
 //! account with 100,000 calls over 40 days.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use chrono::Utc;
 use common::*;
 use model_gateway::{
-    Accounts, CallFailure, CallLog, CallSuccess, ChargeRequest, Credits, KeyHash, KeyStore, Ledger,
-    Protocol,
+    Accounts, CallLog, Credits, KeyStore, Ledger, Protocol, keys::KeyHash, store::CallFailure,
+    store::CallSuccess, store::ChargeRequest,
 };
 
 async fn usage(gateway: &common::Gateway, key: &str, query: &str) -> Answer {
@@ -61,15 +57,12 @@ async fn usage_counts_billed_calls_per_model(db: &TestDb) {
     ] {
         let reservation = db
             .store
-            .reserve(ChargeRequest {
+            .reserve(ChargeRequest::new(
                 caller,
-                protocol: Protocol::ChatCompletions,
+                Protocol::ChatCompletions,
                 model,
-                price: Credits::new(price),
-                request_id: None,
-                at: Utc::now(),
-                idempotency: None,
-            })
+                Credits::new(price),
+            ))
             .await
             .unwrap();
         if billed {

@@ -3,17 +3,16 @@
 //! old; an ended lease is never revived; two instances recovering together refund each
 //! reservation once.
 
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::*;
 use model_gateway::{
-    Accounts, CallStatus, Caller, ChargeRequest, Credits, KeyHash, KeyStore, Leases, Ledger,
-    Protocol, Reservation, recover_orphaned_reservations, recover_stale_reservations,
+    Accounts, Credits, KeyStore, Ledger, Protocol, keys::KeyHash,
+    recovery::recover_orphaned_reservations, recovery::recover_stale_reservations,
+    store::CallStatus, store::Caller, store::ChargeRequest, store::Leases, store::Reservation,
 };
 
 const TTL: Duration = Duration::from_secs(10);
@@ -149,7 +148,7 @@ async fn an_ended_lease_is_never_revived_and_its_holder_takes_a_new_one() {
             .unwrap();
         assert_eq!(orphaned, vec![under_the_old_lease.call]);
         for call in orphaned {
-            let failure = model_gateway::CallFailure {
+            let failure = model_gateway::store::CallFailure {
                 upstream_status: None,
                 error: "recovered".into(),
             };
@@ -286,7 +285,7 @@ async fn on_a_sqlite_file_a_gone_holders_lease_ends_before_its_expiry() {
 async fn upkeep_takes_a_new_lease_when_its_lease_was_lost_and_ends_it_on_stop() {
     let db = local_db().await;
     let (_, caller) = caller(&db, 100).await;
-    let upkeep = model_gateway::Upkeep::new(db.store.clone(), Duration::from_secs(3600))
+    let upkeep = model_gateway::recovery::Upkeep::new(db.store.clone(), Duration::from_secs(3600))
         .lease_ttl(Duration::from_secs(1));
     let heartbeat = upkeep.heartbeat();
     let upkeep = upkeep.start().await.unwrap();
@@ -329,7 +328,7 @@ async fn no_call_is_reserved_under_a_lease_not_renewed_in_time() {
         tokio::time::sleep(Duration::from_millis(850)).await;
         let refused = db.store.reserve(charge(caller)).await;
         assert!(
-            matches!(refused, Err(model_gateway::ReserveError::Store(_))),
+            matches!(refused, Err(model_gateway::store::ReserveError::Store(_))),
             "{refused:?}"
         );
         // `/ready` says so too: on a database server, the lease's renewals are the writes it sees.
@@ -346,19 +345,16 @@ async fn no_call_is_reserved_under_a_lease_not_renewed_in_time() {
 }
 
 fn charge(caller: Caller) -> ChargeRequest<'static> {
-    ChargeRequest {
+    ChargeRequest::new(
         caller,
-        protocol: Protocol::ChatCompletions,
-        model: CHAT_MODEL,
-        price: Credits::new(CHAT_PRICE),
-        request_id: None,
-        at: Utc::now(),
-        idempotency: None,
-    }
+        Protocol::ChatCompletions,
+        CHAT_MODEL,
+        Credits::new(CHAT_PRICE),
+    )
 }
 
-fn failure() -> model_gateway::CallFailure {
-    model_gateway::CallFailure {
+fn failure() -> model_gateway::store::CallFailure {
+    model_gateway::store::CallFailure {
         upstream_status: None,
         error: "test".into(),
     }

@@ -5,11 +5,7 @@
 //! a refund runs as a new call; on `SQLite`, `PostgreSQL` and `MariaDB`, and across two gateway
 //! instances sharing the database.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +14,8 @@ use common::fake_provider::{FakeProvider, Fault, StreamEnd};
 use common::*;
 use model_gateway::recovery::Upkeep;
 use model_gateway::{
-    CallStatus, Catalogue, DEFAULT_MAX_BODY_BYTES, IDEMPOTENT_REPLAYED_HEADER, MockUpstream,
-    Upstream,
+    Catalogue, Upstream, charge::IDEMPOTENT_REPLAYED_HEADER, router::DEFAULT_MAX_BODY_BYTES,
+    store::CallStatus, upstream::MockUpstream,
 };
 use sea_orm::ConnectionTrait;
 

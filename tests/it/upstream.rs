@@ -2,17 +2,13 @@
 //! ways, headers), channels and failover, retries, the circuit breaker, deadlines, and what the
 //! client and the operator learn of provider failures.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
-use model_gateway::{CallStatus, Catalogue, HttpUpstream, Upstream};
+use model_gateway::{Catalogue, Upstream, store::CallStatus, upstream::HttpUpstream};
 
 /// A gateway on a fresh `SQLite` file in front of the given catalogue, with a funded key.
 struct Rig {
@@ -58,7 +54,7 @@ impl Rig {
         self.db.balance(&self.key).await.total().get()
     }
 
-    async fn newest_call(&self) -> model_gateway::CallRecord {
+    async fn newest_call(&self) -> model_gateway::store::CallRecord {
         self.db.calls(&self.key).await.remove(0)
     }
 }

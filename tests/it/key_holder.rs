@@ -2,11 +2,7 @@
 //! the example gateway over real HTTP (mock mode, and before a fake provider for
 //! `count_tokens`). None of it is charged or written to the call log.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +10,7 @@ use std::time::Duration;
 
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
-use model_gateway::{Catalogue, MockUpstream, Upstream};
+use model_gateway::{Catalogue, Upstream, upstream::MockUpstream};
 use serde_json::{Value, json};
 
 async fn get(gateway: &Gateway, path: &str, key: Option<&str>, anthropic: bool) -> Answer {

@@ -4,9 +4,8 @@
 //! reservation, and no interleaving bills a call twice or takes an account below zero.
 
 #![cfg(feature = "sqlite")]
-#![allow(clippy::unwrap_used, unreachable_pub)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -14,22 +13,22 @@ use chrono::Utc;
 use common::*;
 use model_gateway::store::{Grant, IdempotencyKey};
 use model_gateway::{
-    Accounts, Bucket, CallFailure, CallStatus, CallSuccess, Caller, ChargeRequest, Credits,
-    KeyHash, KeyStore, Ledger, Protocol, ReserveError, SeaOrmStore,
+    Accounts, Credits, KeyStore, Ledger, Protocol, SeaOrmStore, credits::Bucket, keys::KeyHash,
+    store::CallFailure, store::CallStatus, store::CallSuccess, store::Caller, store::ChargeRequest,
+    store::ReserveError,
 };
 
 const PRICE: i64 = 3;
 
 fn charge<'a>(caller: Caller, idempotency: Option<&'a IdempotencyKey>) -> ChargeRequest<'a> {
-    ChargeRequest {
+    ChargeRequest::new(
         caller,
-        protocol: Protocol::ChatCompletions,
-        model: CHAT_MODEL,
-        price: Credits::new(PRICE),
-        request_id: Some("req_owned"),
-        at: Utc::now(),
-        idempotency,
-    }
+        Protocol::ChatCompletions,
+        CHAT_MODEL,
+        Credits::new(PRICE),
+    )
+    .with_request_id(Some("req_owned"))
+    .with_idempotency(idempotency)
 }
 
 async fn caller(db: &TestDb, key: &str) -> Caller {
@@ -199,7 +198,7 @@ async fn a_lapse_leaves_held_credits_for_their_calls_and_a_foreign_lapse_leaves_
         ..Grant::plain(Bucket::Subscription, Credits::new(10))
     };
     db.store.grant_once(account, period).await.unwrap();
-    let key = model_gateway::NewApiKey::generate();
+    let key = model_gateway::keys::NewApiKey::generate();
     let key_id = db.store.add_key(account, &key).await.unwrap();
     let caller = Caller {
         account,
@@ -330,10 +329,7 @@ async fn a_rolled_back_batch_of_held_calls_bills_each_once_and_leaves_nothing_he
     let caller = caller(&db, &key).await;
     let mut held = Vec::new();
     for request_id in ["req_owned", "req_refused", "req_owned", "req_owned"] {
-        let charge = ChargeRequest {
-            request_id: Some(request_id),
-            ..charge(caller, None)
-        };
+        let charge = charge(caller, None).with_request_id(Some(request_id));
         held.push(db.store.reserve(charge).await.unwrap().call);
     }
     let refused = held[1];
@@ -475,7 +471,7 @@ async fn pause() {
 fn reserve_later(
     db: &TestDb,
     caller: Caller,
-) -> tokio::task::JoinHandle<Result<model_gateway::Reservation, ReserveError>> {
+) -> tokio::task::JoinHandle<Result<model_gateway::store::Reservation, ReserveError>> {
     let store = db.store.clone();
     tokio::spawn(async move { store.reserve(charge(caller, None)).await })
 }
@@ -483,7 +479,7 @@ fn reserve_later(
 fn settle_later(
     db: &TestDb,
     call: model_gateway::CallId,
-) -> tokio::task::JoinHandle<Result<bool, model_gateway::StoreError>> {
+) -> tokio::task::JoinHandle<Result<bool, model_gateway::store::StoreError>> {
     let store = db.store.clone();
     tokio::spawn(async move { store.settle(call, success()).await })
 }
@@ -674,7 +670,7 @@ async fn held_calls_beside_batches_and_another_connection_spend_each_credit_once
     let cli = SeaOrmStore::connect(&db.url).await.unwrap();
     let key = db.funded_key(50 * PRICE, 0).await;
     let first = caller(&db, &key).await;
-    let second_key = model_gateway::NewApiKey::generate();
+    let second_key = model_gateway::keys::NewApiKey::generate();
     let second = Caller {
         key: cli.add_key(first.account, &second_key).await.unwrap(),
         ..first

@@ -2,18 +2,14 @@
 //! gateway's router behind `model_gateway::server`, in this process with short limits, and the
 //! gateway binary itself where a file limit or resident memory is what is tested.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use model_gateway::server::{self, ServerLimits};
-use model_gateway::{BodyLimits, Catalogue, MockUpstream, Upstream};
+use model_gateway::{Catalogue, Upstream, router::BodyLimits, upstream::MockUpstream};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -4,9 +4,8 @@
 //! back on release and after a crash (lease expiry).
 
 #![cfg(feature = "postgres")]
-#![allow(clippy::unwrap_used, unreachable_pub)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +14,9 @@ use chrono::{DateTime, Utc};
 use common::*;
 use model_gateway::store::Grant;
 use model_gateway::{
-    Accounts, Bucket, CallFailure, CallStatus, CallSuccess, Caller, ChargeRequest, Credits, Leases,
-    Ledger, Protocol, Reservation, ReserveError, SeaOrmStore,
+    Accounts, Credits, Ledger, Protocol, SeaOrmStore, credits::Bucket, store::CallFailure,
+    store::CallStatus, store::CallSuccess, store::Caller, store::ChargeRequest, store::Leases,
+    store::Reservation, store::ReserveError,
 };
 use sea_orm::ConnectionTrait;
 
@@ -75,15 +75,12 @@ async fn escrow_instance_idle_after(
 
 async fn reserve(store: &SeaOrmStore, caller: Caller) -> Result<Reservation, ReserveError> {
     store
-        .reserve(ChargeRequest {
+        .reserve(ChargeRequest::new(
             caller,
-            protocol: Protocol::ChatCompletions,
-            model: "gpt-4o-mini",
-            price: Credits::new(PRICE),
-            request_id: None,
-            at: Utc::now(),
-            idempotency: None,
-        })
+            Protocol::ChatCompletions,
+            "gpt-4o-mini",
+            Credits::new(PRICE),
+        ))
         .await
 }
 
@@ -94,17 +91,18 @@ async fn reserve_keyed(
     nth: usize,
 ) -> Result<Reservation, ReserveError> {
     let idempotency =
-        model_gateway::IdempotencyKey::new(&format!("k{nth}"), "/v1/messages", b"{}").unwrap();
+        model_gateway::call::IdempotencyKey::new(&format!("k{nth}"), "/v1/messages", b"{}")
+            .unwrap();
     store
-        .reserve(ChargeRequest {
-            caller,
-            protocol: Protocol::Messages,
-            model: "claude-3-5-haiku",
-            price: Credits::new(PRICE),
-            request_id: None,
-            at: Utc::now(),
-            idempotency: Some(&idempotency),
-        })
+        .reserve(
+            ChargeRequest::new(
+                caller,
+                Protocol::Messages,
+                "claude-3-5-haiku",
+                Credits::new(PRICE),
+            )
+            .with_idempotency(Some(&idempotency)),
+        )
         .await
 }
 
@@ -211,7 +209,7 @@ async fn stored(db: &TestDb, caller: Caller) -> ((i64, i64), (i64, i64)) {
     (row, escrowed)
 }
 
-fn count(calls: &[model_gateway::CallRecord], status: CallStatus) -> usize {
+fn count(calls: &[model_gateway::store::CallRecord], status: CallStatus) -> usize {
     calls.iter().filter(|call| call.status == status).count()
 }
 
@@ -622,19 +620,19 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
     };
     let instance = escrow_instance(&db, Utc::now()).await;
     let (key, caller) = funded(&db, 1000, 0).await;
-    let request = |request_id| ChargeRequest {
-        caller,
-        protocol: Protocol::Messages,
-        model: "claude-3-5-haiku",
-        price: Credits::new(PRICE),
-        request_id: Some(request_id),
-        at: Utc::now(),
-        idempotency: None,
+    let request = |request_id| {
+        ChargeRequest::new(
+            caller,
+            Protocol::Messages,
+            "claude-3-5-haiku",
+            Credits::new(PRICE),
+        )
+        .with_request_id(Some(request_id))
     };
     let billed = instance.reserve(request("req-billed")).await.unwrap();
     let success = CallSuccess {
         upstream_status: 200,
-        usage: model_gateway::TokenUsage {
+        usage: model_gateway::store::TokenUsage {
             input_tokens: Some(3),
             output_tokens: Some(4),
         },

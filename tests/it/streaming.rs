@@ -3,11 +3,7 @@
 //! first event, and every way a stream can end, each billed or refunded exactly once on `SQLite`,
 //! `PostgreSQL` and `MariaDB`.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 #[path = "streaming/delivery.rs"]
 mod delivery;
 
@@ -16,8 +12,8 @@ use std::time::{Duration, Instant};
 use common::fake_provider::{FakeProvider, Fault, StreamEnd};
 use common::*;
 use model_gateway::{
-    CLIENT_LEFT_BEFORE_CONTENT, CallRecord, CallStatus, Catalogue, DEFAULT_MAX_BODY_BYTES,
-    MOCK_REPLY_TEXT, MockUpstream, Upstream,
+    Catalogue, Upstream, refund::CLIENT_LEFT_BEFORE_CONTENT, router::DEFAULT_MAX_BODY_BYTES,
+    store::CallRecord, store::CallStatus, upstream::MOCK_REPLY_TEXT, upstream::MockUpstream,
 };
 use serde_json::{Value, json};
 
@@ -490,25 +486,11 @@ async fn assert_a_stream_cut_mid_way_is_refunded(db: TestDb) {
     db.drop_schema().await;
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn sqlite_a_stream_cut_mid_way_is_refunded() {
-    assert_a_stream_cut_mid_way_is_refunded(sqlite_db().await).await;
-}
-
-#[tokio::test]
-async fn postgres_a_stream_cut_mid_way_is_refunded() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    assert_a_stream_cut_mid_way_is_refunded(db).await;
-}
-
-#[tokio::test]
-async fn mysql_a_stream_cut_mid_way_is_refunded() {
-    let Some(db) = mysql_db().await else { return };
-    assert_a_stream_cut_mid_way_is_refunded(db).await;
-}
+backends!(
+    async fn a_stream_cut_mid_way_is_refunded(db) {
+        assert_a_stream_cut_mid_way_is_refunded(db).await;
+    }
+);
 
 /// The provider reports an error inside the stream: refunded, and the client gets the gateway's
 /// error event instead of the provider's.
@@ -551,25 +533,11 @@ async fn assert_a_providers_error_event_is_refunded(db: TestDb) {
     db.drop_schema().await;
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn sqlite_a_providers_error_event_is_refunded() {
-    assert_a_providers_error_event_is_refunded(sqlite_db().await).await;
-}
-
-#[tokio::test]
-async fn postgres_a_providers_error_event_is_refunded() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    assert_a_providers_error_event_is_refunded(db).await;
-}
-
-#[tokio::test]
-async fn mysql_a_providers_error_event_is_refunded() {
-    let Some(db) = mysql_db().await else { return };
-    assert_a_providers_error_event_is_refunded(db).await;
-}
+backends!(
+    async fn a_providers_error_event_is_refunded(db) {
+        assert_a_providers_error_event_is_refunded(db).await;
+    }
+);
 
 /// A client that leaves mid-stream: the provider's connection is dropped at once; billed if
 /// content had reached the client, refunded otherwise.
@@ -624,25 +592,11 @@ async fn assert_a_client_that_leaves_is_billed_only_after_content(db: TestDb) {
     db.drop_schema().await;
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn sqlite_a_client_that_leaves_is_billed_only_after_content() {
-    assert_a_client_that_leaves_is_billed_only_after_content(sqlite_db().await).await;
-}
-
-#[tokio::test]
-async fn postgres_a_client_that_leaves_is_billed_only_after_content() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    assert_a_client_that_leaves_is_billed_only_after_content(db).await;
-}
-
-#[tokio::test]
-async fn mysql_a_client_that_leaves_is_billed_only_after_content() {
-    let Some(db) = mysql_db().await else { return };
-    assert_a_client_that_leaves_is_billed_only_after_content(db).await;
-}
+backends!(
+    async fn a_client_that_leaves_is_billed_only_after_content(db) {
+        assert_a_client_that_leaves_is_billed_only_after_content(db).await;
+    }
+);
 
 #[tokio::test]
 async fn a_stream_quiet_past_its_idle_time_out_is_refunded() {
@@ -811,25 +765,12 @@ async fn assert_random_stream_endings_each_write_one_outcome(db: TestDb) {
     db.drop_schema().await;
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_random_stream_endings_each_write_one_outcome() {
-    assert_random_stream_endings_each_write_one_outcome(sqlite_db().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_random_stream_endings_each_write_one_outcome() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    assert_random_stream_endings_each_write_one_outcome(db).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mysql_random_stream_endings_each_write_one_outcome() {
-    let Some(db) = mysql_db().await else { return };
-    assert_random_stream_endings_each_write_one_outcome(db).await;
-}
+backends!(
+    #[multi_thread]
+    async fn random_stream_endings_each_write_one_outcome(db) {
+        assert_random_stream_endings_each_write_one_outcome(db).await;
+    }
+);
 
 /// An event's start that never ends: `data: ` and 64 chunks of 64 KiB, no blank line.
 fn endless_event() -> Vec<Vec<u8>> {

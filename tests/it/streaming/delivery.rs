@@ -193,8 +193,10 @@ async fn gateway_with_small_socket_buffers(
     let listener = socket.listen(64).unwrap();
     let address = listener.local_addr().unwrap();
     let catalogue = provider_catalogue(&[provider], "");
-    let upstream =
-        model_gateway::HttpUpstream::with_keys(&catalogue, |_| Some("sk-provider".into())).unwrap();
+    let upstream = model_gateway::upstream::HttpUpstream::with_keys(&catalogue, |_| {
+        Some("sk-provider".into())
+    })
+    .unwrap();
     let router = gateway_router(
         db,
         catalogue,

@@ -1,12 +1,8 @@
 //! The metrics operators scrape: known traffic through the example gateway, then
-//! `install_prometheus`'s text checked counter by counter. (Its own test binary: the recorder
-//! is global to the process.)
+//! `install_prometheus`'s text checked counter by counter. (Beside the process tests only: the
+//! recorder is global to the process.)
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 
@@ -170,13 +166,13 @@ async fn clients_leaving_at_any_moment_leave_the_metrics_equal_to_the_ledger(
         );
         let count = |status| entries.iter().filter(|call| call.status == status).count() as f64;
         let ledger = (
-            count(model_gateway::CallStatus::Ok),
-            count(model_gateway::CallStatus::Refunded),
-            count(model_gateway::CallStatus::Ok) * CHAT_PRICE as f64,
+            count(model_gateway::store::CallStatus::Ok),
+            count(model_gateway::store::CallStatus::Refunded),
+            count(model_gateway::store::CallStatus::Ok) * CHAT_PRICE as f64,
         );
         let finished = entries
             .iter()
-            .all(|call| call.status != model_gateway::CallStatus::Pending);
+            .all(|call| call.status != model_gateway::store::CallStatus::Pending);
         if finished && ledger == seen && read("mg_pending_reservations") == 0.0 {
             break;
         }
@@ -185,24 +181,24 @@ async fn clients_leaving_at_any_moment_leave_the_metrics_equal_to_the_ledger(
     let count = |status| entries.iter().filter(|call| call.status == status).count() as f64;
     // Clients that left before their call was charged wrote nothing.
     assert!(entries.len() > 200, "{}", entries.len());
-    assert_eq!(count(model_gateway::CallStatus::Pending), 0.0);
+    assert_eq!(count(model_gateway::store::CallStatus::Pending), 0.0);
     assert!(
-        count(model_gateway::CallStatus::Ok) > 0.0
-            && count(model_gateway::CallStatus::Refunded) > 0.0
+        count(model_gateway::store::CallStatus::Ok) > 0.0
+            && count(model_gateway::store::CallStatus::Refunded) > 0.0
     );
     assert_eq!(
         seen.0,
-        count(model_gateway::CallStatus::Ok),
+        count(model_gateway::store::CallStatus::Ok),
         "ok calls counted as in the ledger"
     );
     assert_eq!(
         seen.1,
-        count(model_gateway::CallStatus::Refunded),
+        count(model_gateway::store::CallStatus::Refunded),
         "refunded calls likewise"
     );
     assert_eq!(
         seen.2,
-        count(model_gateway::CallStatus::Ok) * CHAT_PRICE as f64
+        count(model_gateway::store::CallStatus::Ok) * CHAT_PRICE as f64
     );
     assert_eq!(read("mg_pending_reservations"), 0.0, "nothing pending");
 }

@@ -5,11 +5,7 @@
 //! set it; they run on `SQLite`, `PostgreSQL` and `MariaDB`. One test goes through the HTTP API on the
 //! real clock.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -17,8 +13,9 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use common::*;
 use model_gateway::store::Grant;
 use model_gateway::{
-    AccountId, Accounts, Balance, Bucket, CallFailure, Caller, ChargeRequest, Credits, KeyId,
-    Ledger, NewApiKey, Protocol, Reservation, ReserveError, SeaOrmStore,
+    AccountId, Accounts, Balance, Credits, KeyId, Ledger, Protocol, SeaOrmStore, credits::Bucket,
+    keys::NewApiKey, store::CallFailure, store::Caller, store::ChargeRequest, store::Reservation,
+    store::ReserveError,
 };
 use serde_json::json;
 
@@ -58,15 +55,7 @@ async fn reserve(
     at: DateTime<Utc>,
 ) -> Result<Reservation, ReserveError> {
     store
-        .reserve(ChargeRequest {
-            caller,
-            protocol: Protocol::Messages,
-            model: "m",
-            price: Credits::new(price),
-            request_id: None,
-            at,
-            idempotency: None,
-        })
+        .reserve(ChargeRequest::new(caller, Protocol::Messages, "m", Credits::new(price)).at(at))
         .await
 }
 
@@ -297,7 +286,7 @@ async fn the_end_is_exact_under_concurrency() {
 async fn caller_of(db: &TestDb, key: &str) -> Caller {
     let key_id: KeyId = model_gateway::KeyStore::caller_for_key(
         db.store.as_ref(),
-        &model_gateway::KeyHash::of(key),
+        &model_gateway::keys::KeyHash::of(key),
     )
     .await
     .unwrap()
@@ -315,7 +304,7 @@ async fn periods_granted_through_the_api_end_on_the_real_clock() {
     let router = model_gateway::Gateway::new(
         db.store.clone(),
         Arc::new(model_gateway::Catalogue::demo()),
-        model_gateway::Upstream::Mock(model_gateway::MockUpstream::new()),
+        model_gateway::Upstream::Mock(model_gateway::upstream::MockUpstream::new()),
     )
     .admin_token(Some(
         model_gateway::admin::AdminToken::new("admin-token-for-tests-0123456789").unwrap(),
@@ -435,10 +424,10 @@ async fn a_renewal_past_the_largest_balance_is_refused_and_lapses_nothing() {
         };
         let refused = store.grant_once(caller.account, renewal).await.unwrap_err();
         assert!(
-            refused
-                .0
-                .downcast_ref::<model_gateway::BalanceOverflow>()
-                .is_some(),
+            matches!(
+                refused,
+                model_gateway::store::StoreError::BalanceOverflow(_)
+            ),
             "{refused}"
         );
         assert_eq!(

@@ -1,11 +1,7 @@
 //! Money integrity when calls stop half-way: dropped request futures, client disconnects,
 //! panicking or silent upstreams, crashed gateways (recovery), and the audit that checks it all.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,11 +14,13 @@ use common::*;
 use http::{Request, Response};
 use http_body_util::Full;
 use model_gateway::{
-    AccountId, Accounts, ApiKeyAuthLayer, Balance, Bucket, CANCELLED_BEFORE_ANSWER,
-    CANCELLED_WHILE_RESERVING, CallFailure, CallId, CallLog, CallRecord, CallStatus, CallSuccess,
-    Catalogue, ChargeRequest, CreditChargeLayer, Credits, HttpUpstream, KeyStore, Ledger,
-    MemoryStore, NewApiKey, ProtocolRouterLayer, RefundOnUpstreamErrorLayer, Reservation,
-    ReserveError, StoreError, Upstream, UpstreamBody, UpstreamError, recover_stale_reservations,
+    AccountId, Accounts, ApiKeyAuthLayer, Balance, CallId, CallLog, Catalogue, CreditChargeLayer,
+    Credits, KeyStore, Ledger, MemoryStore, ProtocolRouterLayer, RefundOnUpstreamErrorLayer,
+    Upstream, charge::CANCELLED_WHILE_RESERVING, credits::Bucket, error::UpstreamError,
+    keys::NewApiKey, recovery::recover_stale_reservations, refund::CANCELLED_BEFORE_ANSWER,
+    store::CallFailure, store::CallRecord, store::CallStatus, store::CallSuccess,
+    store::ChargeRequest, store::Reservation, store::ReserveError, store::StoreError,
+    upstream::HttpUpstream, upstream::UpstreamBody,
 };
 use sea_orm::ConnectionTrait;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -144,7 +142,7 @@ async fn a_call_dropped_while_its_reservation_is_written_is_refunded() {
                 db.store.clone(),
                 Arc::new(Catalogue::demo()),
                 1 << 20,
-                model_gateway::MockUpstream::new(),
+                model_gateway::upstream::MockUpstream::new(),
             );
             let request = || {
                 let mut request = chat_request(&key);
@@ -397,7 +395,7 @@ fn stack_with_ledger(
     ledger: &Arc<TestLedger>,
 ) -> impl tower::Service<
     Request<Full<Bytes>>,
-    Response = Response<model_gateway::ResponseBody>,
+    Response = Response<model_gateway::refund::ResponseBody>,
     Error = std::convert::Infallible,
     Future = impl Send,
 > + Clone
@@ -413,19 +411,19 @@ fn stack_with_ledger_timeout(
     timeout: Duration,
 ) -> impl tower::Service<
     Request<Full<Bytes>>,
-    Response = Response<model_gateway::ResponseBody>,
+    Response = Response<model_gateway::refund::ResponseBody>,
     Error = std::convert::Infallible,
     Future = impl Send,
 > + Clone
 + Send
 + 'static {
     ServiceBuilder::new()
-        .layer(model_gateway::RequestIdLayer::new())
+        .layer(model_gateway::request_id::RequestIdLayer::new())
         .layer(ApiKeyAuthLayer::new(store.clone()))
         .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
         .layer(CreditChargeLayer::new(ledger.clone()).ledger_timeout(timeout))
         .layer(RefundOnUpstreamErrorLayer::new(ledger.clone()).ledger_timeout(timeout))
-        .service(model_gateway::MockUpstream::new())
+        .service(model_gateway::upstream::MockUpstream::new())
 }
 
 #[tokio::test]
@@ -812,7 +810,7 @@ fn streaming_stack<U>(
     upstream: U,
 ) -> impl tower::Service<
     Request<Full<Bytes>>,
-    Response = Response<model_gateway::ResponseBody>,
+    Response = Response<model_gateway::refund::ResponseBody>,
     Error = std::convert::Infallible,
     Future = impl Send,
 > + Clone
@@ -835,7 +833,7 @@ where
         .service(upstream)
 }
 
-async fn read_all(response: Response<model_gateway::ResponseBody>) -> String {
+async fn read_all(response: Response<model_gateway::refund::ResponseBody>) -> String {
     use http_body_util::BodyExt;
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
@@ -903,7 +901,7 @@ async fn a_stream_dropped_before_it_was_read_is_refunded() {
     assert_eq!(call.status, CallStatus::Refunded);
     assert_eq!(
         call.upstream_error.as_deref(),
-        Some(model_gateway::CLIENT_LEFT_BEFORE_CONTENT)
+        Some(model_gateway::refund::CLIENT_LEFT_BEFORE_CONTENT)
     );
     assert_eq!(
         store.balance(account).await.unwrap().total(),
@@ -989,16 +987,13 @@ async fn backdate(db: &TestDb, call: CallId, age: Duration) {
 }
 
 /// A charge for one call to the chat model, as `CreditCharge` makes it.
-fn chat_charge(caller: model_gateway::Caller) -> ChargeRequest<'static> {
-    ChargeRequest {
+fn chat_charge(caller: model_gateway::store::Caller) -> ChargeRequest<'static> {
+    ChargeRequest::new(
         caller,
-        protocol: model_gateway::Protocol::ChatCompletions,
-        model: CHAT_MODEL,
-        price: Credits::new(CHAT_PRICE),
-        request_id: None,
-        at: chrono::Utc::now(),
-        idempotency: None,
-    }
+        model_gateway::Protocol::ChatCompletions,
+        CHAT_MODEL,
+        Credits::new(CHAT_PRICE),
+    )
 }
 
 async fn reserve(db: &TestDb, key: &str) -> Reservation {
@@ -1040,25 +1035,11 @@ async fn assert_recovery_refunds_only_old_reservations(db: TestDb) {
     db.drop_schema().await;
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn sqlite_recovery_refunds_only_reservations_older_than_the_age() {
-    assert_recovery_refunds_only_old_reservations(sqlite_db().await).await;
-}
-
-#[tokio::test]
-async fn postgres_recovery_refunds_only_reservations_older_than_the_age() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    assert_recovery_refunds_only_old_reservations(db).await;
-}
-
-#[tokio::test]
-async fn mysql_recovery_refunds_only_reservations_older_than_the_age() {
-    let Some(db) = mysql_db().await else { return };
-    assert_recovery_refunds_only_old_reservations(db).await;
-}
+backends!(
+    async fn recovery_refunds_only_reservations_older_than_the_age(db) {
+        assert_recovery_refunds_only_old_reservations(db).await;
+    }
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_recovering_at_once_refund_each_reservation_once() {
@@ -1429,7 +1410,7 @@ async fn postgres_refused_for_less_than_the_lease_keeps_it_and_withholds_no_call
     let stuck = rig.unfinished_after(0, Duration::from_secs(15)).await;
     let mut rig = rig;
     rig.upkeep.take().unwrap().stop().await;
-    let orphans = model_gateway::recover_orphaned_reservations(rig.store.as_ref()).await;
+    let orphans = model_gateway::recovery::recover_orphaned_reservations(rig.store.as_ref()).await;
     assert_eq!(orphans.unwrap().len() as i64, stuck);
     eprintln!("reservations committed with their answer lost: {stuck}");
     let leases = rig
@@ -1473,14 +1454,13 @@ async fn the_audit_reports_reservations_past_the_longest_call_in_the_database_an
     async fn check(db: &TestDb) {
         let key = db.funded_key(100, 0).await;
         let caller = db.caller(&key).await;
-        let charge = || ChargeRequest {
-            caller,
-            protocol: model_gateway::Protocol::ChatCompletions,
-            model: CHAT_MODEL,
-            price: Credits::new(CHAT_PRICE),
-            request_id: None,
-            at: chrono::Utc::now(),
-            idempotency: None,
+        let charge = || {
+            ChargeRequest::new(
+                caller,
+                model_gateway::Protocol::ChatCompletions,
+                CHAT_MODEL,
+                Credits::new(CHAT_PRICE),
+            )
         };
         let held = db.store.reserve(charge()).await.unwrap();
         let ended = db.store.reserve(charge()).await.unwrap();
@@ -1513,19 +1493,16 @@ async fn the_audit_reports_reservations_past_the_longest_call_in_the_database_an
     let memory = Arc::new(MemoryStore::new());
     let (_, key) = funded(&memory, 10).await;
     let caller = memory
-        .caller_for_key(&model_gateway::KeyHash::of(&key))
+        .caller_for_key(&model_gateway::keys::KeyHash::of(&key))
         .await
         .unwrap()
         .unwrap();
-    let request = ChargeRequest {
+    let request = ChargeRequest::new(
         caller,
-        protocol: model_gateway::Protocol::ChatCompletions,
-        model: CHAT_MODEL,
-        price: Credits::new(CHAT_PRICE),
-        request_id: None,
-        at: chrono::Utc::now(),
-        idempotency: None,
-    };
+        model_gateway::Protocol::ChatCompletions,
+        CHAT_MODEL,
+        Credits::new(CHAT_PRICE),
+    );
     memory.reserve(request).await.unwrap();
     let later = chrono::Utc::now() + chrono::Duration::seconds(60);
     assert_eq!(memory.overdue_reservations(later).await.unwrap().calls, 1);

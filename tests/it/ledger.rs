@@ -2,18 +2,15 @@
 //! `TEST_POSTGRES_URL` is set. The database backends must agree with the model step by step,
 //! and concurrency must never spend a credit twice.
 
-// Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
-// through `pub` items of their own modules.
-#![allow(clippy::unwrap_used, unreachable_pub)]
-
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
 use common::*;
 use model_gateway::{
-    AccountId, Bucket, CallFailure, CallId, CallStatus, CallSuccess, Caller, ChargeRequest,
-    Credits, Ledger, MemoryStore, NewApiKey, Protocol, ReserveError, Store, TokenUsage,
+    AccountId, CallId, Credits, Ledger, MemoryStore, Protocol, Store, credits::Bucket,
+    keys::NewApiKey, store::CallFailure, store::CallStatus, store::CallSuccess, store::Caller,
+    store::ChargeRequest, store::ReserveError, store::TokenUsage,
 };
 use sea_orm::ConnectionTrait;
 
@@ -54,15 +51,13 @@ async fn caller_with<S: Store>(store: &S, subscription: i64, topup: i64) -> Call
 }
 
 fn charge(caller: Caller, price: i64) -> ChargeRequest<'static> {
-    ChargeRequest {
+    ChargeRequest::new(
         caller,
-        protocol: Protocol::ChatCompletions,
-        model: "gpt-4o-mini",
-        price: Credits::new(price),
-        request_id: Some("req_ledger-scenario"),
-        at: chrono::Utc::now(),
-        idempotency: None,
-    }
+        Protocol::ChatCompletions,
+        "gpt-4o-mini",
+        Credits::new(price),
+    )
+    .with_request_id(Some("req_ledger-scenario"))
 }
 
 /// A scripted life of one account. Asserts the rules on the way and returns a trace of every
@@ -173,34 +168,13 @@ async fn scenario<S: Store>(store: &S) -> Vec<String> {
     trace
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn sqlite_agrees_with_the_memory_model_and_the_audit_holds() {
-    let model = scenario(&MemoryStore::new()).await;
-    let db = sqlite_db().await;
-    assert_eq!(scenario(db.store.as_ref()).await, model);
-    db.assert_audit_holds().await;
-}
-
-#[tokio::test]
-async fn postgres_agrees_with_the_memory_model_and_the_audit_holds() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    let model = scenario(&MemoryStore::new()).await;
-    assert_eq!(scenario(db.store.as_ref()).await, model);
-    db.assert_audit_holds().await;
-    db.drop_schema().await;
-}
-
-#[tokio::test]
-async fn mysql_agrees_with_the_memory_model_and_the_audit_holds() {
-    let Some(db) = mysql_db().await else { return };
-    let model = scenario(&MemoryStore::new()).await;
-    assert_eq!(scenario(db.store.as_ref()).await, model);
-    db.assert_audit_holds().await;
-    db.drop_schema().await;
-}
+backends!(
+    async fn agrees_with_the_memory_model_and_the_audit_holds(db) {
+        let model = scenario(&MemoryStore::new()).await;
+        assert_eq!(scenario(db.store.as_ref()).await, model);
+        db.assert_audit_holds().await;
+    }
+);
 
 /// The CHECK constraints stand behind the code: no statement can make a bucket negative.
 async fn assert_database_refuses_negative_buckets(db: &TestDb) {
@@ -219,27 +193,11 @@ async fn assert_database_refuses_negative_buckets(db: &TestDb) {
     );
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn sqlite_refuses_a_negative_bucket() {
-    assert_database_refuses_negative_buckets(&sqlite_db().await).await;
-}
-
-#[tokio::test]
-async fn postgres_refuses_a_negative_bucket() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    assert_database_refuses_negative_buckets(&db).await;
-    db.drop_schema().await;
-}
-
-#[tokio::test]
-async fn mysql_refuses_a_negative_bucket() {
-    let Some(db) = mysql_db().await else { return };
-    assert_database_refuses_negative_buckets(&db).await;
-    db.drop_schema().await;
-}
+backends!(
+    async fn refuses_a_negative_bucket(db) {
+        assert_database_refuses_negative_buckets(&db).await;
+    }
+);
 
 /// Many simultaneous refunds of one call return its credits once.
 async fn assert_concurrent_refunds_pay_back_once<S: Store + 'static>(store: Arc<S>) {
@@ -259,28 +217,11 @@ async fn assert_concurrent_refunds_pay_back_once<S: Store + 'static>(store: Arc<
     assert_eq!(store.balance(caller.account).await.unwrap(), balance(10, 0));
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn sqlite_concurrent_refunds_of_one_call_pay_back_once() {
-    let db = sqlite_db().await;
-    assert_concurrent_refunds_pay_back_once(db.store.clone()).await;
-}
-
-#[tokio::test]
-async fn postgres_concurrent_refunds_of_one_call_pay_back_once() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    assert_concurrent_refunds_pay_back_once(db.store.clone()).await;
-    db.drop_schema().await;
-}
-
-#[tokio::test]
-async fn mysql_concurrent_refunds_of_one_call_pay_back_once() {
-    let Some(db) = mysql_db().await else { return };
-    assert_concurrent_refunds_pay_back_once(db.store.clone()).await;
-    db.drop_schema().await;
-}
+backends!(
+    async fn concurrent_refunds_of_one_call_pay_back_once(db) {
+        assert_concurrent_refunds_pay_back_once(db.store.clone()).await;
+    }
+);
 
 /// 200 simultaneous calls on an account that can afford 50, spread over the given gateways
 /// (one per process that shares the database): exactly 50 succeed, 150 get 402, nothing else.
@@ -308,31 +249,13 @@ async fn assert_200_calls_on_50_credits(db: &TestDb, gateways: &[Gateway]) {
     db.assert_audit_holds().await;
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
-    let db = sqlite_db().await;
-    let gateway = start_mock_gateway(&db).await;
-    assert_200_calls_on_50_credits(&db, &[gateway]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    let gateway = start_mock_gateway(&db).await;
-    assert_200_calls_on_50_credits(&db, &[gateway]).await;
-    db.drop_schema().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mysql_200_concurrent_calls_on_credits_for_50_give_exactly_50() {
-    let Some(db) = mysql_db().await else { return };
-    let gateway = start_mock_gateway(&db).await;
-    assert_200_calls_on_50_credits(&db, &[gateway]).await;
-    db.drop_schema().await;
-}
+backends!(
+    #[multi_thread]
+    async fn two_hundred_concurrent_calls_on_credits_for_50_give_exactly_50(db) {
+        let gateway = start_mock_gateway(&db).await;
+        assert_200_calls_on_50_credits(&db, &[gateway]).await;
+    }
+);
 
 /// Two gateways, each with its own store on the same database, share one pool of credits.
 async fn assert_two_gateways_never_spend_the_same_credit(db: &TestDb) {
@@ -432,7 +355,7 @@ async fn migrations_use_their_own_table_and_keys_are_stored_only_as_hashes() {
         .unwrap();
     let stored_hash: String = row.try_get("", "key_hash").unwrap();
     let prefix: String = row.try_get("", "display_prefix").unwrap();
-    assert_eq!(stored_hash, model_gateway::KeyHash::of(&key).as_str());
+    assert_eq!(stored_hash, model_gateway::keys::KeyHash::of(&key).as_str());
     assert!(key.starts_with(&prefix) && prefix.len() < 16);
     let file = std::fs::read(
         db.url
@@ -500,27 +423,12 @@ async fn assert_group_commit_keeps_each_outcome(db: &TestDb) {
     db.assert_audit_holds().await;
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sqlite_group_commit_keeps_each_outcome() {
-    assert_group_commit_keeps_each_outcome(&sqlite_db().await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_group_commit_keeps_each_outcome() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    assert_group_commit_keeps_each_outcome(&db).await;
-    db.drop_schema().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn mysql_group_commit_keeps_each_outcome() {
-    let Some(db) = mysql_db().await else { return };
-    assert_group_commit_keeps_each_outcome(&db).await;
-    db.drop_schema().await;
-}
+backends!(
+    #[multi_thread]
+    async fn group_commit_keeps_each_outcome(db) {
+        assert_group_commit_keeps_each_outcome(&db).await;
+    }
+);
 
 /// A text answer to one SQL query on `PostgreSQL`.
 async fn pg_text(sql: &impl ConnectionTrait, query: &str) -> String {
@@ -705,7 +613,7 @@ async fn postgres_without_the_flush_message_commits_each_batch_synchronously() {
 /// Connects a store per set of options, all at once, as gateway instances starting together.
 async fn start_together(
     options: Vec<sea_orm::ConnectOptions>,
-) -> Vec<Result<model_gateway::SeaOrmStore, model_gateway::StoreError>> {
+) -> Vec<Result<model_gateway::SeaOrmStore, model_gateway::store::StoreError>> {
     let starting = options
         .into_iter()
         .map(|options| tokio::spawn(model_gateway::SeaOrmStore::connect_with(options)));
@@ -718,7 +626,7 @@ async fn start_together(
 
 /// Every instance started and the schema's migrations were each recorded once.
 async fn assert_all_started_and_migrated_once(
-    started: Vec<Result<model_gateway::SeaOrmStore, model_gateway::StoreError>>,
+    started: Vec<Result<model_gateway::SeaOrmStore, model_gateway::store::StoreError>>,
 ) {
     use sea_orm_migration::MigratorTrait;
     let mut stores = Vec::new();
@@ -737,7 +645,7 @@ async fn assert_all_started_and_migrated_once(
     let applied: i64 = row.try_get("", "n").unwrap();
     assert_eq!(
         applied as usize,
-        model_gateway::Migrator::migrations().len()
+        model_gateway::store::Migrator::migrations().len()
     );
     for store in stores {
         store.connection().clone().close().await.unwrap();
@@ -886,7 +794,7 @@ async fn execute(db: &TestDb, statement: sea_orm::sea_query::UpdateStatement) {
 /// clear, typed error and writes nothing; the audit still sums exactly where grants pass 64
 /// bits, and reports an account whose two buckets together cannot be represented.
 async fn assert_grants_past_the_largest_balance_are_refused(db: TestDb) {
-    use model_gateway::{Accounts, Balance, BalanceOverflow};
+    use model_gateway::{Accounts, Balance, store::StoreError};
     use sea_orm::sea_query::{Alias, Expr, ExprTrait, Query};
     let store = db.store.clone();
     let account = store.create_account("large").await.unwrap();
@@ -903,10 +811,9 @@ async fn assert_grants_past_the_largest_balance_are_refused(db: TestDb) {
             .grant(account, bucket, Credits::new(amount))
             .await
             .unwrap_err();
-        let overflow = error
-            .0
-            .downcast_ref::<BalanceOverflow>()
-            .unwrap_or_else(|| panic!("not a BalanceOverflow: {error}"));
+        let StoreError::BalanceOverflow(overflow) = &error else {
+            panic!("not a BalanceOverflow: {error}");
+        };
         assert_eq!((overflow.account, overflow.bucket), (account, bucket));
         assert!(error.to_string().contains("largest value"), "{error}");
     }
@@ -961,31 +868,15 @@ async fn assert_grants_past_the_largest_balance_are_refused(db: TestDb) {
     db.drop_schema().await;
 }
 
-#[cfg(feature = "sqlite")]
-#[tokio::test]
-async fn sqlite_grants_past_the_largest_balance_are_refused() {
-    assert_grants_past_the_largest_balance_are_refused(sqlite_db().await).await;
-}
-
-#[tokio::test]
-async fn postgres_grants_past_the_largest_balance_are_refused() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    assert_grants_past_the_largest_balance_are_refused(db).await;
-}
-
-#[tokio::test]
-async fn mysql_grants_past_the_largest_balance_are_refused() {
-    let Some(db) = mysql_db().await else {
-        return;
-    };
-    assert_grants_past_the_largest_balance_are_refused(db).await;
-}
+backends!(
+    async fn grants_past_the_largest_balance_are_refused(db) {
+        assert_grants_past_the_largest_balance_are_refused(db).await;
+    }
+);
 
 #[tokio::test]
 async fn the_memory_store_refuses_grants_past_the_largest_balance_too() {
-    use model_gateway::{Accounts, BalanceOverflow};
+    use model_gateway::{Accounts, store::StoreError};
     let store = MemoryStore::new();
     let account = store.create_account("large").await.unwrap();
     store
@@ -996,9 +887,6 @@ async fn the_memory_store_refuses_grants_past_the_largest_balance_too() {
         .grant(account, Bucket::Topup, Credits::new(1))
         .await
         .unwrap_err();
-    assert!(
-        error.0.downcast_ref::<BalanceOverflow>().is_some(),
-        "{error}"
-    );
+    assert!(matches!(error, StoreError::BalanceOverflow(_)), "{error}");
     assert_eq!(store.balance(account).await.unwrap().total(), Credits::MAX);
 }

@@ -1,0 +1,32 @@
+//! The integration tests, in one binary (one link of sea-orm and sqlx instead of one per
+//! file): the gateway served over real HTTP on a temporary `SQLite` file, a private
+//! `PostgreSQL` schema or a private `MariaDB` database (`common`), against local fake
+//! providers. A test about one backend is compiled with that backend's feature only.
+//!
+//! Run with every feature, as CI does: `cargo test --all-features`.
+
+// Tests unwrap (a panic is how they fail) and share helpers through `pub` items.
+#![allow(clippy::unwrap_used, unreachable_pub)]
+
+#[path = "../common/mod.rs"]
+#[macro_use]
+mod common;
+
+mod admin;
+mod bad_input;
+mod contract;
+mod escrow;
+#[cfg(feature = "sqlite")]
+mod front_door;
+mod idempotency;
+mod integrity;
+mod key_holder;
+mod key_rules;
+mod leases;
+mod ledger;
+mod ledger_properties;
+mod owned_file;
+mod streaming;
+mod subscriptions;
+mod upstream;
+mod usage;
