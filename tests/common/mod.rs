@@ -612,6 +612,27 @@ pub fn free_address() -> String {
     listener.local_addr().unwrap().to_string()
 }
 
+/// Waits until something accepts connections at `address` (a process just started); panics
+/// after 30 s.
+pub async fn listening(address: &str) {
+    wait_for("something to listen", async || {
+        std::net::TcpStream::connect(address).is_ok()
+    })
+    .await;
+}
+
+/// Waits until `done`, checking every 100 ms; panics after 30 s, naming `what`.
+pub async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !done().await {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// The example gateway binary that `cargo test` builds next to the tests.
 pub fn gateway_binary() -> std::path::PathBuf {
     // target/debug/deps/TEST-HASH -> target/debug/examples/gateway

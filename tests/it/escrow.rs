@@ -26,6 +26,18 @@ const PRICE: i64 = 2;
 /// 10 s over a test's 500 calls).
 const TTL: Duration = Duration::from_secs(600);
 
+/// What most tests start from: their own `PostgreSQL` schema (`None` when `TEST_POSTGRES_URL`
+/// is unset), one escrow instance whose lease was taken `now`, and an account with one key.
+type OneInstance = (TestDb, DateTime<Utc>, Arc<SeaOrmStore>, String, Caller);
+
+async fn one_instance(subscription: i64, topup: i64) -> Option<OneInstance> {
+    let db = postgres_db().await?;
+    let now = Utc::now();
+    let instance = escrow_instance(&db, now).await;
+    let (key, caller) = funded(&db, subscription, topup).await;
+    Some((db, now, instance, key, caller))
+}
+
 /// An account with these credits: its key, and who calls with it.
 async fn funded(db: &TestDb, subscription: i64, topup: i64) -> (String, Caller) {
     let key = db.funded_key(subscription, topup).await;
@@ -215,11 +227,9 @@ fn count(calls: &[model_gateway::store::CallRecord], status: CallStatus) -> usiz
 
 #[tokio::test]
 async fn escrow_bills_each_call_once_and_comes_back_on_release() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, _, instance, key, caller)) = one_instance(1000, 500).await else {
         return;
     };
-    let instance = escrow_instance(&db, Utc::now()).await;
-    let (key, caller) = funded(&db, 1000, 500).await;
     for i in 0..30 {
         let reservation = reserve(&instance, caller).await.unwrap();
         assert_eq!(instance.held_reservations().await, 1);
@@ -259,17 +269,13 @@ async fn escrow_bills_each_call_once_and_comes_back_on_release() {
         "all came back"
     );
     db.assert_audit_holds().await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, now, instance, key, caller)) = one_instance(0, 1000).await else {
         return;
     };
-    let now = Utc::now();
-    let instance = escrow_instance(&db, now).await;
-    let (key, caller) = funded(&db, 0, 1000).await;
     let billed = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &billed).await);
     let _held = reserve(&instance, caller).await.unwrap();
@@ -314,16 +320,13 @@ async fn a_crashed_instances_escrow_comes_back_when_its_lease_ends() {
         db.store.forget_ended_leases(later(1) + ttl).await.unwrap(),
         1
     );
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn a_key_revoked_elsewhere_is_refused_at_once_by_an_escrow_instance() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, _, instance, key, caller)) = one_instance(1000, 0).await else {
         return;
     };
-    let instance = escrow_instance(&db, Utc::now()).await;
-    let (key, caller) = funded(&db, 1000, 0).await;
     let first = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &first).await);
     // Revoked through another store (the admin API, the CLI), with credits still in escrow.
@@ -335,16 +338,13 @@ async fn a_key_revoked_elsewhere_is_refused_at_once_by_an_escrow_instance() {
     instance.release_lease().await.unwrap();
     assert_eq!(stored(&db, caller).await, ((1000 - PRICE, 0), (0, 0)));
     db.assert_audit_holds().await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn subscription_credits_granted_later_are_spent_before_escrowed_topup() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, _, instance, key, caller)) = one_instance(0, 1000).await else {
         return;
     };
-    let instance = escrow_instance(&db, Utc::now()).await;
-    let (key, caller) = funded(&db, 0, 1000).await;
     let topup = reserve(&instance, caller).await.unwrap();
     assert_eq!(topup.taken.topup, Credits::new(PRICE));
     assert!(settle(&instance, &topup).await);
@@ -363,17 +363,13 @@ async fn subscription_credits_granted_later_are_spent_before_escrowed_topup() {
         stored(&db, caller).await,
         ((10 - PRICE, 1000 - PRICE), (0, 0))
     );
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn a_lapse_takes_escrowed_subscription_credits_and_a_call_held_on_them_is_not_billed() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, now, instance, key, caller)) = one_instance(0, 0).await else {
         return;
     };
-    let now = Utc::now();
-    let instance = escrow_instance(&db, now).await;
-    let (key, caller) = funded(&db, 0, 0).await;
     let period_end = grant_period(&db, caller, now, 1000).await;
     let billed = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &billed).await);
@@ -400,18 +396,13 @@ async fn a_lapse_takes_escrowed_subscription_credits_and_a_call_held_on_them_is_
     );
     assert_eq!(db.balance(&key).await, balance(0, 0));
     db.assert_audit_holds().await;
-
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn one_batch_ending_a_call_on_lapsed_escrow_and_one_on_whole_escrow_bills_only_the_second() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, now, instance, lapsing_key, lapsing)) = one_instance(0, 0).await else {
         return;
     };
-    let now = Utc::now();
-    let instance = escrow_instance(&db, now).await;
-    let (lapsing_key, lapsing) = funded(&db, 0, 0).await;
     let period_end = grant_period(&db, lapsing, now, 1000).await;
     let (whole_key, whole) = funded(&db, 1000, 0).await;
     let on_lapsing = reserve(&instance, lapsing).await.unwrap();
@@ -448,18 +439,13 @@ async fn one_batch_ending_a_call_on_lapsed_escrow_and_one_on_whole_escrow_bills_
     assert_eq!(db.balance(&whole_key).await, balance(1000 - PRICE, 0));
     assert_eq!(count(&db.calls(&whole_key).await, CallStatus::Ok), 1);
     db.assert_audit_holds().await;
-
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn a_lapse_run_by_the_instance_holding_a_call_leaves_the_call_its_credits() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, now, instance, key, caller)) = one_instance(0, 0).await else {
         return;
     };
-    let now = Utc::now();
-    let instance = escrow_instance(&db, now).await;
-    let (key, caller) = funded(&db, 0, 0).await;
     let period_end = grant_period(&db, caller, now, 1000).await;
     let held = reserve(&instance, caller).await.unwrap();
 
@@ -480,18 +466,13 @@ async fn a_lapse_run_by_the_instance_holding_a_call_leaves_the_call_its_credits(
     assert_eq!(stored(&db, caller).await, ((0, 0), (0, 0)));
     assert_eq!(db.balance(&key).await, balance(0, 0));
     db.assert_audit_holds().await;
-
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn subscription_credits_all_in_escrow_lapse_when_their_period_ends() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, now, instance, key, caller)) = one_instance(0, 10_000).await else {
         return;
     };
-    let now = Utc::now();
-    let instance = escrow_instance(&db, now).await;
-    let (key, caller) = funded(&db, 0, 10_000).await;
     let period_end = grant_period(&db, caller, now, 100).await;
     let billed = reserve(&instance, caller).await.unwrap();
     assert!(settle(&instance, &billed).await);
@@ -509,17 +490,13 @@ async fn subscription_credits_all_in_escrow_lapse_when_their_period_ends() {
     assert_eq!(stored(&db, caller).await.1.0, 0);
     assert_eq!(db.balance(&key).await, balance(0, 10_000));
     db.assert_audit_holds().await;
-
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn a_hot_accounts_slices_grow_and_never_pass_an_eighth_of_its_credits() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, _, instance, rich_key, rich)) = one_instance(0, 1_000_000).await else {
         return;
     };
-    let instance = escrow_instance(&db, Utc::now()).await;
-    let (rich_key, rich) = funded(&db, 0, 1_000_000).await;
     // 16 clients, 25 calls each: each refill comes within 250 ms of the last one even on a
     // loaded machine. The escrow row is sampled meanwhile.
     let clients = billing_clients(&instance, rich, 16, 25);
@@ -547,8 +524,6 @@ async fn a_hot_accounts_slices_grow_and_never_pass_an_eighth_of_its_credits() {
     assert!(settle(&instance, &reservation).await);
     assert_eq!(stored(&db, modest).await.1.1, 300 * PRICE / 8 - PRICE);
     db.assert_audit_holds().await;
-
-    db.drop_schema().await;
 }
 
 #[tokio::test]
@@ -587,7 +562,6 @@ async fn two_escrow_instances_never_overdraw_an_account() {
         "{left} credits left unspent"
     );
     db.assert_audit_holds().await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
@@ -610,16 +584,13 @@ async fn an_account_running_low_is_charged_in_the_database_and_refused_only_when
         "no escrow taken"
     );
     db.assert_audit_holds().await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, _, instance, key, caller)) = one_instance(1000, 0).await else {
         return;
     };
-    let instance = escrow_instance(&db, Utc::now()).await;
-    let (key, caller) = funded(&db, 1000, 0).await;
     let request = |request_id| {
         ChargeRequest::new(
             caller,
@@ -663,7 +634,6 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
     assert_eq!(refunded.channel, None);
     assert_eq!(refunded.request_id.as_deref(), Some("req-failed"));
     assert_eq!(db.balance(&key).await, balance(1000 - PRICE, 0));
-    db.drop_schema().await;
 }
 
 #[tokio::test]
@@ -688,17 +658,13 @@ async fn an_instance_whose_lease_has_ended_reserves_in_the_database() {
     assert!(settle(&instance, &reservation).await);
     assert_eq!(stored(&db, caller).await, ((1000 - PRICE, 0), (0, 0)));
     db.assert_audit_holds().await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn after_a_lapse_and_a_new_period_calls_are_billed_from_the_new_periods_credits() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, now, instance, key, caller)) = one_instance(0, 0).await else {
         return;
     };
-    let now = Utc::now();
-    let instance = escrow_instance(&db, now).await;
-    let (key, caller) = funded(&db, 0, 0).await;
     let period_end = now + chrono::Duration::hours(1);
     let period = |end, amount| Grant {
         period_end: Some(end),
@@ -732,16 +698,13 @@ async fn after_a_lapse_and_a_new_period_calls_are_billed_from_the_new_periods_cr
     assert!(settle(&instance, &next).await, "billed from the new period");
     assert_eq!(db.balance(&key).await, balance(500 - PRICE, 0));
     db.assert_audit_holds().await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
 async fn calls_held_while_a_keyed_call_gives_the_escrow_back_are_all_billed() {
-    let Some(db) = postgres_db().await else {
+    let Some((db, _, instance, key, caller)) = one_instance(20_000, 0).await else {
         return;
     };
-    let instance = escrow_instance(&db, Utc::now()).await;
-    let (key, caller) = funded(&db, 20_000, 0).await;
     // 16 clients of unkeyed calls on the escrow, and beside them keyed calls, each of which
     // first gives back the subscription credits the escrow has free.
     let unkeyed = billing_clients(&instance, caller, 16, 40);
@@ -761,7 +724,6 @@ async fn calls_held_while_a_keyed_call_gives_the_escrow_back_are_all_billed() {
         balance(20_000 - (16 * 40 + 30) * PRICE, 0)
     );
     db.assert_audit_holds().await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
@@ -826,7 +788,6 @@ async fn an_idle_accounts_escrow_comes_back_for_other_instances_to_spend() {
     }
     assert_eq!(billed, 499);
     assert_left_after_release(&db, &key, caller, &[&first, &second], 0).await;
-    db.drop_schema().await;
 }
 
 /// Writes what a batch settling `lost` from its escrow row (top-up credits) writes, as if it
@@ -910,7 +871,6 @@ async fn a_settle_retried_after_its_batch_committed_unanswered_is_billed_once() 
     assert_eq!(count(&calls, CallStatus::Refunded), 1);
     let left = 1000 - billed as i64 * PRICE;
     assert_left_after_release(&db, &key, caller, &[&instance], left).await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
@@ -969,7 +929,6 @@ async fn calls_held_after_a_batch_committed_unanswered_and_unreadable_are_billed
     let calls = db.calls(&key).await;
     assert_eq!(count(&calls, CallStatus::Ok), 500);
     assert_left_after_release(&db, &key, caller, &[&instance], 0).await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
@@ -1042,7 +1001,6 @@ async fn escrow_given_back_idle_between_calls_loses_and_bills_no_credit() {
     assert_eq!(count(&calls, CallStatus::Ok) as i64, billed);
     assert_eq!(count(&calls, CallStatus::Refunded) as i64, refunded);
     assert_left_after_release(&db, &key, caller, &[&instances[0], &instances[1]], 0).await;
-    db.drop_schema().await;
 }
 
 /// Calls through `instance`, one at a time, each settled, until one is refused for credits;
@@ -1105,36 +1063,29 @@ async fn assert_all_spent_but_the_held_call(
     assert_left_after_release(db, key, caller, &[&instances[0], &instances[1]], 0).await;
 }
 
-#[tokio::test]
-async fn a_call_refused_for_credits_another_instance_holds_recalls_them() {
+/// The second instance spends the row, then what the first gives back when recalled (with
+/// keyed calls or not): every credit but the held call's.
+async fn assert_a_call_refused_recalls_what_another_instance_holds(keyed: bool) {
     let Some(db) = postgres_db().await else {
         return;
     };
     let (key, caller, held, instances) = escrow_held_by_the_first_of_two(&db).await;
-    // The second instance spends the row, then what the first gives back when recalled: every
-    // credit but the held call's.
-    let billed = spend_until_refused(&instances[1], caller, false).await;
+    let billed = spend_until_refused(&instances[1], caller, keyed).await;
     assert_eq!(
         billed, 498,
-        "every credit not held spent through the second instance"
+        "every credit not held spent through the second instance (keyed calls: {keyed})"
     );
     assert_all_spent_but_the_held_call(&db, &key, caller, &held, &instances).await;
-    db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_call_refused_for_credits_another_instance_holds_recalls_them() {
+    assert_a_call_refused_recalls_what_another_instance_holds(false).await;
 }
 
 #[tokio::test]
 async fn a_keyed_call_refused_for_credits_another_instance_holds_recalls_them() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
-    let (key, caller, held, instances) = escrow_held_by_the_first_of_two(&db).await;
-    let billed = spend_until_refused(&instances[1], caller, true).await;
-    assert_eq!(
-        billed, 498,
-        "every credit not held spent through the second instance's keyed calls"
-    );
-    assert_all_spent_but_the_held_call(&db, &key, caller, &held, &instances).await;
-    db.drop_schema().await;
+    assert_a_call_refused_recalls_what_another_instance_holds(true).await;
 }
 
 /// The process ids of the connections on which this test's instances listen for recalls,
@@ -1188,7 +1139,6 @@ async fn an_instance_whose_listening_connection_was_cut_listens_again_and_answer
     let billed = spend_until_refused(&instances[1], caller, false).await;
     assert_eq!(billed, 498, "the first instance answered the recall");
     assert_all_spent_but_the_held_call(&db, &key, caller, &held, &instances).await;
-    db.drop_schema().await;
 }
 
 #[tokio::test]
@@ -1220,5 +1170,4 @@ async fn a_call_refused_for_credits_a_crashed_instance_holds_gets_them_back_at_o
         assert_eq!(count(&calls, CallStatus::Ok), 500);
     }
     db.assert_audit_holds().await;
-    db.drop_schema().await;
 }

@@ -91,10 +91,7 @@ async fn a_call_dropped_before_the_upstream_answered_is_refunded() {
         call.upstream_error.as_deref(),
         Some(CANCELLED_BEFORE_ANSWER)
     );
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
 }
 
 /// Holds `account`'s row (on `SQLite`, the whole file's write lock) on another connection, as a
@@ -389,18 +386,23 @@ impl Ledger for TestLedger {
     }
 }
 
-/// The four layers with `ledger` charging and settling, over the mock upstream.
-fn stack_with_ledger(
-    store: &Arc<MemoryStore>,
-    ledger: &Arc<TestLedger>,
-) -> impl tower::Service<
+/// Asserts what `account` holds in all.
+async fn assert_total<S: Ledger + ?Sized>(store: &S, account: AccountId, credits: i64) {
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(credits)
+    );
+}
+
+/// What the stacks below build: the layers as a service of whole request bodies.
+type Stack = tower::util::BoxCloneService<
     Request<Full<Bytes>>,
-    Response = Response<model_gateway::refund::ResponseBody>,
-    Error = std::convert::Infallible,
-    Future = impl Send,
-> + Clone
-+ Send
-+ 'static {
+    Response<model_gateway::refund::ResponseBody>,
+    std::convert::Infallible,
+>;
+
+/// The four layers with `ledger` charging and settling, over the mock upstream.
+fn stack_with_ledger(store: &Arc<MemoryStore>, ledger: &Arc<TestLedger>) -> Stack {
     stack_with_ledger_timeout(store, ledger, model_gateway::store::DEFAULT_LEDGER_TIMEOUT)
 }
 
@@ -409,21 +411,16 @@ fn stack_with_ledger_timeout(
     store: &Arc<MemoryStore>,
     ledger: &Arc<TestLedger>,
     timeout: Duration,
-) -> impl tower::Service<
-    Request<Full<Bytes>>,
-    Response = Response<model_gateway::refund::ResponseBody>,
-    Error = std::convert::Infallible,
-    Future = impl Send,
-> + Clone
-+ Send
-+ 'static {
-    ServiceBuilder::new()
-        .layer(model_gateway::request_id::RequestIdLayer::new())
-        .layer(ApiKeyAuthLayer::new(store.clone()))
-        .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
-        .layer(CreditChargeLayer::new(ledger.clone()).ledger_timeout(timeout))
-        .layer(RefundOnUpstreamErrorLayer::new(ledger.clone()).ledger_timeout(timeout))
-        .service(model_gateway::upstream::MockUpstream::new())
+) -> Stack {
+    Stack::new(
+        ServiceBuilder::new()
+            .layer(model_gateway::request_id::RequestIdLayer::new())
+            .layer(ApiKeyAuthLayer::new(store.clone()))
+            .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
+            .layer(CreditChargeLayer::new(ledger.clone()).ledger_timeout(timeout))
+            .layer(RefundOnUpstreamErrorLayer::new(ledger.clone()).ledger_timeout(timeout))
+            .service(model_gateway::upstream::MockUpstream::new()),
+    )
 }
 
 #[tokio::test]
@@ -441,10 +438,7 @@ async fn a_call_dropped_after_the_upstream_answered_is_billed() {
 
     let call = finished_call(store.as_ref(), account).await;
     assert_eq!(call.status, CallStatus::Ok);
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10 - CHAT_PRICE)
-    );
+    assert_total(&*store, account, 10 - CHAT_PRICE).await;
 }
 
 /// Recovery refunds a call while its upstream is still answering (its age was set shorter than
@@ -473,10 +467,7 @@ async fn a_call_refunded_by_recovery_while_its_upstream_answered_gets_no_reply()
     );
     let calls = store.recent_calls(account, 10).await.unwrap();
     assert_eq!(calls[0].status, CallStatus::Refunded);
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
 }
 
 /// One call through a ledger that `misbehave` sets up: answered 200, its entry `ok`, billed once.
@@ -496,10 +487,7 @@ async fn assert_answered_and_billed_once(misbehave: impl FnOnce(&TestLedger)) {
         store.recent_calls(account, 10).await.unwrap()[0].status,
         CallStatus::Ok
     );
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10 - CHAT_PRICE)
-    );
+    assert_total(&*store, account, 10 - CHAT_PRICE).await;
 }
 
 /// A settle whose first attempt landed but whose answer was lost is billed once and answered:
@@ -570,10 +558,7 @@ async fn a_settle_not_written_in_time_answers_503_and_is_refunded_once_the_ledge
         0,
         "the refund was retried"
     );
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
 }
 
 /// A store that never answers a reservation: the client gets 503 within the ledger time-out.
@@ -596,10 +581,7 @@ async fn a_reservation_the_store_never_answers_is_a_503_within_the_ledger_time_o
     let calls = store.recent_calls(account, 10).await.unwrap();
     assert_eq!(calls.len(), 1);
     assert_eq!(call.status, CallStatus::Refunded);
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
 }
 
 /// A reservation the store made but whose answer was lost (the connection cut just after the
@@ -623,10 +605,7 @@ async fn a_reservation_whose_answer_was_lost_is_found_by_its_request_id_and_refu
         call.upstream_error.as_deref(),
         Some(model_gateway::charge::RESERVATION_ANSWER_LOST)
     );
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
 }
 
 #[tokio::test]
@@ -643,10 +622,7 @@ async fn an_unreachable_store_at_reservation_answers_503_and_charges_nothing() {
 
     assert_eq!(response.status(), 503);
     assert!(store.recent_calls(account, 10).await.unwrap().is_empty());
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -723,10 +699,7 @@ async fn a_panicking_upstream_is_refunded_and_answers_502() {
     let call = finished_call(store.as_ref(), account).await;
     assert_eq!(call.status, CallStatus::Refunded);
     assert!(call.upstream_error.unwrap().contains("upstream bug"));
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
 }
 
 #[tokio::test]
@@ -746,10 +719,7 @@ async fn an_upstream_that_never_answers_is_refunded_at_the_bound() {
     let response = service.oneshot(chat_request(&key)).await.unwrap();
 
     assert_eq!(response.status(), 502);
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
     let call = store.recent_calls(account, 1).await.unwrap().remove(0);
     assert_eq!(call.status, CallStatus::Refunded);
 }
@@ -804,18 +774,7 @@ fn good_stream() -> impl http_body::Body<Data = Bytes, Error = UpstreamError> + 
 }
 
 /// The four layers with streaming on, `ledger` charging and settling, over `upstream`.
-fn streaming_stack<U>(
-    store: &Arc<MemoryStore>,
-    ledger: Arc<dyn Ledger>,
-    upstream: U,
-) -> impl tower::Service<
-    Request<Full<Bytes>>,
-    Response = Response<model_gateway::refund::ResponseBody>,
-    Error = std::convert::Infallible,
-    Future = impl Send,
-> + Clone
-+ Send
-+ 'static
+fn streaming_stack<U>(store: &Arc<MemoryStore>, ledger: Arc<dyn Ledger>, upstream: U) -> Stack
 where
     U: tower::Service<Request<Bytes>, Response = Response<UpstreamBody>, Error = UpstreamError>
         + Clone
@@ -823,14 +782,16 @@ where
         + 'static,
     U::Future: Send,
 {
-    ServiceBuilder::new()
-        .layer(ApiKeyAuthLayer::new(store.clone()))
-        .layer(ProtocolRouterLayer::new(Arc::new(
-            Catalogue::demo().with_streaming(true),
-        )))
-        .layer(CreditChargeLayer::new(ledger.clone()))
-        .layer(RefundOnUpstreamErrorLayer::new(ledger))
-        .service(upstream)
+    Stack::new(
+        ServiceBuilder::new()
+            .layer(ApiKeyAuthLayer::new(store.clone()))
+            .layer(ProtocolRouterLayer::new(Arc::new(
+                Catalogue::demo().with_streaming(true),
+            )))
+            .layer(CreditChargeLayer::new(ledger.clone()))
+            .layer(RefundOnUpstreamErrorLayer::new(ledger))
+            .service(upstream),
+    )
 }
 
 async fn read_all(response: Response<model_gateway::refund::ResponseBody>) -> String {
@@ -881,10 +842,7 @@ async fn a_stream_whose_provider_panics_mid_way_is_refunded_and_ends_with_an_err
     let call = finished_call(store.as_ref(), account).await;
     assert_eq!(call.status, CallStatus::Refunded);
     assert!(call.upstream_error.unwrap().contains("panicked"));
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
 }
 
 #[tokio::test]
@@ -903,10 +861,7 @@ async fn a_stream_dropped_before_it_was_read_is_refunded() {
         call.upstream_error.as_deref(),
         Some(model_gateway::refund::CLIENT_LEFT_BEFORE_CONTENT)
     );
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10)
-    );
+    assert_total(&*store, account, 10).await;
 }
 
 /// One stream through a ledger that `misbehave` sets up: every event arrives, its entry ends
@@ -924,10 +879,7 @@ async fn assert_streamed_and_billed_once(misbehave: impl FnOnce(&TestLedger)) {
     let calls = store.recent_calls(account, 10).await.unwrap();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].status, CallStatus::Ok);
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10 - CHAT_PRICE)
-    );
+    assert_total(&*store, account, 10 - CHAT_PRICE).await;
 }
 
 #[tokio::test]
@@ -960,10 +912,7 @@ async fn a_stream_dropped_while_its_settle_is_under_way_is_billed_once() {
 
     let call = finished_call(store.as_ref(), account).await;
     assert_eq!(call.status, CallStatus::Ok);
-    assert_eq!(
-        store.balance(account).await.unwrap().total(),
-        Credits::new(10 - CHAT_PRICE)
-    );
+    assert_total(&*store, account, 10 - CHAT_PRICE).await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 //! `PostgreSQL` schema or a private `MariaDB` database (`common`), against local fake
 //! providers. A test about one backend is compiled with that backend's feature only.
 //!
-//! Run with every feature, as CI does: `cargo test --all-features`.
+//! Run with every feature, as CI does: `cargo test --all-features`. The tests about the gateway
+//! rather than one backend run on a `SQLite` file; `TEST_LOCAL_DB=postgres` (or `mysql`) runs
+//! them on that database instead, as CI does after the first run. A test about every backend
+//! is written once with `backends!`.
 
 // Tests unwrap (a panic is how they fail) and share helpers through `pub` items.
 #![allow(clippy::unwrap_used, unreachable_pub)]

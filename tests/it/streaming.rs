@@ -74,6 +74,11 @@ async fn stream(gateway: &Gateway, path: &str, key: &str, body: Value) -> Stream
     read_stream(response).await
 }
 
+/// A streamed call of the messages model, read to its end.
+async fn messages_stream(gateway: &Gateway, key: &str) -> Streamed {
+    stream(gateway, MESSAGES, key, messages_stream_body(MESSAGES_MODEL)).await
+}
+
 async fn read_stream(mut response: reqwest::Response) -> Streamed {
     let status = response.status().as_u16();
     let content_type = response
@@ -217,13 +222,7 @@ async fn the_mock_streams_its_reply_in_each_protocols_events_and_bills_it_once()
     let gateway = mock_streaming_gateway(&db).await;
     let key = db.funded_key(100, 0).await;
 
-    let messages = stream(
-        &gateway,
-        MESSAGES,
-        &key,
-        messages_stream_body(MESSAGES_MODEL),
-    )
-    .await;
+    let messages = messages_stream(&gateway, &key).await;
     assert_eq!(messages.status, 200);
     assert_eq!(messages.content_type, "text/event-stream");
     assert_eq!(messages.joined_text(), MOCK_REPLY_TEXT);
@@ -445,13 +444,7 @@ async fn assert_a_stream_cut_mid_way_is_refunded(db: TestDb) {
     let key = db.funded_key(10, 0).await;
 
     provider.then(Fault::sse([MESSAGES_START, MESSAGES_DELTA]).ending(StreamEnd::Cut));
-    let received = stream(
-        &gateway,
-        MESSAGES,
-        &key,
-        messages_stream_body(MESSAGES_MODEL),
-    )
-    .await;
+    let received = messages_stream(&gateway, &key).await;
     assert_eq!(received.status, 200);
     let expected_error = "event: error\ndata: {\"error\":{\"message\":\"上游服务暂时不可用\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n";
     assert_eq!(
@@ -500,13 +493,7 @@ async fn assert_a_providers_error_event_is_refunded(db: TestDb) {
     let key = db.funded_key(10, 0).await;
     let overloaded = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
     provider.then(Fault::sse([MESSAGES_START, MESSAGES_DELTA, overloaded]).ending(StreamEnd::Hang));
-    let received = stream(
-        &gateway,
-        MESSAGES,
-        &key,
-        messages_stream_body(MESSAGES_MODEL),
-    )
-    .await;
+    let received = messages_stream(&gateway, &key).await;
     assert!(!received.text().contains("Overloaded"));
     let last = received.data().pop().unwrap();
     assert_eq!(last["error"]["type"], "api_error");

@@ -48,6 +48,29 @@ async fn grant(
     store.grant_once(account, grant).await.unwrap().balance
 }
 
+/// Grants `amount` subscription credits for a period ending at `end`, granted at `at`.
+async fn subscription_period(
+    store: &SeaOrmStore,
+    account: AccountId,
+    amount: i64,
+    end: DateTime<Utc>,
+    at: DateTime<Utc>,
+) -> Balance {
+    grant(store, account, Bucket::Subscription, amount, Some(end), at).await
+}
+
+/// Records the lapses of periods ended by `at`.
+async fn lapse(store: &SeaOrmStore, at: DateTime<Utc>) -> Vec<model_gateway::store::Lapse> {
+    store.lapse_ended_subscriptions(at).await.unwrap()
+}
+
+/// Asserts the (one) account's books balance with `lapsed` credits lapsed.
+async fn assert_books_hold_with_lapsed(store: &SeaOrmStore, lapsed: i128) {
+    let audit = store.audit().await.unwrap().remove(0);
+    assert_eq!(audit.lapsed, lapsed);
+    assert!(audit.holds(), "{audit:?}");
+}
+
 async fn reserve(
     store: &SeaOrmStore,
     caller: Caller,
@@ -64,15 +87,7 @@ async fn subscription_credits_lapse_when_their_period_ends_and_top_up_credits_ne
     each_database(async |db| {
         let store = db.store.as_ref();
         let caller = account_with_key(store).await;
-        grant(
-            store,
-            caller.account,
-            Bucket::Subscription,
-            10,
-            Some(t(100)),
-            t(0),
-        )
-        .await;
+        subscription_period(store, caller.account, 10, t(100), t(0)).await;
         grant(store, caller.account, Bucket::Topup, 5, None, t(0)).await;
 
         let before_end = reserve(store, caller, 3, t(99)).await.unwrap();
@@ -89,30 +104,16 @@ async fn subscription_credits_lapse_when_their_period_ends_and_top_up_credits_ne
         ));
         db.assert_audit_holds().await;
 
-        assert!(
-            store
-                .lapse_ended_subscriptions(t(99))
-                .await
-                .unwrap()
-                .is_empty()
-        );
-        let lapses = store.lapse_ended_subscriptions(t(100)).await.unwrap();
+        assert!(lapse(store, t(99)).await.is_empty());
+        let lapses = lapse(store, t(100)).await;
         assert_eq!(lapses.len(), 1);
         assert_eq!(
             (lapses[0].account, lapses[0].amount, lapses[0].period_end),
             (caller.account, Credits::new(7), t(100))
         );
         assert_eq!(store.balance(caller.account).await.unwrap(), balance(0, 2));
-        assert!(
-            store
-                .lapse_ended_subscriptions(t(500))
-                .await
-                .unwrap()
-                .is_empty()
-        );
-        let audit = store.audit().await.unwrap().remove(0);
-        assert_eq!(audit.lapsed, 7);
-        assert!(audit.holds(), "{audit:?}");
+        assert!(lapse(store, t(500)).await.is_empty());
+        assert_books_hold_with_lapsed(store, 7).await;
     })
     .await;
 }
@@ -122,17 +123,9 @@ async fn a_call_made_before_the_end_keeps_its_credits_and_its_refund_after_the_e
     each_database(async |db| {
         let store = db.store.as_ref();
         let caller = account_with_key(store).await;
-        grant(
-            store,
-            caller.account,
-            Bucket::Subscription,
-            10,
-            Some(t(100)),
-            t(0),
-        )
-        .await;
+        subscription_period(store, caller.account, 10, t(100), t(0)).await;
         let call = reserve(store, caller, 4, t(50)).await.unwrap();
-        let lapses = store.lapse_ended_subscriptions(t(120)).await.unwrap();
+        let lapses = lapse(store, t(120)).await;
         assert_eq!(
             lapses[0].amount,
             Credits::new(6),
@@ -151,12 +144,10 @@ async fn a_call_made_before_the_end_keeps_its_credits_and_its_refund_after_the_e
             Err(ReserveError::InsufficientCredits)
         ));
         db.assert_audit_holds().await;
-        let again = store.lapse_ended_subscriptions(t(130)).await.unwrap();
+        let again = lapse(store, t(130)).await;
         assert_eq!(again[0].amount, Credits::new(4));
         assert_eq!(store.balance(caller.account).await.unwrap(), balance(0, 0));
-        let audit = store.audit().await.unwrap().remove(0);
-        assert_eq!(audit.lapsed, 10);
-        assert!(audit.holds(), "{audit:?}");
+        assert_books_hold_with_lapsed(store, 10).await;
     })
     .await;
 }
@@ -166,26 +157,10 @@ async fn a_renewal_replaces_what_was_left_with_the_next_periods_credits() {
     each_database(async |db| {
         let store = db.store.as_ref();
         let caller = account_with_key(store).await;
-        grant(
-            store,
-            caller.account,
-            Bucket::Subscription,
-            10,
-            Some(t(100)),
-            t(0),
-        )
-        .await;
+        subscription_period(store, caller.account, 10, t(100), t(0)).await;
         reserve(store, caller, 4, t(10)).await.unwrap();
         // Renewed early: the 6 left of this period lapse, the next period's 10 replace them.
-        let renewed = grant(
-            store,
-            caller.account,
-            Bucket::Subscription,
-            10,
-            Some(t(200)),
-            t(90),
-        )
-        .await;
+        let renewed = subscription_period(store, caller.account, 10, t(200), t(90)).await;
         assert_eq!(renewed, balance(10, 0));
         let account = store.account(caller.account).await.unwrap().unwrap();
         assert_eq!(account.subscription_ends_at, Some(t(200)));
@@ -200,19 +175,13 @@ async fn a_renewal_replaces_what_was_left_with_the_next_periods_credits() {
         // A grant without a period adds to the running period and ends with it.
         grant(store, caller.account, Bucket::Subscription, 5, None, t(160)).await;
         assert_eq!(store.balance(caller.account).await.unwrap(), balance(13, 0));
-        let lapses = store.lapse_ended_subscriptions(t(200)).await.unwrap();
+        let lapses = lapse(store, t(200)).await;
         assert_eq!(lapses[0].amount, Credits::new(13));
         // One into an ended period starts credits that never lapse.
         grant(store, caller.account, Bucket::Subscription, 3, None, t(300)).await;
         let account = store.account(caller.account).await.unwrap().unwrap();
         assert_eq!(account.subscription_ends_at, None);
-        assert!(
-            store
-                .lapse_ended_subscriptions(t(10_000))
-                .await
-                .unwrap()
-                .is_empty()
-        );
+        assert!(lapse(store, t(10_000)).await.is_empty());
         let audit = store.audit().await.unwrap().remove(0);
         assert_eq!(audit.lapsed, 6 + 13);
         assert!(audit.holds(), "{audit:?}");
@@ -242,9 +211,9 @@ async fn the_end_is_exact_under_concurrency() {
             let at = if i % 2 == 0 { t(99) } else { t(100) };
             tokio::spawn(async move { (at, reserve(&store, caller, 1, at).await) })
         });
-        let lapse = {
+        let racing_lapse = {
             let store = store.clone();
-            tokio::spawn(async move { store.lapse_ended_subscriptions(t(100)).await.unwrap() })
+            tokio::spawn(async move { lapse(&store, t(100)).await })
         };
         let mut from_subscription = 0;
         for call in futures::future::join_all(calls).await {
@@ -261,12 +230,17 @@ async fn the_end_is_exact_under_concurrency() {
             }
             from_subscription += reservation.taken.subscription.get();
         }
-        let lapsed: i64 = lapse.await.unwrap().iter().map(|l| l.amount.get()).sum();
+        let lapsed: i64 = racing_lapse
+            .await
+            .unwrap()
+            .iter()
+            .map(|l| l.amount.get())
+            .sum();
         assert!(
             from_subscription <= 20,
             "only calls before the end spend the period"
         );
-        let after = store.lapse_ended_subscriptions(t(100)).await.unwrap();
+        let after = lapse(&store, t(100)).await;
         let lapsed = lapsed + after.iter().map(|l| l.amount.get()).sum::<i64>();
         assert_eq!(
             from_subscription + lapsed,
@@ -386,10 +360,7 @@ async fn periods_granted_through_the_api_end_on_the_real_clock() {
     let calls = db.calls(&key).await;
     assert_eq!(calls[0].charged_topup, Credits::new(CHAT_PRICE));
     assert_eq!(calls[1].charged_subscription, Credits::new(CHAT_PRICE));
-    db.store
-        .lapse_ended_subscriptions(Utc::now())
-        .await
-        .unwrap();
+    lapse(&db.store, Utc::now()).await;
     assert_eq!(db.balance(&key).await, balance(0, 0));
     db.assert_audit_holds().await;
 }
@@ -399,15 +370,7 @@ async fn a_renewal_past_the_largest_balance_is_refused_and_lapses_nothing() {
     each_database(async |db| {
         let store = db.store.as_ref();
         let caller = account_with_key(store).await;
-        grant(
-            store,
-            caller.account,
-            Bucket::Subscription,
-            5,
-            Some(t(100)),
-            t(0),
-        )
-        .await;
+        subscription_period(store, caller.account, 5, t(100), t(0)).await;
         grant(
             store,
             caller.account,
@@ -440,9 +403,7 @@ async fn a_renewal_past_the_largest_balance_is_refused_and_lapses_nothing() {
             Some(t(100)),
             "the period is unchanged"
         );
-        let audit = store.audit().await.unwrap().remove(0);
-        assert_eq!(audit.lapsed, 0);
-        assert!(audit.holds(), "{audit:?}");
+        assert_books_hold_with_lapsed(store, 0).await;
     })
     .await;
 }

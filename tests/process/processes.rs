@@ -96,7 +96,7 @@ async fn serve_two(vars: &[(&'static str, String)]) -> ([String; 2], Vec<Child>)
         })
         .collect();
     for listen in &addresses {
-        wait_listening(listen).await;
+        listening(listen).await;
     }
     (addresses, servers)
 }
@@ -109,24 +109,6 @@ fn pg_process_url(db: &TestDb) -> String {
         db.url,
         db.pg_schema().unwrap()
     )
-}
-
-async fn wait_listening(listen: &str) {
-    wait_for("a gateway to listen", async || {
-        std::net::TcpStream::connect(listen).is_ok()
-    })
-    .await;
-}
-
-async fn wait_for(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    let started = Instant::now();
-    while !done().await {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Calls held open at a slow provider, `count` of them, one client each, through `listen`.
@@ -178,7 +160,7 @@ async fn calls_cut_by_a_sigkill_are_refunded_within_seconds_of_the_restart() {
 
     let mut server = env.serve();
     let client = reqwest::Client::new();
-    wait_listening(&listen).await;
+    listening(&listen).await;
     call_slowly(&client, &listen, &key, IN_FLIGHT);
     let store = SeaOrmStore::connect(&database_url).await.unwrap();
     wait_for("the reservations", async || {
@@ -256,7 +238,7 @@ async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
     let key = env.create_key("--topup", "100");
     let mut server = env.serve();
     let client = reqwest::Client::new();
-    wait_listening(&listen).await;
+    listening(&listen).await;
     let url = format!("http://{listen}{CHAT}");
     let call = async |key: &str| chat_status(&client, &url, key).await;
 
@@ -331,7 +313,7 @@ async fn an_owned_files_calls_cut_by_a_sigkill_leave_nothing_to_recover() {
 
     // Restarted, it serves and bills as before.
     let mut restarted = env.serve();
-    wait_listening(&listen).await;
+    listening(&listen).await;
     provider.always(Fault::json(200, r#"{"usage":{}}"#));
     assert_eq!(call(&key).await, 200);
     restarted.kill().unwrap();
@@ -700,7 +682,7 @@ async fn log_of_a_failed_call(format: Option<&str>) -> String {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    wait_listening(&listen).await;
+    listening(&listen).await;
     let answer = reqwest::Client::new()
         .post(format!("http://{listen}{CHAT}"))
         .bearer_auth(&key)

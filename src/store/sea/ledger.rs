@@ -26,6 +26,9 @@ impl Ledger for SeaOrmStore {
                 // Held reservations count as spent: none may change while this one is decided.
                 let holds = self.freeze_holds().await;
                 let window = self.idempotency_window;
+                // `as_deref` turns an owned file's frozen guard into `&Holds`; in builds
+                // without `sqlite`, `Frozen` is already `&Holds`.
+                #[allow(clippy::needless_option_as_deref)]
                 let reserve =
                     || idempotent::reserve(&self.db, charge.clone(), key, window, holds.as_deref());
                 self.mode.reserve_keyed(&charge, reserve).await

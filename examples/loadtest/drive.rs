@@ -1,0 +1,130 @@
+//! Driving a target with keep-alive connections, and printing what was measured.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use model_gateway::store::GroupCommitStats;
+
+use crate::targets::{BODY, Target};
+
+#[derive(Clone, Copy)]
+pub struct Figures {
+    pub rps: f64,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub ok: u64,
+    /// CPU time of the whole process (load generator included) per request, where the OS says.
+    pub cpu_per_request: Option<Duration>,
+}
+
+/// CPU time this process has used so far (user + system), from `/proc/self/stat` on Linux.
+pub fn process_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // Linux reports these in USER_HZ, which is 100 on every architecture it supports.
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// `requests` calls over `concurrency` keep-alive connections.
+pub async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figures {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", target.base);
+    let keyed = std::env::var("LOADTEST_IDEMPOTENCY_KEYS").as_deref() == Ok("1");
+    let run = fastrand::u64(..);
+    let issued = Arc::new(AtomicU64::new(0));
+    let ok = Arc::new(AtomicU64::new(0));
+    let cpu_before = process_cpu_time();
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, url, key) = (client.clone(), url.clone(), target.key.clone());
+            let (issued, ok) = (issued.clone(), ok.clone());
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                loop {
+                    let n = issued.fetch_add(1, Ordering::Relaxed);
+                    if n >= requests {
+                        break;
+                    }
+                    let mut request = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(BODY);
+                    if keyed {
+                        request = request.header("idempotency-key", format!("lt-{run}-{n}"));
+                    }
+                    if let Some(key) = &key {
+                        request = request.bearer_auth(key);
+                    }
+                    let sent = Instant::now();
+                    let response = request.send().await.unwrap();
+                    let status = response.status();
+                    response.bytes().await.unwrap();
+                    latencies.push(sent.elapsed());
+                    if status == 200 {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(requests as usize);
+    for worker in workers {
+        latencies.extend(worker.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    let cpu_per_request = cpu_before
+        .zip(process_cpu_time())
+        .map(|(before, after)| (after - before) / requests as u32);
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    Figures {
+        rps: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50: at(0.50),
+        p99: at(0.99),
+        ok: ok.load(Ordering::Relaxed),
+        cpu_per_request,
+    }
+}
+
+pub fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+pub fn print_figures(target: &Target, concurrency: usize, figures: &Figures, floor: &Figures) {
+    println!(
+        "{:<22} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>11.2}x {:>+13.3} {:>11}",
+        target.name,
+        concurrency,
+        figures.rps,
+        ms(figures.p50),
+        ms(figures.p99),
+        figures.rps / floor.rps,
+        ms(figures.p99) - ms(floor.p99),
+        figures
+            .cpu_per_request
+            .map_or("n/a".to_owned(), |cpu| format!(
+                "{:.0}",
+                cpu.as_secs_f64() * 1e6
+            )),
+    );
+}
+
+/// How many ledger writes each transaction and each flush carried between two readings.
+pub fn print_ledger(before: GroupCommitStats, after: GroupCommitStats) {
+    let writes = after.writes - before.writes;
+    let per = |count: u64| writes as f64 / count.max(1) as f64;
+    println!(
+        "{:<27} ledger: {writes} writes, {:.1} per transaction, {:.1} per flush",
+        "",
+        per(after.transactions - before.transactions),
+        per(after.flushes - before.flushes),
+    );
+}

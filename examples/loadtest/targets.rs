@@ -1,0 +1,179 @@
+//! What the load is driven against: the floors (a bare axum server, with and without a
+//! journal) and the gateways (in memory, on `SQLite`, on `PostgreSQL`).
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use model_gateway::{
+    Accounts, Catalogue, Credits, MemoryStore, Protocol, SeaOrmStore, Upstream, credits::Bucket,
+    keys::NewApiKey, router::DEFAULT_MAX_BODY_BYTES, upstream::MockUpstream,
+};
+use sea_orm::{ConnectionTrait, Statement};
+use tower::Service;
+
+use crate::journal::Journal;
+
+pub const BODY: &str =
+    r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
+
+pub struct Target {
+    pub name: &'static str,
+    pub base: String,
+    pub key: Option<String>,
+    pub store: Option<Arc<SeaOrmStore>>,
+}
+
+pub async fn serve(router: axum::Router) -> String {
+    let listener =
+        model_gateway::server::bind("127.0.0.1:0", model_gateway::server::DEFAULT_LISTEN_BACKLOG)
+            .await
+            .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    base
+}
+
+/// A gateway router behind the gateway's own server (`model_gateway::server`), as the example
+/// gateway serves it.
+async fn serve_gateway(router: axum::Router) -> String {
+    let listener =
+        model_gateway::server::bind("127.0.0.1:0", model_gateway::server::DEFAULT_LISTEN_BACKLOG)
+            .await
+            .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let limits = model_gateway::server::ServerLimits::default();
+    tokio::spawn(model_gateway::server::serve(
+        listener,
+        router,
+        limits,
+        std::future::pending(),
+    ));
+    base
+}
+
+/// What the floor answers: the body parsed as the gateway does, the mock's reply.
+fn floor_reply(
+    catalogue: &Catalogue,
+    mut mock: MockUpstream,
+    body: Bytes,
+) -> http::Response<axum::body::Body> {
+    let routed =
+        model_gateway::router::route(catalogue, Protocol::ChatCompletions, &body, false).unwrap();
+    let mut request = http::Request::new(body);
+    request.extensions_mut().insert(routed);
+    let reply = mock.call(request).into_inner().unwrap();
+    reply.map(|body| axum::body::Body::from(body.as_complete().cloned().unwrap_or_default()))
+}
+
+/// The floor: parse the body as the gateway does, answer the mock reply, nothing else. With a
+/// journal, the durable floor: each reply waits for a [`Journal`] record; no gateway that puts
+/// each call on disk before answering can beat it on this machine.
+pub async fn floor(journal: Option<Journal>) -> Target {
+    let name = if journal.is_some() {
+        "floor, durable"
+    } else {
+        "floor (no layers)"
+    };
+    let catalogue = Arc::new(Catalogue::demo());
+    let mock = MockUpstream::new();
+    let handler = move |body: Bytes| {
+        let (catalogue, mock, journal) = (catalogue.clone(), mock.clone(), journal.clone());
+        async move {
+            let reply = floor_reply(&catalogue, mock, body);
+            if let Some(journal) = journal {
+                journal.record().await;
+            }
+            reply
+        }
+    };
+    let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
+    Target {
+        name,
+        base: serve(router).await,
+        key: None,
+        store: None,
+    }
+}
+
+/// The full gateway on the in-memory store. It keeps no call log to check afterwards. With a
+/// journal, each reply waits for a record of it (the in-memory gateway made durable at the
+/// least cost: what the best ledger on this machine's disk could reach).
+pub async fn memory_gateway(journal: Option<Journal>) -> Target {
+    let store = Arc::new(MemoryStore::new());
+    let account = store.create_account("load").await.unwrap();
+    let key = NewApiKey::generate();
+    store.add_key(account, &key).await.unwrap();
+    store
+        .grant(account, Bucket::Subscription, Credits::new(1 << 50))
+        .await
+        .unwrap();
+    let router = model_gateway::Gateway::new(
+        store,
+        Arc::new(Catalogue::demo()),
+        Upstream::Mock(MockUpstream::new()),
+    )
+    .body_limits(DEFAULT_MAX_BODY_BYTES)
+    .router();
+    let (name, router) = match journal {
+        None => ("gateway, in-memory", router),
+        Some(journal) => (
+            "gateway, in-memory+journal",
+            router.layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let journal = journal.clone();
+                    async move {
+                        let reply = next.run(request).await;
+                        journal.record().await;
+                        reply
+                    }
+                },
+            )),
+        ),
+    };
+    Target {
+        name,
+        base: serve_gateway(router).await,
+        key: Some(key.reveal().to_owned()),
+        store: None,
+    }
+}
+
+pub async fn gateway(name: &'static str, store: SeaOrmStore) -> Target {
+    let store = Arc::new(store);
+    let new = model_gateway::admin::NewAccount {
+        name: "load".into(),
+        subscription: 1 << 50,
+        topup: 0,
+    };
+    let key = model_gateway::admin::Admin::new(store.clone())
+        .create_account(&new)
+        .await
+        .unwrap()
+        .key;
+    let router = model_gateway::Gateway::new(
+        store.clone(),
+        Arc::new(Catalogue::demo()),
+        Upstream::Mock(MockUpstream::new()),
+    )
+    .body_limits(DEFAULT_MAX_BODY_BYTES)
+    .router();
+    Target {
+        name,
+        base: serve_gateway(router).await,
+        key: Some(key),
+        store: Some(store),
+    }
+}
+
+pub async fn ok_entries(store: &SeaOrmStore) -> u64 {
+    let connection = store.connection();
+    let row = connection
+        .query_one_raw(Statement::from_string(
+            connection.get_database_backend(),
+            "SELECT COUNT(*) AS n FROM mg_calls WHERE status = 'ok'",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    row.try_get::<i64>("", "n").unwrap() as u64
+}
