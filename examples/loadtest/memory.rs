@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use crate::common::{free_address, listening};
-use crate::streaming::resident_kib;
+use crate::common::{free_address, listening, resident_kib};
 use crate::targets::BODY;
 
 /// Starts the release gateway binary, opens 1000 keep-alive connections that each made one

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 
+use crate::common::resident_kib;
+
 /// Streams read one at a time to measure the time to the first event alone.
 const FIRST_EVENT_ROUNDS: u64 = 200;
 
@@ -191,16 +193,6 @@ async fn drive(url: &str, key: &str, streams: u64, events: u64) -> Run {
     }
     run.elapsed = started.elapsed();
     run
-}
-
-/// Resident memory of process `pid`, in KiB, from `/proc`.
-pub fn resident_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|line| line.starts_with("VmRSS:"))
-        .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// User-space CPU time the process `pid` has used so far, in nanoseconds, at the 10 ms
