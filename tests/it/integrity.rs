@@ -40,6 +40,20 @@ fn chat_request(key: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+/// An in-memory store with one account of `credits` subscription credits and its key.
+async fn funded_memory(credits: i64) -> (Arc<MemoryStore>, AccountId, String) {
+    let store = Arc::new(MemoryStore::new());
+    let (account, key) = funded(&store, credits).await;
+    (store, account, key)
+}
+
+/// The same, with a [`TestLedger`] over the store.
+async fn ledger_on_memory(credits: i64) -> (Arc<MemoryStore>, Arc<TestLedger>, AccountId, String) {
+    let (store, account, key) = funded_memory(credits).await;
+    let ledger = TestLedger::new(store.clone());
+    (store, ledger, account, key)
+}
+
 async fn funded(store: &MemoryStore, credits: i64) -> (AccountId, String) {
     let account = store.create_account("t").await.unwrap();
     let key = NewApiKey::generate();
@@ -69,8 +83,7 @@ async fn finished_call(store: &dyn CallLog, account: AccountId) -> CallRecord {
 
 #[tokio::test]
 async fn a_call_dropped_before_the_upstream_answered_is_refunded() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
+    let (store, account, key) = funded_memory(10).await;
     let service = model_gateway::stack(
         store.clone(),
         Arc::new(Catalogue::demo()),
@@ -425,9 +438,7 @@ fn stack_with_ledger_timeout(
 
 #[tokio::test]
 async fn a_call_dropped_after_the_upstream_answered_is_billed() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
     ledger.blocked.store(true, Ordering::SeqCst);
     let service = stack_with_ledger(&store, &ledger);
 
@@ -446,9 +457,7 @@ async fn a_call_dropped_after_the_upstream_answered_is_billed() {
 /// Handing it out would be a free reply.
 #[tokio::test]
 async fn a_call_refunded_by_recovery_while_its_upstream_answered_gets_no_reply() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
     ledger.blocked.store(true, Ordering::SeqCst);
     let call = tokio::spawn(stack_with_ledger(&store, &ledger).oneshot(chat_request(&key)));
     ledger.entered.notified().await; // the upstream answered; the settle is held
@@ -472,9 +481,7 @@ async fn a_call_refunded_by_recovery_while_its_upstream_answered_gets_no_reply()
 
 /// One call through a ledger that `misbehave` sets up: answered 200, its entry `ok`, billed once.
 async fn assert_answered_and_billed_once(misbehave: impl FnOnce(&TestLedger)) {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
     misbehave(&ledger);
 
     let response = stack_with_ledger(&store, &ledger)
@@ -524,9 +531,7 @@ async fn a_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
 /// (0.25 + 1 + 2 s of pauses) before it lands.
 #[tokio::test]
 async fn a_settle_not_written_in_time_answers_503_and_is_refunded_once_the_ledger_answers() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
     ledger.failing_settles.store(usize::MAX, Ordering::SeqCst);
     ledger.failing_refunds.store(3, Ordering::SeqCst);
     let stack = stack_with_ledger_timeout(&store, &ledger, Duration::from_millis(500));
@@ -564,9 +569,7 @@ async fn a_settle_not_written_in_time_answers_503_and_is_refunded_once_the_ledge
 /// A store that never answers a reservation: the client gets 503 within the ledger time-out.
 #[tokio::test]
 async fn a_reservation_the_store_never_answers_is_a_503_within_the_ledger_time_out() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
     ledger.blocked_reserves.store(true, Ordering::SeqCst);
     let stack = stack_with_ledger_timeout(&store, &ledger, Duration::from_millis(300));
 
@@ -589,9 +592,7 @@ async fn a_reservation_the_store_never_answers_is_a_503_within_the_ledger_time_o
 /// refunded, not left held by no call under a live lease.
 #[tokio::test]
 async fn a_reservation_whose_answer_was_lost_is_found_by_its_request_id_and_refunded() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
     ledger.lost_reserve_answers.store(1, Ordering::SeqCst);
 
     let response = stack_with_ledger(&store, &ledger)
@@ -610,9 +611,7 @@ async fn a_reservation_whose_answer_was_lost_is_found_by_its_request_id_and_refu
 
 #[tokio::test]
 async fn an_unreachable_store_at_reservation_answers_503_and_charges_nothing() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
     ledger.failing_reserves.store(true, Ordering::SeqCst);
 
     let response = stack_with_ledger(&store, &ledger)
@@ -683,8 +682,7 @@ async fn postgres_connections_cut_mid_call_lose_nothing_and_charge_once() {
 
 #[tokio::test]
 async fn a_panicking_upstream_is_refunded_and_answers_502() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
+    let (store, account, key) = funded_memory(10).await;
     let panics = service_fn(|_: Request<Bytes>| async {
         if true {
             panic!("upstream bug");
@@ -704,8 +702,7 @@ async fn a_panicking_upstream_is_refunded_and_answers_502() {
 
 #[tokio::test]
 async fn an_upstream_that_never_answers_is_refunded_at_the_bound() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
+    let (store, account, key) = funded_memory(10).await;
     let service = ServiceBuilder::new()
         .layer(ApiKeyAuthLayer::new(store.clone()))
         .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
@@ -822,8 +819,7 @@ impl http_body::Body for PanicsAfterOneEvent {
 
 #[tokio::test]
 async fn a_stream_whose_provider_panics_mid_way_is_refunded_and_ends_with_an_error_event() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
+    let (store, account, key) = funded_memory(10).await;
     let service = streaming_stack(
         &store,
         store.clone(),
@@ -847,8 +843,7 @@ async fn a_stream_whose_provider_panics_mid_way_is_refunded_and_ends_with_an_err
 
 #[tokio::test]
 async fn a_stream_dropped_before_it_was_read_is_refunded() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
+    let (store, account, key) = funded_memory(10).await;
     let service = streaming_stack(&store, store.clone(), streams(good_stream));
 
     let response = service.oneshot(stream_request(&key)).await.unwrap();
@@ -867,9 +862,7 @@ async fn a_stream_dropped_before_it_was_read_is_refunded() {
 /// One stream through a ledger that `misbehave` sets up: every event arrives, its entry ends
 /// `ok`, billed once.
 async fn assert_streamed_and_billed_once(misbehave: impl FnOnce(&TestLedger)) {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
     misbehave(&ledger);
     let service = streaming_stack(&store, ledger, streams(good_stream));
 
@@ -898,9 +891,7 @@ async fn a_streams_settle_that_landed_but_lost_its_answer_is_billed_once() {
 
 #[tokio::test]
 async fn a_stream_dropped_while_its_settle_is_under_way_is_billed_once() {
-    let store = Arc::new(MemoryStore::new());
-    let (account, key) = funded(&store, 10).await;
-    let ledger = TestLedger::new(store.clone());
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
     ledger.blocked.store(true, Ordering::SeqCst);
     let service = streaming_stack(&store, ledger.clone(), streams(good_stream));
 

@@ -144,6 +144,16 @@ fn provider_catalogue(providers: &[&FakeProvider], settings: &str) -> Catalogue 
     Catalogue::from_toml(&toml).unwrap()
 }
 
+/// What most provider tests start from: a database, one fake provider behind a gateway with
+/// these catalogue `settings`, and a key with `credits`.
+async fn one_provider(settings: &str, credits: i64) -> (TestDb, FakeProvider, Gateway, String) {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = provider_gateway(&db, &[&provider], settings).await;
+    let key = db.funded_key(credits, 0).await;
+    (db, provider, gateway, key)
+}
+
 async fn provider_gateway(db: &TestDb, providers: &[&FakeProvider], settings: &str) -> Gateway {
     let catalogue = provider_catalogue(providers, settings);
     http_gateway(db, catalogue).await
@@ -313,10 +323,7 @@ async fn refusals_before_the_stream_are_plain_json_in_the_contracts_order() {
 
 #[tokio::test]
 async fn recorded_streams_reach_the_client_byte_for_byte_however_the_provider_cuts_them() {
-    let db = local_db().await;
-    let provider = FakeProvider::start().await;
-    let gateway = provider_gateway(&db, &[&provider], "").await;
-    let key = db.funded_key(1_000, 0).await;
+    let (db, provider, gateway, key) = one_provider("", 1_000).await;
     let mut streams = 0;
     for (protocol, path, body) in [
         ("messages", MESSAGES, messages_stream_body(MESSAGES_MODEL)),
@@ -411,10 +418,7 @@ async fn when_every_channel_fails_before_the_first_event_the_client_gets_a_json_
 
 #[tokio::test]
 async fn events_the_provider_spaces_out_arrive_spaced_out() {
-    let db = local_db().await;
-    let provider = FakeProvider::start().await;
-    let gateway = provider_gateway(&db, &[&provider], "").await;
-    let key = db.funded_key(10, 0).await;
+    let (_db, provider, gateway, key) = one_provider("", 10).await;
     let gap = Duration::from_millis(100);
     let events = [
         CHAT_ROLE,
@@ -587,10 +591,7 @@ backends!(
 
 #[tokio::test]
 async fn a_stream_quiet_past_its_idle_time_out_is_refunded() {
-    let db = local_db().await;
-    let provider = FakeProvider::start().await;
-    let gateway = provider_gateway(&db, &[&provider], "stream_idle_timeout_secs = 1").await;
-    let key = db.funded_key(10, 0).await;
+    let (db, provider, gateway, key) = one_provider("stream_idle_timeout_secs = 1", 10).await;
     provider.then(Fault::sse([CHAT_ROLE, CHAT_DELTA]).ending(StreamEnd::Hang));
     let started = Instant::now();
     let received = stream(&gateway, CHAT, &key, chat_stream_body(CHAT_MODEL)).await;
@@ -605,10 +606,7 @@ async fn a_stream_quiet_past_its_idle_time_out_is_refunded() {
 
 #[tokio::test]
 async fn the_idle_time_out_counts_from_the_last_event_not_the_start() {
-    let db = local_db().await;
-    let provider = FakeProvider::start().await;
-    let gateway = provider_gateway(&db, &[&provider], "stream_idle_timeout_secs = 1").await;
-    let key = db.funded_key(10, 0).await;
+    let (db, provider, gateway, key) = one_provider("stream_idle_timeout_secs = 1", 10).await;
     // An event every 400 ms for 2.4 s: longer than the idle time-out, never quiet that long.
     let mut events = vec![CHAT_ROLE];
     events.extend(std::iter::repeat_n(CHAT_DELTA, 5));
@@ -629,10 +627,7 @@ async fn the_idle_time_out_counts_from_the_last_event_not_the_start() {
 
 #[tokio::test]
 async fn a_stream_past_its_deadline_is_refunded_however_busy() {
-    let db = local_db().await;
-    let provider = FakeProvider::start().await;
-    let gateway = provider_gateway(&db, &[&provider], "stream_deadline_secs = 1").await;
-    let key = db.funded_key(10, 0).await;
+    let (db, provider, gateway, key) = one_provider("stream_deadline_secs = 1", 10).await;
     // An event every 200 ms for four seconds: never idle, but longer than the deadline.
     let mut events = vec![CHAT_ROLE];
     events.extend(std::iter::repeat_n(CHAT_DELTA, 20));
@@ -804,10 +799,7 @@ async fn stream_refunded_for_size(gateway: &Gateway, db: &TestDb, key: &str) -> 
 /// JSON 502 and a refund, at once.
 #[tokio::test]
 async fn a_first_event_past_the_largest_event_is_a_refunded_502() {
-    let db = local_db().await;
-    let provider = FakeProvider::start().await;
-    let gateway = provider_gateway(&db, &[&provider], "max_event_bytes = 262144").await;
-    let key = db.funded_key(10, 0).await;
+    let (db, provider, gateway, key) = one_provider("max_event_bytes = 262144", 10).await;
     provider.then(Fault::sse(endless_event()).ending(StreamEnd::Hang));
     let received = stream_refunded_for_size(&gateway, &db, &key).await;
     assert_eq!(received.status, 502);
@@ -817,10 +809,7 @@ async fn a_first_event_past_the_largest_event_is_a_refunded_502() {
 /// (502, refunded) instead of being buffered and billed.
 #[tokio::test]
 async fn a_reply_past_the_largest_reply_is_a_refunded_502() {
-    let db = local_db().await;
-    let provider = FakeProvider::start().await;
-    let gateway = provider_gateway(&db, &[&provider], "max_reply_bytes = 262144").await;
-    let key = db.funded_key(10, 0).await;
+    let (db, provider, gateway, key) = one_provider("max_reply_bytes = 262144", 10).await;
     let big = format!("{{\"usage\":{{}},\"pad\":\"{}\"}}", "x".repeat(512 * 1024));
     provider.then(Fault::json(200, &big));
     let mut chunked = vec![b"{\"usage\":{},\"pad\":\"".to_vec()];
