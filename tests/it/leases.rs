@@ -36,6 +36,14 @@ async fn reserve(store: &dyn Ledger, caller: Caller) -> Reservation {
     store.reserve(charge(caller)).await.unwrap()
 }
 
+/// Settles the call; whether this settle ended it.
+async fn settle(db: &TestDb, reservation: &Reservation) -> bool {
+    db.store
+        .settle(reservation.call, Default::default())
+        .await
+        .unwrap()
+}
+
 async fn status(db: &TestDb, reservation: &Reservation) -> CallStatus {
     db.store
         .call_status(reservation.call)
@@ -113,12 +121,7 @@ async fn the_age_rule_never_takes_a_live_instances_reservation_however_old() {
             "only the reservation under no lease"
         );
         assert_eq!(status(db, &leased).await, CallStatus::Pending);
-        assert!(
-            db.store
-                .settle(leased.call, Default::default())
-                .await
-                .unwrap()
-        );
+        assert!(settle(db, &leased).await);
         assert_eq!(db.balance(&key).await, balance(100 - CHAT_PRICE, 0));
         db.assert_audit_holds().await;
     })
@@ -155,12 +158,7 @@ async fn an_ended_lease_is_never_revived_and_its_holder_takes_a_new_one() {
             assert!(peer.store.refund(call, &failure).await.unwrap());
         }
         // The call under way ends: its settle finds it refunded and bills nothing.
-        assert!(
-            !db.store
-                .settle(under_the_old_lease.call, Default::default())
-                .await
-                .unwrap()
-        );
+        assert!(!settle(db, &under_the_old_lease).await);
         assert_eq!(status(db, &under_the_old_lease).await, CallStatus::Refunded);
 
         let second = db.store.take_lease(Utc::now(), TTL).await.unwrap().unwrap();
@@ -173,12 +171,7 @@ async fn an_ended_lease_is_never_revived_and_its_holder_takes_a_new_one() {
                 .is_empty(),
             "the new lease holds"
         );
-        assert!(
-            db.store
-                .settle(under_the_new_lease.call, Default::default())
-                .await
-                .unwrap()
-        );
+        assert!(settle(db, &under_the_new_lease).await);
         assert_eq!(db.balance(&key).await, balance(100 - CHAT_PRICE, 0));
         db.assert_audit_holds().await;
     })
