@@ -49,6 +49,7 @@ use http::{HeaderMap, Request, Response, header};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::call::AccessEntry;
 use crate::error::GatewayError;
 use crate::keys::KeyHash;
 use crate::store::{DEFAULT_LEDGER_TIMEOUT, KeyStore};
@@ -162,6 +163,11 @@ where
             };
             match looked_up {
                 Ok(Some(active)) if !active.rules.expired(chrono::Utc::now()) => {
+                    if let Some(access) = request.extensions().get::<AccessEntry>()
+                        && let Some(key) = presented_key(request.headers())
+                    {
+                        access.key(key);
+                    }
                     request.extensions_mut().insert(active.caller);
                     request.extensions_mut().insert(active.rules);
                     inner.call(request).await

@@ -174,6 +174,7 @@ where
                         caller,
                         protocol: routed.protocol,
                         model: &routed.model.name,
+                        requested_model: routed.alias.as_deref(),
                         price: routed.model.price,
                         request_id: request_id.as_ref().map(RequestId::as_str),
                         idempotency: idempotency.as_ref(),

@@ -4,9 +4,105 @@
 //! Layers return a [`GatewayError`]; only [`GatewayError::into_response`] formats JSON. A rejection
 //! is an `Ok(response)` for the service, never a service error, so the client always has
 //! something to read.
+//!
+//! The body is exactly `{"detail": "..."}` by default, as specified. An operator may choose
+//! [`ErrorBody::Compatible`]: the same text is then also given in the error object of the
+//! client's own protocol ([`ErrorShape`]), which the `OpenAI` SDKs and the clients built on
+//! them read ([`GatewayError::compatible_body`]; the [`error_body`](crate::error_body) layer
+//! writes it). Every answer the gateway refuses says whether asking again can help
+//! (`x-should-retry`, which the official SDKs honour).
+//!
+//! ```
+//! use bytes::Bytes;
+//! use model_gateway::{GatewayError, error::ErrorShape};
+//!
+//! let refused: http::Response<Bytes> = GatewayError::InsufficientCredits.into_response();
+//! assert_eq!(refused.status(), 402);
+//! assert_eq!(refused.body(), r#"{"detail":"积分不足"}"#);
+//! assert_eq!(refused.headers()["x-should-retry"], "false");
+//!
+//! let body = GatewayError::InsufficientCredits.compatible_body(ErrorShape::OpenAi);
+//! let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+//! assert_eq!(body["detail"], "积分不足");
+//! assert_eq!(body["error"]["message"], "积分不足");
+//! assert_eq!(body["error"]["type"], "insufficient_quota");
+//! ```
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use serde::Deserialize;
+
+/// The header that tells the official SDKs whether to retry an answer.
+pub const SHOULD_RETRY_HEADER: &str = "x-should-retry";
+
+/// Which body the gateway's refusals have. An operator's choice: the catalogue's `error_body`,
+/// `GATEWAY_ERROR_BODY` for the example gateway, [`Gateway::error_body`](crate::Gateway) in the
+/// library.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ErrorBody {
+    /// Exactly `{"detail": "..."}`: the specified contract, and the default.
+    #[default]
+    Detail,
+    /// `detail`, and beside it the same text in the error object of the client's protocol
+    /// ([`GatewayError::compatible_body`]), so that clients which read only that object show
+    /// the gateway's text.
+    Compatible,
+}
+
+impl ErrorBody {
+    /// The setting's name: `detail` or `compatible`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorBody::Detail => "detail",
+            ErrorBody::Compatible => "compatible",
+        }
+    }
+}
+
+impl std::str::FromStr for ErrorBody {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ErrorBody, String> {
+        match text {
+            "detail" => Ok(ErrorBody::Detail),
+            "compatible" => Ok(ErrorBody::Compatible),
+            other => Err(format!(
+                "`{other}` is not an error body: `detail` or `compatible`"
+            )),
+        }
+    }
+}
+
+/// Whose error object a client reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorShape {
+    /// `{"error": {"message", "type", "code", "param"}}`: `OpenAI`'s, read by its SDKs and by
+    /// the clients built on them (`LangChain`, `LiteLLM`, the AI SDK).
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}}`: Anthropic's.
+    Anthropic,
+}
+
+impl ErrorShape {
+    /// The shape a request to `path` with these headers reads: Anthropic's on `/v1/messages`
+    /// and below it, and for a request that says `anthropic-version` (the Anthropic SDKs
+    /// always do, on `/v1/models` too); `OpenAI`'s on the other `/v1/` paths. `None` outside
+    /// `/v1/` (the probes, the admin API, the console): their scripts read `detail`.
+    pub fn of_request(path: &str, headers: &HeaderMap) -> Option<ErrorShape> {
+        let api = path.strip_prefix("/v1/")?;
+        if api == "messages"
+            || api.starts_with("messages/")
+            || headers.contains_key("anthropic-version")
+        {
+            Some(ErrorShape::Anthropic)
+        } else {
+            Some(ErrorShape::OpenAi)
+        }
+    }
+}
 
 /// A request the gateway refuses, or a call it could not complete.
 ///
@@ -243,36 +339,126 @@ impl GatewayError {
         }
     }
 
-    /// The complete HTTP response, for any body type that can be built from bytes.
+    /// Whether asking again can change the answer: `Some(false)` for what the request or the
+    /// account must change first (400, 401, 402, 403, 404, 405, 413, 422, 431, a 409 whose
+    /// reply is gone, and a provider's refusal of the request itself), `Some(true)` for what
+    /// passes (429, 502, 503, and the 409 of a call still running). `None`: the SDKs' own rule.
+    pub fn should_retry(&self) -> Option<bool> {
+        match self {
+            // The provider refused the request itself: the same request is refused again.
+            Self::UpstreamRejected(_) => Some(false),
+            Self::IdempotentCallRunning => Some(true),
+            _ => match self.status().as_u16() {
+                400 | 401 | 402 | 403 | 404 | 405 | 409 | 413 | 422 | 431 => Some(false),
+                429 | 502 | 503 => Some(true),
+                _ => None,
+            },
+        }
+    }
+
+    /// The `type` of `OpenAI`'s error object for this error: the names the `OpenAI` SDKs and
+    /// the clients built on them recognise.
+    pub fn openai_type(&self) -> &'static str {
+        match self.status().as_u16() {
+            401 => "authentication_error",
+            402 => "insufficient_quota",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_exceeded",
+            500..=599 => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The `type` of Anthropic's error object for this error (Anthropic's documented types).
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.status().as_u16() {
+            401 => "authentication_error",
+            402 => "billing_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            500..=599 => "api_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// The `code` of `OpenAI`'s error object: `OpenAI`'s own where it has one for the case
+    /// (`insufficient_quota`, `rate_limit_exceeded`, `invalid_api_key`, `model_not_found`), else
+    /// the [`reason`](Self::reason).
+    pub fn openai_code(&self) -> &'static str {
+        match self {
+            Self::InsufficientCredits => "insufficient_quota",
+            Self::RateLimited(_) => "rate_limit_exceeded",
+            other => other.reason(),
+        }
+    }
+
+    /// The request field the error is about, when it is one field (`OpenAI`'s `param`).
+    fn param(&self) -> Option<&str> {
+        match self {
+            Self::InvalidModelField | Self::ModelNotFound | Self::ModelNotAllowed => Some("model"),
+            Self::InvalidMessagesField => Some("messages"),
+            Self::InvalidMaxTokens => Some("max_tokens"),
+            Self::InvalidStreamField | Self::StreamingUnsupported => Some("stream"),
+            Self::InvalidField { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    /// The body [`ErrorBody::Compatible`] gives: `detail`, and the same text in `shape`'s
+    /// error object: `{"detail", "error": {"message", "type", "code", "param"}}` for `OpenAI`'s,
+    /// `{"detail", "type": "error", "error": {"type", "message"}}` for Anthropic's.
+    pub fn compatible_body(&self, shape: ErrorShape) -> Bytes {
+        let detail = self.detail();
+        let body = match shape {
+            ErrorShape::OpenAi => serde_json::json!({
+                "detail": detail,
+                "error": {
+                    "message": detail,
+                    "type": self.openai_type(),
+                    "code": self.openai_code(),
+                    "param": self.param(),
+                },
+            }),
+            ErrorShape::Anthropic => serde_json::json!({
+                "detail": detail,
+                "type": "error",
+                "error": { "type": self.anthropic_type(), "message": detail },
+            }),
+        };
+        Bytes::from(body.to_string())
+    }
+
+    /// The complete HTTP response, for any body type that can be built from bytes: the
+    /// `{"detail": ...}` body, `x-should-retry` where [`should_retry`](Self::should_retry)
+    /// knows, and the error itself as a response extension, for the layers outside to read (the
+    /// access log, and the [`error_body`](crate::error_body) layer, which rewrites the body
+    /// when the operator chose [`ErrorBody::Compatible`]).
     pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
         crate::telemetry::refused(self.status().as_u16(), self.reason());
         let mut response = json_response(self.status(), self.body());
+        let headers = response.headers_mut();
         match self {
             Self::MethodNotAllowed => {
-                response
-                    .headers_mut()
-                    .insert(header::ALLOW, HeaderValue::from_static("POST"));
+                headers.insert(header::ALLOW, HeaderValue::from_static("POST"));
             }
             Self::RateLimited(seconds) => {
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
             }
             // The official SDKs retry a 409 after `Retry-After`, by when the first call may
             // have ended and its reply can be given again.
             Self::IdempotentCallRunning => {
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(1));
-            }
-            // Asking again cannot help; the SDKs honour `x-should-retry`.
-            Self::IdempotentReplyNotKept | Self::IdempotencyKeyReused => {
-                response
-                    .headers_mut()
-                    .insert("x-should-retry", HeaderValue::from_static("false"));
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(1));
             }
             _ => {}
         }
+        if let Some(retry) = self.should_retry() {
+            let value = if retry { "true" } else { "false" };
+            headers.insert(SHOULD_RETRY_HEADER, HeaderValue::from_static(value));
+        }
+        response.extensions_mut().insert(self);
         response
     }
 }

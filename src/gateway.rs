@@ -1,8 +1,10 @@
 //! [`Gateway`]: the whole HTTP surface of a gateway as one axum [`Router`], for a server to
 //! serve: the two call endpoints through the [`stack`](crate::stack), the key holders'
 //! endpoints and probes ([`key_holder`](crate::key_holder)), and a JSON 404 for the rest, every
-//! answer with an `x-request-id`. With the `api` feature, also the admin API when an admin
-//! token is set (`admin::router`) and the web console (`console`).
+//! answer with an `x-request-id` (and `request-id`), every request with one access-log line
+//! ([`access_log`](crate::access_log)), refusals with the body the operator chose
+//! ([`error_body`](Gateway::error_body)). With the `api` feature, also the admin API when an
+//! admin token is set (`admin::router`) and the web console (`console`).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -19,10 +21,12 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 
+use crate::access_log::AccessLogLayer;
 #[cfg(feature = "api")]
 use crate::admin::{self, Admin, AdminToken};
 use crate::catalogue::Catalogue;
-use crate::error::GatewayError;
+use crate::error::{ErrorBody, GatewayError};
+use crate::error_body::ErrorBodyLayer;
 use crate::rate_limit::RateLimiter;
 use crate::request_id::RequestIdLayer;
 use crate::router::BodyLimits;
@@ -78,6 +82,14 @@ impl<S: Store + 'static> Gateway<S> {
         self
     }
 
+    /// Which body refusals have: [`ErrorBody::Detail`] (exactly `{"detail": ...}`, the
+    /// default) or [`ErrorBody::Compatible`] (the client protocol's error object beside
+    /// `detail`). Overrides the catalogue's `error_body`.
+    pub fn error_body(mut self, body: ErrorBody) -> Gateway<S> {
+        self.catalogue = Arc::new((*self.catalogue).clone().with_error_body(body));
+        self
+    }
+
     /// Where keys' requests per minute are counted (e.g. [`RateLimiter::redis`] to share them
     /// between instances).
     pub fn rate_limiter(mut self, limiter: RateLimiter) -> Gateway<S> {
@@ -103,6 +115,7 @@ impl<S: Store + 'static> Gateway<S> {
 
     /// The router; see the module docs.
     pub fn router(self) -> Router {
+        let error_body = self.catalogue.error_body();
         let stack = crate::stack_with_limiter(
             self.store.clone(),
             self.catalogue.clone(),
@@ -127,8 +140,11 @@ impl<S: Store + 'static> Gateway<S> {
             self.admin_token,
             self.metrics,
         ));
+        // Outermost last: the request id, then the access line, then refusals' bodies.
         router
             .fallback(|| async { GatewayError::UnknownPath.into_response::<Body>() })
+            .layer(ErrorBodyLayer::new(error_body))
+            .layer(AccessLogLayer::new())
             .layer(RequestIdLayer::new())
     }
 }

@@ -4,8 +4,8 @@
 //!
 //! | Endpoint | Key | Answer |
 //! |---|---|---|
-//! | `GET /v1/models` | yes | the catalogue's models that the key may call: Anthropic's list shape when the request has `anthropic-version` (`limit`, `after_id`, `before_id` honoured), else `OpenAI`'s; each item also has `protocol` and `price` (credits per call) |
-//! | `GET /v1/models/{id}` | yes | one model in the same shapes; `404 模型不存在` |
+//! | `GET /v1/models` | yes | the catalogue's models that the key may call, by catalogue name: Anthropic's list shape when the request has `anthropic-version` (`limit`, `after_id`, `before_id` honoured), else `OpenAI`'s; each item also has `protocol`, `price` (credits per call) and `aliases` |
+//! | `GET /v1/models/{id}` | yes | one model in the same shapes, by its name or an alias; `404 模型不存在` |
 //! | `GET /v1/balance` | yes | `{"subscription", "topup", "total", "subscription_ends_at"}` of the key's account: what calls can spend now |
 //! | `GET /v1/calls?limit=&before=` | yes | the account's own call-log entries, newest first, a page at a time |
 //! | `GET /v1/usage?days=30` | yes | the account's billed calls and credits per UTC day and model over the last `days` days (1 to 366), summed by the database |
@@ -132,6 +132,7 @@ fn openai_model(model: &ModelRoute) -> Value {
         "owned_by": "model-gateway",
         "protocol": model.protocol,
         "price": model.price,
+        "aliases": model.aliases,
     })
 }
 
@@ -144,6 +145,7 @@ fn anthropic_model(model: &ModelRoute) -> Value {
         "created_at": MODELS_CREATED_AT,
         "protocol": model.protocol,
         "price": model.price,
+        "aliases": model.aliases,
     })
 }
 
@@ -219,8 +221,9 @@ async fn one_model<S>(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    // A model the key may not call is not there for it.
-    match shared.catalogue.model(&id).filter(|_| rules.allows(&id)) {
+    // A model the key may not call is not there for it; an alias finds its model.
+    let model = shared.catalogue.model(&id);
+    match model.filter(|model| rules.allows(&model.name)) {
         Some(model) if wants_anthropic(&headers) => {
             axum::Json(anthropic_model(model)).into_response()
         }

@@ -12,6 +12,14 @@ const KEY_RANDOM_BYTES: usize = 24;
 /// How many leading characters of a key are kept in clear, to tell keys apart in listings.
 const DISPLAY_PREFIX_LEN: usize = KEY_PREFIX.len() + 6;
 
+/// The display prefix of a key a client presented: its first characters, as listings show them;
+/// `None` for a text too short to keep any of it back (a short text is not a gateway key, and
+/// showing its start would show most of it).
+pub fn display_prefix(presented: &str) -> Option<&str> {
+    let long_enough = presented.len() >= KEY_PREFIX.len() + 2 * KEY_RANDOM_BYTES;
+    presented.get(..DISPLAY_PREFIX_LEN).filter(|_| long_enough)
+}
+
 /// A newly generated key. The clear text is only available here; store [`NewApiKey::hash`].
 #[derive(Clone)]
 pub struct NewApiKey {

@@ -8,7 +8,11 @@
 //!
 //! Outermost first, as [`ServiceBuilder`](tower::ServiceBuilder) lists them (see [`stack`]):
 //!
-//! 0. [`RequestIdLayer`]: every request gets an id, every answer carries it (`x-request-id`).
+//! 0. [`RequestIdLayer`]: every request gets an id, every answer carries it (`x-request-id`,
+//!    and `request-id` for the Anthropic SDKs). Then [`AccessLog`](access_log::AccessLog): one
+//!    log line per request, refused ones included; and [`ErrorBodyService`](error_body::ErrorBodyService):
+//!    refusals in the client's own error object when the operator chose
+//!    [`ErrorBody::Compatible`](error::ErrorBody::Compatible).
 //! 1. [`ApiKeyAuth`]: who is calling, and what the key may do (401).
 //!    Then [`RateLimit`](rate_limit::RateLimit): the key's requests per minute (429).
 //! 2. [`ProtocolRouter`]: which endpoint and model, at what price (413, 405, 400, 404), and
@@ -33,6 +37,8 @@
 //! | [`Reservation`](crate::store::Reservation)  | [`CreditCharge`]    | [`RefundOnUpstreamError`]                 |
 //! | [`IdempotencyKey`](crate::call::IdempotencyKey) | [`ProtocolRouter`] (the client's `Idempotency-Key`) | [`CreditCharge`] (billed at most once), [`RefundOnUpstreamError`] (keeps the reply) |
 //! | [`ServedBy`](crate::upstream::ServedBy) (on the response) | [`HttpUpstream`](crate::upstream::HttpUpstream) | [`RefundOnUpstreamError`]     |
+//! | [`AccessEntry`](crate::call::AccessEntry) | [`AccessLog`](access_log::AccessLog) | noted by [`ApiKeyAuth`], [`ProtocolRouter`], [`RefundOnUpstreamError`] (a stream's end writes it) |
+//! | [`GatewayError`] (on the response) | whoever refuses ([`GatewayError::into_response`]) | [`AccessLog`](access_log::AccessLog) (the reason), [`ErrorBodyService`](error_body::ErrorBodyService) (the body) |
 //!
 //! [`ProtocolRouter`] also turns the body into [`Bytes`](bytes::Bytes), exactly as the client
 //! sent it; layers inside it see `Request<Bytes>`.
@@ -62,7 +68,8 @@
 //! 4. The layers, each in its own module: `auth`, [`rate_limit`], `router`, `charge`, and
 //!    `refund` (a folder: layer, service, the guard that writes a call's outcome once, the
 //!    streaming body).
-//! 5. The stack ([`stack`]) and [`recovery`] (instance leases, the age rule, and [`Upkeep`](crate::recovery::Upkeep),
+//! 5. The layers every answer passes on its way out: [`request_id`], [`access_log`],
+//!    [`error_body`]. The stack ([`stack`]) and [`recovery`] (instance leases, the age rule, and [`Upkeep`](crate::recovery::Upkeep),
 //!    which runs them for a serving gateway); [`admin`] (the operator's operations, and their HTTP
 //!    API), [`key_holder`] (the key holders' endpoints), [`Gateway`] (all of it as one axum
 //!    router), [`server`] (the front door) and [`telemetry`] (metrics).
@@ -95,6 +102,7 @@ use std::sync::Arc;
 
 #[macro_use]
 mod macros;
+pub mod access_log;
 pub mod admin;
 pub mod auth;
 pub mod call;
@@ -105,6 +113,7 @@ mod classify;
 pub mod console;
 pub mod credits;
 pub mod error;
+pub mod error_body;
 #[cfg(feature = "server")]
 mod gateway;
 #[cfg(feature = "server")]
@@ -141,12 +150,20 @@ pub use store::{
 };
 pub use upstream::Upstream;
 
+use access_log::{AccessLog, AccessLogLayer};
+use error_body::{ErrorBodyLayer, ErrorBodyService};
 use request_id::{RequestIdLayer, RequestIdService};
 use router::BodyLimits;
 
 /// The full gateway service: the layers around upstream `U`.
 pub type GatewayStack<U> = RequestIdService<
-    ApiKeyAuth<rate_limit::RateLimit<ProtocolRouter<CreditCharge<RefundOnUpstreamError<U>>>>>,
+    AccessLog<
+        ErrorBodyService<
+            ApiKeyAuth<
+                rate_limit::RateLimit<ProtocolRouter<CreditCharge<RefundOnUpstreamError<U>>>>,
+            >,
+        >,
+    >,
 >;
 
 /// Builds the whole gateway around `upstream`, outermost first:
@@ -154,6 +171,8 @@ pub type GatewayStack<U> = RequestIdService<
 /// | Layer                       | Reads                       | Adds            | Refuses with   |
 /// |-----------------------------|-----------------------------|-----------------|----------------|
 /// | [`RequestIdLayer`]          | `x-request-id`              | [`RequestId`](crate::call::RequestId)   |                |
+/// | [`AccessLogLayer`]          | the answer, [`GatewayError`] on it | [`AccessEntry`](crate::call::AccessEntry) (one log line) |   |
+/// | [`ErrorBodyLayer`]          | path, `anthropic-version`, [`GatewayError`] on the answer | | (rewrites refusals' bodies when the catalogue says `error_body = "compatible"`) |
 /// | [`ApiKeyAuth`]              | `Authorization`/`x-api-key` | [`Caller`](crate::store::Caller), [`KeyRules`](crate::call::KeyRules) | 401   |
 /// | [`RateLimit`](rate_limit::RateLimit) | [`Caller`](crate::store::Caller), [`KeyRules`](crate::call::KeyRules) |       | 429            |
 /// | [`ProtocolRouter`]          | path, method, body, [`KeyRules`](crate::call::KeyRules) | [`RoutedCall`](crate::call::RoutedCall) | 404, 405, 413, 400, 403 |
@@ -207,6 +226,8 @@ where
     let upstream_bound = catalogue.call_deadline() + recovery::UPSTREAM_BOUND_MARGIN;
     tower::ServiceBuilder::new()
         .layer(RequestIdLayer::new())
+        .layer(AccessLogLayer::new())
+        .layer(ErrorBodyLayer::new(catalogue.error_body()))
         .layer(ApiKeyAuthLayer::new(store.clone()))
         .layer(rate_limit::RateLimitLayer::new(limiter))
         .layer(

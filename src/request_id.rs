@@ -3,7 +3,8 @@
 //! The id is the client's own `x-request-id` when it is sane (1 to 128 visible ASCII
 //! characters), else a new one (`req_` and 32 hexadecimal digits), which replaces the client's
 //! header so that the provider is sent the same id. The layer adds the [`RequestId`] extension
-//! (the call log keeps it), sets `x-request-id` on the answer, and runs the request inside a
+//! (the call log keeps it), sets `x-request-id` on the answer and the same id as `request-id`
+//! (what the Anthropic SDKs read into an error's `request_id`), and runs the request inside a
 //! `request` tracing span with the id, so every log line of the request names it. A request
 //! that already has a [`RequestId`] (an outer instance of this layer) keeps it.
 //!
@@ -26,6 +27,7 @@
 //! let sent = Request::get("/").header("x-request-id", "abc-123").body(Full::default()).unwrap();
 //! let answer = service.clone().oneshot(sent).await.unwrap();
 //! assert_eq!(answer.headers()["x-request-id"], "abc-123");
+//! assert_eq!(answer.headers()["request-id"], "abc-123");
 //!
 //! let unsent = Request::get("/").body(Full::default()).unwrap();
 //! let answer = service.oneshot(unsent).await.unwrap();
@@ -44,6 +46,9 @@ use crate::call::RequestId;
 
 /// The header that carries the id.
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The same id under the name the Anthropic SDKs read (`request-id`), on every answer.
+pub const ANTHROPIC_REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("request-id");
 
 /// Configuration of [`RequestIdService`] (none yet).
 #[derive(Debug, Clone, Default)]
@@ -120,9 +125,9 @@ where
         ResponseFuture::new(
             async move {
                 let mut response = future.await?;
-                response
-                    .headers_mut()
-                    .insert(REQUEST_ID_HEADER, id.header_value().clone());
+                let headers = response.headers_mut();
+                headers.insert(REQUEST_ID_HEADER, id.header_value().clone());
+                headers.insert(ANTHROPIC_REQUEST_ID_HEADER, id.header_value().clone());
                 Ok(response)
             }
             .instrument(span),

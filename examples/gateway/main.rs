@@ -32,10 +32,10 @@ use model_gateway::server::{self, ServerLimits};
 use model_gateway::store::ChargingMode;
 use model_gateway::{
     AccountId, CallId, Catalogue, Credits, Gateway, KeyId, SeaOrmStore, Upstream, credits::Bucket,
-    router::BodyLimits, router::DEFAULT_BODY_BUDGET_BYTES, router::DEFAULT_BODY_DEADLINE,
-    router::DEFAULT_BODY_IDLE_TIMEOUT, router::DEFAULT_MAX_BODY_BYTES,
-    router::DEFAULT_UNFUNDED_MAX_BODY_BYTES, store::CallStatus, store::DEFAULT_IDEMPOTENCY_WINDOW,
-    upstream::HttpUpstream, upstream::MockUpstream,
+    error::ErrorBody, router::BodyLimits, router::DEFAULT_BODY_BUDGET_BYTES,
+    router::DEFAULT_BODY_DEADLINE, router::DEFAULT_BODY_IDLE_TIMEOUT,
+    router::DEFAULT_MAX_BODY_BYTES, router::DEFAULT_UNFUNDED_MAX_BODY_BYTES, store::CallStatus,
+    store::DEFAULT_IDEMPOTENCY_WINDOW, upstream::HttpUpstream, upstream::MockUpstream,
 };
 
 #[derive(Parser)]
@@ -139,6 +139,11 @@ struct ServeArgs {
     /// when set, this wins over the catalogue.
     #[arg(long, env = "GATEWAY_STREAMING", value_parser = clap::builder::FalseyValueParser::new())]
     streaming: Option<bool>,
+    /// Refusals' bodies: `detail` (exactly `{"detail": ...}`, as specified) or `compatible`
+    /// (also the client protocol's own error object, which the OpenAI SDKs read; default: the
+    /// catalogue's `error_body`, `detail`); when set, this wins over the catalogue.
+    #[arg(long, env = "GATEWAY_ERROR_BODY")]
+    error_body: Option<ErrorBody>,
     /// Largest request body accepted, in bytes.
     #[arg(long, env = "GATEWAY_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -655,8 +660,12 @@ fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::catalogu
         Some(path) => Catalogue::from_path(path)?,
         None => Catalogue::demo(),
     };
-    Ok(match args.streaming {
+    let catalogue = match args.streaming {
         Some(streaming) => catalogue.with_streaming(streaming),
+        None => catalogue,
+    };
+    Ok(match args.error_body {
+        Some(body) => catalogue.with_error_body(body),
         None => catalogue,
     })
 }
@@ -696,6 +705,7 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
         %address,
         mock = args.mock,
         streaming = catalogue.streaming(),
+        error_body = catalogue.error_body().as_str(),
         admin_api = args.admin_token.is_some(),
         shared_rate_limits = args.redis_url.is_some(),
         models = catalogue.models().count(),

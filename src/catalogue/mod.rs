@@ -29,6 +29,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::credits::Credits;
+use crate::error::ErrorBody;
 use crate::protocol::Protocol;
 
 /// The catalogue used when no file is given: two OpenAI-style vendors, one operator-own chat
@@ -103,6 +104,9 @@ pub struct UpstreamConfig {
 pub struct ModelRoute {
     /// The name clients send in `model`.
     pub name: String,
+    /// Other names clients may call it by (a provider's dated id, a client's default name): a
+    /// call by an alias is a call of this model, billed and logged under [`name`](Self::name).
+    pub aliases: Vec<String>,
     /// The endpoint it is served on.
     pub protocol: Protocol,
     /// Credits charged per successful call.
@@ -128,7 +132,10 @@ pub struct ModelChannel {
 #[derive(Debug, Clone)]
 pub struct Catalogue {
     models: HashMap<String, Arc<ModelRoute>>,
+    /// Each alias, and the model it names.
+    aliases: HashMap<String, Arc<ModelRoute>>,
     upstreams: Vec<Arc<UpstreamConfig>>,
+    error_body: ErrorBody,
     call_deadline: Duration,
     streaming: bool,
     stream_deadline: Duration,
@@ -142,7 +149,9 @@ impl Default for Catalogue {
     fn default() -> Catalogue {
         Catalogue {
             models: HashMap::new(),
+            aliases: HashMap::new(),
             upstreams: Vec::new(),
+            error_body: ErrorBody::Detail,
             call_deadline: DEFAULT_CALL_DEADLINE,
             streaming: false,
             stream_deadline: DEFAULT_STREAM_DEADLINE,
@@ -173,6 +182,17 @@ pub enum CatalogueError {
     /// Two models share a name.
     #[error("invalid model catalogue: model `{0}` is defined twice")]
     DuplicateModel(String),
+    /// A model's alias is another model's name or alias, its own name, or empty.
+    #[error("invalid model catalogue: alias `{alias}` of model `{model}` {problem}")]
+    AliasTaken {
+        /// The alias.
+        alias: String,
+        /// The model that lists it.
+        model: String,
+        /// What is wrong: `is already the name of model ...`, `is already an alias of model
+        /// ...`, `is empty`.
+        problem: String,
+    },
     /// A model names an upstream that is not defined.
     #[error("invalid model catalogue: model `{model}` uses unknown upstream `{upstream}`")]
     UnknownUpstream {
@@ -236,6 +256,8 @@ struct CatalogueFile {
     call_deadline_secs: Option<u64>,
     #[serde(default)]
     streaming: bool,
+    #[serde(default)]
+    error_body: ErrorBody,
     stream_deadline_secs: Option<u64>,
     stream_idle_timeout_secs: Option<u64>,
     max_reply_bytes: Option<u64>,
@@ -266,6 +288,8 @@ struct UpstreamEntry {
 #[serde(deny_unknown_fields)]
 struct ModelEntry {
     name: String,
+    #[serde(default)]
+    aliases: Vec<String>,
     protocol: Protocol,
     price: i64,
     upstream: Option<String>,
@@ -428,17 +452,21 @@ impl Catalogue {
             }
             let route = ModelRoute {
                 name: entry.name.clone(),
+                aliases: entry.aliases.clone(),
                 protocol: entry.protocol,
                 price: Credits(entry.price),
                 channels,
             };
             models.insert(entry.name, Arc::new(route));
         }
+        let aliases = model_aliases(&models)?;
         let mut upstreams: Vec<_> = upstreams.into_values().collect();
         upstreams.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(Catalogue {
             models,
+            aliases,
             upstreams,
+            error_body: file.error_body,
             call_deadline,
             streaming: file.streaming,
             stream_deadline,
@@ -448,9 +476,9 @@ impl Catalogue {
         })
     }
 
-    /// The model called `name`, on whichever protocol.
+    /// The model called `name`, by its name or one of its aliases, on whichever protocol.
     pub fn model(&self, name: &str) -> Option<&Arc<ModelRoute>> {
-        self.models.get(name)
+        self.models.get(name).or_else(|| self.aliases.get(name))
     }
 
     /// Every model, in no particular order.
@@ -483,6 +511,20 @@ impl Catalogue {
         self
     }
 
+    /// Which body refusals have (`error_body`; default [`ErrorBody::Detail`], exactly the
+    /// specified `{"detail": ...}`).
+    pub fn error_body(&self) -> ErrorBody {
+        self.error_body
+    }
+
+    /// The same catalogue with refusals' bodies as `body` (an operator's switch overriding the
+    /// file's `error_body`).
+    #[must_use]
+    pub fn with_error_body(mut self, body: ErrorBody) -> Catalogue {
+        self.error_body = body;
+        self
+    }
+
     /// The longest a streamed reply may last from its first event (`stream_deadline_secs`).
     pub fn stream_deadline(&self) -> Duration {
         self.stream_deadline
@@ -505,6 +547,38 @@ impl Catalogue {
     pub fn max_event_bytes(&self) -> usize {
         self.max_event_bytes
     }
+}
+
+/// Every model's aliases, each checked against every model's name and every other alias.
+fn model_aliases(
+    models: &HashMap<String, Arc<ModelRoute>>,
+) -> Result<HashMap<String, Arc<ModelRoute>>, CatalogueError> {
+    // By name, so that which of two colliding aliases is reported does not vary between runs.
+    let mut by_name: Vec<&Arc<ModelRoute>> = models.values().collect();
+    by_name.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut aliases: HashMap<String, Arc<ModelRoute>> = HashMap::new();
+    for model in by_name {
+        for alias in &model.aliases {
+            let problem = if alias.is_empty() {
+                Some("is empty".to_owned())
+            } else if let Some(named) = models.get(alias) {
+                Some(format!("is already the name of model `{}`", named.name))
+            } else {
+                aliases
+                    .get(alias)
+                    .map(|other| format!("is already an alias of model `{}`", other.name))
+            };
+            if let Some(problem) = problem {
+                return Err(CatalogueError::AliasTaken {
+                    alias: alias.clone(),
+                    model: model.name.clone(),
+                    problem,
+                });
+            }
+            aliases.insert(alias.clone(), model.clone());
+        }
+    }
+    Ok(aliases)
 }
 
 /// The channels of one model entry, validated against the upstreams.

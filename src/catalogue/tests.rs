@@ -258,3 +258,103 @@ fn zero_timeouts_and_invalid_headers_are_refused() {
     let error = upstream("headers = { \"bad header\" = \"x\" }").unwrap_err();
     assert!(error.to_string().contains("bad header"), "{error}");
 }
+
+fn with_models(models: &[&str]) -> Result<Catalogue, CatalogueError> {
+    let models: String = models
+        .iter()
+        .map(|model| format!("\n[[models]]\n{model}\nprotocol = \"chat_completions\"\nprice = 1\nupstream = \"openai\"\n"))
+        .collect();
+    Catalogue::from_toml(&format!("{UPSTREAM}{models}"))
+}
+
+#[test]
+fn an_alias_finds_its_model() {
+    let catalogue = with_models(&[
+        r#"name = "gpt-4o-mini"
+        aliases = ["gpt-4o-mini-2024-07-18", "mini"]"#,
+        r#"name = "gpt-4o""#,
+    ])
+    .unwrap();
+    for name in ["gpt-4o-mini", "gpt-4o-mini-2024-07-18", "mini"] {
+        assert_eq!(catalogue.model(name).unwrap().name, "gpt-4o-mini", "{name}");
+    }
+    assert_eq!(
+        catalogue.model("gpt-4o").unwrap().aliases,
+        Vec::<String>::new()
+    );
+    // The models, once each, by their catalogue names.
+    let mut names: Vec<_> = catalogue.models().map(|m| m.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["gpt-4o", "gpt-4o-mini"]);
+    assert!(catalogue.model("gpt-4o-2024").is_none());
+}
+
+#[test]
+fn an_alias_that_is_a_model_name_is_refused_naming_both() {
+    let error = with_models(&[
+        r#"name = "gpt-4o-mini"
+        aliases = ["gpt-4o"]"#,
+        r#"name = "gpt-4o""#,
+    ])
+    .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid model catalogue: alias `gpt-4o` of model `gpt-4o-mini` is already the name of model `gpt-4o`"
+    );
+}
+
+#[test]
+fn an_alias_of_two_models_is_refused_naming_both() {
+    let error = with_models(&[
+        r#"name = "b"
+        aliases = ["shared"]"#,
+        r#"name = "a"
+        aliases = ["shared"]"#,
+    ])
+    .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid model catalogue: alias `shared` of model `b` is already an alias of model `a`"
+    );
+}
+
+#[test]
+fn a_models_own_name_or_an_empty_alias_is_refused() {
+    let own = with_models(&[r#"name = "a"
+        aliases = ["a"]"#])
+    .unwrap_err();
+    assert!(
+        own.to_string()
+            .contains("alias `a` of model `a` is already the name of model `a`"),
+        "{own}"
+    );
+    let empty = with_models(&[r#"name = "a"
+        aliases = [""]"#])
+    .unwrap_err();
+    assert!(
+        empty.to_string().contains("alias `` of model `a` is empty"),
+        "{empty}"
+    );
+}
+
+#[test]
+fn the_demo_catalogue_aliases_the_dated_claude_ids() {
+    let demo = Catalogue::demo();
+    assert_eq!(
+        demo.model("claude-haiku-4-5-20251001").unwrap().name,
+        "claude-haiku-4-5"
+    );
+    assert_eq!(
+        demo.model("claude-sonnet-4-5-20250929").unwrap().name,
+        "claude-sonnet-4-5"
+    );
+}
+
+#[test]
+fn error_bodies_are_detail_unless_the_catalogue_says_compatible() {
+    assert_eq!(Catalogue::demo().error_body(), ErrorBody::Detail);
+    let compatible =
+        Catalogue::from_toml(&format!("error_body = \"compatible\"\n{UPSTREAM}")).unwrap();
+    assert_eq!(compatible.error_body(), ErrorBody::Compatible);
+    assert!(Catalogue::from_toml("error_body = \"openai\"").is_err());
+}

@@ -13,6 +13,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
 use super::{Protocol, TokenUsage};
+use crate::error::GatewayError;
 
 /// Cuts a byte stream into complete events. An event ends at a blank line; lines may end in
 /// `\n`, `\r\n` or `\r` (the SSE grammar), and a chunk may end anywhere, even inside a UTF-8
@@ -340,17 +341,28 @@ impl ErrorObject {
 }
 
 /// The last event the gateway sends when the provider failed after the stream started, in the
-/// protocol's own error shape, with the contract's text.
-pub(crate) fn error_event(protocol: Protocol, detail: &str) -> Bytes {
-    let error = serde_json::json!({ "type": "api_error", "message": detail });
+/// protocol's own error shape (with its type for `error`), with the contract's text. A stream's
+/// events have no `{"detail"}` form, so this is the same whichever
+/// [`ErrorBody`](crate::error::ErrorBody) the operator chose.
+pub(crate) fn error_event(protocol: Protocol, error: &GatewayError) -> Bytes {
+    let detail = error.detail();
     let event = match protocol {
         Protocol::Messages => format!(
             "event: error\ndata: {}\n\n",
-            serde_json::json!({ "type": "error", "error": error })
+            serde_json::json!({
+                "type": "error",
+                "error": { "type": error.anthropic_type(), "message": detail },
+            })
         ),
         Protocol::ChatCompletions => format!(
             "data: {}\n\n",
-            serde_json::json!({ "error": { "message": detail, "type": "api_error", "code": null } })
+            serde_json::json!({
+                "error": {
+                    "message": detail,
+                    "type": error.openai_type(),
+                    "code": null,
+                },
+            })
         ),
     };
     Bytes::from(event)
@@ -515,16 +527,14 @@ mod tests {
     #[test]
     fn the_gateways_error_events_parse_as_each_protocol_expects() {
         let mut messages = StreamReader::new(Protocol::Messages);
+        let failed = GatewayError::UpstreamUnavailable;
         assert_eq!(
-            messages.read(&error_event(Protocol::Messages, "上游服务暂时不可用")),
+            messages.read(&error_event(Protocol::Messages, &failed)),
             EventKind::Error("api_error: 上游服务暂时不可用".into())
         );
         let mut chat = StreamReader::new(Protocol::ChatCompletions);
         assert_eq!(
-            chat.read(&error_event(
-                Protocol::ChatCompletions,
-                "上游服务暂时不可用"
-            )),
+            chat.read(&error_event(Protocol::ChatCompletions, &failed)),
             EventKind::Error("api_error: 上游服务暂时不可用".into())
         );
     }

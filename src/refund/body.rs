@@ -412,7 +412,7 @@ impl BilledStream {
             } else {
                 GatewayError::StoreUnavailable
             };
-            Some(error_event(protocol, &detail.detail()))
+            Some(error_event(protocol, &detail))
         }));
     }
 }

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::CANCELLED_BEFORE_ANSWER;
+use crate::call::AccessEntry;
 use crate::catalogue::ModelRoute;
 use crate::error::GatewayError;
 use crate::protocol::Protocol;
@@ -43,12 +44,14 @@ pub(super) struct Meter {
     pub(super) protocol: Protocol,
     pub(super) credits: i64,
     pub(super) charged_at: std::time::Instant,
+    /// The request's access-log line, told how the call ended.
+    pub(super) access: Option<AccessEntry>,
 }
 
 impl Meter {
     /// The call is no longer pending here: it ended as `status` (`None`: unknown, or not ended
-    /// by anyone, which a guarded write that moved nothing rules out). One log line per call,
-    /// with what an operator looks for (the request's id is in the span).
+    /// by anyone, which a guarded write that moved nothing rules out). The request's access
+    /// line says so (a stream's end writes it); a debug line says it for the call alone.
     fn ended(&self, call: CallId, status: Option<CallStatus>) {
         crate::telemetry::pending(-1.0);
         let model = self
@@ -64,7 +67,10 @@ impl Meter {
             }
         };
         crate::telemetry::call_ended(model, self.protocol, settled, self.credits);
-        tracing::info!(
+        if let Some(access) = &self.access {
+            access.call_ended(call, settled, self.credits);
+        }
+        tracing::debug!(
             call = call.0,
             model,
             protocol = self.protocol.as_str(),

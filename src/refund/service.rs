@@ -15,7 +15,7 @@ use tower_service::Service;
 use super::body::{BilledStream, ResponseBody, StreamLimits};
 use super::guard::{Meter, UnsettledCall};
 use super::layer::RefundOnUpstreamErrorLayer;
-use crate::call::{ClientWrites, IdempotencyKey, Reservation, RoutedCall, ServedBy};
+use crate::call::{AccessEntry, ClientWrites, IdempotencyKey, Reservation, RoutedCall, ServedBy};
 use crate::classify::complete_reply;
 use crate::error::{GatewayError, UpstreamError};
 use crate::protocol::Protocol;
@@ -123,6 +123,7 @@ where
         let routed = request.extensions().get::<RoutedCall>();
         let protocol = routed.map(|routed| routed.protocol);
         let model = routed.map(|routed| routed.model.clone());
+        let access = request.extensions().get::<AccessEntry>().cloned();
         let unsettled = request
             .extensions()
             .get::<Reservation>()
@@ -132,6 +133,7 @@ where
                     protocol: protocol.unwrap_or(Protocol::ChatCompletions),
                     credits: reservation.taken.total().get(),
                     charged_at: std::time::Instant::now(),
+                    access: access.clone(),
                 };
                 UnsettledCall::new(
                     self.ledger.clone(),
@@ -194,6 +196,9 @@ where
                         return Ok(GatewayError::Misconfigured.into_response());
                     };
                     event_stream_headers(&mut parts.headers);
+                    if let Some(access) = &access {
+                        access.stream_follows();
+                    }
                     let mut stream =
                         BilledStream::new(events, protocol, unsettled, success, limits, writes);
                     if keep_reply {

@@ -53,7 +53,7 @@ use tokio::time::Instant;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::call::{Caller, IdempotencyKey, KeyRules, RoutedCall};
+use crate::call::{AccessEntry, Caller, IdempotencyKey, KeyRules, RoutedCall};
 use crate::catalogue::Catalogue;
 use crate::credits::Credits;
 use crate::error::GatewayError;
@@ -218,7 +218,17 @@ where
             .ok_or(GatewayError::InvalidIdempotencyKey)?;
         parts.extensions.insert(key);
     }
-    let routed = route(catalogue, protocol, &body, streaming)?;
+    let access = parts.extensions.get::<AccessEntry>();
+    let routed = route(catalogue, protocol, &body, streaming).inspect_err(|refusal| {
+        if let (Some(access), GatewayError::ModelNotFound) = (access, refusal)
+            && let Some(name) = model_name(&body)
+        {
+            access.unknown_model(&name);
+        }
+    })?;
+    if let Some(access) = access {
+        access.model(&routed.model, routed.alias.as_deref());
+    }
     if let Some(rules) = parts.extensions.get::<KeyRules>()
         && !rules.allows(&routed.model.name)
     {
@@ -619,14 +629,23 @@ fn resolve(
         .model(model_name)
         .filter(|model| model.protocol == protocol)
         .ok_or(GatewayError::ModelNotFound)?;
+    let alias = (model.name != model_name).then(|| Arc::from(model_name));
     // The raw value borrows from `body`, so its position in `body` is where the model sits.
     let start = model_raw.get().as_ptr() as usize - body.as_ptr() as usize;
     Ok(RoutedCall::from_body(
         protocol,
         model.clone(),
+        alias,
         stream,
         start..start + model_raw.get().len(),
     ))
+}
+
+/// The `model` a body names, if it is a JSON object with a string `model` (for the access log
+/// of a model not found).
+fn model_name(body: &[u8]) -> Option<String> {
+    let raw = envelope(body).ok()?.model?;
+    json_string(raw).map(std::borrow::Cow::into_owned)
 }
 
 /// The string a raw JSON value holds, borrowed when it has no escapes.

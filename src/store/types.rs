@@ -57,6 +57,9 @@ pub struct ChargeRequest<'a> {
     pub protocol: Protocol,
     /// The model's catalogue name.
     pub model: &'a str,
+    /// The name the client called the model by, when it was one of its aliases; kept in the
+    /// call log beside [`model`](Self::model).
+    pub requested_model: Option<&'a str>,
     /// The model's price.
     pub price: Credits,
     /// The request's id (`x-request-id`), kept in the call log.
@@ -76,6 +79,7 @@ impl<'a> ChargeRequest<'a> {
             caller,
             protocol,
             model,
+            requested_model: None,
             price,
             request_id: None,
             at: Utc::now(),
@@ -86,6 +90,12 @@ impl<'a> ChargeRequest<'a> {
     /// The request's id (`x-request-id`), kept in the call log.
     pub fn with_request_id(mut self, request_id: Option<&'a str>) -> Self {
         self.request_id = request_id;
+        self
+    }
+
+    /// The name the client called the model by, when it was one of its aliases.
+    pub fn with_requested_model(mut self, requested_model: Option<&'a str>) -> Self {
+        self.requested_model = requested_model;
         self
     }
 
@@ -172,6 +182,8 @@ pub struct CallRecord {
     pub protocol: Protocol,
     /// Catalogue model name.
     pub model: String,
+    /// The name the client called the model by, when it was one of the model's aliases.
+    pub requested_model: Option<String>,
     /// Price at the time of the call.
     pub price: Credits,
     /// Credits taken from the subscription bucket.

@@ -599,6 +599,7 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
             Credits::new(PRICE),
         )
         .with_request_id(Some(request_id))
+        .with_requested_model(Some("claude-3-5-haiku-20241022"))
     };
     let billed = instance.reserve(request("req-billed")).await.unwrap();
     let success = CallSuccess {
@@ -620,6 +621,10 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
     assert_eq!(ok.status, CallStatus::Ok);
     assert_eq!(ok.protocol, Protocol::Messages);
     assert_eq!(ok.model, "claude-3-5-haiku");
+    assert_eq!(
+        ok.requested_model.as_deref(),
+        Some("claude-3-5-haiku-20241022")
+    );
     assert_eq!(ok.key, caller.key);
     assert_eq!(ok.charged_subscription, Credits::new(PRICE));
     assert_eq!(ok.upstream_status, Some(200));
@@ -633,6 +638,10 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
     assert_eq!(refunded.upstream_error.as_deref(), Some("test"));
     assert_eq!(refunded.channel, None);
     assert_eq!(refunded.request_id.as_deref(), Some("req-failed"));
+    assert_eq!(
+        refunded.requested_model.as_deref(),
+        Some("claude-3-5-haiku-20241022")
+    );
     assert_eq!(db.balance(&key).await, balance(1000 - PRICE, 0));
 }
 

@@ -107,6 +107,33 @@ async fn a_key_limited_to_some_models_is_refused_the_others_with_403_uncharged()
 }
 
 #[tokio::test]
+async fn a_key_limited_to_a_model_may_call_it_by_an_alias_and_no_other() {
+    let db = local_db().await;
+    let gateway = start_mock_gateway(&db).await;
+    let haiku_only = db.funded_key(100, 0).await;
+    let chat_only = db.funded_key(100, 0).await;
+    for (key, model) in [(&haiku_only, MESSAGES_MODEL), (&chat_only, CHAT_MODEL)] {
+        let patch = KeyPatch {
+            models: Some(Some(vec![model.into()])),
+            ..KeyPatch::default()
+        };
+        set_rules(&db, key, patch).await;
+    }
+    let alias = "claude-haiku-4-5-20251001";
+    assert_eq!(gateway.messages(&haiku_only, alias).await.status, 200);
+    let refused = gateway.messages(&chat_only, alias).await;
+    assert_eq!(
+        (refused.status, refused.detail()),
+        (403, "该 API Key 无权使用此模型")
+    );
+    assert_eq!(
+        db.balance(&haiku_only).await,
+        balance(100 - MESSAGES_PRICE, 0)
+    );
+    assert_eq!(db.balance(&chat_only).await, balance(100, 0));
+}
+
+#[tokio::test]
 async fn a_model_refusal_comes_before_the_credit_check() {
     let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
@@ -194,6 +221,7 @@ async fn a_key_over_its_requests_per_minute_gets_429_with_retry_after_uncharged(
         .await
         .unwrap();
     assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["x-should-retry"], "true");
     let retry_after: u64 = refused.headers()["retry-after"]
         .to_str()
         .unwrap()

@@ -176,6 +176,53 @@ backends!(
     }
 );
 
+/// A call made by an alias keeps that name beside the catalogue name it is billed under; a call
+/// by the catalogue name keeps none. Settled and refunded entries alike.
+async fn assert_alias_is_kept_beside_the_model<S: Store>(store: &S) {
+    let caller = caller_with(store, 10, 0).await;
+    let by_alias = charge(caller, 2).with_requested_model(Some("gpt-4o-mini-2024-07-18"));
+    let settled = store.reserve(by_alias).await.unwrap();
+    assert!(store.settle(settled.call, success()).await.unwrap());
+    let refunded = store.reserve(by_alias).await.unwrap();
+    assert!(store.refund(refunded.call, &failure()).await.unwrap());
+    let plain = store.reserve(charge(caller, 2)).await.unwrap();
+    assert!(store.settle(plain.call, success()).await.unwrap());
+    let calls = store.recent_calls(caller.account, 10).await.unwrap();
+    let entry = |id: CallId| calls.iter().find(|call| call.id == id).unwrap();
+    for id in [settled.call, refunded.call] {
+        assert_eq!(entry(id).model, "gpt-4o-mini");
+        assert_eq!(
+            entry(id).requested_model.as_deref(),
+            Some("gpt-4o-mini-2024-07-18")
+        );
+    }
+    assert_eq!(entry(plain.call).requested_model, None);
+    assert_eq!(
+        store.balance(caller.account).await.unwrap(),
+        common::balance(6, 0)
+    );
+}
+
+#[tokio::test]
+async fn an_alias_is_kept_beside_the_model_in_the_memory_model() {
+    assert_alias_is_kept_beside_the_model(&MemoryStore::new()).await;
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn an_alias_is_kept_beside_the_model_on_an_owned_file() {
+    let db = owned_sqlite_db().await;
+    assert_alias_is_kept_beside_the_model(db.store.as_ref()).await;
+    db.assert_audit_holds().await;
+}
+
+backends!(
+    async fn an_alias_is_kept_beside_the_model(db) {
+        assert_alias_is_kept_beside_the_model(db.store.as_ref()).await;
+        db.assert_audit_holds().await;
+    }
+);
+
 /// The CHECK constraints stand behind the code: no statement can make a bucket negative.
 async fn assert_database_refuses_negative_buckets(db: &TestDb) {
     let caller = caller_with(db.store.as_ref(), 1, 0).await;

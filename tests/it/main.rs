@@ -17,6 +17,7 @@ mod common;
 
 mod admin;
 mod bad_input;
+mod clients;
 mod contract;
 mod escrow;
 #[cfg(feature = "sqlite")]

@@ -728,15 +728,22 @@ async fn json_log_lines_are_objects_with_the_request_id() {
         .unwrap_or_else(|| panic!("no refund warning in {log}"));
     assert_eq!(refund["span"]["request_id"], "trace-me-42", "{refund}");
     assert_eq!(refund["level"], "WARN");
-    // One line per call with what an operator looks for.
-    let ended = lines
+    // One access line per request with what an operator looks for.
+    let access: Vec<_> = lines
         .iter()
-        .find(|line| line["fields"]["message"] == "call ended")
-        .unwrap_or_else(|| panic!("no call line in {log}"));
-    assert_eq!(ended["span"]["request_id"], "trace-me-42", "{ended}");
-    assert_eq!(ended["fields"]["model"], CHAT_MODEL);
-    assert_eq!(ended["fields"]["protocol"], "chat_completions");
-    assert_eq!(ended["fields"]["status"], "refunded");
-    assert_eq!(ended["fields"]["credits"], 0);
-    assert!(ended["fields"]["duration_ms"].is_u64(), "{ended}");
+        .filter(|line| line["target"] == "model_gateway::access")
+        .collect();
+    assert_eq!(access.len(), 1, "{log}");
+    let fields = &access[0]["fields"];
+    assert_eq!(fields["request_id"], "trace-me-42", "{fields}");
+    assert_eq!(fields["method"], "POST");
+    assert_eq!(fields["path"], CHAT);
+    assert_eq!(fields["status"], 502);
+    assert_eq!(fields["model"], CHAT_MODEL);
+    assert_eq!(fields["outcome"], "refunded");
+    assert_eq!(fields["credits"], 0);
+    assert_eq!(fields["error"], "upstream_unavailable");
+    assert!(fields["duration_ms"].is_f64(), "{fields}");
+    let key = fields["key"].as_str().unwrap();
+    assert!(key.starts_with("sk-mg-") && key.len() == 12, "{fields}");
 }

@@ -73,6 +73,7 @@ impl Ledger for MemoryStore {
             key: request.caller.key,
             protocol: request.protocol,
             model: request.model.to_owned(),
+            requested_model: request.requested_model.map(str::to_owned),
             price: request.price,
             charged_subscription: taken.subscription,
             charged_topup: taken.topup,

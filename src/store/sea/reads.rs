@@ -56,6 +56,7 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
         key: KeyId(row.key_id),
         protocol,
         model: row.model,
+        requested_model: row.requested_model,
         price: Credits(row.price),
         charged_subscription: Credits(row.charged_subscription),
         charged_topup: Credits(row.charged_topup),

@@ -185,6 +185,7 @@ mod tests {
             },
             protocol: Protocol::ChatCompletions,
             model: "m".into(),
+            requested_model: None,
             price: Credits(1),
             request_id: None,
             at: chrono::Utc::now(),

@@ -165,6 +165,7 @@ async fn insert_entries<C: ConnectionTrait>(
         key_id: Set(entry.charge.caller.key.0),
         protocol: Set(entry.charge.protocol.as_str().to_owned()),
         model: Set(entry.charge.model.clone()),
+        requested_model: Set(entry.charge.requested_model.clone()),
         price: Set(entry.charge.price.0),
         charged_subscription: Set(entry.taken.subscription.0),
         charged_topup: Set(entry.taken.topup.0),

@@ -329,7 +329,8 @@ fn timestamp_now() -> String {
 
 /// Binds an entry's charge columns from parameter `first` on, in this order: `account_id,
 /// key_id, protocol, model, price, charged_subscription, charged_topup, status, created_at,
-/// request_id, instance_id`. One place, so the statements that insert entries agree.
+/// request_id, instance_id, requested_model`. One place, so the statements that insert entries
+/// agree.
 fn bind_charge(
     statement: &mut Statement<'_>,
     first: usize,
@@ -338,7 +339,7 @@ fn bind_charge(
     created_at: &str,
 ) -> rusqlite::Result<()> {
     let charge = entry.charge;
-    let columns: [&dyn ToSql; 11] = [
+    let columns: [&dyn ToSql; CHARGE_COLUMNS] = [
         &entry.account,
         &charge.caller.key.0,
         &charge.protocol.as_str(),
@@ -350,9 +351,13 @@ fn bind_charge(
         &created_at,
         &charge.request_id,
         &charge.instance.map(|lease| lease.0),
+        &charge.requested_model,
     ];
     bind_from(statement, first, &columns)
 }
+
+/// How many columns [`bind_charge`] binds.
+const CHARGE_COLUMNS: usize = 12;
 
 /// Binds how an entry ended from parameter `first` on, in this order: `upstream_status,
 /// upstream_channel, upstream_error, input_tokens, output_tokens, finished_at`. One place, so
@@ -395,9 +400,10 @@ fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<
         .prepare_cached(
             "INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
              charged_subscription, charged_topup, status, created_at, request_id, instance_id, \
-             upstream_status, upstream_channel, upstream_error, input_tokens, output_tokens, \
-             finished_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+             requested_model, upstream_status, upstream_channel, upstream_error, input_tokens, \
+             output_tokens, finished_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
+             ?18, ?19)",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
@@ -416,7 +422,7 @@ fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<
             &timestamp(held.reserved_at),
         )
         .map_err(store_error)?;
-        bind_finish(&mut statement, 13, finish, &now).map_err(store_error)?;
+        bind_finish(&mut statement, 2 + CHARGE_COLUMNS, finish, &now).map_err(store_error)?;
         statement.raw_execute().map_err(store_error)?;
     }
     Ok(())
@@ -426,8 +432,9 @@ fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec
     let mut statement = txn
         .prepare_cached(
             "INSERT INTO mg_calls (account_id, key_id, protocol, model, price, \
-             charged_subscription, charged_topup, status, created_at, request_id, instance_id) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+             charged_subscription, charged_topup, status, created_at, request_id, instance_id, \
+             requested_model) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         )
         .map_err(store_error)?;
     let now = timestamp_now();

@@ -18,6 +18,8 @@ pub(crate) struct Model {
     pub protocol: String,
     /// Catalogue model name.
     pub model: String,
+    /// The name the client called the model by, when it was an alias.
+    pub requested_model: Option<String>,
     /// Price at the time of the call.
     pub price: i64,
     /// Taken from the subscription bucket.

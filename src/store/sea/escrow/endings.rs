@@ -291,18 +291,19 @@ pub(super) async fn write_sql(
                INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
                charged_subscription, charged_topup, status, upstream_status, upstream_channel, \
                upstream_error, input_tokens, output_tokens, created_at, finished_at, \
-               request_id, instance_id) \
+               request_id, instance_id, requested_model) \
                SELECT u.id, u.account_id, u.key_id, u.protocol, u.model, u.price, u.cs, u.ct, \
                u.status, u.upstream_status, u.upstream_channel, u.upstream_error, \
                u.input_tokens, u.output_tokens, u.created_at, u.finished_at, u.request_id, \
-               u.instance_id \
+               u.instance_id, u.requested_model \
                FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::text[], \
                $10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::int[], \
                $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::timestamptz[], \
-               $20::timestamptz[], $21::text[], $22::bigint[], $23::bool[]) \
+               $20::timestamptz[], $21::text[], $22::bigint[], $23::bool[], $24::text[]) \
                AS u(id, account_id, key_id, protocol, model, price, cs, ct, status, \
                upstream_status, upstream_channel, upstream_error, input_tokens, \
-               output_tokens, created_at, finished_at, request_id, instance_id, debits) \
+               output_tokens, created_at, finished_at, request_id, instance_id, debits, \
+               requested_model) \
                WHERE NOT u.debits OR EXISTS (SELECT 1 FROM debited d \
                  WHERE d.instance_id = u.instance_id AND d.account_id = u.account_id) \
                RETURNING 1 \
@@ -333,6 +334,7 @@ pub(super) async fn write_sql(
         .bind(rows.request_id)
         .bind(rows.instance)
         .bind(rows.debits)
+        .bind(rows.requested_model)
         .fetch_one(db.get_postgres_connection_pool())
         .await
         .map_err(|error| StoreError::Database(Box::new(error)))?;
@@ -381,6 +383,7 @@ pub(super) struct Entries {
     request_id: Vec<Option<String>>,
     instance: Vec<Option<i64>>,
     debits: Vec<bool>,
+    requested_model: Vec<Option<String>>,
 }
 impl Entries {
     fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
@@ -409,6 +412,8 @@ impl Entries {
         self.instance
             .push(held.charge.instance.map(|lease| lease.0));
         self.debits.push(decided.debits());
+        self.requested_model
+            .push(held.charge.requested_model.clone());
     }
 }
 

@@ -11,6 +11,7 @@
 //! | [`IdempotencyKey`] | [`ProtocolRouter`](crate::ProtocolRouter) | [`CreditCharge`](crate::CreditCharge), [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
 //! | [`ServedBy`] (response) | [`HttpUpstream`](crate::upstream::HttpUpstream) | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) |
 //! | [`ClientWrites`] | the server ([`crate::server`] for HTTP/1.1)   | [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) (what a stream bills) |
+//! | [`AccessEntry`] | [`AccessLog`](crate::access_log::AccessLog) | noted by [`ApiKeyAuth`](crate::ApiKeyAuth) (key prefix), [`ProtocolRouter`](crate::ProtocolRouter) (model), [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) (outcome, credits; a stream's end writes the line) |
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -27,6 +28,10 @@ use serde::Serialize;
 use crate::catalogue::ModelRoute;
 use crate::credits::Split;
 use crate::protocol::Protocol;
+
+mod access;
+
+pub use access::{ACCESS_LOG_TARGET, AccessEntry};
 
 /// An account: the owner of one credit pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -100,6 +105,9 @@ pub struct RoutedCall {
     pub protocol: Protocol,
     /// The catalogue entry: name, price, upstream.
     pub model: Arc<ModelRoute>,
+    /// The name the client called the model by, when it was one of its aliases (the call log
+    /// keeps it beside the catalogue name).
+    pub alias: Option<Arc<str>>,
     /// Whether the client asked for a streamed reply (`stream: true`), which the router lets
     /// through only when streaming is on.
     pub stream: bool,
@@ -116,30 +124,36 @@ impl RoutedCall {
         RoutedCall {
             protocol,
             model,
+            alias: None,
             stream,
             model_span: None,
         }
     }
 
-    /// The call as the router resolved it from a body, `model` at `span` in it.
+    /// The call as the router resolved it from a body, `model` at `span` in it (by `alias`, if
+    /// the client used one).
     pub(crate) fn from_body(
         protocol: Protocol,
         model: Arc<ModelRoute>,
+        alias: Option<Arc<str>>,
         stream: bool,
         span: Range<usize>,
     ) -> RoutedCall {
         RoutedCall {
             model_span: Some(span),
+            alias,
             ..RoutedCall::new(protocol, model, stream)
         }
     }
 
     /// The body to send upstream: the client's bytes, with `model` replaced by `upstream_model`
-    /// (a channel's name for the model) when there is one. Nothing else is touched when the
-    /// router read this body; a call built by hand has its body re-serialised with the new
-    /// `model` (a body that is not a JSON object goes as it is).
+    /// (a channel's name for the model) when there is one, else by the catalogue name when the
+    /// client called the model by an alias. Nothing else is touched when the router read this
+    /// body; a call built by hand has its body re-serialised with the new `model` (a body that
+    /// is not a JSON object goes as it is).
     pub fn upstream_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
-        let Some(upstream_model) = upstream_model else {
+        let by_alias = self.alias.is_some().then_some(self.model.name.as_str());
+        let Some(upstream_model) = upstream_model.or(by_alias) else {
             return body.clone();
         };
         let span = self.model_span.clone().filter(|span| {
@@ -335,8 +349,13 @@ mod tests {
             .windows(13)
             .position(|w| w == b"\"gpt-4o-mini\"")
             .unwrap();
-        let routed =
-            RoutedCall::from_body(Protocol::ChatCompletions, model(), false, start..start + 13);
+        let routed = RoutedCall::from_body(
+            Protocol::ChatCompletions,
+            model(),
+            None,
+            false,
+            start..start + 13,
+        );
         assert_eq!(
             routed.upstream_body(&body, Some("gpt-4o-mini-2024")),
             Bytes::from_static(br#"{"z":1,  "model" : "gpt-4o-mini-2024","a":[2]}"#)
