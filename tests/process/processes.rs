@@ -747,3 +747,169 @@ async fn json_log_lines_are_objects_with_the_request_id() {
     let key = fields["key"].as_str().unwrap();
     assert!(key.starts_with("sk-mg-") && key.len() == 12, "{fields}");
 }
+
+/// One request of the access-log run: what is sent, and the status its line must say.
+struct Sent {
+    id: String,
+    status: u16,
+}
+
+/// Serves the gateway binary in mock mode with streaming on and `format` as its log format,
+/// sends refused, plain and streamed calls (each with a request id of its own), stops it
+/// gracefully, and returns what was sent, the key used and the log.
+async fn access_log_run(format: &str) -> (Vec<Sent>, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_address();
+    let env = Env {
+        vars: vec![
+            (
+                "DATABASE_URL",
+                format!(
+                    "sqlite://{}?mode=rwc",
+                    dir.path().join("gateway.db").display()
+                ),
+            ),
+            ("GATEWAY_LISTEN", listen.clone()),
+            ("MOCK_UPSTREAM", "1".into()),
+            ("GATEWAY_STREAMING", "1".into()),
+            ("GATEWAY_LOG_FORMAT", format.to_owned()),
+        ],
+    };
+    let key = env.create_key("--subscription", "100");
+    let poor = env.create_key("--subscription", "1");
+    let log = dir.path().join("gateway.log");
+    let mut server = env
+        .command(&["serve"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    listening(&listen).await;
+    let client = reqwest::Client::new();
+    let base = format!("http://{listen}");
+    let stream_chat = r#"{"model":"gpt-4o-mini","messages":[],"stream":true}"#;
+    let stream_messages =
+        r#"{"model":"claude-haiku-4-5","max_tokens":8,"messages":[],"stream":true}"#;
+    let requests: Vec<(&str, &str, &str, String, u16)> = vec![
+        ("POST", CHAT, "sk-mg-wrong", chat_body(CHAT_MODEL), 401),
+        ("POST", CHAT, &key, "not json".into(), 400),
+        ("POST", CHAT, &poor, chat_body(CHAT_MODEL), 402),
+        ("POST", MESSAGES, &key, messages_body("no-such-model"), 404),
+        ("GET", CHAT, &key, String::new(), 405),
+        ("POST", "/v1/no-such-path", &key, "{}".into(), 404),
+        ("POST", CHAT, &key, chat_body(CHAT_MODEL), 200),
+        (
+            "POST",
+            MESSAGES,
+            &key,
+            messages_body("claude-haiku-4-5-20251001"),
+            200,
+        ),
+        ("POST", CHAT, &key, stream_chat.into(), 200),
+        ("POST", MESSAGES, &key, stream_messages.into(), 200),
+    ];
+    let mut sent = Vec::new();
+    for (n, (method, path, with_key, body, status)) in requests.into_iter().enumerate() {
+        let id = format!("access-{n:02}");
+        let answer = client
+            .request(method.parse().unwrap(), format!("{base}{path}"))
+            .header("x-api-key", with_key)
+            .header("x-request-id", &id)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status().as_u16(), status, "{id}");
+        assert_eq!(answer.headers()["request-id"], id.as_str());
+        // A stream's line is written at its end: read it whole.
+        answer.bytes().await.unwrap();
+        sent.push(Sent { id, status });
+    }
+    // A graceful stop, so that every line is out.
+    let stopped = Command::new("kill")
+        .args(["-INT", &server.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    assert!(server.wait().unwrap().success());
+    let log = std::fs::read_to_string(&log).unwrap();
+    (sent, key, log)
+}
+
+/// Every request, refused ones and streams included, has exactly one access line, which
+/// names its id and its status; the key appears in none, only its display prefix.
+#[tokio::test]
+async fn the_access_log_has_one_line_per_request_with_its_id_and_status() {
+    let (sent, key, log) = access_log_run("text").await;
+    let access: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("model_gateway::access"))
+        .collect();
+    assert_eq!(access.len(), sent.len(), "{log}");
+    for Sent { id, status } in &sent {
+        let lines: Vec<_> = access
+            .iter()
+            .filter(|line| line.contains(&format!("request_id=\"{id}\"")))
+            .collect();
+        assert_eq!(lines.len(), 1, "{id}: {log}");
+        assert!(
+            lines[0].contains(&format!(" status={status} ")),
+            "{}",
+            lines[0]
+        );
+    }
+    let alias = access
+        .iter()
+        .find(|line| line.contains("request_id=\"access-07\""))
+        .unwrap();
+    assert!(
+        alias.contains("model=\"claude-haiku-4-5\"")
+            && alias.contains("requested_model=\"claude-haiku-4-5-20251001\"")
+            && alias.contains("outcome=\"ok\" credits=3"),
+        "{alias}"
+    );
+    assert!(
+        alias.contains(&format!("key=\"{}\"", &key[..12])),
+        "{alias}"
+    );
+    assert!(!log.contains(&key), "a key reached the log");
+}
+
+/// The same in JSON: one object per access line, its fields those of the request.
+#[tokio::test]
+async fn the_json_access_log_has_one_object_per_request_with_its_fields() {
+    let (sent, key, log) = access_log_run("json").await;
+    let access: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}")))
+        .filter(|line: &serde_json::Value| line["target"] == "model_gateway::access")
+        .collect();
+    assert_eq!(access.len(), sent.len(), "{log}");
+    for Sent { id, status } in &sent {
+        let lines: Vec<_> = access
+            .iter()
+            .filter(|line| line["fields"]["request_id"] == id.as_str())
+            .collect();
+        assert_eq!(lines.len(), 1, "{id}: {log}");
+        assert_eq!(lines[0]["fields"]["status"], *status, "{id}");
+        assert!(lines[0]["fields"]["duration_ms"].is_f64(), "{id}");
+    }
+    let stream = &access
+        .iter()
+        .find(|line| line["fields"]["request_id"] == "access-09")
+        .unwrap()["fields"];
+    assert_eq!(stream["model"], MESSAGES_MODEL);
+    assert_eq!(stream["outcome"], "ok");
+    assert_eq!(stream["credits"], MESSAGES_PRICE);
+    let refused = &access
+        .iter()
+        .find(|line| line["fields"]["request_id"] == "access-02")
+        .unwrap()["fields"];
+    assert_eq!(refused["error"], "insufficient_credits");
+    assert_eq!(
+        refused.get("credits"),
+        None,
+        "a refused call charged nothing"
+    );
+    assert!(!log.contains(&key), "a key reached the log");
+}

@@ -35,6 +35,7 @@ def start_gateway(tmp_path_factory, **settings):
     """Starts the example gateway with these extra environment variables; yields its handle and
     checks, once done, that it shut down cleanly, logged no key and that the audit passes."""
     db = tmp_path_factory.mktemp("gateway") / "gateway.db"
+    log_path = db.parent / "gateway.log"
     env = {**os.environ, "DATABASE_URL": f"sqlite://{db}?mode=rwc", "MOCK_UPSTREAM": "1", **settings}
     env["GATEWAY_LISTEN"] = f"127.0.0.1:{free_port()}"
 
@@ -42,7 +43,8 @@ def start_gateway(tmp_path_factory, **settings):
         done = subprocess.run([GATEWAY_BIN, *args], env=env, capture_output=True, text=True, check=True)
         return done.stdout
 
-    server = subprocess.Popen([GATEWAY_BIN, "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log_file = open(log_path, "w")
+    server = subprocess.Popen([GATEWAY_BIN, "serve"], env=env, stdout=subprocess.PIPE, stderr=log_file)
     host, port = env["GATEWAY_LISTEN"].split(":")
     deadline = time.monotonic() + 30
     while True:
@@ -51,7 +53,7 @@ def start_gateway(tmp_path_factory, **settings):
             break
         except OSError:
             if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"gateway did not start: {server.stderr.read().decode()}")
+                raise RuntimeError(f"gateway did not start: {log_path.read_text()}")
             time.sleep(0.1)
 
     keys = []
@@ -74,11 +76,21 @@ def start_gateway(tmp_path_factory, **settings):
         def logs(key):
             return json.loads(command("logs", "--key", key))
 
+        @staticmethod
+        def access_lines(path, status):
+            """The server's access-log lines so far for requests to `path` answered `status`."""
+            return [
+                line
+                for line in log_path.read_text().splitlines()
+                if "model_gateway::access" in line and f' path="{path}" status={status} ' in line
+            ]
+
     yield Gateway
     # Ctrl-C shuts the server down gracefully: a clean exit that said where it listened.
     server.send_signal(signal.SIGINT)
     assert server.wait(timeout=10) == 0
-    log = server.stderr.read().decode()
+    log_file.close()
+    log = log_path.read_text()
     assert f"listening on http://{env['GATEWAY_LISTEN']}" in log
     assert "shut down" in log
     # No key, valid or not, ever reaches the server's log.
@@ -92,6 +104,12 @@ def start_gateway(tmp_path_factory, **settings):
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     yield from start_gateway(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def compatible_gateway(tmp_path_factory):
+    """Refusals also in each protocol's own error object (GATEWAY_ERROR_BODY=compatible)."""
+    yield from start_gateway(tmp_path_factory, GATEWAY_ERROR_BODY="compatible")
 
 
 def detail(error):
@@ -194,6 +212,101 @@ def test_sdks_see_404_for_unknown_and_cross_protocol_models(gateway):
             )
         assert detail(raised.value) == "模型不存在"
     assert gateway.balance(key)["total"] == 100
+
+
+def test_openai_sdk_errors_read_the_message_only_with_compatible_bodies(gateway, compatible_gateway):
+    # Off (the specified body): the SDK finds no `error` object; `.body` is the whole answer.
+    key = gateway.new_key(subscription=1)
+    with pytest.raises(openai.APIStatusError) as off:
+        openai_client(gateway, key).chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "x"}])
+    assert off.value.body == {"detail": "积分不足"}
+    assert (off.value.code, off.value.type) == (None, None)
+    # On: the SDK reads `error`: its message, type and code.
+    key = compatible_gateway.new_key(subscription=1)
+    with pytest.raises(openai.APIStatusError) as on:
+        openai_client(compatible_gateway, key).chat.completions.create(
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "x"}]
+        )
+    assert on.value.status_code == 402
+    assert on.value.body["message"] == "积分不足"
+    assert (on.value.code, on.value.type) == ("insufficient_quota", "insufficient_quota")
+    assert "积分不足" in str(on.value)
+    with pytest.raises(openai.NotFoundError) as missing:
+        openai_client(compatible_gateway, key).chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "x"}]
+        )
+    assert (missing.value.body["message"], missing.value.code, missing.value.param) == (
+        "模型不存在",
+        "model_not_found",
+        "model",
+    )
+    assert compatible_gateway.logs(key) == []
+
+
+def test_anthropic_sdk_errors_keep_the_detail_and_gain_anthropics_error_type(gateway, compatible_gateway):
+    key = compatible_gateway.new_key(subscription=1)
+    with pytest.raises(anthropic.APIStatusError) as on:
+        anthropic_client(compatible_gateway, key).messages.create(
+            model=MESSAGES_MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    assert on.value.body["detail"] == "积分不足"
+    assert on.value.body["error"] == {"type": "billing_error", "message": "积分不足"}
+    key = gateway.new_key(subscription=1)
+    with pytest.raises(anthropic.APIStatusError) as off:
+        anthropic_client(gateway, key).messages.create(
+            model=MESSAGES_MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    assert off.value.body == {"detail": "积分不足"}
+
+
+def test_anthropic_sdk_errors_carry_the_request_id(gateway):
+    with pytest.raises(anthropic.AuthenticationError) as raised:
+        anthropic_client(gateway, "sk-mg-wrong").messages.create(
+            model=MESSAGES_MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
+    request_id = raised.value.request_id
+    assert request_id is not None and request_id.startswith("req_")
+    # The operator finds that request in the access log by the id the client has.
+    [line] = [line for line in gateway.access_lines("/v1/messages", 401) if f'request_id="{request_id}"' in line]
+    assert 'error="invalid_api_key"' in line
+
+
+def test_sdks_with_their_default_retries_ask_once_for_what_a_retry_cannot_change(gateway):
+    poor = gateway.new_key(subscription=1)
+    calls = [
+        (lambda: openai.OpenAI(base_url=f"{gateway.base}/v1", api_key="sk-mg-wrong").chat.completions.create(
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "x"}]), "/v1/chat/completions", 401),
+        (lambda: openai.OpenAI(base_url=f"{gateway.base}/v1", api_key=poor).chat.completions.create(
+            model=CHAT_MODEL, messages=[{"role": "user", "content": "x"}]), "/v1/chat/completions", 402),
+        (lambda: anthropic.Anthropic(base_url=gateway.base, api_key="sk-mg-wrong").messages.create(
+            model=MESSAGES_MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]), "/v1/messages", 401),
+        (lambda: anthropic.Anthropic(base_url=gateway.base, api_key=poor).messages.create(
+            model=MESSAGES_MODEL, max_tokens=8, messages=[{"role": "user", "content": "x"}]), "/v1/messages", 402),
+    ]
+    for call, path, status in calls:
+        before = len(gateway.access_lines(path, status))
+        with pytest.raises((openai.APIStatusError, anthropic.APIStatusError)) as raised:
+            call()
+        assert raised.value.status_code == status
+        assert raised.value.response.headers["x-should-retry"] == "false"
+        assert len(gateway.access_lines(path, status)) - before == 1, f"{path} {status}: asked more than once"
+
+
+def test_both_sdks_call_a_model_by_its_alias(gateway):
+    key = gateway.new_key(subscription=10)
+    reply = anthropic_client(gateway, key).messages.create(
+        model="claude-haiku-4-5-20251001", max_tokens=8, messages=[{"role": "user", "content": "x"}]
+    )
+    assert reply.content[0].text == MOCK_TEXT
+    [entry] = gateway.logs(key)
+    assert (entry["model"], entry["requested_model"], entry["price"]) == (
+        MESSAGES_MODEL,
+        "claude-haiku-4-5-20251001",
+        MESSAGES_PRICE,
+    )
+    retrieved = openai_client(gateway, key).models.retrieve("claude-haiku-4-5-20251001")
+    assert retrieved.id == MESSAGES_MODEL
+    assert retrieved.model_extra["aliases"] == ["claude-haiku-4-5-20251001"]
 
 
 # --- Streaming (GATEWAY_STREAMING=1) -------------------------------------------------------

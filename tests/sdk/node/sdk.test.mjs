@@ -60,6 +60,9 @@ async function startGateway(env) {
     balance: (key) => JSON.parse(command("balance", "--key", key)),
     logs: (key) => JSON.parse(command("logs", "--key", key)),
     stop: () => new Promise((resolve) => (server.on("exit", resolve), server.kill("SIGINT"))),
+    // The access-log lines so far of requests to `path` answered `status`.
+    accessLines: (path, status) =>
+      log.split("\n").filter((line) => line.includes("model_gateway::access") && line.includes(` path="${path}" status=${status} `)),
     audit: () => command("audit"),
   };
 }
@@ -100,10 +103,11 @@ function startFakeProvider() {
   return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve(server)));
 }
 
-let mock, provider, fake, catalogueDir;
+let mock, compat, provider, fake, catalogueDir;
 
 before(async () => {
   mock = await startGateway({});
+  compat = await startGateway({ GATEWAY_ERROR_BODY: "compatible" });
   fake = await startFakeProvider();
   const base = `http://127.0.0.1:${fake.address().port}`;
   catalogueDir = mkdtempSync(join(tmpdir(), "mg-node-cat-"));
@@ -137,12 +141,12 @@ upstream = "fake-anthropic"
 });
 
 after(async () => {
-  for (const gateway of [mock, provider]) {
+  for (const gateway of [mock, compat, provider]) {
     await gateway.stop();
     assert.match(gateway.audit(), /audit passed/);
   }
   fake.close();
-  for (const dir of [mock.dir, provider.dir, catalogueDir]) {
+  for (const dir of [mock.dir, compat.dir, provider.dir, catalogueDir]) {
     rmSync(dir, { recursive: true, force: true });
   }
 });
@@ -250,4 +254,64 @@ test("both SDKs list and retrieve models", async () => {
   const info = await anthropic(mock, key).models.retrieve("claude-haiku-4-5");
   assert.equal(info.type, "model");
   assert.deepEqual(mock.logs(key), []);
+});
+
+const chatOnce = (client) => client.chat.completions.create({ model: "gpt-4o-mini", messages: [{ role: "user", content: "x" }] });
+const messageOnce = (client) => client.messages.create({ model: "claude-haiku-4-5", max_tokens: 8, messages: [{ role: "user", content: "x" }] });
+
+test("the OpenAI SDK's error shows the gateway's text only with compatible error bodies", async () => {
+  // Off (the specified {"detail"} body): the SDK finds no `error` object to read.
+  await assert.rejects(chatOnce(openai(mock, mock.newKey(1))), (error) => {
+    assert.equal(error.status, 402);
+    assert.equal(error.message, "402 status code (no body)");
+    assert.ok(!error.message.includes("积分不足"));
+    return true;
+  });
+  await assert.rejects(chatOnce(openai(compat, compat.newKey(1))), (error) => {
+    assert.equal(error.message, "402 积分不足");
+    assert.equal(error.code, "insufficient_quota");
+    assert.equal(error.type, "insufficient_quota");
+    return true;
+  });
+  await assert.rejects(chatOnce(openai(compat, "sk-mg-wrong")), (error) => {
+    assert.ok(error instanceof OpenAI.AuthenticationError);
+    assert.equal(error.message, "401 无效的 API Key");
+    return true;
+  });
+});
+
+test("the Anthropic SDK's errors carry the gateway's text and the request id", async () => {
+  for (const gateway of [mock, compat]) {
+    await assert.rejects(messageOnce(anthropic(gateway, gateway.newKey(1))), (error) => {
+      assert.equal(error.status, 402);
+      assert.ok(error.message.includes("积分不足"), error.message);
+      assert.match(error.requestID, /^req_[0-9a-f]{32}$/);
+      return true;
+    });
+  }
+  await assert.rejects(messageOnce(anthropic(compat, compat.newKey(1))), (error) => {
+    assert.equal(error.error.error.type, "billing_error");
+    return true;
+  });
+});
+
+test("both SDKs with their default retries ask once for what a retry cannot change", async () => {
+  const poor = mock.newKey(1);
+  const defaults = {
+    openai: (key) => new OpenAI({ baseURL: `${mock.base}/v1`, apiKey: key }),
+    anthropic: (key) => new Anthropic({ baseURL: mock.base, apiKey: key }),
+  };
+  const cases = [
+    [() => chatOnce(defaults.openai("sk-mg-wrong")), "/v1/chat/completions", 401],
+    [() => chatOnce(defaults.openai(poor)), "/v1/chat/completions", 402],
+    [() => messageOnce(defaults.anthropic("sk-mg-wrong")), "/v1/messages", 401],
+    [() => messageOnce(defaults.anthropic(poor)), "/v1/messages", 402],
+  ];
+  for (const [call, path, status] of cases) {
+    const before = mock.accessLines(path, status).length;
+    await assert.rejects(call(), (error) => error.status === status && error.headers.get("x-should-retry") === "false");
+    // The access line is written as the answer leaves; give the pipe a moment.
+    await new Promise((r) => setTimeout(r, 200));
+    assert.equal(mock.accessLines(path, status).length - before, 1, `${path} ${status}`);
+  }
 });
