@@ -4,7 +4,8 @@
 //! learn in (the key's display prefix, the model, the call's outcome and credits), and writes
 //! the entry as one `INFO` line of target [`ACCESS_LOG_TARGET`](crate::call::ACCESS_LOG_TARGET)
 //! when the answer leaves: with the request id, method, path, status, duration, and a refusal's
-//! reason. A stream billed when it ends is written at its end, with its whole duration and
+//! reason. Where no subscriber takes those lines (`RUST_LOG` filters them out), it notes
+//! nothing. A stream billed when it ends is written at its end, with its whole duration and
 //! what it was charged. Put it inside [`RequestIdLayer`](crate::request_id::RequestIdLayer),
 //! whose id the line carries, and outside the layers whose refusals it should count; a second
 //! instance inside the first leaves the line to the outer one.
@@ -39,7 +40,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::call::{AccessEntry, RequestId};
+use crate::call::{ACCESS_LOG_TARGET, AccessEntry, RequestId};
 use crate::error::GatewayError;
 
 /// Configuration of [`AccessLog`] (none yet).
@@ -92,8 +93,10 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        // An outer instance writes this request's line.
-        let entry = if request.extensions().get::<AccessEntry>().is_some() {
+        // An outer instance writes this request's line; with the lines filtered out (or no
+        // subscriber at all) nothing is noted.
+        let logged = tracing::enabled!(target: ACCESS_LOG_TARGET, tracing::Level::INFO);
+        let entry = if !logged || request.extensions().get::<AccessEntry>().is_some() {
             None
         } else {
             let entry = AccessEntry::new(

@@ -93,7 +93,7 @@ impl<S> ErrorBodyService<S> {
     }
 }
 
-/// On a request: an outer [`ErrorBodyService`] has it in hand.
+/// On a request: an outer [`ErrorBodyService`] writing compatible bodies has it in hand.
 #[derive(Debug, Clone, Copy)]
 struct Handled;
 
@@ -111,9 +111,8 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        let outermost = request.extensions_mut().insert(Handled).is_none();
         let shape = match self.body {
-            ErrorBody::Compatible if outermost => {
+            ErrorBody::Compatible if request.extensions_mut().insert(Handled).is_none() => {
                 ErrorShape::of_request(request.uri().path(), request.headers())
             }
             _ => None,

@@ -28,8 +28,37 @@ pub fn process_cpu_time() -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
+/// What a run sends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// The same paid call each time, answered 200.
+    Calls,
+    /// Requests the gateway refuses, in turn: a wrong key (401), a body that is not JSON (400),
+    /// an unknown model (404). Counted as answered when refused as expected.
+    Refusals,
+}
+
+/// The `n`th refused request of a [`Load::Refusals`] run: its key, body and expected status.
+fn refusal(n: u64, key: &str) -> (&str, &'static str, u16) {
+    match n % 3 {
+        0 => ("sk-mg-not-a-key", BODY, 401),
+        1 => (key, "{\"model\": not json", 400),
+        _ => (
+            key,
+            r#"{"model":"no-such-model","messages":[{"role":"user","content":"Hi"}]}"#,
+            404,
+        ),
+    }
+}
+
 /// `requests` calls over `concurrency` keep-alive connections.
 pub async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figures {
+    drive_load(target, concurrency, requests, Load::Calls).await
+}
+
+/// `requests` of `load` over `concurrency` keep-alive connections; `ok` counts the answers
+/// that were what the load expects.
+pub async fn drive_load(target: &Target, concurrency: usize, requests: u64, load: Load) -> Figures {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()
@@ -52,22 +81,26 @@ pub async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figure
                     if n >= requests {
                         break;
                     }
-                    let mut request = client
-                        .post(&url)
-                        .header("content-type", "application/json")
-                        .body(BODY);
+                    let request = client.post(&url).header("content-type", "application/json");
+                    let (mut request, expected) = match (load, &key) {
+                        (Load::Refusals, Some(key)) => {
+                            let (key, body, status) = refusal(n, key);
+                            (request.bearer_auth(key).body(body), status)
+                        }
+                        (_, key) => {
+                            let request = request.body(BODY);
+                            (key.iter().fold(request, |r, key| r.bearer_auth(key)), 200)
+                        }
+                    };
                     if keyed {
                         request = request.header("idempotency-key", format!("lt-{run}-{n}"));
-                    }
-                    if let Some(key) = &key {
-                        request = request.bearer_auth(key);
                     }
                     let sent = Instant::now();
                     let response = request.send().await.unwrap();
                     let status = response.status();
                     response.bytes().await.unwrap();
                     latencies.push(sent.elapsed());
-                    if status == 200 {
+                    if status == expected {
                         ok.fetch_add(1, Ordering::Relaxed);
                     }
                 }

@@ -32,6 +32,11 @@
 //! billed `ok`. `LOADTEST_ONLY=streams` runs only this part, `LOADTEST_ONLY=requests` all but
 //! this part.
 //!
+//! `LOADTEST_ONLY=logged` runs instead the release gateway binary as an operator runs it (mock
+//! mode, an owned `SQLite` file, logging at `info` to a file): paid calls, then a flood of
+//! requests it refuses (a wrong key, a body that is not JSON, an unknown model), at concurrency
+//! 16 and 64; `LOADTEST_GATEWAY_BIN` runs another build of the binary, to compare two.
+//!
 //! ```text
 //! cargo build --release --example gateway && cargo run --release --example loadtest
 //! ```
@@ -51,6 +56,7 @@
 mod common;
 mod drive;
 mod journal;
+mod logged;
 mod memory;
 mod streaming;
 mod targets;
@@ -82,6 +88,13 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
+    let rounds: usize = std::env::var("LOADTEST_ROUNDS")
+        .map(|rounds| rounds.parse().expect("LOADTEST_ROUNDS is a number"))
+        .unwrap_or(1);
+    if std::env::var("LOADTEST_ONLY").as_deref() == Ok("logged") {
+        logged::run(requests, rounds).await;
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let sqlite_url = format!("sqlite://{}?mode=rwc", dir.path().join("load.db").display());
     let owned_url = format!(
@@ -159,9 +172,6 @@ async fn main() {
     // `LOADTEST_ROUNDS=5` repeats each level's targets, one after the other, and prints the
     // median of each gateway's figures against the floor of the same round: on a noisy machine
     // one round can be off by a factor of two.
-    let rounds: usize = std::env::var("LOADTEST_ROUNDS")
-        .map(|rounds| rounds.parse().expect("LOADTEST_ROUNDS is a number"))
-        .unwrap_or(1);
     for concurrency in levels {
         let count = if concurrency == 1 {
             requests / 5
