@@ -2,7 +2,7 @@
 //!
 //! The layer adds an [`AccessEntry`] to each request, which the layers inside note what they
 //! learn in (the key's display prefix, the model, the call's outcome and credits), and writes
-//! the entry as one `INFO` line of target [`ACCESS_LOG_TARGET`](crate::call::ACCESS_LOG_TARGET)
+//! the entry as one `INFO` line of target [`ACCESS_LOG_TARGET`]
 //! when the answer leaves: with the request id, method, path, status, duration, and a refusal's
 //! reason. Where no subscriber takes those lines (`RUST_LOG` filters them out), it notes
 //! nothing. A stream billed when it ends is written at its end, with its whole duration and

@@ -9,8 +9,8 @@
 //! Outermost first, as [`ServiceBuilder`](tower::ServiceBuilder) lists them (see [`stack`]):
 //!
 //! 0. [`RequestIdLayer`]: every request gets an id, every answer carries it (`x-request-id`,
-//!    and `request-id` for the Anthropic SDKs). Then [`AccessLog`](access_log::AccessLog): one
-//!    log line per request, refused ones included; and [`ErrorBodyService`](error_body::ErrorBodyService):
+//!    and `request-id` for the Anthropic SDKs). Then [`AccessLog`]: one
+//!    log line per request, refused ones included; and [`ErrorBodyService`]:
 //!    refusals in the client's own error object when the operator chose
 //!    [`ErrorBody::Compatible`](error::ErrorBody::Compatible).
 //! 1. [`ApiKeyAuth`]: who is calling, and what the key may do (401).
@@ -37,8 +37,8 @@
 //! | [`Reservation`](crate::store::Reservation)  | [`CreditCharge`]    | [`RefundOnUpstreamError`]                 |
 //! | [`IdempotencyKey`](crate::call::IdempotencyKey) | [`ProtocolRouter`] (the client's `Idempotency-Key`) | [`CreditCharge`] (billed at most once), [`RefundOnUpstreamError`] (keeps the reply) |
 //! | [`ServedBy`](crate::upstream::ServedBy) (on the response) | [`HttpUpstream`](crate::upstream::HttpUpstream) | [`RefundOnUpstreamError`]     |
-//! | [`AccessEntry`](crate::call::AccessEntry) | [`AccessLog`](access_log::AccessLog) | noted by [`ApiKeyAuth`], [`ProtocolRouter`], [`RefundOnUpstreamError`] (a stream's end writes it) |
-//! | [`GatewayError`] (on the response) | whoever refuses ([`GatewayError::into_response`]) | [`AccessLog`](access_log::AccessLog) (the reason), [`ErrorBodyService`](error_body::ErrorBodyService) (the body) |
+//! | [`AccessEntry`](crate::call::AccessEntry) | [`AccessLog`] | noted by [`ApiKeyAuth`], [`ProtocolRouter`], [`RefundOnUpstreamError`] (a stream's end writes it) |
+//! | [`GatewayError`] (on the response) | whoever refuses ([`GatewayError::into_response`]) | [`AccessLog`] (the reason), [`ErrorBodyService`] (the body) |
 //!
 //! [`ProtocolRouter`] also turns the body into [`Bytes`](bytes::Bytes), exactly as the client
 //! sent it; layers inside it see `Request<Bytes>`.
