@@ -33,13 +33,7 @@ pub async fn run(requests: u64, rounds: usize) {
     let mut create = std::process::Command::new(&binary);
     create.args(["keys", "create", "--subscription", "1000000000"]);
     env(&mut create);
-    let output = create.output().unwrap();
-    let key = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .last()
-        .unwrap()
-        .to_owned();
+    let key = crate::targets::created_key(create);
     let mut serve = std::process::Command::new(&binary);
     serve
         .arg("serve")

@@ -26,13 +26,7 @@ pub async fn resident_memory_with_1000_connections() -> Option<(u64, u64)> {
     let mut create = std::process::Command::new(&binary);
     create.args(["keys", "create", "--subscription", "100000"]);
     env(&mut create);
-    let output = create.output().unwrap();
-    let key = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .last()
-        .unwrap()
-        .to_owned();
+    let key = crate::targets::created_key(create);
     let mut serve = std::process::Command::new(&binary);
     serve.arg("serve").stdout(std::process::Stdio::null());
     env(&mut serve);

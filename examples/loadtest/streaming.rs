@@ -273,15 +273,8 @@ pub(super) async fn run() {
             .env("RUST_LOG", "warn");
         command
     };
-    let output = command(&["keys", "create", "--subscription", "100000000"])
-        .output()
-        .unwrap();
-    let key = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .last()
-        .unwrap()
-        .to_owned();
+    let key =
+        crate::targets::created_key(command(&["keys", "create", "--subscription", "100000000"]));
     let mut gateway = command(&["serve"])
         .stdout(std::process::Stdio::null())
         .spawn()

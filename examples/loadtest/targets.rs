@@ -165,6 +165,18 @@ pub async fn gateway(name: &'static str, store: SeaOrmStore) -> Target {
     }
 }
 
+/// The key a gateway binary's `keys create` command prints on its last line.
+pub fn created_key(mut create: std::process::Command) -> String {
+    let output = create.output().unwrap();
+    assert!(output.status.success(), "keys create failed");
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .to_owned()
+}
+
 pub async fn ok_entries(store: &SeaOrmStore) -> u64 {
     let connection = store.connection();
     let row = connection
