@@ -124,6 +124,9 @@ pub enum GatewayError {
     /// `messages` is missing or not an array.
     #[error("`messages` is missing or not an array")]
     InvalidMessagesField,
+    /// `/v1/embeddings` needs an `input`: a string, or an array of strings or of token arrays.
+    #[error("`input` is missing or not a string or an array")]
+    InvalidInputField,
     /// `/v1/messages` needs a positive integer `max_tokens`.
     #[error("`max_tokens` is missing or not a positive integer")]
     InvalidMaxTokens,
@@ -228,6 +231,7 @@ impl GatewayError {
             Self::InvalidJson => "请求体不是有效的 JSON 对象".into(),
             Self::InvalidModelField => "缺少 model 字段, 或 model 不是字符串".into(),
             Self::InvalidMessagesField => "缺少 messages 字段, 或 messages 不是数组".into(),
+            Self::InvalidInputField => "缺少 input 字段, 或 input 不是字符串或数组".into(),
             Self::InvalidMaxTokens => "缺少 max_tokens 字段, 或 max_tokens 不是正整数".into(),
             Self::InvalidStreamField => "stream 必须是布尔值".into(),
             Self::StreamingUnsupported => "暂不支持流式输出 (stream: true)".into(),
@@ -270,6 +274,7 @@ impl GatewayError {
             Self::InvalidJson
             | Self::InvalidModelField
             | Self::InvalidMessagesField
+            | Self::InvalidInputField
             | Self::InvalidMaxTokens
             | Self::InvalidStreamField
             | Self::StreamingUnsupported
@@ -308,6 +313,7 @@ impl GatewayError {
             Self::InvalidJson => "invalid_json",
             Self::InvalidModelField => "invalid_model_field",
             Self::InvalidMessagesField => "invalid_messages_field",
+            Self::InvalidInputField => "invalid_input_field",
             Self::InvalidMaxTokens => "invalid_max_tokens",
             Self::InvalidStreamField => "invalid_stream_field",
             Self::StreamingUnsupported => "streaming_unsupported",
@@ -400,6 +406,7 @@ impl GatewayError {
         match self {
             Self::InvalidModelField | Self::ModelNotFound | Self::ModelNotAllowed => Some("model"),
             Self::InvalidMessagesField => Some("messages"),
+            Self::InvalidInputField => Some("input"),
             Self::InvalidMaxTokens => Some("max_tokens"),
             Self::InvalidStreamField | Self::StreamingUnsupported => Some("stream"),
             Self::InvalidField { field, .. } => Some(field),

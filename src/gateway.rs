@@ -125,7 +125,8 @@ impl<S: Store + 'static> Gateway<S> {
         );
         let router = Router::new()
             .route_service("/v1/chat/completions", stack.clone())
-            .route_service("/v1/messages", stack)
+            .route_service("/v1/messages", stack.clone())
+            .route_service("/v1/embeddings", stack)
             .merge(crate::key_holder::router_with_body_limits(
                 self.store.clone(),
                 self.catalogue.clone(),

@@ -33,7 +33,7 @@ use crate::error::ErrorBody;
 use crate::protocol::Protocol;
 
 /// The catalogue used when no file is given: two OpenAI-style vendors, one operator-own chat
-/// model and two Anthropic messages models.
+/// model, an embeddings model and two Anthropic messages models.
 pub const DEMO_CATALOGUE: &str = include_str!("demo.toml");
 
 /// Default total time-out of one upstream attempt.
@@ -68,10 +68,24 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum UpstreamKind {
-    /// `POST {base_url}/chat/completions` with `Authorization: Bearer`.
+    /// `POST {base_url}/chat/completions` (and `{base_url}/embeddings`) with `Authorization:
+    /// Bearer`.
     Openai,
     /// `POST {base_url}/v1/messages` with `x-api-key` and `anthropic-version`.
     Anthropic,
+}
+
+impl UpstreamKind {
+    /// Whether an upstream of this kind serves `protocol`: `OpenAI`'s chat completions and
+    /// embeddings, or Anthropic's messages.
+    pub fn serves(self, protocol: Protocol) -> bool {
+        match self {
+            UpstreamKind::Openai => {
+                matches!(protocol, Protocol::ChatCompletions | Protocol::Embeddings)
+            }
+            UpstreamKind::Anthropic => protocol == Protocol::Messages,
+        }
+    }
 }
 
 /// One upstream provider endpoint.
@@ -238,7 +252,7 @@ pub enum CatalogueError {
     PartialPriority(String),
     /// A model whose protocol its upstream cannot serve.
     #[error(
-        "invalid model catalogue: model `{model}` is a {protocol} model but upstream `{upstream}` speaks the other protocol"
+        "invalid model catalogue: model `{model}` is a {protocol} model but upstream `{upstream}` does not serve that protocol"
     )]
     ProtocolMismatch {
         /// The model.
@@ -623,11 +637,7 @@ fn model_channels(
                 upstream: table.name,
             });
         }
-        let speaks = match upstream.kind {
-            UpstreamKind::Openai => Protocol::ChatCompletions,
-            UpstreamKind::Anthropic => Protocol::Messages,
-        };
-        if speaks != entry.protocol {
+        if !upstream.kind.serves(entry.protocol) {
             return Err(CatalogueError::ProtocolMismatch {
                 model: model.clone(),
                 protocol: entry.protocol.as_str(),

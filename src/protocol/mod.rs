@@ -1,18 +1,23 @@
-//! The two wire protocols the gateway speaks, and what their replies say: token usage and the
-//! provider's own error message. Its `sse` module (inside the crate) reads their event streams.
+//! The wire protocols the gateway speaks (`OpenAI`'s chat completions and embeddings, Anthropic's
+//! messages), and what their replies say: token usage and the provider's own error message. Its
+//! `sse` module (inside the crate) reads their event streams.
 
 use serde::{Deserialize, Serialize};
 
 pub(crate) mod sse;
 
-/// Which API style a call uses; decided by the request path.
+/// Which API style a call uses; decided by the request path. More may come: match with a `_`
+/// arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Protocol {
     /// `OpenAI` chat completions: `POST /v1/chat/completions`.
     ChatCompletions,
     /// Anthropic messages: `POST /v1/messages`.
     Messages,
+    /// `OpenAI` embeddings: `POST /v1/embeddings`, never streamed.
+    Embeddings,
 }
 
 impl Protocol {
@@ -21,6 +26,7 @@ impl Protocol {
         match self {
             Protocol::ChatCompletions => "/v1/chat/completions",
             Protocol::Messages => "/v1/messages",
+            Protocol::Embeddings => "/v1/embeddings",
         }
     }
 
@@ -29,6 +35,7 @@ impl Protocol {
         match path {
             "/v1/chat/completions" => Some(Protocol::ChatCompletions),
             "/v1/messages" => Some(Protocol::Messages),
+            "/v1/embeddings" => Some(Protocol::Embeddings),
             _ => None,
         }
     }
@@ -38,6 +45,7 @@ impl Protocol {
         match self {
             Protocol::ChatCompletions => "chat_completions",
             Protocol::Messages => "messages",
+            Protocol::Embeddings => "embeddings",
         }
     }
 
@@ -46,6 +54,7 @@ impl Protocol {
         match name {
             "chat_completions" => Some(Protocol::ChatCompletions),
             "messages" => Some(Protocol::Messages),
+            "embeddings" => Some(Protocol::Embeddings),
             _ => None,
         }
     }

@@ -166,7 +166,8 @@ impl StreamReader {
         let event = Event::parse(&text);
         match self.protocol {
             Protocol::Messages => self.read_messages(&event),
-            Protocol::ChatCompletions => self.read_chat(&event),
+            // Embeddings never stream; were one to, it would be read as `OpenAI`'s.
+            Protocol::ChatCompletions | Protocol::Embeddings => self.read_chat(&event),
         }
     }
 
@@ -354,7 +355,7 @@ pub(crate) fn error_event(protocol: Protocol, error: &GatewayError) -> Bytes {
                 "error": { "type": error.anthropic_type(), "message": detail },
             })
         ),
-        Protocol::ChatCompletions => format!(
+        Protocol::ChatCompletions | Protocol::Embeddings => format!(
             "data: {}\n\n",
             serde_json::json!({
                 "error": {

@@ -1,7 +1,8 @@
 //! [`ProtocolRouter`]: which endpoint, which model, at what price.
 //!
-//! Decides the protocol from the path (`/v1/chat/completions` or `/v1/messages`), reads the body
-//! up to a size limit, checks the few fields the gateway needs, finds `model` in the
+//! Decides the protocol from the path (`/v1/chat/completions`, `/v1/messages` or
+//! `/v1/embeddings`), reads the body up to a size limit, checks the few fields the gateway needs
+//! (`model`; `messages`, or `input` for embeddings; `max_tokens` on messages), finds `model` in the
 //! [`Catalogue`] and checks that its protocol matches the endpoint. It adds the [`RoutedCall`]
 //! extension and hands the inner service the body as [`Bytes`], exactly as the client sent it.
 //!
@@ -558,6 +559,8 @@ struct Envelope<'a> {
     max_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
 }
 
 /// Checks a buffered request body and resolves its model, in the order the contract gives:
@@ -572,6 +575,16 @@ pub fn route(
     let envelope = envelope(body)?;
     let model_raw = envelope.model.ok_or(GatewayError::InvalidModelField)?;
     let model_name = json_string(model_raw).ok_or(GatewayError::InvalidModelField)?;
+    if protocol == Protocol::Embeddings {
+        // A string, or an array of strings or of token arrays; never streamed.
+        if !envelope
+            .input
+            .is_some_and(|raw| raw.get().starts_with(['"', '[']))
+        {
+            return Err(GatewayError::InvalidInputField);
+        }
+        return resolve(catalogue, protocol, body, model_raw, &model_name, false);
+    }
     if !envelope
         .messages
         .is_some_and(|raw| raw.get().starts_with('['))

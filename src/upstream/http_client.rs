@@ -33,8 +33,8 @@ use crate::call::{RoutedCall, ServedBy};
 use crate::catalogue::{Catalogue, ModelChannel, UpstreamConfig, UpstreamKind};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
-use crate::protocol::provider_message;
 use crate::protocol::sse::EventSplitter;
+use crate::protocol::{Protocol, provider_message};
 use crate::reply::UpstreamBody;
 
 /// `anthropic-version` sent when the client sent none.
@@ -225,10 +225,14 @@ enum AttemptError {
 }
 
 impl Channel {
-    fn url(&self) -> String {
-        match self.config.kind {
-            UpstreamKind::Openai => format!("{}/chat/completions", self.config.base_url),
-            UpstreamKind::Anthropic => format!("{}/v1/messages", self.config.base_url),
+    /// Where a call of `protocol` goes on this upstream (the catalogue checked that it serves it).
+    fn url(&self, protocol: Protocol) -> String {
+        match (self.config.kind, protocol) {
+            (UpstreamKind::Openai, Protocol::Embeddings) => {
+                format!("{}/embeddings", self.config.base_url)
+            }
+            (UpstreamKind::Openai, _) => format!("{}/chat/completions", self.config.base_url),
+            (UpstreamKind::Anthropic, _) => format!("{}/v1/messages", self.config.base_url),
         }
     }
 
@@ -363,7 +367,7 @@ impl Channel {
         let remaining = deadline.saturating_duration_since(Instant::now());
         let mut sent = self
             .client
-            .post(self.url())
+            .post(self.url(routed.protocol))
             .headers(self.headers(request.headers(), api_key));
         // A streamed reply's time limits (deadline, idle time-out) are kept by the billing layer
         // with one timer, which tells the client why; a reqwest time-out would poll a second

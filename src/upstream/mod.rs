@@ -25,7 +25,7 @@ pub use crate::error::UpstreamError;
 pub use crate::protocol::reply_usage;
 pub use crate::reply::UpstreamBody;
 pub use http_client::HttpUpstream;
-pub use mock::{MOCK_REPLY_TEXT, MockUpstream};
+pub use mock::{MOCK_EMBEDDING_DIMENSIONS, MOCK_REPLY_TEXT, MockUpstream};
 
 crate::macros::response_future! {
     /// The future [`Upstream`] and [`HttpUpstream`] answer with.

@@ -19,6 +19,7 @@ mod admin;
 mod bad_input;
 mod clients;
 mod contract;
+mod embeddings;
 mod escrow;
 #[cfg(feature = "sqlite")]
 mod front_door;

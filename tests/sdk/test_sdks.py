@@ -309,6 +309,25 @@ def test_both_sdks_call_a_model_by_its_alias(gateway):
     assert retrieved.model_extra["aliases"] == ["claude-haiku-4-5-20251001"]
 
 
+def test_openai_sdk_creates_embeddings_charged_per_call(gateway):
+    key = gateway.new_key(subscription=10)
+    client = openai_client(gateway, key)
+    # The SDK asks for base64 and decodes it into floats.
+    created = client.embeddings.create(model="text-embedding-3-small", input=["a cat", "a dog", "a cat"])
+    assert [item.index for item in created.data] == [0, 1, 2]
+    vectors = [item.embedding for item in created.data]
+    assert all(len(vector) == 1536 for vector in vectors)
+    assert abs(sum(x * x for x in vectors[0]) - 1.0) < 1e-4
+    assert vectors[0] == vectors[2] and vectors[0] != vectors[1]
+    floats = client.embeddings.create(model="text-embedding-3-small", input="a cat", encoding_format="float", dimensions=8)
+    assert len(floats.data[0].embedding) == 8
+    assert created.usage.prompt_tokens > 0
+    assert gateway.balance(key)["total"] == 8
+    assert [entry["protocol"] for entry in gateway.logs(key)] == ["embeddings", "embeddings"]
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model=CHAT_MODEL, input="x")
+
+
 # --- Streaming (GATEWAY_STREAMING=1) -------------------------------------------------------
 
 

@@ -315,3 +315,15 @@ test("both SDKs with their default retries ask once for what a retry cannot chan
     assert.equal(mock.accessLines(path, status).length - before, 1, `${path} ${status}`);
   }
 });
+
+test("the OpenAI SDK creates embeddings, charged per call", async () => {
+  const key = mock.newKey(10);
+  const created = await openai(mock, key).embeddings.create({ model: "text-embedding-3-small", input: ["a cat", "a dog"] });
+  assert.deepEqual(created.data.map((item) => item.index), [0, 1]);
+  assert.equal(created.data[0].embedding.length, 1536);
+  assert.notDeepEqual(created.data[0].embedding, created.data[1].embedding);
+  const again = await openai(mock, key).embeddings.create({ model: "text-embedding-3-small", input: "a cat" });
+  assert.deepEqual(again.data[0].embedding, created.data[0].embedding);
+  assert.equal(mock.balance(key).total, 8);
+  assert.deepEqual(mock.logs(key).map((e) => e.protocol), ["embeddings", "embeddings"]);
+});
