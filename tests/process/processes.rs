@@ -44,6 +44,15 @@ impl Env {
         stdout.lines().last().unwrap().to_owned()
     }
 
+    /// `serve`, its log (stderr) written to `log`.
+    fn serve_logged_to(&self, log: &std::path::Path) -> Child {
+        self.command(&["serve"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap()
+    }
+
     fn serve(&self) -> Child {
         self.command(&["serve"])
             .stdout(Stdio::null())
@@ -673,15 +682,9 @@ async fn log_of_a_failed_call(format: Option<&str>) -> String {
         vars.push(("GATEWAY_LOG_FORMAT", format.to_owned()));
     }
     let env = Env { vars };
-    let (_, out) = env.run(&["keys", "create", "--subscription", "10"]);
-    let key = out.lines().last().unwrap().to_owned();
+    let key = env.create_key("--subscription", "10");
     let log = dir.path().join("gateway.log");
-    let mut server = env
-        .command(&["serve"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut server = env.serve_logged_to(&log);
     listening(&listen).await;
     let answer = reqwest::Client::new()
         .post(format!("http://{listen}{CHAT}"))
@@ -778,12 +781,7 @@ async fn access_log_run(format: &str) -> (Vec<Sent>, String, String) {
     let key = env.create_key("--subscription", "100");
     let poor = env.create_key("--subscription", "1");
     let log = dir.path().join("gateway.log");
-    let mut server = env
-        .command(&["serve"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let mut server = env.serve_logged_to(&log);
     listening(&listen).await;
     let client = reqwest::Client::new();
     let base = format!("http://{listen}");
