@@ -127,6 +127,16 @@ pub enum GatewayError {
     /// `/v1/embeddings` needs an `input`: a string, or an array of strings or of token arrays.
     #[error("`input` is missing or not a string or an array")]
     InvalidInputField,
+    /// A field the gateway cannot serve on this path: a Responses field with no chat-completions
+    /// equivalent on a model whose provider is reached by translation, or a field that needs
+    /// state the gateway does not keep. Names the field (as a path into the request) and why.
+    #[error("`{field}` is not supported here: {reason}")]
+    UnsupportedField {
+        /// The field (`tools[0].type`, `previous_response_id`).
+        field: String,
+        /// Why (English).
+        reason: &'static str,
+    },
     /// `/v1/messages` needs a positive integer `max_tokens`.
     #[error("`max_tokens` is missing or not a positive integer")]
     InvalidMaxTokens,
@@ -223,6 +233,15 @@ pub enum GatewayError {
     IdempotentReplyNotKept,
 }
 
+impl From<crate::protocol::responses::Untranslatable> for GatewayError {
+    fn from(refused: crate::protocol::responses::Untranslatable) -> GatewayError {
+        GatewayError::UnsupportedField {
+            field: refused.field,
+            reason: refused.reason,
+        }
+    }
+}
+
 impl GatewayError {
     /// What the client is told: the contract's text (Chinese), as `{"detail": ...}` carries it.
     pub fn detail(&self) -> std::borrow::Cow<'static, str> {
@@ -232,6 +251,9 @@ impl GatewayError {
             Self::InvalidModelField => "缺少 model 字段, 或 model 不是字符串".into(),
             Self::InvalidMessagesField => "缺少 messages 字段, 或 messages 不是数组".into(),
             Self::InvalidInputField => "缺少 input 字段, 或 input 不是字符串或数组".into(),
+            Self::UnsupportedField { field, reason } => {
+                format!("不支持字段 {field}: {reason}").into()
+            }
             Self::InvalidMaxTokens => "缺少 max_tokens 字段, 或 max_tokens 不是正整数".into(),
             Self::InvalidStreamField => "stream 必须是布尔值".into(),
             Self::StreamingUnsupported => "暂不支持流式输出 (stream: true)".into(),
@@ -275,6 +297,7 @@ impl GatewayError {
             | Self::InvalidModelField
             | Self::InvalidMessagesField
             | Self::InvalidInputField
+            | Self::UnsupportedField { .. }
             | Self::InvalidMaxTokens
             | Self::InvalidStreamField
             | Self::StreamingUnsupported
@@ -314,6 +337,7 @@ impl GatewayError {
             Self::InvalidModelField => "invalid_model_field",
             Self::InvalidMessagesField => "invalid_messages_field",
             Self::InvalidInputField => "invalid_input_field",
+            Self::UnsupportedField { .. } => "unsupported_field",
             Self::InvalidMaxTokens => "invalid_max_tokens",
             Self::InvalidStreamField => "invalid_stream_field",
             Self::StreamingUnsupported => "streaming_unsupported",
@@ -410,6 +434,7 @@ impl GatewayError {
             Self::InvalidMaxTokens => Some("max_tokens"),
             Self::InvalidStreamField | Self::StreamingUnsupported => Some("stream"),
             Self::InvalidField { field, .. } => Some(field),
+            Self::UnsupportedField { field, .. } => Some(field),
             _ => None,
         }
     }

@@ -126,7 +126,8 @@ impl<S: Store + 'static> Gateway<S> {
         let router = Router::new()
             .route_service("/v1/chat/completions", stack.clone())
             .route_service("/v1/messages", stack.clone())
-            .route_service("/v1/embeddings", stack)
+            .route_service("/v1/embeddings", stack.clone())
+            .route_service("/v1/responses", stack)
             .merge(crate::key_holder::router_with_body_limits(
                 self.store.clone(),
                 self.catalogue.clone(),

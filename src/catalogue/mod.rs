@@ -76,16 +76,32 @@ pub enum UpstreamKind {
 }
 
 impl UpstreamKind {
-    /// Whether an upstream of this kind serves `protocol`: `OpenAI`'s chat completions and
-    /// embeddings, or Anthropic's messages.
+    /// Whether an upstream of this kind serves `protocol`: `OpenAI`'s chat completions,
+    /// responses (natively or translated) and embeddings, or Anthropic's messages.
     pub fn serves(self, protocol: Protocol) -> bool {
         match self {
-            UpstreamKind::Openai => {
-                matches!(protocol, Protocol::ChatCompletions | Protocol::Embeddings)
-            }
+            UpstreamKind::Openai => matches!(
+                protocol,
+                Protocol::ChatCompletions | Protocol::Embeddings | Protocol::Responses
+            ),
             UpstreamKind::Anthropic => protocol == Protocol::Messages,
         }
     }
+}
+
+/// How an `OpenAI`-kind upstream serves `POST /v1/responses` (`responses` in its catalogue
+/// entry).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponsesRoute {
+    /// The request is translated to chat completions and the reply (or stream) back (see
+    /// [`protocol::responses`](crate::protocol::responses)): works with every
+    /// chat-completions provider. The default.
+    #[default]
+    Translate,
+    /// The provider serves the Responses API itself (`OpenAI`, Azure): the request goes to
+    /// `{base_url}/responses` and the reply comes back byte for byte.
+    Native,
 }
 
 /// One upstream provider endpoint.
@@ -111,6 +127,8 @@ pub struct UpstreamConfig {
     pub breaker_failures: u32,
     /// How long an open breaker skips this upstream before letting one call try it again.
     pub breaker_cooldown: Duration,
+    /// How it serves `/v1/responses` (`OpenAI` kind only; ignored for Anthropic).
+    pub responses: ResponsesRoute,
 }
 
 /// One model clients can call.
@@ -250,6 +268,16 @@ pub enum CatalogueError {
     /// Some channels of a model give a `priority` and some do not.
     #[error("invalid model catalogue: model `{0}` gives `priority` for some upstreams but not all")]
     PartialPriority(String),
+    /// `responses` set on an Anthropic-kind upstream.
+    #[error(
+        "invalid model catalogue: upstream `{0}` is of kind `anthropic`; `responses` applies to `openai` upstreams only"
+    )]
+    ResponsesOnAnthropic(String),
+    /// A model of protocol `responses`: the chat-completions models serve that endpoint.
+    #[error(
+        "invalid model catalogue: model `{0}` has protocol `responses`; `/v1/responses` is served by the `chat_completions` models"
+    )]
+    ResponsesModel(String),
     /// A model whose protocol its upstream cannot serve.
     #[error(
         "invalid model catalogue: model `{model}` is a {protocol} model but upstream `{upstream}` does not serve that protocol"
@@ -296,6 +324,7 @@ struct UpstreamEntry {
     headers: std::collections::BTreeMap<String, String>,
     breaker_failures: Option<u32>,
     breaker_cooldown_secs: Option<u64>,
+    responses: Option<ResponsesRoute>,
 }
 
 #[derive(Deserialize)]
@@ -444,6 +473,12 @@ impl Catalogue {
                 api_key_env: entry.api_key_env,
                 proxy: entry.proxy,
                 headers: entry.headers.into_iter().collect(),
+                responses: match (entry.kind, entry.responses) {
+                    (UpstreamKind::Anthropic, Some(_)) => {
+                        return Err(CatalogueError::ResponsesOnAnthropic(name));
+                    }
+                    (_, route) => route.unwrap_or_default(),
+                },
                 name: name.clone(),
             };
             if upstreams.contains_key(&name) {
@@ -454,6 +489,9 @@ impl Catalogue {
 
         let mut models = HashMap::new();
         for entry in file.models {
+            if entry.protocol == Protocol::Responses {
+                return Err(CatalogueError::ResponsesModel(entry.name));
+            }
             if entry.price <= 0 {
                 return Err(CatalogueError::NonPositivePrice {
                     model: entry.name,

@@ -1,9 +1,10 @@
-//! The wire protocols the gateway speaks (`OpenAI`'s chat completions and embeddings, Anthropic's
-//! messages), and what their replies say: token usage and the provider's own error message. Its
+//! The wire protocols the gateway speaks (`OpenAI`'s chat completions, responses and embeddings,
+//! Anthropic's messages), and what their replies say: token usage and the provider's own error message. Its
 //! `sse` module (inside the crate) reads their event streams.
 
 use serde::{Deserialize, Serialize};
 
+pub mod responses;
 pub(crate) mod sse;
 
 /// Which API style a call uses; decided by the request path. More may come: match with a `_`
@@ -18,6 +19,8 @@ pub enum Protocol {
     Messages,
     /// `OpenAI` embeddings: `POST /v1/embeddings`, never streamed.
     Embeddings,
+    /// `OpenAI` responses: `POST /v1/responses`, served by the chat-completions models.
+    Responses,
 }
 
 impl Protocol {
@@ -27,6 +30,7 @@ impl Protocol {
             Protocol::ChatCompletions => "/v1/chat/completions",
             Protocol::Messages => "/v1/messages",
             Protocol::Embeddings => "/v1/embeddings",
+            Protocol::Responses => "/v1/responses",
         }
     }
 
@@ -36,6 +40,7 @@ impl Protocol {
             "/v1/chat/completions" => Some(Protocol::ChatCompletions),
             "/v1/messages" => Some(Protocol::Messages),
             "/v1/embeddings" => Some(Protocol::Embeddings),
+            "/v1/responses" => Some(Protocol::Responses),
             _ => None,
         }
     }
@@ -46,6 +51,16 @@ impl Protocol {
             Protocol::ChatCompletions => "chat_completions",
             Protocol::Messages => "messages",
             Protocol::Embeddings => "embeddings",
+            Protocol::Responses => "responses",
+        }
+    }
+
+    /// The protocol of the catalogue models this endpoint serves: the chat-completions models
+    /// also answer `/v1/responses`.
+    pub fn models_protocol(self) -> Protocol {
+        match self {
+            Protocol::Responses => Protocol::ChatCompletions,
+            other => other,
         }
     }
 
@@ -55,6 +70,7 @@ impl Protocol {
             "chat_completions" => Some(Protocol::ChatCompletions),
             "messages" => Some(Protocol::Messages),
             "embeddings" => Some(Protocol::Embeddings),
+            "responses" => Some(Protocol::Responses),
             _ => None,
         }
     }

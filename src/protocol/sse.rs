@@ -149,6 +149,8 @@ pub(crate) enum EventKind {
 pub(crate) struct StreamReader {
     protocol: Protocol,
     usage: TokenUsage,
+    /// The Responses API numbers its events; the next number, for an event the gateway adds.
+    next_sequence: u64,
 }
 
 impl StreamReader {
@@ -157,6 +159,7 @@ impl StreamReader {
         StreamReader {
             protocol,
             usage: TokenUsage::default(),
+            next_sequence: 0,
         }
     }
 
@@ -166,6 +169,7 @@ impl StreamReader {
         let event = Event::parse(&text);
         match self.protocol {
             Protocol::Messages => self.read_messages(&event),
+            Protocol::Responses => self.read_responses(&event),
             // Embeddings never stream; were one to, it would be read as `OpenAI`'s.
             Protocol::ChatCompletions | Protocol::Embeddings => self.read_chat(&event),
         }
@@ -174,6 +178,73 @@ impl StreamReader {
     /// The usage the stream has reported so far.
     pub(crate) fn usage(&self) -> TokenUsage {
         self.usage
+    }
+
+    /// The gateway's last event when the provider failed after the stream started: see
+    /// [`error_event`].
+    pub(crate) fn error_event(&self, error: &GatewayError) -> Bytes {
+        error_event(self.protocol, error, self.next_sequence)
+    }
+
+    fn read_responses(&mut self, event: &Event<'_>) -> EventKind {
+        #[derive(Deserialize)]
+        struct Data<'a> {
+            #[serde(rename = "type")]
+            kind: Option<&'a str>,
+            sequence_number: Option<u64>,
+            delta: Option<&'a RawValue>,
+            item: Option<Item<'a>>,
+            response: Option<Response>,
+            message: Option<String>,
+            code: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct Item<'a> {
+            #[serde(rename = "type")]
+            kind: Option<&'a str>,
+        }
+        #[derive(Deserialize)]
+        struct Response {
+            usage: Option<TokenUsage>,
+            error: Option<ErrorObject>,
+        }
+        let data: Option<Data<'_>> = serde_json::from_str(&event.data).ok();
+        if let Some(sequence) = data.as_ref().and_then(|data| data.sequence_number) {
+            self.next_sequence = self.next_sequence.max(sequence + 1);
+        }
+        let Some(data) = data else {
+            return EventKind::Other;
+        };
+        let Some(name) = event.name.or(data.kind) else {
+            return EventKind::Other;
+        };
+        match name {
+            "response.completed" | "response.incomplete" => {
+                if let Some(usage) = data.response.and_then(|response| response.usage) {
+                    self.merge(usage);
+                }
+                EventKind::End
+            }
+            "response.failed" => EventKind::Error(
+                data.response
+                    .and_then(|response| response.error)
+                    .map_or_else(|| "the response failed".to_owned(), ErrorObject::describe),
+            ),
+            "error" => EventKind::Error(match (data.code, data.message) {
+                (Some(code), Some(message)) => format!("{code}: {message}"),
+                (code, message) => message.or(code).unwrap_or_else(|| event.data.to_string()),
+            }),
+            // A function call opens with its name, as a chat tool call does.
+            "response.output_item.added" => match data.item.and_then(|item| item.kind) {
+                Some("function_call" | "custom_tool_call") => EventKind::Content,
+                _ => EventKind::Other,
+            },
+            name if name.ends_with(".delta") => match data.delta.map(RawValue::get) {
+                None | Some("\"\"" | "null") => EventKind::Other,
+                Some(_) => EventKind::Content,
+            },
+            _ => EventKind::Other,
+        }
     }
 
     fn read_messages(&mut self, event: &Event<'_>) -> EventKind {
@@ -345,9 +416,21 @@ impl ErrorObject {
 /// protocol's own error shape (with its type for `error`), with the contract's text. A stream's
 /// events have no `{"detail"}` form, so this is the same whichever
 /// [`ErrorBody`](crate::error::ErrorBody) the operator chose.
-pub(crate) fn error_event(protocol: Protocol, error: &GatewayError) -> Bytes {
+///
+/// A Responses stream gets the API's `error` event, numbered `next_sequence`.
+pub(crate) fn error_event(protocol: Protocol, error: &GatewayError, next_sequence: u64) -> Bytes {
     let detail = error.detail();
     let event = match protocol {
+        Protocol::Responses => format!(
+            "event: error\ndata: {}\n\n",
+            serde_json::json!({
+                "type": "error",
+                "code": error.openai_type(),
+                "message": detail,
+                "param": null,
+                "sequence_number": next_sequence,
+            })
+        ),
         Protocol::Messages => format!(
             "event: error\ndata: {}\n\n",
             serde_json::json!({
@@ -530,12 +613,12 @@ mod tests {
         let mut messages = StreamReader::new(Protocol::Messages);
         let failed = GatewayError::UpstreamUnavailable;
         assert_eq!(
-            messages.read(&error_event(Protocol::Messages, &failed)),
+            messages.read(&error_event(Protocol::Messages, &failed, 0)),
             EventKind::Error("api_error: 上游服务暂时不可用".into())
         );
         let mut chat = StreamReader::new(Protocol::ChatCompletions);
         assert_eq!(
-            chat.read(&error_event(Protocol::ChatCompletions, &failed)),
+            chat.read(&error_event(Protocol::ChatCompletions, &failed, 0)),
             EventKind::Error("api_error: 上游服务暂时不可用".into())
         );
     }

@@ -35,7 +35,7 @@ use super::guard::{Outcome, UnsettledCall};
 use crate::call::ClientWrites;
 use crate::error::{GatewayError, UpstreamError};
 use crate::protocol::Protocol;
-use crate::protocol::sse::{EventKind, EventSplitter, StreamReader, error_event};
+use crate::protocol::sse::{EventKind, EventSplitter, StreamReader};
 use crate::reply::EventStream;
 use crate::store::{CallFailure, CallSuccess, KeptReply, MAX_KEPT_REPLY_BYTES};
 
@@ -129,7 +129,6 @@ pub(super) struct BilledStream {
     upstream: Option<EventStream>,
     splitter: EventSplitter,
     reader: StreamReader,
-    protocol: Protocol,
     /// The call, shared with its watchdog, and what of the stream the connection took.
     call: WatchedCall,
     /// What a settle records, but for the usage read from the stream.
@@ -180,7 +179,6 @@ impl BilledStream {
             upstream: Some(upstream),
             splitter: EventSplitter::new(),
             reader: StreamReader::new(protocol),
-            protocol,
             call,
             success,
             limits,
@@ -405,14 +403,14 @@ impl BilledStream {
             upstream_status: Some(self.success.upstream_status),
             error: reason,
         };
-        let protocol = self.protocol;
+        let reader = self.reader.clone();
         self.finishing = Some(Box::pin(async move {
             let detail = if guard.refund(failure).await {
                 GatewayError::UpstreamUnavailable
             } else {
                 GatewayError::StoreUnavailable
             };
-            Some(error_event(protocol, &detail))
+            Some(reader.error_event(&detail))
         }));
     }
 }

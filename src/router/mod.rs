@@ -55,10 +55,10 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::call::{AccessEntry, Caller, IdempotencyKey, KeyRules, RoutedCall};
-use crate::catalogue::Catalogue;
+use crate::catalogue::{Catalogue, ResponsesRoute, UpstreamKind};
 use crate::credits::Credits;
 use crate::error::GatewayError;
-use crate::protocol::Protocol;
+use crate::protocol::{Protocol, responses};
 use crate::store::Ledger;
 use tower::BoxError;
 
@@ -561,6 +561,8 @@ struct Envelope<'a> {
     stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<&'a RawValue>,
 }
 
 /// Checks a buffered request body and resolves its model, in the order the contract gives:
@@ -585,6 +587,9 @@ pub fn route(
         }
         return resolve(catalogue, protocol, body, model_raw, &model_name, false);
     }
+    if protocol == Protocol::Responses {
+        return route_responses(catalogue, body, &envelope, &model_name, streaming);
+    }
     if !envelope
         .messages
         .is_some_and(|raw| raw.get().starts_with('['))
@@ -598,13 +603,61 @@ pub fn route(
             _ => return Err(GatewayError::InvalidMaxTokens),
         }
     }
-    let stream = match envelope.stream.map(RawValue::get) {
-        None | Some("false") | Some("null") => false,
-        Some("true") if streaming => true,
-        Some("true") => return Err(GatewayError::StreamingUnsupported),
-        Some(_) => return Err(GatewayError::InvalidStreamField),
-    };
+    let stream = stream_flag(&envelope, streaming)?;
     resolve(catalogue, protocol, body, model_raw, &model_name, stream)
+}
+
+/// `stream`: absent, `false` or `null` for a complete reply; `true` only when streaming is on.
+fn stream_flag(envelope: &Envelope<'_>, streaming: bool) -> Result<bool, GatewayError> {
+    match envelope.stream.map(RawValue::get) {
+        None | Some("false") | Some("null") => Ok(false),
+        Some("true") if streaming => Ok(true),
+        Some("true") => Err(GatewayError::StreamingUnsupported),
+        Some(_) => Err(GatewayError::InvalidStreamField),
+    }
+}
+
+/// A Responses call: `input` a string or a list of items, served by a chat-completions model.
+/// Where one of the model's channels translates, the request must translate (checked here, so
+/// that an untranslatable request is refused before it is charged, whichever channel would
+/// have served it). `previous_response_id` is refused on every path: the gateway does not yet
+/// keep which account made which response, and a provider's stored response must never be
+/// reachable from another account.
+fn route_responses(
+    catalogue: &Catalogue,
+    body: &[u8],
+    envelope: &Envelope<'_>,
+    model_name: &str,
+    streaming: bool,
+) -> Result<RoutedCall, GatewayError> {
+    let model_raw = envelope.model.ok_or(GatewayError::InvalidModelField)?;
+    if !envelope
+        .input
+        .is_some_and(|raw| raw.get().starts_with(['"', '[']))
+    {
+        return Err(GatewayError::InvalidInputField);
+    }
+    let stream = stream_flag(envelope, streaming)?;
+    if envelope
+        .previous_response_id
+        .is_some_and(|raw| raw.get() != "null")
+    {
+        return Err(GatewayError::UnsupportedField {
+            field: "previous_response_id".into(),
+            reason: "the gateway keeps no responses; send the whole conversation in `input`",
+        });
+    }
+    let routed = resolve(catalogue, Protocol::Responses, body, model_raw, model_name, stream)?;
+    let translates = routed.model.channels.iter().any(|channel| {
+        channel.upstream.kind == UpstreamKind::Openai
+            && channel.upstream.responses == ResponsesRoute::Translate
+    });
+    if translates {
+        let request: serde_json::Value =
+            serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)?;
+        responses::chat_request(&request, &routed.model.name).map_err(GatewayError::from)?;
+    }
+    Ok(routed)
 }
 
 /// Resolves the model of a request that is not a call (such as `count_tokens`): a JSON object
@@ -640,7 +693,7 @@ fn resolve(
 ) -> Result<RoutedCall, GatewayError> {
     let model = catalogue
         .model(model_name)
-        .filter(|model| model.protocol == protocol)
+        .filter(|model| model.protocol == protocol.models_protocol())
         .ok_or(GatewayError::ModelNotFound)?;
     let alias = (model.name != model_name).then(|| Arc::from(model_name));
     // The raw value borrows from `body`, so its position in `body` is where the model sits.

@@ -30,12 +30,14 @@ use tower_service::Service;
 use super::ResponseFuture;
 use super::breaker::CircuitBreaker;
 use crate::call::{RoutedCall, ServedBy};
-use crate::catalogue::{Catalogue, ModelChannel, UpstreamConfig, UpstreamKind};
+use super::translated::ChatAsResponses;
+use crate::catalogue::{Catalogue, ModelChannel, ResponsesRoute, UpstreamConfig, UpstreamKind};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
 use crate::protocol::sse::EventSplitter;
+use crate::protocol::responses::{self, Ids, StreamTranslator};
 use crate::protocol::{Protocol, provider_message};
-use crate::reply::UpstreamBody;
+use crate::reply::{Inner, UpstreamBody};
 
 /// `anthropic-version` sent when the client sent none.
 pub(super) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -231,9 +233,48 @@ impl Channel {
             (UpstreamKind::Openai, Protocol::Embeddings) => {
                 format!("{}/embeddings", self.config.base_url)
             }
+            (UpstreamKind::Openai, Protocol::Responses) if !self.translates(protocol) => {
+                format!("{}/responses", self.config.base_url)
+            }
             (UpstreamKind::Openai, _) => format!("{}/chat/completions", self.config.base_url),
             (UpstreamKind::Anthropic, _) => format!("{}/v1/messages", self.config.base_url),
         }
+    }
+
+    /// Whether a call of `protocol` is translated on its way to this upstream and back: a
+    /// Responses call to an upstream that speaks only chat completions.
+    fn translates(&self, protocol: Protocol) -> bool {
+        protocol == Protocol::Responses && self.config.responses == ResponsesRoute::Translate
+    }
+
+    /// The body sent for a call, and, for a translated Responses call, the client's request
+    /// (which the reply echoes).
+    fn request_body(
+        &self,
+        channel: &ModelChannel,
+        routed: &RoutedCall,
+        body: &Bytes,
+    ) -> Result<(Bytes, Option<serde_json::Value>), AttemptError> {
+        if !self.translates(routed.protocol) {
+            let body = routed.upstream_body(body, channel.upstream_model.as_deref());
+            return Ok((body, None));
+        }
+        // The router checked that the request translates; an embedder's own stack may not
+        // have, so a refusal here is the request's fault, never this channel's.
+        let refused = |message: String| {
+            AttemptError::Rejected(UpstreamError {
+                status: None,
+                message: format!("{}: {message}", self.config.name),
+                client_message: Some(message),
+            })
+        };
+        let request: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|_| refused("the request is not JSON".to_owned()))?;
+        let model = channel.upstream_model.as_deref().unwrap_or(&routed.model.name);
+        let chat = responses::chat_request(&request, model)
+            .map_err(|untranslatable| refused(untranslatable.to_string()))?;
+        let chat = serde_json::to_vec(&chat).expect("a JSON value serialises");
+        Ok((Bytes::from(chat), Some(request)))
     }
 
     fn headers(&self, client_headers: &HeaderMap, api_key: HeaderValue) -> HeaderMap {
@@ -272,6 +313,7 @@ impl Channel {
         &self,
         reply: reqwest::Response,
         first_event_within: Duration,
+        translated: Option<&serde_json::Value>,
     ) -> Result<Response<UpstreamBody>, AttemptError> {
         let status = reply.status();
         let failed = |message: String| AttemptError::Retryable {
@@ -320,7 +362,18 @@ impl Channel {
             Ok(Err(message)) => return Err(failed(self.scrub(message))),
             Err(_) => return Err(failed("no event before the time-out".to_owned())),
         }
-        let mut response = Response::new(UpstreamBody::events_after(received, body));
+        let events = UpstreamBody::events_after(received, body);
+        let events = match translated {
+            Some(request) => {
+                let Inner::Events(chat) = events.into_inner() else {
+                    unreachable!("`events_after` makes an event stream")
+                };
+                let translator = StreamTranslator::new(request, Ids::random());
+                UpstreamBody::events(ChatAsResponses::new(chat, translator, self.limits.event))
+            }
+            None => events,
+        };
+        let mut response = Response::new(events);
         *response.status_mut() = status;
         if let Some(content_type) = content_type {
             response
@@ -375,9 +428,8 @@ impl Channel {
         if !routed.stream {
             sent = sent.timeout(remaining.min(self.config.timeout));
         }
-        let sent = sent
-            .body(routed.upstream_body(request.body(), channel.upstream_model.as_deref()))
-            .send();
+        let (body, translated) = self.request_body(channel, routed, request.body())?;
+        let sent = sent.body(body).send();
         let reply = tokio::time::timeout(remaining.min(self.config.timeout), sent)
             .await
             .map_err(|_| retryable(None, "timed out waiting for the answer".to_owned()))?
@@ -385,7 +437,9 @@ impl Channel {
         let status = reply.status();
         if routed.stream && status.is_success() {
             let first_event = remaining.min(self.config.timeout);
-            return self.event_stream(reply, first_event).await;
+            return self
+                .event_stream(reply, first_event, translated.as_ref())
+                .await;
         }
         let reply_headers = reply.headers().clone();
         let body = read_capped(reply, self.limits.reply)
@@ -395,6 +449,15 @@ impl Channel {
         if status.is_success() {
             let usage = complete_reply(status, &body)
                 .map_err(|error| retryable(error.status, error.message))?;
+            let body = match &translated {
+                Some(request) => {
+                    let chat: serde_json::Value = serde_json::from_slice(&body)
+                        .map_err(|_| retryable(Some(status.as_u16()), "the reply is not JSON".to_owned()))?;
+                    let response = responses::response_from_chat(request, &chat, &mut Ids::random());
+                    Bytes::from(serde_json::to_vec(&response).expect("a JSON value serialises"))
+                }
+                None => body,
+            };
             let mut response = Response::new(UpstreamBody::complete(body));
             *response.status_mut() = status;
             let content_type = reply_headers

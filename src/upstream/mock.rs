@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use super::UpstreamError;
 use crate::call::RoutedCall;
-use crate::protocol::Protocol;
+use crate::protocol::{Protocol, responses};
 use crate::reply::UpstreamBody;
 
 /// The text of every mock reply.
@@ -36,11 +36,16 @@ impl MockUpstream {
         MockUpstream::default()
     }
 
-    fn reply(&self, routed: &RoutedCall, body: &[u8]) -> serde_json::Value {
+    fn reply(&self, protocol: Protocol, model: &str, body: &[u8]) -> serde_json::Value {
         let serial = self.replies.fetch_add(1, Ordering::Relaxed) + 1;
-        let model = routed.model.name.as_str();
-        match routed.protocol {
+        match protocol {
             Protocol::Embeddings => embeddings(model, body),
+            // The chat reply, as a translating upstream answers it.
+            Protocol::Responses => {
+                let request = serde_json::from_slice(body).unwrap_or_default();
+                let chat = self.reply(Protocol::ChatCompletions, model, body);
+                responses::response_from_chat(&request, &chat, &mut responses::Ids::random())
+            }
             Protocol::ChatCompletions => json!({
                 "id": format!("chatcmpl-mock-{serial}"),
                 "object": "chat.completion",
@@ -76,13 +81,26 @@ impl MockUpstream {
 const MOCK_STREAM_DELTAS: usize = 4;
 
 impl MockUpstream {
-    /// The demonstration reply as `routed.protocol`'s event stream, one chunk per event.
-    fn events(&self, routed: &RoutedCall, include_usage: bool) -> Vec<Bytes> {
+    /// The demonstration reply as `protocol`'s event stream, one chunk per event (per chat
+    /// event for Responses, translated as a translating upstream does).
+    fn events(&self, protocol: Protocol, model: &str, body: &[u8]) -> Vec<Bytes> {
+        let include_usage = wants_usage_chunk(body);
         let serial = self.replies.fetch_add(1, Ordering::Relaxed) + 1;
-        let model = routed.model.name.as_str();
         let pieces = text_pieces(MOCK_REPLY_TEXT, MOCK_STREAM_DELTAS);
         let mut events = Vec::new();
-        match routed.protocol {
+        match protocol {
+            Protocol::Responses => {
+                let request = serde_json::from_slice(body).unwrap_or_default();
+                let chat = format!(r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true}}}}"#);
+                let mut translator =
+                    responses::StreamTranslator::new(&request, responses::Ids::random());
+                for chunk in self.events(Protocol::ChatCompletions, model, chat.as_bytes()) {
+                    let translated = translator.push(&chunk);
+                    if !translated.is_empty() {
+                        events.push(Bytes::from(translated));
+                    }
+                }
+            }
             // The router lets no embeddings call stream; a stream without its end is refunded.
             Protocol::Embeddings => {}
             Protocol::Messages => {
@@ -295,9 +313,9 @@ impl<B: AsRef<[u8]>> Service<Request<B>> for MockUpstream {
                 "mock upstream called without a RoutedCall extension",
             )));
         };
+        let (protocol, model) = (routed.protocol, routed.model.name.as_str());
         if routed.stream {
-            let include_usage = wants_usage_chunk(request.body().as_ref());
-            let events = self.events(routed, include_usage);
+            let events = self.events(protocol, model, request.body().as_ref());
             let mut response = Response::new(UpstreamBody::event_chunks(events));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -306,7 +324,7 @@ impl<B: AsRef<[u8]>> Service<Request<B>> for MockUpstream {
             return ready(Ok(response));
         }
         let mut response = Response::new(UpstreamBody::complete(Bytes::from(
-            self.reply(routed, request.body().as_ref()).to_string(),
+            self.reply(protocol, model, request.body().as_ref()).to_string(),
         )));
         response.headers_mut().insert(
             header::CONTENT_TYPE,

@@ -19,6 +19,7 @@ use crate::call::RoutedCall;
 mod breaker;
 mod http_client;
 pub(crate) mod mock;
+mod translated;
 
 pub use crate::call::ServedBy;
 pub use crate::error::UpstreamError;

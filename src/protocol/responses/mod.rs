@@ -1,0 +1,89 @@
+//! `OpenAI`'s Responses API (`POST /v1/responses`) in terms of chat completions, for providers
+//! that speak only chat completions (an upstream with `responses = "translate"`).
+//!
+//! Pure functions over JSON, with no I/O: [`chat_request`] turns a Responses request into a
+//! chat-completions request (or names the field that has no equivalent), [`response_from_chat`]
+//! turns the chat reply into a `response` object, and [`StreamTranslator`] turns a chat event
+//! stream into the Responses event sequence as its bytes arrive.
+//!
+//! What translates, and how:
+//! - `instructions`, and system or developer messages: system messages;
+//! - `input` (a string, or items): messages with text, image (`image_url`), file and audio
+//!   parts; `function_call` items as an assistant message's `tool_calls` (consecutive calls in
+//!   one message); `function_call_output` items as `tool` messages; earlier `reasoning` items
+//!   are left out (chat completions takes no reasoning back);
+//! - function `tools`, `tool_choice`, `parallel_tool_calls`; `max_output_tokens` as
+//!   `max_tokens`; `temperature`, `top_p`, `user`, `service_tier` as they are; `text.format` as
+//!   `response_format`; `reasoning.effort` as `reasoning_effort`; `top_logprobs`;
+//! - hints a chat-completions provider has no use for are dropped: `store`, `include`,
+//!   `metadata`, `prompt_cache_key`, `prompt_cache_retention`, `safety_identifier`,
+//!   `stream_options`, `text.verbosity`, `reasoning.summary`;
+//! - refused with the field's name: built-in tools, `background: true`,
+//!   `previous_response_id`, `conversation`, `prompt`, `truncation: "auto"`, `max_tool_calls`,
+//!   `item_reference` and other item types, and any field the Responses API does not have.
+//!
+//! ```
+//! use model_gateway::protocol::responses::{Ids, chat_request, response_from_chat};
+//! use serde_json::json;
+//!
+//! let request = json!({ "model": "gpt-4o-mini", "instructions": "Be brief.", "input": "Hi" });
+//! let chat = chat_request(&request, "gpt-4o-mini").unwrap();
+//! assert_eq!(chat["messages"][0], json!({ "role": "system", "content": "Be brief." }));
+//! assert_eq!(chat["messages"][1], json!({ "role": "user", "content": "Hi" }));
+//!
+//! let reply = json!({
+//!     "id": "chatcmpl-1", "created": 1, "model": "gpt-4o-mini",
+//!     "choices": [{ "index": 0, "message": { "role": "assistant", "content": "Hello!" },
+//!                   "finish_reason": "stop" }],
+//!     "usage": { "prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11 },
+//! });
+//! let response = response_from_chat(&request, &reply, &mut Ids::counting());
+//! assert_eq!(response["status"], "completed");
+//! assert_eq!(response["output"][0]["content"][0]["text"], "Hello!");
+//! assert_eq!(response["usage"]["output_tokens"], 2);
+//!
+//! let refused = chat_request(&json!({ "input": "Hi", "tools": [{ "type": "web_search" }] }), "m");
+//! assert_eq!(refused.unwrap_err().field, "tools[0].type");
+//! ```
+
+mod reply;
+mod request;
+mod stream;
+
+pub use reply::response_from_chat;
+pub use request::{Untranslatable, chat_request};
+pub use stream::StreamTranslator;
+
+/// Where the ids of translated responses and their items come from: random, as `OpenAI`'s
+/// look (`resp_` and 48 hex digits), or counting (`resp_1`, `msg_2`, ...) for tests.
+#[derive(Debug)]
+pub struct Ids {
+    counter: Option<u64>,
+}
+
+impl Ids {
+    /// Random ids.
+    pub fn random() -> Ids {
+        Ids { counter: None }
+    }
+
+    /// Ids numbered from 1 in the order they are asked for.
+    pub fn counting() -> Ids {
+        Ids { counter: Some(0) }
+    }
+
+    /// The next id with `prefix` (`resp`, `msg`, `fc`).
+    pub fn next(&mut self, prefix: &str) -> String {
+        match &mut self.counter {
+            Some(counter) => {
+                *counter += 1;
+                format!("{prefix}_{counter}")
+            }
+            None => format!(
+                "{prefix}_{:032x}{:016x}",
+                fastrand::u128(..),
+                fastrand::u64(..)
+            ),
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! A Responses request as a chat-completions request.
+
+use serde_json::{Map, Value, json};
+
+/// A field of a Responses request that chat completions cannot express. Refused with 400
+/// rather than dropped, so that a client never gets a reply to a different question than the
+/// one it asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}` cannot be translated to chat completions: {reason}")]
+pub struct Untranslatable {
+    /// The field, as a path into the request (`tools[0].type`, `input[2]`).
+    pub field: String,
+    /// Why (English, for logs and the detail).
+    pub reason: &'static str,
+}
+
+fn refuse<T>(field: impl Into<String>, reason: &'static str) -> Result<T, Untranslatable> {
+    Err(Untranslatable {
+        field: field.into(),
+        reason,
+    })
+}
+
+/// Fields whose meaning is the same in both APIs: copied as they are.
+const COPIED: &[&str] = &["temperature", "top_p", "user", "service_tier"];
+
+/// Fields that only tune what the provider does or keeps, and that a chat-completions provider
+/// has no use for: dropped. `store` (nothing is kept by a translated call), `include`
+/// (`reasoning.encrypted_content` and the outputs of built-in tools, which a translated call
+/// never has), caching and safety hints, `metadata` (kept by the provider only when it stores),
+/// and `stream_options` (its only option concerns obfuscation padding).
+const HINTS: &[&str] = &[
+    "store",
+    "include",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "metadata",
+    "stream_options",
+];
+
+/// The chat-completions request for a Responses `request`, calling `model`. Every field is
+/// either translated, copied (same meaning), dropped as a hint that changes nothing a
+/// chat-completions provider does (see the crate's README), or refused.
+pub fn chat_request(request: &Value, model: &str) -> Result<Value, Untranslatable> {
+    let Some(fields) = request.as_object() else {
+        return refuse("", "the request is not a JSON object");
+    };
+    let mut chat = Map::new();
+    chat.insert("model".into(), Value::from(model));
+    let mut messages = Vec::new();
+    match fields.get("instructions") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(text)) => messages.push(json!({ "role": "system", "content": text })),
+        Some(_) => return refuse("instructions", "it must be a string"),
+    }
+    match fields.get("input") {
+        Some(Value::String(text)) => messages.push(json!({ "role": "user", "content": text })),
+        Some(Value::Array(items)) => {
+            for (index, item) in items.iter().enumerate() {
+                input_item(item, &format!("input[{index}]"), &mut messages)?;
+            }
+        }
+        _ => return refuse("input", "it must be a string or a list of items"),
+    }
+    chat.insert("messages".into(), Value::Array(messages));
+
+    for (name, value) in fields {
+        match name.as_str() {
+            "model" | "instructions" | "input" => {}
+            name if HINTS.contains(&name) => {}
+            name if COPIED.contains(&name) => {
+                if !value.is_null() {
+                    chat.insert(name.into(), value.clone());
+                }
+            }
+            "stream" => {
+                if value == &Value::Bool(true) {
+                    chat.insert("stream".into(), Value::Bool(true));
+                    // The final usage, for `response.completed`; the stream's translation
+                    // consumes the chunk that carries it.
+                    chat.insert("stream_options".into(), json!({ "include_usage": true }));
+                }
+            }
+            "max_output_tokens" => {
+                if !value.is_null() {
+                    // `max_tokens`: the name every chat-completions server knows.
+                    chat.insert("max_tokens".into(), value.clone());
+                }
+            }
+            "parallel_tool_calls" => {
+                if !value.is_null() {
+                    chat.insert(name.into(), value.clone());
+                }
+            }
+            "tools" => {
+                if let Some(tools) = tools(value)? {
+                    chat.insert("tools".into(), tools);
+                }
+            }
+            "tool_choice" => {
+                if let Some(choice) = tool_choice(value)? {
+                    chat.insert("tool_choice".into(), choice);
+                }
+            }
+            "text" => text_format(value, &mut chat)?,
+            "reasoning" => match value.get("effort") {
+                None | Some(Value::Null) => {}
+                Some(effort) => {
+                    chat.insert("reasoning_effort".into(), effort.clone());
+                }
+            },
+            "top_logprobs" => {
+                if !value.is_null() {
+                    chat.insert("logprobs".into(), Value::Bool(true));
+                    chat.insert("top_logprobs".into(), value.clone());
+                }
+            }
+            "truncation" => {
+                if !matches!(value.as_str(), None | Some("disabled")) {
+                    return refuse(
+                        "truncation",
+                        "only the provider's own Responses API truncates a conversation",
+                    );
+                }
+            }
+            "background" => {
+                if value == &Value::Bool(true) {
+                    return refuse("background", "a chat-completions call cannot run in the background");
+                }
+            }
+            "previous_response_id" | "conversation" => {
+                if !value.is_null() {
+                    return refuse(
+                        name,
+                        "this model's provider keeps no responses; send the whole conversation in `input`",
+                    );
+                }
+            }
+            "prompt" => {
+                if !value.is_null() {
+                    return refuse("prompt", "prompt templates are kept by OpenAI only");
+                }
+            }
+            "max_tool_calls" => {
+                if !value.is_null() {
+                    return refuse("max_tool_calls", "chat completions has no such limit");
+                }
+            }
+            other => return refuse(other, "chat completions has no such field"),
+        }
+    }
+    Ok(Value::Object(chat))
+}
+
+/// One item of `input`, appended to `messages` (a function call joins the assistant message
+/// before it, as chat completions puts parallel calls in one message).
+fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), Untranslatable> {
+    let kind = item.get("type").and_then(Value::as_str);
+    let role = item.get("role").and_then(Value::as_str);
+    match (kind, role) {
+        (Some("message") | None, Some(role)) => messages.push(message(item, role, at)?),
+        (Some("function_call"), _) => {
+            let text = |field: &str| item.get(field).and_then(Value::as_str);
+            let (Some(call_id), Some(name)) = (text("call_id"), text("name")) else {
+                return refuse(at, "a function call needs `call_id` and `name`");
+            };
+            let call = json!({
+                "id": call_id,
+                "type": "function",
+                "function": { "name": name, "arguments": text("arguments").unwrap_or("{}") },
+            });
+            let joins_last = messages.last().is_some_and(|last| last["role"] == "assistant");
+            if !joins_last {
+                messages.push(json!({ "role": "assistant", "content": null }));
+            }
+            let last = messages.last_mut().expect("an assistant message is last");
+            match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                Some(calls) => calls.push(call),
+                None => last["tool_calls"] = json!([call]),
+            }
+        }
+        (Some("function_call_output"), _) => {
+            let Some(call_id) = item.get("call_id").and_then(Value::as_str) else {
+                return refuse(format!("{at}.call_id"), "a function call output needs `call_id`");
+            };
+            let output = match item.get("output") {
+                Some(Value::String(text)) => text.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for (index, part) in parts.iter().enumerate() {
+                        match (part["type"].as_str(), part["text"].as_str()) {
+                            (Some("input_text" | "output_text"), Some(piece)) => {
+                                text.push_str(piece)
+                            }
+                            _ => {
+                                return refuse(
+                                    format!("{at}.output[{index}]"),
+                                    "a chat-completions tool result holds text only",
+                                );
+                            }
+                        }
+                    }
+                    text
+                }
+                _ => return refuse(format!("{at}.output"), "it must be a string or a list of parts"),
+            };
+            messages.push(json!({ "role": "tool", "tool_call_id": call_id, "content": output }));
+        }
+        // The model's own reasoning from an earlier turn: chat completions takes none back.
+        (Some("reasoning"), _) => {}
+        (Some("item_reference"), _) => {
+            return refuse(at, "this model's provider keeps no items to refer to");
+        }
+        _ => return refuse(format!("{at}.type"), "only messages, function calls and their outputs translate"),
+    }
+    Ok(())
+}
+
+/// A message item in chat completions' form. The developer role is sent as `system`, which
+/// every chat-completions server knows.
+fn message(item: &Value, role: &str, at: &str) -> Result<Value, Untranslatable> {
+    let role = match role {
+        "developer" | "system" => "system",
+        "user" => "user",
+        "assistant" => "assistant",
+        _ => return refuse(format!("{at}.role"), "the role must be user, assistant, system or developer"),
+    };
+    let content = match item.get("content") {
+        Some(Value::String(text)) => return Ok(json!({ "role": role, "content": text })),
+        Some(Value::Array(parts)) => parts,
+        _ => return refuse(format!("{at}.content"), "it must be a string or a list of parts"),
+    };
+    if role == "assistant" {
+        // Earlier replies: their text, and a refusal as chat completions records one.
+        let (mut text, mut refusal) = (String::new(), None::<String>);
+        for (index, part) in content.iter().enumerate() {
+            match part["type"].as_str() {
+                Some("output_text" | "input_text") => {
+                    text.push_str(part["text"].as_str().unwrap_or_default())
+                }
+                Some("refusal") => {
+                    refusal = Some(part["refusal"].as_str().unwrap_or_default().to_owned())
+                }
+                _ => {
+                    return refuse(
+                        format!("{at}.content[{index}].type"),
+                        "an assistant message holds text or a refusal",
+                    );
+                }
+            }
+        }
+        let mut message = json!({ "role": "assistant", "content": text });
+        if let Some(refusal) = refusal {
+            message["refusal"] = Value::String(refusal);
+        }
+        return Ok(message);
+    }
+    let mut parts = Vec::with_capacity(content.len());
+    for (index, part) in content.iter().enumerate() {
+        let here = format!("{at}.content[{index}]");
+        parts.push(content_part(part, &here, role == "system")?);
+    }
+    Ok(json!({ "role": role, "content": parts }))
+}
+
+/// One part of a user or system message.
+fn content_part(part: &Value, at: &str, system: bool) -> Result<Value, Untranslatable> {
+    let kind = part["type"].as_str();
+    if let Some("input_text" | "output_text") = kind {
+        return Ok(json!({ "type": "text", "text": part["text"].as_str().unwrap_or_default() }));
+    }
+    if system {
+        return refuse(format!("{at}.type"), "a system message holds text only");
+    }
+    match kind {
+        Some("input_image") => {
+            let Some(url) = part["image_url"].as_str() else {
+                return refuse(
+                    format!("{at}.file_id"),
+                    "an image is sent by `image_url` (a URL or a data URL), not by file id",
+                );
+            };
+            let mut image = json!({ "url": url });
+            if let Some(detail) = part["detail"].as_str() {
+                image["detail"] = detail.into();
+            }
+            Ok(json!({ "type": "image_url", "image_url": image }))
+        }
+        Some("input_file") => {
+            if part.get("file_url").is_some_and(|url| !url.is_null()) {
+                return refuse(format!("{at}.file_url"), "a file is sent by `file_data` or `file_id`");
+            }
+            let mut file = Map::new();
+            for field in ["file_data", "file_id", "filename"] {
+                if let Some(value) = part.get(field).filter(|value| !value.is_null()) {
+                    file.insert(field.into(), value.clone());
+                }
+            }
+            Ok(json!({ "type": "file", "file": file }))
+        }
+        Some("input_audio") => Ok(json!({ "type": "input_audio", "input_audio": part["input_audio"] })),
+        _ => refuse(format!("{at}.type"), "only text, image, file and audio parts translate"),
+    }
+}
+
+/// Function tools in chat completions' form; built-in tools (web search, file search, code
+/// interpreter, computer use, MCP, ...) run inside OpenAI's Responses API and are refused.
+fn tools(value: &Value) -> Result<Option<Value>, Untranslatable> {
+    let list = match value {
+        Value::Null => return Ok(None),
+        Value::Array(list) => list,
+        _ => return refuse("tools", "it must be a list"),
+    };
+    let mut tools = Vec::with_capacity(list.len());
+    for (index, tool) in list.iter().enumerate() {
+        if tool["type"].as_str() != Some("function") {
+            return refuse(
+                format!("tools[{index}].type"),
+                "only function tools translate; built-in tools run at OpenAI only",
+            );
+        }
+        let Some(name) = tool["name"].as_str() else {
+            return refuse(format!("tools[{index}].name"), "a function tool needs a name");
+        };
+        let mut function = Map::new();
+        function.insert("name".into(), name.into());
+        for field in ["description", "parameters", "strict"] {
+            if let Some(value) = tool.get(field).filter(|value| !value.is_null()) {
+                function.insert(field.into(), value.clone());
+            }
+        }
+        tools.push(json!({ "type": "function", "function": function }));
+    }
+    Ok((!tools.is_empty()).then_some(Value::Array(tools)))
+}
+
+fn tool_choice(value: &Value) -> Result<Option<Value>, Untranslatable> {
+    match value {
+        Value::Null => Ok(None),
+        Value::String(mode) if matches!(mode.as_str(), "auto" | "none" | "required") => {
+            Ok(Some(value.clone()))
+        }
+        Value::Object(choice) if choice.get("type") == Some(&json!("function")) => {
+            match choice.get("name").and_then(Value::as_str) {
+                Some(name) => Ok(Some(json!({ "type": "function", "function": { "name": name } }))),
+                None => refuse("tool_choice.name", "a function choice needs a name"),
+            }
+        }
+        _ => refuse("tool_choice", "only auto, none, required or a function translate"),
+    }
+}
+
+/// `text.format` as `response_format`; `text.verbosity`, a hint, is dropped.
+fn text_format(value: &Value, chat: &mut Map<String, Value>) -> Result<(), Untranslatable> {
+    let format = match value.get("format") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(format) => format,
+    };
+    match format["type"].as_str() {
+        Some("text") => {}
+        Some("json_object") => {
+            chat.insert("response_format".into(), json!({ "type": "json_object" }));
+        }
+        Some("json_schema") => {
+            let mut schema = Map::new();
+            for field in ["name", "schema", "description", "strict"] {
+                if let Some(value) = format.get(field).filter(|value| !value.is_null()) {
+                    schema.insert(field.into(), value.clone());
+                }
+            }
+            if !schema.contains_key("name") {
+                return refuse("text.format.name", "a JSON schema format needs a name");
+            }
+            chat.insert(
+                "response_format".into(),
+                json!({ "type": "json_schema", "json_schema": schema }),
+            );
+        }
+        _ => return refuse("text.format.type", "only text, json_object and json_schema translate"),
+    }
+    Ok(())
+}
