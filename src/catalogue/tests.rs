@@ -358,3 +358,53 @@ fn error_bodies_are_detail_unless_the_catalogue_says_compatible() {
     assert_eq!(compatible.error_body(), ErrorBody::Compatible);
     assert!(Catalogue::from_toml("error_body = \"openai\"").is_err());
 }
+
+#[test]
+fn an_openai_upstream_translates_responses_unless_it_says_native() {
+    let chat = r#"name = "m"
+        protocol = "chat_completions"
+        price = 1
+        upstream = "openai""#;
+    let translated = with_model(chat).unwrap();
+    assert_eq!(
+        translated.upstreams()[0].responses,
+        ResponsesRoute::Translate
+    );
+    let native = Catalogue::from_toml(&format!(
+        "{}responses = \"native\"\n[[models]]\n{chat}",
+        UPSTREAM
+    ))
+    .unwrap();
+    assert_eq!(native.upstreams()[0].responses, ResponsesRoute::Native);
+    let unknown = Catalogue::from_toml(&format!("{UPSTREAM}responses = \"both\"\n"));
+    assert!(matches!(unknown, Err(CatalogueError::Syntax(_))));
+}
+
+#[test]
+fn responses_is_refused_on_an_anthropic_upstream_and_as_a_models_protocol() {
+    let anthropic = r#"
+        [[upstreams]]
+        name = "claude"
+        kind = "anthropic"
+        base_url = "https://api.anthropic.com"
+        api_key_env = "K"
+        responses = "native"
+    "#;
+    let error = Catalogue::from_toml(anthropic).unwrap_err();
+    assert!(
+        matches!(&error, CatalogueError::ResponsesOnAnthropic(name) if name == "claude"),
+        "{error}"
+    );
+    let error = with_model(
+        r#"name = "m"
+        protocol = "responses"
+        price = 1
+        upstream = "openai""#,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&error, CatalogueError::ResponsesModel(name) if name == "m"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("chat_completions"));
+}

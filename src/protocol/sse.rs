@@ -209,15 +209,18 @@ impl StreamReader {
             error: Option<ErrorObject>,
         }
         let data: Option<Data<'_>> = serde_json::from_str(&event.data).ok();
-        if let Some(sequence) = data.as_ref().and_then(|data| data.sequence_number) {
-            self.next_sequence = self.next_sequence.max(sequence + 1);
-        }
         let Some(data) = data else {
             return EventKind::Other;
         };
         let Some(name) = event.name.or(data.kind) else {
             return EventKind::Other;
         };
+        // A failure event is not passed on: the gateway's own error event takes its number.
+        if let Some(sequence) = data.sequence_number
+            && !matches!(name, "error" | "response.failed")
+        {
+            self.next_sequence = self.next_sequence.max(sequence + 1);
+        }
         match name {
             "response.completed" | "response.incomplete" => {
                 if let Some(usage) = data.response.and_then(|response| response.usage) {
@@ -606,6 +609,52 @@ mod tests {
             reader.read(error),
             EventKind::Error("server_error: server overloaded".into())
         );
+    }
+
+    #[test]
+    fn responses_events_report_content_usage_failures_and_the_end() {
+        let mut reader = StreamReader::new(Protocol::Responses);
+        let event = |name: &str, data: &str| format!("event: {name}\ndata: {data}\n\n");
+        let read = |reader: &mut StreamReader, name: &str, data: &str| {
+            reader.read(event(name, data).as_bytes())
+        };
+        let created = r#"{"type":"response.created","sequence_number":0,"response":{"id":"r","usage":null}}"#;
+        assert_eq!(read(&mut reader, "response.created", created), EventKind::Other);
+        let message = r#"{"type":"response.output_item.added","sequence_number":1,"item":{"type":"message"}}"#;
+        assert_eq!(read(&mut reader, "response.output_item.added", message), EventKind::Other);
+        let empty = r#"{"type":"response.output_text.delta","sequence_number":2,"delta":""}"#;
+        assert_eq!(read(&mut reader, "response.output_text.delta", empty), EventKind::Other);
+        let text = r#"{"type":"response.output_text.delta","sequence_number":3,"delta":"Hi"}"#;
+        assert_eq!(read(&mut reader, "response.output_text.delta", text), EventKind::Content);
+        let call = r#"{"type":"response.output_item.added","sequence_number":4,"item":{"type":"function_call","name":"f"}}"#;
+        assert_eq!(read(&mut reader, "response.output_item.added", call), EventKind::Content);
+        let completed = r#"{"type":"response.completed","sequence_number":5,"response":{"usage":{"input_tokens":7,"output_tokens":2}}}"#;
+        assert_eq!(read(&mut reader, "response.completed", completed), EventKind::End);
+        assert_eq!(
+            reader.usage(),
+            TokenUsage {
+                input_tokens: Some(7),
+                output_tokens: Some(2)
+            }
+        );
+        let failed = r#"{"type":"response.failed","sequence_number":6,"response":{"error":{"code":"server_error","message":"boom"}}}"#;
+        assert_eq!(
+            read(&mut reader, "response.failed", failed),
+            EventKind::Error("boom".into())
+        );
+        let error = r#"{"type":"error","sequence_number":7,"code":"server_error","message":"down"}"#;
+        assert_eq!(
+            read(&mut reader, "error", error),
+            EventKind::Error("server_error: down".into())
+        );
+        // The gateway's error event follows the last event passed on, not the failures.
+        let own = reader.error_event(&GatewayError::UpstreamUnavailable);
+        let own: serde_json::Value = serde_json::from_str(
+            Event::parse(std::str::from_utf8(&own).unwrap()).data.as_ref(),
+        )
+        .unwrap();
+        assert_eq!(own["sequence_number"], 6);
+        assert_eq!(own["type"], "error");
     }
 
     #[test]

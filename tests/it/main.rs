@@ -31,6 +31,7 @@ mod leases;
 mod ledger;
 mod ledger_properties;
 mod owned_file;
+mod responses;
 mod streaming;
 mod subscriptions;
 mod upstream;

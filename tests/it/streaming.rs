@@ -19,8 +19,8 @@ use serde_json::{Value, json};
 
 /// A streamed answer as the client received it: status, content type and every chunk with the
 /// time it arrived.
-struct Streamed {
-    status: u16,
+pub(crate) struct Streamed {
+    pub(crate) status: u16,
     content_type: String,
     chunks: Vec<(Instant, bytes::Bytes)>,
 }
@@ -33,12 +33,12 @@ impl Streamed {
             .collect()
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8(self.bytes()).unwrap()
     }
 
     /// The `data:` payloads that are JSON, in order.
-    fn data(&self) -> Vec<Value> {
+    pub(crate) fn data(&self) -> Vec<Value> {
         self.text()
             .split("\n\n")
             .filter_map(|event| {
@@ -62,7 +62,7 @@ impl Streamed {
     }
 }
 
-async fn stream(gateway: &Gateway, path: &str, key: &str, body: Value) -> Streamed {
+pub(crate) async fn stream(gateway: &Gateway, path: &str, key: &str, body: Value) -> Streamed {
     let response = gateway
         .client
         .post(format!("{}{path}", gateway.base))
@@ -161,7 +161,7 @@ async fn provider_gateway(db: &TestDb, providers: &[&FakeProvider], settings: &s
 
 /// Waits until the account's newest call is no longer `pending` (outcomes written on a
 /// spawned task after a client left), at most five seconds.
-async fn finished_call(db: &TestDb, key: &str) -> CallRecord {
+pub(crate) async fn finished_call(db: &TestDb, key: &str) -> CallRecord {
     let started = Instant::now();
     loop {
         let calls = db.calls(key).await;
