@@ -1,8 +1,10 @@
-"""A fake LLM provider that streams tool use in each protocol's event format, for the SDK tests.
+"""A fake LLM provider that calls a tool in each protocol's format, for the SDK tests.
 
-It answers `POST /v1/chat/completions` (OpenAI) and `POST /v1/messages` (Anthropic) with a
-server-sent event stream in which the model calls `get_weather` with TOOL_INPUT, its arguments
-cut into several deltas, as the providers send them.
+It answers `POST /v1/chat/completions` (OpenAI), `POST /v1/responses` (OpenAI's Responses API) and
+`POST /v1/messages` (Anthropic). The model calls `get_weather` with TOOL_INPUT, its arguments cut
+into several deltas when streamed, as the providers send them; once the request carries the tool's
+result (a `tool` message, or a `function_call_output` item), it answers FINAL_TEXT instead.
+A chat or Responses request without `stream: true` gets a complete JSON reply.
 """
 
 import json
@@ -10,6 +12,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOOL_INPUT = {"location": "Paris, France", "unit": "celsius"}
+FINAL_TEXT = "It is 18°C and cloudy in Paris."
+CREATED = 1732000000
 
 
 def _argument_pieces():
@@ -55,12 +59,122 @@ def messages_events():
     return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
 
 
+def _text_pieces():
+    return [FINAL_TEXT[i : i + 9] for i in range(0, len(FINAL_TEXT), 9)]
+
+
+def chat_text_events():
+    base = {"id": "chatcmpl-fake2", "object": "chat.completion.chunk", "created": CREATED, "model": "gpt-4o-mini"}
+    events = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+    for piece in _text_pieces():
+        events.append({**base, "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+    events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    events.append({**base, "choices": [], "usage": {"prompt_tokens": 80, "completion_tokens": 10, "total_tokens": 90}})
+    return "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+
+
+def chat_reply(answered):
+    if answered:
+        message = {"role": "assistant", "content": FINAL_TEXT}
+        finish, usage = "stop", {"prompt_tokens": 80, "completion_tokens": 10, "total_tokens": 90}
+    else:
+        call = {"id": "call_fake", "type": "function",
+                "function": {"name": "get_weather", "arguments": json.dumps(TOOL_INPUT)}}
+        message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        finish, usage = "tool_calls", {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70}
+    return {"id": "chatcmpl-fake", "object": "chat.completion", "created": CREATED, "model": "gpt-4o-mini",
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}], "usage": usage}
+
+
+def _response(status, output, usage):
+    return {"id": "resp_fake", "object": "response", "created_at": CREATED, "status": status, "error": None,
+            "incomplete_details": None, "instructions": None, "max_output_tokens": None, "metadata": {},
+            "model": "gpt-4o-mini", "output": output, "parallel_tool_calls": True, "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": 1.0,
+            "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [], "top_p": 1.0,
+            "truncation": "disabled", "usage": usage, "user": None}
+
+
+def _response_usage(input_tokens, output_tokens):
+    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output_tokens}
+
+
+def _call_item(status, arguments):
+    return {"id": "fc_fake", "type": "function_call", "status": status, "call_id": "call_fake",
+            "name": "get_weather", "arguments": arguments}
+
+
+def _message_item(status, text):
+    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+    return {"id": "msg_fake", "type": "message", "status": status, "role": "assistant", "content": content}
+
+
+def responses_reply(answered):
+    if answered:
+        return _response("completed", [_message_item("completed", FINAL_TEXT)], _response_usage(80, 10))
+    return _response("completed", [_call_item("completed", json.dumps(TOOL_INPUT))], _response_usage(50, 20))
+
+
+def responses_events(answered):
+    events = [("response.created", {"response": _response("in_progress", [], None)}),
+              ("response.in_progress", {"response": _response("in_progress", [], None)})]
+    if answered:
+        part = {"type": "output_text", "text": "", "annotations": []}
+        events += [("response.output_item.added", {"output_index": 0, "item": _message_item("in_progress", "")}),
+                   ("response.content_part.added", {"item_id": "msg_fake", "output_index": 0, "content_index": 0, "part": part})]
+        for piece in _text_pieces():
+            events.append(("response.output_text.delta", {"item_id": "msg_fake", "output_index": 0, "content_index": 0, "delta": piece}))
+        done = {**part, "text": FINAL_TEXT}
+        events += [("response.output_text.done", {"item_id": "msg_fake", "output_index": 0, "content_index": 0, "text": FINAL_TEXT}),
+                   ("response.content_part.done", {"item_id": "msg_fake", "output_index": 0, "content_index": 0, "part": done}),
+                   ("response.output_item.done", {"output_index": 0, "item": _message_item("completed", FINAL_TEXT)})]
+    else:
+        events.append(("response.output_item.added", {"output_index": 0, "item": _call_item("in_progress", "")}))
+        for piece in _argument_pieces():
+            events.append(("response.function_call_arguments.delta", {"item_id": "fc_fake", "output_index": 0, "delta": piece}))
+        arguments = json.dumps(TOOL_INPUT)
+        events += [("response.function_call_arguments.done", {"item_id": "fc_fake", "output_index": 0, "arguments": arguments}),
+                   ("response.output_item.done", {"output_index": 0, "item": _call_item("completed", arguments)})]
+    final = responses_reply(answered)
+    events.append(("response.completed", {"response": final}))
+    return "".join(
+        f"event: {name}\ndata: {json.dumps({'type': name, 'sequence_number': n, **data})}\n\n"
+        for n, (name, data) in enumerate(events)
+    )
+
+
+def _answered(request):
+    """Whether the request carries the tool's result."""
+    if isinstance(request.get("messages"), list):
+        return any(isinstance(m, dict) and m.get("role") == "tool" for m in request["messages"])
+    items = request.get("input")
+    return isinstance(items, list) and any(
+        isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
+    )
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Every request's path and body, in order, for the tests to look at.
+    seen = []
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        body = chat_events() if self.path.endswith("/chat/completions") else messages_events()
+        request = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+        _Handler.seen.append((self.path, request))
+        answered = _answered(request)
+        stream = request.get("stream") is True
+        if self.path.endswith("/chat/completions"):
+            if not stream:
+                return self._json(chat_reply(answered))
+            body = chat_text_events() if answered else chat_events()
+        elif self.path.endswith("/responses"):
+            if not stream:
+                return self._json(responses_reply(answered))
+            body = responses_events(answered)
+        else:
+            body = messages_events()
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("connection", "close")
@@ -71,8 +185,23 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
         self.close_connection = True
 
+    def _json(self, reply):
+        body = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.send_header("connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
     def log_message(self, *args):
         pass
+
+
+def seen():
+    """The (path, body) of every request received so far."""
+    return list(_Handler.seen)
 
 
 def start():
