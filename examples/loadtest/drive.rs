@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use model_gateway::store::GroupCommitStats;
 
-use crate::targets::{BODY, Target};
+use crate::targets::{BODY, RESPONSES_BODY, Target};
 
 #[derive(Clone, Copy)]
 pub struct Figures {
@@ -33,6 +33,8 @@ pub fn process_cpu_time() -> Option<Duration> {
 pub enum Load {
     /// The same paid call each time, answered 200.
     Calls,
+    /// The same paid call on `POST /v1/responses`, answered 200.
+    Responses,
     /// Requests the gateway refuses, in turn: a wrong key (401), a body that is not JSON (400),
     /// an unknown model (404). Counted as answered when refused as expected.
     Refusals,
@@ -63,7 +65,11 @@ pub async fn drive_load(target: &Target, concurrency: usize, requests: u64, load
         .pool_max_idle_per_host(concurrency)
         .build()
         .unwrap();
-    let url = format!("{}/v1/chat/completions", target.base);
+    let (path, body) = match load {
+        Load::Responses => ("/v1/responses", RESPONSES_BODY),
+        Load::Calls | Load::Refusals => ("/v1/chat/completions", BODY),
+    };
+    let url = format!("{}{path}", target.base);
     let keyed = std::env::var("LOADTEST_IDEMPOTENCY_KEYS").as_deref() == Ok("1");
     let run = fastrand::u64(..);
     let issued = Arc::new(AtomicU64::new(0));
@@ -88,7 +94,7 @@ pub async fn drive_load(target: &Target, concurrency: usize, requests: u64, load
                             (request.bearer_auth(key).body(body), status)
                         }
                         (_, key) => {
-                            let request = request.body(BODY);
+                            let request = request.body(body);
                             (key.iter().fold(request, |r, key| r.bearer_auth(key)), 200)
                         }
                     };

@@ -95,6 +95,7 @@ pub async fn run(requests: u64, rounds: usize) {
 fn name(load: Load) -> &'static str {
     match load {
         Load::Calls => "calls",
+        Load::Responses => "responses",
         Load::Refusals => "refusals",
     }
 }

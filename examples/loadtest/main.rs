@@ -32,6 +32,9 @@
 //! billed `ok`. `LOADTEST_ONLY=streams` runs only this part, `LOADTEST_ONLY=requests` all but
 //! this part.
 //!
+//! `LOADTEST_ONLY=responses` runs instead `POST /v1/responses` beside chat completions through
+//! the in-memory gateway, in mock mode and through a translating upstream (see `responses.rs`).
+//!
 //! `LOADTEST_ONLY=logged` runs instead the release gateway binary as an operator runs it (mock
 //! mode, an owned `SQLite` file, logging at `info` to a file): paid calls, then a flood of
 //! requests it refuses (a wrong key, a body that is not JSON, an unknown model), at concurrency
@@ -58,6 +61,7 @@ mod drive;
 mod journal;
 mod logged;
 mod memory;
+mod responses;
 mod streaming;
 mod targets;
 
@@ -93,6 +97,10 @@ async fn main() {
         .unwrap_or(1);
     if std::env::var("LOADTEST_ONLY").as_deref() == Ok("logged") {
         logged::run(requests, rounds).await;
+        return;
+    }
+    if std::env::var("LOADTEST_ONLY").as_deref() == Ok("responses") {
+        responses::run(requests, rounds).await;
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -16,6 +16,10 @@ use crate::journal::Journal;
 pub const BODY: &str =
     r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
 
+/// [`BODY`]'s question as a Responses request.
+pub const RESPONSES_BODY: &str =
+    r#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hello, how are you today?"}]}"#;
+
 pub struct Target {
     pub name: &'static str,
     pub base: String,
@@ -99,21 +103,7 @@ pub async fn floor(journal: Option<Journal>) -> Target {
 /// journal, each reply waits for a record of it (the in-memory gateway made durable at the
 /// least cost: what the best ledger on this machine's disk could reach).
 pub async fn memory_gateway(journal: Option<Journal>) -> Target {
-    let store = Arc::new(MemoryStore::new());
-    let account = store.create_account("load").await.unwrap();
-    let key = NewApiKey::generate();
-    store.add_key(account, &key).await.unwrap();
-    store
-        .grant(account, Bucket::Subscription, Credits::new(1 << 50))
-        .await
-        .unwrap();
-    let router = model_gateway::Gateway::new(
-        store,
-        Arc::new(Catalogue::demo()),
-        Upstream::Mock(MockUpstream::new()),
-    )
-    .body_limits(DEFAULT_MAX_BODY_BYTES)
-    .router();
+    let (router, key) = memory_router(Catalogue::demo(), Upstream::Mock(MockUpstream::new())).await;
     let (name, router) = match journal {
         None => ("gateway, in-memory", router),
         Some(journal) => (
@@ -133,7 +123,37 @@ pub async fn memory_gateway(journal: Option<Journal>) -> Target {
     Target {
         name,
         base: serve_gateway(router).await,
-        key: Some(key.reveal().to_owned()),
+        key: Some(key),
+        store: None,
+    }
+}
+
+/// The gateway's router on an in-memory store with one funded key (returned).
+async fn memory_router(catalogue: Catalogue, upstream: Upstream) -> (axum::Router, String) {
+    let store = Arc::new(MemoryStore::new());
+    let account = store.create_account("load").await.unwrap();
+    let key = NewApiKey::generate();
+    store.add_key(account, &key).await.unwrap();
+    store
+        .grant(account, Bucket::Subscription, Credits::new(1 << 50))
+        .await
+        .unwrap();
+    let router = model_gateway::Gateway::new(store, Arc::new(catalogue), upstream)
+        .body_limits(DEFAULT_MAX_BODY_BYTES)
+        .router();
+    (router, key.reveal().to_owned())
+}
+
+/// The full gateway on the in-memory store, calling `catalogue`'s providers over HTTP.
+pub async fn memory_gateway_over_http(name: &'static str, catalogue: Catalogue) -> Target {
+    let upstream =
+        model_gateway::upstream::HttpUpstream::with_keys(&catalogue, |_| Some("sk-load".into()))
+            .unwrap();
+    let (router, key) = memory_router(catalogue, Upstream::Http(upstream)).await;
+    Target {
+        name,
+        base: serve_gateway(router).await,
+        key: Some(key),
         store: None,
     }
 }

@@ -618,18 +618,37 @@ mod tests {
         let read = |reader: &mut StreamReader, name: &str, data: &str| {
             reader.read(event(name, data).as_bytes())
         };
-        let created = r#"{"type":"response.created","sequence_number":0,"response":{"id":"r","usage":null}}"#;
-        assert_eq!(read(&mut reader, "response.created", created), EventKind::Other);
+        let created =
+            r#"{"type":"response.created","sequence_number":0,"response":{"id":"r","usage":null}}"#;
+        assert_eq!(
+            read(&mut reader, "response.created", created),
+            EventKind::Other
+        );
         let message = r#"{"type":"response.output_item.added","sequence_number":1,"item":{"type":"message"}}"#;
-        assert_eq!(read(&mut reader, "response.output_item.added", message), EventKind::Other);
+        assert_eq!(
+            read(&mut reader, "response.output_item.added", message),
+            EventKind::Other
+        );
         let empty = r#"{"type":"response.output_text.delta","sequence_number":2,"delta":""}"#;
-        assert_eq!(read(&mut reader, "response.output_text.delta", empty), EventKind::Other);
+        assert_eq!(
+            read(&mut reader, "response.output_text.delta", empty),
+            EventKind::Other
+        );
         let text = r#"{"type":"response.output_text.delta","sequence_number":3,"delta":"Hi"}"#;
-        assert_eq!(read(&mut reader, "response.output_text.delta", text), EventKind::Content);
+        assert_eq!(
+            read(&mut reader, "response.output_text.delta", text),
+            EventKind::Content
+        );
         let call = r#"{"type":"response.output_item.added","sequence_number":4,"item":{"type":"function_call","name":"f"}}"#;
-        assert_eq!(read(&mut reader, "response.output_item.added", call), EventKind::Content);
+        assert_eq!(
+            read(&mut reader, "response.output_item.added", call),
+            EventKind::Content
+        );
         let completed = r#"{"type":"response.completed","sequence_number":5,"response":{"usage":{"input_tokens":7,"output_tokens":2}}}"#;
-        assert_eq!(read(&mut reader, "response.completed", completed), EventKind::End);
+        assert_eq!(
+            read(&mut reader, "response.completed", completed),
+            EventKind::End
+        );
         assert_eq!(
             reader.usage(),
             TokenUsage {
@@ -642,7 +661,8 @@ mod tests {
             read(&mut reader, "response.failed", failed),
             EventKind::Error("boom".into())
         );
-        let error = r#"{"type":"error","sequence_number":7,"code":"server_error","message":"down"}"#;
+        let error =
+            r#"{"type":"error","sequence_number":7,"code":"server_error","message":"down"}"#;
         assert_eq!(
             read(&mut reader, "error", error),
             EventKind::Error("server_error: down".into())
@@ -650,7 +670,9 @@ mod tests {
         // The gateway's error event follows the last event passed on, not the failures.
         let own = reader.error_event(&GatewayError::UpstreamUnavailable);
         let own: serde_json::Value = serde_json::from_str(
-            Event::parse(std::str::from_utf8(&own).unwrap()).data.as_ref(),
+            Event::parse(std::str::from_utf8(&own).unwrap())
+                .data
+                .as_ref(),
         )
         .unwrap();
         assert_eq!(own["sequence_number"], 6);

@@ -647,7 +647,14 @@ fn route_responses(
             reason: "the gateway keeps no responses; send the whole conversation in `input`",
         });
     }
-    let routed = resolve(catalogue, Protocol::Responses, body, model_raw, model_name, stream)?;
+    let routed = resolve(
+        catalogue,
+        Protocol::Responses,
+        body,
+        model_raw,
+        model_name,
+        stream,
+    )?;
     let translates = routed.model.channels.iter().any(|channel| {
         channel.upstream.kind == UpstreamKind::Openai
             && channel.upstream.responses == ResponsesRoute::Translate

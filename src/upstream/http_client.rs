@@ -29,13 +29,13 @@ use tower_service::Service;
 
 use super::ResponseFuture;
 use super::breaker::CircuitBreaker;
-use crate::call::{RoutedCall, ServedBy};
 use super::translated::ChatAsResponses;
+use crate::call::{RoutedCall, ServedBy};
 use crate::catalogue::{Catalogue, ModelChannel, ResponsesRoute, UpstreamConfig, UpstreamKind};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
-use crate::protocol::sse::EventSplitter;
 use crate::protocol::responses::{self, Ids, StreamTranslator};
+use crate::protocol::sse::EventSplitter;
 use crate::protocol::{Protocol, provider_message};
 use crate::reply::{Inner, UpstreamBody};
 
@@ -270,7 +270,10 @@ impl Channel {
         };
         let request: serde_json::Value = serde_json::from_slice(body)
             .map_err(|_| refused("the request is not JSON".to_owned()))?;
-        let model = channel.upstream_model.as_deref().unwrap_or(&routed.model.name);
+        let model = channel
+            .upstream_model
+            .as_deref()
+            .unwrap_or(&routed.model.name);
         let chat = responses::chat_request(&request, model)
             .map_err(|untranslatable| refused(untranslatable.to_string()))?;
         let chat = serde_json::to_vec(&chat).expect("a JSON value serialises");
@@ -451,10 +454,14 @@ impl Channel {
                 .map_err(|error| retryable(error.status, error.message))?;
             let body = match &translated {
                 Some(request) => {
-                    let chat: serde_json::Value = serde_json::from_slice(&body)
-                        .map_err(|_| retryable(Some(status.as_u16()), "the reply is not JSON".to_owned()))?;
-                    let response = responses::response_from_chat(request, &chat, &mut Ids::random());
-                    Bytes::from(serde_json::to_vec(&response).expect("a JSON value serialises"))
+                    let chat: serde_json::Value = serde_json::from_slice(&body).map_err(|_| {
+                        retryable(Some(status.as_u16()), "the reply is not JSON".to_owned())
+                    })?;
+                    Bytes::from(responses::response_json_from_chat(
+                        request,
+                        &chat,
+                        &mut Ids::random(),
+                    ))
                 }
                 None => body,
             };

@@ -36,17 +36,23 @@ impl MockUpstream {
         MockUpstream::default()
     }
 
-    fn reply(&self, protocol: Protocol, model: &str, body: &[u8]) -> serde_json::Value {
+    fn reply(&self, protocol: Protocol, model: &str, body: &[u8]) -> Bytes {
+        // The chat reply, as a translating upstream answers it.
+        if protocol == Protocol::Responses {
+            let request = serde_json::from_slice(body).unwrap_or_default();
+            let chat = self.reply_value(Protocol::ChatCompletions, model, body);
+            let ids = &mut responses::Ids::random();
+            return Bytes::from(responses::response_json_from_chat(&request, &chat, ids));
+        }
+        Bytes::from(self.reply_value(protocol, model, body).to_string())
+    }
+
+    fn reply_value(&self, protocol: Protocol, model: &str, body: &[u8]) -> serde_json::Value {
         let serial = self.replies.fetch_add(1, Ordering::Relaxed) + 1;
         match protocol {
             Protocol::Embeddings => embeddings(model, body),
-            // The chat reply, as a translating upstream answers it.
-            Protocol::Responses => {
-                let request = serde_json::from_slice(body).unwrap_or_default();
-                let chat = self.reply(Protocol::ChatCompletions, model, body);
-                responses::response_from_chat(&request, &chat, &mut responses::Ids::random())
-            }
-            Protocol::ChatCompletions => json!({
+            // The chat reply (`reply` translates it).
+            Protocol::ChatCompletions | Protocol::Responses => json!({
                 "id": format!("chatcmpl-mock-{serial}"),
                 "object": "chat.completion",
                 "created": chrono::Utc::now().timestamp(),
@@ -91,7 +97,9 @@ impl MockUpstream {
         match protocol {
             Protocol::Responses => {
                 let request = serde_json::from_slice(body).unwrap_or_default();
-                let chat = format!(r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true}}}}"#);
+                let chat = format!(
+                    r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true}}}}"#
+                );
                 let mut translator =
                     responses::StreamTranslator::new(&request, responses::Ids::random());
                 for chunk in self.events(Protocol::ChatCompletions, model, chat.as_bytes()) {
@@ -323,8 +331,10 @@ impl<B: AsRef<[u8]>> Service<Request<B>> for MockUpstream {
             );
             return ready(Ok(response));
         }
-        let mut response = Response::new(UpstreamBody::complete(Bytes::from(
-            self.reply(protocol, model, request.body().as_ref()).to_string(),
+        let mut response = Response::new(UpstreamBody::complete(self.reply(
+            protocol,
+            model,
+            request.body().as_ref(),
         )));
         response.headers_mut().insert(
             header::CONTENT_TYPE,

@@ -46,7 +46,11 @@ fn events(text: &str) -> Vec<Value> {
         .map(|event| {
             let (name, data) = event.split_once('\n').unwrap();
             let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
-            assert_eq!(name.strip_prefix("event: "), data["type"].as_str(), "{event}");
+            assert_eq!(
+                name.strip_prefix("event: "),
+                data["type"].as_str(),
+                "{event}"
+            );
             data
         })
         .collect()
@@ -103,7 +107,11 @@ fn the_corpus_chat_streams_translate_to_the_event_sequences_written_for_them_how
         // Cut anywhere (inside a UTF-8 character, between `\n`s), the output is the same.
         for cut in 1..chat.len() {
             let (head, tail) = chat.as_bytes().split_at(cut);
-            assert_eq!(translate(&case["request"], &[head, tail]), whole, "{name} cut at {cut}");
+            assert_eq!(
+                translate(&case["request"], &[head, tail]),
+                whole,
+                "{name} cut at {cut}"
+            );
         }
         let byte_by_byte: Vec<&[u8]> = chat.as_bytes().chunks(1).collect();
         assert_eq!(translate(&case["request"], &byte_by_byte), whole, "{name}");
@@ -164,13 +172,20 @@ async fn the_mock_answers_a_response_and_a_stream_charged_as_chat_calls_and_logg
     let key = db.funded_key(10, 0).await;
 
     let answer = gateway
-        .post_bearer(RESPONSES, &key, responses_body(CHAT_MODEL, false).to_string())
+        .post_bearer(
+            RESPONSES,
+            &key,
+            responses_body(CHAT_MODEL, false).to_string(),
+        )
         .await;
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.body["object"], "response");
     assert_eq!(answer.body["status"], "completed");
     assert_eq!(answer.body["instructions"], "Be brief.");
-    assert_eq!(answer.body["output"][0]["content"][0]["text"], MOCK_REPLY_TEXT);
+    assert_eq!(
+        answer.body["output"][0]["content"][0]["text"],
+        MOCK_REPLY_TEXT
+    );
     assert!(answer.body["usage"]["output_tokens"].as_u64().unwrap() > 0);
 
     let received = stream(&gateway, RESPONSES, &key, responses_body(CHAT_MODEL, true)).await;
@@ -210,14 +225,14 @@ async fn refusals_come_before_any_charge_in_the_contracts_order() {
     let db = local_db().await;
     let gateway = mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
-    let post = async |key: &str, body: Value| {
-        gateway
-            .post_bearer(RESPONSES, key, body.to_string())
-            .await
-    };
+    let post =
+        async |key: &str, body: Value| gateway.post_bearer(RESPONSES, key, body.to_string()).await;
 
     let unknown_key = post("sk-mg-nope", responses_body(CHAT_MODEL, false)).await;
-    assert_eq!((unknown_key.status, unknown_key.detail()), (401, "无效的 API Key"));
+    assert_eq!(
+        (unknown_key.status, unknown_key.detail()),
+        (401, "无效的 API Key")
+    );
     for body in [
         json!({ "model": CHAT_MODEL }),
         json!({ "model": CHAT_MODEL, "input": 5 }),
@@ -228,15 +243,27 @@ async fn refusals_come_before_any_charge_in_the_contracts_order() {
     }
     // A messages model does not exist here, as on the chat endpoint.
     let messages_model = post(&key, responses_body(MESSAGES_MODEL, false)).await;
-    assert_eq!((messages_model.status, messages_model.detail()), (404, "模型不存在"));
+    assert_eq!(
+        (messages_model.status, messages_model.detail()),
+        (404, "模型不存在")
+    );
     let unknown = post(&key, responses_body("no-such-model", false)).await;
     assert_eq!(unknown.status, 404);
     // What a translating upstream cannot do: 400 naming the field.
-    let web_search = json!({ "model": CHAT_MODEL, "input": "x", "tools": [{ "type": "web_search" }] });
+    let web_search =
+        json!({ "model": CHAT_MODEL, "input": "x", "tools": [{ "type": "web_search" }] });
     let refused = post(&key, web_search).await;
     assert_eq!(refused.status, 400);
-    assert!(refused.detail().contains("tools[0].type"), "{}", refused.detail());
-    let background = post(&key, json!({ "model": CHAT_MODEL, "input": "x", "background": true })).await;
+    assert!(
+        refused.detail().contains("tools[0].type"),
+        "{}",
+        refused.detail()
+    );
+    let background = post(
+        &key,
+        json!({ "model": CHAT_MODEL, "input": "x", "background": true }),
+    )
+    .await;
     assert!(background.detail().contains("background"));
     let continued = json!({ "model": CHAT_MODEL, "input": "x", "previous_response_id": "resp_1" });
     let continued = post(&key, continued).await;
@@ -257,7 +284,11 @@ async fn streaming_stays_off_for_responses_unless_switched_on() {
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
     let answer = gateway
-        .post_bearer(RESPONSES, &key, responses_body(CHAT_MODEL, true).to_string())
+        .post_bearer(
+            RESPONSES,
+            &key,
+            responses_body(CHAT_MODEL, true).to_string(),
+        )
         .await;
     assert_eq!(answer.status, 400);
     assert_eq!(db.balance(&key).await, balance(10, 0));
@@ -334,7 +365,12 @@ async fn a_native_upstream_gets_the_request_and_gives_the_reply_byte_for_byte() 
         sent.replace("\"gpt-4o-mini\"", "\"upstream-0\"")
     );
 
-    let events = [native_created(), native_delta(1, "Hi"), native_delta(2, "!"), native_completed(3)];
+    let events = [
+        native_created(),
+        native_delta(1, "Hi"),
+        native_delta(2, "!"),
+        native_completed(3),
+    ];
     provider.then(Fault::sse(&events));
     let received = stream(&gateway, RESPONSES, &key, responses_body(CHAT_MODEL, true)).await;
     assert_eq!(received.text(), events.concat());
@@ -359,7 +395,8 @@ async fn a_translating_upstream_gets_a_chat_request_and_its_reply_comes_back_as_
     let key = db.funded_key(10, 0).await;
 
     provider.then(Fault::json(200, CHAT_REPLY));
-    let tool = json!({ "type": "function", "name": "get_weather", "parameters": { "type": "object" } });
+    let tool =
+        json!({ "type": "function", "name": "get_weather", "parameters": { "type": "object" } });
     let body = json!({ "model": CHAT_MODEL, "instructions": "Use tools.", "input": "Paris?", "tools": [tool] });
     let answer = gateway.post_bearer(RESPONSES, &key, body.to_string()).await;
     assert_eq!(answer.status, 200, "{answer:?}");
@@ -367,16 +404,30 @@ async fn a_translating_upstream_gets_a_chat_request_and_its_reply_comes_back_as_
     assert_eq!(seen.target, "/v1/chat/completions");
     let chat: Value = serde_json::from_slice(&seen.body).unwrap();
     assert_eq!(chat["model"], "upstream-0");
-    assert_eq!(chat["messages"][0], json!({ "role": "system", "content": "Use tools." }));
+    assert_eq!(
+        chat["messages"][0],
+        json!({ "role": "system", "content": "Use tools." })
+    );
     assert_eq!(chat["tools"][0]["function"]["name"], "get_weather");
     let call = &answer.body["output"][0];
     assert_eq!(
-        (call["type"].as_str(), call["call_id"].as_str(), call["arguments"].as_str()),
-        (Some("function_call"), Some("call_1"), Some("{\"city\":\"Paris\"}"))
+        (
+            call["type"].as_str(),
+            call["call_id"].as_str(),
+            call["arguments"].as_str()
+        ),
+        (
+            Some("function_call"),
+            Some("call_1"),
+            Some("{\"city\":\"Paris\"}")
+        )
     );
     assert!(answer.body["id"].as_str().unwrap().starts_with("resp_"));
     let [entry] = db.calls(&key).await.try_into().unwrap();
-    assert_eq!((entry.input_tokens, entry.output_tokens), (Some(21), Some(9)));
+    assert_eq!(
+        (entry.input_tokens, entry.output_tokens),
+        (Some(21), Some(9))
+    );
     assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
 }
 
@@ -394,8 +445,15 @@ async fn a_translating_upstream_streams_chat_chunks_that_arrive_as_responses_eve
     let gateway = http_gateway(&db, catalogue(&[(&provider, "translate")])).await;
     let key = db.funded_key(10, 0).await;
     provider.then(
-        Fault::sse([CHAT_ROLE, CHAT_DELTA, CHAT_DELTA, CHAT_FINISH, CHAT_USAGE, "data: [DONE]\n\n"])
-            .spaced(Duration::from_millis(5)),
+        Fault::sse([
+            CHAT_ROLE,
+            CHAT_DELTA,
+            CHAT_DELTA,
+            CHAT_FINISH,
+            CHAT_USAGE,
+            "data: [DONE]\n\n",
+        ])
+        .spaced(Duration::from_millis(5)),
     );
     let received = stream(&gateway, RESPONSES, &key, responses_body(CHAT_MODEL, true)).await;
     let chat: Value = serde_json::from_slice(&provider.last().body).unwrap();
@@ -405,7 +463,10 @@ async fn a_translating_upstream_streams_chat_chunks_that_arrive_as_responses_eve
     assert_eq!(last["type"], "response.completed");
     assert_eq!(last["response"]["usage"]["output_tokens"], 2);
     let entry = finished_call(&db, &key).await;
-    assert_eq!((entry.status, entry.output_tokens), (CallStatus::Ok, Some(2)));
+    assert_eq!(
+        (entry.status, entry.output_tokens),
+        (CallStatus::Ok, Some(2))
+    );
     assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
 }
 
@@ -429,7 +490,10 @@ async fn a_failed_responses_call_fails_over_across_both_kinds_and_is_refunded_wh
     native.always(Fault::json(503, r#"{"error":{"message":"down"}}"#));
     translating.always(Fault::json(500, r#"{"error":{"message":"down"}}"#));
     let failed = gateway.post_bearer(RESPONSES, &key, body).await;
-    assert_eq!((failed.status, failed.detail()), (502, "上游服务暂时不可用"));
+    assert_eq!(
+        (failed.status, failed.detail()),
+        (502, "上游服务暂时不可用")
+    );
     assert_eq!(db.calls(&key).await[0].status, CallStatus::Refunded);
     assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
     db.assert_audit_holds().await;
@@ -442,7 +506,11 @@ async fn a_failed_responses_call_fails_over_across_both_kinds_and_is_refunded_wh
 fn assert_ends_with_the_gateways_error_event(received: &Streamed, sequence: u64) {
     let last = received.data().pop().unwrap();
     assert_eq!(
-        (last["type"].as_str(), last["message"].as_str(), last["sequence_number"].as_u64()),
+        (
+            last["type"].as_str(),
+            last["message"].as_str(),
+            last["sequence_number"].as_u64()
+        ),
         (Some("error"), Some("上游服务暂时不可用"), Some(sequence)),
         "{}",
         received.text()
@@ -466,7 +534,9 @@ async fn assert_failed_responses_streams_are_refunded(db: TestDb) {
         "response.failed",
         json!({ "type": "response.failed", "sequence_number": 2, "response": { "id": "resp_native", "status": "failed", "error": { "code": "server_error", "message": "The model failed" } } }),
     );
-    native.then(Fault::sse([native_created(), native_delta(1, "Hi"), failed]).ending(StreamEnd::Hang));
+    native.then(
+        Fault::sse([native_created(), native_delta(1, "Hi"), failed]).ending(StreamEnd::Hang),
+    );
     let received = stream(&native_gateway, RESPONSES, &key, body.clone()).await;
     assert!(!received.text().contains("The model failed"));
     assert_ends_with_the_gateways_error_event(&received, 2);
@@ -479,7 +549,8 @@ async fn assert_failed_responses_streams_are_refunded(db: TestDb) {
     let received = stream(&translating_gateway, RESPONSES, &key, body.clone()).await;
     assert_eq!(delta_text(&received), "Hi");
     assert_ends_with_the_gateways_error_event(&received, 5);
-    let chat_error = "data: {\"error\":{\"message\":\"The server had an error\",\"type\":\"server_error\"}}\n\n";
+    let chat_error =
+        "data: {\"error\":{\"message\":\"The server had an error\",\"type\":\"server_error\"}}\n\n";
     translating.then(Fault::sse([CHAT_ROLE, CHAT_DELTA, chat_error]).ending(StreamEnd::Hang));
     let received = stream(&translating_gateway, RESPONSES, &key, body.clone()).await;
     assert!(!received.text().contains("The server had an error"));
@@ -491,7 +562,10 @@ async fn assert_failed_responses_streams_are_refunded(db: TestDb) {
 
     let calls = db.calls(&key).await;
     assert_eq!(calls.len(), 5);
-    assert!(calls.iter().all(|call| call.status == CallStatus::Refunded), "{calls:?}");
+    assert!(
+        calls.iter().all(|call| call.status == CallStatus::Refunded),
+        "{calls:?}"
+    );
     assert_eq!(db.balance(&key).await, balance(10, 0));
     db.assert_audit_holds().await;
     db.drop_schema().await;
@@ -538,7 +612,11 @@ async fn assert_a_client_leaving_a_responses_stream_is_billed_only_after_content
             received.extend_from_slice(&response.chunk().await.unwrap().unwrap());
         }
         drop(response);
-        assert!(provider.wait_hung_up(hung_up + 1, Duration::from_secs(5)).await);
+        assert!(
+            provider
+                .wait_hung_up(hung_up + 1, Duration::from_secs(5))
+                .await
+        );
         let entry = finished_call(&db, &key).await;
         if billed {
             assert_eq!(entry.status, CallStatus::Ok, "{events:?}");

@@ -50,7 +50,7 @@ mod reply;
 mod request;
 mod stream;
 
-pub use reply::response_from_chat;
+pub use reply::{response_from_chat, response_json_from_chat};
 pub use request::{Untranslatable, chat_request};
 pub use stream::StreamTranslator;
 

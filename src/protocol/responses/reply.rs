@@ -1,14 +1,63 @@
 //! A chat-completions reply as a Responses `response` object.
 
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Value, json};
 
 use super::Ids;
 
 /// What a `response` object repeats from the request that asked for it (the Responses API
 /// echoes the request's settings), taken once per call.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub(super) struct Echo {
-    fields: Map<String, Value>,
+    background: bool,
+    instructions: Value,
+    max_output_tokens: Value,
+    metadata: Value,
+    parallel_tool_calls: Value,
+    previous_response_id: Option<()>,
+    reasoning: ReasoningEcho,
+    service_tier: Value,
+    /// A translated call keeps nothing: its response cannot be fetched again.
+    store: bool,
+    temperature: Value,
+    text: TextEcho,
+    tool_choice: Value,
+    tools: Value,
+    top_p: Value,
+    truncation: &'static str,
+    user: Value,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct ReasoningEcho {
+    effort: Value,
+    summary: Option<()>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct TextEcho {
+    format: Value,
+}
+
+/// A `response` object, serialised as it is built.
+#[derive(Serialize)]
+struct ResponseObject<'a, I, U> {
+    id: &'a str,
+    object: &'static str,
+    created_at: i64,
+    status: &'static str,
+    error: Option<()>,
+    incomplete_details: Option<Incomplete<'a>>,
+    model: &'a str,
+    output: &'a [I],
+    usage: &'a U,
+    #[serde(flatten)]
+    echo: &'a Echo,
+}
+
+#[derive(Serialize)]
+struct Incomplete<'a> {
+    reason: &'a str,
 }
 
 impl Echo {
@@ -24,48 +73,67 @@ impl Echo {
             .pointer("/text/format")
             .filter(|value| !value.is_null())
             .cloned()
-            .unwrap_or(json!({ "type": "text" }));
-        let effort = request
-            .pointer("/reasoning/effort")
-            .cloned()
-            .unwrap_or(Value::Null);
-        let mut fields = Map::new();
-        fields.insert("background".into(), Value::Bool(false));
-        fields.insert("instructions".into(), given("instructions", Value::Null));
-        fields.insert("max_output_tokens".into(), given("max_output_tokens", Value::Null));
-        fields.insert("metadata".into(), given("metadata", json!({})));
-        fields.insert("parallel_tool_calls".into(), given("parallel_tool_calls", Value::Bool(true)));
-        fields.insert("previous_response_id".into(), Value::Null);
-        fields.insert("reasoning".into(), json!({ "effort": effort, "summary": null }));
-        fields.insert("service_tier".into(), given("service_tier", json!("default")));
-        // A translated call keeps nothing: its response cannot be fetched again.
-        fields.insert("store".into(), Value::Bool(false));
-        fields.insert("temperature".into(), given("temperature", json!(1.0)));
-        fields.insert("text".into(), json!({ "format": format }));
-        fields.insert("tool_choice".into(), given("tool_choice", json!("auto")));
-        fields.insert("tools".into(), given("tools", json!([])));
-        fields.insert("top_p".into(), given("top_p", json!(1.0)));
-        fields.insert("truncation".into(), json!("disabled"));
-        fields.insert("user".into(), given("user", Value::Null));
-        Echo { fields }
+            .unwrap_or_else(|| json!({ "type": "text" }));
+        Echo {
+            background: false,
+            instructions: given("instructions", Value::Null),
+            max_output_tokens: given("max_output_tokens", Value::Null),
+            metadata: given("metadata", json!({})),
+            parallel_tool_calls: given("parallel_tool_calls", Value::Bool(true)),
+            previous_response_id: None,
+            reasoning: ReasoningEcho {
+                effort: request
+                    .pointer("/reasoning/effort")
+                    .cloned()
+                    .unwrap_or(Value::Null),
+                summary: None,
+            },
+            service_tier: given("service_tier", json!("default")),
+            store: false,
+            temperature: given("temperature", json!(1.0)),
+            text: TextEcho { format },
+            tool_choice: given("tool_choice", json!("auto")),
+            tools: given("tools", json!([])),
+            top_p: given("top_p", json!(1.0)),
+            truncation: "disabled",
+            user: given("user", Value::Null),
+        }
     }
 
     /// A `response` object with these echoed settings.
-    pub(super) fn response(&self, head: &Head, status: Status<'_>, output: Vec<Value>, usage: Value) -> Value {
-        let mut response = Map::new();
-        response.insert("id".into(), head.id.clone().into());
-        response.insert("object".into(), "response".into());
-        response.insert("created_at".into(), head.created_at.into());
-        response.insert("status".into(), status.name().into());
-        response.insert("error".into(), Value::Null);
-        response.insert("incomplete_details".into(), status.details());
-        response.insert("model".into(), head.model.clone().into());
-        response.insert("output".into(), Value::Array(output));
-        response.insert("usage".into(), usage);
-        for (name, value) in &self.fields {
-            response.insert(name.clone(), value.clone());
+    pub(super) fn response(
+        &self,
+        head: &Head,
+        status: Status<'_>,
+        output: Vec<Value>,
+        usage: Value,
+    ) -> Value {
+        serde_json::to_value(self.object(head, status, &output, &usage))
+            .expect("a response serialises")
+    }
+
+    fn object<'a, I, U>(
+        &'a self,
+        head: &'a Head,
+        status: Status<'a>,
+        output: &'a [I],
+        usage: &'a U,
+    ) -> ResponseObject<'a, I, U> {
+        ResponseObject {
+            id: &head.id,
+            object: "response",
+            created_at: head.created_at,
+            status: status.name(),
+            error: None,
+            incomplete_details: match status {
+                Status::Incomplete(reason) => Some(Incomplete { reason }),
+                _ => None,
+            },
+            model: &head.model,
+            output,
+            usage,
+            echo: self,
         }
-        Value::Object(response)
     }
 }
 
@@ -104,13 +172,6 @@ impl Status<'_> {
         }
     }
 
-    fn details(self) -> Value {
-        match self {
-            Status::Incomplete(reason) => json!({ "reason": reason }),
-            _ => Value::Null,
-        }
-    }
-
     /// The event that ends a stream with this status.
     pub(super) fn end_event(self) -> &'static str {
         match self {
@@ -120,59 +181,147 @@ impl Status<'_> {
     }
 }
 
-/// Chat completions' `usage` in the Responses API's names; `null` when there is none.
-pub(super) fn usage(chat_usage: Option<&Value>) -> Value {
-    let Some(usage) = chat_usage.filter(|usage| usage.is_object()) else {
-        return Value::Null;
-    };
+/// Token counts in the Responses API's names.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct Usage {
+    input_tokens: i64,
+    input_tokens_details: CachedTokens,
+    output_tokens: i64,
+    output_tokens_details: ReasoningTokens,
+    total_tokens: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct CachedTokens {
+    cached_tokens: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct ReasoningTokens {
+    reasoning_tokens: i64,
+}
+
+/// Chat completions' `usage` in the Responses API's names; `None` when there is none.
+pub(super) fn usage(chat_usage: Option<&Value>) -> Option<Usage> {
+    let usage = chat_usage.filter(|usage| usage.is_object())?;
     let count = |pointer: &str| usage.pointer(pointer).and_then(Value::as_i64).unwrap_or(0);
     let (input, output) = (count("/prompt_tokens"), count("/completion_tokens"));
-    json!({
-        "input_tokens": input,
-        "input_tokens_details": { "cached_tokens": count("/prompt_tokens_details/cached_tokens") },
-        "output_tokens": output,
-        "output_tokens_details": { "reasoning_tokens": count("/completion_tokens_details/reasoning_tokens") },
-        "total_tokens": usage.get("total_tokens").and_then(Value::as_i64).unwrap_or(input + output),
+    Some(Usage {
+        input_tokens: input,
+        input_tokens_details: CachedTokens {
+            cached_tokens: count("/prompt_tokens_details/cached_tokens"),
+        },
+        output_tokens: output,
+        output_tokens_details: ReasoningTokens {
+            reasoning_tokens: count("/completion_tokens_details/reasoning_tokens"),
+        },
+        total_tokens: usage
+            .get("total_tokens")
+            .and_then(Value::as_i64)
+            .unwrap_or(input + output),
     })
 }
 
-/// A completed message item holding `text` (or a refusal).
+/// An output item.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(super) enum OutputItem<'a> {
+    Message {
+        id: &'a str,
+        status: &'a str,
+        role: &'static str,
+        content: Vec<Part<'a>>,
+    },
+    FunctionCall {
+        id: &'a str,
+        status: &'a str,
+        call_id: &'a str,
+        name: &'a str,
+        arguments: &'a str,
+    },
+}
+
+/// A message's content part.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(super) enum Part<'a> {
+    OutputText {
+        text: &'a str,
+        annotations: [(); 0],
+        logprobs: [(); 0],
+    },
+    Refusal {
+        refusal: &'a str,
+    },
+}
+
+impl<'a> Part<'a> {
+    fn new(refusal: bool, text: &'a str) -> Part<'a> {
+        if refusal {
+            Part::Refusal { refusal: text }
+        } else {
+            Part::OutputText {
+                text,
+                annotations: [],
+                logprobs: [],
+            }
+        }
+    }
+}
+
+fn to_value(item: impl Serialize) -> Value {
+    serde_json::to_value(item).expect("an item serialises")
+}
+
+/// A message item holding `part` (none when `part` is `null`).
 pub(super) fn message_item(id: &str, status: &str, part: Value) -> Value {
-    json!({
-        "id": id,
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": if part.is_null() { json!([]) } else { json!([part]) },
-    })
+    let mut item = to_value(OutputItem::Message {
+        id,
+        status,
+        role: "assistant",
+        content: Vec::new(),
+    });
+    if !part.is_null() {
+        item["content"] = json!([part]);
+    }
+    item
 }
 
 /// A message's content part: text, or a refusal.
 pub(super) fn content_part(refusal: bool, text: &str) -> Value {
-    if refusal {
-        json!({ "type": "refusal", "refusal": text })
-    } else {
-        json!({ "type": "output_text", "text": text, "annotations": [], "logprobs": [] })
-    }
+    to_value(Part::new(refusal, text))
 }
 
 /// A function call item.
-pub(super) fn function_call_item(id: &str, status: &str, call_id: &str, name: &str, arguments: &str) -> Value {
-    json!({
-        "id": id,
-        "type": "function_call",
-        "status": status,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
+pub(super) fn function_call_item(
+    id: &str,
+    status: &str,
+    call_id: &str,
+    name: &str,
+    arguments: &str,
+) -> Value {
+    to_value(OutputItem::FunctionCall {
+        id,
+        status,
+        call_id,
+        name,
+        arguments,
     })
 }
 
 /// The `response` object for a chat-completions `reply` to the translation of `request`.
 pub fn response_from_chat(request: &Value, reply: &Value, ids: &mut Ids) -> Value {
+    serde_json::from_slice(&response_json_from_chat(request, reply, ids))
+        .expect("the response is JSON")
+}
+
+/// [`response_from_chat`], serialised: what a translating upstream answers with.
+pub fn response_json_from_chat(request: &Value, reply: &Value, ids: &mut Ids) -> Vec<u8> {
     let head = Head {
         id: ids.next("resp"),
-        created_at: reply["created"].as_i64().unwrap_or_else(|| chrono::Utc::now().timestamp()),
+        created_at: reply["created"]
+            .as_i64()
+            .unwrap_or_else(|| chrono::Utc::now().timestamp()),
         model: reply["model"]
             .as_str()
             .or(request["model"].as_str())
@@ -181,24 +330,42 @@ pub fn response_from_chat(request: &Value, reply: &Value, ids: &mut Ids) -> Valu
     };
     let choice = &reply["choices"][0];
     let message = &choice["message"];
-    let mut output = Vec::new();
     let text = message["content"].as_str().filter(|text| !text.is_empty());
     let refusal = message["refusal"].as_str().filter(|text| !text.is_empty());
-    if let Some((is_refusal, text)) = refusal.map(|r| (true, r)).or(text.map(|t| (false, t))) {
-        let id = ids.next("msg");
-        output.push(message_item(&id, "completed", content_part(is_refusal, text)));
+    let said = refusal.map(|r| (true, r)).or(text.map(|t| (false, t)));
+    let calls = message["tool_calls"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let mut item_ids = Vec::with_capacity(calls.len() + 1);
+    if said.is_some() {
+        item_ids.push(ids.next("msg"));
     }
-    for call in message["tool_calls"].as_array().into_iter().flatten() {
+    for _ in calls {
+        item_ids.push(ids.next("fc"));
+    }
+    let mut output = Vec::with_capacity(item_ids.len());
+    let mut id = item_ids.iter();
+    if let Some((is_refusal, text)) = said {
+        output.push(OutputItem::Message {
+            id: id.next().expect("an id per item"),
+            status: "completed",
+            role: "assistant",
+            content: vec![Part::new(is_refusal, text)],
+        });
+    }
+    for call in calls {
+        let item_id = id.next().expect("an id per item");
         let function = &call["function"];
-        let id = ids.next("fc");
-        output.push(function_call_item(
-            &id,
-            "completed",
-            call["id"].as_str().unwrap_or(&id),
-            function["name"].as_str().unwrap_or_default(),
-            function["arguments"].as_str().unwrap_or("{}"),
-        ));
+        output.push(OutputItem::FunctionCall {
+            id: item_id,
+            status: "completed",
+            call_id: call["id"].as_str().unwrap_or(item_id),
+            name: function["name"].as_str().unwrap_or_default(),
+            arguments: function["arguments"].as_str().unwrap_or("{}"),
+        });
     }
     let status = Status::finished(choice["finish_reason"].as_str());
-    Echo::of(request).response(&head, status, output, usage(reply.get("usage")))
+    let usage = usage(reply.get("usage"));
+    let echo = Echo::of(request);
+    serde_json::to_vec(&echo.object(&head, status, &output, &usage)).expect("a response serialises")
 }

@@ -126,7 +126,10 @@ pub fn chat_request(request: &Value, model: &str) -> Result<Value, Untranslatabl
             }
             "background" => {
                 if value == &Value::Bool(true) {
-                    return refuse("background", "a chat-completions call cannot run in the background");
+                    return refuse(
+                        "background",
+                        "a chat-completions call cannot run in the background",
+                    );
                 }
             }
             "previous_response_id" | "conversation" => {
@@ -170,7 +173,9 @@ fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), U
                 "type": "function",
                 "function": { "name": name, "arguments": text("arguments").unwrap_or("{}") },
             });
-            let joins_last = messages.last().is_some_and(|last| last["role"] == "assistant");
+            let joins_last = messages
+                .last()
+                .is_some_and(|last| last["role"] == "assistant");
             if !joins_last {
                 messages.push(json!({ "role": "assistant", "content": null }));
             }
@@ -182,7 +187,10 @@ fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), U
         }
         (Some("function_call_output"), _) => {
             let Some(call_id) = item.get("call_id").and_then(Value::as_str) else {
-                return refuse(format!("{at}.call_id"), "a function call output needs `call_id`");
+                return refuse(
+                    format!("{at}.call_id"),
+                    "a function call output needs `call_id`",
+                );
             };
             let output = match item.get("output") {
                 Some(Value::String(text)) => text.clone(),
@@ -203,7 +211,12 @@ fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), U
                     }
                     text
                 }
-                _ => return refuse(format!("{at}.output"), "it must be a string or a list of parts"),
+                _ => {
+                    return refuse(
+                        format!("{at}.output"),
+                        "it must be a string or a list of parts",
+                    );
+                }
             };
             messages.push(json!({ "role": "tool", "tool_call_id": call_id, "content": output }));
         }
@@ -212,7 +225,12 @@ fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), U
         (Some("item_reference"), _) => {
             return refuse(at, "this model's provider keeps no items to refer to");
         }
-        _ => return refuse(format!("{at}.type"), "only messages, function calls and their outputs translate"),
+        _ => {
+            return refuse(
+                format!("{at}.type"),
+                "only messages, function calls and their outputs translate",
+            );
+        }
     }
     Ok(())
 }
@@ -224,12 +242,22 @@ fn message(item: &Value, role: &str, at: &str) -> Result<Value, Untranslatable> 
         "developer" | "system" => "system",
         "user" => "user",
         "assistant" => "assistant",
-        _ => return refuse(format!("{at}.role"), "the role must be user, assistant, system or developer"),
+        _ => {
+            return refuse(
+                format!("{at}.role"),
+                "the role must be user, assistant, system or developer",
+            );
+        }
     };
     let content = match item.get("content") {
         Some(Value::String(text)) => return Ok(json!({ "role": role, "content": text })),
         Some(Value::Array(parts)) => parts,
-        _ => return refuse(format!("{at}.content"), "it must be a string or a list of parts"),
+        _ => {
+            return refuse(
+                format!("{at}.content"),
+                "it must be a string or a list of parts",
+            );
+        }
     };
     if role == "assistant" {
         // Earlier replies: their text, and a refusal as chat completions records one.
@@ -289,7 +317,10 @@ fn content_part(part: &Value, at: &str, system: bool) -> Result<Value, Untransla
         }
         Some("input_file") => {
             if part.get("file_url").is_some_and(|url| !url.is_null()) {
-                return refuse(format!("{at}.file_url"), "a file is sent by `file_data` or `file_id`");
+                return refuse(
+                    format!("{at}.file_url"),
+                    "a file is sent by `file_data` or `file_id`",
+                );
             }
             let mut file = Map::new();
             for field in ["file_data", "file_id", "filename"] {
@@ -299,8 +330,13 @@ fn content_part(part: &Value, at: &str, system: bool) -> Result<Value, Untransla
             }
             Ok(json!({ "type": "file", "file": file }))
         }
-        Some("input_audio") => Ok(json!({ "type": "input_audio", "input_audio": part["input_audio"] })),
-        _ => refuse(format!("{at}.type"), "only text, image, file and audio parts translate"),
+        Some("input_audio") => {
+            Ok(json!({ "type": "input_audio", "input_audio": part["input_audio"] }))
+        }
+        _ => refuse(
+            format!("{at}.type"),
+            "only text, image, file and audio parts translate",
+        ),
     }
 }
 
@@ -321,7 +357,10 @@ fn tools(value: &Value) -> Result<Option<Value>, Untranslatable> {
             );
         }
         let Some(name) = tool["name"].as_str() else {
-            return refuse(format!("tools[{index}].name"), "a function tool needs a name");
+            return refuse(
+                format!("tools[{index}].name"),
+                "a function tool needs a name",
+            );
         };
         let mut function = Map::new();
         function.insert("name".into(), name.into());
@@ -343,11 +382,16 @@ fn tool_choice(value: &Value) -> Result<Option<Value>, Untranslatable> {
         }
         Value::Object(choice) if choice.get("type") == Some(&json!("function")) => {
             match choice.get("name").and_then(Value::as_str) {
-                Some(name) => Ok(Some(json!({ "type": "function", "function": { "name": name } }))),
+                Some(name) => Ok(Some(
+                    json!({ "type": "function", "function": { "name": name } }),
+                )),
                 None => refuse("tool_choice.name", "a function choice needs a name"),
             }
         }
-        _ => refuse("tool_choice", "only auto, none, required or a function translate"),
+        _ => refuse(
+            "tool_choice",
+            "only auto, none, required or a function translate",
+        ),
     }
 }
 
@@ -377,7 +421,12 @@ fn text_format(value: &Value, chat: &mut Map<String, Value>) -> Result<(), Untra
                 json!({ "type": "json_schema", "json_schema": schema }),
             );
         }
-        _ => return refuse("text.format.type", "only text, json_object and json_schema translate"),
+        _ => {
+            return refuse(
+                "text.format.type",
+                "only text, json_object and json_schema translate",
+            );
+        }
     }
     Ok(())
 }

@@ -35,8 +35,19 @@ pub struct StreamTranslator {
 
 #[derive(Debug)]
 enum Item {
-    Message { id: String, refusal: bool, text: String, open: bool },
-    Call { id: String, call_id: String, name: String, arguments: String, open: bool },
+    Message {
+        id: String,
+        refusal: bool,
+        text: String,
+        open: bool,
+    },
+    Call {
+        id: String,
+        call_id: String,
+        name: String,
+        arguments: String,
+        open: bool,
+    },
 }
 
 impl StreamTranslator {
@@ -106,9 +117,13 @@ impl StreamTranslator {
         }
         self.start(Some(&chunk), out);
         if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
-            self.usage = super::reply::usage(Some(usage));
+            self.usage =
+                serde_json::to_value(super::reply::usage(Some(usage))).expect("usage serialises");
         }
-        let Some(choice) = chunk["choices"].as_array().and_then(|choices| choices.first()) else {
+        let Some(choice) = chunk["choices"]
+            .as_array()
+            .and_then(|choices| choices.first())
+        else {
             return;
         };
         let delta = &choice["delta"];
@@ -137,7 +152,10 @@ impl StreamTranslator {
             created_at: field("created")
                 .and_then(Value::as_i64)
                 .unwrap_or_else(|| chrono::Utc::now().timestamp()),
-            model: field("model").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            model: field("model")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
         });
         for name in ["response.created", "response.in_progress"] {
             let response = self.response(Status::InProgress, Vec::new(), Value::Null);
@@ -150,14 +168,23 @@ impl StreamTranslator {
             Some(index) => index,
             None => self.open_message(refusal, out),
         };
-        let Item::Message { id, text, refusal, .. } = &mut self.items[index] else {
+        let Item::Message {
+            id, text, refusal, ..
+        } = &mut self.items[index]
+        else {
             unreachable!("`message` indexes a message item");
         };
         text.push_str(piece);
         let (name, delta) = if *refusal {
-            ("response.refusal.delta", json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": piece }))
+            (
+                "response.refusal.delta",
+                json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": piece }),
+            )
         } else {
-            ("response.output_text.delta", json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": piece, "logprobs": [] }))
+            (
+                "response.output_text.delta",
+                json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": piece, "logprobs": [] }),
+            )
         };
         self.emit(name, delta, out);
     }
@@ -175,7 +202,12 @@ impl StreamTranslator {
             json!({ "item_id": id, "output_index": index, "content_index": 0, "part": content_part(refusal, "") }),
             out,
         );
-        self.items.push(Item::Message { id, refusal, text: String::new(), open: true });
+        self.items.push(Item::Message {
+            id,
+            refusal,
+            text: String::new(),
+            open: true,
+        });
         self.message = Some(index);
         index
     }
@@ -191,7 +223,9 @@ impl StreamTranslator {
                     self.close(message, out);
                 }
                 let id = self.ids.next("fc");
-                let call_id = call["id"].as_str().map_or_else(|| format!("call_{}", &id[3..]), str::to_owned);
+                let call_id = call["id"]
+                    .as_str()
+                    .map_or_else(|| format!("call_{}", &id[3..]), str::to_owned);
                 let name = function["name"].as_str().unwrap_or_default().to_owned();
                 let index = self.items.len();
                 self.emit(
@@ -199,12 +233,21 @@ impl StreamTranslator {
                     json!({ "output_index": index, "item": function_call_item(&id, "in_progress", &call_id, &name, "") }),
                     out,
                 );
-                self.items.push(Item::Call { id, call_id, name, arguments: String::new(), open: true });
+                self.items.push(Item::Call {
+                    id,
+                    call_id,
+                    name,
+                    arguments: String::new(),
+                    open: true,
+                });
                 self.calls.push((chat_index, index));
                 index
             }
         };
-        let Some(piece) = function["arguments"].as_str().filter(|piece| !piece.is_empty()) else {
+        let Some(piece) = function["arguments"]
+            .as_str()
+            .filter(|piece| !piece.is_empty())
+        else {
             return;
         };
         let Item::Call { id, arguments, .. } = &mut self.items[index] else {
@@ -227,25 +270,54 @@ impl StreamTranslator {
     fn close(&mut self, index: usize, out: &mut String) {
         let events: Vec<(&str, Value)> = match &mut self.items[index] {
             Item::Message { open: false, .. } | Item::Call { open: false, .. } => return,
-            Item::Message { id, refusal, text, open } => {
+            Item::Message {
+                id,
+                refusal,
+                text,
+                open,
+            } => {
                 *open = false;
                 let part = content_part(*refusal, text);
                 let done = if *refusal {
-                    ("response.refusal.done", json!({ "item_id": id, "output_index": index, "content_index": 0, "refusal": text }))
+                    (
+                        "response.refusal.done",
+                        json!({ "item_id": id, "output_index": index, "content_index": 0, "refusal": text }),
+                    )
                 } else {
-                    ("response.output_text.done", json!({ "item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": [] }))
+                    (
+                        "response.output_text.done",
+                        json!({ "item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": [] }),
+                    )
                 };
                 vec![
                     done,
-                    ("response.content_part.done", json!({ "item_id": id, "output_index": index, "content_index": 0, "part": part })),
-                    ("response.output_item.done", json!({ "output_index": index, "item": message_item(id, "completed", part) })),
+                    (
+                        "response.content_part.done",
+                        json!({ "item_id": id, "output_index": index, "content_index": 0, "part": part }),
+                    ),
+                    (
+                        "response.output_item.done",
+                        json!({ "output_index": index, "item": message_item(id, "completed", part) }),
+                    ),
                 ]
             }
-            Item::Call { id, call_id, name, arguments, open } => {
+            Item::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+                open,
+            } => {
                 *open = false;
                 vec![
-                    ("response.function_call_arguments.done", json!({ "item_id": id, "output_index": index, "name": name, "arguments": arguments })),
-                    ("response.output_item.done", json!({ "output_index": index, "item": function_call_item(id, "completed", call_id, name, arguments) })),
+                    (
+                        "response.function_call_arguments.done",
+                        json!({ "item_id": id, "output_index": index, "name": name, "arguments": arguments }),
+                    ),
+                    (
+                        "response.output_item.done",
+                        json!({ "output_index": index, "item": function_call_item(id, "completed", call_id, name, arguments) }),
+                    ),
                 ]
             }
         };
@@ -285,12 +357,16 @@ impl StreamTranslator {
 impl Item {
     fn completed(&self) -> Value {
         match self {
-            Item::Message { id, refusal, text, .. } => {
-                message_item(id, "completed", content_part(*refusal, text))
-            }
-            Item::Call { id, call_id, name, arguments, .. } => {
-                function_call_item(id, "completed", call_id, name, arguments)
-            }
+            Item::Message {
+                id, refusal, text, ..
+            } => message_item(id, "completed", content_part(*refusal, text)),
+            Item::Call {
+                id,
+                call_id,
+                name,
+                arguments,
+                ..
+            } => function_call_item(id, "completed", call_id, name, arguments),
         }
     }
 }

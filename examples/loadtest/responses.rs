@@ -1,0 +1,80 @@
+//! `POST /v1/responses` beside `POST /v1/chat/completions`, the same question through the same
+//! gateway (the four layers on the in-memory store, so that the two differ only in the
+//! protocol): in mock mode, and through a translating upstream (a chat-completions provider in
+//! this process answering a fixed reply), where the request and reply are translated on every
+//! call. Alternated, `LOADTEST_ROUNDS` times, at concurrency 16 and 64; medians printed.
+
+use crate::drive::{Figures, Load, drive_load, ms};
+use crate::targets::{Target, memory_gateway, memory_gateway_over_http, serve};
+use model_gateway::Catalogue;
+
+/// What the provider answers every chat call with.
+const CHAT_REPLY: &str = r#"{"id":"chatcmpl-load","object":"chat.completion","created":1741476542,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"This is a fixed reply from the load test's provider."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":11,"total_tokens":23}}"#;
+
+/// A chat-completions provider that answers [`CHAT_REPLY`] at once.
+async fn chat_provider() -> String {
+    let reply = || async {
+        (
+            [(http::header::CONTENT_TYPE, "application/json")],
+            CHAT_REPLY,
+        )
+    };
+    let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(reply));
+    serve(router).await
+}
+
+pub async fn run(requests: u64, rounds: usize) {
+    let provider = chat_provider().await;
+    let catalogue = Catalogue::from_toml(&format!(
+        "[[upstreams]]\nname = \"chat-only\"\nkind = \"openai\"\nbase_url = \"{provider}/v1\"\n\
+         api_key_env = \"K\"\nresponses = \"translate\"\n\
+         [[models]]\nname = \"gpt-4o-mini\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream = \"chat-only\"\n"
+    ))
+    .unwrap();
+    let mut mock = memory_gateway(None).await;
+    mock.name = "mock";
+    let translated = memory_gateway_over_http("translated", catalogue).await;
+    println!("{requests} requests per run, {rounds} rounds, alternated");
+    println!(
+        "{:<11} {:<10} {:>4} {:>10} {:>9} {:>9}",
+        "upstream", "endpoint", "c", "req/s", "p50 ms", "p99 ms"
+    );
+    for concurrency in [16, 64] {
+        for target in [&mock, &translated] {
+            compare(target, concurrency, requests, rounds).await;
+        }
+    }
+}
+
+async fn compare(target: &Target, concurrency: usize, requests: u64, rounds: usize) {
+    let mut runs: Vec<(Load, Vec<Figures>)> =
+        vec![(Load::Calls, Vec::new()), (Load::Responses, Vec::new())];
+    for _ in 0..rounds {
+        for (load, figures) in &mut runs {
+            drive_load(target, concurrency, 300, *load).await; // warm-up
+            let measured = drive_load(target, concurrency, requests, *load).await;
+            assert_eq!(measured.ok, requests, "not every call answered 200");
+            figures.push(measured);
+        }
+    }
+    for (load, figures) in &runs {
+        let median = |pick: fn(&Figures) -> f64| {
+            let mut values: Vec<f64> = figures.iter().map(pick).collect();
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        };
+        let endpoint = match load {
+            Load::Responses => "responses",
+            _ => "chat",
+        };
+        println!(
+            "{:<11} {:<10} {:>4} {:>10.0} {:>9.3} {:>9.3}",
+            target.name,
+            endpoint,
+            concurrency,
+            median(|f| f.rps),
+            median(|f| ms(f.p50)),
+            median(|f| ms(f.p99)),
+        );
+    }
+}
