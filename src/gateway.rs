@@ -1,5 +1,6 @@
 //! [`Gateway`]: the whole HTTP surface of a gateway as one axum [`Router`], for a server to
-//! serve: the two call endpoints through the [`stack`](crate::stack), the key holders'
+//! serve: the call endpoints (chat completions, responses, embeddings, messages) through the
+//! [`stack`](crate::stack), the key holders'
 //! endpoints and probes ([`key_holder`](crate::key_holder)), and a JSON 404 for the rest, every
 //! answer with an `x-request-id` (and `request-id`), every request with one access-log line
 //! ([`access_log`](crate::access_log)), refusals with the body the operator chose

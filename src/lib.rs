@@ -1,8 +1,9 @@
 //! # model-gateway
 //!
 //! Tower layers and storage for a gateway that sells access to large language models: clients
-//! call OpenAI-style `POST /v1/chat/completions` or Anthropic-style `POST /v1/messages` with one
-//! API key and one credit pool, and every successful call is charged its model's price.
+//! call OpenAI-style `POST /v1/chat/completions` (or `/v1/responses`, `/v1/embeddings`) or
+//! Anthropic-style `POST /v1/messages` with one API key and one credit pool, and every
+//! successful call is charged its model's price.
 //!
 //! ## The stack
 //!

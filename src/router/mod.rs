@@ -1,9 +1,11 @@
 //! [`ProtocolRouter`]: which endpoint, which model, at what price.
 //!
-//! Decides the protocol from the path (`/v1/chat/completions`, `/v1/messages` or
-//! `/v1/embeddings`), reads the body up to a size limit, checks the few fields the gateway needs
-//! (`model`; `messages`, or `input` for embeddings; `max_tokens` on messages), finds `model` in the
-//! [`Catalogue`] and checks that its protocol matches the endpoint. It adds the [`RoutedCall`]
+//! Decides the protocol from the path (`/v1/chat/completions`, `/v1/messages`, `/v1/responses`
+//! or `/v1/embeddings`), reads the body up to a size limit, checks the few fields the gateway
+//! needs (`model`; `messages`, or `input` for embeddings and responses; `max_tokens` on
+//! messages), finds `model` in the [`Catalogue`] and checks that its protocol matches the
+//! endpoint (responses are served by the chat-completions models, and refused with 400 where a
+//! channel would have to translate a field that does not translate). It adds the [`RoutedCall`]
 //! extension and hands the inner service the body as [`Bytes`], exactly as the client sent it.
 //!
 //! Refusals: unknown path 404, other methods than `POST` 405, a body over the limit 413, a
