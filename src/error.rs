@@ -173,6 +173,11 @@ pub enum GatewayError {
     /// The model is not in the catalogue, or belongs to the other protocol's endpoint.
     #[error("no such model on this endpoint")]
     ModelNotFound,
+    /// A stored response (`previous_response_id`, `/v1/responses/{id}`) that this key's account
+    /// did not make, or that is not known: the same answer for both, so that ids cannot be
+    /// probed.
+    #[error("no such response")]
+    ResponseNotFound,
     /// The caller's credits do not cover the model's price.
     #[error("the credits do not cover the price")]
     InsufficientCredits,
@@ -266,6 +271,7 @@ impl GatewayError {
             Self::UnknownPath => "接口不存在".into(),
             Self::MethodNotAllowed => "不支持的请求方法".into(),
             Self::ModelNotFound => "模型不存在".into(),
+            Self::ResponseNotFound => "响应不存在".into(),
             Self::InsufficientCredits => "积分不足".into(),
             Self::UpstreamUnavailable => "上游服务暂时不可用".into(),
             Self::UpstreamRejected(message) => format!("上游服务暂时不可用: {message}").into(),
@@ -308,7 +314,9 @@ impl GatewayError {
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
-            Self::UnknownPath | Self::ModelNotFound => StatusCode::NOT_FOUND,
+            Self::UnknownPath | Self::ModelNotFound | Self::ResponseNotFound => {
+                StatusCode::NOT_FOUND
+            }
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::InsufficientCredits => StatusCode::PAYMENT_REQUIRED,
             Self::UpstreamUnavailable | Self::UpstreamRejected(_) => StatusCode::BAD_GATEWAY,
@@ -350,6 +358,7 @@ impl GatewayError {
             Self::UnknownPath => "unknown_path",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::ModelNotFound => "model_not_found",
+            Self::ResponseNotFound => "response_not_found",
             Self::InsufficientCredits => "insufficient_credits",
             Self::UpstreamUnavailable => "upstream_unavailable",
             Self::UpstreamRejected(_) => "upstream_rejected",

@@ -64,6 +64,9 @@ impl<S: Store + 'static> Gateway<S> {
     /// A gateway on `store`, selling `catalogue`'s models from `upstream`; default body limits,
     /// rate limits counted in this process, no admin API.
     pub fn new(store: Arc<S>, catalogue: Arc<Catalogue>, upstream: Upstream) -> Gateway<S> {
+        // The responses native upstreams keep are recorded in the store, so that only the
+        // account that made one reaches it again.
+        let upstream = upstream.remembering_responses(store.clone());
         Gateway {
             store,
             catalogue,

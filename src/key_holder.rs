@@ -9,6 +9,7 @@
 //! | `GET /v1/balance` | yes | `{"subscription", "topup", "total", "subscription_ends_at"}` of the key's account: what calls can spend now |
 //! | `GET /v1/calls?limit=&before=` | yes | the account's own call-log entries, newest first, a page at a time |
 //! | `GET /v1/usage?days=30` | yes | the account's billed calls and credits per UTC day and model over the last `days` days (1 to 366), summed by the database |
+//! | `GET`, `DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET /v1/responses/{id}/input_items` | yes | passed to the native Responses upstream that keeps the response, when the key's account made it (as recorded when it was made); else `404 响应不存在`, the same for an unknown id and another account's; free, no call-log entry |
 //! | `POST /v1/messages/count_tokens` | yes | the provider's token count for a messages request (the mock estimates); free, no call-log entry |
 //! | `GET /health` | no | 200 while the process runs (the database is not touched) |
 //! | `GET /ready` | no | 200 when the database answers (and a `SQLite` file takes a write), else `503 {"detail"}` |
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
@@ -93,6 +94,12 @@ pub fn router_with_body_limits<S: Store + 'static>(
         });
     let with_key = reads
         .route("/v1/messages/count_tokens", post(count_tokens::<S>))
+        .route(
+            "/v1/responses/{id}",
+            get(stored_response::<S>).delete(stored_response::<S>),
+        )
+        .route("/v1/responses/{id}/cancel", post(stored_response::<S>))
+        .route("/v1/responses/{id}/input_items", get(stored_response::<S>))
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(RateLimitLayer::new(limiter))
         .route_layer(ApiKeyAuthLayer::new(store))
@@ -399,6 +406,39 @@ async fn count_tokens<S: Store + 'static>(
             tracing::warn!(%error, "count_tokens failed upstream");
             refuse(GatewayError::UpstreamUnavailable)
         }
+    }
+}
+
+/// A request about a stored response, passed to the upstream that keeps it when the key's
+/// account made it; else `404 响应不存在`, the same for an unknown id and another account's.
+async fn stored_response<S: Store + 'static>(
+    State(shared): State<Arc<Shared<S>>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let owner = tokio::time::timeout(DEFAULT_LEDGER_TIMEOUT, shared.store.response_owner(&id));
+    let owner = match owner.await {
+        Ok(Ok(Some(owner))) if owner.account == caller.account => owner,
+        Ok(Ok(_)) => return refuse(GatewayError::ResponseNotFound),
+        Ok(Err(_)) | Err(_) => return refuse(GatewayError::StoreUnavailable),
+    };
+    let path = uri
+        .path_and_query()
+        .map_or(uri.path(), |path| path.as_str());
+    let answer = shared
+        .upstream
+        .stored_response(&owner.upstream, method, path, &headers)
+        .await;
+    match answer {
+        Some(Ok(answer)) => answer.map(axum::body::Body::from).into_response(),
+        Some(Err(error)) => {
+            tracing::warn!(%error, "a stored response's provider failed");
+            refuse(GatewayError::UpstreamUnavailable)
+        }
+        None => refuse(GatewayError::ResponseNotFound),
     }
 }
 

@@ -234,7 +234,8 @@ where
         .layer(
             ProtocolRouterLayer::new(catalogue.clone())
                 .body_limits(body)
-                .unfunded_callers_through(store.clone()),
+                .unfunded_callers_through(store.clone())
+                .response_owners(store.clone()),
         )
         .layer(CreditChargeLayer::new(store.clone()))
         .layer(

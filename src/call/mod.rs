@@ -111,6 +111,12 @@ pub struct RoutedCall {
     /// Whether the client asked for a streamed reply (`stream: true`), which the router lets
     /// through only when streaming is on.
     pub stream: bool,
+    /// The upstream (by catalogue name) that alone may serve this call: a Responses call that
+    /// continues a stored response goes where that response is kept. `None`: any channel.
+    pub upstream: Option<Arc<str>>,
+    /// The stored response a Responses call continues (`previous_response_id`), until the
+    /// router has found who made it.
+    pub(crate) continues: Option<Arc<str>>,
     /// Byte range of the `model` value (with its quotes) in the body the router read, for
     /// renaming it upstream without re-serialising anything else; `None` for a call built by
     /// hand. Private: a range that did not come from the body could cut it anywhere.
@@ -126,6 +132,8 @@ impl RoutedCall {
             model,
             alias: None,
             stream,
+            upstream: None,
+            continues: None,
             model_span: None,
         }
     }

@@ -57,11 +57,11 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::call::{AccessEntry, Caller, IdempotencyKey, KeyRules, RoutedCall};
-use crate::catalogue::{Catalogue, ResponsesRoute, UpstreamKind};
+use crate::catalogue::{Catalogue, ModelChannel, ResponsesRoute, UpstreamKind};
 use crate::credits::Credits;
 use crate::error::GatewayError;
 use crate::protocol::{Protocol, responses};
-use crate::store::Ledger;
+use crate::store::{Ledger, ResponseOwners};
 use tower::BoxError;
 
 /// Default body limit: 32 MiB, room for a few base64 images.
@@ -75,6 +75,7 @@ pub struct ProtocolRouterLayer {
     body: BodyLimits,
     streaming: bool,
     funds: Option<Funds>,
+    owners: Option<Arc<dyn ResponseOwners>>,
 }
 
 impl ProtocolRouterLayer {
@@ -86,7 +87,18 @@ impl ProtocolRouterLayer {
             catalogue,
             body: BodyLimits::default(),
             funds: None,
+            owners: None,
         }
+    }
+
+    /// Serves `previous_response_id` on Responses calls: the response must have been made by
+    /// the caller's account (as `owners` recorded it; see
+    /// [`HttpUpstream::remembering_responses`](crate::upstream::HttpUpstream::remembering_responses)),
+    /// else `404 响应不存在`, and the call goes to the upstream that keeps it. Without it,
+    /// `previous_response_id` is refused with 400. Needs [`ApiKeyAuth`](crate::ApiKeyAuth) outside.
+    pub fn response_owners(mut self, owners: Arc<dyn ResponseOwners>) -> ProtocolRouterLayer {
+        self.owners = Some(owners);
+        self
     }
 
     /// How request bodies are read: size, time-outs, the memory budget.
@@ -129,6 +141,7 @@ impl<S> Layer<S> for ProtocolRouterLayer {
             body: self.body.clone(),
             streaming: self.streaming,
             funds: self.funds.clone(),
+            owners: self.owners.clone(),
         }
     }
 }
@@ -141,6 +154,7 @@ pub struct ProtocolRouter<S> {
     body: BodyLimits,
     streaming: bool,
     funds: Option<Funds>,
+    owners: Option<Arc<dyn ResponseOwners>>,
 }
 
 crate::macros::inner_service_accessors!(ProtocolRouter, S, inner);
@@ -183,10 +197,18 @@ where
         let catalogue = self.catalogue.clone();
         let limits = self.body.clone();
         let funds = self.funds.clone();
+        let owners = self.owners.clone();
         let streaming = self.streaming;
         let mut inner = crate::macros::take_ready(&mut self.inner);
         ResponseFuture::new(async move {
-            match read_and_route(request, &catalogue, &limits, funds.as_ref(), streaming).await {
+            let settings = Settings {
+                catalogue: &catalogue,
+                limits: &limits,
+                funds: funds.as_ref(),
+                owners: owners.as_deref(),
+                streaming,
+            };
+            match read_and_route(request, settings).await {
                 Ok(request) => inner.call(request).await,
                 Err(refusal) => Ok(refusal.into_response()),
             }
@@ -194,17 +216,30 @@ where
     }
 }
 
+/// What [`read_and_route`] reads against.
+struct Settings<'a> {
+    catalogue: &'a Catalogue,
+    limits: &'a BodyLimits,
+    funds: Option<&'a Funds>,
+    owners: Option<&'a dyn ResponseOwners>,
+    streaming: bool,
+}
+
 async fn read_and_route<B>(
     request: Request<B>,
-    catalogue: &Catalogue,
-    limits: &BodyLimits,
-    funds: Option<&Funds>,
-    streaming: bool,
+    settings: Settings<'_>,
 ) -> Result<Request<Bytes>, GatewayError>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
+    let Settings {
+        catalogue,
+        limits,
+        funds,
+        owners,
+        streaming,
+    } = settings;
     let protocol = Protocol::from_path(request.uri().path()).ok_or(GatewayError::UnknownPath)?;
     if request.method() != Method::POST {
         return Err(GatewayError::MethodNotAllowed);
@@ -237,11 +272,56 @@ where
     {
         return Err(GatewayError::ModelNotAllowed);
     }
+    let mut routed = routed;
+    if let Some(id) = routed.continues.take() {
+        let caller = parts.extensions.get::<Caller>().copied();
+        let upstream = find_stored_response(owners, caller, &routed, &id).await?;
+        routed.upstream = Some(upstream);
+    }
     parts.extensions.insert(routed);
     if let Some(permit) = permit {
         parts.extensions.insert(permit);
     }
     Ok(Request::from_parts(parts, body))
+}
+
+/// The upstream that keeps the stored response `id` that a call of `routed` continues: it must
+/// have been made by `caller`'s account at one of the model's native channels, else `404
+/// 响应不存在` (the same for an unknown id and another account's, so that ids cannot be
+/// probed). Without `owners`, nothing is kept: 400.
+async fn find_stored_response(
+    owners: Option<&dyn ResponseOwners>,
+    caller: Option<Caller>,
+    routed: &RoutedCall,
+    id: &str,
+) -> Result<Arc<str>, GatewayError> {
+    let Some(owners) = owners else {
+        return Err(GatewayError::UnsupportedField {
+            field: "previous_response_id".into(),
+            reason: "this gateway keeps no record of responses; send the whole conversation in `input`",
+        });
+    };
+    let Some(caller) = caller else {
+        return Err(GatewayError::ResponseNotFound);
+    };
+    let read = owners.response_owner(id);
+    let owner = match tokio::time::timeout(crate::store::DEFAULT_LEDGER_TIMEOUT, read).await {
+        Ok(Ok(owner)) => owner,
+        Ok(Err(_)) | Err(_) => return Err(GatewayError::StoreUnavailable),
+    };
+    let owner = owner
+        .filter(|owner| owner.account == caller.account)
+        .ok_or(GatewayError::ResponseNotFound)?;
+    routed
+        .model
+        .channels
+        .iter()
+        .find(|channel| {
+            channel.upstream.name == owner.upstream
+                && channel.upstream.responses == ResponsesRoute::Native
+        })
+        .map(|channel| Arc::from(channel.upstream.name.as_str()))
+        .ok_or(GatewayError::ResponseNotFound)
 }
 
 /// A body's declared length (`Content-Length`), refused at once if over the largest body.
@@ -622,9 +702,9 @@ fn stream_flag(envelope: &Envelope<'_>, streaming: bool) -> Result<bool, Gateway
 /// A Responses call: `input` a string or a list of items, served by a chat-completions model.
 /// Where one of the model's channels translates, the request must translate (checked here, so
 /// that an untranslatable request is refused before it is charged, whichever channel would
-/// have served it). `previous_response_id` is refused on every path: the gateway does not yet
-/// keep which account made which response, and a provider's stored response must never be
-/// reachable from another account.
+/// have served it). A call with `previous_response_id` is marked to go where that response is
+/// kept, once [`find_stored_response`] has checked who made it; a model without a native
+/// channel keeps no responses (400).
 fn route_responses(
     catalogue: &Catalogue,
     body: &[u8],
@@ -640,16 +720,15 @@ fn route_responses(
         return Err(GatewayError::InvalidInputField);
     }
     let stream = stream_flag(envelope, streaming)?;
-    if envelope
-        .previous_response_id
-        .is_some_and(|raw| raw.get() != "null")
-    {
-        return Err(GatewayError::UnsupportedField {
+    let continues = match envelope.previous_response_id {
+        None => None,
+        Some(raw) if raw.get() == "null" => None,
+        Some(raw) => Some(json_string(raw).ok_or(GatewayError::InvalidField {
             field: "previous_response_id".into(),
-            reason: "the gateway keeps no responses; send the whole conversation in `input`",
-        });
-    }
-    let routed = resolve(
+            reason: "须为字符串",
+        })?),
+    };
+    let mut routed = resolve(
         catalogue,
         Protocol::Responses,
         body,
@@ -657,10 +736,22 @@ fn route_responses(
         model_name,
         stream,
     )?;
-    let translates = routed.model.channels.iter().any(|channel| {
+    let native = |channel: &ModelChannel| {
         channel.upstream.kind == UpstreamKind::Openai
-            && channel.upstream.responses == ResponsesRoute::Translate
-    });
+            && channel.upstream.responses == ResponsesRoute::Native
+    };
+    if let Some(id) = continues {
+        // Served where the response is kept (a native channel; see `find_stored_response`).
+        if !routed.model.channels.iter().any(native) {
+            return Err(GatewayError::UnsupportedField {
+                field: "previous_response_id".into(),
+                reason: "this model's providers keep no responses; send the whole conversation in `input`",
+            });
+        }
+        routed.continues = Some(Arc::from(id.as_ref()));
+        return Ok(routed);
+    }
+    let translates = !routed.model.channels.iter().all(native);
     if translates {
         let request: serde_json::Value =
             serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)?;

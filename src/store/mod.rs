@@ -9,6 +9,8 @@
 //! - [`CallLog`]: reading the call log back.
 //! - [`Leases`]: which gateway instance serves which reservation, so that recovery refunds a
 //!   dead instance's reservations at once and never a live one's.
+//! - [`ResponseOwners`]: which account made which response a provider keeps (the Responses
+//!   API), so that only that account reaches it again.
 //! - [`Accounts`]: administration (accounts, keys and their rules, grants, the audit), used by
 //!   the admin API and the command line rather than per call.
 //!
@@ -48,9 +50,10 @@ pub(crate) use rules::idempotency::{
 #[cfg(feature = "postgres")]
 pub use sea::DEFAULT_ESCROW_IDLE;
 pub use sea::{ChargingMode, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
-pub use traits::{Accounts, CallLog, KeyStore, Leases, Ledger, Store};
+pub use traits::{Accounts, CallLog, KeyStore, Leases, Ledger, ResponseOwners, Store};
 pub use types::{
     ActiveKey, BalanceOverflow, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest,
-    IdempotencyKeyReused, KeptReply, LeaseId, MAX_KEPT_REPLY_BYTES, ReserveError, StoreError,
+    IdempotencyKeyReused, KeptReply, LeaseId, MAX_KEPT_REPLY_BYTES, ReserveError, ResponseOwner,
+    StoreError,
 };
 pub(crate) use types::{check_grant_amount, unknown_account};

@@ -9,7 +9,7 @@ use super::records::{
 };
 use super::types::{
     ActiveKey, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest, LeaseId,
-    ReserveError, StoreError,
+    ReserveError, ResponseOwner, StoreError,
 };
 use crate::call::{AccountId, CallId, Caller, KeyId, KeyRules, Reservation};
 use crate::credits::{Balance, Bucket, Credits};
@@ -288,7 +288,28 @@ pub trait Accounts: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// Everything the gateway and its tools need from one backend.
-pub trait Store: KeyStore + Ledger + CallLog + Accounts + Leases {}
+/// Which account made which of the responses a provider keeps (the Responses API's
+/// `previous_response_id` and `/v1/responses/{id}`), so that only that account reaches them,
+/// and only at the upstream that keeps them.
+///
+/// The defaults keep nothing: with a store that keeps no owners, every stored response is
+/// unknown (`404`), never another account's.
+#[async_trait]
+pub trait ResponseOwners: Send + Sync + std::fmt::Debug {
+    /// Records who made a response. Recording the same id again changes nothing.
+    async fn record_response(&self, owner: &ResponseOwner) -> Result<(), StoreError> {
+        let _ = owner;
+        Ok(())
+    }
 
-impl<T: KeyStore + Ledger + CallLog + Accounts + Leases> Store for T {}
+    /// Who made the response `response_id`, if it was recorded.
+    async fn response_owner(&self, response_id: &str) -> Result<Option<ResponseOwner>, StoreError> {
+        let _ = response_id;
+        Ok(None)
+    }
+}
+
+/// Everything the gateway and its tools need from one backend.
+pub trait Store: KeyStore + Ledger + CallLog + Accounts + Leases + ResponseOwners {}
+
+impl<T: KeyStore + Ledger + CallLog + Accounts + Leases + ResponseOwners> Store for T {}

@@ -288,6 +288,18 @@ pub struct ActiveKey {
 #[serde(transparent)]
 pub struct LeaseId(pub i64);
 
+/// Who made a response that a provider keeps (the Responses API's stored responses), and at
+/// which upstream: so that it is reached again only by that account, at that upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseOwner {
+    /// The provider's response id (`resp_...`).
+    pub response_id: String,
+    /// The account whose call made it.
+    pub account: AccountId,
+    /// The catalogue name of the upstream that made and keeps it.
+    pub upstream: String,
+}
+
 /// A grant refused because it would take a bucket, or the account's total, past
 /// [`Credits::MAX`]. Carried inside the [`StoreError`] that [`Accounts::grant`](crate::store::Accounts::grant) returns
 /// ([`StoreError::BalanceOverflow`]); nothing was written.

@@ -30,7 +30,7 @@ use tower_service::Service;
 use super::ResponseFuture;
 use super::breaker::CircuitBreaker;
 use super::translated::ChatAsResponses;
-use crate::call::{RoutedCall, ServedBy};
+use crate::call::{Caller, RoutedCall, ServedBy};
 use crate::catalogue::{Catalogue, ModelChannel, ResponsesRoute, UpstreamConfig, UpstreamKind};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
@@ -38,6 +38,7 @@ use crate::protocol::responses::{self, Ids, StreamTranslator};
 use crate::protocol::sse::EventSplitter;
 use crate::protocol::{Protocol, provider_message};
 use crate::reply::{Inner, UpstreamBody};
+use crate::store::{ResponseOwner, ResponseOwners};
 
 /// `anthropic-version` sent when the client sent none.
 pub(super) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -66,6 +67,8 @@ const ANTHROPIC_PASSED_HEADERS: &[&str] = &[
 pub struct HttpUpstream {
     channels: Arc<HashMap<String, Channel>>,
     call_deadline: Duration,
+    /// Where the owners of the responses native upstreams keep are recorded, if anywhere.
+    owners: Option<Arc<dyn ResponseOwners>>,
 }
 
 struct Channel {
@@ -151,7 +154,19 @@ impl HttpUpstream {
         Ok(HttpUpstream {
             channels: Arc::new(channels),
             call_deadline: catalogue.call_deadline(),
+            owners: None,
         })
+    }
+
+    /// Records in `owners` who made each response that a native Responses upstream keeps (a
+    /// call without `store: false`), so that `previous_response_id` and `/v1/responses/{id}`
+    /// reach it for that account only (see
+    /// [`ProtocolRouterLayer::response_owners`](crate::ProtocolRouterLayer::response_owners)).
+    /// [`Gateway`](crate::Gateway) sets it to its store.
+    #[must_use]
+    pub fn remembering_responses(mut self, owners: Arc<dyn ResponseOwners>) -> HttpUpstream {
+        self.owners = Some(owners);
+        self
     }
 }
 
@@ -317,7 +332,7 @@ impl Channel {
         reply: reqwest::Response,
         first_event_within: Duration,
         translated: Option<&serde_json::Value>,
-    ) -> Result<Response<UpstreamBody>, AttemptError> {
+    ) -> Result<(Response<UpstreamBody>, Bytes), AttemptError> {
         let status = reply.status();
         let failed = |message: String| AttemptError::Retryable {
             status: Some(status.as_u16()),
@@ -340,7 +355,10 @@ impl Channel {
         let mut received = Vec::new();
         let mut splitter = EventSplitter::new();
         let first = async {
-            while splitter.next_event().is_none() {
+            loop {
+                if let Some(event) = splitter.next_event() {
+                    return Ok(event);
+                }
                 if splitter.pending() > self.limits.event {
                     return Err(format!(
                         "the first event passed the {} bytes an event may have",
@@ -358,13 +376,12 @@ impl Channel {
                     None => return Err("the stream ended before its first event".to_owned()),
                 }
             }
-            Ok(())
         };
-        match tokio::time::timeout(first_event_within, first).await {
-            Ok(Ok(())) => {}
+        let first_event = match tokio::time::timeout(first_event_within, first).await {
+            Ok(Ok(event)) => event,
             Ok(Err(message)) => return Err(failed(self.scrub(message))),
             Err(_) => return Err(failed("no event before the time-out".to_owned())),
-        }
+        };
         let events = UpstreamBody::events_after(received, body);
         let events = match translated {
             Some(request) => {
@@ -386,6 +403,72 @@ impl Channel {
         response
             .extensions_mut()
             .insert(ServedBy(self.config.name.clone()));
+        Ok((response, first_event))
+    }
+
+    /// Records who made the response a native Responses upstream just answered with (`reply`:
+    /// its body, or the data of its stream's `response.created`), unless the client asked the
+    /// provider not to keep it (`store: false`). A record that fails is logged: the call goes
+    /// on, and the response cannot be reached again through the gateway.
+    async fn remember(
+        &self,
+        owners: Option<&dyn ResponseOwners>,
+        routed: &RoutedCall,
+        request: &Request<Bytes>,
+        reply: &[u8],
+    ) {
+        let Some(owners) = owners else {
+            return;
+        };
+        if routed.protocol != Protocol::Responses || self.translates(routed.protocol) {
+            return;
+        }
+        let Some(caller) = request.extensions().get::<Caller>() else {
+            return;
+        };
+        if !responses::kept_by_provider(request.body()) {
+            return;
+        }
+        let Some(response_id) = responses::response_id(reply) else {
+            return;
+        };
+        let owner = ResponseOwner {
+            response_id,
+            account: caller.account,
+            upstream: self.config.name.clone(),
+        };
+        let recorded = owners.record_response(&owner);
+        match tokio::time::timeout(crate::store::DEFAULT_LEDGER_TIMEOUT, recorded).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(response = %owner.response_id, %error, "the response's owner was not recorded");
+            }
+            Err(_) => {
+                tracing::warn!(response = %owner.response_id, "the response's owner was not recorded in time");
+            }
+        }
+    }
+
+    /// A provider's answer passed on as it is (status, content type, body, read within the
+    /// reply limit), its key scrubbed: for requests beside the calls.
+    async fn answer_as_is(
+        &self,
+        reply: reqwest::Response,
+    ) -> Result<Response<Bytes>, UpstreamError> {
+        let status = reply.status();
+        let content_type = reply.headers().get(header::CONTENT_TYPE).cloned();
+        let body = read_capped(reply, self.limits.reply)
+            .await
+            .map_err(UpstreamError::transport)?;
+        let mut response = Response::new(Bytes::from(
+            self.scrub(String::from_utf8_lossy(&body).into_owned()),
+        ));
+        *response.status_mut() = status;
+        if let Some(content_type) = content_type {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+        }
         Ok(response)
     }
 
@@ -405,6 +488,7 @@ impl Channel {
         routed: &RoutedCall,
         request: &Request<Bytes>,
         deadline: Instant,
+        owners: Option<&dyn ResponseOwners>,
     ) -> Result<Response<UpstreamBody>, AttemptError> {
         let retryable = |status: Option<u16>, message: String| AttemptError::Retryable {
             status,
@@ -440,9 +524,14 @@ impl Channel {
         let status = reply.status();
         if routed.stream && status.is_success() {
             let first_event = remaining.min(self.config.timeout);
-            return self
+            let (response, first) = self
                 .event_stream(reply, first_event, translated.as_ref())
+                .await?;
+            let first = String::from_utf8_lossy(&first);
+            let data = crate::protocol::sse::Event::parse(&first).data;
+            self.remember(owners, routed, request, data.as_bytes())
                 .await;
+            return Ok(response);
         }
         let reply_headers = reply.headers().clone();
         let body = read_capped(reply, self.limits.reply)
@@ -463,7 +552,10 @@ impl Channel {
                         &mut Ids::random(),
                     ))
                 }
-                None => body,
+                None => {
+                    self.remember(owners, routed, request, &body).await;
+                    body
+                }
             };
             let mut response = Response::new(UpstreamBody::complete(body));
             *response.status_mut() = status;
@@ -558,6 +650,7 @@ impl Service<Request<Bytes>> for HttpUpstream {
 
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         let channels = self.channels.clone();
+        let owners = self.owners.clone();
         let deadline = Instant::now() + self.call_deadline;
         ResponseFuture::new(async move {
             let routed = request
@@ -570,7 +663,11 @@ impl Service<Request<Bytes>> for HttpUpstream {
             let mut retry_later: Option<(&ModelChannel, Instant)> = None;
 
             // Channels whose breaker is open are skipped, unless that would leave none at all.
-            let order = attempt_order(&routed.model.channels);
+            let mut order = attempt_order(&routed.model.channels);
+            // A call that continues a stored response goes only where it is kept.
+            if let Some(upstream) = &routed.upstream {
+                order.retain(|channel| *channel.upstream.name == **upstream);
+            }
             let now = Instant::now();
             let admitted: Vec<&ModelChannel> = order
                 .iter()
@@ -600,7 +697,13 @@ impl Service<Request<Bytes>> for HttpUpstream {
                 }
                 let started = Instant::now();
                 let outcome = channel
-                    .attempt(model_channel, &routed, &request, deadline)
+                    .attempt(
+                        model_channel,
+                        &routed,
+                        &request,
+                        deadline,
+                        owners.as_deref(),
+                    )
                     .await;
                 let attempt = (outcome, started.elapsed());
                 match record(channel, name, attempt, &mut failures, &mut last_status) {
@@ -620,7 +723,13 @@ impl Service<Request<Bytes>> for HttpUpstream {
                 let channel = &channels[&model_channel.upstream.name];
                 let started = Instant::now();
                 let outcome = channel
-                    .attempt(model_channel, &routed, &request, deadline)
+                    .attempt(
+                        model_channel,
+                        &routed,
+                        &request,
+                        deadline,
+                        owners.as_deref(),
+                    )
                     .await;
                 let attempt = (outcome, started.elapsed());
                 let label = format!("{} after Retry-After", model_channel.upstream.name);
@@ -640,6 +749,39 @@ impl Service<Request<Bytes>> for HttpUpstream {
 }
 
 impl HttpUpstream {
+    /// Passes a request about a stored response (`GET`/`DELETE /v1/responses/{id}`,
+    /// `POST .../cancel`, `GET .../input_items`; `path_and_query` as the client sent it, from
+    /// `/v1`) to `upstream`, which keeps it, and answers as the provider answered (its key
+    /// scrubbed). Not a call: not retried elsewhere, and the breaker is not fed.
+    pub async fn stored_response(
+        &self,
+        upstream: &str,
+        method: http::Method,
+        path_and_query: &str,
+        client_headers: &HeaderMap,
+    ) -> Result<Response<Bytes>, UpstreamError> {
+        let channel = self
+            .channels
+            .get(upstream)
+            .ok_or_else(|| UpstreamError::transport(format!("{upstream}: not configured")))?;
+        let api_key = channel.api_key.clone().ok_or_else(|| {
+            UpstreamError::transport(format!(
+                "provider key variable {} is not set",
+                channel.config.api_key_env
+            ))
+        })?;
+        let path = path_and_query.strip_prefix("/v1").unwrap_or(path_and_query);
+        let reply = channel
+            .client
+            .request(method, format!("{}{path}", channel.config.base_url))
+            .headers(channel.headers(client_headers, api_key))
+            .timeout(channel.config.timeout)
+            .send()
+            .await
+            .map_err(|error| UpstreamError::transport(transport_error(error)))?;
+        channel.answer_as_is(reply).await
+    }
+
     /// Counts the tokens of a messages request at the model's first channel that is up (an
     /// Anthropic-style upstream), and answers as the provider answered. Not a call: nothing is
     /// retried elsewhere, and the breaker is not fed.
@@ -681,21 +823,7 @@ impl HttpUpstream {
             .send()
             .await
             .map_err(|error| UpstreamError::transport(transport_error(error)))?;
-        let status = reply.status();
-        let content_type = reply.headers().get(header::CONTENT_TYPE).cloned();
-        let body = read_capped(reply, channel.limits.reply)
-            .await
-            .map_err(UpstreamError::transport)?;
-        let mut response = Response::new(Bytes::from(
-            channel.scrub(String::from_utf8_lossy(&body).into_owned()),
-        ));
-        *response.status_mut() = status;
-        if let Some(content_type) = content_type {
-            response
-                .headers_mut()
-                .insert(header::CONTENT_TYPE, content_type);
-        }
-        Ok(response)
+        channel.answer_as_is(reply).await
     }
 }
 

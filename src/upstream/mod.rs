@@ -8,6 +8,7 @@
 //!
 //! [`Upstream`] is either, chosen at start.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -15,6 +16,7 @@ use http::{HeaderMap, Request, Response};
 use tower_service::Service;
 
 use crate::call::RoutedCall;
+use crate::store::ResponseOwners;
 
 mod breaker;
 mod http_client;
@@ -64,6 +66,34 @@ impl Upstream {
                 Ok(response)
             }
             Upstream::Http(http) => http.count_tokens(routed, client_headers, body).await,
+        }
+    }
+
+    /// The same upstream recording who made each response a native Responses upstream keeps
+    /// (see [`HttpUpstream::remembering_responses`]); the mock keeps none.
+    #[must_use]
+    pub fn remembering_responses(self, owners: Arc<dyn ResponseOwners>) -> Upstream {
+        match self {
+            Upstream::Http(http) => Upstream::Http(http.remembering_responses(owners)),
+            mock => mock,
+        }
+    }
+
+    /// Passes a request about a stored response to the upstream that keeps it (see
+    /// [`HttpUpstream::stored_response`]); the mock keeps none, and answers `None`.
+    pub async fn stored_response(
+        &self,
+        upstream: &str,
+        method: http::Method,
+        path_and_query: &str,
+        client_headers: &HeaderMap,
+    ) -> Option<Result<Response<Bytes>, UpstreamError>> {
+        match self {
+            Upstream::Mock(_) => None,
+            Upstream::Http(http) => Some(
+                http.stored_response(upstream, method, path_and_query, client_headers)
+                    .await,
+            ),
         }
     }
 }

@@ -113,6 +113,8 @@ impl Fault {
 /// One request as received.
 #[derive(Debug, Clone)]
 pub struct Seen {
+    /// The request method.
+    pub method: String,
     /// The request target: a path, or an absolute URL when the provider acts as a proxy.
     pub target: String,
     /// Headers with lowercase names, in order.
@@ -391,6 +393,7 @@ async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<(S
         let mut request = httparse::Request::new(&mut headers);
         if let Ok(httparse::Status::Complete(head_len)) = request.parse(buffer) {
             let target = request.path.unwrap_or_default().to_owned();
+            let method = request.method.unwrap_or_default().to_owned();
             let headers: Vec<(String, String)> = request
                 .headers
                 .iter()
@@ -416,6 +419,7 @@ async fn read_request(stream: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<(S
             let body = buffer[head_len..head_len + length].to_vec();
             return Some((
                 Seen {
+                    method,
                     target,
                     headers,
                     body,

@@ -638,3 +638,216 @@ backends!(
         assert_a_client_leaving_a_responses_stream_is_billed_only_after_content(db).await;
     }
 );
+
+// --- Stored responses on native upstreams, on every database -----------------------------------
+
+/// A GET (or other `method`) of `path` with `key`.
+async fn ask(gateway: &Gateway, method: reqwest::Method, path: &str, key: &str) -> Answer {
+    let request = gateway
+        .client
+        .request(method, format!("{}{path}", gateway.base))
+        .bearer_auth(key);
+    gateway.send(request).await
+}
+
+/// A stored response is reached again (retrieved, its input items listed, cancelled, deleted)
+/// only with a key of the account whose call made it, at the upstream that keeps it; any other
+/// account, an unknown id and a response made with `store: false` are the same `404`, and the
+/// provider is never asked.
+async fn assert_a_stored_response_is_reached_only_by_its_account(db: TestDb) {
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&[(&provider, "native")])).await;
+    let (owner, other) = (db.funded_key(10, 0).await, db.funded_key(10, 0).await);
+
+    provider.then(Fault::json(200, NATIVE_REPLY));
+    let made = gateway
+        .post_bearer(
+            RESPONSES,
+            &owner,
+            responses_body(CHAT_MODEL, false).to_string(),
+        )
+        .await;
+    assert_eq!(made.status, 200);
+    // Another account's call answered with the same id changes nothing: the first record stands.
+    provider.then(Fault::json(200, NATIVE_REPLY));
+    let again = gateway
+        .post_bearer(
+            RESPONSES,
+            &other,
+            responses_body(CHAT_MODEL, false).to_string(),
+        )
+        .await;
+    assert_eq!(again.status, 200);
+
+    for (method, path) in [
+        (reqwest::Method::GET, "/v1/responses/resp_native"),
+        (
+            reqwest::Method::GET,
+            "/v1/responses/resp_native/input_items?limit=2",
+        ),
+        (reqwest::Method::POST, "/v1/responses/resp_native/cancel"),
+        (reqwest::Method::DELETE, "/v1/responses/resp_native"),
+    ] {
+        let asked = provider.requests();
+        let refused = ask(&gateway, method.clone(), path, &other).await;
+        assert_eq!(
+            (refused.status, refused.detail()),
+            (404, "响应不存在"),
+            "{path}"
+        );
+        assert_eq!(
+            provider.requests(),
+            asked,
+            "the provider was asked for another's response"
+        );
+
+        let answer = format!(r#"{{"id":"resp_native","asked":"{method} {path}"}}"#);
+        provider.then(Fault::json(200, &answer));
+        let reached = ask(&gateway, method.clone(), path, &owner).await;
+        assert_eq!(reached.status, 200, "{path}");
+        assert_eq!(reached.bytes, answer.as_bytes());
+        let seen = provider.last();
+        assert_eq!(
+            (seen.method.as_str(), seen.target.as_str()),
+            (method.as_str(), path)
+        );
+        assert_eq!(seen.header("authorization"), Some("Bearer sk-provider"));
+    }
+    let unknown = ask(
+        &gateway,
+        reqwest::Method::GET,
+        "/v1/responses/resp_other",
+        &owner,
+    )
+    .await;
+    assert_eq!(unknown.status, 404);
+    let without_key = gateway
+        .send(
+            gateway
+                .client
+                .get(format!("{}/v1/responses/resp_native", gateway.base)),
+        )
+        .await;
+    assert_eq!(without_key.status, 401);
+
+    // `store: false`: the provider keeps nothing, and neither does the gateway.
+    let unkept = NATIVE_REPLY.replace("resp_native", "resp_unkept");
+    provider.then(Fault::json(200, &unkept));
+    let body = json!({ "model": CHAT_MODEL, "input": "Hi", "store": false }).to_string();
+    assert_eq!(
+        gateway.post_bearer(RESPONSES, &owner, body).await.status,
+        200
+    );
+    let asked = provider.requests();
+    let gone = ask(
+        &gateway,
+        reqwest::Method::GET,
+        "/v1/responses/resp_unkept",
+        &owner,
+    )
+    .await;
+    assert_eq!((gone.status, provider.requests()), (404, asked));
+
+    // A stream's response is recorded from its `response.created`.
+    let streamed = native_created().replace("resp_native", "resp_streamed");
+    provider.then(Fault::sse([
+        streamed,
+        native_delta(1, "Hi"),
+        native_completed(2),
+    ]));
+    let received = stream(
+        &gateway,
+        RESPONSES,
+        &owner,
+        responses_body(CHAT_MODEL, true),
+    )
+    .await;
+    assert_eq!(received.status, 200);
+    provider.then(Fault::json(200, r#"{"id":"resp_streamed"}"#));
+    let fetched = ask(
+        &gateway,
+        reqwest::Method::GET,
+        "/v1/responses/resp_streamed",
+        &owner,
+    )
+    .await;
+    assert_eq!(fetched.status, 200);
+    assert_eq!(provider.last().target, "/v1/responses/resp_streamed");
+
+    // Reaching a stored response is free and writes no call.
+    assert_eq!(db.calls(&owner).await.len(), 3);
+    assert_eq!(db.balance(&owner).await, balance(10 - 3 * CHAT_PRICE, 0));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+backends!(
+    async fn a_stored_response_is_reached_only_by_its_account(db) {
+        assert_a_stored_response_is_reached_only_by_its_account(db).await;
+    }
+);
+
+/// `previous_response_id` sends the call to the upstream that keeps that response, whatever the
+/// channels' order, for the account that made it; another account's id, or an unknown one, is
+/// `404` before any charge.
+async fn assert_a_continued_response_goes_where_it_is_kept(db: TestDb) {
+    let (first, second) = (FakeProvider::start().await, FakeProvider::start().await);
+    let gateway = http_gateway(&db, catalogue(&[(&first, "native"), (&second, "native")])).await;
+    let (owner, other) = (db.funded_key(10, 0).await, db.funded_key(10, 0).await);
+
+    // Made at the second channel: the first is down for that call.
+    first.then(Fault::json(503, r#"{"error":{"message":"down"}}"#));
+    second.then(Fault::json(200, NATIVE_REPLY));
+    let made = gateway
+        .post_bearer(
+            RESPONSES,
+            &owner,
+            responses_body(CHAT_MODEL, false).to_string(),
+        )
+        .await;
+    assert_eq!(made.status, 200);
+    assert_eq!(db.calls(&owner).await[0].channel.as_deref(), Some("p1"));
+
+    let continued =
+        json!({ "model": CHAT_MODEL, "input": "And then?", "previous_response_id": "resp_native" });
+    let (first_asked, second_asked) = (first.requests(), second.requests());
+    second.then(Fault::json(
+        200,
+        &NATIVE_REPLY.replace("resp_native", "resp_next"),
+    ));
+    let answer = gateway
+        .post_bearer(RESPONSES, &owner, continued.to_string())
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(
+        (first.requests(), second.requests()),
+        (first_asked, second_asked + 1)
+    );
+    let sent: Value = serde_json::from_slice(&second.last().body).unwrap();
+    assert_eq!(sent["previous_response_id"], "resp_native");
+
+    for (key, id) in [(&other, "resp_native"), (&owner, "resp_unknown")] {
+        let body = json!({ "model": CHAT_MODEL, "input": "x", "previous_response_id": id });
+        let refused = gateway.post_bearer(RESPONSES, key, body.to_string()).await;
+        assert_eq!(
+            (refused.status, refused.detail()),
+            (404, "响应不存在"),
+            "{id}"
+        );
+    }
+    assert_eq!(
+        (first.requests(), second.requests()),
+        (first_asked, second_asked + 1)
+    );
+    assert!(db.calls(&other).await.is_empty());
+    assert_eq!(db.balance(&other).await, balance(10, 0));
+    assert_eq!(db.balance(&owner).await, balance(10 - 2 * CHAT_PRICE, 0));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+backends!(
+    async fn a_continued_response_goes_where_it_is_kept(db) {
+        assert_a_continued_response_goes_where_it_is_kept(db).await;
+    }
+);

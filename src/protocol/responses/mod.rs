@@ -87,3 +87,36 @@ impl Ids {
         }
     }
 }
+
+/// Whether a Responses request lets the provider keep the response (`store` absent or `true`,
+/// as the API defaults).
+pub fn kept_by_provider(request: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Asked {
+        store: Option<bool>,
+    }
+    serde_json::from_slice::<Asked>(request).map_or(true, |asked| asked.store != Some(false))
+}
+
+/// The longest response id the gateway records.
+const MAX_RESPONSE_ID: usize = 255;
+
+/// The id of a `response` object, or of the one a stream event carries (`response.created`'s
+/// `response.id`); `None` when there is none, or it is empty or longer than 255 bytes.
+pub fn response_id(reply: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Reply {
+        id: Option<String>,
+        response: Option<Inner>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Inner {
+        id: Option<String>,
+    }
+    let reply: Reply = serde_json::from_slice(reply).ok()?;
+    reply
+        .response
+        .and_then(|inner| inner.id)
+        .or(reply.id)
+        .filter(|id| !id.is_empty() && id.len() <= MAX_RESPONSE_ID)
+}

@@ -10,10 +10,10 @@ use crate::keys::KeyHash;
 use crate::store::rules::holds;
 use crate::store::rules::idempotency::{KeyedDecision, decide as decide_keyed, window_cutoff};
 use crate::store::rules::reserve::{Payer, decide_reserve};
-use crate::store::traits::{KeyStore, Leases, Ledger};
+use crate::store::traits::{KeyStore, Leases, Ledger, ResponseOwners};
 use crate::store::types::{
     ActiveKey, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest, ReserveError,
-    StoreError, unknown_account,
+    ResponseOwner, StoreError, unknown_account,
 };
 
 #[async_trait]
@@ -37,6 +37,23 @@ impl KeyStore for MemoryStore {
 
 /// Everything in this store dies with its process: there is no other instance to tell.
 impl Leases for MemoryStore {}
+
+#[async_trait]
+impl ResponseOwners for MemoryStore {
+    async fn record_response(&self, owner: &ResponseOwner) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        state
+            .response_owners
+            .entry(owner.response_id.clone())
+            .or_insert_with(|| owner.clone());
+        Ok(())
+    }
+
+    async fn response_owner(&self, response_id: &str) -> Result<Option<ResponseOwner>, StoreError> {
+        let state = self.lock();
+        Ok(state.response_owners.get(response_id).cloned())
+    }
+}
 
 #[async_trait]
 impl Ledger for MemoryStore {

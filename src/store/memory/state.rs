@@ -34,6 +34,8 @@ pub(super) struct State {
     pub(super) keyed_by_call: HashMap<CallId, (AccountId, String)>,
     /// How long a key holds; `None`: [`DEFAULT_IDEMPOTENCY_WINDOW`].
     pub(super) idempotency_window: Option<std::time::Duration>,
+    /// Who made each stored response, by its id.
+    pub(super) response_owners: HashMap<String, crate::store::ResponseOwner>,
 }
 
 #[derive(Debug)]

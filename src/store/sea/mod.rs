@@ -50,6 +50,7 @@ mod mode;
 #[cfg(feature = "sqlite")]
 mod owned;
 mod reads;
+mod responses;
 mod rows;
 mod store;
 mod upkeep;

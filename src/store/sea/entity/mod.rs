@@ -8,4 +8,5 @@ pub(super) mod credit_grant;
 pub(super) mod escrow;
 pub(super) mod idempotent_call;
 pub(super) mod instance;
+pub(super) mod response;
 pub(super) mod subscription_lapse;
