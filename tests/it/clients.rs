@@ -169,11 +169,16 @@ async fn compatible_refusals_on_openai_paths_carry_openais_error_object() {
     .await;
     assert_eq!(models.status, 401);
     assert_eq!(models.body["error"]["type"], "authentication_error");
-    let responses = seen(post(&gateway, "/v1/responses", &key, "{}")).await;
-    assert_eq!(responses.status, 404);
-    assert_eq!(responses.body["detail"], "接口不存在");
-    assert_eq!(responses.body["error"]["message"], "接口不存在");
-    assert_eq!(responses.body["error"]["type"], "not_found_error");
+    let unknown = seen(post(&gateway, "/v1/assistants", &key, "{}")).await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(unknown.body["detail"], "接口不存在");
+    assert_eq!(unknown.body["error"]["message"], "接口不存在");
+    assert_eq!(unknown.body["error"]["type"], "not_found_error");
+    // The Responses endpoint refuses in OpenAI's shape too, naming the field.
+    let no_input = seen(post(&gateway, "/v1/responses", &key, r#"{"model":"gpt-4o-mini"}"#)).await;
+    assert_eq!(no_input.status, 400);
+    assert_eq!(no_input.body["error"]["param"], "input");
+    assert_eq!(no_input.body["error"]["type"], "invalid_request_error");
     assert_eq!(db.balance(&poor).await, balance(1, 0));
 }
 
