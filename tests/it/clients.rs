@@ -175,7 +175,13 @@ async fn compatible_refusals_on_openai_paths_carry_openais_error_object() {
     assert_eq!(unknown.body["error"]["message"], "接口不存在");
     assert_eq!(unknown.body["error"]["type"], "not_found_error");
     // The Responses endpoint refuses in OpenAI's shape too, naming the field.
-    let no_input = seen(post(&gateway, "/v1/responses", &key, r#"{"model":"gpt-4o-mini"}"#)).await;
+    let no_input = seen(post(
+        &gateway,
+        "/v1/responses",
+        &key,
+        r#"{"model":"gpt-4o-mini"}"#,
+    ))
+    .await;
     assert_eq!(no_input.status, 400);
     assert_eq!(no_input.body["error"]["param"], "input");
     assert_eq!(no_input.body["error"]["type"], "invalid_request_error");

@@ -11,7 +11,7 @@ use crate::common;
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use common::*;
 use model_gateway::store::Grant;
-use model_gateway::store::{IdempotencyKey, KeptReply};
+use model_gateway::store::{CallStatus, IdempotencyKey, KeptReply};
 use model_gateway::{
     AccountId, CallId, Credits, KeyId, MemoryStore, Protocol, Store, credits::Bucket,
     keys::NewApiKey, store::CallFailure, store::CallSuccess, store::Caller, store::ChargeRequest,
@@ -62,6 +62,14 @@ enum Op {
     /// them in one batch (the test runtime has one thread: all are queued before it runs).
     Burst(Vec<Op>),
 }
+
+/// The protocols calls are reserved under, by price.
+const PROTOCOLS: [Protocol; 4] = [
+    Protocol::ChatCompletions,
+    Protocol::Messages,
+    Protocol::Embeddings,
+    Protocol::Responses,
+];
 
 /// A write the committer applies: a reservation, a settle or a refund.
 fn ledger_write() -> impl Strategy<Value = Op> {
@@ -251,7 +259,8 @@ impl<'a> Side<'a> {
                         account: self.accounts[account],
                         key: self.keys[account][key].0,
                     },
-                    Protocol::Messages,
+                    // Every endpoint's calls, each logged with its own protocol.
+                    PROTOCOLS[price as usize % PROTOCOLS.len()],
                     "m",
                     Credits::new(price),
                 )
@@ -303,6 +312,37 @@ impl<'a> Side<'a> {
         }
     }
 
+    /// Every account's finished calls: protocol, price, status and what each bucket paid, sorted.
+    /// (Pending calls are left out, and the order too: an owned `SQLite` file holds its
+    /// reservations in memory and logs a call, with its id, when it ends.)
+    async fn call_logs(&self) -> Vec<Vec<String>> {
+        let mut logs = Vec::new();
+        for account in &self.accounts {
+            let calls = self
+                .store
+                .calls_before(*account, None, 10_000)
+                .await
+                .unwrap();
+            let mut log: Vec<String> = calls
+                .iter()
+                .filter(|call| call.status != CallStatus::Pending)
+                .map(|call| {
+                    format!(
+                        "{} {} {:?} {}+{}",
+                        call.protocol.as_str(),
+                        call.price,
+                        call.status,
+                        call.charged_subscription,
+                        call.charged_topup
+                    )
+                })
+                .collect();
+            log.sort();
+            logs.push(log);
+        }
+        logs
+    }
+
     async fn balances(&self) -> Vec<model_gateway::Balance> {
         let mut balances = Vec::new();
         for account in &self.accounts {
@@ -352,6 +392,11 @@ async fn run_store_against_model(
         actual.balances().await,
         expected.balances().await,
         "after release"
+    );
+    assert_eq!(
+        actual.call_logs().await,
+        expected.call_logs().await,
+        "the call logs"
     );
     audit_holds(db, "after release").await;
 }
