@@ -7,6 +7,7 @@ result (a `tool` message, or a `function_call_output` item), it answers FINAL_TE
 A chat or Responses request without `stream: true` gets a complete JSON reply.
 """
 
+import itertools
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -86,8 +87,11 @@ def chat_reply(answered):
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}], "usage": usage}
 
 
-def _response(status, output, usage):
-    return {"id": "resp_fake", "object": "response", "created_at": CREATED, "status": status, "error": None,
+_response_ids = itertools.count(1)
+
+
+def _response(status, output, usage, id="resp_fake"):
+    return {"id": id, "object": "response", "created_at": CREATED, "status": status, "error": None,
             "incomplete_details": None, "instructions": None, "max_output_tokens": None, "metadata": {},
             "model": "gpt-4o-mini", "output": output, "parallel_tool_calls": True, "previous_response_id": None,
             "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": 1.0,
@@ -111,15 +115,19 @@ def _message_item(status, text):
     return {"id": "msg_fake", "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def responses_reply(answered):
+def responses_reply(answered, id=None):
+    """A response, with a new id unless given one (a provider never gives two the same)."""
+    id = id or f"resp_fake_{next(_response_ids)}"
     if answered:
-        return _response("completed", [_message_item("completed", FINAL_TEXT)], _response_usage(80, 10))
-    return _response("completed", [_call_item("completed", json.dumps(TOOL_INPUT))], _response_usage(50, 20))
+        return _response("completed", [_message_item("completed", FINAL_TEXT)], _response_usage(80, 10), id)
+    return _response("completed", [_call_item("completed", json.dumps(TOOL_INPUT))], _response_usage(50, 20), id)
 
 
 def responses_events(answered):
-    events = [("response.created", {"response": _response("in_progress", [], None)}),
-              ("response.in_progress", {"response": _response("in_progress", [], None)})]
+    final = responses_reply(answered)
+    id = final["id"]
+    events = [("response.created", {"response": _response("in_progress", [], None, id)}),
+              ("response.in_progress", {"response": _response("in_progress", [], None, id)})]
     if answered:
         part = {"type": "output_text", "text": "", "annotations": []}
         events += [("response.output_item.added", {"output_index": 0, "item": _message_item("in_progress", "")}),
@@ -137,7 +145,6 @@ def responses_events(answered):
         arguments = json.dumps(TOOL_INPUT)
         events += [("response.function_call_arguments.done", {"item_id": "fc_fake", "output_index": 0, "arguments": arguments}),
                    ("response.output_item.done", {"output_index": 0, "item": _call_item("completed", arguments)})]
-    final = responses_reply(answered)
     events.append(("response.completed", {"response": final}))
     return "".join(
         f"event: {name}\ndata: {json.dumps({'type': name, 'sequence_number': n, **data})}\n\n"
@@ -184,6 +191,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write((event + "\n\n").encode())
             self.wfile.flush()
         self.close_connection = True
+
+    def do_GET(self):
+        # A stored response, as a native Responses provider keeps it.
+        _Handler.seen.append((self.path, None))
+        if self.path.startswith("/v1/responses/"):
+            return self._json(responses_reply(True, id=self.path.rsplit("/", 1)[-1]))
+        self.send_response(404)
+        self.send_header("content-length", "0")
+        self.end_headers()
 
     def _json(self, reply):
         body = json.dumps(reply).encode()

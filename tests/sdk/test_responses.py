@@ -197,3 +197,35 @@ def test_the_agents_sdk_runs_an_agent_that_calls_a_tool(upstream_gateway):
     assert_the_provider_was_reached_as(gateway, stream=False)
     assert [e["status"] for e in gateway.logs(key)] == ["ok", "ok"]
     assert gateway.balance(key)["total"] == 10 - 2 * CHAT_PRICE
+
+
+def test_a_stored_response_is_retrieved_and_continued_by_its_account_only(upstream_gateway):
+    gateway = upstream_gateway
+    owner, other = gateway.new_key(subscription=10), gateway.new_key(subscription=10)
+    client = openai_client(gateway, owner)
+    made = client.responses.create(model=CHAT_MODEL, input="Weather in Paris?", tools=[WEATHER_TOOL])
+    if gateway.responses == "translate":
+        # A translating upstream keeps nothing: the SDK's continuation is refused, uncharged.
+        assert made.store is False
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.responses.create(model=CHAT_MODEL, input="And Tokyo?", previous_response_id=made.id)
+        assert "previous_response_id" in raised.value.body["detail"]
+        assert len(gateway.logs(owner)) == 1
+        return
+    assert client.responses.retrieve(made.id).id == made.id
+    with pytest.raises(openai.NotFoundError) as raised:
+        openai_client(gateway, other).responses.retrieve(made.id)
+    assert raised.value.body["detail"] == "响应不存在"
+    [call] = [item for item in made.output if item.type == "function_call"]
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": WEATHER_REPORT}
+    continued = client.responses.create(
+        model=CHAT_MODEL, input=[result], previous_response_id=made.id, tools=[WEATHER_TOOL]
+    )
+    assert continued.output_text == fake_provider.FINAL_TEXT
+    assert last_request_to("/v1/responses")["previous_response_id"] == made.id
+    with pytest.raises(openai.NotFoundError):
+        openai_client(gateway, other).responses.create(
+            model=CHAT_MODEL, input=[result], previous_response_id=made.id
+        )
+    assert gateway.logs(other) == []
+    assert [e["status"] for e in gateway.logs(owner)] == ["ok", "ok"]
