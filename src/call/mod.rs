@@ -117,6 +117,9 @@ pub struct RoutedCall {
     /// The stored response a Responses call continues (`previous_response_id`), until the
     /// router has found who made it.
     pub(crate) continues: Option<Arc<str>>,
+    /// The Responses request as the router parsed it (to check that it translates), so that
+    /// the upstream translates it without parsing it again.
+    request: Option<Arc<serde_json::Value>>,
     /// Byte range of the `model` value (with its quotes) in the body the router read, for
     /// renaming it upstream without re-serialising anything else; `None` for a call built by
     /// hand. Private: a range that did not come from the body could cut it anywhere.
@@ -134,6 +137,7 @@ impl RoutedCall {
             stream,
             upstream: None,
             continues: None,
+            request: None,
             model_span: None,
         }
     }
@@ -152,6 +156,17 @@ impl RoutedCall {
             alias,
             ..RoutedCall::new(protocol, model, stream)
         }
+    }
+
+    /// The request body as the router parsed it, when it did (a Responses call on a model with
+    /// a translating channel); the body it was parsed from is the request's.
+    pub(crate) fn parsed_request(&self) -> Option<Arc<serde_json::Value>> {
+        self.request.clone()
+    }
+
+    /// Keeps the parsed request body (see [`parsed_request`](Self::parsed_request)).
+    pub(crate) fn keep_parsed_request(&mut self, request: serde_json::Value) {
+        self.request = Some(Arc::new(request));
     }
 
     /// The body to send upstream: the client's bytes, with `model` replaced by `upstream_model`

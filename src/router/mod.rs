@@ -756,6 +756,7 @@ fn route_responses(
         let request: serde_json::Value =
             serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)?;
         responses::chat_request(&request, &routed.model.name).map_err(GatewayError::from)?;
+        routed.keep_parsed_request(request);
     }
     Ok(routed)
 }

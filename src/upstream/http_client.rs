@@ -269,7 +269,7 @@ impl Channel {
         channel: &ModelChannel,
         routed: &RoutedCall,
         body: &Bytes,
-    ) -> Result<(Bytes, Option<serde_json::Value>), AttemptError> {
+    ) -> Result<(Bytes, Option<Arc<serde_json::Value>>), AttemptError> {
         if !self.translates(routed.protocol) {
             let body = routed.upstream_body(body, channel.upstream_model.as_deref());
             return Ok((body, None));
@@ -283,8 +283,13 @@ impl Channel {
                 client_message: Some(message),
             })
         };
-        let request: serde_json::Value = serde_json::from_slice(body)
-            .map_err(|_| refused("the request is not JSON".to_owned()))?;
+        let request = match routed.parsed_request() {
+            Some(request) => request,
+            None => Arc::new(
+                serde_json::from_slice(body)
+                    .map_err(|_| refused("the request is not JSON".to_owned()))?,
+            ),
+        };
         let model = channel
             .upstream_model
             .as_deref()
@@ -525,7 +530,7 @@ impl Channel {
         if routed.stream && status.is_success() {
             let first_event = remaining.min(self.config.timeout);
             let (response, first) = self
-                .event_stream(reply, first_event, translated.as_ref())
+                .event_stream(reply, first_event, translated.as_deref())
                 .await?;
             let first = String::from_utf8_lossy(&first);
             let data = crate::protocol::sse::Event::parse(&first).data;

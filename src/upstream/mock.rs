@@ -36,10 +36,13 @@ impl MockUpstream {
         MockUpstream::default()
     }
 
-    fn reply(&self, protocol: Protocol, model: &str, body: &[u8]) -> Bytes {
+    fn reply(&self, routed: &RoutedCall, body: &[u8]) -> Bytes {
+        let (protocol, model) = (routed.protocol, routed.model.name.as_str());
         // The chat reply, as a translating upstream answers it.
         if protocol == Protocol::Responses {
-            let request = serde_json::from_slice(body).unwrap_or_default();
+            let request = routed.parsed_request().unwrap_or_else(|| {
+                std::sync::Arc::new(serde_json::from_slice(body).unwrap_or_default())
+            });
             let chat = self.reply_value(Protocol::ChatCompletions, model, body);
             let ids = &mut responses::Ids::random();
             return Bytes::from(responses::response_json_from_chat(&request, &chat, ids));
@@ -331,11 +334,8 @@ impl<B: AsRef<[u8]>> Service<Request<B>> for MockUpstream {
             );
             return ready(Ok(response));
         }
-        let mut response = Response::new(UpstreamBody::complete(self.reply(
-            protocol,
-            model,
-            request.body().as_ref(),
-        )));
+        let mut response =
+            Response::new(UpstreamBody::complete(self.reply(routed, request.body().as_ref())));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
