@@ -334,8 +334,9 @@ impl<B: AsRef<[u8]>> Service<Request<B>> for MockUpstream {
             );
             return ready(Ok(response));
         }
-        let mut response =
-            Response::new(UpstreamBody::complete(self.reply(routed, request.body().as_ref())));
+        let mut response = Response::new(UpstreamBody::complete(
+            self.reply(routed, request.body().as_ref()),
+        ));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),

@@ -4,7 +4,7 @@
 //! exactly once on `SQLite`, `PostgreSQL` and `MariaDB`.
 
 use crate::common;
-use crate::streaming::{Streamed, finished_call, stream};
+use crate::streaming::{Streamed, finished_call, leave_after, stream};
 
 use std::time::Duration;
 
@@ -141,6 +141,11 @@ fn what_has_no_chat_equivalent_is_refused_naming_the_field() {
 
 // --- The mock ----------------------------------------------------------------------------------
 
+/// POSTs `body` to `/v1/responses` with `key`.
+async fn post_responses(gateway: &Gateway, key: &str, body: &Value) -> Answer {
+    gateway.post_bearer(RESPONSES, key, body.to_string()).await
+}
+
 fn responses_body(model: &str, stream: bool) -> Value {
     json!({ "model": model, "instructions": "Be brief.", "input": "Hello", "stream": stream })
 }
@@ -171,13 +176,7 @@ async fn the_mock_answers_a_response_and_a_stream_charged_as_chat_calls_and_logg
     let gateway = mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
 
-    let answer = gateway
-        .post_bearer(
-            RESPONSES,
-            &key,
-            responses_body(CHAT_MODEL, false).to_string(),
-        )
-        .await;
+    let answer = post_responses(&gateway, &key, &responses_body(CHAT_MODEL, false)).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(answer.body["object"], "response");
     assert_eq!(answer.body["status"], "completed");
@@ -225,8 +224,7 @@ async fn refusals_come_before_any_charge_in_the_contracts_order() {
     let db = local_db().await;
     let gateway = mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
-    let post =
-        async |key: &str, body: Value| gateway.post_bearer(RESPONSES, key, body.to_string()).await;
+    let post = async |key: &str, body: Value| post_responses(&gateway, key, &body).await;
 
     let unknown_key = post("sk-mg-nope", responses_body(CHAT_MODEL, false)).await;
     assert_eq!(
@@ -283,13 +281,7 @@ async fn streaming_stays_off_for_responses_unless_switched_on() {
     let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
-    let answer = gateway
-        .post_bearer(
-            RESPONSES,
-            &key,
-            responses_body(CHAT_MODEL, true).to_string(),
-        )
-        .await;
+    let answer = post_responses(&gateway, &key, &responses_body(CHAT_MODEL, true)).await;
     assert_eq!(answer.status, 400);
     assert_eq!(db.balance(&key).await, balance(10, 0));
 }
@@ -398,7 +390,7 @@ async fn a_translating_upstream_gets_a_chat_request_and_its_reply_comes_back_as_
     let tool =
         json!({ "type": "function", "name": "get_weather", "parameters": { "type": "object" } });
     let body = json!({ "model": CHAT_MODEL, "instructions": "Use tools.", "input": "Paris?", "tools": [tool] });
-    let answer = gateway.post_bearer(RESPONSES, &key, body.to_string()).await;
+    let answer = post_responses(&gateway, &key, &body).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     let seen = provider.last();
     assert_eq!(seen.target, "/v1/chat/completions");
@@ -597,26 +589,8 @@ async fn assert_a_client_leaving_a_responses_stream_is_billed_only_after_content
         (vec![native_created(), native_delta(1, "Hi")], true),
         (vec![native_created(), call_added], true),
     ] {
-        let hung_up = provider.hung_up();
-        provider.then(Fault::sse(&events).ending(StreamEnd::Hang));
-        let mut response = gateway
-            .client
-            .post(format!("{}{RESPONSES}", gateway.base))
-            .bearer_auth(&key)
-            .json(&responses_body(CHAT_MODEL, true))
-            .send()
-            .await
-            .unwrap();
-        let mut received = Vec::new();
-        while received.len() < events.concat().len() {
-            received.extend_from_slice(&response.chunk().await.unwrap().unwrap());
-        }
-        drop(response);
-        assert!(
-            provider
-                .wait_hung_up(hung_up + 1, Duration::from_secs(5))
-                .await
-        );
+        let body = responses_body(CHAT_MODEL, true);
+        leave_after(&gateway, &provider, RESPONSES, &key, body, &events).await;
         let entry = finished_call(&db, &key).await;
         if billed {
             assert_eq!(entry.status, CallStatus::Ok, "{events:?}");
@@ -660,23 +634,11 @@ async fn assert_a_stored_response_is_reached_only_by_its_account(db: TestDb) {
     let (owner, other) = (db.funded_key(10, 0).await, db.funded_key(10, 0).await);
 
     provider.then(Fault::json(200, NATIVE_REPLY));
-    let made = gateway
-        .post_bearer(
-            RESPONSES,
-            &owner,
-            responses_body(CHAT_MODEL, false).to_string(),
-        )
-        .await;
+    let made = post_responses(&gateway, &owner, &responses_body(CHAT_MODEL, false)).await;
     assert_eq!(made.status, 200);
     // Another account's call answered with the same id changes nothing: the first record stands.
     provider.then(Fault::json(200, NATIVE_REPLY));
-    let again = gateway
-        .post_bearer(
-            RESPONSES,
-            &other,
-            responses_body(CHAT_MODEL, false).to_string(),
-        )
-        .await;
+    let again = post_responses(&gateway, &other, &responses_body(CHAT_MODEL, false)).await;
     assert_eq!(again.status, 200);
 
     for (method, path) in [
@@ -798,13 +760,7 @@ async fn assert_a_continued_response_goes_where_it_is_kept(db: TestDb) {
     // Made at the second channel: the first is down for that call.
     first.then(Fault::json(503, r#"{"error":{"message":"down"}}"#));
     second.then(Fault::json(200, NATIVE_REPLY));
-    let made = gateway
-        .post_bearer(
-            RESPONSES,
-            &owner,
-            responses_body(CHAT_MODEL, false).to_string(),
-        )
-        .await;
+    let made = post_responses(&gateway, &owner, &responses_body(CHAT_MODEL, false)).await;
     assert_eq!(made.status, 200);
     assert_eq!(db.calls(&owner).await[0].channel.as_deref(), Some("p1"));
 
@@ -815,9 +771,7 @@ async fn assert_a_continued_response_goes_where_it_is_kept(db: TestDb) {
         200,
         &NATIVE_REPLY.replace("resp_native", "resp_next"),
     ));
-    let answer = gateway
-        .post_bearer(RESPONSES, &owner, continued.to_string())
-        .await;
+    let answer = post_responses(&gateway, &owner, &continued).await;
     assert_eq!(answer.status, 200, "{answer:?}");
     assert_eq!(
         (first.requests(), second.requests()),
@@ -828,7 +782,7 @@ async fn assert_a_continued_response_goes_where_it_is_kept(db: TestDb) {
 
     for (key, id) in [(&other, "resp_native"), (&owner, "resp_unknown")] {
         let body = json!({ "model": CHAT_MODEL, "input": "x", "previous_response_id": id });
-        let refused = gateway.post_bearer(RESPONSES, key, body.to_string()).await;
+        let refused = post_responses(&gateway, key, &body).await;
         assert_eq!(
             (refused.status, refused.detail()),
             (404, "响应不存在"),

@@ -159,6 +159,42 @@ async fn provider_gateway(db: &TestDb, providers: &[&FakeProvider], settings: &s
     http_gateway(db, catalogue).await
 }
 
+/// A client that calls `path` with `body`, the provider sending `events` and then nothing:
+/// it reads those events (checked byte for byte) and leaves; the provider's stream must then be
+/// dropped within five seconds.
+pub(crate) async fn leave_after<E: AsRef<str>>(
+    gateway: &Gateway,
+    provider: &FakeProvider,
+    path: &str,
+    key: &str,
+    body: Value,
+    events: &[E],
+) {
+    let hung_up = provider.hung_up();
+    provider.then(Fault::sse(events.iter().map(AsRef::as_ref)).ending(StreamEnd::Hang));
+    let events: String = events.iter().map(AsRef::as_ref).collect();
+    let mut response = gateway
+        .client
+        .post(format!("{}{path}", gateway.base))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let mut received = Vec::new();
+    while received.len() < events.len() {
+        received.extend_from_slice(&response.chunk().await.unwrap().unwrap());
+    }
+    assert_eq!(received, events.as_bytes());
+    drop(response);
+    assert!(
+        provider
+            .wait_hung_up(hung_up + 1, Duration::from_secs(5))
+            .await,
+        "the provider's stream was not dropped when the client left"
+    );
+}
+
 /// Waits until the account's newest call is no longer `pending` (outcomes written on a
 /// spawned task after a client left), at most five seconds.
 pub(crate) async fn finished_call(db: &TestDb, key: &str) -> CallRecord {
@@ -544,28 +580,15 @@ async fn assert_a_client_that_leaves_is_billed_only_after_content(db: TestDb) {
         (vec![MESSAGES_START, empty_block], false),
         (vec![MESSAGES_START, MESSAGES_DELTA], true),
     ] {
-        let hung_up = provider.hung_up();
-        provider.then(Fault::sse(&events).ending(StreamEnd::Hang));
-        let mut response = gateway
-            .client
-            .post(format!("{}{MESSAGES}", gateway.base))
-            .bearer_auth(&key)
-            .json(&messages_stream_body(MESSAGES_MODEL))
-            .send()
-            .await
-            .unwrap();
-        let mut received = Vec::new();
-        while received.len() < events.concat().len() {
-            received.extend_from_slice(&response.chunk().await.unwrap().unwrap());
-        }
-        assert_eq!(received, events.concat().as_bytes());
-        drop(response);
-        assert!(
-            provider
-                .wait_hung_up(hung_up + 1, Duration::from_secs(5))
-                .await,
-            "the provider's stream was not dropped when the client left"
-        );
+        leave_after(
+            &gateway,
+            &provider,
+            MESSAGES,
+            &key,
+            messages_stream_body(MESSAGES_MODEL),
+            &events,
+        )
+        .await;
         let entry = finished_call(&db, &key).await;
         if billed {
             assert_eq!(entry.status, CallStatus::Ok);
