@@ -875,6 +875,54 @@ async fn assert_streamed_and_billed_once(misbehave: impl FnOnce(&TestLedger)) {
     assert_total(&*store, account, 10 - CHAT_PRICE).await;
 }
 
+/// A Responses stream (the mock's, translated from its chat stream) through a ledger that
+/// `misbehave` sets up: it ends with `response.completed`, its entry `ok`, billed once.
+async fn assert_a_responses_stream_is_billed_once(misbehave: impl FnOnce(&TestLedger)) {
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
+    misbehave(&ledger);
+    let service = streaming_stack(&store, ledger, model_gateway::upstream::MockUpstream::new());
+    let body = serde_json::json!({ "model": CHAT_MODEL, "stream": true, "input": "Hi" });
+    let request = Request::post("/v1/responses")
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+
+    let response = service.oneshot(request).await.unwrap();
+    let text = read_all(response).await;
+    assert!(text.starts_with("event: response.created\n"), "{text}");
+    assert!(
+        text.trim_end()
+            .rsplit("\n\n")
+            .next()
+            .unwrap()
+            .starts_with("event: response.completed\n"),
+        "{text}"
+    );
+    let calls = store.recent_calls(account, 10).await.unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        (calls[0].protocol, calls[0].status),
+        (model_gateway::Protocol::Responses, CallStatus::Ok)
+    );
+    assert_total(&*store, account, 10 - CHAT_PRICE).await;
+}
+
+#[tokio::test]
+async fn a_responses_streams_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
+    assert_a_responses_stream_is_billed_once(|ledger| {
+        ledger.failing_settles.store(2, Ordering::SeqCst);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_responses_streams_settle_that_landed_but_lost_its_answer_is_billed_once() {
+    assert_a_responses_stream_is_billed_once(|ledger| {
+        ledger.lost_settle_answers.store(1, Ordering::SeqCst);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_streams_settle_that_fails_for_a_moment_is_retried_and_billed_once() {
     assert_streamed_and_billed_once(|ledger| ledger.failing_settles.store(2, Ordering::SeqCst))

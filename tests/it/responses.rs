@@ -291,7 +291,12 @@ async fn streaming_stays_off_for_responses_unless_switched_on() {
 /// A streaming catalogue whose chat model is served, in this order, by OpenAI-kind upstreams
 /// at these providers, each with its `responses` setting (and the channel's own model name).
 fn catalogue(providers: &[(&FakeProvider, &str)]) -> Catalogue {
-    let mut toml = String::from("streaming = true\n");
+    catalogue_with(providers, "")
+}
+
+/// [`catalogue`] with these top-level `settings`.
+fn catalogue_with(providers: &[(&FakeProvider, &str)], settings: &str) -> Catalogue {
+    let mut toml = format!("streaming = true\n{settings}\n");
     let mut channels = Vec::new();
     for (i, (provider, responses)) in providers.iter().enumerate() {
         toml.push_str(&format!(
@@ -561,6 +566,28 @@ async fn assert_failed_responses_streams_are_refunded(db: TestDb) {
     assert_eq!(db.balance(&key).await, balance(10, 0));
     db.assert_audit_holds().await;
     db.drop_schema().await;
+}
+
+#[tokio::test]
+async fn a_responses_stream_quiet_past_its_idle_time_out_is_refunded_with_an_error_event() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let settings = "stream_idle_timeout_secs = 1";
+    let gateway = http_gateway(&db, catalogue_with(&[(&provider, "translate")], settings)).await;
+    let key = db.funded_key(10, 0).await;
+    provider.then(Fault::sse([CHAT_ROLE, CHAT_DELTA]).ending(StreamEnd::Hang));
+    let started = std::time::Instant::now();
+    let received = stream(&gateway, RESPONSES, &key, responses_body(CHAT_MODEL, true)).await;
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(delta_text(&received), "Hi");
+    assert_ends_with_the_gateways_error_event(&received, 5);
+    let entry = db.calls(&key).await.remove(0);
+    assert_eq!(entry.status, CallStatus::Refunded);
+    assert!(
+        entry.upstream_error.unwrap().contains("no event"),
+        "the reason"
+    );
+    assert_eq!(db.balance(&key).await, balance(10, 0));
 }
 
 backends!(
