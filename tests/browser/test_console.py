@@ -103,10 +103,11 @@ def browser():
     driver.quit()
 
 
-def call(base, key, model="gpt-4o-mini"):
+def call(base, key, model="gpt-4o-mini", path="/v1/chat/completions", body=None):
+    body = body or {"model": model, "messages": [{"role": "user", "content": "hi"}]}
     request = urllib.request.Request(
-        f"{base}/v1/chat/completions",
-        data=json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        f"{base}{path}",
+        data=json.dumps(body).encode(),
         headers={"Authorization": f"Bearer {key}", "content-type": "application/json"},
     )
     try:
@@ -190,6 +191,20 @@ def test_a_key_holder_sees_balance_usage_and_calls_update(gateway, browser):
     assert browser.execute_script("return sessionStorage.getItem('mg_key')") is None
     assert browser.find_element(By.ID, "sign-in-panel").is_displayed()
     screenshots(browser, "sign-in")
+
+
+def test_the_calls_table_shows_each_calls_protocol(gateway, browser):
+    key = gateway.new_key(100)
+    assert call(gateway.base, key) == 200
+    assert call(gateway.base, key, path="/v1/responses", body={"model": "gpt-4o-mini", "input": "hi"}) == 200
+    embeddings = {"model": "text-embedding-3-small", "input": "hi"}
+    assert call(gateway.base, key, path="/v1/embeddings", body=embeddings) == 200
+    sign_in(browser, gateway.base + "/console/", "key", key)
+    wait_text(browser, "total", str(100 - 2 - 2 - 1))
+    rows = browser.find_elements(By.CSS_SELECTOR, "#calls tr")
+    protocols = [row.find_elements(By.TAG_NAME, "td")[2].text for row in rows]
+    assert protocols == ["embeddings", "responses", "chat_completions"]
+    browser.find_element(By.ID, "sign-out").click()
 
 
 def test_an_operator_creates_grants_and_revokes_and_names_stay_text(gateway, browser):
