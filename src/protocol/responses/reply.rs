@@ -5,38 +5,85 @@ use serde_json::{Value, json};
 
 use super::Ids;
 
-/// What a `response` object repeats from the request that asked for it (the Responses API
-/// echoes the request's settings), taken once per call.
-#[derive(Debug, Clone, Serialize)]
-pub(super) struct Echo {
-    background: bool,
-    instructions: Value,
-    max_output_tokens: Value,
-    metadata: Value,
-    parallel_tool_calls: Value,
-    previous_response_id: Option<()>,
-    reasoning: ReasoningEcho,
-    service_tier: Value,
-    /// A translated call keeps nothing: its response cannot be fetched again.
-    store: bool,
-    temperature: Value,
-    text: TextEcho,
-    tool_choice: Value,
-    tools: Value,
-    top_p: Value,
-    truncation: &'static str,
-    user: Value,
+/// The request settings a `response` object repeats (the Responses API echoes them), with the
+/// API's defaults for those the request left out.
+const ECHOED: [&str; 12] = [
+    "instructions",
+    "max_output_tokens",
+    "metadata",
+    "parallel_tool_calls",
+    "reasoning",
+    "service_tier",
+    "temperature",
+    "text",
+    "tool_choice",
+    "tools",
+    "top_p",
+    "user",
+];
+
+/// Just the settings of `request` that a `response` repeats, for a translation that outlives
+/// the request (a stream).
+pub(super) fn echoed_settings(request: &Value) -> Value {
+    let mut settings = serde_json::Map::new();
+    for name in ECHOED {
+        if let Some(value) = request.get(name) {
+            settings.insert(name.to_owned(), value.clone());
+        }
+    }
+    Value::Object(settings)
 }
 
-#[derive(Debug, Clone, Serialize)]
-struct ReasoningEcho {
-    effort: Value,
-    summary: Option<()>,
+/// A setting as a `response` repeats it: the request's own value, or the API's default.
+#[derive(Debug, Clone, Copy)]
+enum Setting<'a> {
+    Given(&'a Value),
+    Null,
+    True,
+    One,
+    Auto,
+    DefaultTier,
+    NoMetadata,
+    NoTools,
+    PlainText,
 }
 
-#[derive(Debug, Clone, Serialize)]
-struct TextEcho {
-    format: Value,
+impl Serialize for Setting<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self {
+            Setting::Given(value) => value.serialize(serializer),
+            Setting::Null => serializer.serialize_none(),
+            Setting::True => serializer.serialize_bool(true),
+            Setting::One => serializer.serialize_f64(1.0),
+            Setting::Auto => serializer.serialize_str("auto"),
+            Setting::DefaultTier => serializer.serialize_str("default"),
+            Setting::NoMetadata => serializer.serialize_map(Some(0))?.end(),
+            Setting::NoTools => serializer.serialize_seq(Some(0))?.end(),
+            Setting::PlainText => {
+                let mut format = serializer.serialize_map(Some(1))?;
+                format.serialize_entry("type", "text")?;
+                format.end()
+            }
+        }
+    }
+}
+
+/// What a `response` object repeats from the request that asked for it, borrowed from it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Echo<'a> {
+    instructions: Setting<'a>,
+    max_output_tokens: Setting<'a>,
+    metadata: Setting<'a>,
+    parallel_tool_calls: Setting<'a>,
+    effort: Setting<'a>,
+    service_tier: Setting<'a>,
+    temperature: Setting<'a>,
+    format: Setting<'a>,
+    tool_choice: Setting<'a>,
+    tools: Setting<'a>,
+    top_p: Setting<'a>,
+    user: Setting<'a>,
 }
 
 /// A `response` object, serialised as it is built.
@@ -51,8 +98,34 @@ struct ResponseObject<'a, I, U> {
     model: &'a str,
     output: &'a [I],
     usage: &'a U,
-    #[serde(flatten)]
-    echo: &'a Echo,
+    background: bool,
+    instructions: Setting<'a>,
+    max_output_tokens: Setting<'a>,
+    metadata: Setting<'a>,
+    parallel_tool_calls: Setting<'a>,
+    previous_response_id: Option<()>,
+    reasoning: ReasoningEcho<'a>,
+    service_tier: Setting<'a>,
+    /// A translated call keeps nothing: its response cannot be fetched again.
+    store: bool,
+    temperature: Setting<'a>,
+    text: TextEcho<'a>,
+    tool_choice: Setting<'a>,
+    tools: Setting<'a>,
+    top_p: Setting<'a>,
+    truncation: &'static str,
+    user: Setting<'a>,
+}
+
+#[derive(Serialize)]
+struct ReasoningEcho<'a> {
+    effort: Setting<'a>,
+    summary: Option<()>,
+}
+
+#[derive(Serialize)]
+struct TextEcho<'a> {
+    format: Setting<'a>,
 }
 
 #[derive(Serialize)]
@@ -60,43 +133,26 @@ struct Incomplete<'a> {
     reason: &'a str,
 }
 
-impl Echo {
-    pub(super) fn of(request: &Value) -> Echo {
-        let given = |name: &str, default: Value| {
-            request
-                .get(name)
-                .filter(|value| !value.is_null())
-                .cloned()
-                .unwrap_or(default)
+impl<'a> Echo<'a> {
+    pub(super) fn of(request: &'a Value) -> Echo<'a> {
+        let given = |value: Option<&'a Value>, default: Setting<'a>| match value {
+            Some(value) if !value.is_null() => Setting::Given(value),
+            _ => default,
         };
-        let format = request
-            .pointer("/text/format")
-            .filter(|value| !value.is_null())
-            .cloned()
-            .unwrap_or_else(|| json!({ "type": "text" }));
+        let field = |name: &str, default| given(request.get(name), default);
         Echo {
-            background: false,
-            instructions: given("instructions", Value::Null),
-            max_output_tokens: given("max_output_tokens", Value::Null),
-            metadata: given("metadata", json!({})),
-            parallel_tool_calls: given("parallel_tool_calls", Value::Bool(true)),
-            previous_response_id: None,
-            reasoning: ReasoningEcho {
-                effort: request
-                    .pointer("/reasoning/effort")
-                    .cloned()
-                    .unwrap_or(Value::Null),
-                summary: None,
-            },
-            service_tier: given("service_tier", json!("default")),
-            store: false,
-            temperature: given("temperature", json!(1.0)),
-            text: TextEcho { format },
-            tool_choice: given("tool_choice", json!("auto")),
-            tools: given("tools", json!([])),
-            top_p: given("top_p", json!(1.0)),
-            truncation: "disabled",
-            user: given("user", Value::Null),
+            instructions: field("instructions", Setting::Null),
+            max_output_tokens: field("max_output_tokens", Setting::Null),
+            metadata: field("metadata", Setting::NoMetadata),
+            parallel_tool_calls: field("parallel_tool_calls", Setting::True),
+            effort: given(request.pointer("/reasoning/effort"), Setting::Null),
+            service_tier: field("service_tier", Setting::DefaultTier),
+            temperature: field("temperature", Setting::One),
+            format: given(request.pointer("/text/format"), Setting::PlainText),
+            tool_choice: field("tool_choice", Setting::Auto),
+            tools: field("tools", Setting::NoTools),
+            top_p: field("top_p", Setting::One),
+            user: field("user", Setting::Null),
         }
     }
 
@@ -112,13 +168,16 @@ impl Echo {
             .expect("a response serialises")
     }
 
-    fn object<'a, I, U>(
-        &'a self,
-        head: &'a Head,
-        status: Status<'a>,
-        output: &'a [I],
-        usage: &'a U,
-    ) -> ResponseObject<'a, I, U> {
+    fn object<'b, I, U>(
+        &self,
+        head: &'b Head,
+        status: Status<'b>,
+        output: &'b [I],
+        usage: &'b U,
+    ) -> ResponseObject<'b, I, U>
+    where
+        'a: 'b,
+    {
         ResponseObject {
             id: &head.id,
             object: "response",
@@ -132,7 +191,27 @@ impl Echo {
             model: &head.model,
             output,
             usage,
-            echo: self,
+            background: false,
+            instructions: self.instructions,
+            max_output_tokens: self.max_output_tokens,
+            metadata: self.metadata,
+            parallel_tool_calls: self.parallel_tool_calls,
+            previous_response_id: None,
+            reasoning: ReasoningEcho {
+                effort: self.effort,
+                summary: None,
+            },
+            service_tier: self.service_tier,
+            store: false,
+            temperature: self.temperature,
+            text: TextEcho {
+                format: self.format,
+            },
+            tool_choice: self.tool_choice,
+            tools: self.tools,
+            top_p: self.top_p,
+            truncation: "disabled",
+            user: self.user,
         }
     }
 }

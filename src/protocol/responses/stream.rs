@@ -3,7 +3,9 @@
 use serde_json::{Value, json};
 
 use super::Ids;
-use super::reply::{Echo, Head, Status, content_part, function_call_item, message_item};
+use super::reply::{
+    Echo, Head, Status, content_part, echoed_settings, function_call_item, message_item,
+};
 use crate::protocol::sse::{Event, EventSplitter};
 
 /// Translates a chat-completions stream, as its bytes arrive, into the Responses event
@@ -19,7 +21,8 @@ use crate::protocol::sse::{Event, EventSplitter};
 #[derive(Debug)]
 pub struct StreamTranslator {
     splitter: EventSplitter,
-    echo: Echo,
+    /// The request's settings that each `response` object repeats.
+    settings: Value,
     ids: Ids,
     head: Option<Head>,
     sequence: u64,
@@ -55,7 +58,7 @@ impl StreamTranslator {
     pub fn new(request: &Value, ids: Ids) -> StreamTranslator {
         StreamTranslator {
             splitter: EventSplitter::new(),
-            echo: Echo::of(request),
+            settings: echoed_settings(request),
             ids,
             head: None,
             sequence: 0,
@@ -336,7 +339,7 @@ impl StreamTranslator {
 
     fn response(&self, status: Status<'_>, output: Vec<Value>, usage: Value) -> Value {
         let head = self.head.as_ref().expect("the response started");
-        self.echo.response(head, status, output, usage)
+        Echo::of(&self.settings).response(head, status, output, usage)
     }
 
     /// Writes one event: its name as `event:` and in `type`, and the next sequence number.
