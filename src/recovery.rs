@@ -248,6 +248,16 @@ impl<S: Store + 'static> Upkeep<S> {
         if let Err(error) = self.store.forget_ended_leases(Utc::now()).await {
             tracing::warn!(%error, "forgetting ended instance leases failed; will retry");
         }
+        let kept_since = Utc::now() - crate::store::RESPONSE_RETENTION;
+        match self.store.forget_responses(kept_since).await {
+            Ok(0) => {}
+            Ok(forgotten) => {
+                tracing::info!(forgotten, "owners of expired stored responses forgotten")
+            }
+            Err(error) => {
+                tracing::warn!(%error, "forgetting expired stored responses failed; will retry")
+            }
+        }
         match self.store.forget_idempotent_calls(Utc::now()).await {
             Ok(0) => {}
             Ok(forgotten) => {

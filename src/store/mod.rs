@@ -44,6 +44,9 @@ pub use records::{
     KeyStatus, Lapse, Overdue, Sums,
 };
 pub use rules::idempotency::DEFAULT_IDEMPOTENCY_WINDOW;
+
+/// How long the owner of a stored response is kept: providers keep responses 30 days.
+pub const RESPONSE_RETENTION: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 pub(crate) use rules::idempotency::{
     KeyedCall, KeyedDecision, decide as decide_keyed, window_cutoff,
 };

@@ -307,6 +307,13 @@ pub trait ResponseOwners: Send + Sync + std::fmt::Debug {
         let _ = response_id;
         Ok(None)
     }
+
+    /// Forgets the owners recorded before `before` (the upkeep passes
+    /// [`RESPONSE_RETENTION`](crate::store::RESPONSE_RETENTION) ago); returns how many.
+    async fn forget_responses(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        let _ = before;
+        Ok(0)
+    }
 }
 
 /// Everything the gateway and its tools need from one backend.

@@ -832,3 +832,64 @@ backends!(
         assert_a_continued_response_goes_where_it_is_kept(db).await;
     }
 );
+
+/// The owners of stored responses are kept for the providers' retention, then forgotten by the
+/// upkeep; the first record of an id stands.
+async fn assert_response_owners_are_recorded_once_and_forgotten_after_retention(db: TestDb) {
+    use model_gateway::store::{ResponseOwner, ResponseOwners};
+    let (owner, other) = (db.funded_key(1, 0).await, db.funded_key(1, 0).await);
+    let record = |key_account, id: &str| ResponseOwner {
+        response_id: id.to_owned(),
+        account: key_account,
+        upstream: "p0".to_owned(),
+    };
+    let (owner, other) = (db.account(&owner).await, db.account(&other).await);
+    db.store
+        .record_response(&record(owner, "resp_a"))
+        .await
+        .unwrap();
+    db.store
+        .record_response(&record(other, "resp_a"))
+        .await
+        .unwrap();
+    db.store
+        .record_response(&record(other, "resp_b"))
+        .await
+        .unwrap();
+    let found = db.store.response_owner("resp_a").await.unwrap().unwrap();
+    assert_eq!(found.account, owner, "the first record stands");
+    assert_eq!(db.store.response_owner("resp_c").await.unwrap(), None);
+
+    let an_hour_ago = chrono::Utc::now() - chrono::Duration::hours(1);
+    assert_eq!(db.store.forget_responses(an_hour_ago).await.unwrap(), 0);
+    let soon = chrono::Utc::now() + chrono::Duration::seconds(5);
+    assert_eq!(db.store.forget_responses(soon).await.unwrap(), 2);
+    assert_eq!(db.store.response_owner("resp_a").await.unwrap(), None);
+    db.drop_schema().await;
+}
+
+backends!(
+    async fn response_owners_are_recorded_once_and_forgotten_after_retention(db) {
+        assert_response_owners_are_recorded_once_and_forgotten_after_retention(db).await;
+    }
+);
+
+#[tokio::test]
+async fn the_memory_store_records_response_owners_once_and_forgets_them_after_retention() {
+    use model_gateway::store::{ResponseOwner, ResponseOwners};
+    let store = model_gateway::MemoryStore::new();
+    let record = |account: i64| ResponseOwner {
+        response_id: "resp_a".to_owned(),
+        account: model_gateway::AccountId(account),
+        upstream: "p0".to_owned(),
+    };
+    store.record_response(&record(1)).await.unwrap();
+    store.record_response(&record(2)).await.unwrap();
+    let found = store.response_owner("resp_a").await.unwrap().unwrap();
+    assert_eq!(found.account, model_gateway::AccountId(1));
+    let an_hour_ago = chrono::Utc::now() - chrono::Duration::hours(1);
+    assert_eq!(store.forget_responses(an_hour_ago).await.unwrap(), 0);
+    let soon = chrono::Utc::now() + chrono::Duration::seconds(5);
+    assert_eq!(store.forget_responses(soon).await.unwrap(), 1);
+    assert_eq!(store.response_owner("resp_a").await.unwrap(), None);
+}

@@ -45,13 +45,25 @@ impl ResponseOwners for MemoryStore {
         state
             .response_owners
             .entry(owner.response_id.clone())
-            .or_insert_with(|| owner.clone());
+            .or_insert_with(|| (owner.clone(), Utc::now()));
         Ok(())
     }
 
     async fn response_owner(&self, response_id: &str) -> Result<Option<ResponseOwner>, StoreError> {
         let state = self.lock();
-        Ok(state.response_owners.get(response_id).cloned())
+        Ok(state
+            .response_owners
+            .get(response_id)
+            .map(|(owner, _)| owner.clone()))
+    }
+
+    async fn forget_responses(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        let mut state = self.lock();
+        let had = state.response_owners.len();
+        state
+            .response_owners
+            .retain(|_, (_, recorded)| *recorded >= before);
+        Ok((had - state.response_owners.len()) as u64)
     }
 }
 

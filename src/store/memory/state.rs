@@ -35,7 +35,7 @@ pub(super) struct State {
     /// How long a key holds; `None`: [`DEFAULT_IDEMPOTENCY_WINDOW`].
     pub(super) idempotency_window: Option<std::time::Duration>,
     /// Who made each stored response, by its id.
-    pub(super) response_owners: HashMap<String, crate::store::ResponseOwner>,
+    pub(super) response_owners: HashMap<String, (crate::store::ResponseOwner, DateTime<Utc>)>,
 }
 
 #[derive(Debug)]

@@ -2,8 +2,9 @@
 //! read when a client refers to one.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sea_orm::sea_query::OnConflict;
-use sea_orm::{EntityTrait, Set};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, Set};
 
 use super::entity::response;
 use super::store::SeaOrmStore;
@@ -44,5 +45,14 @@ impl ResponseOwners for SeaOrmStore {
             account: AccountId(row.account_id),
             upstream: row.upstream,
         }))
+    }
+
+    async fn forget_responses(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        response::Entity::delete_many()
+            .filter(response::Column::CreatedAt.lt(before))
+            .exec(&self.db)
+            .await
+            .map(|deleted| deleted.rows_affected)
+            .map_err(StoreError::database)
     }
 }
