@@ -16,8 +16,8 @@
 //!   `max_tokens`; `temperature`, `top_p`, `user`, `service_tier` as they are; `text.format` as
 //!   `response_format`; `reasoning.effort` as `reasoning_effort`; `top_logprobs`;
 //! - hints a chat-completions provider has no use for are dropped: `store`, `include`,
-//!   `metadata`, `prompt_cache_key`, `prompt_cache_retention`, `safety_identifier`,
-//!   `stream_options`, `text.verbosity`, `reasoning.summary`;
+//!   `metadata`, `client_metadata`, `prompt_cache_key`, `prompt_cache_retention`,
+//!   `safety_identifier`, `stream_options`, `text.verbosity`, `reasoning.summary`;
 //! - refused with the field's name: built-in tools, `background: true`,
 //!   `previous_response_id`, `conversation`, `prompt`, `truncation: "auto"`, `max_tool_calls`,
 //!   `item_reference` and other item types, and any field the Responses API does not have.

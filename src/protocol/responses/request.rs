@@ -28,9 +28,11 @@ const COPIED: &[&str] = &["temperature", "top_p", "user", "service_tier"];
 /// has no use for: dropped. `store` (nothing is kept by a translated call), `include`
 /// (`reasoning.encrypted_content` and the outputs of built-in tools, which a translated call
 /// never has), caching and safety hints, `metadata` (kept by the provider only when it stores),
-/// and `stream_options` (its only option concerns obfuscation padding).
+/// `client_metadata` (what a client tells the provider about itself, for its analytics) and
+/// `stream_options` (its only option concerns obfuscation padding).
 const HINTS: &[&str] = &[
     "store",
+    "client_metadata",
     "include",
     "prompt_cache_key",
     "prompt_cache_retention",
