@@ -639,6 +639,12 @@ mod tests {
             read(&mut reader, "response.output_text.delta", text),
             EventKind::Content
         );
+        let thought =
+            r#"{"type":"response.reasoning_text.delta","sequence_number":3,"delta":"hm"}"#;
+        assert_eq!(
+            read(&mut reader, "response.reasoning_text.delta", thought),
+            EventKind::Content
+        );
         let call = r#"{"type":"response.output_item.added","sequence_number":4,"item":{"type":"function_call","name":"f"}}"#;
         assert_eq!(
             read(&mut reader, "response.output_item.added", call),

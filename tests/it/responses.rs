@@ -71,7 +71,7 @@ fn the_corpus_requests_translate_to_the_chat_requests_written_for_them() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 6);
+    assert_eq!(checked, 8);
 }
 
 #[test]
@@ -85,7 +85,7 @@ fn the_corpus_chat_replies_translate_to_the_responses_written_for_them() {
         assert_eq!(&response, expected, "{name}");
         checked += 1;
     }
-    assert_eq!(checked, 3);
+    assert_eq!(checked, 4);
 }
 
 #[test]
@@ -117,7 +117,7 @@ fn the_corpus_chat_streams_translate_to_the_event_sequences_written_for_them_how
         assert_eq!(translate(&case["request"], &byte_by_byte), whole, "{name}");
         checked += 1;
     }
-    assert_eq!(checked, 3);
+    assert_eq!(checked, 4);
 }
 
 fn translate(request: &Value, chunks: &[&[u8]]) -> String {

@@ -15,6 +15,9 @@
 //! - function `tools`, `tool_choice`, `parallel_tool_calls`; `max_output_tokens` as
 //!   `max_tokens`; `temperature`, `top_p`, `user`, `service_tier` as they are; `text.format` as
 //!   `response_format`; `reasoning.effort` as `reasoning_effort`; `top_logprobs`;
+//! - back: the reply's text or refusal as a message, its tool calls as `function_call` items,
+//!   and the reasoning of reasoning models (`reasoning_content`, or `reasoning`) as a
+//!   `reasoning` item with `reasoning_text` (streamed as `response.reasoning_text.delta`);
 //! - hints a chat-completions provider has no use for are dropped: `store`, `include`,
 //!   `metadata`, `client_metadata`, `prompt_cache_key`, `prompt_cache_retention`,
 //!   `safety_identifier`, `stream_options`, `text.verbosity`, `reasoning.summary`;

@@ -305,6 +305,13 @@ pub(super) fn usage(chat_usage: Option<&Value>) -> Option<Usage> {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub(super) enum OutputItem<'a> {
+    /// The model's reasoning, as chat-completions servers of reasoning models send it
+    /// (`reasoning_content`).
+    Reasoning {
+        id: &'a str,
+        summary: [(); 0],
+        content: Vec<ReasoningText<'a>>,
+    },
     Message {
         id: &'a str,
         status: &'a str,
@@ -318,6 +325,36 @@ pub(super) enum OutputItem<'a> {
         name: &'a str,
         arguments: &'a str,
     },
+}
+
+/// A reasoning item's text.
+#[derive(Serialize)]
+#[serde(tag = "type", rename = "reasoning_text")]
+pub(super) struct ReasoningText<'a> {
+    text: &'a str,
+}
+
+/// A reasoning item holding `text` (none when it is empty, as when it opens).
+pub(super) fn reasoning_item(id: &str, text: &str) -> Value {
+    let content = if text.is_empty() {
+        Vec::new()
+    } else {
+        vec![ReasoningText { text }]
+    };
+    to_value(OutputItem::Reasoning {
+        id,
+        summary: [],
+        content,
+    })
+}
+
+/// The reasoning text a chat message or delta carries: `reasoning_content` (vLLM, `DeepSeek`,
+/// most servers of open reasoning models) or `reasoning` (some routers).
+pub(super) fn reasoning_of(message: &Value) -> Option<&str> {
+    message["reasoning_content"]
+        .as_str()
+        .or(message["reasoning"].as_str())
+        .filter(|text| !text.is_empty())
 }
 
 /// A message's content part.
@@ -415,7 +452,11 @@ pub fn response_json_from_chat(request: &Value, reply: &Value, ids: &mut Ids) ->
     let calls = message["tool_calls"]
         .as_array()
         .map_or(&[][..], Vec::as_slice);
-    let mut item_ids = Vec::with_capacity(calls.len() + 1);
+    let reasoning = reasoning_of(message);
+    let mut item_ids = Vec::with_capacity(calls.len() + 2);
+    if reasoning.is_some() {
+        item_ids.push(ids.next("rs"));
+    }
     if said.is_some() {
         item_ids.push(ids.next("msg"));
     }
@@ -424,6 +465,13 @@ pub fn response_json_from_chat(request: &Value, reply: &Value, ids: &mut Ids) ->
     }
     let mut output = Vec::with_capacity(item_ids.len());
     let mut id = item_ids.iter();
+    if let Some(text) = reasoning {
+        output.push(OutputItem::Reasoning {
+            id: id.next().expect("an id per item"),
+            summary: [],
+            content: vec![ReasoningText { text }],
+        });
+    }
     if let Some((is_refusal, text)) = said {
         output.push(OutputItem::Message {
             id: id.next().expect("an id per item"),

@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 use super::Ids;
 use super::reply::{
     Echo, Head, Status, content_part, echoed_settings, function_call_item, message_item,
+    reasoning_item, reasoning_of,
 };
 use crate::protocol::sse::{Event, EventSplitter};
 
@@ -27,6 +28,8 @@ pub struct StreamTranslator {
     head: Option<Head>,
     sequence: u64,
     items: Vec<Item>,
+    /// The open reasoning item (an index into `items`).
+    reasoning: Option<usize>,
     /// The open message item (an index into `items`).
     message: Option<usize>,
     /// Chat tool-call index → index into `items`, for the calls still open.
@@ -38,6 +41,11 @@ pub struct StreamTranslator {
 
 #[derive(Debug)]
 enum Item {
+    Reasoning {
+        id: String,
+        text: String,
+        open: bool,
+    },
     Message {
         id: String,
         refusal: bool,
@@ -63,6 +71,7 @@ impl StreamTranslator {
             head: None,
             sequence: 0,
             items: Vec::new(),
+            reasoning: None,
             message: None,
             calls: Vec::new(),
             finish_reason: None,
@@ -130,6 +139,9 @@ impl StreamTranslator {
             return;
         };
         let delta = &choice["delta"];
+        if let Some(text) = reasoning_of(delta) {
+            self.reasoning_text(text, out);
+        }
         for (refusal, field) in [(false, "content"), (true, "refusal")] {
             if let Some(text) = delta[field].as_str().filter(|text| !text.is_empty()) {
                 self.text(refusal, text, out);
@@ -166,7 +178,50 @@ impl StreamTranslator {
         }
     }
 
+    /// Reasoning comes before the reply; a reasoning item opens (closing an open message, so
+    /// that the items stay in order) or grows.
+    fn reasoning_text(&mut self, piece: &str, out: &mut String) {
+        let index = match self.reasoning {
+            Some(index) => index,
+            None => {
+                if let Some(message) = self.message.take() {
+                    self.close(message, out);
+                }
+                let id = self.ids.next("rs");
+                let index = self.items.len();
+                let item = reasoning_item(&id, "");
+                self.emit(
+                    "response.output_item.added",
+                    json!({ "output_index": index, "item": item }),
+                    out,
+                );
+                self.items.push(Item::Reasoning {
+                    id,
+                    text: String::new(),
+                    open: true,
+                });
+                self.reasoning = Some(index);
+                index
+            }
+        };
+        let Item::Reasoning { id, text, .. } = &mut self.items[index] else {
+            unreachable!("`reasoning` indexes a reasoning item");
+        };
+        text.push_str(piece);
+        let delta =
+            json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": piece });
+        self.emit("response.reasoning_text.delta", delta, out);
+    }
+
+    /// The reasoning, if open, ends where the reply or a call begins.
+    fn end_reasoning(&mut self, out: &mut String) {
+        if let Some(reasoning) = self.reasoning.take() {
+            self.close(reasoning, out);
+        }
+    }
+
     fn text(&mut self, refusal: bool, piece: &str, out: &mut String) {
+        self.end_reasoning(out);
         let index = match self.message {
             Some(index) => index,
             None => self.open_message(refusal, out),
@@ -221,7 +276,9 @@ impl StreamTranslator {
         let index = match self.calls.iter().find(|(at, _)| *at == chat_index) {
             Some(&(_, index)) => index,
             None => {
-                // A message's text comes before the calls; close it so the items stay in order.
+                // Reasoning and a message's text come before the calls; close them so the items
+                // stay in order.
+                self.end_reasoning(out);
                 if let Some(message) = self.message.take() {
                     self.close(message, out);
                 }
@@ -265,6 +322,7 @@ impl StreamTranslator {
         for index in 0..self.items.len() {
             self.close(index, out);
         }
+        self.reasoning = None;
         self.message = None;
         self.calls.clear();
     }
@@ -272,7 +330,22 @@ impl StreamTranslator {
     /// The `.done` events of an open item.
     fn close(&mut self, index: usize, out: &mut String) {
         let events: Vec<(&str, Value)> = match &mut self.items[index] {
-            Item::Message { open: false, .. } | Item::Call { open: false, .. } => return,
+            Item::Reasoning { open: false, .. }
+            | Item::Message { open: false, .. }
+            | Item::Call { open: false, .. } => return,
+            Item::Reasoning { id, text, open } => {
+                *open = false;
+                vec![
+                    (
+                        "response.reasoning_text.done",
+                        json!({ "item_id": id, "output_index": index, "content_index": 0, "text": text }),
+                    ),
+                    (
+                        "response.output_item.done",
+                        json!({ "output_index": index, "item": reasoning_item(id, text) }),
+                    ),
+                ]
+            }
             Item::Message {
                 id,
                 refusal,
@@ -360,6 +433,7 @@ impl StreamTranslator {
 impl Item {
     fn completed(&self) -> Value {
         match self {
+            Item::Reasoning { id, text, .. } => reasoning_item(id, text),
             Item::Message {
                 id, refusal, text, ..
             } => message_item(id, "completed", content_part(*refusal, text)),

@@ -19,6 +19,7 @@ const MODEL = "gpt-4o-mini";
 const PRICE = 2;
 const TOOL_INPUT = { location: "Paris, France", unit: "celsius" };
 const FINAL_TEXT = "It is 18°C and cloudy in Paris.";
+const THOUGHT = "The tool said 18°C, cloudy.";
 const CREATED = 1732000000;
 
 function pieces(text, size) {
@@ -28,8 +29,9 @@ function pieces(text, size) {
 }
 
 /// A provider of chat completions and of the Responses API whose model calls `get_weather` with
-/// TOOL_INPUT, then, once the request carries the tool's result, answers FINAL_TEXT; streamed or
-/// complete as asked. Records each request.
+/// TOOL_INPUT, then, once the request carries the tool's result, answers FINAL_TEXT (on chat
+/// completions with its reasoning before it, `reasoning_content`); streamed or complete as
+/// asked. Records each request.
 function startFakeProvider() {
   const seen = [];
   const usage = (answered) => (answered ? [80, 10] : [50, 20]);
@@ -38,8 +40,9 @@ function startFakeProvider() {
     const totals = { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
     const base = { id: "chatcmpl-fake", created: CREATED, model: MODEL };
     if (!stream) {
+      // A reasoning model's answer carries its reasoning, as such servers send it.
       const message = answered
-        ? { role: "assistant", content: FINAL_TEXT }
+        ? { role: "assistant", content: FINAL_TEXT, reasoning_content: THOUGHT }
         : { role: "assistant", content: null, tool_calls: [{ id: "call_fake", type: "function", function: { name: "get_weather", arguments: JSON.stringify(TOOL_INPUT) } }] };
       const finish = answered ? "stop" : "tool_calls";
       return { ...base, object: "chat.completion", choices: [{ index: 0, message, finish_reason: finish }], usage: totals };
@@ -48,6 +51,7 @@ function startFakeProvider() {
     const events = [];
     if (answered) {
       events.push(chunk({ role: "assistant", content: "" }));
+      for (const piece of pieces(THOUGHT, 11)) events.push(chunk({ reasoning_content: piece }));
       for (const piece of pieces(FINAL_TEXT, 9)) events.push(chunk({ content: piece }));
       events.push(chunk({}, "stop"));
     } else {
