@@ -28,6 +28,7 @@ use serde::Serialize;
 use crate::catalogue::ModelRoute;
 use crate::credits::Split;
 use crate::protocol::Protocol;
+use crate::protocol::responses::Translated;
 
 mod access;
 
@@ -117,9 +118,9 @@ pub struct RoutedCall {
     /// The stored response a Responses call continues (`previous_response_id`), until the
     /// router has found who made it.
     pub(crate) continues: Option<Arc<str>>,
-    /// The Responses request as the router parsed it (to check that it translates), so that
-    /// the upstream translates it without parsing it again.
-    request: Option<Arc<serde_json::Value>>,
+    /// The Responses request and its translation, as the router made them to check that it
+    /// translates, so that the upstream sends them without doing it again.
+    translation: Option<Arc<Translated>>,
     /// Byte range of the `model` value (with its quotes) in the body the router read, for
     /// renaming it upstream without re-serialising anything else; `None` for a call built by
     /// hand. Private: a range that did not come from the body could cut it anywhere.
@@ -137,7 +138,7 @@ impl RoutedCall {
             stream,
             upstream: None,
             continues: None,
-            request: None,
+            translation: None,
             model_span: None,
         }
     }
@@ -158,15 +159,15 @@ impl RoutedCall {
         }
     }
 
-    /// The request body as the router parsed it, when it did (a Responses call on a model with
-    /// a translating channel); the body it was parsed from is the request's.
-    pub(crate) fn parsed_request(&self) -> Option<Arc<serde_json::Value>> {
-        self.request.clone()
+    /// The Responses request and its chat-completions translation, when the router made them
+    /// (a Responses call on a model with a translating channel), from the request's body.
+    pub(crate) fn translation(&self) -> Option<Arc<Translated>> {
+        self.translation.clone()
     }
 
-    /// Keeps the parsed request body (see [`parsed_request`](Self::parsed_request)).
-    pub(crate) fn keep_parsed_request(&mut self, request: serde_json::Value) {
-        self.request = Some(Arc::new(request));
+    /// Keeps the request's translation (see [`translation`](Self::translation)).
+    pub(crate) fn keep_translation(&mut self, translation: Translated) {
+        self.translation = Some(Arc::new(translation));
     }
 
     /// The body to send upstream: the client's bytes, with `model` replaced by `upstream_model`

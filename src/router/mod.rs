@@ -755,8 +755,7 @@ fn route_responses(
     if translates {
         let request: serde_json::Value =
             serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)?;
-        responses::chat_request(&request, &routed.model.name).map_err(GatewayError::from)?;
-        routed.keep_parsed_request(request);
+        routed.keep_translation(responses::Translated::new(request)?);
     }
     Ok(routed)
 }

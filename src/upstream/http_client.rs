@@ -34,7 +34,7 @@ use crate::call::{Caller, RoutedCall, ServedBy};
 use crate::catalogue::{Catalogue, ModelChannel, ResponsesRoute, UpstreamConfig, UpstreamKind};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
-use crate::protocol::responses::{self, Ids, StreamTranslator};
+use crate::protocol::responses::{self, Ids, StreamTranslator, Translated};
 use crate::protocol::sse::EventSplitter;
 use crate::protocol::{Protocol, provider_message};
 use crate::reply::{Inner, UpstreamBody};
@@ -262,20 +262,20 @@ impl Channel {
         protocol == Protocol::Responses && self.config.responses == ResponsesRoute::Translate
     }
 
-    /// The body sent for a call, and, for a translated Responses call, the client's request
-    /// (which the reply echoes).
+    /// The body sent for a call, and, for a translated Responses call, the translation (whose
+    /// request the reply echoes).
     fn request_body(
         &self,
         channel: &ModelChannel,
         routed: &RoutedCall,
         body: &Bytes,
-    ) -> Result<(Bytes, Option<Arc<serde_json::Value>>), AttemptError> {
+    ) -> Result<(Bytes, Option<Arc<Translated>>), AttemptError> {
         if !self.translates(routed.protocol) {
             let body = routed.upstream_body(body, channel.upstream_model.as_deref());
             return Ok((body, None));
         }
-        // The router checked that the request translates; an embedder's own stack may not
-        // have, so a refusal here is the request's fault, never this channel's.
+        // The router translated the request to check it; an embedder's own stack may not have,
+        // so a refusal here is the request's fault, never this channel's.
         let refused = |message: String| {
             AttemptError::Rejected(UpstreamError {
                 status: None,
@@ -283,21 +283,23 @@ impl Channel {
                 client_message: Some(message),
             })
         };
-        let request = match routed.parsed_request() {
-            Some(request) => request,
-            None => Arc::new(
-                serde_json::from_slice(body)
-                    .map_err(|_| refused("the request is not JSON".to_owned()))?,
-            ),
+        let translation = match routed.translation() {
+            Some(translation) => translation,
+            None => {
+                let request = serde_json::from_slice(body)
+                    .map_err(|_| refused("the request is not JSON".to_owned()))?;
+                Arc::new(
+                    Translated::new(request)
+                        .map_err(|untranslatable| refused(untranslatable.to_string()))?,
+                )
+            }
         };
         let model = channel
             .upstream_model
             .as_deref()
             .unwrap_or(&routed.model.name);
-        let chat = responses::chat_request(&request, model)
-            .map_err(|untranslatable| refused(untranslatable.to_string()))?;
-        let chat = serde_json::to_vec(&chat).expect("a JSON value serialises");
-        Ok((Bytes::from(chat), Some(request)))
+        let chat = translation.chat_body(model);
+        Ok((Bytes::from(chat), Some(translation)))
     }
 
     fn headers(&self, client_headers: &HeaderMap, api_key: HeaderValue) -> HeaderMap {
@@ -530,7 +532,11 @@ impl Channel {
         if routed.stream && status.is_success() {
             let first_event = remaining.min(self.config.timeout);
             let (response, first) = self
-                .event_stream(reply, first_event, translated.as_deref())
+                .event_stream(
+                    reply,
+                    first_event,
+                    translated.as_deref().map(Translated::request),
+                )
                 .await?;
             let first = String::from_utf8_lossy(&first);
             let data = crate::protocol::sse::Event::parse(&first).data;
@@ -547,12 +553,12 @@ impl Channel {
             let usage = complete_reply(status, &body)
                 .map_err(|error| retryable(error.status, error.message))?;
             let body = match &translated {
-                Some(request) => {
+                Some(translation) => {
                     let chat: serde_json::Value = serde_json::from_slice(&body).map_err(|_| {
                         retryable(Some(status.as_u16()), "the reply is not JSON".to_owned())
                     })?;
                     Bytes::from(responses::response_json_from_chat(
-                        request,
+                        translation.request(),
                         &chat,
                         &mut Ids::random(),
                     ))

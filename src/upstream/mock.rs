@@ -40,12 +40,18 @@ impl MockUpstream {
         let (protocol, model) = (routed.protocol, routed.model.name.as_str());
         // The chat reply, as a translating upstream answers it.
         if protocol == Protocol::Responses {
-            let request = routed.parsed_request().unwrap_or_else(|| {
-                std::sync::Arc::new(serde_json::from_slice(body).unwrap_or_default())
-            });
+            let translation = routed.translation();
+            let parsed;
+            let request = match &translation {
+                Some(translation) => translation.request(),
+                None => {
+                    parsed = serde_json::from_slice(body).unwrap_or_default();
+                    &parsed
+                }
+            };
             let chat = self.reply_value(Protocol::ChatCompletions, model, body);
             let ids = &mut responses::Ids::random();
-            return Bytes::from(responses::response_json_from_chat(&request, &chat, ids));
+            return Bytes::from(responses::response_json_from_chat(request, &chat, ids));
         }
         Bytes::from(self.reply_value(protocol, model, body).to_string())
     }

@@ -54,7 +54,7 @@ mod request;
 mod stream;
 
 pub use reply::{response_from_chat, response_json_from_chat};
-pub use request::{Untranslatable, chat_request};
+pub use request::{Translated, Untranslatable, chat_request};
 pub use stream::StreamTranslator;
 
 /// Where the ids of translated responses and their items come from: random, as `OpenAI`'s

@@ -21,6 +21,59 @@ fn refuse<T>(field: impl Into<String>, reason: &'static str) -> Result<T, Untran
     })
 }
 
+/// A Responses request with its chat-completions translation, made once (by the router, which
+/// checks it) and sent to each channel under that channel's name for the model.
+#[derive(Debug, Clone)]
+pub struct Translated {
+    request: Value,
+    chat: Map<String, Value>,
+}
+
+impl Translated {
+    /// Translates `request`, or names the field that does not translate.
+    pub fn new(request: Value) -> Result<Translated, Untranslatable> {
+        let Value::Object(chat) = chat_request(&request, "")? else {
+            unreachable!("a chat request is an object");
+        };
+        Ok(Translated { request, chat })
+    }
+
+    /// The Responses request, as the client sent it (its reply echoes it).
+    pub fn request(&self) -> &Value {
+        &self.request
+    }
+
+    /// The chat-completions request calling `model`, serialised.
+    pub fn chat_body(&self, model: &str) -> Vec<u8> {
+        serde_json::to_vec(&WithModel {
+            chat: &self.chat,
+            model,
+        })
+        .expect("a JSON map serialises")
+    }
+}
+
+/// A chat request serialised with another `model`, without copying it.
+struct WithModel<'a> {
+    chat: &'a Map<String, Value>,
+    model: &'a str,
+}
+
+impl serde::Serialize for WithModel<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.chat.len()))?;
+        for (name, value) in self.chat {
+            if name == "model" {
+                map.serialize_entry(name, self.model)?;
+            } else {
+                map.serialize_entry(name, value)?;
+            }
+        }
+        map.end()
+    }
+}
+
 /// Fields whose meaning is the same in both APIs: copied as they are.
 const COPIED: &[&str] = &["temperature", "top_p", "user", "service_tier"];
 
