@@ -36,8 +36,8 @@ pub async fn run(requests: u64, rounds: usize) {
     let translated = memory_gateway_over_http("translated", catalogue).await;
     println!("{requests} requests per run, {rounds} rounds, alternated");
     println!(
-        "{:<11} {:<10} {:>4} {:>10} {:>9} {:>9}",
-        "upstream", "endpoint", "c", "req/s", "p50 ms", "p99 ms"
+        "{:<11} {:<10} {:>4} {:>10} {:>9} {:>9} {:>12}",
+        "upstream", "endpoint", "c", "req/s", "p50 ms", "p99 ms", "cpu us/call"
     );
     for concurrency in [16, 64] {
         for target in [&mock, &translated] {
@@ -68,13 +68,15 @@ async fn compare(target: &Target, concurrency: usize, requests: u64, rounds: usi
             _ => "chat",
         };
         println!(
-            "{:<11} {:<10} {:>4} {:>10.0} {:>9.3} {:>9.3}",
+            "{:<11} {:<10} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>12.1}",
             target.name,
             endpoint,
             concurrency,
             median(|f| f.rps),
             median(|f| ms(f.p50)),
             median(|f| ms(f.p99)),
+            // The whole process's (load generator, gateway and provider), per call.
+            median(|f| f.cpu_per_request.map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
         );
     }
 }

@@ -82,11 +82,20 @@ impl Ids {
                 *counter += 1;
                 format!("{prefix}_{counter}")
             }
-            None => format!(
-                "{prefix}_{:032x}{:016x}",
-                fastrand::u128(..),
-                fastrand::u64(..)
-            ),
+            None => {
+                // 48 random hex digits, written without the formatting machinery (this runs
+                // for every translated response and item).
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut id = String::with_capacity(prefix.len() + 49);
+                id.push_str(prefix);
+                id.push('_');
+                for word in [fastrand::u64(..), fastrand::u64(..), fastrand::u64(..)] {
+                    for shift in (0..64).step_by(4).rev() {
+                        id.push(char::from(HEX[((word >> shift) & 0xf) as usize]));
+                    }
+                }
+                id
+            }
         }
     }
 }
@@ -122,4 +131,22 @@ pub fn response_id(reply: &[u8]) -> Option<String> {
         .and_then(|inner| inner.id)
         .or(reply.id)
         .filter(|id| !id.is_empty() && id.len() <= MAX_RESPONSE_ID)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ids;
+
+    #[test]
+    fn random_ids_look_like_openai_ids_and_differ() {
+        let mut ids = Ids::random();
+        let (first, second) = (ids.next("resp"), ids.next("resp"));
+        for id in [&first, &second] {
+            let digits = id.strip_prefix("resp_").expect("the prefix");
+            assert_eq!(digits.len(), 48, "{id}");
+            assert!(digits.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        }
+        assert_ne!(first, second);
+        assert_eq!(Ids::counting().next("msg"), "msg_1");
+    }
 }
