@@ -122,6 +122,7 @@ pub mod key_holder;
 pub mod keys;
 #[cfg(feature = "server")]
 mod ledger_deadline;
+pub mod pricing;
 pub mod protocol;
 pub mod rate_limit;
 pub mod recovery;

@@ -76,7 +76,9 @@ async fn compare(target: &Target, concurrency: usize, requests: u64, rounds: usi
             median(|f| ms(f.p50)),
             median(|f| ms(f.p99)),
             // The whole process's (load generator, gateway and provider), per call.
-            median(|f| f.cpu_per_request.map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
+            median(|f| f
+                .cpu_per_request
+                .map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
         );
     }
 }

@@ -76,16 +76,146 @@ impl Protocol {
     }
 }
 
-/// Token counts as the upstream reported them. Reads both protocols' names (`input_tokens` or
-/// `prompt_tokens`, `output_tokens` or `completion_tokens`).
+/// Token counts as the upstream reported them, in disjoint kinds so that each is priced once
+/// (see [`pricing`](crate::pricing)). Read from every protocol's names:
+///
+/// - chat completions: `prompt_tokens` (cached tokens inside it, in
+///   `prompt_tokens_details.cached_tokens`), `completion_tokens` (reasoning inside it, in
+///   `completion_tokens_details.reasoning_tokens`);
+/// - Responses: `input_tokens` and `input_tokens_details.cached_tokens`, `output_tokens` and
+///   `output_tokens_details.reasoning_tokens`, counted the same way;
+/// - Anthropic messages: `input_tokens` (no cached tokens inside it), `cache_read_input_tokens`,
+///   `cache_creation_input_tokens` with its split `cache_creation.ephemeral_5m_input_tokens` and
+///   `ephemeral_1h_input_tokens`, `output_tokens`.
+///
+/// Cached input reported inside the input count is moved out of it, so
+/// [`input_tokens`](Self::input_tokens) is the input that was neither read from nor written to
+/// a cache, on every protocol.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "ReportedUsage")]
 pub struct TokenUsage {
-    /// Prompt (input) tokens.
-    #[serde(alias = "prompt_tokens")]
+    /// Input tokens neither read from nor written to a cache.
     pub input_tokens: Option<i64>,
-    /// Completion (output) tokens.
-    #[serde(alias = "completion_tokens")]
+    /// Output tokens, reasoning included.
     pub output_tokens: Option<i64>,
+    /// Input tokens read from the provider's cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_read_tokens: Option<i64>,
+    /// Input tokens written to the provider's cache for 5 minutes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<i64>,
+    /// Input tokens written to the provider's cache for an hour.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_write_1h_tokens: Option<i64>,
+    /// Of the output tokens, those the model spent reasoning (counted in
+    /// [`output_tokens`](Self::output_tokens) too; shown, not priced again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<i64>,
+}
+
+impl TokenUsage {
+    /// Every input token, whatever the cache did with it.
+    pub fn all_input_tokens(&self) -> Option<i64> {
+        let kinds = [
+            self.input_tokens,
+            self.cache_read_tokens,
+            self.cache_write_tokens,
+            self.cache_write_1h_tokens,
+        ];
+        kinds
+            .iter()
+            .any(Option::is_some)
+            .then(|| kinds.iter().flatten().sum())
+    }
+
+    /// `self` with what `later` reports replacing what it reported (a stream reports usage in
+    /// parts, and a later report of a kind is the whole count so far).
+    pub(crate) fn merged(self, later: TokenUsage) -> TokenUsage {
+        TokenUsage {
+            input_tokens: later.input_tokens.or(self.input_tokens),
+            output_tokens: later.output_tokens.or(self.output_tokens),
+            cache_read_tokens: later.cache_read_tokens.or(self.cache_read_tokens),
+            cache_write_tokens: later.cache_write_tokens.or(self.cache_write_tokens),
+            cache_write_1h_tokens: later.cache_write_1h_tokens.or(self.cache_write_1h_tokens),
+            reasoning_tokens: later.reasoning_tokens.or(self.reasoning_tokens),
+        }
+    }
+}
+
+/// A `usage` object as any protocol spells it (and as [`TokenUsage`] serialises).
+#[derive(Deserialize)]
+struct ReportedUsage {
+    #[serde(alias = "prompt_tokens")]
+    input_tokens: Option<i64>,
+    #[serde(alias = "completion_tokens")]
+    output_tokens: Option<i64>,
+    #[serde(alias = "prompt_tokens_details")]
+    input_tokens_details: Option<InputDetails>,
+    #[serde(alias = "completion_tokens_details")]
+    output_tokens_details: Option<OutputDetails>,
+    #[serde(alias = "cache_read_input_tokens")]
+    cache_read_tokens: Option<i64>,
+    /// Anthropic's: every cache write, both durations.
+    cache_creation_input_tokens: Option<i64>,
+    cache_creation: Option<CacheCreation>,
+    cache_write_tokens: Option<i64>,
+    cache_write_1h_tokens: Option<i64>,
+    reasoning_tokens: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct InputDetails {
+    cached_tokens: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct OutputDetails {
+    reasoning_tokens: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct CacheCreation {
+    ephemeral_5m_input_tokens: Option<i64>,
+    ephemeral_1h_input_tokens: Option<i64>,
+}
+
+impl From<ReportedUsage> for TokenUsage {
+    fn from(reported: ReportedUsage) -> TokenUsage {
+        // Counted inside the input (`OpenAI`): moved out of it, so it is priced once.
+        let cached_inside = reported
+            .input_tokens_details
+            .and_then(|details| details.cached_tokens)
+            .filter(|cached| *cached > 0);
+        let input_tokens = match (reported.input_tokens, cached_inside) {
+            (Some(input), Some(cached)) => Some(input.saturating_sub(cached).max(0)),
+            (input, _) => input,
+        };
+        // Anthropic's cache writes: the split when it is given; all at the 5-minute rate (its
+        // default duration) when only the total is.
+        let (cache_write_tokens, cache_write_1h_tokens) = match reported.cache_creation {
+            Some(split) => (
+                split.ephemeral_5m_input_tokens,
+                split.ephemeral_1h_input_tokens,
+            ),
+            None => (
+                reported
+                    .cache_creation_input_tokens
+                    .or(reported.cache_write_tokens),
+                reported.cache_write_1h_tokens,
+            ),
+        };
+        TokenUsage {
+            input_tokens,
+            output_tokens: reported.output_tokens,
+            cache_read_tokens: reported.cache_read_tokens.or(cached_inside),
+            cache_write_tokens,
+            cache_write_1h_tokens,
+            reasoning_tokens: reported
+                .output_tokens_details
+                .and_then(|details| details.reasoning_tokens)
+                .or(reported.reasoning_tokens),
+        }
+    }
 }
 
 /// Token usage from a reply of either protocol; `None` if the body is not a JSON object.
@@ -139,7 +269,8 @@ mod tests {
             reply_usage(chat),
             Some(TokenUsage {
                 input_tokens: Some(3),
-                output_tokens: Some(4)
+                output_tokens: Some(4),
+                ..TokenUsage::default()
             })
         );
         let messages = br#"{"type":"message","usage":{"input_tokens":5,"output_tokens":6}}"#;
@@ -147,10 +278,75 @@ mod tests {
             reply_usage(messages),
             Some(TokenUsage {
                 input_tokens: Some(5),
-                output_tokens: Some(6)
+                output_tokens: Some(6),
+                ..TokenUsage::default()
             })
         );
         assert_eq!(reply_usage(b"{}"), Some(TokenUsage::default()));
+    }
+
+    #[test]
+    fn cached_input_counted_inside_the_input_is_moved_out_of_it() {
+        let chat = br#"{"usage":{"prompt_tokens":100,"completion_tokens":40,"total_tokens":140,
+            "prompt_tokens_details":{"cached_tokens":60,"audio_tokens":0},
+            "completion_tokens_details":{"reasoning_tokens":30}}}"#;
+        let expected = TokenUsage {
+            input_tokens: Some(40),
+            output_tokens: Some(40),
+            cache_read_tokens: Some(60),
+            reasoning_tokens: Some(30),
+            ..TokenUsage::default()
+        };
+        assert_eq!(reply_usage(chat), Some(expected));
+        let responses = br#"{"object":"response","usage":{"input_tokens":100,
+            "input_tokens_details":{"cached_tokens":60},"output_tokens":40,
+            "output_tokens_details":{"reasoning_tokens":30},"total_tokens":140}}"#;
+        assert_eq!(reply_usage(responses), Some(expected));
+        assert_eq!(expected.all_input_tokens(), Some(100));
+    }
+
+    #[test]
+    fn anthropic_cache_reads_and_writes_are_their_own_kinds_by_duration() {
+        let split = br#"{"usage":{"input_tokens":10,"output_tokens":5,
+            "cache_read_input_tokens":1000,"cache_creation_input_tokens":300,
+            "cache_creation":{"ephemeral_5m_input_tokens":100,"ephemeral_1h_input_tokens":200}}}"#;
+        assert_eq!(
+            reply_usage(split),
+            Some(TokenUsage {
+                input_tokens: Some(10),
+                output_tokens: Some(5),
+                cache_read_tokens: Some(1000),
+                cache_write_tokens: Some(100),
+                cache_write_1h_tokens: Some(200),
+                reasoning_tokens: None,
+            })
+        );
+        // Without the split (older API versions), every write is a 5-minute one.
+        let total_only =
+            br#"{"usage":{"input_tokens":10,"output_tokens":5,"cache_creation_input_tokens":300}}"#;
+        let usage = reply_usage(total_only).expect("usage");
+        assert_eq!(
+            (usage.cache_write_tokens, usage.cache_write_1h_tokens),
+            (Some(300), None)
+        );
+        assert_eq!(usage.all_input_tokens(), Some(310));
+    }
+
+    #[test]
+    fn usage_reads_back_what_it_writes() {
+        let usage = TokenUsage {
+            input_tokens: Some(1),
+            output_tokens: Some(2),
+            cache_read_tokens: Some(3),
+            cache_write_tokens: Some(4),
+            cache_write_1h_tokens: Some(5),
+            reasoning_tokens: Some(1),
+        };
+        let json = serde_json::to_string(&usage).expect("serialises");
+        assert_eq!(
+            serde_json::from_str::<TokenUsage>(&json).expect("parses"),
+            usage
+        );
     }
 
     #[test]

@@ -334,12 +334,7 @@ impl StreamReader {
     }
 
     fn merge(&mut self, usage: TokenUsage) {
-        if usage.input_tokens.is_some() {
-            self.usage.input_tokens = usage.input_tokens;
-        }
-        if usage.output_tokens.is_some() {
-            self.usage.output_tokens = usage.output_tokens;
-        }
+        self.usage = self.usage.merged(usage);
     }
 }
 
@@ -556,7 +551,8 @@ mod tests {
             reader.usage(),
             TokenUsage {
                 input_tokens: Some(25),
-                output_tokens: Some(15)
+                output_tokens: Some(15),
+                ..Default::default()
             }
         );
     }
@@ -659,7 +655,8 @@ mod tests {
             reader.usage(),
             TokenUsage {
                 input_tokens: Some(7),
-                output_tokens: Some(2)
+                output_tokens: Some(2),
+                ..Default::default()
             }
         );
         let failed = r#"{"type":"response.failed","sequence_number":6,"response":{"error":{"code":"server_error","message":"boom"}}}"#;

@@ -230,6 +230,7 @@ mod tests {
         TokenUsage {
             input_tokens: Some(1),
             output_tokens: Some(output),
+            ..Default::default()
         }
     }
 

@@ -607,6 +607,7 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
         usage: model_gateway::store::TokenUsage {
             input_tokens: Some(3),
             output_tokens: Some(4),
+            ..Default::default()
         },
         channel: Some("primary".into()),
         reply: None,

@@ -27,6 +27,7 @@ fn success() -> CallSuccess {
         usage: TokenUsage {
             input_tokens: Some(3),
             output_tokens: Some(4),
+            ..Default::default()
         },
         channel: Some("primary".into()),
         reply: None,

@@ -144,7 +144,11 @@ mod tests {
         for id in [&first, &second] {
             let digits = id.strip_prefix("resp_").expect("the prefix");
             assert_eq!(digits.len(), 48, "{id}");
-            assert!(digits.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+            assert!(
+                digits
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+            );
         }
         assert_ne!(first, second);
         assert_eq!(Ids::counting().next("msg"), "msg_1");

@@ -1,0 +1,353 @@
+//! What a call costs: a price per call, prices per million tokens, or both.
+//!
+//! Token prices are kept exactly, in millionths of a credit per million tokens, so a call's
+//! cost is an exact sum of whole numbers, rounded up to a whole credit once, at the end. Usage
+//! comes in disjoint kinds ([`TokenUsage`]), each priced once: cached input is not also
+//! charged as input, and 1-hour cache writes have their own price.
+//!
+//! ```
+//! use model_gateway::{Credits, pricing::{Pricing, TokenPrices, TokenRate}};
+//! use model_gateway::protocol::TokenUsage;
+//!
+//! // 250 credits per million input tokens, 1000 per million output tokens, 125 cached.
+//! let prices = TokenPrices::new(TokenRate::per_million(250.0).unwrap(), TokenRate::per_million(1000.0).unwrap())
+//!     .with_cache_read(TokenRate::per_million(125.0).unwrap());
+//! let pricing = Pricing::tokens(prices);
+//! let usage = TokenUsage { input_tokens: Some(10_000), output_tokens: Some(2_000), cache_read_tokens: Some(4_000), ..TokenUsage::default() };
+//! // 10,000 × 250 + 2,000 × 1,000 + 4,000 × 125 = 5,000,000 per million: 5 credits.
+//! assert_eq!(pricing.cost(&usage), Credits::new(5));
+//! ```
+
+use serde::Serialize;
+
+use crate::credits::Credits;
+use crate::protocol::TokenUsage;
+
+/// Millionths of a credit: the unit token prices are kept in.
+const MICROS: u128 = 1_000_000;
+
+/// Tokens a token price is given for.
+const PER_TOKENS: u128 = 1_000_000;
+
+/// The highest token price the catalogue takes, in credits per million tokens: far above any
+/// real price, low enough that no sum of a call's tokens can overflow.
+pub const MAX_TOKEN_RATE: f64 = 1e9;
+
+/// A price in credits per million tokens, kept to a millionth of a credit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TokenRate(u64);
+
+impl TokenRate {
+    /// Free.
+    pub const ZERO: TokenRate = TokenRate(0);
+
+    /// `credits` per million tokens, rounded to a millionth of a credit; `None` when it is
+    /// negative, not finite, or above [`MAX_TOKEN_RATE`].
+    pub fn per_million(credits: f64) -> Option<TokenRate> {
+        if !credits.is_finite() || !(0.0..=MAX_TOKEN_RATE).contains(&credits) {
+            return None;
+        }
+        // At most 1e15 after scaling: exact in an f64 and in a u64.
+        Some(TokenRate((credits * MICROS as f64).round() as u64))
+    }
+
+    /// The price in credits per million tokens.
+    pub fn credits_per_million(self) -> f64 {
+        self.0 as f64 / MICROS as f64
+    }
+
+    /// What `tokens` cost at this price, in millionths of a credit per million tokens (exact).
+    fn of(self, tokens: u64) -> u128 {
+        u128::from(self.0) * u128::from(tokens)
+    }
+}
+
+impl Serialize for TokenRate {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_f64(self.credits_per_million())
+    }
+}
+
+/// Prices per million tokens, by kind. A kind without its own price is charged at the input
+/// price (a provider's cache discount is the operator's to pass on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct TokenPrices {
+    /// Input tokens that were neither read from nor written to a cache.
+    pub input: TokenRate,
+    /// Output tokens, reasoning included.
+    pub output: TokenRate,
+    /// Input tokens read from the provider's cache.
+    pub cache_read: TokenRate,
+    /// Input tokens written to the provider's cache for 5 minutes (Anthropic's default).
+    pub cache_write: TokenRate,
+    /// Input tokens written to the provider's cache for an hour.
+    pub cache_write_1h: TokenRate,
+}
+
+impl TokenPrices {
+    /// `input` and `output` prices; the cache kinds at the input price.
+    pub fn new(input: TokenRate, output: TokenRate) -> TokenPrices {
+        TokenPrices {
+            input,
+            output,
+            cache_read: input,
+            cache_write: input,
+            cache_write_1h: input,
+        }
+    }
+
+    /// With a price for cache reads.
+    #[must_use]
+    pub fn with_cache_read(mut self, rate: TokenRate) -> TokenPrices {
+        self.cache_read = rate;
+        self
+    }
+
+    /// With a price for 5-minute cache writes.
+    #[must_use]
+    pub fn with_cache_write(mut self, rate: TokenRate) -> TokenPrices {
+        self.cache_write = rate;
+        self
+    }
+
+    /// With a price for 1-hour cache writes.
+    #[must_use]
+    pub fn with_cache_write_1h(mut self, rate: TokenRate) -> TokenPrices {
+        self.cache_write_1h = rate;
+        self
+    }
+
+    /// What `usage` costs, in millionths of a credit per million tokens (exact).
+    fn of(&self, usage: &TokenUsage) -> u128 {
+        let count = |tokens: Option<i64>| u64::try_from(tokens.unwrap_or(0)).unwrap_or(0);
+        self.input.of(count(usage.input_tokens))
+            + self.output.of(count(usage.output_tokens))
+            + self.cache_read.of(count(usage.cache_read_tokens))
+            + self.cache_write.of(count(usage.cache_write_tokens))
+            + self.cache_write_1h.of(count(usage.cache_write_1h_tokens))
+    }
+}
+
+/// How a model is charged: a price per call, token prices, or a base per call plus tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Pricing {
+    /// Credits per successful call (zero when the model is priced by tokens alone).
+    pub per_call: Credits,
+    /// Prices per million tokens, if the model is priced by tokens.
+    pub tokens: Option<TokenPrices>,
+}
+
+impl Pricing {
+    /// A price per call, as the specified contract has it.
+    pub fn per_call(price: Credits) -> Pricing {
+        Pricing {
+            per_call: price,
+            tokens: None,
+        }
+    }
+
+    /// Token prices alone.
+    pub fn tokens(prices: TokenPrices) -> Pricing {
+        Pricing {
+            per_call: Credits::ZERO,
+            tokens: Some(prices),
+        }
+    }
+
+    /// A base per call plus token prices.
+    pub fn base_and_tokens(per_call: Credits, prices: TokenPrices) -> Pricing {
+        Pricing {
+            per_call,
+            tokens: Some(prices),
+        }
+    }
+
+    /// Whether what a call costs depends on what the provider reports.
+    pub fn is_metered(&self) -> bool {
+        self.tokens.is_some()
+    }
+
+    /// What a call with `usage` costs: the base plus the exact sum of its tokens' prices,
+    /// rounded up to a whole credit once.
+    pub fn cost(&self, usage: &TokenUsage) -> Credits {
+        let tokens = self.tokens.map_or(0, |prices| prices.of(usage));
+        self.per_call.plus(whole_credits(tokens))
+    }
+
+    /// The most a call can cost with `input` tokens in and at most `output` tokens out, all
+    /// priced at the dearest input kind and the output price: what a reservation holds.
+    pub fn ceiling(&self, input: u64, output: u64) -> Credits {
+        let Some(prices) = self.tokens else {
+            return self.per_call;
+        };
+        let dearest_input = prices
+            .input
+            .max(prices.cache_read)
+            .max(prices.cache_write)
+            .max(prices.cache_write_1h);
+        self.per_call.plus(whole_credits(
+            dearest_input.of(input) + prices.output.of(output),
+        ))
+    }
+}
+
+/// Millionths of a credit per million tokens as whole credits, rounded up; saturating.
+fn whole_credits(micros_per_million: u128) -> Credits {
+    let credits = micros_per_million.div_ceil(MICROS * PER_TOKENS);
+    Credits::new(i64::try_from(credits).unwrap_or(i64::MAX))
+}
+
+/// Input tokens a request body can hold at most, estimated from its size before the provider
+/// counts them: a token is about four bytes of text in the `OpenAI` and Anthropic tokenizers, and
+/// the estimate is rounded up. A reservation that turns out low is settled as
+/// [`Ledger::settle`](crate::store::Ledger::settle) says (the account pays what it can, the
+/// entry records the rest).
+pub fn estimated_input_tokens(body_bytes: usize) -> u64 {
+    (body_bytes as u64).div_ceil(BYTES_PER_TOKEN)
+}
+
+/// Bytes of text per token, for [`estimated_input_tokens`].
+const BYTES_PER_TOKEN: u64 = 4;
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn rate(credits: f64) -> TokenRate {
+        TokenRate::per_million(credits).expect("a valid rate")
+    }
+
+    fn usage(input: i64, output: i64) -> TokenUsage {
+        TokenUsage {
+            input_tokens: Some(input),
+            output_tokens: Some(output),
+            ..TokenUsage::default()
+        }
+    }
+
+    #[test]
+    fn rates_refuse_negative_non_finite_and_absurd_prices() {
+        for bad in [-1.0, -0.000_001, f64::NAN, f64::INFINITY, 1e10] {
+            assert_eq!(TokenRate::per_million(bad), None, "{bad}");
+        }
+        assert_eq!(rate(0.15).credits_per_million(), 0.15);
+        assert_eq!(rate(0.0), TokenRate::ZERO);
+    }
+
+    #[test]
+    fn a_call_costs_the_exact_sum_rounded_up_once() {
+        // 0.15 per million, 3 calls of 1 token each would round up to 3 credits; one call of
+        // 3 tokens is 0.45 per million tokens of a credit: rounded once, to 1.
+        let pricing = Pricing::tokens(TokenPrices::new(rate(0.15), rate(0.6)));
+        assert_eq!(pricing.cost(&usage(3, 0)), Credits::new(1));
+        // 1,000,000 × 0.15 + 1,000,000 × 0.6 = 0.75: one credit, not 0 + 1 rounded apart.
+        assert_eq!(pricing.cost(&usage(1_000_000, 1_000_000)), Credits::new(1));
+        // Exactly 3 credits stays 3.
+        assert_eq!(pricing.cost(&usage(20_000_000, 0)), Credits::new(3));
+        assert_eq!(pricing.cost(&usage(0, 0)), Credits::ZERO);
+    }
+
+    #[test]
+    fn a_base_per_call_is_added_to_the_tokens() {
+        let pricing =
+            Pricing::base_and_tokens(Credits::new(2), TokenPrices::new(rate(1.0), rate(1.0)));
+        assert_eq!(pricing.cost(&usage(0, 0)), Credits::new(2));
+        assert_eq!(pricing.cost(&usage(1, 0)), Credits::new(3));
+        assert_eq!(
+            Pricing::per_call(Credits::new(5)).cost(&usage(9_999_999, 9_999_999)),
+            Credits::new(5)
+        );
+    }
+
+    #[test]
+    fn each_kind_of_token_is_priced_once_at_its_own_price() {
+        let prices = TokenPrices::new(rate(3.0), rate(15.0))
+            .with_cache_read(rate(0.3))
+            .with_cache_write(rate(3.75))
+            .with_cache_write_1h(rate(6.0));
+        let pricing = Pricing::tokens(prices);
+        let usage = TokenUsage {
+            input_tokens: Some(1_000_000),
+            output_tokens: Some(1_000_000),
+            cache_read_tokens: Some(10_000_000),
+            cache_write_tokens: Some(1_000_000),
+            cache_write_1h_tokens: Some(1_000_000),
+            reasoning_tokens: Some(500_000),
+        };
+        // 3 + 15 + 3 + 3.75 + 6 = 30.75: reasoning is inside output, not added again.
+        assert_eq!(pricing.cost(&usage), Credits::new(31));
+        let only_1h = TokenUsage {
+            cache_write_1h_tokens: Some(1_000_000),
+            ..TokenUsage::default()
+        };
+        assert_eq!(
+            pricing.cost(&only_1h),
+            Credits::new(6),
+            "1-hour writes at their own price"
+        );
+    }
+
+    #[test]
+    fn kinds_without_a_price_are_charged_at_the_input_price() {
+        let pricing = Pricing::tokens(TokenPrices::new(rate(2.0), rate(8.0)));
+        let cached = TokenUsage {
+            cache_read_tokens: Some(1_000_000),
+            cache_write_tokens: Some(1_000_000),
+            cache_write_1h_tokens: Some(1_000_000),
+            ..TokenUsage::default()
+        };
+        assert_eq!(pricing.cost(&cached), Credits::new(6));
+    }
+
+    #[test]
+    fn the_ceiling_prices_input_at_its_dearest_kind() {
+        let prices = TokenPrices::new(rate(1.0), rate(4.0)).with_cache_write_1h(rate(2.0));
+        let pricing = Pricing::tokens(prices);
+        assert_eq!(pricing.ceiling(1_000_000, 1_000_000), Credits::new(6));
+        assert_eq!(
+            Pricing::per_call(Credits::new(3)).ceiling(1_000_000, 1_000_000),
+            Credits::new(3)
+        );
+    }
+
+    #[test]
+    fn input_is_estimated_from_the_body_rounded_up() {
+        assert_eq!(estimated_input_tokens(0), 0);
+        assert_eq!(estimated_input_tokens(1), 1);
+        assert_eq!(estimated_input_tokens(8), 2);
+        assert_eq!(estimated_input_tokens(9), 3);
+    }
+
+    proptest! {
+        /// A cost is never below the exact sum, and less than a credit above it; the ceiling of
+        /// a call is never below its cost when the usage stays within what it was given.
+        #[test]
+        fn costs_round_up_once_and_stay_under_their_ceiling(
+            input in 0u64..5_000_000, output in 0u64..5_000_000,
+            cached in 0u64..5_000_000, written in 0u64..5_000_000, written_1h in 0u64..5_000_000,
+            rates in prop::array::uniform5(0u64..100_000_000),
+            base in 0i64..100,
+        ) {
+            let [i, o, r, w, w1] = rates.map(TokenRate);
+            let prices = TokenPrices { input: i, output: o, cache_read: r, cache_write: w, cache_write_1h: w1 };
+            let pricing = Pricing::base_and_tokens(Credits::new(base), prices);
+            let usage = TokenUsage {
+                input_tokens: Some(input as i64),
+                output_tokens: Some(output as i64),
+                cache_read_tokens: Some(cached as i64),
+                cache_write_tokens: Some(written as i64),
+                cache_write_1h_tokens: Some(written_1h as i64),
+                reasoning_tokens: None,
+            };
+            let exact = prices.of(&usage);
+            let cost = pricing.cost(&usage).get() - base;
+            let scale = MICROS * PER_TOKENS;
+            prop_assert!(cost as u128 * scale >= exact);
+            prop_assert!((cost as u128) * scale < exact + scale);
+            let ceiling = pricing.ceiling(input + cached + written + written_1h, output);
+            prop_assert!(ceiling >= pricing.cost(&usage));
+        }
+    }
+}
