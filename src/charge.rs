@@ -175,7 +175,7 @@ where
                         protocol: routed.protocol,
                         model: &routed.model.name,
                         requested_model: routed.alias.as_deref(),
-                        price: routed.model.price,
+                        price: routed.reservation(),
                         request_id: request_id.as_ref().map(RequestId::as_str),
                         idempotency: idempotency.as_ref(),
                     };

@@ -132,28 +132,40 @@ fn refuse(error: GatewayError) -> Response {
 
 /// The model as an `OpenAI` list item, with the gateway's fields.
 fn openai_model(model: &ModelRoute) -> Value {
-    json!({
+    let item = json!({
         "id": model.name,
         "object": "model",
         "created": MODELS_CREATED,
         "owned_by": "model-gateway",
         "protocol": model.protocol,
-        "price": model.price,
+        "price": model.pricing.per_call,
         "aliases": model.aliases,
-    })
+    });
+    with_token_prices(item, model)
 }
 
 /// The model as an Anthropic list item, with the gateway's fields.
 fn anthropic_model(model: &ModelRoute) -> Value {
-    json!({
+    let item = json!({
         "type": "model",
         "id": model.name,
         "display_name": model.name,
         "created_at": MODELS_CREATED_AT,
         "protocol": model.protocol,
-        "price": model.price,
+        "price": model.pricing.per_call,
         "aliases": model.aliases,
-    })
+    });
+    with_token_prices(item, model)
+}
+
+/// `item` with a token-priced model's prices (credits per million tokens) and the output a
+/// call reserves for when the client sets no limit.
+fn with_token_prices(mut item: Value, model: &ModelRoute) -> Value {
+    if let Some(tokens) = model.pricing.tokens {
+        item["token_prices"] = json!(tokens);
+        item["max_output_tokens"] = json!(model.max_output_tokens);
+    }
+    item
 }
 
 fn wants_anthropic(headers: &HeaderMap) -> bool {
@@ -396,7 +408,7 @@ async fn count_tokens<S: Store + 'static>(
     let balance =
         tokio::time::timeout(DEFAULT_LEDGER_TIMEOUT, shared.store.balance(caller.account));
     match balance.await {
-        Ok(Ok(balance)) if balance.total() >= routed.model.price => {}
+        Ok(Ok(balance)) if balance.total() >= routed.model.least_charge() => {}
         Ok(Ok(_)) => return refuse(GatewayError::InsufficientCredits),
         Ok(Err(_)) | Err(_) => return refuse(GatewayError::StoreUnavailable),
     }

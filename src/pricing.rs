@@ -168,10 +168,11 @@ impl Pricing {
     }
 
     /// What a call with `usage` costs: the base plus the exact sum of its tokens' prices,
-    /// rounded up to a whole credit once.
+    /// rounded up to a whole credit once; at least one credit (a successful call is never
+    /// free, and the ledger holds no empty charge).
     pub fn cost(&self, usage: &TokenUsage) -> Credits {
         let tokens = self.tokens.map_or(0, |prices| prices.of(usage));
-        self.per_call.plus(whole_credits(tokens))
+        self.per_call.plus(whole_credits(tokens)).max(MIN_CHARGE)
     }
 
     /// The most a call can cost with `input` tokens in and at most `output` tokens out, all
@@ -185,11 +186,49 @@ impl Pricing {
             .max(prices.cache_read)
             .max(prices.cache_write)
             .max(prices.cache_write_1h);
-        self.per_call.plus(whole_credits(
-            dearest_input.of(input) + prices.output.of(output),
-        ))
+        self.per_call
+            .plus(whole_credits(
+                dearest_input.of(input) + prices.output.of(output),
+            ))
+            .max(MIN_CHARGE)
     }
 }
+
+/// A call of a token-priced model, as its reservation saw it: what its charge is worked out
+/// from, beside the usage its provider reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metered {
+    /// The model's prices.
+    pub pricing: Pricing,
+    /// Input tokens estimated from the request body (see [`estimated_input_tokens`]).
+    pub input_estimate: u64,
+    /// What the reservation holds: the most the call was expected to cost.
+    pub reserved: Credits,
+}
+
+impl Metered {
+    /// What a call that reported `usage` is charged. Input the provider did not report is the
+    /// estimate; output it did not report is what the gateway counted
+    /// ([`TokenUsage::estimated`]). A charge that rests on the gateway's own counts is never
+    /// more than the reservation; one on the provider's report is its exact cost, even above
+    /// it (the settle then takes what the account can pay).
+    pub fn charge(&self, usage: &TokenUsage) -> Credits {
+        let mut usage = *usage;
+        if usage.all_input_tokens().is_none() {
+            usage.input_tokens = Some(i64::try_from(self.input_estimate).unwrap_or(i64::MAX));
+            usage.estimated = true;
+        }
+        let cost = self.pricing.cost(&usage);
+        if usage.estimated {
+            cost.min(self.reserved)
+        } else {
+            cost
+        }
+    }
+}
+
+/// The least a successful call is charged.
+const MIN_CHARGE: Credits = Credits::new(1);
 
 /// Millionths of a credit per million tokens as whole credits, rounded up; saturating.
 fn whole_credits(micros_per_million: u128) -> Credits {
@@ -206,7 +245,13 @@ pub fn estimated_input_tokens(body_bytes: usize) -> u64 {
     (body_bytes as u64).div_ceil(BYTES_PER_TOKEN)
 }
 
-/// Bytes of text per token, for [`estimated_input_tokens`].
+/// Output tokens in `text` the provider did not count: about four bytes of text a token,
+/// rounded up (an approximation; providers report the real count in their usage).
+pub fn estimated_text_tokens(text_bytes: usize) -> u64 {
+    (text_bytes as u64).div_ceil(BYTES_PER_TOKEN)
+}
+
+/// Bytes of text per token, for [`estimated_input_tokens`] and [`estimated_text_tokens`].
 const BYTES_PER_TOKEN: u64 = 4;
 
 #[cfg(test)]
@@ -246,7 +291,11 @@ mod tests {
         assert_eq!(pricing.cost(&usage(1_000_000, 1_000_000)), Credits::new(1));
         // Exactly 3 credits stays 3.
         assert_eq!(pricing.cost(&usage(20_000_000, 0)), Credits::new(3));
-        assert_eq!(pricing.cost(&usage(0, 0)), Credits::ZERO);
+        // A call is never free.
+        assert_eq!(pricing.cost(&usage(0, 0)), Credits::new(1));
+        let free = Pricing::tokens(TokenPrices::new(TokenRate::ZERO, TokenRate::ZERO));
+        assert_eq!(free.cost(&usage(5, 5)), Credits::new(1));
+        assert_eq!(free.ceiling(5, 5), Credits::new(1));
     }
 
     #[test]
@@ -275,6 +324,7 @@ mod tests {
             cache_write_tokens: Some(1_000_000),
             cache_write_1h_tokens: Some(1_000_000),
             reasoning_tokens: Some(500_000),
+            estimated: false,
         };
         // 3 + 15 + 3 + 3.75 + 6 = 30.75: reasoning is inside output, not added again.
         assert_eq!(pricing.cost(&usage), Credits::new(31));
@@ -320,6 +370,37 @@ mod tests {
         assert_eq!(estimated_input_tokens(9), 3);
     }
 
+    #[test]
+    fn input_not_reported_is_the_estimate_and_an_estimated_charge_stays_within_the_reservation() {
+        let metered = Metered {
+            pricing: Pricing::tokens(TokenPrices::new(rate(1_000.0), rate(2_000.0))),
+            input_estimate: 1_000,
+            reserved: Credits::new(5),
+        };
+        // Reported in full: the exact cost, above the reservation if it is.
+        assert_eq!(metered.charge(&usage(1_000, 2_000)), Credits::new(5));
+        assert_eq!(metered.charge(&usage(3_000, 3_000)), Credits::new(9));
+        // No input reported: the estimate (1 credit) plus the output.
+        let output_only = TokenUsage {
+            output_tokens: Some(1_000),
+            ..TokenUsage::default()
+        };
+        assert_eq!(metered.charge(&output_only), Credits::new(3));
+        // Counted by the gateway, never above the reservation.
+        let counted = TokenUsage {
+            output_tokens: Some(100_000),
+            estimated: true,
+            ..usage(10, 0)
+        };
+        assert_eq!(metered.charge(&counted), Credits::new(5));
+        let nothing = TokenUsage::default();
+        assert_eq!(
+            metered.charge(&nothing),
+            Credits::new(1),
+            "never zero: the input was sent"
+        );
+    }
+
     proptest! {
         /// A cost is never below the exact sum, and less than a credit above it; the ceiling of
         /// a call is never below its cost when the usage stays within what it was given.
@@ -340,12 +421,18 @@ mod tests {
                 cache_write_tokens: Some(written as i64),
                 cache_write_1h_tokens: Some(written_1h as i64),
                 reasoning_tokens: None,
+                estimated: false,
             };
             let exact = prices.of(&usage);
-            let cost = pricing.cost(&usage).get() - base;
+            let cost = pricing.cost(&usage).get();
             let scale = MICROS * PER_TOKENS;
-            prop_assert!(cost as u128 * scale >= exact);
-            prop_assert!((cost as u128) * scale < exact + scale);
+            if cost > 1 || base > 0 {
+                let tokens = (cost - base) as u128;
+                prop_assert!(tokens * scale >= exact);
+                prop_assert!(tokens * scale < exact + scale);
+            } else {
+                prop_assert!(exact <= scale, "one credit is the floor, not a rounding");
+            }
             let ceiling = pricing.ceiling(input + cached + written + written_1h, output);
             prop_assert!(ceiling >= pricing.cost(&usage));
         }

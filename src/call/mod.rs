@@ -26,7 +26,7 @@ use http::HeaderValue;
 use serde::Serialize;
 
 use crate::catalogue::ModelRoute;
-use crate::credits::Split;
+use crate::credits::{Credits, Split};
 use crate::protocol::Protocol;
 use crate::protocol::responses::Translated;
 
@@ -121,6 +121,12 @@ pub struct RoutedCall {
     /// The Responses request and its translation, as the router made them to check that it
     /// translates, so that the upstream sends them without doing it again.
     translation: Option<Arc<Translated>>,
+    /// Input tokens the request can hold, estimated from its size (for a token-priced model's
+    /// reservation; see [`reservation`](Self::reservation)).
+    pub input_estimate: u64,
+    /// The output limit the client set (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`), if any.
+    pub output_limit: Option<u64>,
     /// Byte range of the `model` value (with its quotes) in the body the router read, for
     /// renaming it upstream without re-serialising anything else; `None` for a call built by
     /// hand. Private: a range that did not come from the body could cut it anywhere.
@@ -139,8 +145,22 @@ impl RoutedCall {
             upstream: None,
             continues: None,
             translation: None,
+            input_estimate: 0,
+            output_limit: None,
             model_span: None,
         }
+    }
+
+    /// What the call's reservation holds: the model's price per call, or, for a model priced by
+    /// tokens, the most the call can cost ([`Pricing::ceiling`](crate::pricing::Pricing::ceiling)):
+    /// its estimated input, and the client's output limit or else the model's
+    /// `max_output_tokens`.
+    pub fn reservation(&self) -> Credits {
+        let output = self
+            .output_limit
+            .or(self.model.max_output_tokens.map(u64::from))
+            .unwrap_or(0);
+        self.model.pricing.ceiling(self.input_estimate, output)
     }
 
     /// The call as the router resolved it from a body, `model` at `span` in it (by `alias`, if

@@ -19,7 +19,22 @@
 //! "#).unwrap();
 //! let model = catalogue.model("gpt-4o-mini").unwrap();
 //! assert_eq!(model.protocol, Protocol::ChatCompletions);
-//! assert_eq!(model.price.get(), 2);
+//! assert_eq!(model.pricing.per_call.get(), 2);
+//! ```
+//!
+//! A model may be priced by tokens instead, in credits per million tokens (decimals allowed),
+//! or by both (a base per call plus tokens); see [`pricing`](crate::pricing):
+//!
+//! ```toml
+//! [[models]]
+//! name = "gpt-4o"
+//! protocol = "chat_completions"
+//! upstream = "openai"
+//! max_output_tokens = 16384   # what a call reserves for output when the client sets no limit
+//! [models.tokens]             # credits per million tokens
+//! input = 250
+//! output = 1000
+//! cache_read = 125
 //! ```
 
 use std::collections::HashMap;
@@ -30,6 +45,7 @@ use serde::Deserialize;
 
 use crate::credits::Credits;
 use crate::error::ErrorBody;
+use crate::pricing::{Pricing, TokenPrices, TokenRate};
 use crate::protocol::Protocol;
 
 /// The catalogue used when no file is given: two OpenAI-style vendors, one operator-own chat
@@ -141,10 +157,21 @@ pub struct ModelRoute {
     pub aliases: Vec<String>,
     /// The endpoint it is served on.
     pub protocol: Protocol,
-    /// Credits charged per successful call.
-    pub price: Credits,
+    /// What a successful call is charged: a price per call, token prices, or both.
+    pub pricing: Pricing,
+    /// The most output a call of a token-priced model is reserved for when the client sets no
+    /// limit of its own (`max_tokens`, `max_completion_tokens`, `max_output_tokens`).
+    pub max_output_tokens: Option<u32>,
     /// Who can serve it; tried by ascending `priority`, spread by `weight` within a priority.
     pub channels: Vec<ModelChannel>,
+}
+
+impl ModelRoute {
+    /// The least a call of this model can be charged that an account must be able to pay
+    /// (a model priced by tokens alone: one credit).
+    pub fn least_charge(&self) -> Credits {
+        self.pricing.per_call.max(Credits(1))
+    }
 }
 
 /// One upstream that can serve a model.
@@ -241,6 +268,31 @@ pub enum CatalogueError {
         /// The price given.
         price: i64,
     },
+    /// A model with neither `price` nor `[models.tokens]`.
+    #[error(
+        "invalid model catalogue: model `{0}` has no price; give `price` (credits per call), a `[models.tokens]` table (credits per million tokens), or both"
+    )]
+    NoPrice(String),
+    /// A token price that is negative, not a finite number, or absurdly high.
+    #[error(
+        "invalid model catalogue: model `{model}` has token price `{kind}` = {value}; token prices must be finite, at least 0 and at most {max}"
+    )]
+    InvalidTokenPrice {
+        /// The model.
+        model: String,
+        /// Which price (`input`, `output`, `cache_read`, ...).
+        kind: &'static str,
+        /// The value given.
+        value: f64,
+        /// The highest price taken.
+        max: f64,
+    },
+    /// A token-priced model without `max_output_tokens`, which a call reserves for when its
+    /// client sets no output limit.
+    #[error(
+        "invalid model catalogue: model `{0}` is priced by tokens and needs `max_output_tokens` (the output a call reserves for when the client sets no limit)"
+    )]
+    NoOutputCeiling(String),
     /// A time-out, deadline, cool-down, threshold or weight of zero.
     #[error("invalid model catalogue: {0} must be positive")]
     Zero(String),
@@ -334,10 +386,68 @@ struct ModelEntry {
     #[serde(default)]
     aliases: Vec<String>,
     protocol: Protocol,
-    price: i64,
+    price: Option<i64>,
+    tokens: Option<TokensEntry>,
+    max_output_tokens: Option<u32>,
     upstream: Option<String>,
     upstreams: Option<Vec<ChannelEntry>>,
     upstream_model: Option<String>,
+}
+
+/// `[models.tokens]`: credits per million tokens.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensEntry {
+    input: f64,
+    output: f64,
+    cache_read: Option<f64>,
+    cache_write: Option<f64>,
+    cache_write_1h: Option<f64>,
+}
+
+impl ModelEntry {
+    /// The model's pricing, checked.
+    fn pricing(&self) -> Result<Pricing, CatalogueError> {
+        let per_call = match self.price {
+            Some(price) if price <= 0 => {
+                return Err(CatalogueError::NonPositivePrice {
+                    model: self.name.clone(),
+                    price,
+                });
+            }
+            price => Credits(price.unwrap_or(0)),
+        };
+        let Some(tokens) = &self.tokens else {
+            return match self.price {
+                Some(_) => Ok(Pricing::per_call(per_call)),
+                None => Err(CatalogueError::NoPrice(self.name.clone())),
+            };
+        };
+        let rate = |kind: &'static str, value: f64| {
+            TokenRate::per_million(value).ok_or_else(|| CatalogueError::InvalidTokenPrice {
+                model: self.name.clone(),
+                kind,
+                value,
+                max: crate::pricing::MAX_TOKEN_RATE,
+            })
+        };
+        let mut prices =
+            TokenPrices::new(rate("input", tokens.input)?, rate("output", tokens.output)?);
+        if let Some(value) = tokens.cache_read {
+            prices = prices.with_cache_read(rate("cache_read", value)?);
+        }
+        if let Some(value) = tokens.cache_write {
+            prices = prices.with_cache_write(rate("cache_write", value)?);
+        }
+        if let Some(value) = tokens.cache_write_1h {
+            prices = prices.with_cache_write_1h(rate("cache_write_1h", value)?);
+        }
+        // Embeddings have no output to reserve for.
+        if self.max_output_tokens.is_none() && self.protocol != Protocol::Embeddings {
+            return Err(CatalogueError::NoOutputCeiling(self.name.clone()));
+        }
+        Ok(Pricing::base_and_tokens(per_call, prices))
+    }
 }
 
 /// `"name"`, or `{ name = "...", priority = 1, weight = 3, upstream_model = "..." }`.
@@ -492,11 +602,12 @@ impl Catalogue {
             if entry.protocol == Protocol::Responses {
                 return Err(CatalogueError::ResponsesModel(entry.name));
             }
-            if entry.price <= 0 {
-                return Err(CatalogueError::NonPositivePrice {
-                    model: entry.name,
-                    price: entry.price,
-                });
+            let pricing = entry.pricing()?;
+            if entry.max_output_tokens == Some(0) {
+                return Err(CatalogueError::Zero(format!(
+                    "`max_output_tokens` of model `{}`",
+                    entry.name
+                )));
             }
             let channels = model_channels(&entry, &upstreams)?;
             if models.contains_key(&entry.name) {
@@ -506,7 +617,8 @@ impl Catalogue {
                 name: entry.name.clone(),
                 aliases: entry.aliases.clone(),
                 protocol: entry.protocol,
-                price: Credits(entry.price),
+                pricing,
+                max_output_tokens: entry.max_output_tokens,
                 channels,
             };
             models.insert(entry.name, Arc::new(route));

@@ -1,6 +1,7 @@
 //! Unit tests of the catalogue.
 
 use super::*;
+use crate::pricing::{Pricing, TokenRate};
 
 const UPSTREAM: &str = r#"
     [[upstreams]]
@@ -26,7 +27,7 @@ fn the_documented_shape_loads() {
     )
     .unwrap();
     let model = catalogue.model("gpt-4o-mini").unwrap();
-    assert_eq!(model.price, Credits(2));
+    assert_eq!(model.pricing, Pricing::per_call(Credits(2)));
     let channel = &model.channels[0];
     assert_eq!(channel.upstream.base_url, "https://api.openai.com/v1");
     assert_eq!(channel.upstream.timeout, Duration::from_secs(60));
@@ -407,4 +408,128 @@ fn responses_is_refused_on_an_anthropic_upstream_and_as_a_models_protocol() {
         "{error}"
     );
     assert!(error.to_string().contains("chat_completions"));
+}
+
+#[test]
+fn token_prices_load_with_decimals_and_cache_kinds_defaulting_to_input() {
+    let catalogue = with_model(
+        r#"name = "gpt-4o"
+        protocol = "chat_completions"
+        upstream = "openai"
+        max_output_tokens = 16384
+        [models.tokens]
+        input = 2.5
+        output = 10
+        cache_read = 1.25"#,
+    )
+    .unwrap();
+    let model = catalogue.model("gpt-4o").unwrap();
+    let tokens = model.pricing.tokens.expect("token prices");
+    assert_eq!(model.pricing.per_call, Credits(0));
+    assert_eq!(tokens.input, TokenRate::per_million(2.5).unwrap());
+    assert_eq!(tokens.output, TokenRate::per_million(10.0).unwrap());
+    assert_eq!(tokens.cache_read, TokenRate::per_million(1.25).unwrap());
+    assert_eq!(tokens.cache_write, tokens.input);
+    assert_eq!(tokens.cache_write_1h, tokens.input);
+    assert_eq!(model.max_output_tokens, Some(16384));
+    assert_eq!(model.least_charge(), Credits(1));
+}
+
+#[test]
+fn a_base_price_and_token_prices_go_together() {
+    let catalogue = with_model(
+        r#"name = "claude"
+        protocol = "chat_completions"
+        upstream = "openai"
+        price = 3
+        max_output_tokens = 1000
+        tokens = { input = 3, output = 15, cache_write = 3.75, cache_write_1h = 6 }"#,
+    )
+    .unwrap();
+    let pricing = catalogue.model("claude").unwrap().pricing;
+    assert_eq!(pricing.per_call, Credits(3));
+    assert_eq!(
+        pricing.tokens.unwrap().cache_write_1h,
+        TokenRate::per_million(6.0).unwrap()
+    );
+}
+
+#[test]
+fn a_model_without_any_price_is_refused() {
+    let error =
+        with_model("name = \"free\"\nprotocol = \"chat_completions\"\nupstream = \"openai\"")
+            .unwrap_err();
+    assert!(
+        matches!(error, CatalogueError::NoPrice(ref model) if model == "free"),
+        "{error}"
+    );
+}
+
+#[test]
+fn negative_and_non_finite_token_prices_are_refused_by_kind() {
+    for (tokens, kind) in [
+        ("input = -1, output = 1", "input"),
+        ("input = 1, output = nan", "output"),
+        ("input = 1, output = 1, cache_read = inf", "cache_read"),
+        ("input = 1, output = 1, cache_write = -0.5", "cache_write"),
+        (
+            "input = 1, output = 1, cache_write_1h = 1e12",
+            "cache_write_1h",
+        ),
+    ] {
+        let error = with_model(&format!(
+            "name = \"m\"\nprotocol = \"chat_completions\"\nupstream = \"openai\"\n\
+             max_output_tokens = 10\ntokens = {{ {tokens} }}"
+        ))
+        .unwrap_err();
+        assert!(
+            matches!(error, CatalogueError::InvalidTokenPrice { kind: k, .. } if k == kind),
+            "{tokens}: {error}"
+        );
+    }
+}
+
+#[test]
+fn unknown_token_kinds_are_refused() {
+    let error = with_model(
+        r#"name = "m"
+        protocol = "chat_completions"
+        upstream = "openai"
+        max_output_tokens = 10
+        tokens = { input = 1, output = 1, reasoning = 2 }"#,
+    )
+    .unwrap_err();
+    assert!(matches!(error, CatalogueError::Syntax(_)), "{error}");
+    assert!(error.to_string().contains("reasoning"), "{error}");
+}
+
+#[test]
+fn a_token_priced_model_needs_an_output_ceiling_unless_it_embeds() {
+    let error = with_model(
+        r#"name = "m"
+        protocol = "chat_completions"
+        upstream = "openai"
+        tokens = { input = 1, output = 1 }"#,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(error, CatalogueError::NoOutputCeiling(ref m) if m == "m"),
+        "{error}"
+    );
+    let zero = with_model(
+        r#"name = "m"
+        protocol = "chat_completions"
+        upstream = "openai"
+        max_output_tokens = 0
+        tokens = { input = 1, output = 1 }"#,
+    )
+    .unwrap_err();
+    assert!(matches!(zero, CatalogueError::Zero(_)), "{zero}");
+    with_model(
+        r#"name = "e"
+        protocol = "embeddings"
+        upstream = "openai"
+        tokens = { input = 0.02, output = 0 }"#,
+    )
+    .expect("an embeddings model reserves no output");
 }

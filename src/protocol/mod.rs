@@ -111,6 +111,10 @@ pub struct TokenUsage {
     /// [`output_tokens`](Self::output_tokens) too; shown, not priced again).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_tokens: Option<i64>,
+    /// Whether a count here is the gateway's own (output counted from what was forwarded,
+    /// input estimated from the request) rather than the provider's report.
+    #[serde(skip)]
+    pub estimated: bool,
 }
 
 impl TokenUsage {
@@ -138,6 +142,7 @@ impl TokenUsage {
             cache_write_tokens: later.cache_write_tokens.or(self.cache_write_tokens),
             cache_write_1h_tokens: later.cache_write_1h_tokens.or(self.cache_write_1h_tokens),
             reasoning_tokens: later.reasoning_tokens.or(self.reasoning_tokens),
+            estimated: self.estimated || later.estimated,
         }
     }
 }
@@ -214,6 +219,7 @@ impl From<ReportedUsage> for TokenUsage {
                 .output_tokens_details
                 .and_then(|details| details.reasoning_tokens)
                 .or(reported.reasoning_tokens),
+            estimated: false,
         }
     }
 }
@@ -319,6 +325,7 @@ mod tests {
                 cache_write_tokens: Some(100),
                 cache_write_1h_tokens: Some(200),
                 reasoning_tokens: None,
+                estimated: false,
             })
         );
         // Without the split (older API versions), every write is a 5-minute one.
@@ -341,6 +348,7 @@ mod tests {
             cache_write_tokens: Some(4),
             cache_write_1h_tokens: Some(5),
             reasoning_tokens: Some(1),
+            estimated: false,
         };
         let json = serde_json::to_string(&usage).expect("serialises");
         assert_eq!(

@@ -7,6 +7,7 @@ use super::CANCELLED_BEFORE_ANSWER;
 use crate::call::AccessEntry;
 use crate::catalogue::ModelRoute;
 use crate::error::GatewayError;
+use crate::pricing::Metered;
 use crate::protocol::Protocol;
 pub(super) use crate::store::outcome::Outcome;
 use crate::store::outcome::{finish_later, within};
@@ -34,6 +35,8 @@ pub(super) struct UnsettledCall {
     /// How long the call waits for the ledger before it answers `503` and the write goes on in
     /// the background.
     timeout: Duration,
+    /// For a model priced by tokens: what a settle's cost is worked out from.
+    metered: Option<Metered>,
 }
 
 /// A call as the metrics and the log count it: its model, protocol, the credits it took and
@@ -105,13 +108,44 @@ impl UnsettledCall {
             }),
             written: false,
             timeout,
+            metered: None,
         }
+    }
+
+    /// The call is of a model priced by tokens: each settle is charged what its usage costs
+    /// (see [`Metered::charge`]), not what the reservation holds.
+    pub(super) fn metered(mut self, metered: Option<Metered>) -> UnsettledCall {
+        self.metered = metered;
+        self
+    }
+
+    /// Whether the call is of a model priced by tokens.
+    pub(super) fn is_metered(&self) -> bool {
+        self.metered.is_some()
+    }
+
+    /// What the call is charged: its reservation, or once settled, a metered call's cost.
+    pub(super) fn credits(&self) -> i64 {
+        self.meter.credits
+    }
+
+    /// `success` with its cost, for a metered call.
+    fn priced(&mut self, mut success: CallSuccess) -> CallSuccess {
+        if let Some(metered) = &self.metered {
+            let cost = metered.charge(&success.usage);
+            success.cost = Some(cost);
+            self.meter.credits = cost.get();
+        }
+        success
     }
 
     /// Chooses what is written if the call is dropped before [`settle`](Self::settle) or
     /// [`refund`](Self::refund) finishes.
     pub(super) fn if_dropped(&mut self, outcome: Outcome) {
-        self.if_dropped = outcome;
+        self.if_dropped = match outcome {
+            Outcome::Settle(success) => Outcome::Settle(self.priced(success)),
+            refund @ Outcome::Refund(_) => refund,
+        };
     }
 
     /// Settles. `Ok` once the call is billed; otherwise the reply must not be handed out, and
@@ -136,6 +170,7 @@ impl UnsettledCall {
         success: CallSuccess,
         later: Later,
     ) -> Result<(), GatewayError> {
+        let success = self.priced(success);
         let if_late = match later {
             Later::Refund => Outcome::Refund(not_written()),
             Later::Settle => Outcome::Settle(success.clone()),

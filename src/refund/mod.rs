@@ -66,8 +66,8 @@ pub use crate::call::ClientWrites;
 pub use body::{CLIENT_LEFT_BEFORE_CONTENT, ResponseBody};
 pub use guard::SETTLE_NOT_WRITTEN;
 pub use layer::RefundOnUpstreamErrorLayer;
-pub use service::RefundOnUpstreamError;
 pub use service::ResponseFuture;
+pub use service::{CREDITS_HEADER, RefundOnUpstreamError};
 
 /// Default bound on one upstream call, whatever the upstream: beyond it the call is refunded.
 /// [`HttpUpstream`](crate::upstream::HttpUpstream) keeps its own, shorter deadline

@@ -18,6 +18,7 @@ use super::layer::RefundOnUpstreamErrorLayer;
 use crate::call::{AccessEntry, ClientWrites, IdempotencyKey, Reservation, RoutedCall, ServedBy};
 use crate::classify::complete_reply;
 use crate::error::{GatewayError, UpstreamError};
+use crate::pricing::{Metered, estimated_text_tokens};
 use crate::protocol::Protocol;
 use crate::protocol::TokenUsage;
 use crate::reply::{EventStream, Inner, UpstreamBody};
@@ -135,12 +136,20 @@ where
                     charged_at: std::time::Instant::now(),
                     access: access.clone(),
                 };
+                let metered = routed
+                    .filter(|routed| routed.model.pricing.is_metered())
+                    .map(|routed| Metered {
+                        pricing: routed.model.pricing,
+                        input_estimate: routed.input_estimate,
+                        reserved: reservation.taken.total(),
+                    });
                 UnsettledCall::new(
                     self.ledger.clone(),
                     reservation.call,
                     meter,
                     self.ledger_timeout,
                 )
+                .metered(metered)
             });
         // A keyed call's reply is kept with its settle, for the client's retries.
         let keep_reply = request.extensions().get::<IdempotencyKey>().is_some();
@@ -173,12 +182,23 @@ where
                 ))),
             };
             match judge(outcome) {
-                Ok(Judged::Complete(reply, mut success)) => {
+                Ok(Judged::Complete(mut reply, mut success)) => {
+                    if unsettled.is_metered() && success.usage.output_tokens.is_none() {
+                        // No output reported: what the reply holds, counted roughly.
+                        success.usage.output_tokens =
+                            i64::try_from(estimated_text_tokens(reply.body().len())).ok();
+                        success.usage.estimated = true;
+                    }
                     if keep_reply {
                         success.reply = kept(&reply);
                     }
                     match unsettled.settle(success).await {
-                        Ok(()) => Ok(reply.map(ResponseBody::from)),
+                        Ok(()) => {
+                            reply
+                                .headers_mut()
+                                .insert(CREDITS_HEADER, HeaderValue::from(unsettled.credits()));
+                            Ok(reply.map(ResponseBody::from))
+                        }
                         // Not billed, so the reply is not handed out either.
                         Err(unbilled) => Ok(unbilled.into_response()),
                     }
@@ -224,6 +244,9 @@ where
         })
     }
 }
+
+/// The response header of a complete reply that says what the call was charged, in credits.
+pub const CREDITS_HEADER: &str = "x-gateway-credits";
 
 /// A complete reply to keep for an idempotent call's retries (`None` if too large).
 fn kept(reply: &Response<Bytes>) -> Option<KeptReply> {
@@ -310,6 +333,7 @@ fn judge(
         upstream_status: status.as_u16(),
         usage,
         channel,
+        cost: None,
         reply: None,
     };
     match body.into_inner() {

@@ -26,7 +26,7 @@
 //!     .layer(ProtocolRouterLayer::new(Arc::new(Catalogue::demo())))
 //!     .service(service_fn(|request: Request<Bytes>| async move {
 //!         let routed = request.extensions().get::<RoutedCall>().unwrap();
-//!         Ok::<_, Infallible>(Response::new(Full::<Bytes>::from(routed.model.price.to_string())))
+//!         Ok::<_, Infallible>(Response::new(Full::<Bytes>::from(routed.model.pricing.per_call.to_string())))
 //!     }));
 //!
 //! let call = |body: &'static str| {
@@ -112,7 +112,11 @@ impl ProtocolRouterLayer {
     /// rather than buffered. The balance is read through `ledger`, once per request and only
     /// for bodies past that size. Needs [`ApiKeyAuth`](crate::ApiKeyAuth) outside.
     pub fn unfunded_callers_through(mut self, ledger: Arc<dyn Ledger>) -> ProtocolRouterLayer {
-        let cheapest = self.catalogue.models().map(|model| model.price).min();
+        let cheapest = self
+            .catalogue
+            .models()
+            .map(|model| model.least_charge())
+            .min();
         self.funds = cheapest.map(|cheapest| Funds { ledger, cheapest });
         self
     }
@@ -355,7 +359,7 @@ where
 {
     let declared_length = declared_length(request.headers(), limits)?;
     let (parts, body) = request.into_parts();
-    let funds = (catalogue.models().map(|model| model.price).min())
+    let funds = (catalogue.models().map(|model| model.least_charge()).min())
         .map(|cheapest| Funds { ledger, cheapest });
     let payer = funds
         .as_ref()
@@ -640,6 +644,10 @@ struct Envelope<'a> {
     #[serde(borrow, default)]
     max_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_output_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
     stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
@@ -657,6 +665,36 @@ pub fn route(
     streaming: bool,
 ) -> Result<RoutedCall, GatewayError> {
     let envelope = envelope(body)?;
+    let mut routed = route_envelope(catalogue, protocol, body, &envelope, streaming)?;
+    if routed.model.pricing.is_metered() {
+        routed.input_estimate = crate::pricing::estimated_input_tokens(body.len());
+        routed.output_limit = output_limit(&envelope);
+    }
+    Ok(routed)
+}
+
+/// The output limit a request sets: the least of the ones it gives as whole numbers (each
+/// protocol has its own name; a provider that reads another ignores it, and a value it would
+/// refuse is refused before anything is billed).
+fn output_limit(envelope: &Envelope<'_>) -> Option<u64> {
+    [
+        envelope.max_tokens,
+        envelope.max_completion_tokens,
+        envelope.max_output_tokens,
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(|raw| serde_json::from_str::<u64>(raw.get()).ok())
+    .min()
+}
+
+fn route_envelope(
+    catalogue: &Catalogue,
+    protocol: Protocol,
+    body: &[u8],
+    envelope: &Envelope<'_>,
+    streaming: bool,
+) -> Result<RoutedCall, GatewayError> {
     let model_raw = envelope.model.ok_or(GatewayError::InvalidModelField)?;
     let model_name = json_string(model_raw).ok_or(GatewayError::InvalidModelField)?;
     if protocol == Protocol::Embeddings {
@@ -670,7 +708,7 @@ pub fn route(
         return resolve(catalogue, protocol, body, model_raw, &model_name, false);
     }
     if protocol == Protocol::Responses {
-        return route_responses(catalogue, body, &envelope, &model_name, streaming);
+        return route_responses(catalogue, body, envelope, &model_name, streaming);
     }
     if !envelope
         .messages
@@ -685,7 +723,7 @@ pub fn route(
             _ => return Err(GatewayError::InvalidMaxTokens),
         }
     }
-    let stream = stream_flag(&envelope, streaming)?;
+    let stream = stream_flag(envelope, streaming)?;
     resolve(catalogue, protocol, body, model_raw, &model_name, stream)
 }
 

@@ -45,7 +45,7 @@ fn a_chat_request_resolves_its_model_and_price() {
         route_chat(r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#)
             .unwrap();
     assert_eq!(routed.model.name, "gpt-4o-mini");
-    assert_eq!(routed.model.price.get(), 2);
+    assert_eq!(routed.model.pricing.per_call.get(), 2);
 }
 
 #[test]

@@ -121,6 +121,11 @@ pub struct CallSuccess {
     pub usage: TokenUsage,
     /// The catalogue upstream (channel) that served the call, when the upstream says.
     pub channel: Option<String>,
+    /// What the call cost, for a model priced by tokens; `None` charges what the reservation
+    /// took (a price per call). A cost below the reservation returns the rest in the settle's
+    /// write; one above it takes what the account can pay beyond it, and the entry records the
+    /// rest as [`CallRecord::shortfall`].
+    pub cost: Option<Credits>,
     /// For a call with an idempotency key, the reply to keep for its retries: written in the
     /// settle's transaction, so it is kept exactly when the call is billed. `None` keeps none
     /// (a retry is then told the call was billed, and is not billed again).
@@ -184,7 +189,10 @@ pub struct CallRecord {
     pub model: String,
     /// The name the client called the model by, when it was one of the model's aliases.
     pub requested_model: Option<String>,
-    /// Price at the time of the call.
+    /// What the call took: while pending, what its reservation holds (its price, or for a model
+    /// priced by tokens the most it can cost); settled, what it was charged (its price, or its
+    /// cost less any [`shortfall`](Self::shortfall)); refunded, what went back. Always
+    /// `charged_subscription + charged_topup`.
     pub price: Credits,
     /// Credits taken from the subscription bucket.
     pub charged_subscription: Credits,
@@ -198,10 +206,21 @@ pub struct CallRecord {
     pub channel: Option<String>,
     /// Upstream failure, for refunded calls: each channel's failure in the order tried.
     pub upstream_error: Option<String>,
-    /// Prompt tokens reported by the upstream.
+    /// Input tokens reported by the upstream, neither read from nor written to a cache.
     pub input_tokens: Option<i64>,
-    /// Completion tokens reported by the upstream.
+    /// Output tokens reported by the upstream, reasoning included.
     pub output_tokens: Option<i64>,
+    /// Input tokens read from the provider's cache.
+    pub cache_read_tokens: Option<i64>,
+    /// Input tokens written to the provider's cache for 5 minutes.
+    pub cache_write_tokens: Option<i64>,
+    /// Input tokens written to the provider's cache for an hour.
+    pub cache_write_1h_tokens: Option<i64>,
+    /// Of the output tokens, those spent reasoning.
+    pub reasoning_tokens: Option<i64>,
+    /// What a call priced by tokens cost beyond what its account could pay when it was settled
+    /// (its reservation was estimated low): owed to the operator, never taken below zero.
+    pub shortfall: Credits,
     /// When the credits were reserved.
     pub created_at: DateTime<Utc>,
     /// When the call was settled or refunded.

@@ -21,8 +21,13 @@ use crate::reply::UpstreamBody;
 pub const MOCK_REPLY_TEXT: &str =
     "This is a demo reply from model-gateway's mock upstream; no model was called.";
 
-const MOCK_INPUT_TOKENS: u64 = 12;
 const MOCK_OUTPUT_TOKENS: u64 = 16;
+
+/// The input tokens the mock reports for a request `body`: the gateway's own estimate from its
+/// size, so that token prices can be tried without a provider.
+fn mock_input_tokens(body: &[u8]) -> u64 {
+    crate::pricing::estimated_input_tokens(body.len())
+}
 
 /// Answers every call with [`MOCK_REPLY_TEXT`], touching no network.
 #[derive(Debug, Clone, Default)]
@@ -58,6 +63,7 @@ impl MockUpstream {
 
     fn reply_value(&self, protocol: Protocol, model: &str, body: &[u8]) -> serde_json::Value {
         let serial = self.replies.fetch_add(1, Ordering::Relaxed) + 1;
+        let input_tokens = mock_input_tokens(body);
         match protocol {
             Protocol::Embeddings => embeddings(model, body),
             // The chat reply (`reply` translates it).
@@ -73,9 +79,9 @@ impl MockUpstream {
                     "finish_reason": "stop"
                 }],
                 "usage": {
-                    "prompt_tokens": MOCK_INPUT_TOKENS,
+                    "prompt_tokens": input_tokens,
                     "completion_tokens": MOCK_OUTPUT_TOKENS,
-                    "total_tokens": MOCK_INPUT_TOKENS + MOCK_OUTPUT_TOKENS
+                    "total_tokens": input_tokens + MOCK_OUTPUT_TOKENS
                 }
             }),
             Protocol::Messages => json!({
@@ -86,7 +92,7 @@ impl MockUpstream {
                 "content": [{ "type": "text", "text": MOCK_REPLY_TEXT }],
                 "stop_reason": "end_turn",
                 "stop_sequence": null,
-                "usage": { "input_tokens": MOCK_INPUT_TOKENS, "output_tokens": MOCK_OUTPUT_TOKENS }
+                "usage": { "input_tokens": input_tokens, "output_tokens": MOCK_OUTPUT_TOKENS }
             }),
         }
     }
@@ -98,7 +104,13 @@ const MOCK_STREAM_DELTAS: usize = 4;
 impl MockUpstream {
     /// The demonstration reply as `protocol`'s event stream, one chunk per event (per chat
     /// event for Responses, translated as a translating upstream does).
-    fn events(&self, protocol: Protocol, model: &str, body: &[u8]) -> Vec<Bytes> {
+    fn events(
+        &self,
+        protocol: Protocol,
+        model: &str,
+        body: &[u8],
+        input_tokens: u64,
+    ) -> Vec<Bytes> {
         let include_usage = wants_usage_chunk(body);
         let serial = self.replies.fetch_add(1, Ordering::Relaxed) + 1;
         let pieces = text_pieces(MOCK_REPLY_TEXT, MOCK_STREAM_DELTAS);
@@ -111,7 +123,13 @@ impl MockUpstream {
                 );
                 let mut translator =
                     responses::StreamTranslator::new(&request, responses::Ids::random());
-                for chunk in self.events(Protocol::ChatCompletions, model, chat.as_bytes()) {
+                let chat = self.events(
+                    Protocol::ChatCompletions,
+                    model,
+                    chat.as_bytes(),
+                    input_tokens,
+                );
+                for chunk in chat {
                     let translated = translator.push(&chunk);
                     if !translated.is_empty() {
                         events.push(Bytes::from(translated));
@@ -131,7 +149,7 @@ impl MockUpstream {
                         "message": {
                             "id": format!("msg_mock_{serial}"), "type": "message", "role": "assistant",
                             "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
-                            "usage": { "input_tokens": MOCK_INPUT_TOKENS, "output_tokens": 1 }
+                            "usage": { "input_tokens": input_tokens, "output_tokens": 1 }
                         }
                     }),
                 );
@@ -188,9 +206,9 @@ impl MockUpstream {
                     chunk(
                         json!([]),
                         json!({
-                            "prompt_tokens": MOCK_INPUT_TOKENS,
+                            "prompt_tokens": input_tokens,
                             "completion_tokens": MOCK_OUTPUT_TOKENS,
-                            "total_tokens": MOCK_INPUT_TOKENS + MOCK_OUTPUT_TOKENS
+                            "total_tokens": input_tokens + MOCK_OUTPUT_TOKENS
                         }),
                     );
                 }
@@ -332,7 +350,8 @@ impl<B: AsRef<[u8]>> Service<Request<B>> for MockUpstream {
         };
         let (protocol, model) = (routed.protocol, routed.model.name.as_str());
         if routed.stream {
-            let events = self.events(protocol, model, request.body().as_ref());
+            let body = request.body().as_ref();
+            let events = self.events(protocol, model, body, mock_input_tokens(body));
             let mut response = Response::new(UpstreamBody::event_chunks(events));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,

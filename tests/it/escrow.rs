@@ -610,6 +610,7 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
             ..Default::default()
         },
         channel: Some("primary".into()),
+        cost: None,
         reply: None,
     };
     assert!(instance.settle(billed.call, success).await.unwrap());

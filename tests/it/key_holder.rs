@@ -87,7 +87,7 @@ async fn models_are_listed_in_the_openai_shape_with_protocol_and_price() {
         let model = catalogue.model(item["id"].as_str().unwrap()).unwrap();
         assert_eq!(item["object"], "model");
         assert!(item["created"].is_i64() && item["owned_by"].is_string());
-        assert_eq!(item["price"], model.price.get());
+        assert_eq!(item["price"], model.pricing.per_call.get());
         assert_eq!(item["protocol"], json!(model.protocol));
     }
     let one = get(&gateway, "/v1/models/gpt-4o-mini", Some(&key), false).await;

@@ -30,6 +30,7 @@ fn success() -> CallSuccess {
             ..Default::default()
         },
         channel: Some("primary".into()),
+        cost: None,
         reply: None,
     }
 }

@@ -48,6 +48,9 @@ enum Op {
         nth: usize,
         /// Whether the settle keeps a reply (as it does for a keyed call).
         reply: bool,
+        /// What the call cost, for a call priced by tokens (`None`: its reservation): below
+        /// it, the rest goes back; above it, the account pays what it can beyond it.
+        cost: Option<i64>,
     },
     /// Idempotency records past their window are deleted.
     Forget,
@@ -71,6 +74,13 @@ const PROTOCOLS: [Protocol; 4] = [
     Protocol::Responses,
 ];
 
+/// A settle's cost: its reservation (a price per call) half the time, else any cost from one
+/// credit (the least a call costs) to well above any reservation (a token-priced call whose
+/// estimate was high or low).
+fn cost() -> impl Strategy<Value = Option<i64>> {
+    prop_oneof![1 => Just(None), 1 => (1..40i64).prop_map(Some)]
+}
+
 /// A write the committer applies: a reservation, a settle or a refund.
 fn ledger_write() -> impl Strategy<Value = Op> {
     prop_oneof![
@@ -80,7 +90,7 @@ fn ledger_write() -> impl Strategy<Value = Op> {
             price,
             idempotency: None
         }),
-        2 => (0..64usize).prop_map(|nth| Op::Settle { nth, reply: false }),
+        2 => (0..64usize, cost()).prop_map(|(nth, cost)| Op::Settle { nth, reply: false, cost }),
         2 => (0..64usize).prop_map(|nth| Op::Refund { nth }),
     ]
 }
@@ -98,7 +108,7 @@ fn keyed_write() -> impl Strategy<Value = Op> {
                 idempotency: Some((idem, body)),
             }
         ),
-        2 => (0..64usize).prop_map(|nth| Op::Settle { nth, reply: true }),
+        2 => (0..64usize, cost()).prop_map(|(nth, cost)| Op::Settle { nth, reply: true, cost }),
     ]
 }
 
@@ -285,7 +295,7 @@ impl<'a> Side<'a> {
             Op::Settle { .. } | Op::Refund { .. } if self.calls.is_empty() => {
                 ("no call yet".to_owned(), None)
             }
-            Op::Settle { nth, reply } => {
+            Op::Settle { nth, reply, cost } => {
                 let index = nth % self.calls.len();
                 let call = self.calls[index];
                 let body = format!("{{\"reply\":{index}}}").into();
@@ -294,6 +304,7 @@ impl<'a> Side<'a> {
                     reply: reply
                         .then(|| KeptReply::new(200, Some("application/json".into()), body))
                         .flatten(),
+                    cost: cost.map(Credits::new),
                     ..CallSuccess::default()
                 };
                 let settled = self.store.settle(call, success).await.unwrap();
@@ -312,7 +323,8 @@ impl<'a> Side<'a> {
         }
     }
 
-    /// Every account's finished calls: protocol, price, status and what each bucket paid, sorted.
+    /// Every account's finished calls: protocol, price, status, what each bucket paid and what the
+    /// account could not, sorted.
     /// (Pending calls are left out, and the order too: an owned `SQLite` file holds its
     /// reservations in memory and logs a call, with its id, when it ends.)
     async fn call_logs(&self) -> Vec<Vec<String>> {
@@ -328,12 +340,13 @@ impl<'a> Side<'a> {
                 .filter(|call| call.status != CallStatus::Pending)
                 .map(|call| {
                     format!(
-                        "{} {} {:?} {}+{}",
+                        "{} {} {:?} {}+{} short {}",
                         call.protocol.as_str(),
                         call.price,
                         call.status,
                         call.charged_subscription,
-                        call.charged_topup
+                        call.charged_topup,
+                        call.shortfall
                     )
                 })
                 .collect();

@@ -34,5 +34,6 @@ mod owned_file;
 mod responses;
 mod streaming;
 mod subscriptions;
+mod token_pricing;
 mod upstream;
 mod usage;

@@ -304,14 +304,14 @@ async fn the_mock_streams_its_reply_in_each_protocols_events_and_bills_it_once()
         (calls[0].input_tokens, calls[0].output_tokens),
         (None, None)
     );
-    assert_eq!(
-        (calls[1].input_tokens, calls[1].output_tokens),
-        (Some(12), Some(16))
-    );
-    assert_eq!(
-        (calls[2].input_tokens, calls[2].output_tokens),
-        (Some(12), Some(16))
-    );
+    // The mock reports the input as the gateway estimates it from each request.
+    for call in &calls[1..] {
+        assert!(
+            call.input_tokens.is_some_and(|tokens| tokens > 0),
+            "{call:?}"
+        );
+        assert_eq!(call.output_tokens, Some(16));
+    }
     let spent = MESSAGES_PRICE + 2 * CHAT_PRICE;
     assert_eq!(db.balance(&key).await, balance(100 - spent, 0));
     db.assert_audit_holds().await;

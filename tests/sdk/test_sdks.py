@@ -395,9 +395,11 @@ def test_anthropic_sdk_streams_a_message_and_gets_the_final_message(streaming_ga
     assert len(pieces) > 1
     assert final.content[0].text == MOCK_TEXT
     assert final.stop_reason == "end_turn"
-    assert (final.usage.input_tokens, final.usage.output_tokens) == (12, 16)
+    assert final.usage.input_tokens > 0 and final.usage.output_tokens == 16
     assert streaming_gateway.balance(key)["total"] == 10 - MESSAGES_PRICE
-    assert [e["status"] for e in streaming_gateway.logs(key)] == ["ok"]
+    assert [(e["status"], e["input_tokens"]) for e in streaming_gateway.logs(key)] == [
+        ("ok", final.usage.input_tokens)
+    ]
 
 
 def test_a_streamed_call_refused_before_it_starts_raises_the_sdks_error(streaming_gateway):

@@ -5,11 +5,12 @@ use chrono::{DateTime, Utc};
 
 use super::state::{KeyedRow, MemoryStore, pending_call};
 use crate::call::{AccountId, CallId, Caller, Reservation};
-use crate::credits::{Balance, Split};
+use crate::credits::{Balance, Credits, Split};
 use crate::keys::KeyHash;
 use crate::store::rules::holds;
 use crate::store::rules::idempotency::{KeyedDecision, decide as decide_keyed, window_cutoff};
 use crate::store::rules::reserve::{Payer, decide_reserve};
+use crate::store::rules::settle::decide_settle;
 use crate::store::traits::{KeyStore, Leases, Ledger, ResponseOwners};
 use crate::store::types::{
     ActiveKey, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest, ReserveError,
@@ -112,6 +113,11 @@ impl Ledger for MemoryStore {
             upstream_error: None,
             input_tokens: None,
             output_tokens: None,
+            cache_read_tokens: None,
+            cache_write_tokens: None,
+            cache_write_1h_tokens: None,
+            reasoning_tokens: None,
+            shortfall: Credits::ZERO,
             created_at: Utc::now(),
             finished_at: None,
             request_id: request.request_id.map(str::to_owned),
@@ -138,15 +144,44 @@ impl Ledger for MemoryStore {
 
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
         let mut state = self.lock();
+        let now = Utc::now();
         let Some(record) = pending_call(&mut state, call) else {
             return Ok(false);
         };
+        let account = record.account;
+        let taken = Split {
+            subscription: record.charged_subscription,
+            topup: record.charged_topup,
+        };
+        let ends_at = state
+            .accounts
+            .get(&account)
+            .and_then(|row| row.subscription_ends_at);
+        let balance = state.balances.get(&account).copied().unwrap_or_default();
+        // What the reservation took is gone from the balance already: the rest is free.
+        let free = balance.free_of(Balance::default()).spendable(ends_at, now);
+        let settled = decide_settle(taken, success.cost, free);
+        if let Some(balance) = state.balances.get_mut(&account) {
+            *balance = holds::take(holds::give_back(*balance, settled.returned), settled.extra);
+        }
+        let Some(record) = pending_call(&mut state, call) else {
+            unreachable!("the entry was pending a moment ago, under the same lock")
+        };
+        record.price = settled.charged.total();
+        record.charged_subscription = settled.charged.subscription;
+        record.charged_topup = settled.charged.topup;
+        record.shortfall = settled.shortfall;
         record.status = CallStatus::Ok;
         record.upstream_status = Some(success.upstream_status);
         record.channel = success.channel;
-        record.input_tokens = success.usage.input_tokens;
-        record.output_tokens = success.usage.output_tokens;
-        record.finished_at = Some(Utc::now());
+        let usage = success.usage;
+        record.input_tokens = usage.input_tokens;
+        record.output_tokens = usage.output_tokens;
+        record.cache_read_tokens = usage.cache_read_tokens;
+        record.cache_write_tokens = usage.cache_write_tokens;
+        record.cache_write_1h_tokens = usage.cache_write_1h_tokens;
+        record.reasoning_tokens = usage.reasoning_tokens;
+        record.finished_at = Some(now);
         if let Some(name) = state.keyed_by_call.get(&call).cloned()
             && let Some(row) = state.keyed.get_mut(&name)
         {

@@ -3,7 +3,7 @@
 //! Two ways to keep a reservation: its credits are **taken** from the balance at once (shared
 //! mode, the in-memory store), and a refund gives them back; or they are **held** beside the
 //! balance (an owned file, escrow), and a settle debits them from the balance while a refund
-//! moves nothing. Either way the hold or the debit is exactly what the reservation took.
+//! moves nothing. What a settle charges is [`super::settle`]'s.
 
 use crate::credits::{Balance, Split};
 
@@ -47,20 +47,6 @@ pub(crate) fn debit_held(balance: Balance, taken: Split) -> Option<Balance> {
     (after.subscription.get() >= 0 && after.topup.get() >= 0).then_some(after)
 }
 
-/// What a settle of a held call takes: `charged`, never more than its reservation holds in
-/// either bucket. Today a call is charged its price, exactly what it held; once prices depend
-/// on what the provider reports, a reservation holds a ceiling and its settle takes at most
-/// that.
-pub(crate) fn settled(held: Split, charged: Split) -> Split {
-    debug_assert!(
-        is_split(charged)
-            && charged.subscription <= held.subscription
-            && charged.topup <= held.topup,
-        "a settle took more than its reservation holds: {charged:?} of {held:?}"
-    );
-    charged
-}
-
 /// Whether what is held on each account (or pot) is the sum of its held calls' credits:
 /// `held` lists each account's hold, `calls` each held call's account and credits.
 #[cfg(any(feature = "sqlite", feature = "postgres", test))]
@@ -92,19 +78,6 @@ mod tests {
 
     use super::*;
     use crate::store::rules::test_values::{balance, split};
-
-    #[test]
-    #[should_panic(expected = "a settle took more than its reservation holds")]
-    #[cfg(debug_assertions)]
-    fn a_settle_taking_more_than_its_reservation_holds_is_caught() {
-        settled(split(2, 0), split(1, 2));
-    }
-
-    #[test]
-    fn a_settle_takes_at_most_what_its_reservation_holds() {
-        assert_eq!(settled(split(2, 3), split(2, 3)), split(2, 3));
-        assert_eq!(settled(split(2, 3), split(1, 0)), split(1, 0));
-    }
 
     #[test]
     fn holds_agree_with_their_calls_only_when_each_is_their_sum() {

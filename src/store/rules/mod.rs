@@ -5,6 +5,7 @@
 //!
 //! - [`reserve`]: may a call reserve its price, and from which buckets;
 //! - [`holds`]: what a reservation holds, and what a settle and a refund move;
+//! - [`settle`]: what a call is charged once its cost is known, and what goes back;
 //! - [`escrow`]: what a call may hold of an escrow pot;
 //! - [`idempotency`]: what a call with an idempotency key gets.
 
@@ -13,6 +14,7 @@ pub(crate) mod escrow;
 pub(crate) mod holds;
 pub(crate) mod idempotency;
 pub(crate) mod reserve;
+pub(crate) mod settle;
 
 /// Values the rules' tests are written in.
 #[cfg(test)]

@@ -125,7 +125,16 @@ impl Holds {
                         part.calls.insert(*call, held.clone());
                         held.account
                     }
-                    None => continue,
+                    // A call reserved in the file (a keyed one) whose cost may exceed what it
+                    // took: its account, not known before its entry is read, may pay beyond it
+                    // only what the calls held on it leave free.
+                    None => {
+                        if matches!(write, Write::Settle(_, success) if success.cost.is_some()) {
+                            part.accounts
+                                .extend(self.accounts.iter().map(|(id, on)| (*id, *on)));
+                        }
+                        continue;
+                    }
                 },
             };
             if let Some(&on) = self.accounts.get(&account) {

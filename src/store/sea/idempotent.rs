@@ -86,16 +86,19 @@ pub(super) async fn reserve(
 
 /// Settles a keyed call and keeps its reply, in one transaction; `false` if it was not
 /// pending (nothing written).
+/// `holds`: on a file its store owns, what calls held in memory hold on the accounts (a cost
+/// above what the call took may take only what they leave free).
 pub(super) async fn settle(
     db: &DatabaseConnection,
     call: CallId,
     mut success: CallSuccess,
+    holds: Option<&Holds>,
 ) -> Result<bool, StoreError> {
     let reply = success.reply.take();
     let txn = begin_write(db).await?;
     let write = Write::Settle(call, success);
     let settled = matches!(
-        ledger_ops::apply_in(&txn, &[&write], None).await?.pop(),
+        ledger_ops::apply_in(&txn, &[&write], holds).await?.pop(),
         Some(Outcome::Finished(true))
     );
     if settled && let Some(reply) = reply {

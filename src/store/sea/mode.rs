@@ -173,7 +173,7 @@ impl Mode {
             Mode::Escrow(escrow) if escrow.holds(call) => escrow.settle(call, success).await,
             #[cfg(feature = "sqlite")]
             Mode::OwnedFile(owned) => owned.settle(to.committer, to.db, call, success).await,
-            _ if success.reply.is_some() => idempotent::settle(to.db, call, success).await,
+            _ if success.reply.is_some() => idempotent::settle(to.db, call, success, None).await,
             _ => to.committer.settle(call, success).await,
         }
     }

@@ -52,12 +52,16 @@ pub(super) enum Write {
 
 impl Write {
     /// Whether, on a file its store owns, this write holds back reservations decided at once
-    /// while it waits for the committer (see `owned::State::queued`). A reservation or a
-    /// refund changes what an account has to spend; a settle only turns held credits into a
-    /// debit, so what later reservations see does not wait on it.
+    /// while it waits for the committer (see `owned::State::queued`). A reservation, a refund
+    /// or the settle of a call priced by tokens changes what an account has to spend (its cost
+    /// returns part of what it held, or takes more); a settle at its price only turns held
+    /// credits into a debit, so what later reservations see does not wait on it.
     #[cfg(feature = "sqlite")]
     pub(super) fn holds_back_reservations(&self) -> bool {
-        matches!(self, Write::Reserve(_) | Write::Refund(..))
+        match self {
+            Write::Reserve(_) | Write::Refund(..) => true,
+            Write::Settle(_, success) => success.cost.is_some(),
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use crate::credits::{Balance, Credits, Split};
 use crate::store::rules::holds;
 use crate::store::rules::reserve::{Payer, decide_reserve};
+use crate::store::rules::settle::{Settlement, decide_settle};
 #[cfg(feature = "sqlite")]
 use crate::store::sea::held::HoldChanges;
 use crate::store::sea::held::{HeldCall, Holds};
@@ -82,7 +83,8 @@ pub(in crate::store::sea) struct NewEntry<'a> {
 /// How a finished entry ends.
 #[derive(Debug)]
 pub(in crate::store::sea) enum Finish<'a> {
-    Settled(&'a CallSuccess),
+    /// Billed: what it reported, and what the settle charged of it.
+    Settled(&'a CallSuccess, Settlement),
     Refunded(&'a CallFailure),
     /// A held call whose credits were gone from its account when it ended (another
     /// connection took them meanwhile): written `refunded`, nothing billed.
@@ -93,14 +95,14 @@ impl Finish<'_> {
     /// The status the entry ends in.
     pub(in crate::store::sea) fn status(&self) -> CallStatus {
         match self {
-            Finish::Settled(_) => CallStatus::Ok,
+            Finish::Settled(..) => CallStatus::Ok,
             Finish::Refunded(_) | Finish::CreditsGone(_) => CallStatus::Refunded,
         }
     }
 
     pub(in crate::store::sea) fn upstream_status(&self) -> Option<i32> {
         match self {
-            Finish::Settled(success) | Finish::CreditsGone(success) => {
+            Finish::Settled(success, _) | Finish::CreditsGone(success) => {
                 Some(i32::from(success.upstream_status))
             }
             Finish::Refunded(failure) => failure.upstream_status.map(i32::from),
@@ -110,7 +112,16 @@ impl Finish<'_> {
     /// What a billed call reports (its channel and token counts); `None` for the others.
     pub(in crate::store::sea) fn billed(&self) -> Option<&CallSuccess> {
         match self {
-            Finish::Settled(success) => Some(success),
+            Finish::Settled(success, _) => Some(success),
+            Finish::Refunded(_) | Finish::CreditsGone(_) => None,
+        }
+    }
+
+    /// What a billed call's settle charged, bucket by bucket, and what its account could not
+    /// pay of its cost; `None` for the others (their entries keep what they took).
+    pub(in crate::store::sea) fn charged(&self) -> Option<(Split, Credits)> {
+        match self {
+            Finish::Settled(_, settled) => Some((settled.charged, settled.shortfall)),
             Finish::Refunded(_) | Finish::CreditsGone(_) => None,
         }
     }
@@ -118,7 +129,7 @@ impl Finish<'_> {
     /// Why a call was not billed; `None` for a billed one.
     pub(in crate::store::sea) fn error(&self) -> Option<&str> {
         match self {
-            Finish::Settled(_) => None,
+            Finish::Settled(..) => None,
             Finish::Refunded(failure) => Some(&failure.error),
             Finish::CreditsGone(_) => Some(CREDITS_GONE),
         }
@@ -224,8 +235,10 @@ impl<'a> Plan<'a> {
                 Write::Reserve(charge) => plan.reserve(charge, &active_keys),
                 Write::Settle(call, success) => match entries.get_mut(&call.0) {
                     Some(entry) if entry.pending => {
+                        let settled = plan.account(entry.account)?.settle(entry.taken, success);
                         entry.pending = false;
-                        plan.finished.push((call.0, Finish::Settled(success)));
+                        plan.finished
+                            .push((call.0, Finish::Settled(success, settled)));
                         Decision::Finished(true)
                     }
                     _ => Decision::Finished(false),
@@ -271,17 +284,23 @@ impl<'a> Plan<'a> {
         held: &'a HeldCall,
     ) -> Result<Decision, StoreError> {
         let state = self.account(held.account.0)?;
+        // Free of every hold, this call's too: what it may take beyond what it holds.
+        let free = state.free(Utc::now());
         state.held = holds::release(state.held, held.taken);
         let (finish, decision) = match write {
-            // A call is charged its price, all that it holds.
-            Write::Settle(_, success) => match holds::debit_held(state.row, charged(held)) {
-                Some(row) => {
-                    state.row = row;
-                    state.change = state.change.minus(charged(held));
-                    (Finish::Settled(success), Decision::Finished(true))
+            // A call is charged its cost: what it holds, less what goes back, plus what it
+            // could take of the free credits beyond it.
+            Write::Settle(_, success) => {
+                let settled = decide_settle(held.taken, success.cost, free);
+                match holds::debit_held(state.row, settled.charged) {
+                    Some(row) => {
+                        state.row = row;
+                        state.change = state.change.minus(settled.charged);
+                        (Finish::Settled(success, settled), Decision::Finished(true))
+                    }
+                    None => (Finish::CreditsGone(success), Decision::Finished(false)),
                 }
-                None => (Finish::CreditsGone(success), Decision::Finished(false)),
-            },
+            }
             Write::Refund(_, failure) => (Finish::Refunded(failure), Decision::Finished(true)),
             Write::Reserve(_) => unreachable!("a reservation holds no call yet"),
         };
@@ -382,6 +401,22 @@ impl AccountState {
         }
     }
 
+    /// What a call may spend now beyond what it and the other calls hold.
+    fn free(&self, at: DateTime<Utc>) -> Balance {
+        self.row
+            .free_of(self.held)
+            .spendable(self.subscription_ends_at, at)
+    }
+
+    /// Settles a call whose reservation took `taken` from this account's row: the rest of it
+    /// goes back, or what the cost needs beyond it is taken from what is free.
+    fn settle(&mut self, taken: Split, success: &CallSuccess) -> Settlement {
+        let settled = decide_settle(taken, success.cost, self.free(Utc::now()));
+        self.give_back(settled.returned);
+        self.take(settled.extra);
+        settled
+    }
+
     fn take(&mut self, split: Split) {
         self.row = holds::take(self.row, split);
         self.change = self.change.minus(split);
@@ -399,9 +434,4 @@ pub(in crate::store::sea) fn split(subscription: i64, topup: i64) -> Split {
         subscription: Credits(subscription),
         topup: Credits(topup),
     }
-}
-
-/// What a held call's settle takes: its price, which is what it holds (never more).
-pub(in crate::store::sea) fn charged(held: &HeldCall) -> crate::credits::Split {
-    holds::settled(held.taken, held.taken)
 }

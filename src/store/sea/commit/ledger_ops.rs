@@ -175,6 +175,12 @@ async fn insert_entries<C: ConnectionTrait>(
         upstream_error: Set(None),
         input_tokens: Set(None),
         output_tokens: Set(None),
+        // Written when the call is settled.
+        cache_read_tokens: sea_orm::NotSet,
+        cache_write_tokens: sea_orm::NotSet,
+        cache_write_1h_tokens: sea_orm::NotSet,
+        reasoning_tokens: sea_orm::NotSet,
+        shortfall: sea_orm::NotSet,
         created_at: Set(now),
         finished_at: Set(None),
         request_id: Set(entry.charge.request_id.clone()),
@@ -274,7 +280,7 @@ async fn finish_entries<C: ConnectionTrait>(
         .col_expr(call::Column::FinishedAt, Expr::value(now))
         .filter(call::Column::Id.is_in(finished.iter().map(|(id, _)| *id)))
         .filter(call::Column::Status.eq(CallStatus::Pending.as_str()));
-    let columns: [(call::Column, FinishValue); 6] = [
+    let columns: [(call::Column, FinishValue); 14] = [
         (call::Column::Status, |finish| {
             Some(Expr::value(finish.status().as_str()))
         }),
@@ -298,6 +304,48 @@ async fn finish_entries<C: ConnectionTrait>(
             finish
                 .billed()
                 .map(|success| Expr::value(success.usage.output_tokens))
+        }),
+        (call::Column::CacheReadTokens, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.usage.cache_read_tokens))
+        }),
+        (call::Column::CacheWriteTokens, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.usage.cache_write_tokens))
+        }),
+        (call::Column::CacheWrite1hTokens, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.usage.cache_write_1h_tokens))
+        }),
+        (call::Column::ReasoningTokens, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.usage.reasoning_tokens))
+        }),
+        // What a settle charged: its cost may differ from what the reservation took.
+        (call::Column::ChargedSubscription, |finish| {
+            finish
+                .charged()
+                .map(|(charged, _)| Expr::value(charged.subscription.0))
+        }),
+        (call::Column::ChargedTopup, |finish| {
+            finish
+                .charged()
+                .map(|(charged, _)| Expr::value(charged.topup.0))
+        }),
+        // The entry's price is what it was charged (`charged_adds_up_to_price` holds).
+        (call::Column::Price, |finish| {
+            finish
+                .charged()
+                .map(|(charged, _)| Expr::value(charged.total().0))
+        }),
+        (call::Column::Shortfall, |finish| {
+            finish
+                .charged()
+                .map(|(_, shortfall)| Expr::value(shortfall.0))
         }),
     ];
     for (column, value) in columns {

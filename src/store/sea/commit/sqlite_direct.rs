@@ -344,7 +344,8 @@ fn bind_charge(
         &charge.caller.key.0,
         &charge.protocol.as_str(),
         &charge.model,
-        &charge.price.0,
+        // What the entry holds or, settled, was charged (a reservation holds its price).
+        &entry.taken.total().0,
         &entry.taken.subscription.0,
         &entry.taken.topup.0,
         &status.as_str(),
@@ -360,25 +361,37 @@ fn bind_charge(
 const CHARGE_COLUMNS: usize = 12;
 
 /// Binds how an entry ended from parameter `first` on, in this order: `upstream_status,
-/// upstream_channel, upstream_error, input_tokens, output_tokens, finished_at`. One place, so
-/// finishing an entry in place and inserting an ended hold's entry agree.
+/// upstream_channel, upstream_error, input_tokens, output_tokens, cache_read_tokens,
+/// cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall, finished_at`. One
+/// place, so finishing an entry in place and inserting an ended hold's entry agree.
 fn bind_finish(
     statement: &mut Statement<'_>,
     first: usize,
     finish: &Finish<'_>,
     finished_at: &str,
 ) -> rusqlite::Result<()> {
-    let billed = finish.billed();
-    let columns: [&dyn ToSql; 6] = [
+    let usage = finish.billed().map(|success| success.usage);
+    let shortfall = finish.charged().map_or(0, |(_, shortfall)| shortfall.0);
+    let columns: [&dyn ToSql; FINISH_COLUMNS] = [
         &finish.upstream_status(),
-        &billed.and_then(|success| success.channel.as_deref()),
+        &finish
+            .billed()
+            .and_then(|success| success.channel.as_deref()),
         &finish.error(),
-        &billed.and_then(|success| success.usage.input_tokens),
-        &billed.and_then(|success| success.usage.output_tokens),
+        &usage.and_then(|usage| usage.input_tokens),
+        &usage.and_then(|usage| usage.output_tokens),
+        &usage.and_then(|usage| usage.cache_read_tokens),
+        &usage.and_then(|usage| usage.cache_write_tokens),
+        &usage.and_then(|usage| usage.cache_write_1h_tokens),
+        &usage.and_then(|usage| usage.reasoning_tokens),
+        &shortfall,
         &finished_at,
     ];
     bind_from(statement, first, &columns)
 }
+
+/// How many columns [`bind_finish`] binds.
+const FINISH_COLUMNS: usize = 11;
 
 fn bind_from(
     statement: &mut Statement<'_>,
@@ -401,17 +414,19 @@ fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<
             "INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
              charged_subscription, charged_topup, status, created_at, request_id, instance_id, \
              requested_model, upstream_status, upstream_channel, upstream_error, input_tokens, \
-             output_tokens, finished_at) \
+             output_tokens, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, \
+             reasoning_tokens, shortfall, finished_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19)",
+             ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
     for EndedHold { call, held, finish } in ended {
+        // A billed call's entry records what it was charged; the others', what they held.
         let entry = NewEntry {
             account: held.account.0,
             charge: &held.charge,
-            taken: held.taken,
+            taken: finish.charged().map_or(held.taken, |(charged, _)| charged),
         };
         statement.raw_bind_parameter(1, call).map_err(store_error)?;
         bind_charge(
@@ -454,8 +469,16 @@ fn finish_entries(txn: &Transaction<'_>, finished: &[(i64, Finish<'_>)]) -> Resu
              upstream_channel = COALESCE(?4, upstream_channel), \
              upstream_error = COALESCE(?5, upstream_error), \
              input_tokens = COALESCE(?6, input_tokens), \
-             output_tokens = COALESCE(?7, output_tokens), finished_at = ?8 \
-             WHERE id = ?1 AND status = ?9",
+             output_tokens = COALESCE(?7, output_tokens), \
+             cache_read_tokens = COALESCE(?8, cache_read_tokens), \
+             cache_write_tokens = COALESCE(?9, cache_write_tokens), \
+             cache_write_1h_tokens = COALESCE(?10, cache_write_1h_tokens), \
+             reasoning_tokens = COALESCE(?11, reasoning_tokens), shortfall = ?12, \
+             finished_at = ?13, \
+             charged_subscription = COALESCE(?15, charged_subscription), \
+             charged_topup = COALESCE(?16, charged_topup), \
+             price = COALESCE(?15 + ?16, price) \
+             WHERE id = ?1 AND status = ?14",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
@@ -465,7 +488,10 @@ fn finish_entries(txn: &Transaction<'_>, finished: &[(i64, Finish<'_>)]) -> Resu
             statement.raw_bind_parameter(1, id)?;
             statement.raw_bind_parameter(2, finish.status().as_str())?;
             bind_finish(statement, 3, finish, &now)?;
-            statement.raw_bind_parameter(9, pending)
+            statement.raw_bind_parameter(3 + FINISH_COLUMNS, pending)?;
+            let charged = finish.charged().map(|(charged, _)| charged);
+            statement.raw_bind_parameter(15, charged.map(|split| split.subscription.0))?;
+            statement.raw_bind_parameter(16, charged.map(|split| split.topup.0))
         };
         bind(&mut finish_entry).map_err(store_error)?;
         let changed = finish_entry.raw_execute().map_err(store_error)?;

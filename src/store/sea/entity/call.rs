@@ -38,6 +38,17 @@ pub(crate) struct Model {
     pub input_tokens: Option<i64>,
     /// Completion tokens.
     pub output_tokens: Option<i64>,
+    /// Input tokens read from the provider's cache.
+    pub cache_read_tokens: Option<i64>,
+    /// Input tokens written to the provider's cache for 5 minutes.
+    pub cache_write_tokens: Option<i64>,
+    /// Input tokens written to the provider's cache for an hour.
+    #[sea_orm(column_name = "cache_write_1h_tokens")]
+    pub cache_write_1h_tokens: Option<i64>,
+    /// Of the output tokens, those spent reasoning.
+    pub reasoning_tokens: Option<i64>,
+    /// What the cost of a call priced by tokens exceeded what its account could pay.
+    pub shortfall: i64,
     /// Reservation time.
     pub created_at: DateTimeUtc,
     /// Settle or refund time.

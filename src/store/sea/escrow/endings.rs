@@ -8,9 +8,10 @@ use tokio::sync::mpsc;
 
 use super::rows::escrow_row;
 use super::state::{EndJob, Ending, Escrow, KeyRead, MAX_BATCH, PotKey, Seen};
-use crate::credits::{Balance, Split};
+use crate::credits::{Balance, Credits, Split};
 use crate::store::rules::holds;
-use crate::store::sea::commit::batch::{Finish, charged};
+use crate::store::rules::settle::decide_settle;
+use crate::store::sea::commit::batch::Finish;
 use crate::store::sea::held::HeldCall;
 use crate::store::{AccountId, CallId, CallStatus, LeaseId, StoreError};
 
@@ -112,7 +113,7 @@ impl Decided<'_> {
 
     /// Whether it debits its escrow row (a settle billed from it).
     fn debits(&self) -> bool {
-        matches!(self.finish, Finish::Settled(_))
+        matches!(self.finish, Finish::Settled(..))
     }
 }
 
@@ -166,7 +167,7 @@ pub(super) async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<
                     pot.held = holds::release(pot.held, decided.held.taken);
                 }
                 answers[decided.job] =
-                    matches!(decided.finish, Finish::Settled(_) | Finish::Refunded(_));
+                    matches!(decided.finish, Finish::Settled(..) | Finish::Refunded(_));
             }
             debug_assert!(
                 state.sums_agree(),
@@ -291,19 +292,22 @@ pub(super) async fn write_sql(
                INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
                charged_subscription, charged_topup, status, upstream_status, upstream_channel, \
                upstream_error, input_tokens, output_tokens, created_at, finished_at, \
-               request_id, instance_id, requested_model) \
+               request_id, instance_id, requested_model, cache_read_tokens, \
+               cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall) \
                SELECT u.id, u.account_id, u.key_id, u.protocol, u.model, u.price, u.cs, u.ct, \
                u.status, u.upstream_status, u.upstream_channel, u.upstream_error, \
                u.input_tokens, u.output_tokens, u.created_at, u.finished_at, u.request_id, \
-               u.instance_id, u.requested_model \
+               u.instance_id, u.requested_model, u.cache_read, u.cache_write, u.cache_write_1h, \
+               u.reasoning, u.shortfall \
                FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::text[], \
                $10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::int[], \
                $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::timestamptz[], \
-               $20::timestamptz[], $21::text[], $22::bigint[], $23::bool[], $24::text[]) \
+               $20::timestamptz[], $21::text[], $22::bigint[], $23::bool[], $24::text[], \
+               $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[]) \
                AS u(id, account_id, key_id, protocol, model, price, cs, ct, status, \
                upstream_status, upstream_channel, upstream_error, input_tokens, \
                output_tokens, created_at, finished_at, request_id, instance_id, debits, \
-               requested_model) \
+               requested_model, cache_read, cache_write, cache_write_1h, reasoning, shortfall) \
                WHERE NOT u.debits OR EXISTS (SELECT 1 FROM debited d \
                  WHERE d.instance_id = u.instance_id AND d.account_id = u.account_id) \
                RETURNING 1 \
@@ -335,6 +339,11 @@ pub(super) async fn write_sql(
         .bind(rows.instance)
         .bind(rows.debits)
         .bind(rows.requested_model)
+        .bind(rows.cache_read_tokens)
+        .bind(rows.cache_write_tokens)
+        .bind(rows.cache_write_1h_tokens)
+        .bind(rows.reasoning_tokens)
+        .bind(rows.shortfall)
         .fetch_one(db.get_postgres_connection_pool())
         .await
         .map_err(|error| StoreError::Database(Box::new(error)))?;
@@ -384,6 +393,11 @@ pub(super) struct Entries {
     instance: Vec<Option<i64>>,
     debits: Vec<bool>,
     requested_model: Vec<Option<String>>,
+    cache_read_tokens: Vec<Option<i64>>,
+    cache_write_tokens: Vec<Option<i64>>,
+    cache_write_1h_tokens: Vec<Option<i64>>,
+    reasoning_tokens: Vec<Option<i64>>,
+    shortfall: Vec<i64>,
 }
 impl Entries {
     fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
@@ -394,9 +408,26 @@ impl Entries {
         self.key.push(held.charge.caller.key.0);
         self.protocol.push(held.charge.protocol.as_str());
         self.model.push(held.charge.model.clone());
-        self.price.push(held.charge.price.0);
-        self.subscription.push(held.taken.subscription.0);
-        self.topup.push(held.taken.topup.0);
+
+        // A billed call's entry records what it was charged; the others', what they held.
+        let (charged, shortfall) = decided
+            .finish
+            .charged()
+            .unwrap_or((held.taken, Credits::ZERO));
+        // The entry's price is what it holds or was charged (`charged_adds_up_to_price`).
+        self.price.push(charged.total().0);
+        self.subscription.push(charged.subscription.0);
+        self.topup.push(charged.topup.0);
+        self.shortfall.push(shortfall.0);
+        let usage = billed.map(|success| success.usage);
+        self.cache_read_tokens
+            .push(usage.and_then(|usage| usage.cache_read_tokens));
+        self.cache_write_tokens
+            .push(usage.and_then(|usage| usage.cache_write_tokens));
+        self.cache_write_1h_tokens
+            .push(usage.and_then(|usage| usage.cache_write_1h_tokens));
+        self.reasoning_tokens
+            .push(usage.and_then(|usage| usage.reasoning_tokens));
         self.status.push(decided.finish.status().as_str());
         self.upstream_status.push(decided.finish.upstream_status());
         self.channel
@@ -428,6 +459,10 @@ pub(super) fn decide<'a>(
     let state = escrow.state();
     let mut rows: HashMap<PotKey, Balance> = HashMap::new();
     let mut debits: HashMap<PotKey, Split> = HashMap::new();
+    // What the calls decided so far in this batch held: debited from `rows` already, still in
+    // their pots' `held` until the batch is written.
+    let mut ended: HashMap<PotKey, Split> = HashMap::new();
+    let now = Utc::now();
     let mut decided: Vec<Decided<'a>> = Vec::with_capacity(pending.len());
     for &index in pending {
         let job = &jobs[index];
@@ -448,12 +483,23 @@ pub(super) fn decide<'a>(
                         .or_else(|| state.pots.get(&pot_key).map(|pot| pot.row))
                         .unwrap_or_default()
                 });
-                match holds::debit_held(*row, charged(held)) {
+                // Beyond its hold, a call may take what the pot holds free of every hold still
+                // standing (its own too: it is in the row).
+                let pot = state.pots.get(&pot_key);
+                let standing = pot
+                    .map_or_else(Balance::default, |pot| pot.held)
+                    .minus(ended.get(&pot_key).copied().unwrap_or_default());
+                let ends_at = pot.and_then(|pot| pot.period_end);
+                let free = row.free_of(standing).spendable(ends_at, now);
+                let settled = decide_settle(held.taken, success.cost, free);
+                let ending = ended.entry(pot_key).or_default();
+                *ending = ending.plus(held.taken);
+                match holds::debit_held(*row, settled.charged) {
                     Some(after) => {
                         *row = after;
                         let debit = debits.entry(pot_key).or_default();
-                        *debit = debit.plus(charged(held));
-                        Finish::Settled(success)
+                        *debit = debit.plus(settled.charged);
+                        Finish::Settled(success, settled)
                     }
                     None => Finish::CreditsGone(success),
                 }

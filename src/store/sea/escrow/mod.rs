@@ -48,7 +48,7 @@ use sea_orm::{
 use tokio::sync::{mpsc, oneshot};
 
 use super::entity::escrow;
-use crate::credits::Balance;
+use crate::credits::{Balance, Credits};
 use crate::store::{AccountId, CallFailure, CallId, CallSuccess, LeaseId, StoreError};
 use endings::{read_keys, write_endings};
 use recalls::{answer_recalls, give_back_idle};
@@ -99,6 +99,18 @@ impl Escrow {
         call: CallId,
         success: CallSuccess,
     ) -> Result<bool, StoreError> {
+        // A cost above what the call holds is paid from the account as a whole: what it can
+        // pay of the rest is moved into this instance's escrow first.
+        let over = {
+            let state = self.state();
+            state.calls.get(&call).and_then(|held| {
+                let over = success.cost?.minus(held.taken.total());
+                (over > Credits::ZERO).then(|| (endings::pot_of(held), over))
+            })
+        };
+        if let Some((pot, over)) = over {
+            self.refill_for_settle(pot, over).await?;
+        }
         self.end(call, Ending::Settle(success)).await
     }
 

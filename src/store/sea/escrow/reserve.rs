@@ -145,7 +145,11 @@ impl Escrow {
             };
             (refilled.held, slice_calls)
         };
-        let written = self.write_refill(charge, pot, held, slice_calls).await;
+        let slice = Slice::Calls {
+            price: charge.price,
+            calls: slice_calls,
+        };
+        let written = self.write_refill(pot, held, charge.at, slice).await;
         let mut state = self.state();
         let refilled = state.pots.entry(pot).or_default();
         refilled.writing = false;
@@ -158,12 +162,47 @@ impl Escrow {
         Ok(Refill::Done { seen })
     }
 
+    /// Before a settle whose cost is `over` more than its call holds against `pot`: gives back
+    /// what the escrow has free and takes what the account can pay of `over` in its place,
+    /// subscription credits first, so that the settle pays from the account as a whole (as
+    /// without escrow), not from this instance's slice of it alone.
+    pub(super) async fn refill_for_settle(
+        &self,
+        pot: PotKey,
+        over: Credits,
+    ) -> Result<(), StoreError> {
+        let _writer = self.writer.lock().await;
+        let held = {
+            let mut state = self.state();
+            let refilled = state.pots.entry(pot).or_default();
+            refilled.writing = true;
+            refilled.held
+        };
+        let written = self
+            .write_refill(pot, held, Utc::now(), Slice::Exactly(over))
+            .await;
+        let mut state = self.state();
+        let refilled = state.pots.entry(pot).or_default();
+        refilled.writing = false;
+        match written {
+            Ok(Some((row, seen))) => {
+                refilled.row = row;
+                refilled.period_end = seen.subscription_ends_at;
+                Ok(())
+            }
+            // The lease ended: the settle pays from what the escrow holds.
+            Ok(None) => Ok(()),
+            Err(ReserveError::Store(error)) => Err(error),
+            Err(other) => Err(StoreError::msg(format!("refilling for a settle: {other}"))),
+        }
+    }
+
     async fn write_refill(
         &self,
-        charge: &OwnedCharge,
         pot: PotKey,
         held: Balance,
-        slice_calls: i64,
+        at: chrono::DateTime<Utc>,
+        slice: Slice,
     ) -> Result<Option<(Balance, Seen)>, ReserveError> {
         let txn = self.db.begin().await?;
         let row = account::Entity::find_by_id(pot.account.0)
@@ -185,15 +224,21 @@ impl Escrow {
         // What no held call counts on goes back to the row, then a new slice is taken from it.
         let free = stored.free_of(held);
         let pool = balance_of(&row).and(free);
-        let spendable = pool.spendable(row.subscription_ends_at, charge.at);
-        // A slice, or at most an eighth of what is there; nothing from an account running low.
-        let want = if spendable.total().0 >= charge.price.0.saturating_mul(ESCROW_FROM_CALLS) {
-            Ord::min(
-                charge.price.0.saturating_mul(slice_calls),
-                spendable.total().0 / SLICE_SHARE,
-            )
-        } else {
-            0
+        let spendable = pool.spendable(row.subscription_ends_at, at);
+        let want = match slice {
+            // A slice, or at most an eighth of what is there; nothing from an account running
+            // low.
+            Slice::Calls { price, calls } => {
+                if spendable.total().0 >= price.0.saturating_mul(ESCROW_FROM_CALLS) {
+                    Ord::min(
+                        price.0.saturating_mul(calls),
+                        spendable.total().0 / SLICE_SHARE,
+                    )
+                } else {
+                    0
+                }
+            }
+            Slice::Exactly(amount) => Ord::min(amount.0, spendable.total().0),
         };
         let from_subscription = Ord::min(spendable.subscription.0, want);
         let take = Split {
@@ -277,4 +322,12 @@ impl Escrow {
         }
         reserved
     }
+}
+
+/// What a refill takes into the escrow.
+enum Slice {
+    /// Some calls' worth at `price`.
+    Calls { price: Credits, calls: i64 },
+    /// What a settle needs beyond what its call holds.
+    Exactly(Credits),
 }

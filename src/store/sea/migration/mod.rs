@@ -17,6 +17,7 @@ mod m20261123_000005_idempotent_calls;
 mod m20261124_000001_escrows;
 mod m20261126_000001_add_call_requested_model;
 mod m20261126_000002_responses;
+mod m20261126_000003_call_token_kinds;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -41,6 +42,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261124_000001_escrows::Migration),
             Box::new(m20261126_000001_add_call_requested_model::Migration),
             Box::new(m20261126_000002_responses::Migration),
+            Box::new(m20261126_000003_call_token_kinds::Migration),
         ]
     }
 

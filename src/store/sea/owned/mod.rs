@@ -129,14 +129,19 @@ impl Owned {
         let answer = {
             let mut state = self.holds.lock();
             if success.reply.is_some() && state.holds.call(call).is_none() {
-                Err(success)
+                let write = Write::Settle(call, success);
+                let holds = state.holds.for_batch(&[&write]);
+                let Write::Settle(_, success) = write else {
+                    unreachable!("built as a settle")
+                };
+                Err((success, holds))
             } else {
                 Ok(slot.queue(&mut state, Write::Settle(call, success), Reply::Finish))
             }
         };
         match answer {
             Ok(answer) => answer.wait().await,
-            Err(success) => idempotent::settle(db, call, success).await,
+            Err((success, holds)) => idempotent::settle(db, call, success, Some(&holds)).await,
         }
     }
 

@@ -1,0 +1,413 @@
+//! Models priced by tokens, end to end over HTTP: the reservation holds a ceiling, the settle
+//! charges what the provider's usage costs and returns the rest in the same write, and each
+//! kind of token is priced once. Each test names the bug of another gateway it rules out.
+
+use crate::common;
+
+use common::fake_provider::{FakeProvider, Fault};
+use common::*;
+use model_gateway::{Catalogue, store::CallStatus};
+use serde_json::json;
+
+/// An OpenAI-style and an Anthropic-style provider behind token-priced models: credits per
+/// million tokens, `max_output_tokens` the output a call reserves for when the client sets none.
+fn catalogue(openai: &FakeProvider, anthropic: &FakeProvider) -> Catalogue {
+    Catalogue::from_toml(&format!(
+        r#"
+        [[upstreams]]
+        name = "openai"
+        kind = "openai"
+        base_url = "{}/v1"
+        api_key_env = "OPENAI_KEY"
+
+        [[upstreams]]
+        name = "anthropic"
+        kind = "anthropic"
+        base_url = "{}"
+        api_key_env = "ANTHROPIC_KEY"
+
+        [[models]]
+        name = "metered-chat"
+        protocol = "chat_completions"
+        upstream = "openai"
+        max_output_tokens = 1000
+        [models.tokens]
+        input = 100000
+        output = 400000
+        cache_read = 50000
+
+        [[models]]
+        name = "metered-claude"
+        protocol = "messages"
+        upstream = "anthropic"
+        max_output_tokens = 1000
+        [models.tokens]
+        input = 100000
+        output = 500000
+        cache_read = 10000
+        cache_write = 125000
+        cache_write_1h = 200000
+
+        [[models]]
+        name = "flat-chat"
+        protocol = "chat_completions"
+        upstream = "openai"
+        price = 2
+        "#,
+        openai.base, anthropic.base
+    ))
+    .unwrap()
+}
+
+struct Rig<'a> {
+    db: &'a TestDb,
+    gateway: Gateway,
+    openai: FakeProvider,
+    anthropic: FakeProvider,
+}
+
+async fn rig(db: &TestDb) -> Rig<'_> {
+    let (openai, anthropic) = (FakeProvider::start().await, FakeProvider::start().await);
+    let gateway = http_gateway(db, catalogue(&openai, &anthropic)).await;
+    Rig {
+        db,
+        gateway,
+        openai,
+        anthropic,
+    }
+}
+
+fn chat_reply(usage: serde_json::Value) -> Fault {
+    let reply = json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": usage,
+    });
+    Fault::json(200, &reply.to_string())
+}
+
+fn chat(model: &str, max_tokens: Option<u64>) -> String {
+    let mut body = json!({"model": model, "messages": [{"role": "user", "content": "Hello"}]});
+    if let Some(max) = max_tokens {
+        body["max_tokens"] = json!(max);
+    }
+    body.to_string()
+}
+
+/// Credits for `tokens` at `per_million` credits per million tokens.
+fn at(tokens: i64, per_million: i64) -> i64 {
+    tokens * per_million
+}
+
+/// A whole charge from a sum in credits per million tokens, rounded up once.
+fn whole(per_million_sum: i64) -> i64 {
+    (per_million_sum + 999_999) / 1_000_000
+}
+
+/// The charge is the provider's usage at the model's prices, cached input priced once at its
+/// own rate (not also as input), and the rest of the ceiling goes back; the reply says what it
+/// cost in `x-gateway-credits`, and the entry records each kind of token.
+#[tokio::test]
+async fn a_call_is_charged_what_its_usage_costs_and_the_rest_of_its_ceiling_goes_back() {
+    each_database(async |db| {
+        let rig = rig(db).await;
+        let key = rig.db.funded_key(1_000, 500).await;
+        rig.openai.then(chat_reply(json!({
+            "prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42,
+            "prompt_tokens_details": {"cached_tokens": 20},
+            "completion_tokens_details": {"reasoning_tokens": 8}
+        })));
+        let response = rig
+            .gateway
+            .client
+            .post(format!("{}{CHAT}", rig.gateway.base))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .body(chat("metered-chat", Some(100)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        // 10 uncached input + 20 cached + 12 output (reasoning inside it, not added again).
+        let cost = whole(at(10, 100_000) + at(20, 50_000) + at(12, 400_000));
+        assert_eq!(cost, 7);
+        let header = response.headers()["x-gateway-credits"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(header, cost.to_string());
+        assert_eq!(rig.db.balance(&key).await, balance(1_000 - cost, 500));
+        let call = rig.db.calls(&key).await.remove(0);
+        assert_eq!(call.status, CallStatus::Ok);
+        assert_eq!(call.price.get(), cost);
+        assert_eq!(
+            (call.charged_subscription.get(), call.charged_topup.get()),
+            (cost, 0)
+        );
+        assert_eq!(call.shortfall.get(), 0);
+        assert_eq!(
+            (
+                call.input_tokens,
+                call.cache_read_tokens,
+                call.output_tokens,
+                call.reasoning_tokens
+            ),
+            (Some(10), Some(20), Some(12), Some(8))
+        );
+        rig.db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+/// Cache writes are priced once, at their own rate by duration: not as input as well, and an
+/// hour's write not at the five-minute rate.
+#[tokio::test]
+async fn anthropic_cache_writes_are_priced_once_at_the_rate_of_their_duration() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = rig.db.funded_key(10_000, 0).await;
+    let reply = json!({
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+        "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+        "usage": {
+            "input_tokens": 10, "output_tokens": 20,
+            "cache_read_input_tokens": 100, "cache_creation_input_tokens": 300,
+            "cache_creation": {"ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 200}
+        }
+    });
+    rig.anthropic.then(Fault::json(200, &reply.to_string()));
+    let body = json!({"model": "metered-claude", "max_tokens": 50,
+        "messages": [{"role": "user", "content": "Hello"}]});
+    let answer = rig
+        .gateway
+        .post_x_api_key(MESSAGES, &key, body.to_string())
+        .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let cost = whole(
+        at(10, 100_000) + at(20, 500_000) + at(100, 10_000) + at(100, 125_000) + at(200, 200_000),
+    );
+    assert_eq!(cost, 65);
+    assert_eq!(rig.db.balance(&key).await.total().get(), 10_000 - cost);
+    let call = rig.db.calls(&key).await.remove(0);
+    assert_eq!(
+        (
+            call.input_tokens,
+            call.cache_read_tokens,
+            call.cache_write_tokens,
+            call.cache_write_1h_tokens
+        ),
+        (Some(10), Some(100), Some(100), Some(200))
+    );
+}
+
+/// An account that cannot cover a call's ceiling is refused `402` before the provider is
+/// called, and nothing is charged; a smaller output limit lowers the ceiling.
+#[tokio::test]
+async fn a_call_whose_ceiling_the_account_cannot_cover_is_refused_402_uncharged() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    // Output alone: 1,000 tokens at 400,000 per million is 400 credits.
+    let key = rig.db.funded_key(100, 0).await;
+    let refused = rig
+        .gateway
+        .post_bearer(CHAT, &key, chat("metered-chat", None))
+        .await;
+    assert_eq!((refused.status, refused.detail()), (402, "积分不足"));
+    assert_eq!(rig.openai.requests(), 0);
+    rig.openai.then(chat_reply(
+        json!({"prompt_tokens": 5, "completion_tokens": 5}),
+    ));
+    let allowed = rig
+        .gateway
+        .post_bearer(CHAT, &key, chat("metered-chat", Some(100)))
+        .await;
+    assert_eq!(allowed.status, 200);
+    assert_eq!(rig.db.balance(&key).await.total().get(), 100 - 3);
+    rig.db.assert_audit_holds().await;
+}
+
+/// A provider reporting more than the reservation held (an estimate that was low): the account
+/// pays what it can and never goes below zero; the entry records the rest as a shortfall.
+#[tokio::test]
+async fn a_cost_above_the_reservation_takes_what_the_account_has_and_records_the_rest() {
+    each_database(async |db| {
+        let rig = rig(db).await;
+        let key = rig.db.funded_key(60, 0).await;
+        // Ceiling: 3 input tokens estimated + 100 output = about 41 credits; the provider says
+        // 1,000 input tokens and 100 output: 140.
+        rig.openai.then(chat_reply(
+            json!({"prompt_tokens": 1000, "completion_tokens": 100}),
+        ));
+        let answer = rig
+            .gateway
+            .post_bearer(CHAT, &key, chat("metered-chat", Some(100)))
+            .await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(rig.db.balance(&key).await, balance(0, 0));
+        let call = rig.db.calls(&key).await.remove(0);
+        assert_eq!(call.price.get(), 60);
+        assert_eq!(call.shortfall.get(), 140 - 60);
+        rig.db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+/// Many concurrent calls on one account never pass a check and then overdraw it (new-api #6609):
+/// each reserves its ceiling in the write that checks it.
+#[tokio::test]
+async fn concurrent_calls_never_overdraw_an_account() {
+    each_database(async |db| {
+        let rig = rig(db).await;
+        // Each call's ceiling is about 41 credits; 200 pay for four of them at once.
+        let key = rig.db.funded_key(200, 0).await;
+        rig.openai.always(chat_reply(
+            json!({"prompt_tokens": 10, "completion_tokens": 100}),
+        ));
+        let calls = (0..24).map(|_| {
+            let (gateway, key) = (&rig.gateway, &key);
+            async move {
+                gateway
+                    .post_bearer(CHAT, key, chat("metered-chat", Some(100)))
+                    .await
+            }
+        });
+        let answers = futures::future::join_all(calls).await;
+        let ok = answers.iter().filter(|answer| answer.status == 200).count() as i64;
+        assert!(
+            answers
+                .iter()
+                .all(|answer| [200, 402].contains(&answer.status))
+        );
+        // Each costs 41 credits (10 × 0.1 + 100 × 0.4 = 41).
+        let left = rig.db.balance(&key).await.total().get();
+        assert!(left >= 0, "{left}");
+        assert_eq!(left, 200 - 41 * ok);
+        assert!(ok >= 4, "{ok} calls got through");
+        rig.db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+/// A reply without usage is charged the gateway's estimate: never refunded whole (new-api
+/// #5235) and never free; a per-call model next to it is charged its price as always.
+#[tokio::test]
+async fn a_reply_without_usage_is_charged_the_estimate_not_refunded_or_free() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = rig.db.funded_key(1_000, 0).await;
+    rig.openai.then(chat_reply(serde_json::Value::Null));
+    let answer = rig
+        .gateway
+        .post_bearer(CHAT, &key, chat("metered-chat", Some(100)))
+        .await;
+    assert_eq!(answer.status, 200);
+    let call = rig.db.calls(&key).await.remove(0);
+    assert_eq!(call.status, CallStatus::Ok);
+    assert!(call.price.get() > 0);
+    // Never more than what the call reserved: input estimated, output counted from the reply.
+    assert!(call.price.get() <= 41, "{call:?}");
+    rig.openai.then(chat_reply(
+        json!({"prompt_tokens": 10_000, "completion_tokens": 10_000}),
+    ));
+    let flat = rig
+        .gateway
+        .post_bearer(CHAT, &key, chat("flat-chat", None))
+        .await;
+    assert_eq!(flat.status, 200);
+    assert_eq!(rig.db.calls(&key).await[0].price.get(), 2);
+    rig.db.assert_audit_holds().await;
+}
+
+/// A provider failure refunds the whole ceiling, as for a price per call.
+#[tokio::test]
+async fn a_failed_call_gets_its_whole_ceiling_back() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = rig.db.funded_key(1_000, 0).await;
+    rig.openai
+        .always(Fault::json(500, r#"{"error":{"message":"down"}}"#));
+    let answer = rig
+        .gateway
+        .post_bearer(CHAT, &key, chat("metered-chat", Some(100)))
+        .await;
+    assert_eq!(answer.status, 502);
+    assert_eq!(rig.db.balance(&key).await.total().get(), 1_000);
+    assert_eq!(rig.db.calls(&key).await[0].status, CallStatus::Refunded);
+    rig.db.assert_audit_holds().await;
+}
+
+/// The models list shows a token-priced model's prices and output ceiling, and only a price for
+/// the others.
+#[tokio::test]
+async fn the_models_list_shows_token_prices() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = rig.db.funded_key(1, 0).await;
+    let listed = rig
+        .gateway
+        .send(
+            rig.gateway
+                .client
+                .get(format!("{}/v1/models", rig.gateway.base))
+                .bearer_auth(&key),
+        )
+        .await;
+    let item = |id: &str| {
+        listed.body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|item| item["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    let metered = item("metered-claude");
+    assert_eq!(metered["token_prices"]["cache_write_1h"], 200000.0);
+    assert_eq!(metered["token_prices"]["cache_read"], 10000.0);
+    assert_eq!(metered["max_output_tokens"], 1000);
+    let flat = item("flat-chat");
+    assert_eq!(flat["price"], 2);
+    assert!(flat.get("token_prices").is_none());
+}
+
+/// In mock mode a token-priced model is charged for the usage the mock reports, computed from
+/// the request, so prices can be tried without a provider.
+#[tokio::test]
+async fn the_mock_reports_usage_from_the_request_and_it_is_charged() {
+    let db = local_db().await;
+    let catalogue = Catalogue::from_toml(
+        r#"
+        [[upstreams]]
+        name = "openai"
+        kind = "openai"
+        base_url = "http://127.0.0.1:9/v1"
+        api_key_env = "UNUSED"
+        [[models]]
+        name = "metered-chat"
+        protocol = "chat_completions"
+        upstream = "openai"
+        max_output_tokens = 100
+        tokens = { input = 100000, output = 400000 }
+        "#,
+    )
+    .unwrap();
+    let gateway = start_gateway(
+        &db,
+        catalogue,
+        model_gateway::Upstream::Mock(model_gateway::upstream::MockUpstream::new()),
+        model_gateway::router::DEFAULT_MAX_BODY_BYTES,
+    )
+    .await;
+    let key = db.funded_key(1_000, 0).await;
+    let body = chat("metered-chat", None);
+    let answer = gateway.post_bearer(CHAT, &key, body.clone()).await;
+    assert_eq!(answer.status, 200);
+    let input = model_gateway::pricing::estimated_input_tokens(body.len()) as i64;
+    assert_eq!(answer.body["usage"]["prompt_tokens"], input);
+    let call = db.calls(&key).await.remove(0);
+    assert_eq!(call.input_tokens, Some(input));
+    assert_eq!(
+        call.price.get(),
+        whole(at(input, 100_000) + at(16, 400_000))
+    );
+}
