@@ -251,6 +251,22 @@ pub fn estimated_text_tokens(text_bytes: usize) -> u64 {
     (text_bytes as u64).div_ceil(BYTES_PER_TOKEN)
 }
 
+/// Tokens in `text` the gateway passed on, counted with `OpenAI`'s tokenizer (`o200k_base`,
+/// the `tokenizer` feature) or else estimated as [`estimated_text_tokens`]; never zero for text
+/// that is not empty. Other providers' tokenizers differ: for them it is an approximation.
+pub fn counted_text_tokens(text: &str) -> u64 {
+    if text.is_empty() {
+        return 0;
+    }
+    #[cfg(feature = "tokenizer")]
+    let tokens = tiktoken_rs::o200k_base_singleton()
+        .encode_ordinary(text)
+        .len() as u64;
+    #[cfg(not(feature = "tokenizer"))]
+    let tokens = estimated_text_tokens(text.len());
+    tokens.max(1)
+}
+
 /// Bytes of text per token, for [`estimated_input_tokens`] and [`estimated_text_tokens`].
 const BYTES_PER_TOKEN: u64 = 4;
 
@@ -360,6 +376,14 @@ mod tests {
             Pricing::per_call(Credits::new(3)).ceiling(1_000_000, 1_000_000),
             Credits::new(3)
         );
+    }
+
+    #[test]
+    #[cfg(feature = "tokenizer")]
+    fn forwarded_text_is_counted_with_openais_tokenizer() {
+        assert_eq!(counted_text_tokens(""), 0);
+        assert_eq!(counted_text_tokens("Hello"), 1);
+        assert_eq!(counted_text_tokens("Hello, world!"), 4);
     }
 
     #[test]

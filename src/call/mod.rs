@@ -127,6 +127,11 @@ pub struct RoutedCall {
     /// The output limit the client set (`max_tokens`, `max_completion_tokens`,
     /// `max_output_tokens`), if any.
     pub output_limit: Option<u64>,
+    /// A chat stream of a token-priced model whose client did not ask for its usage: the
+    /// gateway asks the provider for it (`stream_options.include_usage`), and the chunk that
+    /// carries it is not passed on (a client that did not ask may not expect a chunk without
+    /// choices).
+    pub gateway_asks_usage: bool,
     /// Byte range of the `model` value (with its quotes) in the body the router read, for
     /// renaming it upstream without re-serialising anything else; `None` for a call built by
     /// hand. Private: a range that did not come from the body could cut it anywhere.
@@ -147,6 +152,7 @@ impl RoutedCall {
             translation: None,
             input_estimate: 0,
             output_limit: None,
+            gateway_asks_usage: false,
             model_span: None,
         }
     }
@@ -196,6 +202,14 @@ impl RoutedCall {
     /// body; a call built by hand has its body re-serialised with the new `model` (a body that
     /// is not a JSON object goes as it is).
     pub fn upstream_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
+        let renamed = self.renamed_body(body, upstream_model);
+        if self.gateway_asks_usage {
+            return usage_asked(&renamed);
+        }
+        renamed
+    }
+
+    fn renamed_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
         let by_alias = self.alias.is_some().then_some(self.model.name.as_str());
         let Some(upstream_model) = upstream_model.or(by_alias) else {
             return body.clone();
@@ -218,6 +232,20 @@ impl RoutedCall {
         renamed.extend_from_slice(&body[span.end..]);
         Bytes::from(renamed)
     }
+}
+
+/// A chat request `body` (an object with fields, that has no `stream_options`) asking for the
+/// stream's usage: `"stream_options":{"include_usage":true}` as its first field.
+fn usage_asked(body: &Bytes) -> Bytes {
+    let Some(open) = body.iter().position(|byte| *byte == b'{') else {
+        return body.clone();
+    };
+    const ASKED: &[u8] = br#""stream_options":{"include_usage":true},"#;
+    let mut asked = Vec::with_capacity(body.len() + ASKED.len());
+    asked.extend_from_slice(&body[..=open]);
+    asked.extend_from_slice(ASKED);
+    asked.extend_from_slice(&body[open + 1..]);
+    Bytes::from(asked)
 }
 
 /// `body` with its `model` set to `model`, re-serialised; as it is if it is not a JSON object.

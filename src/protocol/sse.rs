@@ -144,13 +144,22 @@ pub(crate) enum EventKind {
     Other,
 }
 
-/// Reads a protocol's events in order and keeps what billing needs: the usage reported so far.
+/// Reads a protocol's events in order and keeps what billing needs: the usage reported so far,
+/// and, for a call priced by tokens, the output it passed on, counted.
 #[derive(Debug, Clone)]
 pub(crate) struct StreamReader {
     protocol: Protocol,
     usage: TokenUsage,
     /// The Responses API numbers its events; the next number, for an event the gateway adds.
     next_sequence: u64,
+    /// Output tokens in the content read so far, when counted (see [`counting_output`]).
+    ///
+    /// [`counting_output`]: Self::counting_output
+    counted_output: Option<u64>,
+    /// The stream's normal end was read.
+    ended: bool,
+    /// The last event read was a chat chunk that carries only usage (no choices).
+    usage_only: bool,
 }
 
 impl StreamReader {
@@ -160,24 +169,66 @@ impl StreamReader {
             protocol,
             usage: TokenUsage::default(),
             next_sequence: 0,
+            counted_output: None,
+            ended: false,
+            usage_only: false,
         }
+    }
+
+    /// Counts the output of the content events read (see [`usage`](Self::usage)).
+    pub(crate) fn counting_output(mut self) -> StreamReader {
+        self.counted_output = Some(0);
+        self
     }
 
     /// Reads one complete event.
     pub(crate) fn read(&mut self, event: &[u8]) -> EventKind {
         let text = String::from_utf8_lossy(event);
         let event = Event::parse(&text);
-        match self.protocol {
+        self.usage_only = false;
+        let kind = match self.protocol {
             Protocol::Messages => self.read_messages(&event),
             Protocol::Responses => self.read_responses(&event),
             // Embeddings never stream; were one to, it would be read as `OpenAI`'s.
             Protocol::ChatCompletions | Protocol::Embeddings => self.read_chat(&event),
+        };
+        match kind {
+            EventKind::End => self.ended = true,
+            EventKind::Content => {
+                if let Some(counted) = &mut self.counted_output {
+                    let text = content_text(self.protocol, &event.data);
+                    *counted += crate::pricing::counted_text_tokens(&text);
+                }
+            }
+            EventKind::Error(_) | EventKind::Other => {}
         }
+        kind
     }
 
-    /// The usage the stream has reported so far.
+    /// Whether the last event read was a chat chunk carrying only usage, as a provider sends
+    /// when asked for it (`stream_options.include_usage`).
+    pub(crate) fn usage_only(&self) -> bool {
+        self.usage_only
+    }
+
+    /// The usage the stream has reported so far. When output is counted: before the stream's
+    /// end, the larger of the output reported and the output counted (a provider reports its
+    /// final count only at the end); at the end, the output counted if none was reported. A
+    /// count of the gateway's own is marked [`TokenUsage::estimated`].
     pub(crate) fn usage(&self) -> TokenUsage {
-        self.usage
+        let mut usage = self.usage;
+        if let Some(counted) = self.counted_output {
+            let counted = i64::try_from(counted).unwrap_or(i64::MAX);
+            let use_count = match usage.output_tokens {
+                None => true,
+                Some(reported) => !self.ended && counted > reported,
+            };
+            if use_count {
+                usage.output_tokens = Some(counted);
+                usage.estimated = true;
+            }
+        }
+        usage
     }
 
     /// The gateway's last event when the provider failed after the stream started: see
@@ -325,6 +376,7 @@ impl StreamReader {
         }
         if let Some(usage) = chunk.usage {
             self.merge(usage);
+            self.usage_only = chunk.choices.1;
         }
         if chunk.choices.0 {
             EventKind::Content
@@ -340,9 +392,17 @@ impl StreamReader {
 
 /// Whether a chat chunk's `choices` carry content: a `delta` field other than `role` whose
 /// value is not empty (the first chunk usually carries only `role` and an empty `content`).
-/// Read as the chunk is parsed, without building the choices.
-#[derive(Debug, Default)]
-struct ChoicesHaveContent(bool);
+/// Read as the chunk is parsed, without building the choices. The second field: there are no
+/// choices (a chunk carrying only usage).
+#[derive(Debug)]
+struct ChoicesHaveContent(bool, bool);
+
+impl Default for ChoicesHaveContent {
+    /// No `choices` at all: no content, no choices.
+    fn default() -> Self {
+        ChoicesHaveContent(false, true)
+    }
+}
 
 impl<'de> Deserialize<'de> for ChoicesHaveContent {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -357,11 +417,12 @@ impl<'de> Deserialize<'de> for ChoicesHaveContent {
                 f.write_str("a list of choices")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut choices: A) -> Result<Self::Value, A::Error> {
-                let mut content = false;
+                let (mut content, mut none) = (false, true);
                 while let Some(choice) = choices.next_element::<Choice>()? {
                     content |= choice.delta.is_some_and(|delta| delta.0);
+                    none = false;
                 }
-                Ok(ChoicesHaveContent(content))
+                Ok(ChoicesHaveContent(content, none))
             }
         }
         deserializer.deserialize_seq(Choices)
@@ -448,6 +509,46 @@ pub(crate) fn error_event(protocol: Protocol, error: &GatewayError, next_sequenc
         ),
     };
     Bytes::from(event)
+}
+
+/// The text a content event carries: what a client reads as output (text, reasoning, a
+/// refusal, a tool call's name and arguments), joined, for counting its tokens.
+fn content_text(protocol: Protocol, data: &str) -> String {
+    let Ok(event) = serde_json::from_str::<serde_json::Value>(data) else {
+        return String::new();
+    };
+    let mut text = String::new();
+    let mut take = |value: &serde_json::Value| {
+        if let Some(piece) = value.as_str() {
+            text.push_str(piece);
+        }
+    };
+    match protocol {
+        Protocol::Messages => {
+            for block in [&event["delta"], &event["content_block"]] {
+                for field in ["text", "partial_json", "thinking", "name"] {
+                    take(&block[field]);
+                }
+            }
+        }
+        Protocol::Responses => {
+            take(&event["delta"]);
+            take(&event["item"]["name"]);
+        }
+        Protocol::ChatCompletions | Protocol::Embeddings => {
+            for choice in event["choices"].as_array().into_iter().flatten() {
+                let delta = &choice["delta"];
+                for field in ["content", "reasoning_content", "reasoning", "refusal"] {
+                    take(&delta[field]);
+                }
+                for call in delta["tool_calls"].as_array().into_iter().flatten() {
+                    take(&call["function"]["name"]);
+                    take(&call["function"]["arguments"]);
+                }
+            }
+        }
+    }
+    text
 }
 
 #[cfg(test)]

@@ -151,6 +151,9 @@ pub(super) struct BilledStream {
     /// For a keyed call, the events passed on so far, kept with the settle for its retries;
     /// `None` when not kept (no key, or past [`MAX_KEPT_REPLY_BYTES`]).
     kept: Option<BytesMut>,
+    /// Chunks carrying only usage are not passed on: the gateway asked for them, not the
+    /// client (see [`RoutedCall::gateway_asks_usage`](crate::RoutedCall::gateway_asks_usage)).
+    hide_usage_chunks: bool,
 }
 
 impl BilledStream {
@@ -167,6 +170,13 @@ impl BilledStream {
             upstream_status: Some(success.upstream_status),
             error: CLIENT_LEFT_BEFORE_CONTENT.to_owned(),
         }));
+        // A call priced by tokens whose client leaves before the provider reports usage is
+        // charged for the output it was passed, counted.
+        let reader = if guard.is_metered() {
+            StreamReader::new(protocol).counting_output()
+        } else {
+            StreamReader::new(protocol)
+        };
         let now = Instant::now();
         let deadline = now + limits.deadline;
         let call = WatchedCall::new(
@@ -178,7 +188,7 @@ impl BilledStream {
         BilledStream {
             upstream: Some(upstream),
             splitter: EventSplitter::new(),
-            reader: StreamReader::new(protocol),
+            reader,
             call,
             success,
             limits,
@@ -189,7 +199,13 @@ impl BilledStream {
             finishing: None,
             done: false,
             kept: None,
+            hide_usage_chunks: false,
         }
+    }
+
+    /// Leaves out the chunks that carry only usage (the gateway asked for them).
+    pub(super) fn hide_usage_chunks(&mut self) {
+        self.hide_usage_chunks = true;
     }
 
     /// Keeps the events passed on, so that the settle can store them for the call's retries.
@@ -340,6 +356,7 @@ impl BilledStream {
                     break;
                 }
                 EventKind::Content => content = true,
+                EventKind::Other if self.hide_usage_chunks && self.reader.usage_only() => continue,
                 EventKind::Other => {}
             }
             self.keep(&event);

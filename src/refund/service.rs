@@ -125,6 +125,7 @@ where
         let protocol = routed.map(|routed| routed.protocol);
         let model = routed.map(|routed| routed.model.clone());
         let access = request.extensions().get::<AccessEntry>().cloned();
+        let hide_usage_chunks = routed.is_some_and(|routed| routed.gateway_asks_usage);
         let unsettled = request
             .extensions()
             .get::<Reservation>()
@@ -223,6 +224,9 @@ where
                         BilledStream::new(events, protocol, unsettled, success, limits, writes);
                     if keep_reply {
                         stream.keep_reply();
+                    }
+                    if hide_usage_chunks {
+                        stream.hide_usage_chunks();
                     }
                     Ok(Response::from_parts(parts, ResponseBody::stream(stream)))
                 }

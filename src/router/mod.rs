@@ -650,6 +650,8 @@ struct Envelope<'a> {
     #[serde(borrow, default)]
     stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default)]
     input: Option<&'a RawValue>,
     #[serde(borrow, default)]
     previous_response_id: Option<&'a RawValue>,
@@ -669,6 +671,11 @@ pub fn route(
     if routed.model.pricing.is_metered() {
         routed.input_estimate = crate::pricing::estimated_input_tokens(body.len());
         routed.output_limit = output_limit(&envelope);
+        // A chat stream reports its usage only when asked: a client that set no
+        // `stream_options` is asked for by the gateway (one that set them keeps its choice).
+        routed.gateway_asks_usage = routed.stream
+            && protocol == Protocol::ChatCompletions
+            && envelope.stream_options.is_none();
     }
     Ok(routed)
 }

@@ -110,8 +110,11 @@ impl MockUpstream {
         model: &str,
         body: &[u8],
         input_tokens: u64,
+        gateway_asks_usage: bool,
     ) -> Vec<Bytes> {
-        let include_usage = wants_usage_chunk(body);
+        // Asked by the client, or by the gateway on the client's behalf (as a provider would
+        // read the request the gateway sends).
+        let include_usage = gateway_asks_usage || wants_usage_chunk(body);
         let serial = self.replies.fetch_add(1, Ordering::Relaxed) + 1;
         let pieces = text_pieces(MOCK_REPLY_TEXT, MOCK_STREAM_DELTAS);
         let mut events = Vec::new();
@@ -128,6 +131,7 @@ impl MockUpstream {
                     model,
                     chat.as_bytes(),
                     input_tokens,
+                    false,
                 );
                 for chunk in chat {
                     let translated = translator.push(&chunk);
@@ -351,7 +355,9 @@ impl<B: AsRef<[u8]>> Service<Request<B>> for MockUpstream {
         let (protocol, model) = (routed.protocol, routed.model.name.as_str());
         if routed.stream {
             let body = request.body().as_ref();
-            let events = self.events(protocol, model, body, mock_input_tokens(body));
+            let input_tokens = mock_input_tokens(body);
+            let asked = routed.gateway_asks_usage;
+            let events = self.events(protocol, model, body, input_tokens, asked);
             let mut response = Response::new(UpstreamBody::event_chunks(events));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,

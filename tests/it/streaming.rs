@@ -49,7 +49,7 @@ impl Streamed {
     }
 
     /// The text of every text delta, joined, in either protocol.
-    fn joined_text(&self) -> String {
+    pub(crate) fn joined_text(&self) -> String {
         self.data()
             .iter()
             .filter_map(|data| {

@@ -4,6 +4,7 @@
 
 use crate::common;
 
+use crate::streaming::{finished_call, leave_after, stream};
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
 use model_gateway::{Catalogue, store::CallStatus};
@@ -14,6 +15,8 @@ use serde_json::json;
 fn catalogue(openai: &FakeProvider, anthropic: &FakeProvider) -> Catalogue {
     Catalogue::from_toml(&format!(
         r#"
+        streaming = true
+
         [[upstreams]]
         name = "openai"
         kind = "openai"
@@ -410,4 +413,154 @@ async fn the_mock_reports_usage_from_the_request_and_it_is_charged() {
         call.price.get(),
         whole(at(input, 100_000) + at(16, 400_000))
     );
+}
+
+fn chat_stream(model: &str, max_tokens: u64) -> serde_json::Value {
+    json!({"model": model, "stream": true, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "Hello"}]})
+}
+
+fn chunk(delta: &str) -> String {
+    let chunk = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {"content": delta}, "finish_reason": null}]});
+    format!("data: {chunk}\n\n")
+}
+
+/// A chat stream of a token-priced model is settled on the usage the provider reports at its
+/// end, which the gateway asks for when the client did not (so that no streamed call is
+/// billed as zero, `LiteLLM` #37923), without passing that chunk to a client that did not ask.
+#[tokio::test]
+async fn a_chat_stream_settles_on_the_usage_the_gateway_asked_for_without_showing_it() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = db.funded_key(1_000, 0).await;
+    let usage = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 20, "total_tokens": 60}});
+    rig.openai.then(Fault::sse([
+        chunk("Hel"),
+        chunk("lo"),
+        format!("data: {usage}\n\n"),
+        "data: [DONE]\n\n".to_owned(),
+    ]));
+    let received = stream(&rig.gateway, CHAT, &key, chat_stream("metered-chat", 100)).await;
+    assert_eq!(received.status, 200);
+    assert_eq!(received.joined_text(), "Hello");
+    assert!(
+        !received.text().contains("\"usage\""),
+        "{}",
+        received.text()
+    );
+    assert!(received.text().ends_with("data: [DONE]\n\n"));
+    let sent: serde_json::Value = serde_json::from_slice(&rig.openai.last().body).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    let cost = whole(at(40, 100_000) + at(20, 400_000));
+    let call = finished_call(&db, &key).await;
+    assert_eq!((call.status, call.price.get()), (CallStatus::Ok, cost));
+    assert_eq!(
+        (call.input_tokens, call.output_tokens),
+        (Some(40), Some(20))
+    );
+    assert_eq!(db.balance(&key).await.total().get(), 1_000 - cost);
+
+    // A client that asked for the usage gets it, as the provider sent it.
+    rig.openai.then(Fault::sse([
+        chunk("Hi"),
+        format!("data: {usage}\n\n"),
+        "data: [DONE]\n\n".to_owned(),
+    ]));
+    let mut asked = chat_stream("metered-chat", 100);
+    asked["stream_options"] = json!({"include_usage": true});
+    let received = stream(&rig.gateway, CHAT, &key, asked).await;
+    assert!(received.text().contains("\"usage\""));
+    db.assert_audit_holds().await;
+}
+
+/// A client that leaves mid-stream is charged its input and the output it was passed, counted
+/// from the deltas: not an estimate of output never generated (new-api #4168), never zero for
+/// content it got, never more than the reservation.
+#[tokio::test]
+async fn a_client_leaving_mid_stream_pays_its_input_and_the_output_it_was_passed() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = db.funded_key(1_000, 0).await;
+    let body = chat_stream("metered-chat", 100);
+    let deltas = [
+        chunk("The quick brown fox"),
+        chunk(" jumps over the lazy dog"),
+    ];
+    leave_after(&rig.gateway, &rig.openai, CHAT, &key, body.clone(), &deltas).await;
+    let call = finished_call(&db, &key).await;
+    assert_eq!(call.status, CallStatus::Ok);
+    let forwarded = model_gateway::pricing::counted_text_tokens("The quick brown fox")
+        + model_gateway::pricing::counted_text_tokens(" jumps over the lazy dog");
+    assert_eq!(call.output_tokens, Some(forwarded as i64));
+    let input = model_gateway::pricing::estimated_input_tokens(body.to_string().len()) as i64;
+    let cost = whole(at(input, 100_000) + at(forwarded as i64, 400_000));
+    assert_eq!(call.price.get(), cost);
+    assert!(cost > 0 && cost < 41, "{cost}");
+    assert_eq!(db.balance(&key).await.total().get(), 1_000 - cost);
+    db.assert_audit_holds().await;
+}
+
+/// A stream that ends normally without usage (its client turned usage off) is charged the
+/// estimate: the input estimated and the output counted; never refunded whole (new-api #5235).
+#[tokio::test]
+async fn a_stream_ending_without_usage_is_charged_the_estimate() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = db.funded_key(1_000, 0).await;
+    rig.openai.then(Fault::sse([
+        chunk("Hello there"),
+        "data: [DONE]\n\n".to_owned(),
+    ]));
+    let mut body = chat_stream("metered-chat", 100);
+    body["stream_options"] = json!({"include_usage": false});
+    let received = stream(&rig.gateway, CHAT, &key, body.clone()).await;
+    assert_eq!(received.joined_text(), "Hello there");
+    let call = finished_call(&db, &key).await;
+    assert_eq!(call.status, CallStatus::Ok);
+    let output = model_gateway::pricing::counted_text_tokens("Hello there") as i64;
+    let input = model_gateway::pricing::estimated_input_tokens(body.to_string().len()) as i64;
+    assert_eq!(call.output_tokens, Some(output));
+    assert_eq!(
+        call.price.get(),
+        whole(at(input, 100_000) + at(output, 400_000))
+    );
+    db.assert_audit_holds().await;
+}
+
+/// An Anthropic stream left mid-way: the input its start reported, and the output passed on
+/// counted, rather than the one token its start reports.
+#[tokio::test]
+async fn a_messages_stream_left_mid_way_pays_the_reported_input_and_the_output_passed() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = db.funded_key(10_000, 0).await;
+    let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"usage\":{\"input_tokens\":50,\"output_tokens\":1}}}\n\n";
+    let delta = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello there, how can I help you today?\"}}\n\n";
+    let body = json!({"model": "metered-claude", "stream": true, "max_tokens": 100,
+        "messages": [{"role": "user", "content": "Hello"}]});
+    leave_after(
+        &rig.gateway,
+        &rig.anthropic,
+        MESSAGES,
+        &key,
+        body,
+        &[start, delta],
+    )
+    .await;
+    let call = finished_call(&db, &key).await;
+    let output =
+        model_gateway::pricing::counted_text_tokens("Hello there, how can I help you today?")
+            as i64;
+    assert!(output > 1);
+    assert_eq!(
+        (call.input_tokens, call.output_tokens),
+        (Some(50), Some(output))
+    );
+    assert_eq!(
+        call.price.get(),
+        whole(at(50, 100_000) + at(output, 500_000))
+    );
+    db.assert_audit_holds().await;
 }
