@@ -386,6 +386,22 @@ mod tests {
         assert_eq!(counted_text_tokens("Hello, world!"), 4);
     }
 
+    /// The README's worked example.
+    #[test]
+    fn the_readmes_worked_example_costs_4_of_the_5_it_reserved() {
+        let prices = TokenPrices::new(rate(250.0), rate(1_000.0)).with_cache_read(rate(125.0));
+        let pricing = Pricing::tokens(prices);
+        let usage = TokenUsage {
+            input_tokens: Some(4_000),
+            cache_read_tokens: Some(8_000),
+            output_tokens: Some(1_500),
+            reasoning_tokens: Some(500),
+            ..TokenUsage::default()
+        };
+        assert_eq!(pricing.cost(&usage), Credits::new(4));
+        assert_eq!(pricing.ceiling(estimated_input_tokens(48_000), 2_000), Credits::new(5));
+    }
+
     #[test]
     fn input_is_estimated_from_the_body_rounded_up() {
         assert_eq!(estimated_input_tokens(0), 0);

@@ -96,6 +96,7 @@ fn name(load: Load) -> &'static str {
     match load {
         Load::Calls => "calls",
         Load::Responses => "responses",
+        Load::Metered => "metered",
         Load::Refusals => "refusals",
     }
 }

@@ -35,6 +35,9 @@
 //! `LOADTEST_ONLY=responses` runs instead `POST /v1/responses` beside chat completions through
 //! the in-memory gateway, in mock mode and through a translating upstream (see `responses.rs`).
 //!
+//! `LOADTEST_ONLY=tokens` runs instead a token-priced model beside a per-call one, on the
+//! in-memory gateway and an owned `SQLite` file (see `tokens.rs`).
+//!
 //! `LOADTEST_ONLY=logged` runs instead the release gateway binary as an operator runs it (mock
 //! mode, an owned `SQLite` file, logging at `info` to a file): paid calls, then a flood of
 //! requests it refuses (a wrong key, a body that is not JSON, an unknown model), at concurrency
@@ -64,6 +67,7 @@ mod memory;
 mod responses;
 mod streaming;
 mod targets;
+mod tokens;
 
 use drive::{Figures, drive, ms, print_figures, print_ledger};
 use journal::Journal;
@@ -101,6 +105,10 @@ async fn main() {
     }
     if std::env::var("LOADTEST_ONLY").as_deref() == Ok("responses") {
         responses::run(requests, rounds).await;
+        return;
+    }
+    if std::env::var("LOADTEST_ONLY").as_deref() == Ok("tokens") {
+        tokens::run(requests, rounds).await;
         return;
     }
     let dir = tempfile::tempdir().unwrap();

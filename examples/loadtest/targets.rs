@@ -16,6 +16,22 @@ use crate::journal::Journal;
 pub const BODY: &str =
     r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
 
+/// [`BODY`]'s question to [`METERED_MODEL`].
+pub const METERED_BODY: &str = r#"{"model":"gpt-4o-mini-metered","messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
+
+/// `gpt-4o-mini` priced by tokens, beside the demo catalogue's per-call models.
+pub const METERED_MODEL: &str = r#"
+[[models]]
+name = "gpt-4o-mini-metered"
+protocol = "chat_completions"
+upstream = "openai"
+max_output_tokens = 1000
+[models.tokens]
+input = 15
+output = 60
+cache_read = 7.5
+"#;
+
 /// [`BODY`]'s question as a Responses request.
 pub const RESPONSES_BODY: &str =
     r#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hello, how are you today?"}]}"#;
@@ -128,6 +144,17 @@ pub async fn memory_gateway(journal: Option<Journal>) -> Target {
     }
 }
 
+/// The in-memory gateway in mock mode serving `catalogue`.
+pub async fn memory_gateway_with(name: &'static str, catalogue: Catalogue) -> Target {
+    let (router, key) = memory_router(catalogue, Upstream::Mock(MockUpstream::new())).await;
+    Target {
+        name,
+        base: serve_gateway(router).await,
+        key: Some(key),
+        store: None,
+    }
+}
+
 /// The gateway's router on an in-memory store with one funded key (returned).
 async fn memory_router(catalogue: Catalogue, upstream: Upstream) -> (axum::Router, String) {
     let store = Arc::new(MemoryStore::new());
@@ -159,6 +186,11 @@ pub async fn memory_gateway_over_http(name: &'static str, catalogue: Catalogue) 
 }
 
 pub async fn gateway(name: &'static str, store: SeaOrmStore) -> Target {
+    gateway_with(name, store, Catalogue::demo()).await
+}
+
+/// [`gateway`] serving `catalogue`.
+pub async fn gateway_with(name: &'static str, store: SeaOrmStore, catalogue: Catalogue) -> Target {
     let store = Arc::new(store);
     let new = model_gateway::admin::NewAccount {
         name: "load".into(),
@@ -172,7 +204,7 @@ pub async fn gateway(name: &'static str, store: SeaOrmStore) -> Target {
         .key;
     let router = model_gateway::Gateway::new(
         store.clone(),
-        Arc::new(Catalogue::demo()),
+        Arc::new(catalogue),
         Upstream::Mock(MockUpstream::new()),
     )
     .body_limits(DEFAULT_MAX_BODY_BYTES)
