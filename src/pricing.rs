@@ -399,7 +399,10 @@ mod tests {
             ..TokenUsage::default()
         };
         assert_eq!(pricing.cost(&usage), Credits::new(4));
-        assert_eq!(pricing.ceiling(estimated_input_tokens(48_000), 2_000), Credits::new(5));
+        assert_eq!(
+            pricing.ceiling(estimated_input_tokens(48_000), 2_000),
+            Credits::new(5)
+        );
     }
 
     #[test]

@@ -12,7 +12,10 @@ pub async fn run(requests: u64, rounds: usize) {
     let catalogue = || Catalogue::from_toml(&format!("{DEMO_CATALOGUE}\n{METERED_MODEL}")).unwrap();
     let memory = memory_gateway_with("in-memory", catalogue()).await;
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}?mode=rwc", dir.path().join("owned.db").display());
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("owned.db").display()
+    );
     let owned = SeaOrmStore::connect(&url)
         .await
         .unwrap()
@@ -60,7 +63,9 @@ async fn compare(target: &Target, concurrency: usize, requests: u64, rounds: usi
             median(|f| f.rps),
             median(|f| ms(f.p50)),
             median(|f| ms(f.p99)),
-            median(|f| f.cpu_per_request.map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
+            median(|f| f
+                .cpu_per_request
+                .map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
         );
     }
 }

@@ -165,6 +165,15 @@ pub struct DailyUsage {
     pub calls: i64,
     /// How many credits they took.
     pub credits: i64,
+    /// Their tokens, by kind (see [`TokenUsage`](crate::protocol::TokenUsage)): input neither
+    /// read from nor written to a cache.
+    pub input_tokens: i64,
+    /// Output tokens, reasoning included.
+    pub output_tokens: i64,
+    /// Input tokens read from a cache.
+    pub cache_read_tokens: i64,
+    /// Input tokens written to a cache, for 5 minutes or for an hour.
+    pub cache_write_tokens: i64,
 }
 
 /// One account's audit: what was granted, what `ok` and `pending` calls took, what is left.

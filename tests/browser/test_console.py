@@ -172,9 +172,9 @@ def test_a_key_holder_sees_balance_usage_and_calls_update(gateway, browser):
     rows = browser.find_elements(By.CSS_SELECTOR, "#calls tr")
     assert len(rows) == 4
     refunded = rows[0].find_elements(By.TAG_NAME, "td")
-    assert refunded[4].text == "refunded"
-    assert refunded[6].text != "", "the refunded call shows its upstream error"
-    assert [r.find_elements(By.TAG_NAME, "td")[4].text for r in rows[1:]] == ["ok"] * 3
+    assert refunded[5].text == "refunded"
+    assert refunded[7].text != "", "the refunded call shows its upstream error"
+    assert [r.find_elements(By.TAG_NAME, "td")[5].text for r in rows[1:]] == ["ok"] * 3
     # The chart has today's bar, the legend its model.
     assert browser.find_elements(By.CSS_SELECTOR, "#chart rect")
     assert "gpt-4o-mini" in browser.find_element(By.ID, "legend").text
@@ -204,6 +204,32 @@ def test_the_calls_table_shows_each_calls_protocol(gateway, browser):
     rows = browser.find_elements(By.CSS_SELECTOR, "#calls tr")
     protocols = [row.find_elements(By.TAG_NAME, "td")[2].text for row in rows]
     assert protocols == ["embeddings", "responses", "chat_completions"]
+    browser.find_element(By.ID, "sign-out").click()
+
+
+def test_a_key_holder_sees_the_prices_and_a_token_priced_calls_tokens(gateway, browser):
+    key = gateway.new_key(100)
+    assert call(gateway.base, key, model="gpt-4.1-mini") == 200
+    sign_in(browser, gateway.base + "/console/", "key", key)
+    wait_text(browser, "total", "99")
+    [entry] = browser.find_elements(By.CSS_SELECTOR, "#calls tr")
+    cells = [cell.text for cell in entry.find_elements(By.TAG_NAME, "td")]
+    # Charged one credit; the mock's usage: the input estimated from the request, 16 out.
+    assert cells[1:4] == ["gpt-4.1-mini", "chat_completions", "1"]
+    assert cells[4].startswith("输入 ") and "输出 16" in cells[4], cells[4]
+    prices = {
+        row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[2].text
+        for row in browser.find_elements(By.CSS_SELECTOR, "#models tr")
+    }
+    assert prices["gpt-4o-mini"] == "2 每次"
+    assert prices["gpt-4.1-mini"] == "输入 40 / 输出 160 / 缓存读 10 / 缓存写 40 每百万 Token"
+    browser.find_element(By.ID, "language").click()
+    wait_text(browser, "sign-out", "Sign out")
+    # The tables are drawn again in the language chosen.
+    WebDriverWait(browser, 10).until(
+        lambda d: "out 16" in d.find_element(By.CSS_SELECTOR, "#calls tr").find_elements(By.TAG_NAME, "td")[4].text
+    )
+    browser.find_element(By.ID, "language").click()
     browser.find_element(By.ID, "sign-out").click()
 
 
@@ -337,6 +363,7 @@ def test_a_refresh_answered_late_is_not_drawn_over_a_later_one(gateway, browser)
     assert call(gateway.base, key) == 200
     browser.find_element(By.ID, "refresh").click()
     wait_text(browser, "total", "48")
-    WebDriverWait(browser, 10).until(lambda d: d.execute_script("return window.lateAnswers") == 3)
+    # A refresh asks four things: balance, usage, calls and models.
+    WebDriverWait(browser, 10).until(lambda d: d.execute_script("return window.lateAnswers") == 4)
     assert browser.find_element(By.ID, "total").text == "48", "the older answer was drawn last"
     assert len(browser.find_elements(By.CSS_SELECTOR, "#calls tr")) == 1

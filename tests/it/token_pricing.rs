@@ -157,6 +157,26 @@ async fn a_call_is_charged_what_its_usage_costs_and_the_rest_of_its_ceiling_goes
             ),
             (Some(10), Some(20), Some(12), Some(8))
         );
+        // The usage summary sums the kinds, and the credits charged.
+        let usage = rig
+            .gateway
+            .send(
+                rig.gateway
+                    .client
+                    .get(format!("{}/v1/usage", rig.gateway.base))
+                    .bearer_auth(&key),
+            )
+            .await;
+        let day = &usage.body["data"][0];
+        assert_eq!(day["credits"], cost);
+        assert_eq!(
+            (
+                &day["input_tokens"],
+                &day["cache_read_tokens"],
+                &day["output_tokens"]
+            ),
+            (&json!(10), &json!(20), &json!(12))
+        );
         rig.db.assert_audit_holds().await;
     })
     .await;

@@ -161,6 +161,7 @@ async function openAccount(id) {
           formatTime(call.created_at),
           call.model,
           call.price,
+          tokensText(call),
           el("span", call.status, "status-" + call.status),
           call.request_id,
           call.status === "refunded" ? call.upstream_error : "",

@@ -23,6 +23,16 @@ const LABELS = {
   model: ["模型", "Model"],
   protocol: ["协议", "Protocol"],
   price: ["价格", "Price"],
+  charged: ["扣除积分", "Charged"],
+  tokens: ["Tokens", "Tokens"],
+  tokenIn: ["输入", "in"],
+  tokenOut: ["输出", "out"],
+  tokenCacheRead: ["缓存读", "cache read"],
+  tokenCacheWrite: ["缓存写", "cache write"],
+  shortfall: ["欠额", "unpaid"],
+  perCall: ["每次", "per call"],
+  perMillion: ["每百万 Token", "per million tokens"],
+  modelPrices: ["模型与价格", "Models and prices"],
   status: ["状态", "Status"],
   requestId: ["请求 ID", "Request id"],
   error: ["上游错误", "Upstream error"],
@@ -87,6 +97,39 @@ function el(tag, text, className) {
   if (text !== undefined && text !== null) element.textContent = String(text);
   if (className) element.className = className;
   return element;
+}
+
+/** A call's tokens by kind, as one line ("in 10 · out 12 · cache read 20"), and what it could
+ * not pay; empty when its provider reported none. */
+function tokensText(call) {
+  const kinds = [
+    ["tokenIn", call.input_tokens],
+    ["tokenOut", call.output_tokens],
+    ["tokenCacheRead", call.cache_read_tokens],
+    ["tokenCacheWrite", (call.cache_write_tokens || 0) + (call.cache_write_1h_tokens || 0) || null],
+    ["shortfall", call.shortfall || null],
+  ];
+  return kinds
+    .filter(([, count]) => count !== null && count !== undefined)
+    .map(([name, count]) => t(name) + " " + count)
+    .join(" · ");
+}
+
+/** A model's prices: per call, and per million tokens by kind, as one line. */
+function pricesText(model) {
+  const parts = [];
+  if (model.price > 0) parts.push(model.price + " " + t("perCall"));
+  const tokens = model.token_prices;
+  if (tokens) {
+    const kinds = [
+      ["tokenIn", tokens.input],
+      ["tokenOut", tokens.output],
+      ["tokenCacheRead", tokens.cache_read],
+      ["tokenCacheWrite", tokens.cache_write],
+    ];
+    parts.push(kinds.map(([name, rate]) => t(name) + " " + rate).join(" / ") + " " + t("perMillion"));
+  }
+  return parts.join(" + ");
 }
 
 /** A table row of text cells. */

@@ -46,14 +46,16 @@ async function refresh() {
   const asked = ++refreshes;
   document.getElementById("account-error").textContent = "";
   try {
-    const [balance, usageAnswer, calls] = await Promise.all([
+    const [balance, usageAnswer, calls, models] = await Promise.all([
       callApi(key(), "/v1/balance"),
       callApi(key(), "/v1/usage?days=30"),
       callApi(key(), "/v1/calls?limit=20"),
+      callApi(key(), "/v1/models"),
     ]);
     // A refresh asked for later draws instead, even if this one's answers come last.
     if (asked !== refreshes) return;
     showBalance(balance);
+    showModels(models);
     usage = usageAnswer;
     drawChart();
     document.getElementById("calls").replaceChildren();
@@ -78,6 +80,14 @@ function showBalance(balance) {
     : t("never");
 }
 
+function showModels(models) {
+  const body = document.getElementById("models");
+  body.replaceChildren();
+  for (const model of models.data) {
+    body.append(row([model.id, model.protocol, pricesText(model)]));
+  }
+}
+
 function showCalls(page) {
   const body = document.getElementById("calls");
   for (const call of page.data) {
@@ -88,6 +98,7 @@ function showCalls(page) {
         call.model,
         call.protocol,
         call.price,
+        tokensText(call),
         status,
         call.request_id,
         call.status === "refunded" ? call.upstream_error : "",

@@ -52,25 +52,35 @@ impl CallLog for MemoryStore {
 
 impl MemoryStore {
     fn daily_usage(&self, account: AccountId, since: DateTime<Utc>) -> Vec<DailyUsage> {
-        let mut days: std::collections::BTreeMap<(String, String), (i64, i64)> =
+        let mut days: std::collections::BTreeMap<(String, String), DailyUsage> =
             std::collections::BTreeMap::new();
         for call in &self.lock().calls {
             if call.account == account && call.status == CallStatus::Ok && call.created_at >= since
             {
                 let day = call.created_at.format("%Y-%m-%d").to_string();
-                let sums = days.entry((day, call.model.clone())).or_default();
-                sums.0 += 1;
-                sums.1 += call.price.get();
+                let sums = days
+                    .entry((day.clone(), call.model.clone()))
+                    .or_insert_with(|| DailyUsage {
+                        day,
+                        model: call.model.clone(),
+                        calls: 0,
+                        credits: 0,
+                        input_tokens: 0,
+                        output_tokens: 0,
+                        cache_read_tokens: 0,
+                        cache_write_tokens: 0,
+                    });
+                let count = |tokens: Option<i64>| tokens.unwrap_or(0);
+                sums.calls += 1;
+                sums.credits += call.price.get();
+                sums.input_tokens += count(call.input_tokens);
+                sums.output_tokens += count(call.output_tokens);
+                sums.cache_read_tokens += count(call.cache_read_tokens);
+                sums.cache_write_tokens +=
+                    count(call.cache_write_tokens) + count(call.cache_write_1h_tokens);
             }
         }
-        days.into_iter()
-            .map(|((day, model), (calls, credits))| DailyUsage {
-                day,
-                model,
-                calls,
-                credits,
-            })
-            .collect()
+        days.into_values().collect()
     }
 }
 

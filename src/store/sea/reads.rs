@@ -93,14 +93,20 @@ impl CallLog for SeaOrmStore {
             sea_orm::DbBackend::MySql => ("DATE_FORMAT(created_at, '%Y-%m-%d')", "SIGNED"),
             _ => ("substr(created_at, 1, 10)", "BIGINT"),
         };
-        let rows: Vec<(String, String, i64, i64)> = call::Entity::find()
+        let sum = |of: &str| Expr::cust(format!("CAST(COALESCE(SUM({of}), 0) AS {integer})"));
+        type Row = (String, String, i64, i64, i64, i64, i64, i64);
+        let rows: Vec<Row> = call::Entity::find()
             .select_only()
             .column_as(Expr::cust(day), "day")
             .column(call::Column::Model)
             .column_as(Expr::cust(format!("CAST(COUNT(*) AS {integer})")), "calls")
+            .column_as(sum("price"), "credits")
+            .column_as(sum("input_tokens"), "input_tokens")
+            .column_as(sum("output_tokens"), "output_tokens")
+            .column_as(sum("cache_read_tokens"), "cache_read_tokens")
             .column_as(
-                Expr::cust(format!("CAST(COALESCE(SUM(price), 0) AS {integer})")),
-                "credits",
+                sum("COALESCE(cache_write_tokens, 0) + COALESCE(cache_write_1h_tokens, 0)"),
+                "cache_write_tokens",
             )
             .filter(call::Column::AccountId.eq(account.0))
             .filter(call::Column::Status.eq(CallStatus::Ok.as_str()))
@@ -114,12 +120,18 @@ impl CallLog for SeaOrmStore {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(day, model, calls, credits)| DailyUsage {
-                day,
-                model,
-                calls,
-                credits,
-            })
+            .map(
+                |(day, model, calls, credits, input, output, read, written)| DailyUsage {
+                    day,
+                    model,
+                    calls,
+                    credits,
+                    input_tokens: input,
+                    output_tokens: output,
+                    cache_read_tokens: read,
+                    cache_write_tokens: written,
+                },
+            )
             .collect())
     }
 
