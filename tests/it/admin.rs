@@ -731,3 +731,33 @@ async fn account_search_folds_unicode_case_on_every_database_and_refuses_control
     assert_eq!(refused.status, 400);
     assert!(refused.detail().contains("search"), "{refused:?}");
 }
+
+/// The operator sees a token-priced call's tokens by kind and what it was charged, as the key
+/// holder does.
+#[tokio::test]
+async fn the_admin_api_shows_a_token_priced_calls_tokens_and_charge() {
+    let db = local_db().await;
+    let gateway = admin_gateway(&db).await;
+    let (account, key) = gateway.new_account("metered", 100, 0).await;
+    let body = chat_body("gpt-4.1-mini");
+    assert_eq!(
+        gateway.post_bearer(CHAT, &key, body.clone()).await.status,
+        200
+    );
+    let calls = gateway
+        .admin_get(&format!("/admin/accounts/{account}/calls"))
+        .await;
+    let entry = &calls.body["data"][0];
+    let input = model_gateway::pricing::estimated_input_tokens(body.len());
+    assert_eq!(entry["model"], "gpt-4.1-mini");
+    assert_eq!(
+        (&entry["input_tokens"], &entry["output_tokens"]),
+        (&json!(input), &json!(16))
+    );
+    // 40 and 160 credits per million tokens: a few dozen tokens cost the least charge, 1.
+    assert_eq!(
+        (&entry["price"], &entry["shortfall"]),
+        (&json!(1), &json!(0))
+    );
+    assert_eq!(db.balance(&key).await.total().get(), 99);
+}
