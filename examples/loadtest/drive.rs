@@ -170,3 +170,44 @@ pub fn print_ledger(before: GroupCommitStats, after: GroupCommitStats) {
         per(after.flushes - before.flushes),
     );
 }
+
+/// Runs each of `loads` against `target`, alternated, `rounds` times (after a warm-up each
+/// time), and prints one row per load with its label: the medians of req/s, p50, p99 and the
+/// process's CPU per call.
+pub async fn compare_loads(
+    target: &Target,
+    concurrency: usize,
+    requests: u64,
+    rounds: usize,
+    loads: &[(Load, &str)],
+) {
+    let mut runs: Vec<Vec<Figures>> = vec![Vec::new(); loads.len()];
+    for _ in 0..rounds {
+        for ((load, _), figures) in loads.iter().zip(&mut runs) {
+            drive_load(target, concurrency, 300, *load).await; // warm-up
+            let measured = drive_load(target, concurrency, requests, *load).await;
+            assert_eq!(measured.ok, requests, "not every call answered 200");
+            figures.push(measured);
+        }
+    }
+    for ((_, label), figures) in loads.iter().zip(&runs) {
+        let median = |pick: fn(&Figures) -> f64| {
+            let mut values: Vec<f64> = figures.iter().map(pick).collect();
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        };
+        println!(
+            "{:<11} {:<10} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>12.1}",
+            target.name,
+            label,
+            concurrency,
+            median(|f| f.rps),
+            median(|f| ms(f.p50)),
+            median(|f| ms(f.p99)),
+            // The whole process's (load generator, gateway and provider), per call.
+            median(|f| f
+                .cpu_per_request
+                .map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
+        );
+    }
+}

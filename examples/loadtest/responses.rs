@@ -4,8 +4,8 @@
 //! this process answering a fixed reply), where the request and reply are translated on every
 //! call. Alternated, `LOADTEST_ROUNDS` times, at concurrency 16 and 64; medians printed.
 
-use crate::drive::{Figures, Load, drive_load, ms};
-use crate::targets::{Target, memory_gateway, memory_gateway_over_http, serve};
+use crate::drive::{Load, compare_loads};
+use crate::targets::{memory_gateway, memory_gateway_over_http, serve};
 use model_gateway::Catalogue;
 
 /// What the provider answers every chat call with.
@@ -41,44 +41,8 @@ pub async fn run(requests: u64, rounds: usize) {
     );
     for concurrency in [16, 64] {
         for target in [&mock, &translated] {
-            compare(target, concurrency, requests, rounds).await;
+            let loads = [(Load::Calls, "chat"), (Load::Responses, "responses")];
+            compare_loads(target, concurrency, requests, rounds, &loads).await;
         }
-    }
-}
-
-async fn compare(target: &Target, concurrency: usize, requests: u64, rounds: usize) {
-    let mut runs: Vec<(Load, Vec<Figures>)> =
-        vec![(Load::Calls, Vec::new()), (Load::Responses, Vec::new())];
-    for _ in 0..rounds {
-        for (load, figures) in &mut runs {
-            drive_load(target, concurrency, 300, *load).await; // warm-up
-            let measured = drive_load(target, concurrency, requests, *load).await;
-            assert_eq!(measured.ok, requests, "not every call answered 200");
-            figures.push(measured);
-        }
-    }
-    for (load, figures) in &runs {
-        let median = |pick: fn(&Figures) -> f64| {
-            let mut values: Vec<f64> = figures.iter().map(pick).collect();
-            values.sort_by(f64::total_cmp);
-            values[values.len() / 2]
-        };
-        let endpoint = match load {
-            Load::Responses => "responses",
-            _ => "chat",
-        };
-        println!(
-            "{:<11} {:<10} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>12.1}",
-            target.name,
-            endpoint,
-            concurrency,
-            median(|f| f.rps),
-            median(|f| ms(f.p50)),
-            median(|f| ms(f.p99)),
-            // The whole process's (load generator, gateway and provider), per call.
-            median(|f| f
-                .cpu_per_request
-                .map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
-        );
     }
 }

@@ -4,8 +4,8 @@
 //! the in-memory gateway and on an owned `SQLite` file, alternated, `LOADTEST_ROUNDS` times, at
 //! concurrency 16 and 64; medians printed.
 
-use crate::drive::{Figures, Load, drive_load, ms};
-use crate::targets::{METERED_MODEL, Target, gateway_with, memory_gateway_with};
+use crate::drive::{Load, compare_loads};
+use crate::targets::{METERED_MODEL, gateway_with, memory_gateway_with};
 use model_gateway::{Catalogue, SeaOrmStore, catalogue::DEMO_CATALOGUE};
 
 pub async fn run(requests: u64, rounds: usize) {
@@ -24,48 +24,13 @@ pub async fn run(requests: u64, rounds: usize) {
     let owned = gateway_with("owned file", owned, catalogue()).await;
     println!("{requests} requests per run, {rounds} rounds, alternated");
     println!(
-        "{:<11} {:<9} {:>4} {:>10} {:>9} {:>9} {:>12}",
+        "{:<11} {:<10} {:>4} {:>10} {:>9} {:>9} {:>12}",
         "gateway", "priced", "c", "req/s", "p50 ms", "p99 ms", "cpu us/call"
     );
     for concurrency in [16, 64] {
         for target in [&memory, &owned] {
-            compare(target, concurrency, requests, rounds).await;
+            let loads = [(Load::Calls, "per call"), (Load::Metered, "by tokens")];
+            compare_loads(target, concurrency, requests, rounds, &loads).await;
         }
-    }
-}
-
-async fn compare(target: &Target, concurrency: usize, requests: u64, rounds: usize) {
-    let mut runs: Vec<(Load, Vec<Figures>)> =
-        vec![(Load::Calls, Vec::new()), (Load::Metered, Vec::new())];
-    for _ in 0..rounds {
-        for (load, figures) in &mut runs {
-            drive_load(target, concurrency, 300, *load).await; // warm-up
-            let measured = drive_load(target, concurrency, requests, *load).await;
-            assert_eq!(measured.ok, requests, "not every call answered 200");
-            figures.push(measured);
-        }
-    }
-    for (load, figures) in &runs {
-        let median = |pick: fn(&Figures) -> f64| {
-            let mut values: Vec<f64> = figures.iter().map(pick).collect();
-            values.sort_by(f64::total_cmp);
-            values[values.len() / 2]
-        };
-        let priced = match load {
-            Load::Metered => "by tokens",
-            _ => "per call",
-        };
-        println!(
-            "{:<11} {:<9} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>12.1}",
-            target.name,
-            priced,
-            concurrency,
-            median(|f| f.rps),
-            median(|f| ms(f.p50)),
-            median(|f| ms(f.p99)),
-            median(|f| f
-                .cpu_per_request
-                .map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
-        );
     }
 }
