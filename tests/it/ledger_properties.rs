@@ -499,3 +499,254 @@ proptest! {
         });
     }
 }
+
+/// A sequence the escrow run once found: a call reserved in the database (its account had too
+/// little escrow at the time) settled above its reservation while the instance's escrow held
+/// free credits of its account. The settle must pay from the account as a whole, subscription
+/// first, as the model does, not from the row alone.
+#[tokio::test(flavor = "current_thread")]
+async fn escrow_settles_a_database_reserved_call_above_its_reservation_from_the_whole_account() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let store = db
+        .store
+        .as_ref()
+        .clone()
+        .with_idempotency_window(WINDOW)
+        .with_escrow()
+        .unwrap();
+    model_gateway::store::Leases::take_lease(
+        &store,
+        Utc::now(),
+        std::time::Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    let ops = vec![
+        Op::Grant {
+            account: 0,
+            subscription: false,
+            amount: 200,
+            period: None,
+        },
+        Op::Revoke { account: 1, key: 0 },
+        Op::Grant {
+            account: 0,
+            subscription: false,
+            amount: 200,
+            period: None,
+        },
+        Op::Burst(vec![
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+        ]),
+        Op::Grant {
+            account: 1,
+            subscription: true,
+            amount: 200,
+            period: None,
+        },
+        Op::Burst(vec![
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 1,
+                idempotency: None,
+            },
+        ]),
+        Op::Reserve {
+            account: 1,
+            key: 1,
+            price: 1,
+            idempotency: Some((0, 0)),
+        },
+        Op::Grant {
+            account: 1,
+            subscription: false,
+            amount: 7400,
+            period: None,
+        },
+        Op::Burst(vec![
+            Op::Reserve {
+                account: 0,
+                key: 0,
+                price: 7,
+                idempotency: None,
+            },
+            Op::Settle {
+                nth: 22,
+                reply: false,
+                cost: Some(3),
+            },
+        ]),
+        Op::Burst(vec![
+            Op::Refund { nth: 59 },
+            Op::Refund { nth: 23 },
+            Op::Reserve {
+                account: 1,
+                key: 1,
+                price: 6,
+                idempotency: None,
+            },
+            Op::Settle {
+                nth: 57,
+                reply: false,
+                cost: None,
+            },
+            Op::Reserve {
+                account: 1,
+                key: 0,
+                price: 2,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 1,
+                key: 1,
+                price: 13,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 1,
+                price: 12,
+                idempotency: None,
+            },
+            Op::Settle {
+                nth: 51,
+                reply: false,
+                cost: None,
+            },
+            Op::Settle {
+                nth: 57,
+                reply: false,
+                cost: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 1,
+                price: 2,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 1,
+                key: 1,
+                price: 11,
+                idempotency: None,
+            },
+            Op::Settle {
+                nth: 41,
+                reply: false,
+                cost: Some(28),
+            },
+            Op::Settle {
+                nth: 46,
+                reply: false,
+                cost: Some(32),
+            },
+            Op::Reserve {
+                account: 1,
+                key: 1,
+                price: 4,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 1,
+                price: 2,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 1,
+                key: 0,
+                price: 10,
+                idempotency: None,
+            },
+            Op::Reserve {
+                account: 0,
+                key: 1,
+                price: 9,
+                idempotency: None,
+            },
+        ]),
+    ];
+    run_store_against_model(&db, &store, &ops, true).await;
+    drop(store);
+    db.drop_schema().await;
+}

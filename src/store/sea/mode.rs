@@ -168,6 +168,13 @@ impl Mode {
         call: CallId,
         success: CallSuccess,
     ) -> Result<bool, StoreError> {
+        #[cfg(feature = "postgres")]
+        if let Mode::Escrow(escrow) = self
+            && !escrow.holds(call)
+            && let Some(cost) = success.cost
+        {
+            escrow.free_for_database_settle(call, cost).await?;
+        }
         match self {
             #[cfg(feature = "postgres")]
             Mode::Escrow(escrow) if escrow.holds(call) => escrow.settle(call, success).await,

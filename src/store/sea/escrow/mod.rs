@@ -137,6 +137,33 @@ impl Escrow {
         Ok(())
     }
 
+    /// Before the settle of `call`, reserved in the database rather than against escrow, at
+    /// `cost`: if that is more than the call took, what this instance's escrow holds free for
+    /// its account goes back to the account's row first, so that the settle takes what it
+    /// needs beyond its reservation from the account as a whole (subscription credits first),
+    /// as it would without escrow.
+    pub(super) async fn free_for_database_settle(
+        &self,
+        call: CallId,
+        cost: Credits,
+    ) -> Result<(), StoreError> {
+        use sea_orm::{EntityTrait, QuerySelect};
+        let taken: Option<(i64, i64, i64)> = super::entity::call::Entity::find_by_id(call.0)
+            .select_only()
+            .column(super::entity::call::Column::AccountId)
+            .column(super::entity::call::Column::ChargedSubscription)
+            .column(super::entity::call::Column::ChargedTopup)
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        if let Some((account, subscription, topup)) = taken
+            && cost > Credits::new(subscription + topup)
+        {
+            self.give_back_account(AccountId(account)).await?;
+        }
+        Ok(())
+    }
+
     /// Gives back what this instance's escrow rows for `account` have free (under any lease);
     /// returns how many rows it gave back.
     async fn give_back_account(&self, account: AccountId) -> Result<usize, StoreError> {
