@@ -191,11 +191,7 @@ pub async fn compare_loads(
         }
     }
     for ((_, label), figures) in loads.iter().zip(&runs) {
-        let median = |pick: fn(&Figures) -> f64| {
-            let mut values: Vec<f64> = figures.iter().map(pick).collect();
-            values.sort_by(f64::total_cmp);
-            values[values.len() / 2]
-        };
+        let median = |pick: fn(&Figures) -> f64| median(figures, pick);
         println!(
             "{:<11} {:<10} {:>4} {:>10.0} {:>9.3} {:>9.3} {:>12.1}",
             target.name,
@@ -210,4 +206,11 @@ pub async fn compare_loads(
                 .map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
         );
     }
+}
+
+/// The median of `pick` over `runs` (the upper one of an even count).
+pub fn median<T>(runs: &[T], pick: impl Fn(&T) -> f64) -> f64 {
+    let mut values: Vec<f64> = runs.iter().map(pick).collect();
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }

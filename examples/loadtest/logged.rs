@@ -70,11 +70,7 @@ pub async fn run(requests: u64, rounds: usize) {
         }
         if rounds > 1 {
             for (load, runs) in &figures {
-                let median = |pick: fn(&Figures) -> f64| {
-                    let mut values: Vec<f64> = runs.iter().map(pick).collect();
-                    values.sort_by(f64::total_cmp);
-                    values[values.len() / 2]
-                };
+                let median = |pick: fn(&Figures) -> f64| crate::drive::median(runs, pick);
                 println!(
                     "{:<10} {:>4} {:>10.0} {:>9.3} {:>9.3}  median of {rounds}",
                     name(*load),

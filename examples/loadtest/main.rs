@@ -223,11 +223,7 @@ async fn main() {
         }
         if rounds > 1 {
             for (target, rounds) in targets.iter().zip(&against_floor).skip(1) {
-                let median = |pick: fn(&(f64, f64)) -> f64| {
-                    let mut values: Vec<f64> = rounds.iter().map(pick).collect();
-                    values.sort_by(f64::total_cmp);
-                    values[values.len() / 2]
-                };
+                let median = |pick: fn(&(f64, f64)) -> f64| drive::median(rounds, pick);
                 println!(
                     "{:<22} {:>4} median of {} rounds: {:.2}x the floor, p99 {:+.3} ms above it",
                     target.name,
