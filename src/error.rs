@@ -210,6 +210,13 @@ pub enum GatewayError {
     /// The admin API was asked about a key that does not exist.
     #[error("no such API key")]
     NoSuchKey,
+    /// The admin API was asked about a batch of redemption codes that does not exist.
+    #[error("no such code batch")]
+    NoSuchCodeBatch,
+    /// A redemption code is unknown, used, expired or revoked: one answer for all four, so
+    /// that it tells a guesser nothing.
+    #[error("invalid redemption code")]
+    InvalidCode,
     /// A field of an admin request is missing or wrong; names the field and why.
     #[error("field `{field}`: {reason}")]
     InvalidField {
@@ -282,6 +289,8 @@ impl GatewayError {
             Self::InvalidAdminToken => "无效的管理员令牌".into(),
             Self::NoSuchAccount => "账户不存在".into(),
             Self::NoSuchKey => "API Key 不存在".into(),
+            Self::NoSuchCodeBatch => "兑换码批次不存在".into(),
+            Self::InvalidCode => "兑换码无效".into(),
             Self::InvalidField { field, reason } => format!("字段 {field} 无效: {reason}").into(),
             Self::BalanceOverflow => "积分将超过余额上限, 未发放".into(),
             Self::IdempotencyKeyReused => "Idempotency-Key 已用于另一个不同的请求".into(),
@@ -325,8 +334,10 @@ impl GatewayError {
             Self::ModelNotAllowed => StatusCode::FORBIDDEN,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::InvalidAdminToken => StatusCode::UNAUTHORIZED,
-            Self::NoSuchAccount | Self::NoSuchKey => StatusCode::NOT_FOUND,
-            Self::InvalidField { .. } | Self::BalanceOverflow => StatusCode::BAD_REQUEST,
+            Self::NoSuchAccount | Self::NoSuchKey | Self::NoSuchCodeBatch => StatusCode::NOT_FOUND,
+            Self::InvalidField { .. } | Self::BalanceOverflow | Self::InvalidCode => {
+                StatusCode::BAD_REQUEST
+            }
             Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::IdempotentCallRunning | Self::IdempotentReplyNotKept => StatusCode::CONFLICT,
         }
@@ -369,6 +380,8 @@ impl GatewayError {
             Self::InvalidAdminToken => "invalid_admin_token",
             Self::NoSuchAccount => "no_such_account",
             Self::NoSuchKey => "no_such_key",
+            Self::NoSuchCodeBatch => "no_such_code_batch",
+            Self::InvalidCode => "invalid_code",
             Self::InvalidField { .. } => "invalid_field",
             Self::BalanceOverflow => "balance_overflow",
             Self::IdempotencyKeyReused => "idempotency_key_reused",

@@ -10,12 +10,13 @@
 //! | `GET /v1/calls?limit=&before=` | yes | the account's own call-log entries, newest first, a page at a time |
 //! | `GET /v1/usage?days=30` | yes | the account's billed calls and credits per UTC day and model over the last `days` days (1 to 366), summed by the database |
 //! | `GET`, `DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET /v1/responses/{id}/input_items` | yes | passed to the native Responses upstream that keeps the response, when the key's account made it (as recorded when it was made); else `404 响应不存在`, the same for an unknown id and another account's; free, no call-log entry |
+//! | `POST /v1/redeem` | yes | `{"code"}`: redeems a redemption code for the key's account: `{"credits", "bucket", "balance", "batch"}`; `400 兑换码无效` for a code that is unknown, used, expired or revoked alike; after [`FAILED_REDEMPTIONS_PER_KEY`] failures of a key or [`FAILED_REDEMPTIONS_PER_ADDRESS`] from one client address in a minute, `429` until the minute ends |
 //! | `POST /v1/messages/count_tokens` | yes | the provider's token count for a messages request (the mock estimates); free, no call-log entry |
 //! | `GET /health` | no | 200 while the process runs (the database is not touched) |
 //! | `GET /ready` | no | 200 when the database answers (and a `SQLite` file takes a write), else `503 {"detail"}` |
 //! | `GET /`, `HEAD /` | no | 200 |
 //!
-//! Nothing here is charged or written to the call log. Errors are `{"detail": ...}` like the
+//! Nothing here is charged or written to the call log (a redemption is recorded as a grant). Errors are `{"detail": ...}` like the
 //! rest of the gateway.
 
 use std::sync::Arc;
@@ -35,9 +36,9 @@ use crate::catalogue::{Catalogue, ModelRoute};
 use crate::error::GatewayError;
 use crate::ledger_deadline::LedgerDeadlineLayer;
 use crate::protocol::Protocol;
-use crate::rate_limit::{RateLimitLayer, RateLimiter};
+use crate::rate_limit::{Counted, Decision, RateLimitLayer, RateLimiter};
 use crate::router::{BodyLimits, read_beside_calls, route_model};
-use crate::store::{CallId, DEFAULT_LEDGER_TIMEOUT, Store};
+use crate::store::{CallId, DEFAULT_LEDGER_TIMEOUT, Store, StoreError};
 use crate::upstream::Upstream;
 
 /// When the models were "created", as the list shapes require a date: the catalogue has none.
@@ -48,11 +49,17 @@ const MODELS_CREATED_AT: &str = "2025-01-01T00:00:00Z";
 const DEFAULT_PAGE: u64 = 20;
 const LARGEST_PAGE: u64 = 1000;
 
+/// Failed redemptions a key may make in a minute.
+pub const FAILED_REDEMPTIONS_PER_KEY: u32 = 5;
+/// Failed redemptions one client address may make in a minute, whatever the key.
+pub const FAILED_REDEMPTIONS_PER_ADDRESS: u32 = 20;
+
 struct Shared<S> {
     store: Arc<S>,
     catalogue: Arc<Catalogue>,
     upstream: Upstream,
     body: BodyLimits,
+    limiter: RateLimiter,
 }
 
 /// The key holders' endpoints and the probes; see the module docs. Requests with a key count
@@ -81,6 +88,7 @@ pub fn router_with_body_limits<S: Store + 'static>(
         catalogue,
         upstream,
         body,
+        limiter: limiter.clone(),
     });
     // Bounded like the ledger's part of a call; `count_tokens` waits for its provider instead.
     let reads = Router::new()
@@ -89,6 +97,7 @@ pub fn router_with_body_limits<S: Store + 'static>(
         .route("/v1/balance", get(balance::<S>))
         .route("/v1/calls", get(calls::<S>))
         .route("/v1/usage", get(usage::<S>))
+        .route("/v1/redeem", post(redeem::<S>))
         .route_layer(LedgerDeadlineLayer {
             timeout: DEFAULT_LEDGER_TIMEOUT,
         });
@@ -273,6 +282,103 @@ async fn balance<S: Store>(
         }
     }
 }
+
+/// `POST /v1/redeem`: see the module docs. Each attempt counts against the key and the client
+/// address while it runs, and stays counted if it fails, so that guessing stays out of reach.
+async fn redeem<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Extension(caller): Extension<Caller>,
+    request: axum::extract::Request,
+) -> Response {
+    let address = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip());
+    let mut counted = vec![(
+        Counted::FailedRedemptions(caller.key),
+        FAILED_REDEMPTIONS_PER_KEY,
+    )];
+    if let Some(address) = address {
+        counted.push((
+            Counted::FailedRedemptionsFrom(address),
+            FAILED_REDEMPTIONS_PER_ADDRESS,
+        ));
+    }
+    for (index, &(attempt, limit)) in counted.iter().enumerate() {
+        if let Decision::Limited { retry_after } = shared.limiter.attempt(attempt, limit).await {
+            for &(taken, _) in &counted[..index] {
+                shared.limiter.forgive(taken).await;
+            }
+            return refuse(GatewayError::RateLimited(retry_after.as_secs().max(1)));
+        }
+    }
+    let answer = redeem_counted(&shared, caller, request).await;
+    // A success, or a failure that is not the caller's (a body too large, the store down),
+    // does not count.
+    if !matches!(answer, Err(GatewayError::InvalidCode)) {
+        for &(attempt, _) in &counted {
+            shared.limiter.forgive(attempt).await;
+        }
+    }
+    answer.unwrap_or_else(refuse)
+}
+
+async fn redeem_counted<S: Store>(
+    shared: &Shared<S>,
+    caller: Caller,
+    request: axum::extract::Request,
+) -> Result<Response, GatewayError> {
+    let body = axum::body::to_bytes(request.into_body(), REDEEM_BODY_BYTES)
+        .await
+        .map_err(|_| GatewayError::PayloadTooLarge)?;
+    let code = match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(object)) => match object.get("code") {
+            Some(Value::String(code)) => code.clone(),
+            _ => {
+                return Err(GatewayError::InvalidField {
+                    field: "code".into(),
+                    reason: "必须是字符串",
+                });
+            }
+        },
+        _ => return Err(GatewayError::InvalidJson),
+    };
+    let now = chrono::Utc::now();
+    let redeemed = match crate::codes::CodeHash::of(&code) {
+        Some(hash) => shared.store.redeem_code(caller.account, &hash, now).await,
+        None => Ok(None),
+    };
+    match redeemed {
+        Ok(Some(redeemed)) => {
+            let ends_at = match shared.store.account(caller.account).await {
+                Ok(account) => account.and_then(|account| account.subscription_ends_at),
+                Err(_) => None,
+            };
+            let balance = redeemed.balance.spendable(ends_at, now);
+            Ok(axum::Json(json!({
+                "credits": redeemed.credits,
+                "bucket": redeemed.bucket,
+                "balance": {
+                    "subscription": balance.subscription,
+                    "topup": balance.topup,
+                    "total": balance.total(),
+                    "subscription_ends_at": ends_at,
+                },
+                "batch": redeemed.batch,
+            }))
+            .into_response())
+        }
+        Ok(None) => Err(GatewayError::InvalidCode),
+        Err(StoreError::BalanceOverflow(_)) => Err(GatewayError::BalanceOverflow),
+        Err(error) => {
+            tracing::error!(%error, "redemption failed in the store");
+            Err(GatewayError::StoreUnavailable)
+        }
+    }
+}
+
+/// Largest `POST /v1/redeem` body.
+const REDEEM_BODY_BYTES: usize = 4096;
 
 #[derive(Deserialize)]
 struct CallsPage {

@@ -110,6 +110,7 @@ pub mod call;
 pub mod catalogue;
 pub mod charge;
 mod classify;
+pub mod codes;
 #[cfg(feature = "api")]
 pub mod console;
 pub mod credits;

@@ -12,6 +12,9 @@
 //! | `PATCH /admin/keys/{id}` | any of `{"models", "expires_at", "rpm"}` | [`KeyView`](super::KeyView) |
 //! | `POST /admin/keys/{id}/revoke` | | [`KeyView`](super::KeyView) |
 //! | `GET /admin/audit` | | [`AuditView`](super::AuditView), `200` whether or not it holds |
+//! | `POST /admin/codes` | `{"count", "credits", "bucket", "period_days"?, "expires_at"?, "label"?}` | `201` [`CreatedCodes`](super::CreatedCodes) (the codes, shown once) |
+//! | `GET /admin/codes` | | [`CodeBatchList`](super::CodeBatchList) (`used` and `unused` per batch) |
+//! | `POST /admin/codes/{batch}/revoke` | | [`CodeBatchView`](super::CodeBatchView) (its unused codes revoked) |
 //!
 //! Every request needs `Authorization: Bearer <admin token>` (compared in constant time);
 //! anything else is `401 {"detail":"无效的管理员令牌"}`. Unknown accounts and keys are `404`, a
@@ -30,7 +33,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
-use super::{Admin, AdminError, CallFilter, GrantRequest, KeyPatch, NewAccount};
+use super::{Admin, AdminError, CallFilter, GrantRequest, KeyPatch, NewAccount, NewCodes};
 use crate::error::GatewayError;
 use crate::ledger_deadline::LedgerDeadlineLayer;
 use crate::store::{AccountId, CallId, CallStatus, DEFAULT_LEDGER_TIMEOUT, KeyId, Store};
@@ -181,6 +184,11 @@ pub fn router<S: Store + 'static>(admin: Admin<S>, token: AdminToken) -> Router 
         .route("/admin/accounts/{id}/calls", get(calls::<S>))
         .route("/admin/keys/{id}", patch(update_key::<S>))
         .route("/admin/keys/{id}/revoke", post(revoke_key::<S>))
+        .route(
+            "/admin/codes",
+            post(create_codes::<S>).get(code_batches::<S>),
+        )
+        .route("/admin/codes/{batch}/revoke", post(revoke_codes::<S>))
         .route_layer(LedgerDeadlineLayer {
             timeout: DEFAULT_LEDGER_TIMEOUT,
         })
@@ -318,4 +326,28 @@ async fn revoke_key<S: Store>(State(admin): State<Admin<S>>, Path(id): Path<Stri
 
 async fn audit<S: Store>(State(admin): State<Admin<S>>) -> Response {
     answer(StatusCode::OK, admin.audit().await)
+}
+
+async fn create_codes<S: Store>(
+    State(admin): State<Admin<S>>,
+    AdminBody(body): AdminBody,
+) -> Response {
+    match json_body(&body).and_then(|body| NewCodes::from_json(&body)) {
+        Ok(new) => answer(StatusCode::CREATED, admin.create_codes(&new).await),
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+async fn code_batches<S: Store>(State(admin): State<Admin<S>>) -> Response {
+    answer(StatusCode::OK, admin.code_batches().await)
+}
+
+async fn revoke_codes<S: Store>(
+    State(admin): State<Admin<S>>,
+    Path(batch): Path<String>,
+) -> Response {
+    match batch.parse() {
+        Ok(batch) => answer(StatusCode::OK, admin.revoke_codes(batch).await),
+        Err(_) => refuse(GatewayError::NoSuchCodeBatch),
+    }
 }

@@ -44,13 +44,15 @@ use crate::store::{
     CallStatus, Grant, KeyId, KeyInfo, KeyStatus, Store, StoreError,
 };
 
+mod codes;
 #[cfg(feature = "api")]
 mod http;
 mod requests;
 
+pub use codes::{CodeBatchList, CodeBatchView, CreatedCodes};
 #[cfg(feature = "api")]
 pub use http::{AdminToken, MIN_ADMIN_TOKEN_CHARS, metrics_router, router};
-pub use requests::{GrantRequest, KeyPatch, NewAccount};
+pub use requests::{GrantRequest, KeyPatch, MAX_CODES_PER_BATCH, NewAccount, NewCodes};
 
 /// Credits given to the demo account that mock mode creates on an empty database.
 pub const DEMO_SUBSCRIPTION_CREDITS: i64 = 1_000;

@@ -279,6 +279,106 @@ impl GrantRequest {
     }
 }
 
+/// Most codes in one batch.
+pub const MAX_CODES_PER_BATCH: u32 = 10_000;
+/// Longest batch label.
+const MAX_LABEL_CHARS: usize = 200;
+
+/// `POST /admin/codes`: a batch of redemption codes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewCodes {
+    /// How many codes (1 to [`MAX_CODES_PER_BATCH`]).
+    pub count: u32,
+    /// What each code grants; positive.
+    pub credits: Credits,
+    /// The bucket it goes to.
+    pub bucket: Bucket,
+    /// Subscription only: a code starts a period of this many days from its redemption.
+    pub period_days: Option<u32>,
+    /// When the codes stop working.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The operator's label.
+    pub label: Option<String>,
+}
+
+impl NewCodes {
+    /// Reads `{"count", "credits", "bucket", "period_days"?, "expires_at"?, "label"?}`.
+    pub fn from_json(body: &Value) -> Result<NewCodes, GatewayError> {
+        let object = object(
+            body,
+            &[
+                "count",
+                "credits",
+                "bucket",
+                "period_days",
+                "expires_at",
+                "label",
+            ],
+        )?;
+        let codes = NewCodes {
+            count: object
+                .get("count")
+                .and_then(Value::as_u64)
+                .and_then(|count| u32::try_from(count).ok())
+                .ok_or(invalid("count", "必须是 1 到 10000 之间的整数"))?,
+            credits: Credits(
+                object
+                    .get("credits")
+                    .and_then(Value::as_i64)
+                    .ok_or(invalid("credits", "必须是正整数"))?,
+            ),
+            bucket: text(object, "bucket")?
+                .and_then(Bucket::parse)
+                .ok_or(invalid("bucket", "必须是 subscription 或 topup"))?,
+            period_days: match object.get("period_days") {
+                None | Some(Value::Null) => None,
+                Some(days) => Some(
+                    days.as_u64()
+                        .and_then(|days| u32::try_from(days).ok())
+                        .ok_or(invalid("period_days", "必须是 1 到 3660 之间的整数"))?,
+                ),
+            },
+            expires_at: text(object, "expires_at")?
+                .map(|at| {
+                    DateTime::parse_from_rfc3339(at)
+                        .map(|at| at.with_timezone(&Utc))
+                        .map_err(|_| invalid("expires_at", "必须是 RFC 3339 时间"))
+                })
+                .transpose()?,
+            label: text(object, "label")?.map(str::to_owned),
+        };
+        codes.check(Utc::now())?;
+        Ok(codes)
+    }
+
+    pub(super) fn check(&self, now: DateTime<Utc>) -> Result<(), GatewayError> {
+        if self.count == 0 || self.count > MAX_CODES_PER_BATCH {
+            return Err(invalid("count", "必须是 1 到 10000 之间的整数"));
+        }
+        if self.credits.get() <= 0 {
+            return Err(invalid("credits", "必须是正整数"));
+        }
+        match self.period_days {
+            Some(_) if self.bucket != Bucket::Subscription => {
+                return Err(invalid("period_days", "只用于 subscription"));
+            }
+            Some(days) if days == 0 || days > MAX_PERIOD_DAYS => {
+                return Err(invalid("period_days", "必须是 1 到 3660 之间的整数"));
+            }
+            _ => {}
+        }
+        if self.expires_at.is_some_and(|at| at <= now) {
+            return Err(invalid("expires_at", "必须在将来"));
+        }
+        if self.label.as_ref().is_some_and(|label| {
+            label.chars().count() > MAX_LABEL_CHARS || label.chars().any(char::is_control)
+        }) {
+            return Err(invalid("label", "最长 200 个字符, 不含控制字符"));
+        }
+        Ok(())
+    }
+}
+
 /// Whether `subscription` and `topup` more credits both fit in `balance` (each bucket and the
 /// total within the largest balance), so that neither is granted without the other.
 pub(super) fn both_fit(
@@ -358,6 +458,44 @@ mod tests {
             field_of(KeyPatch::from_json(&not_names).unwrap_err()),
             "models"
         );
+    }
+
+    #[test]
+    fn a_batch_of_codes_is_read_with_every_mistake_named() {
+        let ok = json!({"count": 3, "credits": 50, "bucket": "subscription", "period_days": 30,
+            "label": "launch"});
+        let read = NewCodes::from_json(&ok).unwrap();
+        assert_eq!((read.count, read.credits), (3, Credits(50)));
+        for (body, field) in [
+            (
+                json!({"count": 0, "credits": 5, "bucket": "topup"}),
+                "count",
+            ),
+            (
+                json!({"count": 10001, "credits": 5, "bucket": "topup"}),
+                "count",
+            ),
+            (
+                json!({"count": 1, "credits": 0, "bucket": "topup"}),
+                "credits",
+            ),
+            (json!({"count": 1, "credits": 5}), "bucket"),
+            (
+                json!({"count": 1, "credits": 5, "bucket": "topup", "period_days": 30}),
+                "period_days",
+            ),
+            (
+                json!({"count": 1, "credits": 5, "bucket": "topup",
+                    "expires_at": "2001-01-01T00:00:00Z"}),
+                "expires_at",
+            ),
+            (
+                json!({"count": 1, "credits": 5, "bucket": "topup", "colour": 1}),
+                "colour",
+            ),
+        ] {
+            assert_eq!(field_of(NewCodes::from_json(&body).unwrap_err()), field);
+        }
     }
 
     #[test]

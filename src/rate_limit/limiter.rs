@@ -1,7 +1,8 @@
-//! Where requests are counted: one-minute windows of wall-clock time, per key, in this process
-//! or in Redis.
+//! Where requests are counted: one-minute windows of wall-clock time, per key (or per what
+//! else is [`Counted`]), in this process or in Redis.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,6 +10,39 @@ use crate::call::KeyId;
 
 /// The length of a window.
 const WINDOW: Duration = Duration::from_secs(60);
+
+/// What is counted in a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Counted {
+    /// A key's requests.
+    Requests(KeyId),
+    /// A key's failed redemptions of codes.
+    FailedRedemptions(KeyId),
+    /// A client address's failed redemptions of codes, whatever the key.
+    FailedRedemptionsFrom(IpAddr),
+}
+
+impl Counted {
+    /// Its name in Redis, after the limiter's prefix.
+    #[cfg(feature = "redis")]
+    fn name(self, window: u64) -> String {
+        match self {
+            Counted::Requests(key) => format!("rl:{}:{window}", key.0),
+            Counted::FailedRedemptions(key) => format!("rd:k:{}:{window}", key.0),
+            Counted::FailedRedemptionsFrom(address) => format!("rd:a:{address}:{window}"),
+        }
+    }
+}
+
+/// The current window, and the time left in it.
+fn current_window() -> (u64, Duration) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let window = now.as_secs() / WINDOW.as_secs();
+    let retry_after = WINDOW - Duration::from_secs(now.as_secs() % WINDOW.as_secs());
+    (window, retry_after)
+}
 
 /// What a request may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,18 +91,50 @@ impl RateLimiter {
 
     /// Counts one request of `key`, limited to `rpm` a minute.
     pub async fn check(&self, key: KeyId, rpm: u32) -> Decision {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let window = now.as_secs() / WINDOW.as_secs();
-        let retry_after = WINDOW - Duration::from_secs(now.as_secs() % WINDOW.as_secs());
+        let counted = Counted::Requests(key);
+        let (window, retry_after) = current_window();
         #[cfg(feature = "redis")]
         if let Some(shared) = &self.shared
-            && let Some(count) = shared.count(key, window).await
+            && let Some(count) = shared.count(&counted.name(window)).await
         {
             return decide(count <= u64::from(rpm), retry_after);
         }
-        decide(self.local.count_if_under(key, window, rpm), retry_after)
+        decide(self.local.count_if_under(counted, window, rpm), retry_after)
+    }
+
+    /// Counts one attempt of `counted` if it is under `limit` in the current minute; an
+    /// attempt that turns out well is [`forgiven`](RateLimiter::forgive), so that only failures
+    /// use up the limit, and attempts under way count too (a guesser cannot run past the limit
+    /// by sending many at once).
+    pub async fn attempt(&self, counted: Counted, limit: u32) -> Decision {
+        let (window, retry_after) = current_window();
+        #[cfg(feature = "redis")]
+        if let Some(shared) = &self.shared
+            && let Some(count) = shared.add(&counted.name(window), 1).await
+        {
+            if count > u64::from(limit) {
+                // Refused attempts do not count.
+                shared.add(&counted.name(window), -1).await;
+                return Decision::Limited { retry_after };
+            }
+            return Decision::Allowed;
+        }
+        decide(
+            self.local.count_if_under(counted, window, limit),
+            retry_after,
+        )
+    }
+
+    /// Takes back an [`attempt`](RateLimiter::attempt) of `counted` in the current minute.
+    pub async fn forgive(&self, counted: Counted) {
+        let (window, _) = current_window();
+        #[cfg(feature = "redis")]
+        if let Some(shared) = &self.shared
+            && shared.add(&counted.name(window), -1).await.is_some()
+        {
+            return;
+        }
+        self.local.forgive(counted, window);
     }
 
     /// Whether the counts are shared between gateways right now (Redis configured and
@@ -93,15 +159,28 @@ fn decide(allowed: bool, retry_after: Duration) -> Decision {
 /// Each key's count in its latest window.
 #[derive(Debug, Default)]
 struct LocalWindows {
-    counts: Mutex<HashMap<KeyId, (u64, u32)>>,
+    counts: Mutex<HashMap<Counted, (u64, u32)>>,
 }
 
 /// Keys remembered before the stale windows are swept out.
 const LOCAL_SWEEP_AT: usize = 10_000;
 
 impl LocalWindows {
+    /// Takes one back from what `counted` counts in `window`.
+    fn forgive(&self, counted: Counted, window: u64) {
+        let mut counts = self
+            .counts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((seen, count)) = counts.get_mut(&counted)
+            && *seen == window
+        {
+            *count = count.saturating_sub(1);
+        }
+    }
+
     /// Counts the request if the key is under `rpm` in `window`; `false` (not counted) if not.
-    fn count_if_under(&self, key: KeyId, window: u64, rpm: u32) -> bool {
+    fn count_if_under(&self, key: Counted, window: u64, rpm: u32) -> bool {
         // Each change is one assignment: a panicking holder leaves the map consistent.
         let mut counts = self
             .counts
@@ -130,8 +209,6 @@ mod redis_windows {
     use redis::aio::MultiplexedConnection;
     use tokio::sync::Mutex;
     use tokio::time::Instant;
-
-    use crate::call::KeyId;
 
     /// How long a request waits for Redis before it is counted here instead.
     const ANSWER_WITHIN: Duration = Duration::from_millis(250);
@@ -168,18 +245,25 @@ mod redis_windows {
             self.up.load(Ordering::Relaxed)
         }
 
-        /// The key's count in `window` after this request; `None` when Redis did not answer.
-        pub(super) async fn count(&self, key: KeyId, window: u64) -> Option<u64> {
+        /// The count of `name` after this one; `None` when Redis did not answer.
+        pub(super) async fn count(&self, name: &str) -> Option<u64> {
+            self.add(name, 1).await
+        }
+
+        /// Adds `by` to the count of `name`; the count afterwards, `None` when Redis did not
+        /// answer.
+        pub(super) async fn add(&self, name: &str, by: i64) -> Option<u64> {
             let mut connection = self.connection().await?;
-            let name = format!("{}rl:{}:{window}", self.prefix, key.0);
+            let name = format!("{}{name}", self.prefix);
             let mut pipe = redis::pipe();
             pipe.atomic()
-                .incr(&name, 1)
+                .incr(&name, by)
                 .expire(&name, KEY_LIFETIME_SECS)
                 .ignore();
-            let counted = pipe.query_async::<(u64,)>(&mut connection);
+            let counted = pipe.query_async::<(i64,)>(&mut connection);
             match tokio::time::timeout(ANSWER_WITHIN, counted).await {
                 Ok(Ok((count,))) => {
+                    let count = u64::try_from(count).unwrap_or(0);
                     if !self.up.swap(true, Ordering::Relaxed) {
                         tracing::warn!("Redis answers again: rate limits are shared again");
                     }
@@ -247,11 +331,14 @@ mod tests {
     #[test]
     fn a_key_gets_its_rpm_in_a_window_and_again_in_the_next() {
         let windows = LocalWindows::default();
-        let key = KeyId(1);
+        let key = Counted::Requests(KeyId(1));
         assert!(windows.count_if_under(key, 10, 2));
         assert!(windows.count_if_under(key, 10, 2));
         assert!(!windows.count_if_under(key, 10, 2));
-        assert!(windows.count_if_under(KeyId(2), 10, 2), "keys count apart");
+        assert!(
+            windows.count_if_under(Counted::Requests(KeyId(2)), 10, 2),
+            "keys count apart"
+        );
         assert!(
             windows.count_if_under(key, 11, 2),
             "a new window starts at zero"
@@ -269,5 +356,29 @@ mod tests {
             Decision::Allowed => panic!("the second request of a 1 rpm key passed"),
         }
         assert!(!limiter.shared());
+    }
+
+    #[tokio::test]
+    async fn attempts_use_up_the_limit_unless_forgiven() {
+        let limiter = RateLimiter::local();
+        let failed = Counted::FailedRedemptions(KeyId(4));
+        for _ in 0..5 {
+            assert_eq!(limiter.attempt(failed, 3).await, Decision::Allowed);
+            limiter.forgive(failed).await;
+        }
+        for _ in 0..3 {
+            assert_eq!(limiter.attempt(failed, 3).await, Decision::Allowed);
+        }
+        assert!(matches!(
+            limiter.attempt(failed, 3).await,
+            Decision::Limited { .. }
+        ));
+        assert_eq!(
+            limiter.check(KeyId(4), 1).await,
+            Decision::Allowed,
+            "requests count apart"
+        );
+        let elsewhere = Counted::FailedRedemptionsFrom([127, 0, 0, 1].into());
+        assert_eq!(limiter.attempt(elsewhere, 1).await, Decision::Allowed);
     }
 }

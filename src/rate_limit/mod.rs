@@ -53,7 +53,7 @@ use crate::error::GatewayError;
 
 mod limiter;
 
-pub use limiter::{Decision, RateLimiter};
+pub use limiter::{Counted, Decision, RateLimiter};
 
 /// Configuration of [`RateLimit`]: where the counts live.
 #[derive(Debug, Clone)]

@@ -16,6 +16,8 @@
 //! - headers larger than [`ServerLimits::max_header_bytes`] are answered
 //!   `431 {"detail"}`; hyper itself answers larger ones (above its read buffer) and malformed
 //!   request lines with an empty 431 or 400, which no hook lets us change;
+//! - each request carries the client's address as axum's `ConnectInfo<SocketAddr>` (what
+//!   failed redemptions of codes are counted by);
 //! - on HTTP/1.1, each request carries the connection's [`ClientWrites`], so that a stream is
 //!   billed only for content its socket accepted (see
 //!   [`RefundOnUpstreamError`](crate::RefundOnUpstreamError));
@@ -201,7 +203,7 @@ where
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -225,6 +227,7 @@ where
             slot.clone(),
             limits.max_header_bytes,
             writes.clone(),
+            peer,
         );
         let builder = builder.clone();
         let stopping = stopping.clone();

@@ -28,6 +28,8 @@ pub struct Tracked<S> {
     max_header_bytes: usize,
     /// The connection's count of flushes, handed to its HTTP/1.1 requests.
     writes: ClientWrites,
+    /// The client's address, handed to every request as axum's `ConnectInfo`.
+    peer: std::net::SocketAddr,
 }
 
 impl<S> Tracked<S> {
@@ -36,12 +38,14 @@ impl<S> Tracked<S> {
         slot: Slot,
         max_header_bytes: usize,
         writes: ClientWrites,
+        peer: std::net::SocketAddr,
     ) -> Tracked<S> {
         Tracked {
             inner,
             slot,
             max_header_bytes,
             writes,
+            peer,
         }
     }
 }
@@ -271,6 +275,9 @@ where
             inner: Some(body),
             state: state.clone(),
         });
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(self.peer));
         // On HTTP/2 a flush says nothing of one stream: its frames wait for their own window.
         if request.version() < http::Version::HTTP_2 {
             request.extensions_mut().insert(self.writes.clone());

@@ -11,6 +11,7 @@
 //!   dead instance's reservations at once and never a live one's.
 //! - [`ResponseOwners`]: which account made which response a provider keeps (the Responses
 //!   API), so that only that account reaches it again.
+//! - [`RedemptionCodes`]: batches of codes an operator sells, each redeemed for credits once.
 //! - [`Accounts`]: administration (accounts, keys and their rules, grants, the audit), used by
 //!   the admin API and the command line rather than per call.
 //!
@@ -40,8 +41,8 @@ pub use crate::call::IdempotencyKey;
 pub use memory::MemoryStore;
 pub use outcome::DEFAULT_LEDGER_TIMEOUT;
 pub use records::{
-    AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted, KeyInfo,
-    KeyStatus, Lapse, Overdue, Sums,
+    AccountAudit, AccountQuery, AccountSummary, CallQuery, CodeBatch, DailyUsage, Grant, Granted,
+    KeyInfo, KeyStatus, Lapse, NewCodeBatch, Overdue, Redeemed, Sums,
 };
 pub use rules::idempotency::DEFAULT_IDEMPOTENCY_WINDOW;
 
@@ -53,7 +54,9 @@ pub(crate) use rules::idempotency::{
 #[cfg(feature = "postgres")]
 pub use sea::DEFAULT_ESCROW_IDLE;
 pub use sea::{ChargingMode, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
-pub use traits::{Accounts, CallLog, KeyStore, Leases, Ledger, ResponseOwners, Store};
+pub use traits::{
+    Accounts, CallLog, KeyStore, Leases, Ledger, RedemptionCodes, ResponseOwners, Store,
+};
 pub use types::{
     ActiveKey, BalanceOverflow, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest,
     IdempotencyKeyReused, KeptReply, LeaseId, MAX_KEPT_REPLY_BYTES, ReserveError, ResponseOwner,

@@ -6,6 +6,7 @@ use serde::Serialize;
 
 use super::types::CallStatus;
 use crate::call::{AccountId, CallId, KeyId, KeyRules};
+use crate::codes::CodeHash;
 use crate::credits::{Balance, Bucket, Credits};
 
 /// An account as listed: who, and what it holds.
@@ -254,4 +255,77 @@ pub struct Overdue {
     pub calls: u64,
     /// The credits they hold.
     pub credits: i128,
+}
+
+/// A batch of redemption codes, as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CodeBatch {
+    /// The batch.
+    pub id: i64,
+    /// The operator's label.
+    pub label: Option<String>,
+    /// What each code grants.
+    pub credits: Credits,
+    /// The bucket it goes to.
+    pub bucket: Bucket,
+    /// Subscription only: a code starts a period of this many days from its redemption.
+    pub period_days: Option<u32>,
+    /// After this, the batch's codes are refused; `None`: never.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When it was created.
+    pub created_at: DateTime<Utc>,
+    /// How many codes it has.
+    pub count: u64,
+    /// How many were redeemed.
+    pub used: u64,
+    /// How many unused codes were revoked.
+    pub revoked: u64,
+}
+
+impl CodeBatch {
+    /// Codes that can still be redeemed (none once the batch expired).
+    pub fn unused(&self, now: DateTime<Utc>) -> u64 {
+        if self.expires_at.is_some_and(|at| at <= now) {
+            return 0;
+        }
+        self.count - self.used - self.revoked
+    }
+}
+
+/// A batch to store: its terms and its codes' hashes.
+#[derive(Debug, Clone, Copy)]
+pub struct NewCodeBatch<'a> {
+    /// The operator's label.
+    pub label: Option<&'a str>,
+    /// What each code grants; positive.
+    pub credits: Credits,
+    /// The bucket it goes to.
+    pub bucket: Bucket,
+    /// Subscription only: the period a code starts, in days from its redemption.
+    pub period_days: Option<u32>,
+    /// When the codes stop working.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The codes ([`NewCode::hash`](crate::codes::NewCode::hash)).
+    pub codes: &'a [CodeHash],
+    /// When the batch is made.
+    pub at: DateTime<Utc>,
+}
+
+/// What redeeming a code granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redeemed {
+    /// The code's batch.
+    pub batch: i64,
+    /// How many credits.
+    pub credits: Credits,
+    /// Into which bucket.
+    pub bucket: Bucket,
+    /// The account's balance afterwards.
+    pub balance: Balance,
+}
+
+/// The reason recorded with the grant a code makes: it names the batch, so that the books say
+/// where the credits came from.
+pub(crate) fn redemption_reason(batch: i64) -> String {
+    format!("redemption code, batch {batch}")
 }

@@ -4,14 +4,15 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::records::{
-    AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted, KeyInfo,
-    Lapse, Overdue,
+    AccountAudit, AccountQuery, AccountSummary, CallQuery, CodeBatch, DailyUsage, Grant, Granted,
+    KeyInfo, Lapse, NewCodeBatch, Overdue, Redeemed,
 };
 use super::types::{
     ActiveKey, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest, LeaseId,
     ReserveError, ResponseOwner, StoreError,
 };
 use crate::call::{AccountId, CallId, Caller, KeyId, KeyRules, Reservation};
+use crate::codes::CodeHash;
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::KeyHash;
 
@@ -316,7 +317,56 @@ pub trait ResponseOwners: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// Everything the gateway and its tools need from one backend.
-pub trait Store: KeyStore + Ledger + CallLog + Accounts + Leases + ResponseOwners {}
+/// Redemption codes: batches an operator sells, each code redeemed for credits once.
+///
+/// The defaults keep none: creating a batch is refused, and every code is unknown.
+#[async_trait]
+pub trait RedemptionCodes: Send + Sync + std::fmt::Debug {
+    /// Stores a batch and its codes' hashes; returns it as listed.
+    async fn create_code_batch(&self, batch: NewCodeBatch<'_>) -> Result<CodeBatch, StoreError> {
+        let _ = batch;
+        Err(StoreError::Invalid(
+            "this store keeps no redemption codes".into(),
+        ))
+    }
 
-impl<T: KeyStore + Ledger + CallLog + Accounts + Leases + ResponseOwners> Store for T {}
+    /// Every batch, newest first, with its used and revoked counts.
+    async fn code_batches(&self) -> Result<Vec<CodeBatch>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Revokes the batch's unused codes at `at`; `None` if there is no such batch.
+    async fn revoke_code_batch(
+        &self,
+        batch: i64,
+        at: DateTime<Utc>,
+    ) -> Result<Option<CodeBatch>, StoreError> {
+        let _ = (batch, at);
+        Ok(None)
+    }
+
+    /// Redeems the code for `account` at `at`: marks it used and grants its credits (recorded
+    /// as a grant naming the batch) in one transaction, so that a code grants once, whatever
+    /// the concurrency and however many gateways share the store. `None`, changing nothing,
+    /// for a code that is unknown, used, revoked or expired, without saying which.
+    async fn redeem_code(
+        &self,
+        account: AccountId,
+        code: &CodeHash,
+        at: DateTime<Utc>,
+    ) -> Result<Option<Redeemed>, StoreError> {
+        let _ = (account, code, at);
+        Ok(None)
+    }
+}
+
+/// Everything the gateway and its tools need from one backend.
+pub trait Store:
+    KeyStore + Ledger + CallLog + Accounts + Leases + ResponseOwners + RedemptionCodes
+{
+}
+
+impl<T: KeyStore + Ledger + CallLog + Accounts + Leases + ResponseOwners + RedemptionCodes> Store
+    for T
+{
+}

@@ -18,6 +18,7 @@ mod common;
 mod admin;
 mod bad_input;
 mod clients;
+mod codes;
 mod contract;
 mod embeddings;
 mod escrow;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
-use super::state::{AccountRow, MemoryStore};
+use super::state::{AccountRow, MemoryStore, State};
 use crate::call::{AccountId, KeyId, KeyRules};
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
@@ -194,68 +194,7 @@ impl Accounts for MemoryStore {
         account: AccountId,
         grant: Grant<'_>,
     ) -> Result<Granted, StoreError> {
-        check_grant_amount(grant.amount)?;
-        let mut state = self.lock();
-        let balance = *state
-            .balances
-            .get(&account)
-            .ok_or_else(|| unknown_account(account))?;
-        let row = state
-            .accounts
-            .get(&account)
-            .ok_or_else(|| unknown_account(account))?;
-        if let Some(key) = grant.idempotency_key
-            && let Some(&earlier) = row.grants_by_key.get(key)
-        {
-            if earlier != (grant.bucket, grant.amount) {
-                return Err(StoreError::IdempotencyKeyReused(IdempotencyKeyReused {
-                    key: key.to_owned(),
-                }));
-            }
-            return Ok(Granted {
-                balance,
-                applied: false,
-            });
-        }
-        let ends_at = row.subscription_ends_at;
-        let ended = ends_at.is_some_and(|end| end <= grant.at);
-        let new_period =
-            grant.bucket == Bucket::Subscription && (grant.period_end.is_some() || ended);
-        let from = if new_period {
-            Balance {
-                subscription: Credits::ZERO,
-                ..balance
-            }
-        } else {
-            balance
-        };
-        let granted = from
-            .checked_grant(grant.bucket, grant.amount)
-            .ok_or(BalanceOverflow {
-                account,
-                bucket: grant.bucket,
-                amount: grant.amount,
-            })?;
-        if new_period {
-            state.lapse(account, ends_at.unwrap_or(grant.at));
-        }
-        state.balances.insert(account, granted);
-        let row = state
-            .accounts
-            .get_mut(&account)
-            .ok_or_else(|| unknown_account(account))?;
-        if new_period {
-            row.subscription_ends_at = grant.period_end;
-        }
-        row.granted.add(grant.bucket, grant.amount);
-        if let Some(key) = grant.idempotency_key {
-            row.grants_by_key
-                .insert(key.to_owned(), (grant.bucket, grant.amount));
-        }
-        Ok(Granted {
-            balance: granted,
-            applied: true,
-        })
+        self.lock().grant(account, grant)
     }
 
     async fn account(&self, account: AccountId) -> Result<Option<AccountSummary>, StoreError> {
@@ -325,5 +264,77 @@ impl Accounts for MemoryStore {
                 balance: state.balances.get(id).copied().unwrap_or_default(),
             })
             .collect())
+    }
+}
+
+impl State {
+    /// Applies a grant (see [`Accounts::grant_once`]).
+    pub(super) fn grant(
+        &mut self,
+        account: AccountId,
+        grant: Grant<'_>,
+    ) -> Result<Granted, StoreError> {
+        check_grant_amount(grant.amount)?;
+        let state = self;
+        let balance = *state
+            .balances
+            .get(&account)
+            .ok_or_else(|| unknown_account(account))?;
+        let row = state
+            .accounts
+            .get(&account)
+            .ok_or_else(|| unknown_account(account))?;
+        if let Some(key) = grant.idempotency_key
+            && let Some(&earlier) = row.grants_by_key.get(key)
+        {
+            if earlier != (grant.bucket, grant.amount) {
+                return Err(StoreError::IdempotencyKeyReused(IdempotencyKeyReused {
+                    key: key.to_owned(),
+                }));
+            }
+            return Ok(Granted {
+                balance,
+                applied: false,
+            });
+        }
+        let ends_at = row.subscription_ends_at;
+        let ended = ends_at.is_some_and(|end| end <= grant.at);
+        let new_period =
+            grant.bucket == Bucket::Subscription && (grant.period_end.is_some() || ended);
+        let from = if new_period {
+            Balance {
+                subscription: Credits::ZERO,
+                ..balance
+            }
+        } else {
+            balance
+        };
+        let granted = from
+            .checked_grant(grant.bucket, grant.amount)
+            .ok_or(BalanceOverflow {
+                account,
+                bucket: grant.bucket,
+                amount: grant.amount,
+            })?;
+        if new_period {
+            state.lapse(account, ends_at.unwrap_or(grant.at));
+        }
+        state.balances.insert(account, granted);
+        let row = state
+            .accounts
+            .get_mut(&account)
+            .ok_or_else(|| unknown_account(account))?;
+        if new_period {
+            row.subscription_ends_at = grant.period_end;
+        }
+        row.granted.add(grant.bucket, grant.amount);
+        if let Some(key) = grant.idempotency_key {
+            row.grants_by_key
+                .insert(key.to_owned(), (grant.bucket, grant.amount));
+        }
+        Ok(Granted {
+            balance: granted,
+            applied: true,
+        })
     }
 }

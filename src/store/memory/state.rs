@@ -36,6 +36,16 @@ pub(super) struct State {
     pub(super) idempotency_window: Option<std::time::Duration>,
     /// Who made each stored response, by its id.
     pub(super) response_owners: HashMap<String, (crate::store::ResponseOwner, DateTime<Utc>)>,
+    /// Redemption code batches by id, and each code's batch and state.
+    pub(super) code_batches: BTreeMap<i64, crate::store::records::CodeBatch>,
+    pub(super) codes: HashMap<crate::codes::CodeHash, CodeRow>,
+}
+
+#[derive(Debug)]
+pub(super) struct CodeRow {
+    pub(super) batch: i64,
+    /// Redeemed or revoked: either way it grants nothing any more.
+    pub(super) spent: bool,
 }
 
 #[derive(Debug)]

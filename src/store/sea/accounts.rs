@@ -10,10 +10,11 @@ use sea_orm::{
     PaginatorTrait, QueryFilter, QueryOrder, QuerySelect, Set,
 };
 
-use super::entity::{account, api_key, call, credit_grant, escrow};
+use super::entity::{account, api_key, call, code, credit_grant, escrow};
 use super::lapses::lapse;
 use super::rows::{balance_of, escrowed, locked_account, moment_value, with_escrowed};
 use super::store::SeaOrmStore;
+use crate::codes::CodeHash;
 use crate::credits::{Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::{
@@ -265,123 +266,8 @@ impl Accounts for SeaOrmStore {
         account: AccountId,
         grant: Grant<'_>,
     ) -> Result<Granted, StoreError> {
-        let Grant {
-            bucket,
-            amount,
-            reason,
-            idempotency_key,
-            period_end,
-            at,
-        } = grant;
-        check_grant_amount(amount)?;
-        // Held calls must not change while a new period lapses the old one's credits (a call
-        // held against escrow meanwhile may count on credits the lapse takes: it ends unbilled).
-        let holds = self.freeze_holds().await;
-        let _writes = self.mode.pause_escrow_writes().await;
-        let held = holds
-            .as_ref()
-            .map(|holds| holds.on(account))
-            .unwrap_or_default();
-        // What the account has to spend once its row reads `row`.
-        let net = async |txn: &DatabaseTransaction, row: &account::Model| match &holds {
-            Some(holds) => Ok(holds.net(account, balance_of(row))),
-            None => self.with_escrow_of(txn, account, balance_of(row)).await,
-        };
-        let txn = self.begin_write().await?;
-        // Grants to one account queue on its row from here, so that the key check below and
-        // the grant it allows cannot interleave with another grant's.
-        let before = locked_account(&txn, account).await?;
-        if let Some(key) = idempotency_key {
-            let earlier = credit_grant::Entity::find()
-                .filter(credit_grant::Column::AccountId.eq(account.0))
-                .filter(credit_grant::Column::IdempotencyKey.eq(key))
-                .one(&txn)
-                .await?;
-            if let Some(earlier) = earlier {
-                let balance = net(&txn, &before).await?;
-                txn.rollback().await?;
-                if earlier.bucket != bucket.as_str() || earlier.amount != amount.get() {
-                    return Err(StoreError::IdempotencyKeyReused(IdempotencyKeyReused {
-                        key: key.to_owned(),
-                    }));
-                }
-                return Ok(Granted {
-                    balance,
-                    applied: false,
-                });
-            }
-        }
-        // A subscription grant with a period, or into a period that has ended, starts a new
-        // period: what was left lapses first.
-        let ended = before.subscription_ends_at.is_some_and(|end| end <= at);
-        let new_period = bucket == Bucket::Subscription && (period_end.is_some() || ended);
-        // A grant past the largest balance is refused by the guarded update below, and the
-        // roll-back undoes the lapse too.
-        if new_period {
-            let end = before.subscription_ends_at.unwrap_or(at);
-            lapse(
-                &txn,
-                &before,
-                end,
-                held.subscription,
-                &self.mode.escrow_held(account),
-            )
-            .await?;
-            account::Entity::update_many()
-                .col_expr(
-                    account::Column::SubscriptionEndsAt,
-                    Expr::value(moment_value(txn.get_database_backend(), period_end)),
-                )
-                .filter(account::Column::Id.eq(account.0))
-                .exec(&txn)
-                .await?;
-        }
-        let (column, other) = match bucket {
-            Bucket::Subscription => (
-                account::Column::SubscriptionCredits,
-                account::Column::TopupCredits,
-            ),
-            Bucket::Topup => (
-                account::Column::TopupCredits,
-                account::Column::SubscriptionCredits,
-            ),
-        };
-        // Neither the bucket nor the total may pass the largest balance; written so that no
-        // step of the check can overflow itself (every bucket is >= 0).
-        let room = Credits::MAX.get() - amount.get();
-        let credited = account::Entity::update_many()
-            .col_expr(column, Expr::col(column).add(amount.get()))
-            .filter(account::Column::Id.eq(account.0))
-            .filter(Expr::col(column).lte(room))
-            .filter(Expr::col(other).lte(Expr::val(room).sub(Expr::col(column))))
-            .exec(&txn)
-            .await?;
-        if credited.rows_affected != 1 {
-            txn.rollback().await?;
-            return Err(BalanceOverflow {
-                account,
-                bucket,
-                amount,
-            }
-            .into());
-        }
-        credit_grant::ActiveModel {
-            id: NotSet,
-            account_id: Set(account.0),
-            bucket: Set(bucket.as_str().to_owned()),
-            amount: Set(amount.get()),
-            created_at: Set(Utc::now()),
-            reason: Set(reason.map(str::to_owned)),
-            idempotency_key: Set(idempotency_key.map(str::to_owned)),
-        }
-        .insert(&txn)
-        .await?;
-        let balance = net(&txn, &locked_account(&txn, account).await?).await?;
-        txn.commit().await?;
-        Ok(Granted {
-            balance,
-            applied: true,
-        })
+        let granted = self.grant_claiming(account, grant, None).await?;
+        Ok(granted.expect("a grant without a code to claim is never lost"))
     }
 
     async fn account(&self, account: AccountId) -> Result<Option<AccountSummary>, StoreError> {
@@ -580,4 +466,165 @@ mod tests {
         let refused = store.ready().await.unwrap_err();
         assert!(refused.to_string().contains("flush"), "{refused}");
     }
+}
+
+impl SeaOrmStore {
+    /// Applies a grant (see [`Accounts::grant_once`]); with a code to `claim`, only if the code
+    /// is claimed for the account in the same transaction (`None` when it is not: unknown,
+    /// used or revoked, perhaps by a concurrent redemption).
+    pub(super) async fn grant_claiming(
+        &self,
+        account: AccountId,
+        grant: Grant<'_>,
+        claim: Option<&CodeHash>,
+    ) -> Result<Option<Granted>, StoreError> {
+        let Grant {
+            bucket,
+            amount,
+            reason,
+            idempotency_key,
+            period_end,
+            at,
+        } = grant;
+        check_grant_amount(amount)?;
+        // Held calls must not change while a new period lapses the old one's credits (a call
+        // held against escrow meanwhile may count on credits the lapse takes: it ends unbilled).
+        let holds = self.freeze_holds().await;
+        let _writes = self.mode.pause_escrow_writes().await;
+        let held = holds
+            .as_ref()
+            .map(|holds| holds.on(account))
+            .unwrap_or_default();
+        // What the account has to spend once its row reads `row`.
+        let net = async |txn: &DatabaseTransaction, row: &account::Model| match &holds {
+            Some(holds) => Ok(holds.net(account, balance_of(row))),
+            None => self.with_escrow_of(txn, account, balance_of(row)).await,
+        };
+        let txn = self.begin_write().await?;
+        // Grants to one account queue on its row from here, so that the key check below and
+        // the grant it allows cannot interleave with another grant's.
+        let before = locked_account(&txn, account).await?;
+        if let Some(key) = idempotency_key {
+            let earlier = credit_grant::Entity::find()
+                .filter(credit_grant::Column::AccountId.eq(account.0))
+                .filter(credit_grant::Column::IdempotencyKey.eq(key))
+                .one(&txn)
+                .await?;
+            if let Some(earlier) = earlier {
+                let balance = net(&txn, &before).await?;
+                txn.rollback().await?;
+                if earlier.bucket != bucket.as_str() || earlier.amount != amount.get() {
+                    return Err(StoreError::IdempotencyKeyReused(IdempotencyKeyReused {
+                        key: key.to_owned(),
+                    }));
+                }
+                return Ok(Some(Granted {
+                    balance,
+                    applied: false,
+                }));
+            }
+        }
+        // The code is claimed under the account's lock, last: a concurrent redemption of the
+        // same code waits for this transaction on the code's row, then finds it used.
+        if let Some(code) = claim
+            && !claim_code(&txn, code, account, at).await?
+        {
+            txn.rollback().await?;
+            return Ok(None);
+        }
+        // A subscription grant with a period, or into a period that has ended, starts a new
+        // period: what was left lapses first.
+        let ended = before.subscription_ends_at.is_some_and(|end| end <= at);
+        let new_period = bucket == Bucket::Subscription && (period_end.is_some() || ended);
+        // A grant past the largest balance is refused by the guarded update below, and the
+        // roll-back undoes the lapse too.
+        if new_period {
+            let end = before.subscription_ends_at.unwrap_or(at);
+            lapse(
+                &txn,
+                &before,
+                end,
+                held.subscription,
+                &self.mode.escrow_held(account),
+            )
+            .await?;
+            account::Entity::update_many()
+                .col_expr(
+                    account::Column::SubscriptionEndsAt,
+                    Expr::value(moment_value(txn.get_database_backend(), period_end)),
+                )
+                .filter(account::Column::Id.eq(account.0))
+                .exec(&txn)
+                .await?;
+        }
+        let (column, other) = match bucket {
+            Bucket::Subscription => (
+                account::Column::SubscriptionCredits,
+                account::Column::TopupCredits,
+            ),
+            Bucket::Topup => (
+                account::Column::TopupCredits,
+                account::Column::SubscriptionCredits,
+            ),
+        };
+        // Neither the bucket nor the total may pass the largest balance; written so that no
+        // step of the check can overflow itself (every bucket is >= 0).
+        let room = Credits::MAX.get() - amount.get();
+        let credited = account::Entity::update_many()
+            .col_expr(column, Expr::col(column).add(amount.get()))
+            .filter(account::Column::Id.eq(account.0))
+            .filter(Expr::col(column).lte(room))
+            .filter(Expr::col(other).lte(Expr::val(room).sub(Expr::col(column))))
+            .exec(&txn)
+            .await?;
+        if credited.rows_affected != 1 {
+            txn.rollback().await?;
+            return Err(BalanceOverflow {
+                account,
+                bucket,
+                amount,
+            }
+            .into());
+        }
+        credit_grant::ActiveModel {
+            id: NotSet,
+            account_id: Set(account.0),
+            bucket: Set(bucket.as_str().to_owned()),
+            amount: Set(amount.get()),
+            created_at: Set(Utc::now()),
+            reason: Set(reason.map(str::to_owned)),
+            idempotency_key: Set(idempotency_key.map(str::to_owned)),
+        }
+        .insert(&txn)
+        .await?;
+        let balance = net(&txn, &locked_account(&txn, account).await?).await?;
+        txn.commit().await?;
+        Ok(Some(Granted {
+            balance,
+            applied: true,
+        }))
+    }
+}
+
+/// Marks the code redeemed by `account` at `at` if it is neither redeemed nor revoked; whether
+/// it was.
+async fn claim_code(
+    txn: &DatabaseTransaction,
+    code: &CodeHash,
+    account: AccountId,
+    at: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let backend = txn.get_database_backend();
+    let claimed = code::Entity::update_many()
+        .col_expr(
+            code::Column::RedeemedAt,
+            Expr::value(moment_value(backend, Some(at))),
+        )
+        .col_expr(code::Column::AccountId, Expr::value(account.0))
+        .filter(code::Column::CodeHash.eq(code.as_str()))
+        .filter(code::Column::RedeemedAt.is_null())
+        .filter(code::Column::RevokedAt.is_null())
+        .exec(txn)
+        .await?;
+    Ok(claimed.rows_affected == 1)
 }

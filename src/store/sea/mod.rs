@@ -33,6 +33,7 @@ use crate::credits::Balance;
 
 mod accounts;
 mod audit;
+mod codes;
 mod commit;
 mod entity;
 #[cfg(feature = "postgres")]

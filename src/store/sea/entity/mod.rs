@@ -4,6 +4,8 @@
 pub(super) mod account;
 pub(super) mod api_key;
 pub(super) mod call;
+pub(super) mod code;
+pub(super) mod code_batch;
 pub(super) mod credit_grant;
 pub(super) mod escrow;
 pub(super) mod idempotent_call;
