@@ -24,7 +24,7 @@ use std::time::Duration;
 #[cfg(feature = "api")]
 use model_gateway::admin::AdminToken;
 use model_gateway::admin::{
-    Admin, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount,
+    Admin, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount, NewCodes,
 };
 use model_gateway::rate_limit::RateLimiter;
 use model_gateway::recovery::{DEFAULT_LEASE_TTL, Upkeep};
@@ -79,6 +79,11 @@ enum Command {
     Grants {
         #[command(subcommand)]
         action: GrantsCommand,
+    },
+    /// Sell credits as redemption codes (prints what the admin API answers).
+    Codes {
+        #[command(subcommand)]
+        action: CodesCommand,
     },
     /// Print an account's call log as the admin API pages it.
     Calls {
@@ -359,6 +364,38 @@ enum GrantsCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum CodesCommand {
+    /// Create a batch of codes; prints the batch and its codes, shown this once.
+    Create {
+        /// How many codes.
+        #[arg(long)]
+        count: u32,
+        /// Credits each code grants.
+        #[arg(long)]
+        credits: i64,
+        /// `subscription` or `topup`.
+        #[arg(long, value_parser = parse_bucket)]
+        bucket: Bucket,
+        /// Subscription codes: a period of this many days from the redemption.
+        #[arg(long)]
+        period_days: Option<u32>,
+        /// The codes stop working then (RFC 3339).
+        #[arg(long)]
+        expires_at: Option<String>,
+        /// A label for the batch.
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// List the batches with their used and unused counts.
+    List,
+    /// Revoke a batch's unused codes.
+    Revoke {
+        /// The batch id.
+        batch: i64,
+    },
+}
+
 fn parse_bucket(name: &str) -> Result<Bucket, String> {
     Bucket::parse(name).ok_or_else(|| "subscription or topup".to_owned())
 }
@@ -485,6 +522,32 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 .await?;
             print_json(&granted)?;
         }
+        Command::Codes { action } => match action {
+            CodesCommand::Create {
+                count,
+                credits,
+                bucket,
+                period_days,
+                expires_at,
+                label,
+            } => {
+                let new = NewCodes {
+                    count,
+                    credits: Credits::new(credits),
+                    bucket,
+                    period_days,
+                    expires_at: expires_at
+                        .map(|at| chrono::DateTime::parse_from_rfc3339(&at))
+                        .transpose()
+                        .map_err(|error| format!("--expires-at: {error}"))?
+                        .map(|at| at.with_timezone(&chrono::Utc)),
+                    label,
+                };
+                print_json(&admin.create_codes(&new).await?)?;
+            }
+            CodesCommand::List => print_json(&admin.code_batches().await?)?,
+            CodesCommand::Revoke { batch } => print_json(&admin.revoke_codes(batch).await?)?,
+        },
         Command::Calls {
             account,
             limit,

@@ -3,8 +3,8 @@
 //!
 //! | Path | Page |
 //! |---|---|
-//! | `/console/` | key holders: sign in with an API key (kept in the tab's session storage), balance and subscription end, calls and credits per day and model over 30 days, the call log |
-//! | `/console/admin` | operators, only when the admin API is on: accounts and search, keys (create, shown once; revoke), grants, calls, the audit |
+//! | `/console/` | key holders: sign in with an API key (kept in the tab's session storage), balance and subscription end, redeeming a code, calls and credits per day and model over 30 days, the call log |
+//! | `/console/admin` | operators, only when the admin API is on: redemption codes (create a batch, shown once; list; revoke the unused), accounts and search, keys (create, shown once; revoke), grants, calls, the audit |
 //!
 //! Every page and asset is served with a Content-Security-Policy that allows scripts and styles
 //! from this origin only (no inline script or style can run), and the pages put every value

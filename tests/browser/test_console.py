@@ -291,6 +291,67 @@ def test_an_operator_creates_grants_and_revokes_and_names_stay_text(gateway, bro
     wait_text(browser, "audit-result", "账目平衡")
 
 
+def test_an_operator_sells_codes_and_a_key_holder_redeems_one(gateway, browser):
+    sign_in(browser, gateway.base + "/console/admin", "token", TOKEN)
+    WebDriverWait(browser, 10).until(EC.visibility_of_element_located((By.ID, "console")))
+    browser.find_element(By.ID, "codes-count").send_keys("2")
+    browser.find_element(By.ID, "codes-credits").send_keys("25")
+    browser.find_element(By.ID, "codes-label").send_keys(XSS)
+    browser.find_element(By.CSS_SELECTOR, "#create-codes button").click()
+    WebDriverWait(browser, 10).until(EC.visibility_of_element_located((By.ID, "created-codes")))
+    codes = browser.find_element(By.ID, "created-codes-value").text.split("\n")
+    assert len(codes) == 2 and all(code.startswith("MG-") for code in codes), codes
+
+    def batch_row(d):
+        for tr in d.find_elements(By.CSS_SELECTOR, "#code-batches tr"):
+            cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+            if cells[1] == XSS:
+                return cells
+        return None
+
+    row = WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(batch_row)
+    assert row[2:7] == ["25", "充值积分", "0", "2", "0"], row
+    assert not browser.find_elements(By.CSS_SELECTOR, "#code-batches img"), "the label became HTML"
+    screenshots(browser, "admin-codes")
+
+    # The key holder redeems one code (typed in lower case), then tries it again.
+    key = gateway.new_key(10)
+    sign_in(browser, gateway.base + "/console/", "key", key)
+    wait_text(browser, "total", "10")
+    browser.find_element(By.ID, "redeem-code").send_keys(codes[0].lower())
+    browser.find_element(By.CSS_SELECTOR, "#redeem button").click()
+    wait_text(browser, "redeem-result", "已兑换积分: 25")
+    wait_text(browser, "total", "35")
+    wait_text(browser, "topup", "25")
+    browser.find_element(By.ID, "redeem-code").send_keys(codes[0])
+    browser.find_element(By.CSS_SELECTOR, "#redeem button").click()
+    wait_text(browser, "redeem-result", "兑换码无效")
+    assert browser.find_element(By.ID, "total").text == "35"
+    screenshots(browser, "keyholder-redeem")
+    browser.find_element(By.ID, "sign-out").click()
+
+    # The operator sees one used, and revokes the other.
+    sign_in(browser, gateway.base + "/console/admin", "token", TOKEN)
+    row = WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(batch_row)
+    assert row[4:7] == ["1", "1", "0"], row
+    for tr in browser.find_elements(By.CSS_SELECTOR, "#code-batches tr"):
+        if tr.find_elements(By.TAG_NAME, "td")[1].text == XSS:
+            tr.find_element(By.CSS_SELECTOR, "button.danger").click()
+            break
+    browser.switch_to.alert.accept()
+    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: (batch_row(d) or [None] * 7)[4:7] == ["1", "0", "1"]
+    )
+    request = urllib.request.Request(
+        gateway.base + "/v1/redeem",
+        data=json.dumps({"code": codes[1]}).encode(),
+        headers={"Authorization": f"Bearer {key}", "content-type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request)
+    assert refused.value.code == 400
+
+
 def admin_api(gateway, path, body):
     request = urllib.request.Request(
         gateway.base + path,

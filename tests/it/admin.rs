@@ -557,7 +557,7 @@ async fn metrics_on_the_main_address_need_the_admin_token() {
 
 /// The example's command line, against the test's database: its standard output.
 #[cfg(feature = "sqlite")]
-fn cli(db: &TestDb, args: &[&str]) -> String {
+pub fn cli(db: &TestDb, args: &[&str]) -> String {
     let output = std::process::Command::new(gateway_binary())
         .args(args)
         .env("DATABASE_URL", &db.url)
@@ -572,7 +572,7 @@ fn cli(db: &TestDb, args: &[&str]) -> String {
 }
 
 #[cfg(feature = "sqlite")]
-fn cli_json(db: &TestDb, args: &[&str]) -> Value {
+pub fn cli_json(db: &TestDb, args: &[&str]) -> Value {
     serde_json::from_str(&cli(db, args)).unwrap()
 }
 

@@ -413,3 +413,45 @@ async fn a_success_does_not_use_up_the_limit() {
     }
     assert_eq!(db.balance(&key).await, balance(1, i64::from(per_key) + 2));
 }
+
+/// The example's command line sells, lists and revokes as the API does.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn the_command_line_sells_lists_and_revokes_codes() {
+    use crate::admin::cli_json;
+    let db = sqlite_db().await;
+    let gateway = admin_gateway(&db).await;
+    let created = cli_json(
+        &db,
+        &[
+            "codes",
+            "create",
+            "--count",
+            "2",
+            "--credits",
+            "30",
+            "--bucket",
+            "subscription",
+            "--period-days",
+            "30",
+            "--label",
+            "cli",
+        ],
+    );
+    let batch = created["batch"].as_i64().unwrap();
+    assert_eq!(created["period_days"], 30);
+    let code = created["codes"][0].as_str().unwrap().to_owned();
+    let key = db.funded_key(0, 1).await;
+    assert_eq!(redeem(&gateway, &key, &code).await.status, 200);
+    assert_eq!(db.balance(&key).await, balance(30, 1));
+    let listed = cli_json(&db, &["codes", "list"]);
+    assert_eq!(
+        (&listed["data"][0]["used"], &listed["data"][0]["unused"]),
+        (&json!(1), &json!(1))
+    );
+    let revoked = cli_json(&db, &["codes", "revoke", &batch.to_string()]);
+    assert_eq!(
+        (&revoked["unused"], &revoked["revoked"]),
+        (&json!(0), &json!(1))
+    );
+}

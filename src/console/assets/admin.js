@@ -1,5 +1,5 @@
-// The operator's page: accounts, keys, grants, calls and the audit, through the admin API with
-// the admin token from this tab's session storage only.
+// The operator's page: redemption codes, accounts, keys, grants, calls and the audit, through
+// the admin API with the admin token from this tab's session storage only.
 "use strict";
 
 const TOKEN_ITEM = "mg_admin";
@@ -49,6 +49,76 @@ function enter() {
   show("console", true);
   show("sign-out", true);
   listAccounts();
+  listCodeBatches();
+}
+
+async function listCodeBatches() {
+  try {
+    const page = await admin("/admin/codes");
+    const body = document.getElementById("code-batches");
+    body.replaceChildren();
+    for (const batch of page.data) {
+      let action = "";
+      if (batch.unused > 0) {
+        action = el("button", t("revokeUnused"), "danger");
+        action.type = "button";
+        action.dataset.batch = batch.batch;
+        action.addEventListener("click", () => revokeCodes(batch.batch));
+      }
+      body.append(
+        row([
+          batch.batch,
+          batch.label,
+          batch.credits,
+          t(batch.bucket) + (batch.period_days ? " · " + batch.period_days + "d" : ""),
+          batch.used,
+          batch.unused,
+          batch.revoked,
+          batch.expires_at ? formatTime(batch.expires_at) : t("never"),
+          action,
+        ]),
+      );
+    }
+  } catch (error) {
+    failed(error);
+  }
+}
+
+async function createCodes(event) {
+  event.preventDefault();
+  const body = {
+    count: Number(document.getElementById("codes-count").value),
+    credits: Number(document.getElementById("codes-credits").value),
+    bucket: document.getElementById("codes-bucket").value,
+  };
+  const days = document.getElementById("codes-days").value;
+  if (days) body.period_days = Number(days);
+  const expires = document.getElementById("codes-expires").value;
+  if (expires) body.expires_at = new Date(expires).toISOString();
+  const label = document.getElementById("codes-label").value;
+  if (label) body.label = label;
+  try {
+    const created = await admin("/admin/codes", { method: "POST", body });
+    const container = document.getElementById("created-codes");
+    const codes = el("pre", created.codes.join("\n"));
+    codes.id = "created-codes-value";
+    container.replaceChildren(el("div", t("codesOnce")), codes);
+    container.hidden = false;
+    document.getElementById("create-codes").reset();
+    await listCodeBatches();
+  } catch (error) {
+    failed(error);
+  }
+}
+
+async function revokeCodes(batch) {
+  if (!window.confirm(t("confirmRevokeCodes"))) return;
+  try {
+    await admin("/admin/codes/" + batch + "/revoke", { method: "POST" });
+    await listCodeBatches();
+  } catch (error) {
+    failed(error);
+  }
 }
 
 /** How many account lists were asked for: only the last one asked is drawn. */
@@ -229,6 +299,7 @@ function back() {
   show("account-view", false);
   show("list-view", true);
   listAccounts();
+  listCodeBatches();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -241,11 +312,13 @@ document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("back").addEventListener("click", back);
   document.getElementById("new-key").addEventListener("click", newKey);
   document.getElementById("grant").addEventListener("submit", grant);
+  document.getElementById("create-codes").addEventListener("submit", createCodes);
   document.getElementById("audit").addEventListener("click", audit);
   document.getElementById("language").addEventListener("click", () => {
     toggleLanguage();
     translatePage();
     if (current !== null) openAccount(current);
+    else listCodeBatches();
   });
   if (token()) enter();
 });

@@ -1,5 +1,5 @@
-// The key holder's page: balance, usage per day and model, and the call log, read with the
-// key from this tab's session storage only.
+// The key holder's page: balance, redeeming a code, usage per day and model, and the call log,
+// with the key from this tab's session storage only.
 "use strict";
 
 const KEY_ITEM = "mg_key";
@@ -123,6 +123,25 @@ async function older() {
   }
 }
 
+async function redeem(event) {
+  event.preventDefault();
+  const result = document.getElementById("redeem-result");
+  result.textContent = "";
+  result.className = "";
+  try {
+    const code = document.getElementById("redeem-code").value.trim();
+    const redeemed = await callApi(key(), "/v1/redeem", { method: "POST", body: { code } });
+    document.getElementById("redeem").reset();
+    result.textContent = t("redeemed") + " " + redeemed.credits + " (" + t(redeemed.bucket) + ")";
+    result.className = "status-ok";
+    showBalance(redeemed.balance);
+  } catch (error) {
+    result.textContent = error.message;
+    result.className = "error";
+    if (error.status === 401) signOut();
+  }
+}
+
 const SVG = "http://www.w3.org/2000/svg";
 
 /** Stacked bars: one per day of the window, one colour per model. */
@@ -191,6 +210,7 @@ document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("sign-out").addEventListener("click", signOut);
   document.getElementById("refresh").addEventListener("click", refresh);
   document.getElementById("older").addEventListener("click", older);
+  document.getElementById("redeem").addEventListener("submit", redeem);
   document.getElementById("measure").addEventListener("change", drawChart);
   document.getElementById("language").addEventListener("click", () => {
     toggleLanguage();
