@@ -213,6 +213,10 @@ pub enum GatewayError {
     /// The admin API was asked about a batch of redemption codes that does not exist.
     #[error("no such code batch")]
     NoSuchCodeBatch,
+    /// A catalogue reload was refused (the text says why, as a start would); the old
+    /// catalogue serves on.
+    #[error("catalogue refused: {0}")]
+    InvalidCatalogue(String),
     /// A redemption code is unknown, used, expired or revoked: one answer for all four, so
     /// that it tells a guesser nothing.
     #[error("invalid redemption code")]
@@ -291,6 +295,7 @@ impl GatewayError {
             Self::NoSuchKey => "API Key 不存在".into(),
             Self::NoSuchCodeBatch => "兑换码批次不存在".into(),
             Self::InvalidCode => "兑换码无效".into(),
+            Self::InvalidCatalogue(why) => why.clone().into(),
             Self::InvalidField { field, reason } => format!("字段 {field} 无效: {reason}").into(),
             Self::BalanceOverflow => "积分将超过余额上限, 未发放".into(),
             Self::IdempotencyKeyReused => "Idempotency-Key 已用于另一个不同的请求".into(),
@@ -335,9 +340,10 @@ impl GatewayError {
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::InvalidAdminToken => StatusCode::UNAUTHORIZED,
             Self::NoSuchAccount | Self::NoSuchKey | Self::NoSuchCodeBatch => StatusCode::NOT_FOUND,
-            Self::InvalidField { .. } | Self::BalanceOverflow | Self::InvalidCode => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::InvalidField { .. }
+            | Self::BalanceOverflow
+            | Self::InvalidCode
+            | Self::InvalidCatalogue(_) => StatusCode::BAD_REQUEST,
             Self::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::IdempotentCallRunning | Self::IdempotentReplyNotKept => StatusCode::CONFLICT,
         }
@@ -382,6 +388,7 @@ impl GatewayError {
             Self::NoSuchKey => "no_such_key",
             Self::NoSuchCodeBatch => "no_such_code_batch",
             Self::InvalidCode => "invalid_code",
+            Self::InvalidCatalogue(_) => "invalid_catalogue",
             Self::InvalidField { .. } => "invalid_field",
             Self::BalanceOverflow => "balance_overflow",
             Self::IdempotencyKeyReused => "idempotency_key_reused",

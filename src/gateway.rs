@@ -25,10 +25,11 @@ use axum::body::Body;
 use crate::access_log::AccessLogLayer;
 #[cfg(feature = "api")]
 use crate::admin::{self, Admin, AdminToken};
-use crate::catalogue::Catalogue;
+use crate::catalogue::LiveCatalogue;
 use crate::error::{ErrorBody, GatewayError};
 use crate::error_body::ErrorBodyLayer;
 use crate::rate_limit::RateLimiter;
+use crate::reload::CatalogueReloader;
 use crate::request_id::RequestIdLayer;
 use crate::router::BodyLimits;
 use crate::store::Store;
@@ -41,7 +42,8 @@ type Render = Arc<dyn Fn() -> String + Send + Sync>;
 #[must_use]
 pub struct Gateway<S> {
     store: Arc<S>,
-    catalogue: Arc<Catalogue>,
+    catalogue: LiveCatalogue,
+    reloader: Option<CatalogueReloader>,
     upstream: Upstream,
     body: BodyLimits,
     limiter: RateLimiter,
@@ -61,15 +63,21 @@ impl<S> std::fmt::Debug for Gateway<S> {
 }
 
 impl<S: Store + 'static> Gateway<S> {
-    /// A gateway on `store`, selling `catalogue`'s models from `upstream`; default body limits,
-    /// rate limits counted in this process, no admin API.
-    pub fn new(store: Arc<S>, catalogue: Arc<Catalogue>, upstream: Upstream) -> Gateway<S> {
+    /// A gateway on `store`, selling `catalogue`'s models (a [`Catalogue`](crate::Catalogue),
+    /// or a [`LiveCatalogue`] that reloads) from `upstream`; default body limits, rate limits
+    /// counted in this process, no admin API.
+    pub fn new(
+        store: Arc<S>,
+        catalogue: impl Into<LiveCatalogue>,
+        upstream: Upstream,
+    ) -> Gateway<S> {
         // The responses native upstreams keep are recorded in the store, so that only the
         // account that made one reaches it again.
         let upstream = upstream.remembering_responses(store.clone());
         Gateway {
             store,
-            catalogue,
+            catalogue: catalogue.into(),
+            reloader: None,
             upstream,
             body: BodyLimits::default(),
             limiter: RateLimiter::local(),
@@ -90,7 +98,16 @@ impl<S: Store + 'static> Gateway<S> {
     /// default) or [`ErrorBody::Compatible`] (the client protocol's error object beside
     /// `detail`). Overrides the catalogue's `error_body`.
     pub fn error_body(mut self, body: ErrorBody) -> Gateway<S> {
-        self.catalogue = Arc::new((*self.catalogue).clone().with_error_body(body));
+        let catalogue = (*self.catalogue.current()).clone().with_error_body(body);
+        self.catalogue = LiveCatalogue::from(catalogue);
+        self
+    }
+
+    /// Lets the operator reload the catalogue (`POST /admin/catalogue/reload`, with the admin
+    /// API): `reloader` must reload this gateway's catalogue (give [`Gateway::new`] its
+    /// [`live`](CatalogueReloader::live) catalogue) and upstream.
+    pub fn catalogue_reloader(mut self, reloader: CatalogueReloader) -> Gateway<S> {
+        self.reloader = Some(reloader);
         self
     }
 
@@ -119,7 +136,7 @@ impl<S: Store + 'static> Gateway<S> {
 
     /// The router; see the module docs.
     pub fn router(self) -> Router {
-        let error_body = self.catalogue.error_body();
+        let error_body = self.catalogue.current().error_body();
         let stack = crate::stack_with_limiter(
             self.store.clone(),
             self.catalogue.clone(),
@@ -143,9 +160,12 @@ impl<S: Store + 'static> Gateway<S> {
         let router = router.merge(operator_apis(
             self.store,
             self.catalogue,
+            self.reloader,
             self.admin_token,
             self.metrics,
         ));
+        #[cfg(not(feature = "api"))]
+        let _ = self.reloader;
         // Outermost last: the request id, then the access line, then refusals' bodies.
         router
             .fallback(|| async { GatewayError::UnknownPath.into_response::<Body>() })
@@ -159,13 +179,17 @@ impl<S: Store + 'static> Gateway<S> {
 #[cfg(feature = "api")]
 fn operator_apis<S: Store + 'static>(
     store: Arc<S>,
-    catalogue: Arc<Catalogue>,
+    catalogue: LiveCatalogue,
+    reloader: Option<CatalogueReloader>,
     token: Option<AdminToken>,
     metrics: Option<Render>,
 ) -> Router {
     let mut router = crate::console::router(token.is_some());
     if let Some(token) = token {
-        let admin = Admin::new(store).with_catalogue(catalogue);
+        let mut admin = Admin::new(store).with_catalogue(catalogue);
+        if let Some(reloader) = reloader {
+            admin = admin.with_reloader(reloader);
+        }
         router = router.merge(admin::router(admin, token.clone()));
         if let Some(render) = metrics {
             router = router.merge(admin::metrics_router(move || render(), token));

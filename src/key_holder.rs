@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 
 use crate::auth::ApiKeyAuthLayer;
 use crate::call::{Caller, KeyRules};
-use crate::catalogue::{Catalogue, ModelRoute};
+use crate::catalogue::{Catalogue, LiveCatalogue, ModelRoute};
 use crate::error::GatewayError;
 use crate::ledger_deadline::LedgerDeadlineLayer;
 use crate::protocol::Protocol;
@@ -56,7 +56,7 @@ pub const FAILED_REDEMPTIONS_PER_ADDRESS: u32 = 20;
 
 struct Shared<S> {
     store: Arc<S>,
-    catalogue: Arc<Catalogue>,
+    catalogue: LiveCatalogue,
     upstream: Upstream,
     body: BodyLimits,
     limiter: RateLimiter,
@@ -66,7 +66,7 @@ struct Shared<S> {
 /// against its requests per minute in `limiter`, as calls do.
 pub fn router<S: Store + 'static>(
     store: Arc<S>,
-    catalogue: Arc<Catalogue>,
+    catalogue: impl Into<LiveCatalogue>,
     upstream: Upstream,
     limiter: RateLimiter,
 ) -> Router {
@@ -78,14 +78,14 @@ pub fn router<S: Store + 'static>(
 /// the calls' [`BodyLimits`], whose budget is then shared).
 pub fn router_with_body_limits<S: Store + 'static>(
     store: Arc<S>,
-    catalogue: Arc<Catalogue>,
+    catalogue: impl Into<LiveCatalogue>,
     upstream: Upstream,
     limiter: RateLimiter,
     body: BodyLimits,
 ) -> Router {
     let shared = Arc::new(Shared {
         store: store.clone(),
-        catalogue,
+        catalogue: catalogue.into(),
         upstream,
         body,
         limiter: limiter.clone(),
@@ -204,7 +204,8 @@ async fn list_models<S>(
     headers: HeaderMap,
     page: Result<Query<ModelPage>, QueryRejection>,
 ) -> Response {
-    let models = sorted_models(&shared.catalogue, &rules);
+    let catalogue = shared.catalogue.current();
+    let models = sorted_models(&catalogue, &rules);
     if !wants_anthropic(&headers) {
         let data: Vec<Value> = models.iter().map(|model| openai_model(model)).collect();
         return axum::Json(json!({ "object": "list", "data": data })).into_response();
@@ -250,7 +251,8 @@ async fn one_model<S>(
     Path(id): Path<String>,
 ) -> Response {
     // A model the key may not call is not there for it; an alias finds its model.
-    let model = shared.catalogue.model(&id);
+    let catalogue = shared.catalogue.current();
+    let model = catalogue.model(&id);
     match model.filter(|model| rules.allows(&model.name)) {
         Some(model) if wants_anthropic(&headers) => {
             axum::Json(anthropic_model(model)).into_response()
@@ -497,12 +499,13 @@ async fn count_tokens<S: Store + 'static>(
     request: axum::extract::Request,
 ) -> Response {
     let ledger: Arc<dyn crate::store::Ledger> = shared.store.clone();
-    let read = read_beside_calls(request, &shared.catalogue, &shared.body, ledger).await;
+    let catalogue = shared.catalogue.current();
+    let read = read_beside_calls(request, &catalogue, &shared.body, ledger).await;
     let (headers, body, _permit) = match read {
         Ok((parts, body, permit)) => (parts.headers, body, permit),
         Err(refusal) => return refuse(refusal),
     };
-    let routed = match route_model(&shared.catalogue, Protocol::Messages, &body) {
+    let routed = match route_model(&catalogue, Protocol::Messages, &body) {
         Ok(routed) if !rules.allows(&routed.model.name) => {
             return refuse(GatewayError::ModelNotAllowed);
         }

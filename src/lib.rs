@@ -128,6 +128,7 @@ pub mod protocol;
 pub mod rate_limit;
 pub mod recovery;
 pub mod refund;
+pub mod reload;
 mod reply;
 pub mod request_id;
 pub mod router;
@@ -198,7 +199,7 @@ pub type GatewayStack<U> = RequestIdService<
 /// [`stack_with_limiter`] to share them.
 pub fn stack<S, U>(
     store: Arc<S>,
-    catalogue: Arc<Catalogue>,
+    catalogue: impl Into<catalogue::LiveCatalogue>,
     body: impl Into<BodyLimits>,
     upstream: U,
 ) -> GatewayStack<U>
@@ -218,7 +219,7 @@ where
 /// limits hold across gateway instances).
 pub fn stack_with_limiter<S, U>(
     store: Arc<S>,
-    catalogue: Arc<Catalogue>,
+    catalogue: impl Into<catalogue::LiveCatalogue>,
     body: impl Into<BodyLimits>,
     upstream: U,
     limiter: rate_limit::RateLimiter,
@@ -226,6 +227,10 @@ pub fn stack_with_limiter<S, U>(
 where
     S: Store + 'static,
 {
+    // The models are read per request from `live`; the settings of the whole gateway, once
+    // (a reload cannot change them).
+    let live = catalogue.into();
+    let catalogue = live.current();
     let upstream_bound = catalogue.call_deadline() + recovery::UPSTREAM_BOUND_MARGIN;
     tower::ServiceBuilder::new()
         .layer(RequestIdLayer::new())
@@ -234,7 +239,7 @@ where
         .layer(ApiKeyAuthLayer::new(store.clone()))
         .layer(rate_limit::RateLimitLayer::new(limiter))
         .layer(
-            ProtocolRouterLayer::new(catalogue.clone())
+            ProtocolRouterLayer::new(live)
                 .body_limits(body)
                 .unfunded_callers_through(store.clone())
                 .response_owners(store.clone()),

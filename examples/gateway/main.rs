@@ -26,8 +26,10 @@ use model_gateway::admin::AdminToken;
 use model_gateway::admin::{
     Admin, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount, NewCodes,
 };
+use model_gateway::catalogue::LiveCatalogue;
 use model_gateway::rate_limit::RateLimiter;
 use model_gateway::recovery::{DEFAULT_LEASE_TTL, Upkeep};
+use model_gateway::reload::CatalogueReloader;
 use model_gateway::server::{self, ServerLimits};
 use model_gateway::store::ChargingMode;
 use model_gateway::{
@@ -719,22 +721,46 @@ impl ServeArgs {
 }
 
 fn load_catalogue(args: &ServeArgs) -> Result<Catalogue, model_gateway::catalogue::CatalogueError> {
-    let catalogue = match &args.models {
-        Some(path) => Catalogue::from_path(path)?,
-        None => Catalogue::demo(),
-    };
-    let catalogue = match args.streaming {
-        Some(streaming) => catalogue.with_streaming(streaming),
-        None => catalogue,
-    };
-    Ok(match args.error_body {
-        Some(body) => catalogue.with_error_body(body),
-        None => catalogue,
-    })
+    CatalogueSource::of(args).load()
+}
+
+/// Where the catalogue is read from, at start and on each reload: the file, and the switches
+/// that override it.
+#[derive(Clone)]
+struct CatalogueSource {
+    models: Option<std::path::PathBuf>,
+    streaming: Option<bool>,
+    error_body: Option<ErrorBody>,
+}
+
+impl CatalogueSource {
+    fn of(args: &ServeArgs) -> CatalogueSource {
+        CatalogueSource {
+            models: args.models.clone(),
+            streaming: args.streaming,
+            error_body: args.error_body,
+        }
+    }
+
+    fn load(&self) -> Result<Catalogue, model_gateway::catalogue::CatalogueError> {
+        let catalogue = match &self.models {
+            Some(path) => Catalogue::from_path(path)?,
+            None => Catalogue::demo(),
+        };
+        let catalogue = match self.streaming {
+            Some(streaming) => catalogue.with_streaming(streaming),
+            None => catalogue,
+        };
+        Ok(match self.error_body {
+            Some(body) => catalogue.with_error_body(body),
+            None => catalogue,
+        })
+    }
 }
 
 async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let catalogue = Arc::new(load_catalogue(&args)?);
+    let source = CatalogueSource::of(&args);
+    let catalogue = Arc::new(source.load()?);
     let window = Duration::from_secs(args.idempotency_window_secs);
     let mode = ChargingMode::choose(&store, args.sqlite_shared, args.pg_escrow);
     let store = store.in_mode(mode)?;
@@ -757,7 +783,12 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
         .start()
         .await?;
     let limiter = rate_limiter(&args)?;
-    let gateway = Gateway::new(store, catalogue.clone(), upstream)
+    // `SIGHUP` and `POST /admin/catalogue/reload` read the catalogue again.
+    let live = LiveCatalogue::new(catalogue.clone());
+    let reloader = CatalogueReloader::new(live.clone(), upstream.clone(), move || source.load());
+    tokio::spawn(reload_on_hangup(reloader.clone()));
+    let gateway = Gateway::new(store, live, upstream)
+        .catalogue_reloader(reloader)
         .body_limits(args.body_limits())
         .rate_limiter(limiter);
     let router = operator_apis(gateway, &args).await?.router();
@@ -858,6 +889,32 @@ fn needs_feature(setting: &str, feature: &str) -> Box<dyn std::error::Error> {
         "{setting} needs the `{feature}` feature: cargo run --release --example gateway --features {feature}"
     )
     .into()
+}
+
+/// Reloads the catalogue on each `SIGHUP` (on Unix): a bad one is logged and the old one
+/// serves on.
+async fn reload_on_hangup(reloader: CatalogueReloader) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hangups) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            match reloader.reload().await {
+                Ok(catalogue) => tracing::info!(
+                    models = catalogue.models().count(),
+                    "SIGHUP: catalogue reloaded"
+                ),
+                Err(error) => {
+                    tracing::error!(%error, "SIGHUP: catalogue refused; the old one serves on");
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = reloader;
 }
 
 /// Ctrl-C, or SIGTERM on Unix: stop accepting, finish the calls under way, exit.

@@ -12,6 +12,8 @@
 //! | `PATCH /admin/keys/{id}` | any of `{"models", "expires_at", "rpm"}` | [`KeyView`](super::KeyView) |
 //! | `POST /admin/keys/{id}/revoke` | | [`KeyView`](super::KeyView) |
 //! | `GET /admin/audit` | | [`AuditView`](super::AuditView), `200` whether or not it holds |
+//! | `GET /admin/catalogue` | | the catalogue served now ([`catalogue_view`](super::catalogue_view)) |
+//! | `POST /admin/catalogue/reload` | | the catalogue read again and served: what serves now; `400 {"detail"}` naming the problem, the old one serving on |
 //! | `POST /admin/codes` | `{"count", "credits", "bucket", "period_days"?, "expires_at"?, "label"?}` | `201` [`CreatedCodes`](super::CreatedCodes) (the codes, shown once) |
 //! | `GET /admin/codes` | | [`CodeBatchList`](super::CodeBatchList) (`used` and `unused` per batch) |
 //! | `POST /admin/codes/{batch}/revoke` | | [`CodeBatchView`](super::CodeBatchView) (its unused codes revoked) |
@@ -184,6 +186,8 @@ pub fn router<S: Store + 'static>(admin: Admin<S>, token: AdminToken) -> Router 
         .route("/admin/accounts/{id}/calls", get(calls::<S>))
         .route("/admin/keys/{id}", patch(update_key::<S>))
         .route("/admin/keys/{id}/revoke", post(revoke_key::<S>))
+        .route("/admin/catalogue", get(catalogue::<S>))
+        .route("/admin/catalogue/reload", post(reload_catalogue::<S>))
         .route(
             "/admin/codes",
             post(create_codes::<S>).get(code_batches::<S>),
@@ -350,4 +354,12 @@ async fn revoke_codes<S: Store>(
         Ok(batch) => answer(StatusCode::OK, admin.revoke_codes(batch).await),
         Err(_) => refuse(GatewayError::NoSuchCodeBatch),
     }
+}
+
+async fn catalogue<S: Store>(State(admin): State<Admin<S>>) -> Response {
+    answer(StatusCode::OK, admin.catalogue())
+}
+
+async fn reload_catalogue<S: Store>(State(admin): State<Admin<S>>) -> Response {
+    answer(StatusCode::OK, admin.reload_catalogue().await)
 }

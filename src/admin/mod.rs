@@ -35,20 +35,23 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::call::KeyRules;
-use crate::catalogue::Catalogue;
+use crate::catalogue::{Catalogue, LiveCatalogue};
 use crate::credits::{Bucket, Credits};
 use crate::error::GatewayError;
 use crate::keys::{KeyHash, NewApiKey};
+use crate::reload::CatalogueReloader;
 use crate::store::{
     AccountAudit, AccountId, AccountQuery, AccountSummary, CallId, CallQuery, CallRecord,
     CallStatus, Grant, KeyId, KeyInfo, KeyStatus, Store, StoreError,
 };
 
+mod catalogue;
 mod codes;
 #[cfg(feature = "api")]
 mod http;
 mod requests;
 
+pub use catalogue::catalogue_view;
 pub use codes::{CodeBatchList, CodeBatchView, CreatedCodes};
 #[cfg(feature = "api")]
 pub use http::{AdminToken, MIN_ADMIN_TOKEN_CHARS, metrics_router, router};
@@ -305,7 +308,8 @@ pub struct CallFilter {
 #[derive(Debug)]
 pub struct Admin<S> {
     store: Arc<S>,
-    catalogue: Option<Arc<Catalogue>>,
+    catalogue: Option<LiveCatalogue>,
+    reloader: Option<CatalogueReloader>,
 }
 
 impl<S> Clone for Admin<S> {
@@ -313,6 +317,7 @@ impl<S> Clone for Admin<S> {
         Admin {
             store: self.store.clone(),
             catalogue: self.catalogue.clone(),
+            reloader: self.reloader.clone(),
         }
     }
 }
@@ -327,14 +332,24 @@ impl<S: Store> Admin<S> {
         Admin {
             store,
             catalogue: None,
+            reloader: None,
         }
     }
 
     /// Checks the models that keys are limited to against `catalogue` (an unknown name is a
-    /// `400` rather than a key that can call nothing).
+    /// `400` rather than a key that can call nothing), and shows it ([`Admin::catalogue`]).
     #[must_use]
-    pub fn with_catalogue(mut self, catalogue: Arc<Catalogue>) -> Admin<S> {
-        self.catalogue = Some(catalogue);
+    pub fn with_catalogue(mut self, catalogue: impl Into<LiveCatalogue>) -> Admin<S> {
+        self.catalogue = Some(catalogue.into());
+        self
+    }
+
+    /// Reloads the catalogue with `reloader` ([`Admin::reload_catalogue`]), and shows the one
+    /// it serves.
+    #[must_use]
+    pub fn with_reloader(mut self, reloader: CatalogueReloader) -> Admin<S> {
+        self.catalogue = Some(reloader.live().clone());
+        self.reloader = Some(reloader);
         self
     }
 
@@ -430,7 +445,9 @@ impl<S: Store> Admin<S> {
     /// Changes the fields of the key's rules that `patch` names.
     pub async fn update_key(&self, key: KeyId, patch: &KeyPatch) -> Result<KeyView, AdminError> {
         if let (Some(Some(models)), Some(catalogue)) = (&patch.models, &self.catalogue)
-            && models.iter().any(|model| catalogue.model(model).is_none())
+            && models
+                .iter()
+                .any(|model| catalogue.current().model(model).is_none())
         {
             return Err(GatewayError::InvalidField {
                 field: "models".into(),
@@ -568,7 +585,7 @@ impl<S: Store> Admin<S> {
     pub async fn audit(&self) -> Result<AuditView, AdminError> {
         let audits = self.store.audit().await?;
         let longest_call = match &self.catalogue {
-            Some(catalogue) => crate::recovery::recovery_age(catalogue),
+            Some(catalogue) => crate::recovery::recovery_age(&catalogue.current()),
             None => crate::recovery::recovery_age(&Catalogue::default()),
         };
         let cutoff = chrono::Utc::now()

@@ -37,6 +37,10 @@
 //! cache_read = 125
 //! ```
 
+mod live;
+
+pub use live::{LiveCatalogue, StartOnlySetting};
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -710,6 +714,44 @@ impl Catalogue {
     /// default [`DEFAULT_MAX_EVENT_BYTES`]); past it the stream fails and is refunded.
     pub fn max_event_bytes(&self) -> usize {
         self.max_event_bytes
+    }
+
+    /// The least a call of any model can be charged; `None` for an empty catalogue.
+    pub fn cheapest_charge(&self) -> Option<Credits> {
+        self.models().map(|model| model.least_charge()).min()
+    }
+
+    /// The first setting of the whole gateway (not of one model or upstream) that differs in
+    /// `other`: those are read when the gateway starts, so a reload cannot change them.
+    pub fn start_only_change(&self, other: &Catalogue) -> Option<&'static str> {
+        let settings: [(&'static str, bool); 7] = [
+            ("error_body", self.error_body != other.error_body),
+            (
+                "call_deadline_secs",
+                self.call_deadline != other.call_deadline,
+            ),
+            ("streaming", self.streaming != other.streaming),
+            (
+                "stream_deadline_secs",
+                self.stream_deadline != other.stream_deadline,
+            ),
+            (
+                "stream_idle_timeout_secs",
+                self.stream_idle_timeout != other.stream_idle_timeout,
+            ),
+            (
+                "max_reply_bytes",
+                self.max_reply_bytes != other.max_reply_bytes,
+            ),
+            (
+                "max_event_bytes",
+                self.max_event_bytes != other.max_event_bytes,
+            ),
+        ];
+        settings
+            .into_iter()
+            .find(|(_, changed)| *changed)
+            .map(|(name, _)| name)
     }
 }
 

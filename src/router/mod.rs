@@ -57,7 +57,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::call::{AccessEntry, Caller, IdempotencyKey, KeyRules, RoutedCall};
-use crate::catalogue::{Catalogue, ModelChannel, ResponsesRoute, UpstreamKind};
+use crate::catalogue::{Catalogue, LiveCatalogue, ModelChannel, ResponsesRoute, UpstreamKind};
 use crate::credits::Credits;
 use crate::error::GatewayError;
 use crate::protocol::{Protocol, responses};
@@ -71,19 +71,20 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ProtocolRouterLayer {
-    catalogue: Arc<Catalogue>,
+    catalogue: LiveCatalogue,
     body: BodyLimits,
     streaming: bool,
-    funds: Option<Funds>,
+    funds: Option<Arc<dyn Ledger>>,
     owners: Option<Arc<dyn ResponseOwners>>,
 }
 
 impl ProtocolRouterLayer {
-    /// Routes against `catalogue`, with the default body limit; streaming as the catalogue
-    /// says ([`Catalogue::streaming`]).
-    pub fn new(catalogue: Arc<Catalogue>) -> ProtocolRouterLayer {
+    /// Routes against `catalogue` (a [`Catalogue`], or a [`LiveCatalogue`] that reloads), with
+    /// the default body limit; streaming as the catalogue says ([`Catalogue::streaming`]).
+    pub fn new(catalogue: impl Into<LiveCatalogue>) -> ProtocolRouterLayer {
+        let catalogue = catalogue.into();
         ProtocolRouterLayer {
-            streaming: catalogue.streaming(),
+            streaming: catalogue.current().streaming(),
             catalogue,
             body: BodyLimits::default(),
             funds: None,
@@ -112,12 +113,7 @@ impl ProtocolRouterLayer {
     /// rather than buffered. The balance is read through `ledger`, once per request and only
     /// for bodies past that size. Needs [`ApiKeyAuth`](crate::ApiKeyAuth) outside.
     pub fn unfunded_callers_through(mut self, ledger: Arc<dyn Ledger>) -> ProtocolRouterLayer {
-        let cheapest = self
-            .catalogue
-            .models()
-            .map(|model| model.least_charge())
-            .min();
-        self.funds = cheapest.map(|cheapest| Funds { ledger, cheapest });
+        self.funds = Some(ledger);
         self
     }
 
@@ -154,10 +150,10 @@ impl<S> Layer<S> for ProtocolRouterLayer {
 #[derive(Debug, Clone)]
 pub struct ProtocolRouter<S> {
     inner: S,
-    catalogue: Arc<Catalogue>,
+    catalogue: LiveCatalogue,
     body: BodyLimits,
     streaming: bool,
-    funds: Option<Funds>,
+    funds: Option<Arc<dyn Ledger>>,
     owners: Option<Arc<dyn ResponseOwners>>,
 }
 
@@ -165,12 +161,12 @@ crate::macros::inner_service_accessors!(ProtocolRouter, S, inner);
 
 impl<S> ProtocolRouter<S> {
     /// Routes requests for `inner` against `catalogue`, with the default body limits.
-    pub fn new(inner: S, catalogue: Arc<Catalogue>) -> ProtocolRouter<S> {
+    pub fn new(inner: S, catalogue: impl Into<LiveCatalogue>) -> ProtocolRouter<S> {
         ProtocolRouterLayer::new(catalogue).layer(inner)
     }
 
     /// A [`ProtocolRouterLayer`] over `catalogue`.
-    pub fn layer(catalogue: Arc<Catalogue>) -> ProtocolRouterLayer {
+    pub fn layer(catalogue: impl Into<LiveCatalogue>) -> ProtocolRouterLayer {
         ProtocolRouterLayer::new(catalogue)
     }
 }
@@ -198,9 +194,13 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let catalogue = self.catalogue.clone();
+        // The catalogue as it stands now serves this request to its end, whatever reloads.
+        let catalogue = self.catalogue.current();
         let limits = self.body.clone();
-        let funds = self.funds.clone();
+        let funds = self.funds.clone().and_then(|ledger| {
+            let cheapest = catalogue.cheapest_charge()?;
+            Some(Funds { ledger, cheapest })
+        });
         let owners = self.owners.clone();
         let streaming = self.streaming;
         let mut inner = crate::macros::take_ready(&mut self.inner);
@@ -359,7 +359,8 @@ where
 {
     let declared_length = declared_length(request.headers(), limits)?;
     let (parts, body) = request.into_parts();
-    let funds = (catalogue.models().map(|model| model.least_charge()).min())
+    let funds = catalogue
+        .cheapest_charge()
         .map(|cheapest| Funds { ledger, cheapest });
     let payer = funds
         .as_ref()

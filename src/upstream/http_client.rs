@@ -18,6 +18,8 @@
 //! ([`RefundOnUpstreamError`](crate::RefundOnUpstreamError)), with one timer per stream.
 
 use std::collections::HashMap;
+
+use arc_swap::ArcSwap;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -62,10 +64,23 @@ const ANTHROPIC_PASSED_HEADERS: &[&str] = &[
     "x-request-id",
 ];
 
+/// Where provider keys are read: the name of a variable to its value.
+type KeySource = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// The upstreams by name, as one catalogue names them.
+type Channels = HashMap<String, Arc<Channel>>;
+
+/// How many catalogues' upstreams are kept after a reload, newest first: a call routed on an
+/// older catalogue finds the upstreams it names there, as long as it lasts.
+const GENERATIONS: usize = 8;
+
 /// Calls the providers named in the catalogue.
 #[derive(Clone)]
 pub struct HttpUpstream {
-    channels: Arc<HashMap<String, Channel>>,
+    /// The upstreams of the catalogue served now, then of the ones before it (see
+    /// [`GENERATIONS`]); replaced whole by [`HttpUpstream::reload`].
+    channels: Arc<ArcSwap<Vec<Arc<Channels>>>>,
+    keys: KeySource,
     call_deadline: Duration,
     /// Where the owners of the responses native upstreams keep are recorded, if anywhere.
     owners: Option<Arc<dyn ResponseOwners>>,
@@ -79,14 +94,15 @@ struct Channel {
     api_key: Option<HeaderValue>,
     /// The provider key in clear, only to scrub it from anything the provider echoes back.
     secret: Option<String>,
-    breaker: CircuitBreaker,
+    /// Shared with the same upstream's channel in the catalogues after a reload that kept it.
+    breaker: Arc<CircuitBreaker>,
     /// How much of a provider's answer is read at most.
     limits: ReadLimits,
 }
 
 /// How much of a provider's answer the gateway reads at most, so that a provider sending a
 /// reply or an event without end cannot take the gateway's memory.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct ReadLimits {
     /// A complete reply.
     reply: usize,
@@ -96,7 +112,8 @@ struct ReadLimits {
 
 impl std::fmt::Debug for HttpUpstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut names: Vec<_> = self.channels.keys().collect();
+        let channels = self.current();
+        let mut names: Vec<_> = channels.keys().collect();
         names.sort();
         f.debug_struct("HttpUpstream")
             .field("upstreams", &names)
@@ -115,47 +132,33 @@ impl HttpUpstream {
     /// Builds a client for each upstream, asking `key_for` for the value of each key variable.
     pub fn with_keys(
         catalogue: &Catalogue,
-        key_for: impl Fn(&str) -> Option<String>,
+        key_for: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
     ) -> Result<HttpUpstream, reqwest::Error> {
-        let mut channels = HashMap::new();
-        for config in catalogue.upstreams() {
-            let secret = key_for(&config.api_key_env).filter(|key| !key.is_empty());
-            let api_key = secret.as_deref().and_then(|key| {
-                let value = match config.kind {
-                    UpstreamKind::Openai => format!("Bearer {key}"),
-                    UpstreamKind::Anthropic => key.to_owned(),
-                };
-                let mut value = HeaderValue::try_from(value).ok()?;
-                value.set_sensitive(true);
-                Some(value)
-            });
-            if api_key.is_none() {
-                tracing::warn!(
-                    upstream = %config.name,
-                    variable = %config.api_key_env,
-                    "provider key not set; this upstream will fail without being contacted"
-                );
-            }
-            channels.insert(
-                config.name.clone(),
-                Channel {
-                    client: build_client(config)?,
-                    breaker: CircuitBreaker::new(config.breaker_failures, config.breaker_cooldown),
-                    config: config.clone(),
-                    api_key,
-                    secret,
-                    limits: ReadLimits {
-                        reply: catalogue.max_reply_bytes(),
-                        event: catalogue.max_event_bytes(),
-                    },
-                },
-            );
-        }
+        let keys: KeySource = Arc::new(key_for);
+        let channels = build_channels(catalogue, &*keys, &HashMap::new())?;
         Ok(HttpUpstream {
-            channels: Arc::new(channels),
+            channels: Arc::new(ArcSwap::from_pointee(vec![Arc::new(channels)])),
+            keys,
             call_deadline: catalogue.call_deadline(),
             owners: None,
         })
+    }
+
+    /// Calls the upstreams `catalogue` names from now on (a reload), reading their keys again.
+    /// An upstream whose settings and key are unchanged keeps its client and its breaker's
+    /// state; calls under way finish on the upstreams they began with.
+    pub fn reload(&self, catalogue: &Catalogue) -> Result<(), reqwest::Error> {
+        let generations = self.channels.load_full();
+        let channels = build_channels(catalogue, &*self.keys, &generations[0])?;
+        let mut kept = vec![Arc::new(channels)];
+        kept.extend(generations.iter().take(GENERATIONS - 1).cloned());
+        self.channels.store(Arc::new(kept));
+        Ok(())
+    }
+
+    /// The upstreams of the catalogue served now.
+    fn current(&self) -> Arc<Channels> {
+        self.channels.load()[0].clone()
     }
 
     /// Records in `owners` who made each response that a native Responses upstream keeps (a
@@ -168,6 +171,83 @@ impl HttpUpstream {
         self.owners = Some(owners);
         self
     }
+}
+
+/// The channel for `model_channel`'s upstream as the catalogue that routed the call named it
+/// (newest first), or else by name in the newest catalogue (a model built outside one).
+fn channel_for<'a>(
+    generations: &'a [Arc<Channels>],
+    model_channel: &ModelChannel,
+) -> Option<&'a Arc<Channel>> {
+    let name = &model_channel.upstream.name;
+    generations
+        .iter()
+        .filter_map(|channels| channels.get(name))
+        .find(|channel| Arc::ptr_eq(&channel.config, &model_channel.upstream))
+        .or_else(|| generations.first()?.get(name))
+}
+
+/// A channel for each of `catalogue`'s upstreams; one of `old` is kept where its settings and
+/// key are the same.
+fn build_channels(
+    catalogue: &Catalogue,
+    key_for: &(dyn Fn(&str) -> Option<String> + Send + Sync),
+    old: &Channels,
+) -> Result<Channels, reqwest::Error> {
+    let mut channels = HashMap::new();
+    for config in catalogue.upstreams() {
+        let secret = key_for(&config.api_key_env).filter(|key| !key.is_empty());
+        let limits = ReadLimits {
+            reply: catalogue.max_reply_bytes(),
+            event: catalogue.max_event_bytes(),
+        };
+        let unchanged = old.get(&config.name).filter(|kept| {
+            *kept.config == **config && kept.secret == secret && kept.limits == limits
+        });
+        if let Some(kept) = unchanged {
+            // The same upstream: its connections and its breaker go on, under the new
+            // catalogue's settings (equal to the old), so that its models find it.
+            let channel = Channel {
+                config: config.clone(),
+                client: kept.client.clone(),
+                api_key: kept.api_key.clone(),
+                secret: kept.secret.clone(),
+                breaker: kept.breaker.clone(),
+                limits,
+            };
+            channels.insert(config.name.clone(), Arc::new(channel));
+            continue;
+        }
+        let api_key = secret.as_deref().and_then(|key| {
+            let value = match config.kind {
+                UpstreamKind::Openai => format!("Bearer {key}"),
+                UpstreamKind::Anthropic => key.to_owned(),
+            };
+            let mut value = HeaderValue::try_from(value).ok()?;
+            value.set_sensitive(true);
+            Some(value)
+        });
+        if api_key.is_none() {
+            tracing::warn!(
+                upstream = %config.name,
+                variable = %config.api_key_env,
+                "provider key not set; this upstream will fail without being contacted"
+            );
+        }
+        let channel = Channel {
+            client: build_client(config)?,
+            breaker: Arc::new(CircuitBreaker::new(
+                config.breaker_failures,
+                config.breaker_cooldown,
+            )),
+            config: config.clone(),
+            api_key,
+            secret,
+            limits,
+        };
+        channels.insert(config.name.clone(), Arc::new(channel));
+    }
+    Ok(channels)
 }
 
 /// Reads a whole reply, at most `max` bytes: a larger one (declared or as it arrives) is an
@@ -660,7 +740,7 @@ impl Service<Request<Bytes>> for HttpUpstream {
     }
 
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
-        let channels = self.channels.clone();
+        let generations = self.channels.load_full();
         let owners = self.owners.clone();
         let deadline = Instant::now() + self.call_deadline;
         ResponseFuture::new(async move {
@@ -683,11 +763,7 @@ impl Service<Request<Bytes>> for HttpUpstream {
             let admitted: Vec<&ModelChannel> = order
                 .iter()
                 .copied()
-                .filter(|c| {
-                    channels
-                        .get(&c.upstream.name)
-                        .is_none_or(|ch| ch.breaker.admits(now))
-                })
+                .filter(|c| channel_for(&generations, c).is_none_or(|ch| ch.breaker.admits(now)))
                 .collect();
             for skipped in order.iter().filter(|c| !admitted.contains(c)) {
                 if !admitted.is_empty() {
@@ -698,7 +774,7 @@ impl Service<Request<Bytes>> for HttpUpstream {
 
             for model_channel in plan {
                 let name = &model_channel.upstream.name;
-                let Some(channel) = channels.get(name) else {
+                let Some(channel) = channel_for(&generations, model_channel) else {
                     failures.push(format!("{name}: not configured"));
                     continue;
                 };
@@ -729,9 +805,10 @@ impl Service<Request<Bytes>> for HttpUpstream {
                 }
             }
 
-            if let Some((model_channel, at)) = retry_later {
+            if let Some((model_channel, at)) = retry_later
+                && let Some(channel) = channel_for(&generations, model_channel)
+            {
                 tokio::time::sleep_until(at.into()).await;
-                let channel = &channels[&model_channel.upstream.name];
                 let started = Instant::now();
                 let outcome = channel
                     .attempt(
@@ -771,8 +848,8 @@ impl HttpUpstream {
         path_and_query: &str,
         client_headers: &HeaderMap,
     ) -> Result<Response<Bytes>, UpstreamError> {
-        let channel = self
-            .channels
+        let channels = self.current();
+        let channel = channels
             .get(upstream)
             .ok_or_else(|| UpstreamError::transport(format!("{upstream}: not configured")))?;
         let api_key = channel.api_key.clone().ok_or_else(|| {
@@ -803,19 +880,20 @@ impl HttpUpstream {
         body: &Bytes,
     ) -> Result<Response<Bytes>, UpstreamError> {
         let now = Instant::now();
+        let channels = self.current();
         let order = attempt_order(&routed.model.channels);
         let pick = order
             .iter()
             .copied()
             .filter(|c| {
-                self.channels
+                channels
                     .get(&c.upstream.name)
                     .is_some_and(|ch| ch.config.kind == UpstreamKind::Anthropic)
             })
             // Channels whose breaker admits come first, in their order.
-            .min_by_key(|c| !self.channels[&c.upstream.name].breaker.admits(now))
+            .min_by_key(|c| !channels[&c.upstream.name].breaker.admits(now))
             .ok_or_else(|| UpstreamError::transport("no Anthropic-style channel for this model"))?;
-        let channel = &self.channels[&pick.upstream.name];
+        let channel = &channels[&pick.upstream.name];
         let api_key = channel.api_key.clone().ok_or_else(|| {
             UpstreamError::transport(format!(
                 "provider key variable {} is not set",

@@ -45,6 +45,15 @@ pub enum Upstream {
 }
 
 impl Upstream {
+    /// Calls the upstreams `catalogue` names from now on (see [`HttpUpstream::reload`]); the
+    /// mock has none.
+    pub fn reload(&self, catalogue: &crate::catalogue::Catalogue) -> Result<(), reqwest::Error> {
+        match self {
+            Upstream::Mock(_) => Ok(()),
+            Upstream::Http(http) => http.reload(catalogue),
+        }
+    }
+
     /// Counts the tokens of a messages request, as `POST /v1/messages/count_tokens` does: at
     /// the provider, or, for the mock, a plausible estimate (a token per four bytes of the
     /// body). Free: it is not a call.

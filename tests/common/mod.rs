@@ -465,6 +465,7 @@ pub async fn start_mock_gateway(db: &TestDb) -> Gateway {
 #[derive(Debug)]
 pub struct Answer {
     pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
     pub body: Value,
     pub bytes: bytes::Bytes,
 }
@@ -485,10 +486,12 @@ impl Gateway {
     pub async fn send(&self, request: reqwest::RequestBuilder) -> Answer {
         let response = request.send().await.unwrap();
         let status = response.status().as_u16();
+        let headers = response.headers().clone();
         let bytes = response.bytes().await.unwrap();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         Answer {
             status,
+            headers,
             body,
             bytes,
         }

@@ -32,6 +32,7 @@ mod leases;
 mod ledger;
 mod ledger_properties;
 mod owned_file;
+mod reload;
 mod responses;
 mod streaming;
 mod subscriptions;

@@ -911,3 +911,61 @@ async fn the_json_access_log_has_one_object_per_request_with_its_fields() {
     );
     assert!(!log.contains(&key), "a key reached the log");
 }
+
+/// `SIGHUP` reloads the catalogue from `GATEWAY_MODELS`: a new price serves at once; a bad file
+/// is refused (logged) and the old catalogue serves on; the process never stops.
+#[tokio::test]
+async fn a_hangup_reloads_the_catalogue_and_a_bad_file_leaves_it_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = FakeProvider::start().await;
+    provider.always(Fault::json(
+        200,
+        r#"{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#,
+    ));
+    let (env, listen, _) = sqlite_gateway(dir.path(), &provider, &[]);
+    let models = dir.path().join("models.toml");
+    let key = env.create_key("--subscription", "100");
+    let log = dir.path().join("gateway.log");
+    let mut server = env.serve_logged_to(&log);
+    listening(&listen).await;
+    let client = reqwest::Client::new();
+    let charged = async || {
+        let answer = client
+            .post(format!("http://{listen}{CHAT}"))
+            .bearer_auth(&key)
+            .body(chat_body(CHAT_MODEL))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        answer.headers()["x-gateway-credits"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(charged().await, CHAT_PRICE.to_string());
+    let hang_up = || {
+        let sent = Command::new("kill")
+            .args(["-HUP", &server.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    let repriced = one_upstream_toml("slow", &provider.base, "SLOW_KEY", "")
+        .replace(&format!("price = {CHAT_PRICE}"), "price = 9");
+    std::fs::write(&models, &repriced).unwrap();
+    hang_up();
+    wait_for("the new price to serve", async || charged().await == "9").await;
+    std::fs::write(&models, "[[models]]\nname = \"broken\"\n").unwrap();
+    hang_up();
+    wait_for("the refusal to be logged", async || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("catalogue refused")
+    })
+    .await;
+    assert_eq!(charged().await, "9", "the old catalogue serves on");
+    assert!(server.try_wait().unwrap().is_none(), "the gateway runs on");
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
