@@ -194,6 +194,9 @@ where
                 Err(ReserveError::InsufficientCredits) => {
                     Ok(GatewayError::InsufficientCredits.into_response())
                 }
+                Err(ReserveError::KeyLimitReached) => {
+                    Ok(GatewayError::KeyLimitReached.into_response())
+                }
                 Err(ReserveError::KeyRevoked) => Ok(GatewayError::InvalidApiKey.into_response()),
                 Err(ReserveError::IdempotentCallRunning) => {
                     Ok(GatewayError::IdempotentCallRunning.into_response())

@@ -181,6 +181,9 @@ pub enum GatewayError {
     /// The caller's credits do not cover the model's price.
     #[error("the credits do not cover the price")]
     InsufficientCredits,
+    /// The caller's key has spent what its limit allows in the current period.
+    #[error("the API key's spending limit is reached")]
+    KeyLimitReached,
     /// Every upstream attempt failed; the call was refunded.
     #[error("every upstream attempt failed")]
     UpstreamUnavailable,
@@ -284,6 +287,7 @@ impl GatewayError {
             Self::ModelNotFound => "模型不存在".into(),
             Self::ResponseNotFound => "响应不存在".into(),
             Self::InsufficientCredits => "积分不足".into(),
+            Self::KeyLimitReached => "API Key 额度已用尽".into(),
             Self::UpstreamUnavailable => "上游服务暂时不可用".into(),
             Self::UpstreamRejected(message) => format!("上游服务暂时不可用: {message}").into(),
             Self::StoreUnavailable => "服务暂时不可用, 请稍后重试".into(),
@@ -332,7 +336,7 @@ impl GatewayError {
                 StatusCode::NOT_FOUND
             }
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::InsufficientCredits => StatusCode::PAYMENT_REQUIRED,
+            Self::InsufficientCredits | Self::KeyLimitReached => StatusCode::PAYMENT_REQUIRED,
             Self::UpstreamUnavailable | Self::UpstreamRejected(_) => StatusCode::BAD_GATEWAY,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
@@ -377,6 +381,7 @@ impl GatewayError {
             Self::ModelNotFound => "model_not_found",
             Self::ResponseNotFound => "response_not_found",
             Self::InsufficientCredits => "insufficient_credits",
+            Self::KeyLimitReached => "key_limit_reached",
             Self::UpstreamUnavailable => "upstream_unavailable",
             Self::UpstreamRejected(_) => "upstream_rejected",
             Self::StoreUnavailable => "store_unavailable",
@@ -448,7 +453,7 @@ impl GatewayError {
     /// the [`reason`](Self::reason).
     pub fn openai_code(&self) -> &'static str {
         match self {
-            Self::InsufficientCredits => "insufficient_quota",
+            Self::InsufficientCredits | Self::KeyLimitReached => "insufficient_quota",
             Self::RateLimited(_) => "rate_limit_exceeded",
             other => other.reason(),
         }

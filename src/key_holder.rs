@@ -265,20 +265,34 @@ async fn one_model<S>(
 async fn balance<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     Extension(caller): Extension<Caller>,
+    Extension(rules): Extension<KeyRules>,
 ) -> Response {
-    match shared.store.account(caller.account).await {
-        Ok(Some(account)) => {
-            let balance = account.spendable(chrono::Utc::now());
-            axum::Json(json!({
+    let now = chrono::Utc::now();
+    // Only a limited key's own row is read again, for what it spent.
+    let key_limit = match rules.limit {
+        None => Ok(None),
+        Some(_) => shared
+            .store
+            .key_info(caller.key)
+            .await
+            .map(|info| info.and_then(|info| crate::admin::KeyLimitView::of(&info, now))),
+    };
+    match (shared.store.account(caller.account).await, key_limit) {
+        (Ok(Some(account)), Ok(key_limit)) => {
+            let balance = account.spendable(now);
+            let mut answer = json!({
                 "subscription": balance.subscription,
                 "topup": balance.topup,
                 "total": balance.total(),
                 "subscription_ends_at": account.subscription_ends_at,
-            }))
-            .into_response()
+            });
+            if let Some(key_limit) = key_limit {
+                answer["key_limit"] = json!(key_limit);
+            }
+            axum::Json(answer).into_response()
         }
-        Ok(None) => refuse(GatewayError::InvalidApiKey),
-        Err(error) => {
+        (Ok(None), _) => refuse(GatewayError::InvalidApiKey),
+        (Err(error), _) | (_, Err(error)) => {
             tracing::error!(%error, "balance unavailable");
             refuse(GatewayError::StoreUnavailable)
         }

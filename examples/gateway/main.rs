@@ -26,6 +26,7 @@ use model_gateway::admin::AdminToken;
 use model_gateway::admin::{
     Admin, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount, NewCodes,
 };
+use model_gateway::call::{KeyLimit, LimitPeriod};
 use model_gateway::catalogue::LiveCatalogue;
 use model_gateway::rate_limit::RateLimiter;
 use model_gateway::recovery::{DEFAULT_LEASE_TTL, Upkeep};
@@ -301,7 +302,20 @@ enum KeysCommand {
         /// No rate limit.
         #[arg(long)]
         no_rpm: bool,
+        /// Credits the key may spend per `--limit-period`.
+        #[arg(long, conflicts_with = "no_limit", requires = "limit_period")]
+        limit_credits: Option<i64>,
+        /// `day`, `week`, `month` or `none` (for good).
+        #[arg(long, value_parser = parse_period, requires = "limit_credits")]
+        limit_period: Option<LimitPeriod>,
+        /// No spending limit.
+        #[arg(long)]
+        no_limit: bool,
     },
+}
+
+fn parse_period(name: &str) -> Result<LimitPeriod, String> {
+    LimitPeriod::parse(name).ok_or_else(|| "day, week, month or none".to_owned())
 }
 
 #[derive(Subcommand)]
@@ -683,6 +697,9 @@ async fn keys(
             no_expiry,
             rpm,
             no_rpm,
+            limit_credits,
+            limit_period,
+            no_limit,
         } => {
             let expires_at = expires_at
                 .map(|at| chrono::DateTime::parse_from_rfc3339(&at))
@@ -701,6 +718,18 @@ async fn keys(
                     expires_at.map(Some)
                 },
                 rpm: if no_rpm { Some(None) } else { rpm.map(Some) },
+                limit: if no_limit {
+                    Some(None)
+                } else {
+                    match (limit_credits, limit_period) {
+                        (Some(credits), Some(period)) if credits > 0 => Some(Some(KeyLimit {
+                            credits: Credits::new(credits),
+                            period,
+                        })),
+                        (Some(_), _) => return Err("--limit-credits must be positive".into()),
+                        _ => None,
+                    }
+                },
             };
             print_json(&admin.update_key(KeyId(id), &patch).await?)?;
         }

@@ -153,10 +153,40 @@ pub struct KeyView {
     pub expires_at: Option<DateTime<Utc>>,
     /// Its requests per minute; `null`: no limit.
     pub rpm: Option<u32>,
+    /// Its spending limit with what it spent in the current period; `null`: no limit.
+    pub limit: Option<KeyLimitView>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
     /// When it was revoked.
     pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// A key's spending limit as shown (`GET /v1/balance`'s `key_limit`, the admin API's keys):
+/// the limit, what the key spent in the current period (calls under way included), and when
+/// the period ends (`null` for `none`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct KeyLimitView {
+    /// The most the key may spend in one period.
+    pub credits: Credits,
+    /// `day`, `week`, `month` or `none`.
+    pub period: crate::call::LimitPeriod,
+    /// What it spent in the current period.
+    pub spent: Credits,
+    /// When the current period ends and the allowance starts again; `null`: never.
+    pub resets_at: Option<DateTime<Utc>>,
+}
+
+impl KeyLimitView {
+    /// The limit of `info`, if it has one, as it stands at `now`.
+    pub fn of(info: &KeyInfo, now: DateTime<Utc>) -> Option<KeyLimitView> {
+        let limit = info.rules.limit?;
+        Some(KeyLimitView {
+            credits: limit.credits,
+            period: limit.period,
+            spent: info.spent,
+            resets_at: limit.period.window_end(limit.period.window(now)),
+        })
+    }
 }
 
 impl KeyView {
@@ -165,6 +195,7 @@ impl KeyView {
             id: info.id,
             account: info.account,
             status: info.status(now),
+            limit: KeyLimitView::of(&info, now),
             models: info.rules.models.as_deref().map(<[String]>::to_vec),
             expires_at: info.rules.expires_at,
             rpm: info.rules.rpm,
@@ -658,6 +689,7 @@ impl KeyPatch {
             },
             expires_at: self.expires_at.unwrap_or(rules.expires_at),
             rpm: self.rpm.unwrap_or(rules.rpm),
+            limit: self.limit.unwrap_or(rules.limit),
         }
     }
 }

@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 
+use crate::call::{KeyLimit, LimitPeriod};
 use crate::credits::{Balance, Bucket, Credits};
 use crate::error::GatewayError;
 
@@ -102,12 +103,15 @@ pub struct KeyPatch {
     pub expires_at: Option<Option<DateTime<Utc>>>,
     /// `Some(None)`: no limit.
     pub rpm: Option<Option<u32>>,
+    /// `Some(None)`: no spending limit.
+    pub limit: Option<Option<KeyLimit>>,
 }
 
 impl KeyPatch {
-    /// Reads `{"models": [...] | null, "expires_at": RFC 3339 | null, "rpm": N | null}`.
+    /// Reads `{"models": [...] | null, "expires_at": RFC 3339 | null, "rpm": N | null,
+    /// "limit": {"credits": N, "period": "day" | "week" | "month" | "none"} | null}`.
     pub fn from_json(body: &Value) -> Result<KeyPatch, GatewayError> {
-        let object = object(body, &["models", "expires_at", "rpm"])?;
+        let object = object(body, &["models", "expires_at", "rpm", "limit"])?;
         let models = object
             .get("models")
             .map(|models| match models {
@@ -146,12 +150,46 @@ impl KeyPatch {
                     .ok_or(invalid("rpm", "必须是正整数, 或 null")),
             })
             .transpose()?;
+        let limit = object
+            .get("limit")
+            .map(|limit| match limit {
+                Value::Null => Ok(None),
+                limit => key_limit(limit).map(Some),
+            })
+            .transpose()?;
         Ok(KeyPatch {
             models,
             expires_at,
             rpm,
+            limit,
         })
     }
+}
+
+/// `{"credits": N, "period": "day" | "week" | "month" | "none"}`.
+fn key_limit(limit: &Value) -> Result<KeyLimit, GatewayError> {
+    const WHAT: &str = "必须是 {\"credits\": 正整数, \"period\": \"day\" | \"week\" | \"month\" | \"none\"}, 或 null";
+    let object = limit.as_object().ok_or(invalid("limit", WHAT))?;
+    if let Some(unknown) = object
+        .keys()
+        .find(|field| !["credits", "period"].contains(&field.as_str()))
+    {
+        return Err(invalid(format!("limit.{unknown}"), "未知字段"));
+    }
+    let credits = object
+        .get("credits")
+        .and_then(Value::as_i64)
+        .filter(|credits| *credits > 0)
+        .ok_or(invalid("limit.credits", "必须是正整数"))?;
+    let period = object
+        .get("period")
+        .and_then(Value::as_str)
+        .and_then(LimitPeriod::parse)
+        .ok_or(invalid("limit.period", "必须是 day, week, month 或 none"))?;
+    Ok(KeyLimit {
+        credits: Credits(credits),
+        period,
+    })
 }
 
 /// `POST /admin/accounts/{id}/grants`: credits for one bucket.
@@ -495,6 +533,38 @@ mod tests {
             ),
         ] {
             assert_eq!(field_of(NewCodes::from_json(&body).unwrap_err()), field);
+        }
+    }
+
+    #[test]
+    fn a_limit_is_credits_per_period_or_null() {
+        let patch = KeyPatch::from_json(&json!({"limit": {"credits": 50, "period": "week"}}));
+        assert_eq!(
+            patch.unwrap().limit,
+            Some(Some(KeyLimit {
+                credits: Credits(50),
+                period: LimitPeriod::Week
+            }))
+        );
+        let lifted = KeyPatch::from_json(&json!({"limit": null})).unwrap();
+        assert_eq!(lifted.limit, Some(None));
+        for (body, field) in [
+            (
+                json!({"limit": {"credits": 0, "period": "day"}}),
+                "limit.credits",
+            ),
+            (
+                json!({"limit": {"credits": 5, "period": "year"}}),
+                "limit.period",
+            ),
+            (json!({"limit": {"credits": 5}}), "limit.period"),
+            (
+                json!({"limit": {"credits": 5, "period": "day", "x": 1}}),
+                "limit.x",
+            ),
+            (json!({"limit": 5}), "limit"),
+        ] {
+            assert_eq!(field_of(KeyPatch::from_json(&body).unwrap_err()), field);
         }
     }
 

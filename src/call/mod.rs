@@ -31,8 +31,10 @@ use crate::protocol::Protocol;
 use crate::protocol::responses::Translated;
 
 mod access;
+mod limit;
 
 pub use access::{ACCESS_LOG_TARGET, AccessEntry};
+pub use limit::{KeyLimit, LimitPeriod};
 
 /// An account: the owner of one credit pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -70,6 +72,9 @@ pub struct KeyRules {
     pub expires_at: Option<DateTime<Utc>>,
     /// Requests per minute the key may make; `None`: no limit.
     pub rpm: Option<u32>,
+    /// Credits the key may spend per period; `None`: all its account has. Enforced by the
+    /// store, in the write that reserves a call.
+    pub limit: Option<KeyLimit>,
 }
 
 impl KeyRules {

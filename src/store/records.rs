@@ -68,6 +68,9 @@ pub struct KeyInfo {
     pub prefix: String,
     /// Its rules.
     pub rules: KeyRules,
+    /// What it has spent in its spending limit's current period, calls under way included;
+    /// zero without a limit.
+    pub spent: Credits,
     /// When it was created.
     pub created_at: DateTime<Utc>,
     /// When it was revoked.

@@ -272,6 +272,10 @@ pub enum ReserveError {
     /// Both buckets together hold less than the price.
     #[error("insufficient credits")]
     InsufficientCredits,
+    /// The caller's key has spent what its limit allows in the current period
+    /// ([`KeyRules::limit`](crate::call::KeyRules::limit)); checked in the reserving write.
+    #[error("the API key's spending limit is reached")]
+    KeyLimitReached,
     /// The caller's key was revoked (or is unknown) when the reservation ran. Stores check this
     /// inside the reserving transaction, so a key lookup answered from a cache cannot let a
     /// revoked key spend.

@@ -352,6 +352,49 @@ def test_an_operator_sells_codes_and_a_key_holder_redeems_one(gateway, browser):
     assert refused.value.code == 400
 
 
+def test_an_operator_limits_a_key_and_its_holder_sees_the_limit(gateway, browser):
+    key = gateway.new_key(100)
+    sign_in(browser, gateway.base + "/console/admin", "token", TOKEN)
+    WebDriverWait(browser, 10).until(EC.visibility_of_element_located((By.ID, "console")))
+    prefix = key[:12]
+    browser.find_element(By.ID, "search").send_keys(prefix)
+    WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#accounts tr")) == 1)
+    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#accounts tr").click() or True
+    )
+    wait_text(browser, "total", "100")
+    browser.find_element(By.ID, "limit-credits").send_keys("4")
+    Select(browser.find_element(By.ID, "limit-period")).select_by_value("day")
+    browser.find_element(By.CSS_SELECTOR, "#key-limit button[type=submit]").click()
+    WebDriverWait(browser, 10).until(lambda d: "0 / 4 每天" in d.find_element(By.ID, "keys").text)
+    screenshots(browser, "admin-key-limit")
+
+    # Two calls of 2 credits reach the limit; the third is refused with the key's own 402.
+    assert call(gateway.base, key) == 200
+    assert call(gateway.base, key) == 200
+    assert call(gateway.base, key) == 402
+    sign_in(browser, gateway.base + "/console/", "key", key)
+    wait_text(browser, "total", "96")
+    assert browser.find_element(By.ID, "key-limit-card").is_displayed()
+    wait_text(browser, "key-limit", "4 / 4 每天")
+    assert browser.find_element(By.ID, "key-limit-resets").text.startswith("重置于 ")
+    screenshots(browser, "keyholder-key-limit")
+    browser.find_element(By.ID, "sign-out").click()
+
+    # Lifted from the console: the key calls again.
+    sign_in(browser, gateway.base + "/console/admin", "token", TOKEN)
+    WebDriverWait(browser, 10).until(EC.visibility_of_element_located((By.ID, "console")))
+    browser.find_element(By.ID, "search").send_keys(prefix)
+    WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#accounts tr")) == 1)
+    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "#accounts tr").click() or True
+    )
+    WebDriverWait(browser, 10).until(lambda d: "4 / 4 每天" in d.find_element(By.ID, "keys").text)
+    browser.find_element(By.ID, "lift-limit").click()
+    WebDriverWait(browser, 10).until(lambda d: "每天" not in d.find_element(By.ID, "keys").text)
+    assert call(gateway.base, key) == 200
+
+
 def admin_api(gateway, path, body):
     request = urllib.request.Request(
         gateway.base + path,

@@ -3,7 +3,8 @@
 //! revocations, the clock moving on and ended periods lapsing, alone or in bursts that the
 //! database applies as one group-commit batch, and calls with idempotency keys (retries of the
 //! same request, the key reused for another, replies kept with the settle, keys forgotten past
-//! their window), applied to the in-memory model and to a database backend. After every step
+//! their window), on keys with and without a spending limit, applied to the in-memory model
+//! and to a database backend. After every step
 //! both agree on every outcome and balance, and the database's audit holds.
 
 use crate::common;
@@ -156,7 +157,18 @@ impl<'a> Side<'a> {
                 let key = NewApiKey::generate();
                 (store.add_key(account, &key).await.unwrap(), key)
             };
-            keys.push([key().await, key().await]);
+            let limited = key().await;
+            // The first key of each account may spend 60 credits in all: its reservations are
+            // refused past that, its refunds give the allowance back.
+            let rules = model_gateway::call::KeyRules {
+                limit: Some(model_gateway::call::KeyLimit {
+                    credits: Credits::new(60),
+                    period: model_gateway::call::LimitPeriod::None,
+                }),
+                ..Default::default()
+            };
+            store.set_key_rules(limited.0, &rules).await.unwrap();
+            keys.push([limited, key().await]);
             accounts.push(account);
         }
         Side {
@@ -283,6 +295,7 @@ impl<'a> Side<'a> {
                     ),
                     Err(ReserveError::InsufficientCredits) => ("insufficient".to_owned(), None),
                     Err(ReserveError::KeyRevoked) => ("key revoked".to_owned(), None),
+                    Err(ReserveError::KeyLimitReached) => ("key limit".to_owned(), None),
                     Err(ReserveError::IdempotentCallRunning) => ("running".to_owned(), None),
                     Err(ReserveError::IdempotencyKeyReused) => ("key reused".to_owned(), None),
                     Err(ReserveError::AlreadyAnswered(reply)) => {

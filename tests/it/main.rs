@@ -27,6 +27,7 @@ mod front_door;
 mod idempotency;
 mod integrity;
 mod key_holder;
+mod key_limits;
 mod key_rules;
 mod leases;
 mod ledger;

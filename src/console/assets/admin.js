@@ -203,7 +203,15 @@ async function openAccount(id) {
       : t("never");
     const keys = document.getElementById("keys");
     keys.replaceChildren();
+    const limitKey = document.getElementById("limit-key");
+    const chosen = limitKey.value;
+    limitKey.replaceChildren();
     for (const key of account.keys) {
+      if (key.status !== "revoked") {
+        const option = el("option", key.id + " · " + key.prefix + "…");
+        option.value = key.id;
+        limitKey.append(option);
+      }
       let action = "";
       if (key.status !== "revoked") {
         action = el("button", t("revoke"), "danger");
@@ -219,10 +227,12 @@ async function openAccount(id) {
           key.models ? key.models.join(", ") : t("all"),
           key.expires_at ? formatTime(key.expires_at) : t("never"),
           key.rpm === null ? "" : key.rpm,
+          limitText(key.limit),
           action,
         ]),
       );
     }
+    if ([...limitKey.options].some((option) => option.value === chosen)) limitKey.value = chosen;
     const body = document.getElementById("account-calls");
     body.replaceChildren();
     for (const call of calls.data) {
@@ -282,6 +292,25 @@ async function grant(event) {
   }
 }
 
+async function setLimit(event) {
+  event.preventDefault();
+  const key = document.getElementById("limit-key").value;
+  const credits = Number(document.getElementById("limit-credits").value);
+  const period = document.getElementById("limit-period").value;
+  await patchLimit(key, { credits, period });
+}
+
+async function patchLimit(key, limit) {
+  if (!key) return;
+  try {
+    await admin("/admin/keys/" + key, { method: "PATCH", body: { limit } });
+    document.getElementById("limit-credits").value = "";
+    await openAccount(current);
+  } catch (error) {
+    failed(error);
+  }
+}
+
 async function audit() {
   try {
     const report = await admin("/admin/audit");
@@ -313,6 +342,10 @@ document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("new-key").addEventListener("click", newKey);
   document.getElementById("grant").addEventListener("submit", grant);
   document.getElementById("create-codes").addEventListener("submit", createCodes);
+  document.getElementById("key-limit").addEventListener("submit", setLimit);
+  document.getElementById("lift-limit").addEventListener("click", () =>
+    patchLimit(document.getElementById("limit-key").value, null),
+  );
   document.getElementById("audit").addEventListener("click", audit);
   document.getElementById("language").addEventListener("click", () => {
     toggleLanguage();

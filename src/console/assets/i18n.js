@@ -64,6 +64,16 @@ const LABELS = {
   auditOk: ["账目平衡", "The books balance"],
   auditFailed: ["账目不平衡的账户数:", "Accounts whose books do not balance:"],
   back: ["返回", "Back"],
+  keyLimit: ["本 Key 额度", "This key's limit"],
+  limit: ["额度", "Limit"],
+  setLimit: ["设置额度", "Set limit"],
+  liftLimit: ["取消额度", "Remove limit"],
+  limitCredits: ["每期积分", "Credits per period"],
+  periodDay: ["每天", "per day"],
+  periodWeek: ["每周", "per week"],
+  periodMonth: ["每月", "per month"],
+  periodNone: ["总计", "in total"],
+  resets: ["重置于", "resets"],
   redeem: ["兑换", "Redeem"],
   redeemTitle: ["兑换码", "Redeem a code"],
   redeemCode: ["输入兑换码", "Enter a code"],
@@ -146,6 +156,13 @@ function pricesText(model) {
     parts.push(kinds.map(([name, rate]) => t(name) + " " + rate).join(" / ") + " " + t("perMillion"));
   }
   return parts.join(" + ");
+}
+
+/** A key's limit as one line: "4 / 10 per day", or "" without one. */
+function limitText(limit) {
+  if (!limit) return "";
+  const period = { day: "periodDay", week: "periodWeek", month: "periodMonth", none: "periodNone" }[limit.period];
+  return limit.spent + " / " + limit.credits + " " + t(period);
 }
 
 /** A table row of text cells. */

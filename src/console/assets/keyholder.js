@@ -55,6 +55,7 @@ async function refresh() {
     // A refresh asked for later draws instead, even if this one's answers come last.
     if (asked !== refreshes) return;
     showBalance(balance);
+    showKeyLimit(balance.key_limit);
     showModels(models);
     usage = usageAnswer;
     drawChart();
@@ -78,6 +79,14 @@ function showBalance(balance) {
   document.getElementById("ends-at").textContent = balance.subscription_ends_at
     ? formatTime(balance.subscription_ends_at)
     : t("never");
+}
+
+/** The key's spending limit, if it has one (from `GET /v1/balance`). */
+function showKeyLimit(limit) {
+  show("key-limit-card", Boolean(limit));
+  document.getElementById("key-limit").textContent = limitText(limit);
+  document.getElementById("key-limit-resets").textContent =
+    limit && limit.resets_at ? t("resets") + " " + formatTime(limit.resets_at) : "";
 }
 
 function showModels(models) {

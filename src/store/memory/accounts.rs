@@ -134,6 +134,7 @@ impl Accounts for MemoryStore {
                 account,
                 prefix: key.display_prefix().to_owned(),
                 rules: KeyRules::default(),
+                spent: Credits::ZERO,
                 created_at: Utc::now(),
                 revoked_at: None,
             },
@@ -169,23 +170,24 @@ impl Accounts for MemoryStore {
         rules: &KeyRules,
     ) -> Result<Option<KeyInfo>, StoreError> {
         let mut state = self.lock();
-        Ok(state.key_rows.get_mut(&key).map(|info| {
-            info.rules = rules.clone();
-            info.clone()
-        }))
+        let Some(info) = state.key_rows.get_mut(&key) else {
+            return Ok(None);
+        };
+        info.rules = rules.clone();
+        Ok(state.key_now(key))
     }
 
     async fn key_info(&self, key: KeyId) -> Result<Option<KeyInfo>, StoreError> {
-        Ok(self.lock().key_rows.get(&key).cloned())
+        Ok(self.lock().key_now(key))
     }
 
     async fn keys_of(&self, account: AccountId) -> Result<Vec<KeyInfo>, StoreError> {
-        Ok(self
-            .lock()
+        let state = self.lock();
+        Ok(state
             .key_rows
             .values()
             .filter(|info| info.account == account)
-            .cloned()
+            .filter_map(|info| state.key_now(info.id))
             .collect())
     }
 

@@ -9,7 +9,7 @@ use crate::credits::{Balance, Credits, Split};
 use crate::keys::KeyHash;
 use crate::store::rules::holds;
 use crate::store::rules::idempotency::{KeyedDecision, decide as decide_keyed, window_cutoff};
-use crate::store::rules::reserve::{Payer, decide_reserve};
+use crate::store::rules::reserve::{Limited, Payer, decide_reserve};
 use crate::store::rules::settle::decide_settle;
 use crate::store::traits::{KeyStore, Leases, Ledger, ResponseOwners};
 use crate::store::types::{
@@ -68,6 +68,18 @@ impl ResponseOwners for MemoryStore {
     }
 }
 
+/// The key of call `call`'s entry.
+fn record_key(state: &super::state::State, call: CallId) -> Option<crate::call::KeyId> {
+    let index = usize::try_from(call.0 - 1).ok()?;
+    state.calls.get(index).map(|record| record.key)
+}
+
+/// When call `call` was reserved.
+fn record_created(state: &super::state::State, call: CallId) -> Option<DateTime<Utc>> {
+    let index = usize::try_from(call.0 - 1).ok()?;
+    state.calls.get(index).map(|record| record.created_at)
+}
+
 #[async_trait]
 impl Ledger for MemoryStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
@@ -90,12 +102,21 @@ impl Ledger for MemoryStore {
             .balances
             .get(&account)
             .map(|balance| Payer::unheld(*balance, ends_at));
-        let taken = decide_reserve(key_active, payer, request.at, request.price)
+        let created_at = Utc::now();
+        let limited = state
+            .allowance(request.caller.key)
+            .map(|allowance| Limited {
+                allowance,
+                held: Credits::ZERO,
+                at: created_at,
+            });
+        let taken = decide_reserve(key_active, limited, payer, request.at, request.price)
             .map_err(|refusal| refusal.into_error(account))?;
         let Some(balance) = state.balances.get_mut(&account) else {
             unreachable!("decide_reserve found the account")
         };
         *balance = holds::take(*balance, taken);
+        state.record_spending(request.caller.key, request.price.get(), created_at);
         let call = CallId(state.calls.len() as i64 + 1);
         state.calls.push(CallRecord {
             id: call,
@@ -118,7 +139,7 @@ impl Ledger for MemoryStore {
             cache_write_1h_tokens: None,
             reasoning_tokens: None,
             shortfall: Credits::ZERO,
-            created_at: Utc::now(),
+            created_at,
             finished_at: None,
             request_id: request.request_id.map(str::to_owned),
         });
@@ -163,6 +184,11 @@ impl Ledger for MemoryStore {
         let settled = decide_settle(taken, success.cost, free);
         if let Some(balance) = state.balances.get_mut(&account) {
             *balance = holds::take(holds::give_back(*balance, settled.returned), settled.extra);
+        }
+        let (key, reserved_at) = (record_key(&state, call), record_created(&state, call));
+        let change = settled.charged.total().get() - taken.total().get();
+        if let (Some(key), Some(reserved_at)) = (key, reserved_at) {
+            state.record_spending(key, change, reserved_at);
         }
         let Some(record) = pending_call(&mut state, call) else {
             unreachable!("the entry was pending a moment ago, under the same lock")
@@ -255,6 +281,8 @@ impl Ledger for MemoryStore {
             record.charged_subscription,
             record.charged_topup,
         );
+        let (key, reserved_at) = (record.key, record.created_at);
+        state.record_spending(key, -(subscription.get() + topup.get()), reserved_at);
         let balance = state.balances.entry(account).or_default();
         *balance = holds::give_back(
             *balance,

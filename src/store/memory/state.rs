@@ -10,6 +10,7 @@ use crate::call::{AccountId, CallId, KeyId};
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::KeyHash;
 use crate::store::records::{AccountSummary, KeyInfo, Lapse, Sums};
+use crate::store::rules::allowance::Allowance;
 use crate::store::rules::idempotency::{DEFAULT_IDEMPOTENCY_WINDOW, KeyedCall};
 use crate::store::types::{CallRecord, CallStatus, KeptReply};
 
@@ -38,6 +39,8 @@ pub(super) struct State {
     pub(super) response_owners: HashMap<String, (crate::store::ResponseOwner, DateTime<Utc>)>,
     /// Redemption code batches by id, and each code's batch and state.
     pub(super) code_batches: BTreeMap<i64, crate::store::records::CodeBatch>,
+    /// What each limited key spent, in which window of its limit.
+    pub(super) spending: HashMap<KeyId, (i64, i64)>,
     pub(super) codes: HashMap<crate::codes::CodeHash, CodeRow>,
 }
 
@@ -123,6 +126,36 @@ impl State {
         self.key_rows
             .get(&key)
             .is_some_and(|info| info.revoked_at.is_some())
+    }
+
+    /// A limited key's allowance; `None` for a key without a limit.
+    pub(super) fn allowance(&self, key: KeyId) -> Option<Allowance> {
+        let limit = self.key_rows.get(&key)?.rules.limit?;
+        let (spent, window) = self.spending.get(&key).copied().unwrap_or_default();
+        Some(Allowance {
+            limit,
+            spent,
+            window,
+        })
+    }
+
+    /// The key as listed, with what it spent in its limit's current period.
+    pub(super) fn key_now(&self, key: KeyId) -> Option<KeyInfo> {
+        let mut info = self.key_rows.get(&key)?.clone();
+        info.spent = self.allowance(key).map_or(Credits::ZERO, |allowance| {
+            Credits::new(allowance.spent_at(Utc::now()))
+        });
+        Some(info)
+    }
+
+    /// Counts `amount` (less than zero: gives it back) against a limited key's allowance for a
+    /// call reserved at `reserved_at` (see [`Allowance::record`]); nothing for a key without.
+    pub(super) fn record_spending(&mut self, key: KeyId, amount: i64, reserved_at: DateTime<Utc>) {
+        if let Some(mut allowance) = self.allowance(key) {
+            allowance.record(amount, reserved_at);
+            self.spending
+                .insert(key, (allowance.spent, allowance.window));
+        }
     }
 }
 

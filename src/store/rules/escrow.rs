@@ -52,7 +52,7 @@ pub(crate) fn decide_pot_hold(
         subscription_ends_at: period,
     };
     // The key was found active when the escrow read the account.
-    let taken = decide_reserve(true, Some(payer), at, price).ok()?;
+    let taken = decide_reserve(true, None, Some(payer), at, price).ok()?;
     let row_subscription = Balance {
         subscription: account.subscription,
         topup: Credits::ZERO,

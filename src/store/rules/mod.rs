@@ -4,11 +4,13 @@
 //! `tests/it/ledger_properties.rs`).
 //!
 //! - [`reserve`]: may a call reserve its price, and from which buckets;
+//! - [`allowance`]: what a key with a spending limit may still spend;
 //! - [`holds`]: what a reservation holds, and what a settle and a refund move;
 //! - [`settle`]: what a call is charged once its cost is known, and what goes back;
 //! - [`escrow`]: what a call may hold of an escrow pot;
 //! - [`idempotency`]: what a call with an idempotency key gets.
 
+pub(crate) mod allowance;
 #[cfg(any(feature = "postgres", test))]
 pub(crate) mod escrow;
 pub(crate) mod holds;

@@ -1,9 +1,11 @@
-//! The reservation rule: the caller's key is active, its account exists, and what the account
-//! can spend at the call's time, free of what calls under way already hold, pays the price:
-//! subscription credits first (none of a period that has ended), the rest from top-up.
+//! The reservation rule: the caller's key is active, its account exists, the key's spending
+//! limit leaves room for the price, and what the account can spend at the call's time, free of
+//! what calls under way already hold, pays it: subscription credits first (none of a period
+//! that has ended), the rest from top-up.
 
 use chrono::{DateTime, Utc};
 
+use super::allowance::Allowance;
 use crate::call::AccountId;
 use crate::credits::{Balance, Credits, Split};
 use crate::store::types::{ReserveError, unknown_account};
@@ -38,6 +40,8 @@ pub(crate) enum Refusal {
     KeyRevoked,
     /// No such account.
     UnknownAccount,
+    /// The key's spending limit leaves too little for the price.
+    KeyLimitReached,
     /// The account cannot pay the price now.
     InsufficientCredits,
 }
@@ -48,15 +52,28 @@ impl Refusal {
         match self {
             Refusal::KeyRevoked => ReserveError::KeyRevoked,
             Refusal::UnknownAccount => unknown_account(account).into(),
+            Refusal::KeyLimitReached => ReserveError::KeyLimitReached,
             Refusal::InsufficientCredits => ReserveError::InsufficientCredits,
         }
     }
 }
 
-/// Decides a reservation of `price` made at `at` by a caller whose key is `key_active`, paid by
-/// `payer` (`None`: no such account): what it takes of each bucket, or why it is refused.
+/// What a reservation sees of a key with a spending limit: its allowance as stored, what its
+/// calls held in memory hold beside it, and when the reservation is recorded (its entry's
+/// `created_at`: the window it counts in, then and when it is refunded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limited {
+    pub(crate) allowance: Allowance,
+    pub(crate) held: Credits,
+    pub(crate) at: DateTime<Utc>,
+}
+
+/// Decides a reservation of `price` made at `at` by a caller whose key is `key_active` (and
+/// `limited`, if it has a spending limit), paid by `payer` (`None`: no such account): what it
+/// takes of each bucket, or why it is refused.
 pub(crate) fn decide_reserve(
     key_active: bool,
+    limited: Option<Limited>,
     payer: Option<Payer>,
     at: DateTime<Utc>,
     price: Credits,
@@ -65,6 +82,9 @@ pub(crate) fn decide_reserve(
         return Err(Refusal::KeyRevoked);
     }
     let payer = payer.ok_or(Refusal::UnknownAccount)?;
+    if limited.is_some_and(|limited| !limited.allowance.admits(limited.held, price, limited.at)) {
+        return Err(Refusal::KeyLimitReached);
+    }
     let spendable = payer
         .balance
         .free_of(payer.held)
@@ -96,12 +116,43 @@ mod tests {
     fn a_revoked_key_is_refused_before_the_account_is_looked_at() {
         let now = Utc::now();
         assert_eq!(
-            decide_reserve(false, None, now, Credits::new(1)),
+            decide_reserve(false, None, None, now, Credits::new(1)),
             Err(Refusal::KeyRevoked)
         );
         assert_eq!(
-            decide_reserve(true, None, now, Credits::new(1)),
+            decide_reserve(true, None, None, now, Credits::new(1)),
             Err(Refusal::UnknownAccount)
+        );
+    }
+
+    #[test]
+    fn a_key_whose_limit_is_reached_is_refused_whatever_the_account_has() {
+        use crate::call::{KeyLimit, LimitPeriod};
+        let now = Utc::now();
+        let limited = |spent, held| Limited {
+            allowance: Allowance {
+                limit: KeyLimit {
+                    credits: Credits::new(10),
+                    period: LimitPeriod::None,
+                },
+                spent,
+                window: 0,
+            },
+            held: Credits::new(held),
+            at: now,
+        };
+        let price = Credits::new(4);
+        assert_eq!(
+            decide_reserve(true, Some(limited(6, 0)), payer(100, 0), now, price),
+            Ok(split(4, 0))
+        );
+        assert_eq!(
+            decide_reserve(true, Some(limited(6, 1)), payer(100, 0), now, price),
+            Err(Refusal::KeyLimitReached)
+        );
+        assert_eq!(
+            decide_reserve(true, Some(limited(7, 0)), payer(100, 0), now, price),
+            Err(Refusal::KeyLimitReached)
         );
     }
 
@@ -110,15 +161,15 @@ mod tests {
         let now = Utc::now();
         let price = Credits::new(5);
         assert_eq!(
-            decide_reserve(true, payer(10, 10), now, price),
+            decide_reserve(true, None, payer(10, 10), now, price),
             Ok(split(5, 0))
         );
         assert_eq!(
-            decide_reserve(true, payer(2, 10), now, price),
+            decide_reserve(true, None, payer(2, 10), now, price),
             Ok(split(2, 3))
         );
         assert_eq!(
-            decide_reserve(true, payer(2, 2), now, price),
+            decide_reserve(true, None, payer(2, 2), now, price),
             Err(Refusal::InsufficientCredits)
         );
     }
@@ -132,11 +183,11 @@ mod tests {
             subscription_ends_at: None,
         };
         assert_eq!(
-            decide_reserve(true, Some(held), now, Credits::new(1)),
+            decide_reserve(true, None, Some(held), now, Credits::new(1)),
             Ok(split(1, 0))
         );
         assert_eq!(
-            decide_reserve(true, Some(held), now, Credits::new(2)),
+            decide_reserve(true, None, Some(held), now, Credits::new(2)),
             Err(Refusal::InsufficientCredits)
         );
     }
@@ -149,11 +200,11 @@ mod tests {
             Some(now - Duration::seconds(1)),
         ));
         assert_eq!(
-            decide_reserve(true, ended, now, Credits::new(2)),
+            decide_reserve(true, None, ended, now, Credits::new(2)),
             Err(Refusal::InsufficientCredits)
         );
         assert_eq!(
-            decide_reserve(true, ended, now, Credits::new(1)),
+            decide_reserve(true, None, ended, now, Credits::new(1)),
             Ok(split(0, 1))
         );
         let running = Some(Payer::unheld(
@@ -161,7 +212,7 @@ mod tests {
             Some(now + Duration::seconds(1)),
         ));
         assert_eq!(
-            decide_reserve(true, running, now, Credits::new(2)),
+            decide_reserve(true, None, running, now, Credits::new(2)),
             Ok(split(2, 0))
         );
     }
@@ -201,7 +252,7 @@ mod tests {
             let free_sub = (payer.balance.subscription.get() - payer.held.subscription.get()).max(0);
             let free_sub = if payer.subscription_ends_at.is_some_and(|end| end <= at) { 0 } else { free_sub };
             let free_topup = (payer.balance.topup.get() - payer.held.topup.get()).max(0);
-            match decide_reserve(true, Some(payer), at, price) {
+            match decide_reserve(true, None, Some(payer), at, price) {
                 Ok(taken) => {
                     prop_assert_eq!(taken.total(), price);
                     prop_assert!(taken.subscription.get() <= free_sub);

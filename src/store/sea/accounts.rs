@@ -14,9 +14,11 @@ use super::entity::{account, api_key, call, code, credit_grant, escrow};
 use super::lapses::lapse;
 use super::rows::{balance_of, escrowed, locked_account, moment_value, with_escrowed};
 use super::store::SeaOrmStore;
+use crate::call::{KeyLimit, LimitPeriod};
 use crate::codes::CodeHash;
 use crate::credits::{Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
+use crate::store::rules::allowance::Allowance;
 use crate::store::{
     AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, BalanceOverflow, CallStatus,
     Grant, Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, Lapse, StoreError,
@@ -38,14 +40,49 @@ pub(super) fn key_rules(row: &api_key::Model) -> Result<KeyRules, StoreError> {
         models: models.map(Into::into),
         expires_at: row.expires_at,
         rpm: row.rpm.and_then(|rpm| u32::try_from(rpm).ok()),
+        limit: stored_limit(row.limit_credits, row.limit_period.as_deref()),
     })
 }
 
-fn key_info(row: api_key::Model) -> Result<KeyInfo, StoreError> {
+/// A key's spending limit as its row stores it (`limit_credits`, `limit_period`).
+pub(super) fn stored_limit(credits: Option<i64>, period: Option<&str>) -> Option<KeyLimit> {
+    Some(KeyLimit {
+        credits: Credits(credits?),
+        period: LimitPeriod::parse(period?)?,
+    })
+}
+
+/// A limited key's allowance as its row stores it.
+pub(super) fn stored_allowance(
+    credits: Option<i64>,
+    period: Option<&str>,
+    spent: i64,
+    window: i64,
+) -> Option<Allowance> {
+    Some(Allowance {
+        limit: stored_limit(credits, period)?,
+        spent,
+        window,
+    })
+}
+
+/// The key as its row stores it; `held` is what its calls held in memory hold (counted as
+/// spent).
+fn key_info(row: api_key::Model, held: Credits) -> Result<KeyInfo, StoreError> {
+    let allowance = stored_allowance(
+        row.limit_credits,
+        row.limit_period.as_deref(),
+        row.limit_spent,
+        row.limit_window,
+    );
+    let spent = allowance.map_or(Credits::ZERO, |allowance| {
+        Credits(allowance.spent_at(Utc::now()).saturating_add(held.get()))
+    });
     Ok(KeyInfo {
         id: KeyId(row.id),
         account: AccountId(row.account_id),
         rules: key_rules(&row)?,
+        spent,
         prefix: row.display_prefix,
         created_at: row.created_at,
         revoked_at: row.revoked_at,
@@ -147,7 +184,7 @@ impl SeaOrmStore {
         api_key::Entity::find_by_id(key.0)
             .one(&self.db)
             .await?
-            .map(key_info)
+            .map(|row| key_info(row, self.mode.held_on_key(key)))
             .transpose()
     }
 }
@@ -181,6 +218,10 @@ impl Accounts for SeaOrmStore {
             models: Set(None),
             expires_at: Set(None),
             rpm: Set(None),
+            limit_credits: Set(None),
+            limit_period: Set(None),
+            limit_spent: Set(0),
+            limit_window: Set(0),
         };
         let id = api_key::Entity::insert(row)
             .exec(&self.db)
@@ -239,6 +280,15 @@ impl Accounts for SeaOrmStore {
                 )),
             )
             .col_expr(api_key::Column::Rpm, Expr::value(rpm))
+            // What the key spent stays: a lower limit counts it at once.
+            .col_expr(
+                api_key::Column::LimitCredits,
+                Expr::value(rules.limit.map(|limit| limit.credits.get())),
+            )
+            .col_expr(
+                api_key::Column::LimitPeriod,
+                Expr::value(rules.limit.map(|limit| limit.period.as_str())),
+            )
             .filter(api_key::Column::Id.eq(key.0))
             .exec(&self.db)
             .await?;
@@ -257,7 +307,10 @@ impl Accounts for SeaOrmStore {
             .all(&self.db)
             .await?
             .into_iter()
-            .map(key_info)
+            .map(|row| {
+                let held = self.mode.held_on_key(KeyId(row.id));
+                key_info(row, held)
+            })
             .collect()
     }
 

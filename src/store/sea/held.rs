@@ -9,10 +9,10 @@ use chrono::{DateTime, Utc};
 use super::writes::OwnedCharge;
 #[cfg(feature = "sqlite")]
 use super::writes::Write;
-use crate::credits::{Balance, Split};
+use crate::credits::{Balance, Credits, Split};
 #[cfg(feature = "sqlite")]
 use crate::store::rules;
-use crate::store::{AccountId, CallId};
+use crate::store::{AccountId, CallId, KeyId};
 
 /// A call whose credits are held in memory.
 #[derive(Debug, Clone)]
@@ -24,11 +24,15 @@ pub(super) struct HeldCall {
     pub(super) reserved_at: DateTime<Utc>,
 }
 
-/// Every held call, what they hold on each account, and the ids set aside for new ones.
+/// Every held call, what they hold on each account and of each key's spending, and the ids
+/// set aside for new ones.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Holds {
     calls: HashMap<CallId, HeldCall>,
     accounts: HashMap<AccountId, Balance>,
+    /// What each key's held calls hold, for its spending limit (every key, limited or not:
+    /// a limit may be set while its calls are held).
+    keys: HashMap<KeyId, Credits>,
     #[cfg(feature = "sqlite")]
     ids: IdBlock,
 }
@@ -66,6 +70,11 @@ impl Holds {
     /// What is held on `account`.
     pub(super) fn on(&self, account: AccountId) -> Balance {
         self.accounts.get(&account).copied().unwrap_or_default()
+    }
+
+    /// What `key`'s held calls hold, counted against its spending limit.
+    pub(super) fn on_key(&self, key: KeyId) -> Credits {
+        self.keys.get(&key).copied().unwrap_or(Credits::ZERO)
     }
 
     /// `row`, an account's credits as stored, less what is held on it: what it has to spend.
@@ -119,10 +128,16 @@ impl Holds {
         };
         for write in writes {
             let account = match write {
-                Write::Reserve(charge) => charge.caller.account,
+                Write::Reserve(charge) => {
+                    let key = charge.caller.key;
+                    part.keys.insert(key, self.on_key(key));
+                    charge.caller.account
+                }
                 Write::Settle(call, _) | Write::Refund(call, _) => match self.calls.get(call) {
                     Some(held) => {
                         part.calls.insert(*call, held.clone());
+                        let key = held.charge.caller.key;
+                        part.keys.insert(key, self.on_key(key));
                         held.account
                     }
                     // A call reserved in the file (a keyed one) whose cost may exceed what it
@@ -161,12 +176,24 @@ impl Holds {
         for (id, held) in changes.added {
             let on = self.accounts.entry(held.account).or_default();
             *on = rules::holds::hold(*on, held.taken);
+            let on_key = self
+                .keys
+                .entry(held.charge.caller.key)
+                .or_insert(Credits::ZERO);
+            *on_key = Credits(on_key.get() + held.taken.total().get());
             self.calls.insert(id, held);
         }
         for id in changes.ended {
             let Some(held) = self.calls.remove(&id) else {
                 continue;
             };
+            let key = held.charge.caller.key;
+            if let Some(on_key) = self.keys.get_mut(&key) {
+                *on_key = Credits(on_key.get() - held.taken.total().get());
+                if *on_key == Credits::ZERO {
+                    self.keys.remove(&key);
+                }
+            }
             if let Some(on) = self.accounts.get_mut(&held.account) {
                 *on = rules::holds::release(*on, held.taken);
                 if *on == Balance::default() {

@@ -17,8 +17,8 @@ use super::idempotent;
 use super::writes::OwnedCharge;
 use crate::credits::{Balance, Credits};
 use crate::store::{
-    AccountId, CallFailure, CallId, CallSuccess, LeaseId, Overdue, Reservation, ReserveError,
-    StoreError,
+    AccountId, CallFailure, CallId, CallSuccess, KeyId, LeaseId, Overdue, Reservation,
+    ReserveError, StoreError,
 };
 
 /// What a store keeps for the mode it charges in.
@@ -113,6 +113,17 @@ impl Mode {
             #[cfg(feature = "postgres")]
             Mode::Escrow(escrow) => Some(escrow.pause_writes().await),
             _ => None,
+        }
+    }
+
+    /// What this store's calls held in memory hold of `key`'s spending limit (an owned file's;
+    /// escrow holds no limited key's calls).
+    pub(super) fn held_on_key(&self, key: KeyId) -> Credits {
+        let _ = key;
+        match self {
+            #[cfg(feature = "sqlite")]
+            Mode::OwnedFile(owned) => owned.holds.lock().holds.on_key(key),
+            _ => Credits::ZERO,
         }
     }
 

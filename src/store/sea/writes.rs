@@ -86,6 +86,14 @@ pub(super) struct Wanted {
     pub(super) reservations: usize,
 }
 
+/// A key as a batch reads it: whether it may reserve (not revoked), and its allowance if it
+/// has a spending limit.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeyRead {
+    pub(super) active: bool,
+    pub(super) allowance: Option<crate::store::rules::allowance::Allowance>,
+}
+
 /// An account as a batch reads it: its balance, and when its subscription credits end.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AccountRead {

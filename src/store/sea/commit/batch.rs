@@ -11,13 +11,13 @@ use chrono::{DateTime, Utc};
 
 use crate::credits::{Balance, Credits, Split};
 use crate::store::rules::holds;
-use crate::store::rules::reserve::{Payer, decide_reserve};
+use crate::store::rules::reserve::{Limited, Payer, decide_reserve};
 use crate::store::rules::settle::{Settlement, decide_settle};
 #[cfg(feature = "sqlite")]
 use crate::store::sea::held::HoldChanges;
 use crate::store::sea::held::{HeldCall, Holds};
 use crate::store::sea::writes::{
-    AccountRead, Outcome, OwnedCharge, Wanted, Write, unknown_account,
+    AccountRead, KeyRead, Outcome, OwnedCharge, Wanted, Write, unknown_account,
 };
 use crate::store::{
     AccountId, CallFailure, CallId, CallStatus, CallSuccess, Reservation, ReserveError, StoreError,
@@ -36,13 +36,26 @@ impl Wanted {
                 }
                 Write::Settle(call, _) | Write::Refund(call, _) => {
                     match holds.and_then(|holds| holds.call(*call)) {
-                        Some(held) => wanted.accounts.insert(held.account.0),
-                        None => wanted.entries.insert(call.0),
+                        Some(held) => {
+                            wanted.accounts.insert(held.account.0);
+                            wanted.keys.insert(held.charge.caller.key.0);
+                        }
+                        None => {
+                            wanted.entries.insert(call.0);
+                        }
                     };
                 }
             }
         }
         wanted
+    }
+
+    /// The keys to read (and lock where limited) once the entries are read: the
+    /// reservations', the held calls' and the entries'.
+    pub(in crate::store::sea) fn keys_with(&self, entries: &BTreeMap<i64, Entry>) -> BTreeSet<i64> {
+        let mut keys = self.keys.clone();
+        keys.extend(entries.values().map(|entry| entry.key));
+        keys
     }
 
     /// The accounts to lock once the entries are read: the reservations' and the entries'.
@@ -61,15 +74,18 @@ impl Wanted {
 pub(in crate::store::sea) struct Reads {
     pub(in crate::store::sea) entries: BTreeMap<i64, Entry>,
     pub(in crate::store::sea) accounts: BTreeMap<i64, AccountRead>,
-    pub(in crate::store::sea) active_keys: BTreeSet<i64>,
+    pub(in crate::store::sea) keys: BTreeMap<i64, KeyRead>,
 }
 
 /// A call-log entry that a settle or refund may finish.
 #[derive(Debug)]
 pub(in crate::store::sea) struct Entry {
     pub(in crate::store::sea) account: i64,
+    pub(in crate::store::sea) key: i64,
     pub(in crate::store::sea) pending: bool,
     pub(in crate::store::sea) taken: Split,
+    /// Its `created_at`: the window its key's spending counts in.
+    pub(in crate::store::sea) reserved_at: DateTime<Utc>,
 }
 
 /// A `pending` entry to insert.
@@ -160,6 +176,10 @@ pub(in crate::store::sea) struct Plan<'a> {
     pub(in crate::store::sea) ended_holds: Vec<EndedHold<'a>>,
     /// Each account's balance as the batch leaves it, and its net change.
     accounts: BTreeMap<i64, AccountState>,
+    /// Each key as the batch leaves it.
+    keys: BTreeMap<i64, KeyState>,
+    /// When the batch's new entries are reserved: their `created_at`.
+    pub(in crate::store::sea) now: DateTime<Utc>,
     /// The reservations held in memory, if any: what they hold counts as spent.
     holds: Option<&'a Holds>,
     /// Whether this batch's reservations are held in memory instead of written.
@@ -177,6 +197,29 @@ struct AccountState {
     /// What is held on it in memory, as the batch leaves it.
     held: Balance,
     subscription_ends_at: Option<DateTime<Utc>>,
+}
+
+/// A key as the batch leaves it.
+#[derive(Debug)]
+struct KeyState {
+    read: KeyRead,
+    /// What the batch's new held calls hold of its allowance.
+    held: Credits,
+    /// Whether the batch changed its allowance (to be written).
+    changed: bool,
+}
+
+impl KeyState {
+    /// Counts `amount` against the key's allowance for a call reserved at `reserved_at`.
+    fn record(&mut self, amount: i64, reserved_at: DateTime<Utc>) {
+        if amount == 0 {
+            return;
+        }
+        if let Some(allowance) = &mut self.read.allowance {
+            allowance.record(amount, reserved_at);
+            self.changed = true;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -200,8 +243,19 @@ impl<'a> Plan<'a> {
         let Reads {
             mut entries,
             accounts,
-            active_keys,
+            keys,
         } = reads;
+        let keys = keys
+            .into_iter()
+            .map(|(id, read)| {
+                let state = KeyState {
+                    read,
+                    held: Credits::ZERO,
+                    changed: false,
+                };
+                (id, state)
+            })
+            .collect();
         let accounts = accounts
             .into_iter()
             .map(|(id, read)| {
@@ -221,6 +275,8 @@ impl<'a> Plan<'a> {
             finished: Vec::new(),
             ended_holds: Vec::new(),
             accounts,
+            keys,
+            now: Utc::now(),
             holds,
             hold_new: hold_new && holds.is_some(),
             decisions: Vec::with_capacity(writes.len()),
@@ -232,10 +288,12 @@ impl<'a> Plan<'a> {
                 continue;
             }
             let decision = match write {
-                Write::Reserve(charge) => plan.reserve(charge, &active_keys),
+                Write::Reserve(charge) => plan.reserve(charge),
                 Write::Settle(call, success) => match entries.get_mut(&call.0) {
                     Some(entry) if entry.pending => {
                         let settled = plan.account(entry.account)?.settle(entry.taken, success);
+                        let change = settled.charged.total().get() - entry.taken.total().get();
+                        plan.key(entry.key, change, entry.reserved_at);
                         entry.pending = false;
                         plan.finished
                             .push((call.0, Finish::Settled(success, settled)));
@@ -246,6 +304,7 @@ impl<'a> Plan<'a> {
                 Write::Refund(call, failure) => match entries.get_mut(&call.0) {
                     Some(entry) if entry.pending => {
                         plan.account(entry.account)?.give_back(entry.taken);
+                        plan.key(entry.key, -entry.taken.total().get(), entry.reserved_at);
                         entry.pending = false;
                         plan.finished.push((call.0, Finish::Refunded(failure)));
                         Decision::Finished(true)
@@ -256,6 +315,14 @@ impl<'a> Plan<'a> {
             plan.decisions.push(decision);
         }
         Ok(plan)
+    }
+
+    /// Counts `amount` against key `key`'s allowance, if it has one, for a call reserved at
+    /// `reserved_at`.
+    fn key(&mut self, key: i64, amount: i64, reserved_at: DateTime<Utc>) {
+        if let Some(state) = self.keys.get_mut(&key) {
+            state.record(amount, reserved_at);
+        }
     }
 
     fn account(&mut self, account: i64) -> Result<&mut AccountState, StoreError> {
@@ -296,6 +363,9 @@ impl<'a> Plan<'a> {
                     Some(row) => {
                         state.row = row;
                         state.change = state.change.minus(settled.charged);
+                        // A held call's spending is written to its key when it is billed.
+                        let charged = settled.charged.total().get();
+                        self.key(held.charge.caller.key.0, charged, held.reserved_at);
                         (Finish::Settled(success, settled), Decision::Finished(true))
                     }
                     None => (Finish::CreditsGone(success), Decision::Finished(false)),
@@ -308,15 +378,32 @@ impl<'a> Plan<'a> {
         Ok(decision)
     }
 
-    fn reserve(&mut self, charge: &'a OwnedCharge, active_keys: &BTreeSet<i64>) -> Decision {
+    fn reserve(&mut self, charge: &'a OwnedCharge) -> Decision {
         let account = charge.caller.account;
-        let key_active = active_keys.contains(&charge.caller.key.0);
+        let key = charge.caller.key;
+        let read = self.keys.get(&key.0);
+        let key_active = read.is_some_and(|state| state.read.active);
+        let held_elsewhere = self.holds.map_or(Credits::ZERO, |holds| holds.on_key(key));
+        let limited = read.and_then(|state| {
+            Some(Limited {
+                allowance: state.read.allowance?,
+                held: Credits(held_elsewhere.get() + state.held.get()),
+                at: self.now,
+            })
+        });
         let holding = self.hold_new;
         let payer = self.accounts.get(&account.0).map(AccountState::payer);
-        let taken = match decide_reserve(key_active, payer, charge.at, charge.price) {
+        let taken = match decide_reserve(key_active, limited, payer, charge.at, charge.price) {
             Ok(taken) => taken,
             Err(refusal) => return Decision::Refused(refusal.into_error(account)),
         };
+        if let Some(state) = self.keys.get_mut(&key.0) {
+            if holding {
+                state.held = Credits(state.held.get() + charge.price.get());
+            } else {
+                state.record(charge.price.get(), self.now);
+            }
+        }
         let Some(state) = self.accounts.get_mut(&account.0) else {
             unreachable!("decide_reserve found the account")
         };
@@ -331,6 +418,18 @@ impl<'a> Plan<'a> {
             taken,
         });
         Decision::Reserved(self.new_entries.len() - 1)
+    }
+
+    /// Each limited key whose spending the batch changes: what it has spent, in which window.
+    pub(in crate::store::sea) fn key_changes(&self) -> Vec<(i64, i64, i64)> {
+        self.keys
+            .iter()
+            .filter(|(_, state)| state.changed)
+            .filter_map(|(id, state)| {
+                let allowance = state.read.allowance?;
+                Some((*id, allowance.spent, allowance.window))
+            })
+            .collect()
     }
 
     /// Each account whose balance the batch changes, with the net change.

@@ -4,6 +4,7 @@
 //! 1. lock the entries that its settles and refunds finish (`SELECT ... FOR UPDATE`, id order);
 //! 2. read which of its callers' keys are still active: revocation is checked here, in the
 //!    transaction that reserves, so a key answered from the key cache cannot spend once revoked;
+//!    and lock the keys with a spending limit (id order), whose allowance the batch changes;
 //! 3. take ids for its reservations (`PostgreSQL`: from the sequence);
 //! 4. lock the accounts that its reservations and refunds touch (id order, so two gateway
 //!    instances never wait on each other in a cycle), as late as possible, and decide every
@@ -27,9 +28,10 @@ use sea_orm::{
 
 use super::batch::{Entry, Finish, NewEntry, Plan, Reads, split};
 use crate::credits::{Balance, Credits};
+use crate::store::sea::accounts::stored_allowance;
 use crate::store::sea::entity::{account, api_key, call};
 use crate::store::sea::held::Holds;
-use crate::store::sea::writes::{AccountRead, Outcome, Wanted, Write};
+use crate::store::sea::writes::{AccountRead, KeyRead, Outcome, Wanted, Write};
 use crate::store::{CallStatus, StoreError};
 
 /// Applies `writes` in order inside `txn`; see the module documentation. What `holds` hold
@@ -41,7 +43,7 @@ pub(in crate::store::sea) async fn apply_in<C: ConnectionTrait>(
 ) -> Result<Vec<Outcome>, StoreError> {
     let wanted = Wanted::of(writes, holds);
     let entries = lock_entries(txn, &wanted.entries).await?;
-    let active_keys = active_keys(txn, &wanted.keys).await?;
+    let keys = read_keys(txn, &wanted.keys_with(&entries)).await?;
     // Everything that does not need the accounts comes before their lock, which other gateway
     // instances charging the same account wait on. An id a refused reservation leaves unused
     // is a gap in the sequence, nothing more.
@@ -50,12 +52,13 @@ pub(in crate::store::sea) async fn apply_in<C: ConnectionTrait>(
     let reads = Reads {
         entries,
         accounts,
-        active_keys,
+        keys,
     };
     let plan = Plan::decide(writes, reads, holds, false)?;
-    let ids = insert_entries(txn, &plan.new_entries, ids).await?;
+    let ids = insert_entries(txn, &plan.new_entries, ids, plan.now).await?;
     finish_entries(txn, &plan.finished).await?;
     write_accounts(txn, &plan.account_changes()).await?;
+    write_keys(txn, &plan.key_changes()).await?;
     Ok(plan.outcomes(&ids))
 }
 
@@ -66,14 +69,17 @@ async fn lock_entries<C: ConnectionTrait>(
     if ids.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let rows: Vec<(i64, i64, String, i64, i64)> = call::Entity::find()
+    type Row = (i64, i64, i64, String, i64, i64, DateTime<Utc>);
+    let rows: Vec<Row> = call::Entity::find()
         .select_only()
         .columns([
             call::Column::Id,
             call::Column::AccountId,
+            call::Column::KeyId,
             call::Column::Status,
             call::Column::ChargedSubscription,
             call::Column::ChargedTopup,
+            call::Column::CreatedAt,
         ])
         .filter(call::Column::Id.is_in(ids.iter().copied()))
         .order_by_asc(call::Column::Id)
@@ -83,14 +89,18 @@ async fn lock_entries<C: ConnectionTrait>(
         .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, account, status, subscription, topup)| {
-            let entry = Entry {
-                account,
-                pending: status == CallStatus::Pending.as_str(),
-                taken: split(subscription, topup),
-            };
-            (id, entry)
-        })
+        .map(
+            |(id, account, key, status, subscription, topup, reserved_at)| {
+                let entry = Entry {
+                    account,
+                    key,
+                    pending: status == CallStatus::Pending.as_str(),
+                    taken: split(subscription, topup),
+                    reserved_at,
+                };
+                (id, entry)
+            },
+        )
         .collect())
 }
 
@@ -131,22 +141,82 @@ async fn lock_accounts<C: ConnectionTrait>(
         .collect())
 }
 
-async fn active_keys<C: ConnectionTrait>(
+/// The batch's keys: whether each is active, and the allowance of those with a spending
+/// limit, read again under an exclusive lock (id order): two gateways' batches reserving on one
+/// key queue on its row, as on an account's.
+async fn read_keys<C: ConnectionTrait>(
     txn: &C,
     ids: &BTreeSet<i64>,
-) -> Result<BTreeSet<i64>, StoreError> {
+) -> Result<BTreeMap<i64, KeyRead>, StoreError> {
     if ids.is_empty() {
-        return Ok(BTreeSet::new());
+        return Ok(BTreeMap::new());
     }
-    let active: Vec<i64> = api_key::Entity::find()
+    type Row = (
+        i64,
+        Option<DateTime<Utc>>,
+        Option<i64>,
+        Option<String>,
+        i64,
+        i64,
+    );
+    let columns = [
+        api_key::Column::Id,
+        api_key::Column::RevokedAt,
+        api_key::Column::LimitCredits,
+        api_key::Column::LimitPeriod,
+        api_key::Column::LimitSpent,
+        api_key::Column::LimitWindow,
+    ];
+    let mut rows: Vec<Row> = api_key::Entity::find()
         .select_only()
-        .column(api_key::Column::Id)
+        .columns(columns)
         .filter(api_key::Column::Id.is_in(ids.iter().copied()))
-        .filter(api_key::Column::RevokedAt.is_null())
         .into_tuple()
         .all(txn)
         .await?;
-    Ok(active.into_iter().collect())
+    let limited: Vec<i64> = (rows.iter())
+        .filter(|row| row.2.is_some())
+        .map(|row| row.0)
+        .collect();
+    if !limited.is_empty() {
+        let locked: Vec<Row> = api_key::Entity::find()
+            .select_only()
+            .columns(columns)
+            .filter(api_key::Column::Id.is_in(limited))
+            .order_by_asc(api_key::Column::Id)
+            .lock_exclusive()
+            .into_tuple()
+            .all(txn)
+            .await?;
+        rows.retain(|row| row.2.is_none());
+        rows.extend(locked);
+    }
+    Ok(rows
+        .into_iter()
+        .map(|(id, revoked_at, credits, period, spent, window)| {
+            let read = KeyRead {
+                active: revoked_at.is_none(),
+                allowance: stored_allowance(credits, period.as_deref(), spent, window),
+            };
+            (id, read)
+        })
+        .collect())
+}
+
+/// Writes each limited key's spending as the batch leaves it (the rows are locked).
+async fn write_keys<C: ConnectionTrait>(
+    txn: &C,
+    changed: &[(i64, i64, i64)],
+) -> Result<(), StoreError> {
+    for &(id, spent, window) in changed {
+        api_key::Entity::update_many()
+            .col_expr(api_key::Column::LimitSpent, Expr::value(spent))
+            .col_expr(api_key::Column::LimitWindow, Expr::value(window))
+            .filter(api_key::Column::Id.eq(id))
+            .exec(txn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Inserts the new `pending` entries and returns their ids, in order.
@@ -154,11 +224,11 @@ async fn insert_entries<C: ConnectionTrait>(
     txn: &C,
     entries: &[NewEntry<'_>],
     ids: Option<Vec<i64>>,
+    now: DateTime<Utc>,
 ) -> Result<Vec<i64>, StoreError> {
     if entries.is_empty() {
         return Ok(Vec::new());
     }
-    let now = Utc::now();
     let row = |entry: &NewEntry<'_>, id: Option<i64>| call::ActiveModel {
         id: id.map_or(sea_orm::NotSet, Set),
         account_id: Set(entry.account),

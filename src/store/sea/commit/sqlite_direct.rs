@@ -33,9 +33,10 @@ use super::batch::{EndedHold, Entry, Finish, NewEntry, Plan, Reads, split};
 use super::flush::Flusher;
 use super::jobs::{Failure, SQLITE_BUSY_TIMEOUT};
 use crate::credits::{Balance, Credits};
+use crate::store::sea::accounts::stored_allowance;
 use crate::store::sea::held::{HoldChanges, Holds, IdBlock};
 use crate::store::sea::owned::state::RowCache;
-use crate::store::sea::writes::{AccountRead, Outcome, Wanted, Write};
+use crate::store::sea::writes::{AccountRead, KeyRead, Outcome, Wanted, Write};
 use crate::store::{CallStatus, StoreError};
 
 pub(in crate::store::sea) fn store_error(error: rusqlite::Error) -> StoreError {
@@ -120,8 +121,14 @@ pub(in crate::store::sea) fn flush(wal: File, mut flusher: Flusher) {
     }
 }
 
-/// A batch's outcomes, what it did to the holds and what it wrote to each account.
-pub(in crate::store::sea) type Applied = (Vec<Outcome>, HoldChanges, Vec<(i64, Balance)>);
+/// A batch's outcomes, what it did to the holds, what it wrote to each account, and to each
+/// limited key (its spending and window).
+pub(in crate::store::sea) type Applied = (
+    Vec<Outcome>,
+    HoldChanges,
+    Vec<(i64, Balance)>,
+    Vec<(i64, i64, i64)>,
+);
 
 /// Applies a batch on a file that no store owns: nothing is held in memory.
 pub(in crate::store::sea) fn apply(
@@ -148,13 +155,13 @@ pub(in crate::store::sea) fn apply_in(
     let entries = read_entries(txn, &wanted)?;
     let reads = Reads {
         accounts: read_accounts(txn, &wanted, &entries, rows.as_deref_mut())?,
-        active_keys: active_keys(txn, &wanted, rows)?,
+        keys: read_keys(txn, &wanted.keys_with(&entries), rows)?,
         entries,
     };
     let plan = Plan::decide(writes, reads, holds, true)?;
     let (ids, changes) = match holds {
         None => (
-            insert_entries(txn, &plan.new_entries)?,
+            insert_entries(txn, &plan.new_entries, plan.now)?,
             HoldChanges::default(),
         ),
         Some(holds) => {
@@ -169,7 +176,9 @@ pub(in crate::store::sea) fn apply_in(
     finish_entries(txn, &plan.finished)?;
     let account_changes = plan.account_changes();
     write_accounts(txn, &account_changes)?;
-    Ok((plan.outcomes(&ids), changes, account_changes))
+    let key_changes = plan.key_changes();
+    write_keys(txn, &key_changes)?;
+    Ok((plan.outcomes(&ids), changes, account_changes, key_changes))
 }
 
 /// Ids for `count` new held calls, from `block` while it lasts. A new block starts past the
@@ -216,7 +225,7 @@ fn read_entries(
 ) -> Result<BTreeMap<i64, Entry>, StoreError> {
     let mut statement = txn
         .prepare_cached(
-            "SELECT account_id, status, charged_subscription, charged_topup \
+            "SELECT account_id, status, charged_subscription, charged_topup, key_id, created_at \
              FROM mg_calls WHERE id = ?1",
         )
         .map_err(store_error)?;
@@ -224,15 +233,20 @@ fn read_entries(
     for &id in &wanted.entries {
         let entry = statement
             .query_row([id], |row| {
-                Ok(Entry {
+                let reserved_at: String = row.get(5)?;
+                let entry = Entry {
                     account: row.get(0)?,
+                    key: row.get(4)?,
                     pending: row.get_ref(1)?.as_str()? == CallStatus::Pending.as_str(),
                     taken: split(row.get(2)?, row.get(3)?),
-                })
+                    reserved_at: DateTime::<Utc>::UNIX_EPOCH,
+                };
+                Ok((entry, reserved_at))
             })
             .optional()
             .map_err(store_error)?;
-        if let Some(entry) = entry {
+        if let Some((mut entry, reserved_at)) = entry {
+            entry.reserved_at = parse_timestamp(&reserved_at)?;
             entries.insert(id, entry);
         }
     }
@@ -291,30 +305,68 @@ fn parse_timestamp(text: &str) -> Result<DateTime<Utc>, StoreError> {
         .map_err(|error| StoreError::msg(format!("unreadable timestamp {text:?}: {error}")))
 }
 
-/// Which of a batch's keys are active, from `rows` where it knows (and into it where not).
-fn active_keys(
+/// The batch's keys (whether each is active, and a limited key's allowance), from `rows`
+/// where it knows them (and into it where not). Nobody else writes while this transaction
+/// holds the file's write lock.
+fn read_keys(
     txn: &Transaction<'_>,
-    wanted: &Wanted,
+    wanted: &BTreeSet<i64>,
     mut rows: Option<&mut RowCache>,
-) -> Result<BTreeSet<i64>, StoreError> {
+) -> Result<BTreeMap<i64, KeyRead>, StoreError> {
     let mut statement = txn
-        .prepare_cached("SELECT 1 FROM mg_api_keys WHERE id = ?1 AND revoked_at IS NULL")
+        .prepare_cached(
+            "SELECT revoked_at IS NULL, limit_credits, limit_period, limit_spent, limit_window \
+             FROM mg_api_keys WHERE id = ?1",
+        )
         .map_err(store_error)?;
-    let mut active = BTreeSet::new();
-    for &id in &wanted.keys {
-        let known = rows.as_deref().and_then(|rows| rows.keys.get(&id).copied());
-        let is_active = match known {
-            Some(is_active) => is_active,
-            None => statement.exists([id]).map_err(store_error)?,
-        };
+    let mut keys = BTreeMap::new();
+    for &id in wanted {
+        if let Some(&read) = rows.as_deref().and_then(|rows| rows.keys.get(&id)) {
+            keys.insert(id, read);
+            continue;
+        }
+        let read = statement
+            .query_row([id], |row| {
+                let period: Option<String> = row.get(2)?;
+                Ok(KeyRead {
+                    active: row.get(0)?,
+                    allowance: stored_allowance(
+                        row.get(1)?,
+                        period.as_deref(),
+                        row.get(3)?,
+                        row.get(4)?,
+                    ),
+                })
+            })
+            .optional()
+            .map_err(store_error)?;
+        // An unknown key is as good as revoked: the reservation is refused.
+        let read = read.unwrap_or(KeyRead {
+            active: false,
+            allowance: None,
+        });
         if let Some(rows) = rows.as_deref_mut() {
-            rows.keys.insert(id, is_active);
+            rows.keys.insert(id, read);
         }
-        if is_active {
-            active.insert(id);
-        }
+        keys.insert(id, read);
     }
-    Ok(active)
+    Ok(keys)
+}
+
+/// Writes each limited key's spending as the batch leaves it.
+fn write_keys(txn: &Transaction<'_>, changes: &[(i64, i64, i64)]) -> Result<(), StoreError> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let mut statement = txn
+        .prepare_cached("UPDATE mg_api_keys SET limit_spent = ?2, limit_window = ?3 WHERE id = ?1")
+        .map_err(store_error)?;
+    for &(id, spent, window) in changes {
+        statement
+            .execute([id, spent, window])
+            .map_err(store_error)?;
+    }
+    Ok(())
 }
 
 /// The text sea-orm (through sqlx) stores a timestamp as on `SQLite`, so that both write the
@@ -443,7 +495,11 @@ fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<
     Ok(())
 }
 
-fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec<i64>, StoreError> {
+fn insert_entries(
+    txn: &Transaction<'_>,
+    entries: &[NewEntry<'_>],
+    reserved_at: DateTime<Utc>,
+) -> Result<Vec<i64>, StoreError> {
     let mut statement = txn
         .prepare_cached(
             "INSERT INTO mg_calls (account_id, key_id, protocol, model, price, \
@@ -452,7 +508,7 @@ fn insert_entries(txn: &Transaction<'_>, entries: &[NewEntry<'_>]) -> Result<Vec
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
         )
         .map_err(store_error)?;
-    let now = timestamp_now();
+    let now = timestamp(reserved_at);
     let mut ids = Vec::with_capacity(entries.len());
     for entry in entries {
         bind_charge(&mut statement, 1, entry, CallStatus::Pending, &now).map_err(store_error)?;

@@ -26,6 +26,14 @@ pub(crate) struct Model {
     pub expires_at: Option<DateTimeUtc>,
     /// Requests per minute; `NULL`: no limit.
     pub rpm: Option<i32>,
+    /// Credits the key may spend per period; `NULL`: no limit.
+    pub limit_credits: Option<i64>,
+    /// `day`, `week`, `month` or `none`; set with `limit_credits`.
+    pub limit_period: Option<String>,
+    /// What the key has spent (reserved and not refunded) in window `limit_window`.
+    pub limit_spent: i64,
+    /// The window `limit_spent` counts in ([`LimitPeriod::window`](crate::call::LimitPeriod::window)).
+    pub limit_window: i64,
 }
 
 /// No relations are navigated through the ORM.

@@ -41,7 +41,8 @@ pub(super) async fn active_keys(
         .map(i64::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    let sql = "SELECT k.id, a.subscription_credits, a.subscription_ends_at \
+    let sql = "SELECT k.id, a.subscription_credits, a.subscription_ends_at, \
+               k.limit_credits IS NOT NULL \
                FROM mg_api_keys k JOIN mg_accounts a ON a.id = k.account_id \
                WHERE k.id = ANY($1::bigint[]) AND k.revoked_at IS NULL";
     let rows = db
@@ -59,6 +60,7 @@ pub(super) async fn active_keys(
             Seen {
                 row_subscription: row.try_get_by_index(1)?,
                 subscription_ends_at: row.try_get_by_index(2)?,
+                limited: row.try_get_by_index(3)?,
             },
         );
     }

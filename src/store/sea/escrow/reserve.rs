@@ -43,6 +43,9 @@ impl Escrow {
             .await
             .map_err(|_| stopped())??
             .ok_or(ReserveError::KeyRevoked)?;
+        if seen.limited {
+            return Ok(None);
+        }
         let mut refilled = false;
         loop {
             match self.try_hold(charge, pot, seen) {
@@ -261,6 +264,8 @@ impl Escrow {
         let seen = Seen {
             row_subscription: left.subscription.0,
             subscription_ends_at: row.subscription_ends_at,
+            // Read before the refill: a limited key never reaches it.
+            limited: false,
         };
         Ok(Some((escrowed, seen)))
     }

@@ -123,6 +123,9 @@ pub(super) struct Seen {
     /// Subscription credits in the account's row.
     pub(super) row_subscription: i64,
     pub(super) subscription_ends_at: Option<DateTime<Utc>>,
+    /// The key has a spending limit: its calls are reserved in the database, whose write
+    /// checks the limit for every instance at once, not against escrow.
+    pub(super) limited: bool,
 }
 
 pub(super) struct KeyRead {

@@ -19,6 +19,7 @@ mod m20261126_000001_add_call_requested_model;
 mod m20261126_000002_responses;
 mod m20261126_000003_call_token_kinds;
 mod m20261126_000004_redemption_codes;
+mod m20261126_000005_key_limits;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -45,6 +46,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261126_000002_responses::Migration),
             Box::new(m20261126_000003_call_token_kinds::Migration),
             Box::new(m20261126_000004_redemption_codes::Migration),
+            Box::new(m20261126_000005_key_limits::Migration),
         ]
     }
 

@@ -6,7 +6,7 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use super::state::{RowCache, SharedHolds, State};
 use crate::credits::Balance;
-use crate::store::rules::reserve::{Payer, decide_reserve};
+use crate::store::rules::reserve::{Limited, Payer, decide_reserve};
 use crate::store::sea::commit::jobs::{Failure, Job, Kept, Reply};
 use crate::store::sea::commit::sqlite_direct::{apply_in, data_version, store_error};
 use crate::store::sea::held::HoldChanges;
@@ -63,10 +63,12 @@ pub(in crate::store::sea) fn apply_holding(
             holds,
             rows,
             accounts,
+            keys,
         }) => {
             state.holds.apply(holds);
             state.rows.merge(rows);
             state.rows.apply(&accounts);
+            state.rows.apply_keys(&keys);
             // Another connection may have committed since this batch did.
             match version {
                 Some(version) => {
@@ -127,6 +129,7 @@ struct Written {
     holds: HoldChanges,
     rows: RowCache,
     accounts: Vec<(i64, Balance)>,
+    keys: Vec<(i64, i64, i64)>,
 }
 
 fn write_beside_holds(
@@ -153,7 +156,7 @@ fn write_beside_holds(
     let written = apply_in(&txn, writes, Some((&holds, &mut rows)));
     // From its commit on, another connection may commit too: reservations must ask the file.
     shared.lock().writing = None;
-    let (outcomes, holds, accounts) = written.map_err(statement)?;
+    let (outcomes, holds, accounts, keys) = written.map_err(statement)?;
     txn.commit()
         .map_err(|error| Failure::Commit(store_error(error)))?;
     Ok(Written {
@@ -161,6 +164,7 @@ fn write_beside_holds(
         holds,
         rows,
         accounts,
+        keys,
     })
 }
 
@@ -258,7 +262,13 @@ fn decide_now(
         return None;
     }
     // A key or an account not in the cached rows is decided by a batch, which reads them.
-    let key_active = *state.rows.keys.get(&charge.caller.key.0)?;
+    let key = *state.rows.keys.get(&charge.caller.key.0)?;
+    let key_active = key.active;
+    let limited = key.allowance.map(|allowance| Limited {
+        allowance,
+        held: state.holds.on_key(charge.caller.key),
+        at: chrono::Utc::now(),
+    });
     let account = charge.caller.account;
     let row = if key_active {
         Some(*state.rows.accounts.get(&account.0)?)
@@ -270,7 +280,7 @@ fn decide_now(
         held: state.holds.on(account),
         subscription_ends_at: row.subscription_ends_at,
     });
-    let taken = match decide_reserve(key_active, payer, charge.at, charge.price) {
+    let taken = match decide_reserve(key_active, limited, payer, charge.at, charge.price) {
         Ok(taken) => taken,
         Err(refusal) => return Some(Err(refusal.into_error(account))),
     };

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::super::held::Holds;
-use super::super::writes::{AccountRead, Wanted, Write};
+use super::super::writes::{AccountRead, KeyRead, Wanted, Write};
 use crate::credits::Balance;
 use crate::store::sea::commit::jobs::Kept;
 
@@ -168,8 +168,8 @@ impl State {
 pub(in crate::store::sea) struct RowCache {
     version: Option<i64>,
     pub(in crate::store::sea) accounts: HashMap<i64, AccountRead>,
-    /// Whether each key is active.
-    pub(in crate::store::sea) keys: HashMap<i64, bool>,
+    /// Whether each key is active, and a limited key's allowance as the file stores it.
+    pub(in crate::store::sea) keys: HashMap<i64, KeyRead>,
 }
 
 impl RowCache {
@@ -216,6 +216,20 @@ impl RowCache {
         self.version = None;
         self.accounts.clear();
         self.keys.clear();
+    }
+
+    /// Applies a committed batch's changes to the limited keys it wrote.
+    pub(in crate::store::sea) fn apply_keys(&mut self, changes: &[(i64, i64, i64)]) {
+        for &(id, spent, window) in changes {
+            if let Some(allowance) = self
+                .keys
+                .get_mut(&id)
+                .and_then(|read| read.allowance.as_mut())
+            {
+                allowance.spent = spent;
+                allowance.window = window;
+            }
+        }
     }
 
     /// Applies a committed batch's changes to the rows it read.
