@@ -216,6 +216,9 @@ pub enum GatewayError {
     /// The admin API was asked about a batch of redemption codes that does not exist.
     #[error("no such code batch")]
     NoSuchCodeBatch,
+    /// The admin API was asked about a webhook delivery that does not exist.
+    #[error("no such webhook delivery")]
+    NoSuchDelivery,
     /// A catalogue reload was refused (the text says why, as a start would); the old
     /// catalogue serves on.
     #[error("catalogue refused: {0}")]
@@ -298,6 +301,7 @@ impl GatewayError {
             Self::NoSuchAccount => "账户不存在".into(),
             Self::NoSuchKey => "API Key 不存在".into(),
             Self::NoSuchCodeBatch => "兑换码批次不存在".into(),
+            Self::NoSuchDelivery => "Webhook 投递不存在".into(),
             Self::InvalidCode => "兑换码无效".into(),
             Self::InvalidCatalogue(why) => why.clone().into(),
             Self::InvalidField { field, reason } => format!("字段 {field} 无效: {reason}").into(),
@@ -343,7 +347,10 @@ impl GatewayError {
             Self::ModelNotAllowed => StatusCode::FORBIDDEN,
             Self::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::InvalidAdminToken => StatusCode::UNAUTHORIZED,
-            Self::NoSuchAccount | Self::NoSuchKey | Self::NoSuchCodeBatch => StatusCode::NOT_FOUND,
+            Self::NoSuchAccount
+            | Self::NoSuchKey
+            | Self::NoSuchCodeBatch
+            | Self::NoSuchDelivery => StatusCode::NOT_FOUND,
             Self::InvalidField { .. }
             | Self::BalanceOverflow
             | Self::InvalidCode
@@ -392,6 +399,7 @@ impl GatewayError {
             Self::NoSuchAccount => "no_such_account",
             Self::NoSuchKey => "no_such_key",
             Self::NoSuchCodeBatch => "no_such_code_batch",
+            Self::NoSuchDelivery => "no_such_delivery",
             Self::InvalidCode => "invalid_code",
             Self::InvalidCatalogue(_) => "invalid_catalogue",
             Self::InvalidField { .. } => "invalid_field",

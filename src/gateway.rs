@@ -73,7 +73,9 @@ impl<S: Store + 'static> Gateway<S> {
     ) -> Gateway<S> {
         // The responses native upstreams keep are recorded in the store, so that only the
         // account that made one reaches it again.
-        let upstream = upstream.remembering_responses(store.clone());
+        let upstream = upstream
+            .remembering_responses(store.clone())
+            .reporting_breakers(store.clone());
         Gateway {
             store,
             catalogue: catalogue.into(),

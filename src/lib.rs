@@ -116,6 +116,7 @@ pub mod console;
 pub mod credits;
 pub mod error;
 pub mod error_body;
+pub mod events;
 #[cfg(feature = "server")]
 mod gateway;
 #[cfg(feature = "server")]
@@ -137,6 +138,7 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod upstream;
+pub mod webhooks;
 
 // The headline types; everything else lives in its topic module.
 pub use auth::{ApiKeyAuth, ApiKeyAuthLayer};

@@ -33,6 +33,7 @@ use model_gateway::recovery::{DEFAULT_LEASE_TTL, Upkeep};
 use model_gateway::reload::CatalogueReloader;
 use model_gateway::server::{self, ServerLimits};
 use model_gateway::store::ChargingMode;
+use model_gateway::webhooks::WebhookDispatcher;
 use model_gateway::{
     AccountId, CallId, Catalogue, Credits, Gateway, KeyId, SeaOrmStore, Upstream, credits::Bucket,
     error::ErrorBody, router::BodyLimits, router::DEFAULT_BODY_BUDGET_BYTES,
@@ -62,7 +63,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the gateway (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Manage API keys.
     Keys {
         #[command(subcommand)]
@@ -185,6 +186,16 @@ struct ServeArgs {
     /// 16 characters. Unset: `/admin` does not exist.
     #[arg(long, env = "GATEWAY_ADMIN_TOKEN", hide_env_values = true)]
     admin_token: Option<String>,
+    /// Deliver webhook events (codes redeemed, subscriptions lapsed, upstreams' breakers) to
+    /// this URL, signed with `GATEWAY_WEBHOOK_SECRET`; unset: no events are recorded.
+    #[arg(long, env = "GATEWAY_WEBHOOK_URL", requires = "webhook_secret")]
+    webhook_url: Option<String>,
+    /// The secret webhook signatures are made with (HMAC-SHA256).
+    #[arg(long, env = "GATEWAY_WEBHOOK_SECRET", hide_env_values = true)]
+    webhook_secret: Option<String>,
+    /// How long one webhook delivery may take, in seconds.
+    #[arg(long, env = "GATEWAY_WEBHOOK_TIMEOUT_SECS", default_value_t = model_gateway::webhooks::DEFAULT_TIMEOUT.as_secs())]
+    webhook_timeout_secs: u64,
     /// Count keys' requests per minute in this Redis (`redis://127.0.0.1:6379/0`), so limits
     /// hold across gateway instances; unset, or while it cannot be reached: per instance.
     #[arg(long, env = "GATEWAY_REDIS_URL")]
@@ -480,10 +491,10 @@ fn print_json(value: &impl serde::Serialize) -> Result<(), Box<dyn std::error::E
 async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     let command = cli
         .command
-        .unwrap_or_else(|| Command::Serve(ServeArgs::parse_from_env()));
+        .unwrap_or_else(|| Command::Serve(Box::new(ServeArgs::parse_from_env())));
     let store = SeaOrmStore::connect(&cli.database_url).await?;
     if let Command::Serve(args) = command {
-        return serve(store, args).await;
+        return serve(store, *args).await;
     }
     let admin = Admin::new(Arc::new(store));
     match command {
@@ -794,7 +805,21 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     let mode = ChargingMode::choose(&store, args.sqlite_shared, args.pg_escrow);
     let store = store.in_mode(mode)?;
     tracing::info!(mode = mode.as_str(), "charging mode");
-    let store = Arc::new(store.with_idempotency_window(window));
+    let store = store.with_idempotency_window(window);
+    let store = Arc::new(match &args.webhook_url {
+        Some(_) => store.with_webhook_events(),
+        None => store,
+    });
+    // Delivers the outbox beside the calls; stopped with the process.
+    let _webhooks = match (&args.webhook_url, &args.webhook_secret) {
+        (Some(url), Some(secret)) => Some(
+            WebhookDispatcher::new(store.clone(), url.clone(), secret.clone())
+                .map_err(|error| format!("GATEWAY_WEBHOOK_URL: {error}"))?
+                .timeout(Duration::from_secs(args.webhook_timeout_secs))
+                .spawn(),
+        ),
+        _ => None,
+    };
     let upstream = if args.mock {
         if let Some(demo) = Admin::new(store.clone()).ensure_demo_account().await? {
             println!(

@@ -75,7 +75,40 @@ pub struct CodeBatchList {
     pub data: Vec<CodeBatchView>,
 }
 
+/// Webhook deliveries, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeliveryList {
+    /// Always `"list"`.
+    pub object: &'static str,
+    /// The deliveries: `id`, `event_id`, `type`, `status`, `attempts`, `next_attempt_at`,
+    /// `last_status`, `last_error`, `created_at`, `delivered_at`.
+    pub data: Vec<crate::store::Delivery>,
+}
+
 impl<S: Store> Admin<S> {
+    /// The newest webhook deliveries (at most `limit`, default [`DEFAULT_PAGE`](super::DEFAULT_PAGE)),
+    /// optionally of one status.
+    pub async fn deliveries(
+        &self,
+        status: Option<crate::store::DeliveryStatus>,
+        limit: Option<u64>,
+    ) -> Result<DeliveryList, AdminError> {
+        let limit = super::page_size(limit);
+        Ok(DeliveryList {
+            object: "list",
+            data: self.store.deliveries(status, limit).await?,
+        })
+    }
+
+    /// Tries delivery `id` again at once (pending again, whatever it was).
+    pub async fn retry_delivery(&self, id: i64) -> Result<crate::store::Delivery, AdminError> {
+        Ok(self
+            .store
+            .retry_delivery(id, Utc::now())
+            .await?
+            .ok_or(GatewayError::NoSuchDelivery)?)
+    }
+
     /// Creates a batch of codes; the answer holds them in clear, once.
     pub async fn create_codes(&self, new: &NewCodes) -> Result<CreatedCodes, AdminError> {
         let now = Utc::now();

@@ -14,6 +14,8 @@
 //! | `GET /admin/audit` | | [`AuditView`](super::AuditView), `200` whether or not it holds |
 //! | `GET /admin/catalogue` | | the catalogue served now ([`catalogue_view`](super::catalogue_view)) |
 //! | `POST /admin/catalogue/reload` | | the catalogue read again and served: what serves now; `400 {"detail"}` naming the problem, the old one serving on |
+//! | `GET /admin/webhooks/deliveries?status=&limit=` | | [`DeliveryList`](super::DeliveryList), newest first |
+//! | `POST /admin/webhooks/deliveries/{id}/retry` | | the delivery, pending again and due at once |
 //! | `POST /admin/codes` | `{"count", "credits", "bucket", "period_days"?, "expires_at"?, "label"?}` | `201` [`CreatedCodes`](super::CreatedCodes) (the codes, shown once) |
 //! | `GET /admin/codes` | | [`CodeBatchList`](super::CodeBatchList) (`used` and `unused` per batch) |
 //! | `POST /admin/codes/{batch}/revoke` | | [`CodeBatchView`](super::CodeBatchView) (its unused codes revoked) |
@@ -186,6 +188,11 @@ pub fn router<S: Store + 'static>(admin: Admin<S>, token: AdminToken) -> Router 
         .route("/admin/accounts/{id}/calls", get(calls::<S>))
         .route("/admin/keys/{id}", patch(update_key::<S>))
         .route("/admin/keys/{id}/revoke", post(revoke_key::<S>))
+        .route("/admin/webhooks/deliveries", get(deliveries::<S>))
+        .route(
+            "/admin/webhooks/deliveries/{id}/retry",
+            post(retry_delivery::<S>),
+        )
         .route("/admin/catalogue", get(catalogue::<S>))
         .route("/admin/catalogue/reload", post(reload_catalogue::<S>))
         .route(
@@ -362,4 +369,33 @@ async fn catalogue<S: Store>(State(admin): State<Admin<S>>) -> Response {
 
 async fn reload_catalogue<S: Store>(State(admin): State<Admin<S>>) -> Response {
     answer(StatusCode::OK, admin.reload_catalogue().await)
+}
+
+async fn deliveries<S: Store>(
+    State(admin): State<Admin<S>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let status = query
+        .get("status")
+        .map(|status| {
+            crate::store::DeliveryStatus::parse(status).ok_or(GatewayError::InvalidField {
+                field: "status".into(),
+                reason: "必须是 pending, delivered 或 failed",
+            })
+        })
+        .transpose();
+    match status.and_then(|status| Ok((status, limit(&query)?))) {
+        Ok((status, limit)) => answer(StatusCode::OK, admin.deliveries(status, limit).await),
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+async fn retry_delivery<S: Store>(
+    State(admin): State<Admin<S>>,
+    Path(id): Path<String>,
+) -> Response {
+    match id.parse() {
+        Ok(id) => answer(StatusCode::OK, admin.retry_delivery(id).await),
+        Err(_) => refuse(GatewayError::NoSuchDelivery),
+    }
 }

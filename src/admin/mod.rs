@@ -52,7 +52,7 @@ mod http;
 mod requests;
 
 pub use catalogue::catalogue_view;
-pub use codes::{CodeBatchList, CodeBatchView, CreatedCodes};
+pub use codes::{CodeBatchList, CodeBatchView, CreatedCodes, DeliveryList};
 #[cfg(feature = "api")]
 pub use http::{AdminToken, MIN_ADMIN_TOKEN_CHARS, metrics_router, router};
 pub use requests::{GrantRequest, KeyPatch, MAX_CODES_PER_BATCH, NewAccount, NewCodes};

@@ -12,6 +12,7 @@
 //! - [`ResponseOwners`]: which account made which response a provider keeps (the Responses
 //!   API), so that only that account reaches it again.
 //! - [`RedemptionCodes`]: batches of codes an operator sells, each redeemed for credits once.
+//! - [`EventOutbox`]: webhook events, written with what caused them, delivered at least once.
 //! - [`Accounts`]: administration (accounts, keys and their rules, grants, the audit), used by
 //!   the admin API and the command line rather than per call.
 //!
@@ -41,8 +42,9 @@ pub use crate::call::IdempotencyKey;
 pub use memory::MemoryStore;
 pub use outcome::DEFAULT_LEDGER_TIMEOUT;
 pub use records::{
-    AccountAudit, AccountQuery, AccountSummary, CallQuery, CodeBatch, DailyUsage, Grant, Granted,
-    KeyInfo, KeyStatus, Lapse, NewCodeBatch, Overdue, Redeemed, Sums,
+    AccountAudit, AccountQuery, AccountSummary, Attempted, CallQuery, CodeBatch, DailyUsage,
+    Delivery, DeliveryStatus, Grant, Granted, KeyInfo, KeyStatus, Lapse, NewCodeBatch, Overdue,
+    Redeemed, Sums,
 };
 pub use rules::idempotency::DEFAULT_IDEMPOTENCY_WINDOW;
 
@@ -55,7 +57,8 @@ pub(crate) use rules::idempotency::{
 pub use sea::DEFAULT_ESCROW_IDLE;
 pub use sea::{ChargingMode, DEFAULT_MAX_BATCH, GroupCommitStats, Migrator, SeaOrmStore};
 pub use traits::{
-    Accounts, CallLog, KeyStore, Leases, Ledger, RedemptionCodes, ResponseOwners, Store,
+    Accounts, CallLog, EventOutbox, KeyStore, Leases, Ledger, RedemptionCodes, ResponseOwners,
+    Store,
 };
 pub use types::{
     ActiveKey, BalanceOverflow, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest,

@@ -332,3 +332,86 @@ pub struct Redeemed {
 pub(crate) fn redemption_reason(batch: i64) -> String {
     format!("redemption code, batch {batch}")
 }
+
+/// Where a webhook delivery stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// Not yet accepted by the endpoint: tried again at `next_attempt_at`.
+    Pending,
+    /// The endpoint answered 2xx.
+    Delivered,
+    /// Given up after the last retry; an operator may retry it by hand.
+    Failed,
+}
+
+impl DeliveryStatus {
+    /// Its name as stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Delivered => "delivered",
+            DeliveryStatus::Failed => "failed",
+        }
+    }
+
+    /// The status named `name`.
+    pub fn parse(name: &str) -> Option<DeliveryStatus> {
+        match name {
+            "pending" => Some(DeliveryStatus::Pending),
+            "delivered" => Some(DeliveryStatus::Delivered),
+            "failed" => Some(DeliveryStatus::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// One event in the outbox and its delivery to the webhook endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Delivery {
+    /// The outbox row.
+    pub id: i64,
+    /// The event's id (`evt_...`), the same on every attempt.
+    pub event_id: String,
+    /// The event's type (`code.redeemed`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The body delivered, exactly.
+    #[serde(skip)]
+    pub body: String,
+    /// Where it stands.
+    pub status: DeliveryStatus,
+    /// Attempts made.
+    pub attempts: u32,
+    /// When it is tried next (while pending).
+    pub next_attempt_at: DateTime<Utc>,
+    /// The endpoint's last answer, if it answered.
+    pub last_status: Option<u16>,
+    /// Why the last attempt failed.
+    pub last_error: Option<String>,
+    /// When the event happened (was written).
+    pub created_at: DateTime<Utc>,
+    /// When the endpoint accepted it.
+    pub delivered_at: Option<DateTime<Utc>>,
+}
+
+/// How one delivery attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempted {
+    /// The endpoint answered 2xx.
+    Delivered {
+        /// Its status.
+        status: u16,
+        /// When.
+        at: DateTime<Utc>,
+    },
+    /// It did not: try again at `retry_at`, or give up (`None`).
+    Failed {
+        /// The endpoint's status, if it answered.
+        status: Option<u16>,
+        /// Why.
+        error: String,
+        /// When to try again; `None`: give up ([`DeliveryStatus::Failed`]).
+        retry_at: Option<DateTime<Utc>>,
+    },
+}

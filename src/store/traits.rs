@@ -4,8 +4,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::records::{
-    AccountAudit, AccountQuery, AccountSummary, CallQuery, CodeBatch, DailyUsage, Grant, Granted,
-    KeyInfo, Lapse, NewCodeBatch, Overdue, Redeemed,
+    AccountAudit, AccountQuery, AccountSummary, Attempted, CallQuery, CodeBatch, DailyUsage,
+    Delivery, DeliveryStatus, Grant, Granted, KeyInfo, Lapse, NewCodeBatch, Overdue, Redeemed,
 };
 use super::types::{
     ActiveKey, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest, LeaseId,
@@ -360,13 +360,75 @@ pub trait RedemptionCodes: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// The outbox of webhook events: each written once (an event a ledger write causes, such as a
+/// redemption or a lapse, in that write's transaction), then delivered at least once by a
+/// [`WebhookDispatcher`](crate::webhooks::WebhookDispatcher), surviving restarts.
+///
+/// The defaults keep nothing: no event is recorded or delivered.
+#[async_trait]
+pub trait EventOutbox: Send + Sync + std::fmt::Debug {
+    /// Records an event that no ledger write caused (an upstream's breaker), to deliver.
+    async fn record_event(&self, event: &crate::events::WebhookEvent) -> Result<(), StoreError> {
+        let _ = event;
+        Ok(())
+    }
+
+    /// Pending deliveries due at `now`, oldest first, at most `limit`, each claimed until
+    /// `now + hold` (another dispatcher does not take it meanwhile; one whose dispatcher died
+    /// is taken again after it).
+    async fn claim_deliveries(
+        &self,
+        now: DateTime<Utc>,
+        hold: std::time::Duration,
+        limit: u64,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let _ = (now, hold, limit);
+        Ok(Vec::new())
+    }
+
+    /// Records how an attempt at delivery `id` ended.
+    async fn attempted(&self, id: i64, attempt: &Attempted) -> Result<(), StoreError> {
+        let _ = (id, attempt);
+        Ok(())
+    }
+
+    /// The newest deliveries, optionally of one status, at most `limit`.
+    async fn deliveries(
+        &self,
+        status: Option<DeliveryStatus>,
+        limit: u64,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let _ = (status, limit);
+        Ok(Vec::new())
+    }
+
+    /// Makes delivery `id` pending again, due at `now` (an operator's retry); `None` if there is
+    /// no such delivery.
+    async fn retry_delivery(
+        &self,
+        id: i64,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Delivery>, StoreError> {
+        let _ = (id, now);
+        Ok(None)
+    }
+}
+
 /// Everything the gateway and its tools need from one backend.
 pub trait Store:
-    KeyStore + Ledger + CallLog + Accounts + Leases + ResponseOwners + RedemptionCodes
+    KeyStore + Ledger + CallLog + Accounts + Leases + ResponseOwners + RedemptionCodes + EventOutbox
 {
 }
 
-impl<T: KeyStore + Ledger + CallLog + Accounts + Leases + ResponseOwners + RedemptionCodes> Store
-    for T
+impl<
+    T: KeyStore
+        + Ledger
+        + CallLog
+        + Accounts
+        + Leases
+        + ResponseOwners
+        + RedemptionCodes
+        + EventOutbox,
+> Store for T
 {
 }

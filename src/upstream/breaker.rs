@@ -56,17 +56,25 @@ impl CircuitBreaker {
         }
     }
 
-    pub(crate) fn record_success(&self) {
-        *self.state() = State::default();
+    /// Records a success; `true` if it closed the breaker (it was open).
+    pub(crate) fn record_success(&self) -> bool {
+        let mut state = self.state();
+        let was_open = state.open_until.is_some();
+        *state = State::default();
+        was_open
     }
 
-    pub(crate) fn record_failure(&self, now: Instant) {
+    /// Records a retryable failure; `true` if it opened the breaker (it was closed).
+    pub(crate) fn record_failure(&self, now: Instant) -> bool {
         let mut state = self.state();
         state.consecutive_failures = state.consecutive_failures.saturating_add(1);
         state.trial_since = None;
         if state.consecutive_failures >= self.threshold {
+            let was_closed = state.open_until.is_none();
             state.open_until = Some(now + self.cooldown);
+            return was_closed;
         }
+        false
     }
 }
 
@@ -80,9 +88,9 @@ mod tests {
     fn opens_after_the_threshold_and_admits_one_trial_after_the_cooldown() {
         let breaker = CircuitBreaker::new(2, COOLDOWN);
         let start = Instant::now();
-        breaker.record_failure(start);
+        assert!(!breaker.record_failure(start));
         assert!(breaker.admits(start), "one failure is below the threshold");
-        breaker.record_failure(start);
+        assert!(breaker.record_failure(start), "the second opens it");
         assert!(!breaker.admits(start + COOLDOWN / 2));
         let later = start + COOLDOWN;
         assert!(breaker.admits(later), "the trial");

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 
 use arc_swap::ArcSwap;
+use chrono::Utc;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -36,11 +37,12 @@ use crate::call::{Caller, RoutedCall, ServedBy};
 use crate::catalogue::{Catalogue, ModelChannel, ResponsesRoute, UpstreamConfig, UpstreamKind};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
+use crate::events::{EventType, WebhookEvent};
 use crate::protocol::responses::{self, Ids, StreamTranslator, Translated};
 use crate::protocol::sse::EventSplitter;
 use crate::protocol::{Protocol, provider_message};
 use crate::reply::{Inner, UpstreamBody};
-use crate::store::{ResponseOwner, ResponseOwners};
+use crate::store::{EventOutbox, ResponseOwner, ResponseOwners};
 
 /// `anthropic-version` sent when the client sent none.
 pub(super) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -84,6 +86,8 @@ pub struct HttpUpstream {
     call_deadline: Duration,
     /// Where the owners of the responses native upstreams keep are recorded, if anywhere.
     owners: Option<Arc<dyn ResponseOwners>>,
+    /// Where breakers opening and closing are recorded as webhook events, if anywhere.
+    events: Option<Arc<dyn EventOutbox>>,
 }
 
 struct Channel {
@@ -141,6 +145,7 @@ impl HttpUpstream {
             keys,
             call_deadline: catalogue.call_deadline(),
             owners: None,
+            events: None,
         })
     }
 
@@ -159,6 +164,14 @@ impl HttpUpstream {
     /// The upstreams of the catalogue served now.
     fn current(&self) -> Arc<Channels> {
         self.channels.load()[0].clone()
+    }
+
+    /// Records each upstream's breaker opening and closing in `events` (webhook events
+    /// `upstream.breaker_opened` and `upstream.breaker_closed`), aside from the call.
+    #[must_use]
+    pub fn reporting_breakers(mut self, events: Arc<dyn EventOutbox>) -> HttpUpstream {
+        self.events = Some(events);
+        self
     }
 
     /// Records in `owners` who made each response that a native Responses upstream keeps (a
@@ -742,6 +755,7 @@ impl Service<Request<Bytes>> for HttpUpstream {
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         let generations = self.channels.load_full();
         let owners = self.owners.clone();
+        let events = self.events.clone();
         let deadline = Instant::now() + self.call_deadline;
         ResponseFuture::new(async move {
             let routed = request
@@ -793,7 +807,15 @@ impl Service<Request<Bytes>> for HttpUpstream {
                     )
                     .await;
                 let attempt = (outcome, started.elapsed());
-                match record(channel, name, attempt, &mut failures, &mut last_status) {
+                let recorded = record(
+                    channel,
+                    name,
+                    attempt,
+                    &mut failures,
+                    &mut last_status,
+                    events.as_ref(),
+                );
+                match recorded {
                     Next::Answer(answer) => return answer,
                     Next::GoOn(Some(wait)) => {
                         let at = Instant::now() + wait;
@@ -821,9 +843,14 @@ impl Service<Request<Bytes>> for HttpUpstream {
                     .await;
                 let attempt = (outcome, started.elapsed());
                 let label = format!("{} after Retry-After", model_channel.upstream.name);
-                if let Next::Answer(answer) =
-                    record(channel, &label, attempt, &mut failures, &mut last_status)
-                {
+                if let Next::Answer(answer) = record(
+                    channel,
+                    &label,
+                    attempt,
+                    &mut failures,
+                    &mut last_status,
+                    events.as_ref(),
+                ) {
                     return answer;
                 }
             }
@@ -932,6 +959,7 @@ fn record(
     (outcome, took): (Result<Response<UpstreamBody>, AttemptError>, Duration),
     failures: &mut Vec<String>,
     last_status: &mut Option<u16>,
+    events: Option<&Arc<dyn EventOutbox>>,
 ) -> Next {
     let kind = match &outcome {
         Ok(_) => "ok",
@@ -940,37 +968,50 @@ fn record(
     };
     let name = &channel.config.name;
     crate::telemetry::upstream_attempt(name, kind, took.as_secs_f64());
-    let next = record_outcome(channel, label, outcome, failures, last_status);
+    let (next, turned) = record_outcome(channel, label, outcome, failures, last_status);
     crate::telemetry::breaker(name, !channel.breaker.admits(Instant::now()));
+    if let (Some(kind), Some(events)) = (turned, events) {
+        // Recorded aside: a store that is slow or down never holds the call up.
+        let event = WebhookEvent::new(kind, serde_json::json!({ "upstream": name }), Utc::now());
+        let events = events.clone();
+        tokio::spawn(async move {
+            if let Err(error) = events.record_event(&event).await {
+                tracing::warn!(%error, "could not record the breaker's event");
+            }
+        });
+    }
     next
 }
 
+/// What to do next, and the breaker's turn if it opened or closed.
 fn record_outcome(
     channel: &Channel,
     label: &str,
     outcome: Result<Response<UpstreamBody>, AttemptError>,
     failures: &mut Vec<String>,
     last_status: &mut Option<u16>,
-) -> Next {
+) -> (Next, Option<EventType>) {
     match outcome {
         Ok(response) => {
-            channel.breaker.record_success();
-            Next::Answer(Ok(response))
+            let closed = channel.breaker.record_success();
+            let turned = closed.then_some(EventType::UpstreamBreakerClosed);
+            (Next::Answer(Ok(response)), turned)
         }
         Err(AttemptError::Rejected(mut error)) => {
             failures.push(std::mem::take(&mut error.message));
             error.message = failures.join("; ");
-            Next::Answer(Err(error))
+            (Next::Answer(Err(error)), None)
         }
         Err(AttemptError::Retryable {
             status,
             message,
             retry_after,
         }) => {
-            channel.breaker.record_failure(Instant::now());
+            let opened = channel.breaker.record_failure(Instant::now());
             failures.push(format!("{label}: {message}"));
             *last_status = status.or(*last_status);
-            Next::GoOn(retry_after)
+            let turned = opened.then_some(EventType::UpstreamBreakerOpened);
+            (Next::GoOn(retry_after), turned)
         }
     }
 }

@@ -88,6 +88,16 @@ impl Upstream {
         }
     }
 
+    /// Records the breakers' turns in `events` (see [`HttpUpstream::reporting_breakers`]); the
+    /// mock has none.
+    #[must_use]
+    pub fn reporting_breakers(self, events: Arc<dyn crate::store::EventOutbox>) -> Upstream {
+        match self {
+            Upstream::Http(http) => Upstream::Http(http.reporting_breakers(events)),
+            mock => mock,
+        }
+    }
+
     /// Passes a request about a stored response to the upstream that keeps it (see
     /// [`HttpUpstream::stored_response`]); the mock keeps none, and answers `None`.
     pub async fn stored_response(

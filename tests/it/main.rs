@@ -40,3 +40,4 @@ mod subscriptions;
 mod token_pricing;
 mod upstream;
 mod usage;
+mod webhooks;

@@ -969,3 +969,119 @@ async fn a_hangup_reloads_the_catalogue_and_a_bad_file_leaves_it_serving() {
     server.kill().unwrap();
     server.wait().unwrap();
 }
+
+/// A webhook delivery cut by a SIGKILL of its gateway is delivered after the restart, the same
+/// event with the same id, signed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    // The receiver leaves its first request unanswered; it accepts the later ones.
+    let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let app = {
+        let (seen, requests) = (seen.clone(), requests.clone());
+        axum::Router::new().route(
+            "/hooks",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let (seen, requests) = (seen.clone(), requests.clone());
+                    async move {
+                        if requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                            tokio::time::sleep(Duration::from_secs(60)).await;
+                        }
+                        let signature = headers["x-gateway-signature"].to_str().unwrap();
+                        let now = chrono::Utc::now().timestamp();
+                        let good = model_gateway::events::verify(
+                            "whsec_process",
+                            signature,
+                            &body,
+                            now,
+                            300,
+                        );
+                        let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                        seen.lock()
+                            .unwrap()
+                            .push((event["id"].as_str().unwrap().to_owned(), good));
+                        axum::http::StatusCode::OK
+                    }
+                },
+            ),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hooks = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let listen = free_address();
+    let env = Env {
+        vars: vec![
+            (
+                "DATABASE_URL",
+                format!(
+                    "sqlite://{}?mode=rwc",
+                    dir.path().join("gateway.db").display()
+                ),
+            ),
+            ("GATEWAY_LISTEN", listen.clone()),
+            ("MOCK_UPSTREAM", "1".into()),
+            ("GATEWAY_WEBHOOK_URL", hooks),
+            ("GATEWAY_WEBHOOK_SECRET", "whsec_process".into()),
+            ("GATEWAY_WEBHOOK_TIMEOUT_SECS", "2".into()),
+            ("RUST_LOG", "error".into()),
+        ],
+    };
+    let key = env.create_key("--topup", "1");
+    let (created, batch) = env.run(&[
+        "codes",
+        "create",
+        "--count",
+        "1",
+        "--credits",
+        "30",
+        "--bucket",
+        "topup",
+    ]);
+    assert!(created);
+    let batch: serde_json::Value = serde_json::from_str(&batch).unwrap();
+    let code = batch["codes"][0].as_str().unwrap().to_owned();
+    let mut server = env.serve();
+    listening(&listen).await;
+    let redeemed = reqwest::Client::new()
+        .post(format!("http://{listen}/v1/redeem"))
+        .bearer_auth(&key)
+        .json(&serde_json::json!({ "code": code }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redeemed.status(), 200);
+    wait_for("the delivery to reach the receiver", async || {
+        requests.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "nothing was accepted before the kill"
+    );
+
+    let mut restarted = env.serve();
+    listening(&listen).await;
+    wait_for("the event to be delivered after the restart", async || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    let accepted = seen.lock().unwrap().clone();
+    assert_eq!(accepted.len(), 1);
+    assert!(
+        accepted[0].0.starts_with("evt_") && accepted[0].1,
+        "{accepted:?}"
+    );
+    let (ok, balance) = env.run(&["balance", "--key", &key]);
+    assert!(ok);
+    let balance: serde_json::Value = serde_json::from_str(&balance).unwrap();
+    assert_eq!(balance["topup"], 31, "the code was granted once");
+    restarted.kill().unwrap();
+    restarted.wait().unwrap();
+}

@@ -125,3 +125,7 @@ impl RedemptionCodes for MemoryStore {
         }))
     }
 }
+
+/// The memory store records no webhook events (the defaults).
+#[async_trait]
+impl crate::store::traits::EventOutbox for MemoryStore {}

@@ -17,6 +17,7 @@ use super::store::SeaOrmStore;
 use crate::call::{KeyLimit, LimitPeriod};
 use crate::codes::CodeHash;
 use crate::credits::{Bucket, Credits};
+use crate::events::{EventType, WebhookEvent};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::rules::allowance::Allowance;
 use crate::store::{
@@ -439,6 +440,15 @@ impl Accounts for SeaOrmStore {
                 }
                 _ => None,
             };
+            if let Some(lapsed) = lapsed.filter(|_| self.events) {
+                let data = serde_json::json!({
+                    "account": lapsed.account,
+                    "credits": lapsed.amount,
+                    "period_end": lapsed.period_end,
+                });
+                let event = WebhookEvent::new(EventType::SubscriptionLapsed, data, now);
+                super::outbox::insert_event(&txn, &event).await?;
+            }
             txn.commit().await?;
             lapses.extend(lapsed);
         }
@@ -529,7 +539,7 @@ impl SeaOrmStore {
         &self,
         account: AccountId,
         grant: Grant<'_>,
-        claim: Option<&CodeHash>,
+        claim: Option<(&CodeHash, &WebhookEvent)>,
     ) -> Result<Option<Granted>, StoreError> {
         let Grant {
             bucket,
@@ -579,11 +589,14 @@ impl SeaOrmStore {
         }
         // The code is claimed under the account's lock, last: a concurrent redemption of the
         // same code waits for this transaction on the code's row, then finds it used.
-        if let Some(code) = claim
-            && !claim_code(&txn, code, account, at).await?
-        {
-            txn.rollback().await?;
-            return Ok(None);
+        if let Some((code, redeemed)) = claim {
+            if !claim_code(&txn, code, account, at).await? {
+                txn.rollback().await?;
+                return Ok(None);
+            }
+            if self.events {
+                super::outbox::insert_event(&txn, redeemed).await?;
+            }
         }
         // A subscription grant with a period, or into a period that has ended, starts a new
         // period: what was left lapses first.

@@ -17,6 +17,7 @@ use super::store::SeaOrmStore;
 use crate::call::AccountId;
 use crate::codes::CodeHash;
 use crate::credits::{Bucket, Credits};
+use crate::events::{EventType, WebhookEvent};
 use crate::store::records::{CodeBatch, Grant, NewCodeBatch, Redeemed, redemption_reason};
 use crate::store::traits::RedemptionCodes;
 use crate::store::types::{StoreError, check_grant_amount};
@@ -189,7 +190,17 @@ impl RedemptionCodes for SeaOrmStore {
                 .map(|days| at + chrono::Duration::days(i64::from(days))),
             at,
         };
-        let granted = self.grant_claiming(account, grant, Some(code)).await?;
+        let data = serde_json::json!({
+            "account": account,
+            "batch": batch.id,
+            "label": batch.label,
+            "credits": batch.credits,
+            "bucket": batch.bucket,
+        });
+        let redeemed = WebhookEvent::new(EventType::CodeRedeemed, data, at);
+        let granted = self
+            .grant_claiming(account, grant, Some((code, &redeemed)))
+            .await?;
         Ok(granted.map(|granted| Redeemed {
             batch: batch.id,
             credits: batch.credits,

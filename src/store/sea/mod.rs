@@ -48,6 +48,7 @@ mod leases;
 mod ledger;
 mod migration;
 mod mode;
+mod outbox;
 #[cfg(feature = "sqlite")]
 mod owned;
 mod reads;
@@ -148,6 +149,7 @@ impl SeaOrmStore {
             lease: Arc::default(),
             idempotency_window: super::DEFAULT_IDEMPOTENCY_WINDOW,
             mode: Mode::Shared,
+            events: false,
         })
     }
 
@@ -341,6 +343,15 @@ impl SeaOrmStore {
 
     async fn begin_write(&self) -> Result<DatabaseTransaction, DbErr> {
         begin_write(&self.db).await
+    }
+
+    /// The same store writing webhook events to its outbox (`mg_webhook_events`): a code
+    /// redeemed and a subscription lapsed in the transaction that did it, an upstream's breaker
+    /// when it opens or closes. Off by default: turn it on where a
+    /// [`WebhookDispatcher`](crate::webhooks::WebhookDispatcher) delivers them.
+    pub fn with_webhook_events(mut self) -> SeaOrmStore {
+        self.events = true;
+        self
     }
 
     /// The same store holding idempotency keys for `window` after their call (default

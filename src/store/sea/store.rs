@@ -36,4 +36,6 @@ pub struct SeaOrmStore {
     pub(super) idempotency_window: std::time::Duration,
     /// How it charges, and what it keeps for that ([`SeaOrmStore::in_mode`]).
     pub(super) mode: Mode,
+    /// Whether it writes webhook events to its outbox ([`SeaOrmStore::with_webhook_events`]).
+    pub(super) events: bool,
 }

@@ -12,3 +12,4 @@ pub(super) mod idempotent_call;
 pub(super) mod instance;
 pub(super) mod response;
 pub(super) mod subscription_lapse;
+pub(super) mod webhook_event;

@@ -20,6 +20,7 @@ mod m20261126_000002_responses;
 mod m20261126_000003_call_token_kinds;
 mod m20261126_000004_redemption_codes;
 mod m20261126_000005_key_limits;
+mod m20261126_000006_webhook_events;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -47,6 +48,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261126_000003_call_token_kinds::Migration),
             Box::new(m20261126_000004_redemption_codes::Migration),
             Box::new(m20261126_000005_key_limits::Migration),
+            Box::new(m20261126_000006_webhook_events::Migration),
         ]
     }
 

@@ -1,0 +1,208 @@
+//! Delivering webhook events: [`WebhookDispatcher`] takes the events due from the store's
+//! outbox ([`EventOutbox`]), `POST`s each to the operator's endpoint, signed (see
+//! [`events`](crate::events)), and records the answer: delivered on a 2xx, else tried again
+//! after a backoff that doubles (5 s, 10 s, ... up to an hour), given up after
+//! [`MAX_ATTEMPTS`] (an operator may retry it by hand). It runs beside the calls, never in
+//! them: a receiver that is down slows no call. The outbox is in the database, so what was not
+//! delivered is delivered after a restart, by whichever instance gets to it first; a delivery
+//! under way when its instance died is taken again once its claim runs out. Delivery is at
+//! least once: a receiver tells a repeat by the event's id.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use model_gateway::webhooks::WebhookDispatcher;
+//! use model_gateway::SeaOrmStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = Arc::new(SeaOrmStore::connect("sqlite://gateway.db?mode=rwc").await?.with_webhook_events());
+//! let dispatcher = WebhookDispatcher::new(store, "https://billing.example.com/hooks", "whsec_...")?;
+//! let running = dispatcher.spawn();
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use crate::events::{SIGNATURE_HEADER, sign};
+use crate::store::{Attempted, Delivery, EventOutbox, StoreError};
+
+/// Attempts before a delivery is given up (the last about a day after the first).
+pub const MAX_ATTEMPTS: u32 = 16;
+/// The first retry's wait; each next one doubles, up to [`MAX_BACKOFF`].
+pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest wait between two attempts.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+/// How long an attempt may take.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Deliveries taken at a time.
+const BATCH: u64 = 32;
+
+/// Delivers the outbox's events to one endpoint; see the module docs.
+#[derive(Clone)]
+pub struct WebhookDispatcher {
+    outbox: Arc<dyn EventOutbox>,
+    url: Arc<str>,
+    secret: Arc<str>,
+    client: reqwest::Client,
+    timeout: Duration,
+    backoff: Duration,
+    poll: Duration,
+}
+
+impl std::fmt::Debug for WebhookDispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookDispatcher")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .field("backoff", &self.backoff)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookDispatcher {
+    /// Delivers `outbox`'s events to `url`, signed with `secret`. Fails on a URL that is not
+    /// `http(s)://...` or an empty secret.
+    pub fn new(
+        outbox: Arc<dyn EventOutbox>,
+        url: impl Into<String>,
+        secret: impl Into<String>,
+    ) -> Result<WebhookDispatcher, tower::BoxError> {
+        let url = url.into();
+        let parsed = reqwest::Url::parse(&url).map_err(|error| format!("webhook URL: {error}"))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err("the webhook URL must be http:// or https://".into());
+        }
+        let secret = secret.into();
+        if secret.is_empty() {
+            return Err("the webhook secret must not be empty".into());
+        }
+        Ok(WebhookDispatcher {
+            outbox,
+            url: url.into(),
+            secret: secret.into(),
+            client: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()?,
+            timeout: DEFAULT_TIMEOUT,
+            backoff: DEFAULT_BACKOFF,
+            poll: Duration::from_secs(1),
+        })
+    }
+
+    /// The longest one attempt may take (default [`DEFAULT_TIMEOUT`]).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> WebhookDispatcher {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The first retry's wait (default [`DEFAULT_BACKOFF`]).
+    #[must_use]
+    pub fn backoff(mut self, first: Duration) -> WebhookDispatcher {
+        self.backoff = first;
+        self
+    }
+
+    /// How often the outbox is looked at (default a second).
+    #[must_use]
+    pub fn poll_every(mut self, poll: Duration) -> WebhookDispatcher {
+        self.poll = poll;
+        self
+    }
+
+    /// Delivers what is due now, once; how many were delivered.
+    pub async fn deliver_due(&self) -> Result<usize, StoreError> {
+        // Held past an attempt's time-out: another instance takes it only if this one died.
+        let hold = self.timeout * 2 + Duration::from_secs(1);
+        let due = self
+            .outbox
+            .claim_deliveries(Utc::now(), hold, BATCH)
+            .await?;
+        let mut delivered = 0;
+        for delivery in due {
+            let attempt = self.attempt(&delivery).await;
+            if matches!(attempt, Attempted::Delivered { .. }) {
+                delivered += 1;
+            } else {
+                tracing::warn!(event = %delivery.event_id, ?attempt, "webhook delivery failed");
+            }
+            self.outbox.attempted(delivery.id, &attempt).await?;
+        }
+        Ok(delivered)
+    }
+
+    /// Delivers what is due, every poll, until the task is aborted.
+    pub fn spawn(self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                match self.deliver_due().await {
+                    // More may be waiting: look again at once.
+                    Ok(delivered) if delivered as u64 == BATCH => continue,
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(%error, "webhook outbox unavailable"),
+                }
+                tokio::time::sleep(self.poll).await;
+            }
+        })
+    }
+
+    async fn attempt(&self, delivery: &Delivery) -> Attempted {
+        let timestamp = Utc::now().timestamp();
+        let signature = sign(&self.secret, timestamp, delivery.body.as_bytes());
+        let sent = self
+            .client
+            .post(&*self.url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(SIGNATURE_HEADER, signature)
+            .header("x-gateway-event-id", &delivery.event_id)
+            .timeout(self.timeout)
+            .body(delivery.body.clone())
+            .send()
+            .await;
+        let (status, error) = match sent {
+            Ok(answer) if answer.status().is_success() => {
+                return Attempted::Delivered {
+                    status: answer.status().as_u16(),
+                    at: Utc::now(),
+                };
+            }
+            Ok(answer) => (
+                Some(answer.status().as_u16()),
+                format!("the endpoint answered {}", answer.status()),
+            ),
+            Err(error) => (None, format!("not delivered: {error}")),
+        };
+        let made = delivery.attempts + 1;
+        let retry_at = (made < MAX_ATTEMPTS).then(|| {
+            let wait = backoff(self.backoff, made);
+            Utc::now() + chrono::Duration::from_std(wait).unwrap_or(chrono::Duration::MAX)
+        });
+        Attempted::Failed {
+            status,
+            error,
+            retry_at,
+        }
+    }
+}
+
+/// The wait after the `made`th failed attempt: `first`, doubled each time, at most an hour.
+fn backoff(first: Duration, made: u32) -> Duration {
+    let factor = 1u32 << (made.saturating_sub(1)).min(20);
+    first.saturating_mul(factor).min(MAX_BACKOFF)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_doubles_up_to_an_hour() {
+        let first = Duration::from_secs(5);
+        assert_eq!(backoff(first, 1), first);
+        assert_eq!(backoff(first, 2), Duration::from_secs(10));
+        assert_eq!(backoff(first, 5), Duration::from_secs(80));
+        assert_eq!(backoff(first, 15), MAX_BACKOFF);
+    }
+}

@@ -1,0 +1,320 @@
+//! Signed webhook events: written to the outbox with what caused them (a redemption, a lapse)
+//! or beside it (an upstream's breaker), delivered to a real HTTP receiver that checks every
+//! signature; a receiver that is down for a while then gets every event, each id accepted once;
+//! an operator retries a delivery by hand through the admin API.
+
+use crate::common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use chrono::Utc;
+use common::fake_provider::{FakeProvider, Fault};
+use common::*;
+use model_gateway::admin::{AdminToken, NewCodes};
+use model_gateway::codes::CodeHash;
+use model_gateway::events::{SIGNATURE_HEADER, verify};
+use model_gateway::store::{DeliveryStatus, EventOutbox, Grant, RedemptionCodes};
+use model_gateway::webhooks::WebhookDispatcher;
+use model_gateway::{Accounts, Credits, Gateway, SeaOrmStore, credits::Bucket};
+use serde_json::Value;
+
+const SECRET: &str = "whsec_test_secret";
+const TOKEN: &str = "admin-token-for-tests-0123456789";
+
+/// A webhook receiver over real HTTP: it answers `503` to the first `down_for` requests, then
+/// `200`, and keeps every request it accepted with whether its signature held.
+#[derive(Clone, Default)]
+pub struct Receiver {
+    state: Arc<Mutex<ReceiverState>>,
+}
+
+#[derive(Default)]
+struct ReceiverState {
+    down_for: usize,
+    seen: usize,
+    /// Each accepted body, by event id, with whether its signature was good.
+    accepted: Vec<(String, Value, bool)>,
+}
+
+impl Receiver {
+    /// Serves on an ephemeral port; its URL.
+    pub async fn start(&self, down_for: usize) -> String {
+        self.state.lock().unwrap().down_for = down_for;
+        let state = self.state.clone();
+        let app = axum::Router::new().route(
+            "/hooks",
+            axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+                let state = state.clone();
+                async move {
+                    let mut state = state.lock().unwrap();
+                    state.seen += 1;
+                    if state.seen <= state.down_for {
+                        return StatusCode::SERVICE_UNAVAILABLE;
+                    }
+                    let signature = headers
+                        .get(SIGNATURE_HEADER)
+                        .and_then(|value| value.to_str().ok())
+                        .unwrap_or_default();
+                    let good = verify(SECRET, signature, &body, Utc::now().timestamp(), 300);
+                    let event: Value = serde_json::from_slice(&body).unwrap();
+                    let id = event["id"].as_str().unwrap().to_owned();
+                    state.accepted.push((id, event, good));
+                    StatusCode::OK
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        url
+    }
+
+    fn accepted(&self) -> Vec<(String, Value, bool)> {
+        self.state.lock().unwrap().accepted.clone()
+    }
+
+    fn requests(&self) -> usize {
+        self.state.lock().unwrap().seen
+    }
+}
+
+/// A second store on the test's database, writing webhook events.
+async fn events_store(db: &TestDb) -> Arc<SeaOrmStore> {
+    let store = match db.pg_schema() {
+        Some(schema) => postgres_store(&db.url, schema).await,
+        None => SeaOrmStore::connect(&db.url).await.unwrap(),
+    };
+    Arc::new(store.with_webhook_events())
+}
+
+async fn redeemed_codes(store: &Arc<SeaOrmStore>, count: u32) {
+    let admin = model_gateway::admin::Admin::new(store.clone());
+    let created = admin
+        .create_codes(&NewCodes {
+            count,
+            credits: Credits::new(10),
+            bucket: Bucket::Topup,
+            period_days: None,
+            expires_at: None,
+            label: Some("hooks".into()),
+        })
+        .await
+        .unwrap();
+    let account = store.create_account("buyer").await.unwrap();
+    for code in &created.codes {
+        store
+            .redeem_code(account, &CodeHash::of(code).unwrap(), Utc::now())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_down_for_a_while_then_gets_every_event_once_signed() {
+    let db = local_db().await;
+    let store = events_store(&db).await;
+    // Three redemptions, and a subscription period that ends and lapses.
+    redeemed_codes(&store, 3).await;
+    let account = store.create_account("subscriber").await.unwrap();
+    let grant = Grant {
+        period_end: Some(Utc::now() - chrono::Duration::seconds(1)),
+        at: Utc::now() - chrono::Duration::seconds(2),
+        ..Grant::plain(Bucket::Subscription, Credits::new(7))
+    };
+    store.grant_once(account, grant).await.unwrap();
+    let lapses = store.lapse_ended_subscriptions(Utc::now()).await.unwrap();
+    assert_eq!(lapses.len(), 1);
+    let written = store.deliveries(None, 100).await.unwrap();
+    assert_eq!(written.len(), 4, "one event per redemption and per lapse");
+
+    let receiver = Receiver::default();
+    let url = receiver.start(5).await;
+    let dispatcher = WebhookDispatcher::new(store.clone(), url, SECRET)
+        .unwrap()
+        .backoff(Duration::from_millis(40))
+        .poll_every(Duration::from_millis(20));
+    let running = dispatcher.spawn();
+    wait_for("every event to be delivered", async || {
+        store
+            .deliveries(Some(DeliveryStatus::Delivered), 100)
+            .await
+            .unwrap()
+            .len()
+            == 4
+    })
+    .await;
+    running.abort();
+    let accepted = receiver.accepted();
+    assert!(receiver.requests() >= 5 + 4, "the receiver was down first");
+    assert!(
+        accepted.iter().all(|(_, _, good)| *good),
+        "a signature did not hold"
+    );
+    let mut by_id: HashMap<String, Vec<Value>> = HashMap::new();
+    for (id, event, _) in accepted {
+        by_id.entry(id).or_default().push(event);
+    }
+    let ids: std::collections::BTreeSet<_> = written.iter().map(|d| d.event_id.clone()).collect();
+    assert_eq!(
+        by_id
+            .keys()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
+        ids
+    );
+    for (id, copies) in &by_id {
+        assert!(
+            copies.windows(2).all(|pair| pair[0] == pair[1]),
+            "{id} changed between copies"
+        );
+    }
+    let kinds: Vec<_> = by_id
+        .values()
+        .map(|copies| copies[0]["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        kinds.iter().filter(|kind| *kind == "code.redeemed").count(),
+        3
+    );
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|kind| *kind == "subscription.lapsed")
+            .count(),
+        1
+    );
+    let lapsed = by_id
+        .values()
+        .map(|copies| &copies[0])
+        .find(|event| event["type"] == "subscription.lapsed")
+        .unwrap();
+    assert_eq!(lapsed["data"]["credits"], 7);
+    assert_eq!(lapsed["data"]["account"], account.0);
+    let redeemed = by_id
+        .values()
+        .map(|copies| &copies[0])
+        .find(|event| event["type"] == "code.redeemed")
+        .unwrap();
+    assert_eq!(redeemed["data"]["credits"], 10);
+    assert_eq!(redeemed["data"]["bucket"], "topup");
+    for delivery in store.deliveries(None, 100).await.unwrap() {
+        assert_eq!(delivery.status, DeliveryStatus::Delivered);
+        assert_eq!(delivery.last_status, Some(200));
+    }
+}
+
+#[tokio::test]
+async fn a_store_without_webhooks_records_no_events() {
+    let db = local_db().await;
+    redeemed_codes(&db.store, 1).await;
+    assert!(db.store.deliveries(None, 10).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn breakers_opening_and_closing_are_events_and_an_operator_retries_a_delivery() {
+    let db = local_db().await;
+    let store = events_store(&db).await;
+    let events_db = TestDb::sharing(&db, store.clone());
+    let provider = FakeProvider::start().await;
+    let catalogue = model_gateway::Catalogue::from_toml(&one_upstream_toml(
+        "flaky",
+        &provider.base,
+        "FLAKY_KEY",
+        "breaker_failures = 1\nbreaker_cooldown_secs = 1",
+    ))
+    .unwrap();
+    let upstream = model_gateway::upstream::HttpUpstream::with_keys(&catalogue, |_| {
+        Some("sk-provider".into())
+    })
+    .unwrap();
+    let router = Gateway::new(
+        store.clone(),
+        Arc::new(catalogue),
+        model_gateway::Upstream::Http(upstream),
+    )
+    .admin_token(Some(AdminToken::new(TOKEN).unwrap()))
+    .router();
+    let gateway = serve_router(router).await;
+    let key = events_db.funded_key(100, 0).await;
+    provider.then(Fault::json(500, r#"{"error":{"message":"down"}}"#));
+    assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 502);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    provider.always(Fault::json(
+        200,
+        r#"{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#,
+    ));
+    assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200);
+    wait_for("both breaker events to be recorded", async || {
+        store.deliveries(None, 10).await.unwrap().len() == 2
+    })
+    .await;
+    let recorded = store.deliveries(None, 10).await.unwrap();
+    let kinds: Vec<_> = recorded.iter().rev().map(|d| d.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["upstream.breaker_opened", "upstream.breaker_closed"]
+    );
+    let body: Value = serde_json::from_str(&recorded[0].body).unwrap();
+    assert_eq!(body["data"]["upstream"], "flaky");
+
+    // Delivered, then retried by hand: the same event, with the same id, once more.
+    let receiver = Receiver::default();
+    let url = receiver.start(0).await;
+    let dispatcher = WebhookDispatcher::new(store.clone(), url, SECRET).unwrap();
+    assert_eq!(dispatcher.deliver_due().await.unwrap(), 2);
+    let listed = gateway
+        .send(
+            gateway
+                .client
+                .get(format!(
+                    "{}/admin/webhooks/deliveries?status=delivered",
+                    gateway.base
+                ))
+                .bearer_auth(TOKEN),
+        )
+        .await;
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    let first = &listed.body["data"][0];
+    assert_eq!(first["status"], "delivered");
+    assert_eq!(first["attempts"], 1);
+    let retried = gateway
+        .send(
+            gateway
+                .client
+                .post(format!(
+                    "{}/admin/webhooks/deliveries/{}/retry",
+                    gateway.base, first["id"]
+                ))
+                .bearer_auth(TOKEN),
+        )
+        .await;
+    assert_eq!(retried.status, 200, "{:?}", retried.body);
+    assert_eq!(retried.body["status"], "pending");
+    assert_eq!(dispatcher.deliver_due().await.unwrap(), 1);
+    let accepted = receiver.accepted();
+    assert_eq!(accepted.len(), 3);
+    assert_eq!(
+        accepted
+            .iter()
+            .filter(|(id, _, _)| id == first["event_id"].as_str().unwrap())
+            .count(),
+        2
+    );
+    let missing = gateway
+        .send(
+            gateway
+                .client
+                .post(format!(
+                    "{}/admin/webhooks/deliveries/999/retry",
+                    gateway.base
+                ))
+                .bearer_auth(TOKEN),
+        )
+        .await;
+    assert_eq!(missing.status, 404);
+}
