@@ -7,51 +7,25 @@ use serde::Serialize;
 use super::requests::NewCodes;
 use super::{Admin, AdminError};
 use crate::codes::NewCode;
-use crate::credits::{Bucket, Credits};
 use crate::error::GatewayError;
 use crate::store::{CodeBatch, NewCodeBatch, Store};
 
-/// A batch as listed.
+/// A batch as listed: `batch` (its id), `label`, `credits`, `bucket`, `period_days`,
+/// `expires_at`, `created_at`, `count`, `used`, `revoked`, and `unused`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CodeBatchView {
-    /// The batch's id.
-    pub batch: i64,
-    /// The operator's label.
-    pub label: Option<String>,
-    /// What each code grants.
-    pub credits: Credits,
-    /// The bucket it goes to.
-    pub bucket: Bucket,
-    /// Subscription only: the period a code starts, in days from its redemption.
-    pub period_days: Option<u32>,
-    /// When the codes stop working; `null`: never.
-    pub expires_at: Option<DateTime<Utc>>,
-    /// When the batch was made.
-    pub created_at: DateTime<Utc>,
-    /// How many codes it has.
-    pub count: u64,
-    /// How many were redeemed.
-    pub used: u64,
+    /// The batch as the store lists it.
+    #[serde(flatten)]
+    pub batch: CodeBatch,
     /// How many can still be redeemed (none once the batch expired).
     pub unused: u64,
-    /// How many unused codes were revoked.
-    pub revoked: u64,
 }
 
 impl CodeBatchView {
     fn of(batch: CodeBatch, now: DateTime<Utc>) -> CodeBatchView {
         CodeBatchView {
             unused: batch.unused(now),
-            batch: batch.id,
-            label: batch.label,
-            credits: batch.credits,
-            bucket: batch.bucket,
-            period_days: batch.period_days,
-            expires_at: batch.expires_at,
-            created_at: batch.created_at,
-            count: batch.count,
-            used: batch.used,
-            revoked: batch.revoked,
+            batch,
         }
     }
 }

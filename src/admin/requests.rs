@@ -53,6 +53,32 @@ fn text<'a>(
     }
 }
 
+/// `period_days`, if given: a whole number of days (its range is checked with the rest).
+fn period_days(object: &Map<String, Value>) -> Result<Option<u32>, GatewayError> {
+    match object.get("period_days") {
+        None | Some(Value::Null) => Ok(None),
+        Some(days) => days
+            .as_u64()
+            .and_then(|days| u32::try_from(days).ok())
+            .map(Some)
+            .ok_or(invalid("period_days", "必须是 1 到 3660 之间的整数")),
+    }
+}
+
+/// A time field, if given: RFC 3339.
+fn moment(
+    object: &Map<String, Value>,
+    field: &'static str,
+) -> Result<Option<DateTime<Utc>>, GatewayError> {
+    text(object, field)?
+        .map(|at| {
+            DateTime::parse_from_rfc3339(at)
+                .map(|at| at.with_timezone(&Utc))
+                .map_err(|_| invalid(field, "必须是 RFC 3339 时间"))
+        })
+        .transpose()
+}
+
 /// `POST /admin/accounts`: a name and the first credits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewAccount {
@@ -265,21 +291,8 @@ impl GrantRequest {
             bucket,
             credits: Credits(credits),
             reason: text(object, "reason")?.map(str::to_owned),
-            period_days: match object.get("period_days") {
-                None | Some(Value::Null) => None,
-                Some(days) => Some(
-                    days.as_u64()
-                        .and_then(|days| u32::try_from(days).ok())
-                        .ok_or(invalid("period_days", "必须是正整数"))?,
-                ),
-            },
-            ends_at: text(object, "ends_at")?
-                .map(|at| {
-                    DateTime::parse_from_rfc3339(at)
-                        .map(|at| at.with_timezone(&Utc))
-                        .map_err(|_| invalid("ends_at", "必须是 RFC 3339 时间"))
-                })
-                .transpose()?,
+            period_days: period_days(object)?,
+            ends_at: moment(object, "ends_at")?,
         };
         grant.check()?;
         Ok(grant)
@@ -368,21 +381,8 @@ impl NewCodes {
             bucket: text(object, "bucket")?
                 .and_then(Bucket::parse)
                 .ok_or(invalid("bucket", "必须是 subscription 或 topup"))?,
-            period_days: match object.get("period_days") {
-                None | Some(Value::Null) => None,
-                Some(days) => Some(
-                    days.as_u64()
-                        .and_then(|days| u32::try_from(days).ok())
-                        .ok_or(invalid("period_days", "必须是 1 到 3660 之间的整数"))?,
-                ),
-            },
-            expires_at: text(object, "expires_at")?
-                .map(|at| {
-                    DateTime::parse_from_rfc3339(at)
-                        .map(|at| at.with_timezone(&Utc))
-                        .map_err(|_| invalid("expires_at", "必须是 RFC 3339 时间"))
-                })
-                .transpose()?,
+            period_days: period_days(object)?,
+            expires_at: moment(object, "expires_at")?,
             label: text(object, "label")?.map(str::to_owned),
         };
         codes.check(Utc::now())?;

@@ -264,6 +264,7 @@ pub struct Overdue {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CodeBatch {
     /// The batch.
+    #[serde(rename = "batch")]
     pub id: i64,
     /// The operator's label.
     pub label: Option<String>,
@@ -331,6 +332,24 @@ pub struct Redeemed {
 /// where the credits came from.
 pub(crate) fn redemption_reason(batch: i64) -> String {
     format!("redemption code, batch {batch}")
+}
+
+impl CodeBatch {
+    /// The grant one of its codes makes when redeemed at `at`, with `reason`
+    /// ([`redemption_reason`]): its credits to its bucket, and for a subscription batch with a
+    /// period, a period from `at`.
+    pub(crate) fn grant<'a>(&self, reason: &'a str, at: DateTime<Utc>) -> Grant<'a> {
+        Grant {
+            bucket: self.bucket,
+            amount: self.credits,
+            reason: Some(reason),
+            idempotency_key: None,
+            period_end: self
+                .period_days
+                .map(|days| at + chrono::Duration::days(i64::from(days))),
+            at,
+        }
+    }
 }
 
 /// Where a webhook delivery stands.

@@ -71,7 +71,7 @@ async fn fifty_redeem_one_code<S: Store + 'static>(stores: [Arc<S>; 2]) {
     }
     let batches = admin.code_batches().await.unwrap();
     assert_eq!(
-        (batches.data[0].used, batches.data[0].unused),
+        (batches.data[0].batch.used, batches.data[0].unused),
         (1, 0),
         "the batch counts the code used"
     );
@@ -161,11 +161,11 @@ backends!(
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(redeemed.batch, created.batch.batch);
+        assert_eq!(redeemed.batch, created.batch.batch.id);
         let reasons = grant_reasons(&db, account).await;
         assert_eq!(
             reasons,
-            [format!("redemption code, batch {}", created.batch.batch)]
+            [format!("redemption code, batch {}", created.batch.batch.id)]
         );
         db.assert_audit_holds().await;
     }

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use super::state::{CodeRow, MemoryStore};
 use crate::call::AccountId;
 use crate::codes::CodeHash;
-use crate::store::records::{CodeBatch, Grant, NewCodeBatch, Redeemed, redemption_reason};
+use crate::store::records::{CodeBatch, NewCodeBatch, Redeemed, redemption_reason};
 use crate::store::traits::RedemptionCodes;
 use crate::store::types::{StoreError, check_grant_amount};
 
@@ -97,19 +97,7 @@ impl RedemptionCodes for MemoryStore {
             return Ok(None);
         }
         let reason = redemption_reason(batch.id);
-        let granted = state.grant(
-            account,
-            Grant {
-                bucket: batch.bucket,
-                amount: batch.credits,
-                reason: Some(&reason),
-                idempotency_key: None,
-                period_end: batch
-                    .period_days
-                    .map(|days| at + chrono::Duration::days(i64::from(days))),
-                at,
-            },
-        )?;
+        let granted = state.grant(account, batch.grant(&reason, at))?;
         // The grant succeeded: only now is the code spent.
         if let Some(row) = state.codes.get_mut(code) {
             row.spent = true;

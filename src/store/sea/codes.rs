@@ -18,7 +18,7 @@ use crate::call::AccountId;
 use crate::codes::CodeHash;
 use crate::credits::{Bucket, Credits};
 use crate::events::{EventType, WebhookEvent};
-use crate::store::records::{CodeBatch, Grant, NewCodeBatch, Redeemed, redemption_reason};
+use crate::store::records::{CodeBatch, NewCodeBatch, Redeemed, redemption_reason};
 use crate::store::traits::RedemptionCodes;
 use crate::store::types::{StoreError, check_grant_amount};
 
@@ -180,16 +180,7 @@ impl RedemptionCodes for SeaOrmStore {
         }
         let batch = listed(batch, None)?;
         let reason = redemption_reason(batch.id);
-        let grant = Grant {
-            bucket: batch.bucket,
-            amount: batch.credits,
-            reason: Some(&reason),
-            idempotency_key: None,
-            period_end: batch
-                .period_days
-                .map(|days| at + chrono::Duration::days(i64::from(days))),
-            at,
-        };
+        let grant = batch.grant(&reason, at);
         let data = serde_json::json!({
             "account": account,
             "batch": batch.id,
