@@ -205,6 +205,8 @@ pub struct Catalogue {
     stream_idle_timeout: Duration,
     max_reply_bytes: usize,
     max_event_bytes: usize,
+    /// [`Catalogue::cheapest_charge`], worked out once (every request with a large body asks).
+    cheapest: std::sync::OnceLock<Option<Credits>>,
 }
 
 impl Default for Catalogue {
@@ -221,6 +223,7 @@ impl Default for Catalogue {
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            cheapest: std::sync::OnceLock::new(),
         }
     }
 }
@@ -641,6 +644,7 @@ impl Catalogue {
             stream_idle_timeout,
             max_reply_bytes,
             max_event_bytes,
+            cheapest: std::sync::OnceLock::new(),
         })
     }
 
@@ -718,7 +722,9 @@ impl Catalogue {
 
     /// The least a call of any model can be charged; `None` for an empty catalogue.
     pub fn cheapest_charge(&self) -> Option<Credits> {
-        self.models().map(|model| model.least_charge()).min()
+        *self
+            .cheapest
+            .get_or_init(|| self.models().map(|model| model.least_charge()).min())
     }
 
     /// The first setting of the whole gateway (not of one model or upstream) that differs in
