@@ -205,6 +205,9 @@ struct KeyState {
     read: KeyRead,
     /// What the batch's new held calls hold of its allowance.
     held: Credits,
+    /// What the held calls the batch ends held of it (counted in the holds it was given, and
+    /// no longer held once the batch ends them: a billed one is in `read`'s spending instead).
+    released: Credits,
     /// Whether the batch changed its allowance (to be written).
     changed: bool,
 }
@@ -251,6 +254,7 @@ impl<'a> Plan<'a> {
                 let state = KeyState {
                     read,
                     held: Credits::ZERO,
+                    released: Credits::ZERO,
                     changed: false,
                 };
                 (id, state)
@@ -350,6 +354,9 @@ impl<'a> Plan<'a> {
         call: i64,
         held: &'a HeldCall,
     ) -> Result<Decision, StoreError> {
+        if let Some(key) = self.keys.get_mut(&held.charge.caller.key.0) {
+            key.released = Credits(key.released.get() + held.taken.total().get());
+        }
         let state = self.account(held.account.0)?;
         // Free of every hold, this call's too: what it may take beyond what it holds.
         let free = state.free(Utc::now());
@@ -387,7 +394,9 @@ impl<'a> Plan<'a> {
         let limited = read.and_then(|state| {
             Some(Limited {
                 allowance: state.read.allowance?,
-                held: Credits(held_elsewhere.get() + state.held.get()),
+                held: Credits(
+                    (held_elsewhere.get() + state.held.get() - state.released.get()).max(0),
+                ),
                 at: self.now,
             })
         });

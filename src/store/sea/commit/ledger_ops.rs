@@ -4,11 +4,12 @@
 //! 1. lock the entries that its settles and refunds finish (`SELECT ... FOR UPDATE`, id order);
 //! 2. read which of its callers' keys are still active: revocation is checked here, in the
 //!    transaction that reserves, so a key answered from the key cache cannot spend once revoked;
-//!    and lock the keys with a spending limit (id order), whose allowance the batch changes;
 //! 3. take ids for its reservations (`PostgreSQL`: from the sequence);
 //! 4. lock the accounts that its reservations and refunds touch (id order, so two gateway
-//!    instances never wait on each other in a cycle), as late as possible, and decide every
-//!    write in queue order ([`Plan::decide`]);
+//!    instances never wait on each other in a cycle), as late as possible; then read again, under
+//!    lock, the keys with a spending limit, whose allowance the batch changes (accounts before
+//!    keys, in every transaction: a keyed reservation locks its account first too); and decide
+//!    every write in queue order ([`Plan::decide`]);
 //! 5. write: one `INSERT` for the new `pending` entries, one `UPDATE ... WHERE status =
 //!    'pending'` for the finished ones, one `UPDATE` for the accounts' net changes, each
 //!    checked to touch exactly the rows it must (and the `CHECK (bucket >= 0)` constraints
@@ -49,6 +50,7 @@ pub(in crate::store::sea) async fn apply_in<C: ConnectionTrait>(
     // is a gap in the sequence, nothing more.
     let ids = new_ids(txn, wanted.reservations).await?;
     let accounts = lock_accounts(txn, wanted.accounts_with(&entries)).await?;
+    let keys = lock_limited_keys(txn, keys).await?;
     let reads = Reads {
         entries,
         accounts,
@@ -141,9 +143,35 @@ async fn lock_accounts<C: ConnectionTrait>(
         .collect())
 }
 
+/// A key row's columns that a batch reads.
+type KeyRow = (
+    i64,
+    Option<DateTime<Utc>>,
+    Option<i64>,
+    Option<String>,
+    i64,
+    i64,
+);
+
+const KEY_COLUMNS: [api_key::Column; 6] = [
+    api_key::Column::Id,
+    api_key::Column::RevokedAt,
+    api_key::Column::LimitCredits,
+    api_key::Column::LimitPeriod,
+    api_key::Column::LimitSpent,
+    api_key::Column::LimitWindow,
+];
+
+fn key_read((id, revoked_at, credits, period, spent, window): KeyRow) -> (i64, KeyRead) {
+    let read = KeyRead {
+        active: revoked_at.is_none(),
+        allowance: stored_allowance(credits, period.as_deref(), spent, window),
+    };
+    (id, read)
+}
+
 /// The batch's keys: whether each is active, and the allowance of those with a spending
-/// limit, read again under an exclusive lock (id order): two gateways' batches reserving on one
-/// key queue on its row, as on an account's.
+/// limit (read again under lock by [`lock_limited_keys`]).
 async fn read_keys<C: ConnectionTrait>(
     txn: &C,
     ids: &BTreeSet<i64>,
@@ -151,56 +179,41 @@ async fn read_keys<C: ConnectionTrait>(
     if ids.is_empty() {
         return Ok(BTreeMap::new());
     }
-    type Row = (
-        i64,
-        Option<DateTime<Utc>>,
-        Option<i64>,
-        Option<String>,
-        i64,
-        i64,
-    );
-    let columns = [
-        api_key::Column::Id,
-        api_key::Column::RevokedAt,
-        api_key::Column::LimitCredits,
-        api_key::Column::LimitPeriod,
-        api_key::Column::LimitSpent,
-        api_key::Column::LimitWindow,
-    ];
-    let mut rows: Vec<Row> = api_key::Entity::find()
+    let rows: Vec<KeyRow> = api_key::Entity::find()
         .select_only()
-        .columns(columns)
+        .columns(KEY_COLUMNS)
         .filter(api_key::Column::Id.is_in(ids.iter().copied()))
         .into_tuple()
         .all(txn)
         .await?;
-    let limited: Vec<i64> = (rows.iter())
-        .filter(|row| row.2.is_some())
-        .map(|row| row.0)
+    Ok(rows.into_iter().map(key_read).collect())
+}
+
+/// `keys` with the limited ones read again under an exclusive lock (id order), once their
+/// accounts are locked: what they spent as the last writer left it. Every writer of a key's
+/// allowance locks the key's account first, so this never waits in a cycle.
+async fn lock_limited_keys<C: ConnectionTrait>(
+    txn: &C,
+    mut keys: BTreeMap<i64, KeyRead>,
+) -> Result<BTreeMap<i64, KeyRead>, StoreError> {
+    let limited: Vec<i64> = (keys.iter())
+        .filter(|(_, read)| read.allowance.is_some())
+        .map(|(id, _)| *id)
         .collect();
-    if !limited.is_empty() {
-        let locked: Vec<Row> = api_key::Entity::find()
-            .select_only()
-            .columns(columns)
-            .filter(api_key::Column::Id.is_in(limited))
-            .order_by_asc(api_key::Column::Id)
-            .lock_exclusive()
-            .into_tuple()
-            .all(txn)
-            .await?;
-        rows.retain(|row| row.2.is_none());
-        rows.extend(locked);
+    if limited.is_empty() {
+        return Ok(keys);
     }
-    Ok(rows
-        .into_iter()
-        .map(|(id, revoked_at, credits, period, spent, window)| {
-            let read = KeyRead {
-                active: revoked_at.is_none(),
-                allowance: stored_allowance(credits, period.as_deref(), spent, window),
-            };
-            (id, read)
-        })
-        .collect())
+    let locked: Vec<KeyRow> = api_key::Entity::find()
+        .select_only()
+        .columns(KEY_COLUMNS)
+        .filter(api_key::Column::Id.is_in(limited))
+        .order_by_asc(api_key::Column::Id)
+        .lock_exclusive()
+        .into_tuple()
+        .all(txn)
+        .await?;
+    keys.extend(locked.into_iter().map(key_read));
+    Ok(keys)
 }
 
 /// Writes each limited key's spending as the batch leaves it (the rows are locked).

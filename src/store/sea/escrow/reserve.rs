@@ -24,15 +24,24 @@ use crate::store::sea::rows::balance_of;
 use crate::store::sea::writes::{OwnedCharge, unknown_account};
 use crate::store::{AccountId, CallId, Reservation, ReserveError, StoreError};
 
+/// Where a call that escrow did not hold is to be reserved.
+enum NotHeld {
+    /// In the database: the account has too little for escrow (what this instance had free of
+    /// it is back in its row), or this instance's lease has ended.
+    InDatabase,
+    /// In the database, as a keyed call is: its key has a spending limit, which the database
+    /// write checks for every instance at once.
+    Limited,
+}
+
 impl Escrow {
     /// Reserves `charge` against this instance's escrow under its lease, refilling the escrow
-    /// when it cannot pay. `None`: the account has too little for escrow (what this instance
-    /// had free of it is back in its row); reserve it in the database.
-    pub(super) async fn reserve(
+    /// when it cannot pay; else says where to reserve it.
+    async fn reserve(
         &self,
         charge: &OwnedCharge,
         pot: PotKey,
-    ) -> Result<Option<Reservation>, ReserveError> {
+    ) -> Result<Result<Reservation, NotHeld>, ReserveError> {
         let (answer, answered) = oneshot::channel();
         let read = KeyRead {
             key: charge.caller.key.0,
@@ -44,14 +53,14 @@ impl Escrow {
             .map_err(|_| stopped())??
             .ok_or(ReserveError::KeyRevoked)?;
         if seen.limited {
-            return Ok(None);
+            return Ok(Err(NotHeld::Limited));
         }
         let mut refilled = false;
         loop {
             match self.try_hold(charge, pot, seen) {
-                Ok(reservation) => return Ok(Some(reservation)),
+                Ok(reservation) => return Ok(Ok(reservation)),
                 Err(Short::Ids) => self.fetch_ids().await?,
-                Err(Short::Credits) if refilled => return Ok(None),
+                Err(Short::Credits) if refilled => return Ok(Err(NotHeld::InDatabase)),
                 Err(Short::Credits) => match self.refill(charge, pot, seen).await? {
                     Refill::Again => {}
                     Refill::Done { seen: after } => {
@@ -60,7 +69,7 @@ impl Escrow {
                     }
                     // Its lease has ended (recovery may give the escrow back at any moment):
                     // reserve in the database until the store holds a new one.
-                    Refill::LeaseEnded => return Ok(None),
+                    Refill::LeaseEnded => return Ok(Err(NotHeld::InDatabase)),
                 },
             }
         }
@@ -283,8 +292,16 @@ impl Escrow {
             return committer.reserve(charge).await;
         };
         let pot = PotKey::new(lease, charge.caller.account);
-        if let Some(reservation) = self.reserve(&charge, pot).await? {
-            return Ok(reservation);
+        match self.reserve(&charge, pot).await? {
+            Ok(reservation) => return Ok(reservation),
+            // Subscription credits this instance holds in escrow are spent first, as without
+            // escrow: the way a keyed call is reserved.
+            Err(NotHeld::Limited) => {
+                return self
+                    .reserve_keyed(&charge, || committer.reserve(charge.clone()))
+                    .await;
+            }
+            Err(NotHeld::InDatabase) => {}
         }
         match committer.reserve(charge.clone()).await {
             Err(ReserveError::InsufficientCredits) if self.recall(pot).await? => {
