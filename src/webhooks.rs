@@ -13,7 +13,7 @@
 //! use model_gateway::webhooks::WebhookDispatcher;
 //! use model_gateway::SeaOrmStore;
 //!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn run() -> Result<(), tower::BoxError> {
 //! let store = Arc::new(SeaOrmStore::connect("sqlite://gateway.db?mode=rwc").await?.with_webhook_events());
 //! let dispatcher = WebhookDispatcher::new(store, "https://billing.example.com/hooks", "whsec_...")?;
 //! let running = dispatcher.spawn();
