@@ -25,6 +25,9 @@ use serde::Serialize;
 use serde_json::Value;
 use sha2::Sha256;
 
+use crate::call::{AccountId, KeyId, KeyLimit};
+use crate::credits::{Balance, Credits};
+
 /// The header a delivery's signature is in.
 pub const SIGNATURE_HEADER: &str = "x-gateway-signature";
 
@@ -90,6 +93,42 @@ impl WebhookEvent {
             created_at: at,
             data,
         }
+    }
+
+    /// `account.balance_low`: what `account` can spend, `spendable`, fell below `threshold`.
+    pub(crate) fn balance_low(
+        account: AccountId,
+        spendable: Balance,
+        threshold: Credits,
+        at: DateTime<Utc>,
+    ) -> WebhookEvent {
+        let data = serde_json::json!({
+            "account": account,
+            "subscription": spendable.subscription,
+            "topup": spendable.topup,
+            "total": spendable.total(),
+            "threshold": threshold,
+        });
+        WebhookEvent::new(EventType::AccountBalanceLow, data, at)
+    }
+
+    /// `key.limit_reached`: `key` of `account` has spent `spent` of its `limit` in the window
+    /// of `at`, too little being left for another call like the one just reserved.
+    pub(crate) fn limit_reached(
+        account: AccountId,
+        key: KeyId,
+        limit: KeyLimit,
+        spent: Credits,
+        at: DateTime<Utc>,
+    ) -> WebhookEvent {
+        let data = serde_json::json!({
+            "account": account,
+            "key": key,
+            "limit": limit,
+            "spent": spent,
+            "resets_at": limit.period.window_end(limit.period.window(at)),
+        });
+        WebhookEvent::new(EventType::KeyLimitReached, data, at)
     }
 
     /// The body delivered: `{"id", "type", "created_at", "data"}`.

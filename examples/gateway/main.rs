@@ -24,7 +24,8 @@ use std::time::Duration;
 #[cfg(feature = "api")]
 use model_gateway::admin::AdminToken;
 use model_gateway::admin::{
-    Admin, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount, NewCodes,
+    AccountPatch, Admin, CallFilter, DEMO_SUBSCRIPTION_CREDITS, GrantRequest, KeyPatch, NewAccount,
+    NewCodes,
 };
 use model_gateway::call::{KeyLimit, LimitPeriod};
 use model_gateway::catalogue::LiveCatalogue;
@@ -190,6 +191,11 @@ struct ServeArgs {
     /// this URL, signed with `GATEWAY_WEBHOOK_SECRET`; unset: no events are recorded.
     #[arg(long, env = "GATEWAY_WEBHOOK_URL", requires = "webhook_secret")]
     webhook_url: Option<String>,
+    /// Tell `account.balance_low` when a call takes what an account can spend below this many
+    /// credits (accounts may set their own); 0: never.
+    #[arg(long, env = "GATEWAY_LOW_BALANCE_CREDITS", default_value_t = 0,
+          value_parser = clap::value_parser!(i64).range(0..))]
+    low_balance_credits: i64,
     /// The secret webhook signatures are made with (HMAC-SHA256).
     #[arg(long, env = "GATEWAY_WEBHOOK_SECRET", hide_env_values = true)]
     webhook_secret: Option<String>,
@@ -360,6 +366,17 @@ enum AccountsCommand {
         /// The account id.
         id: i64,
     },
+    /// Change an account: its own low-balance threshold (`account.balance_low`).
+    Update {
+        /// The account id.
+        id: i64,
+        /// Tell when what it can spend falls below this many credits (0: never).
+        #[arg(long, conflicts_with = "default_low_balance")]
+        low_balance_credits: Option<i64>,
+        /// Go back to the gateway's default threshold (`GATEWAY_LOW_BALANCE_CREDITS`).
+        #[arg(long)]
+        default_low_balance: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -523,6 +540,24 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     .await?,
             )?,
             AccountsCommand::Show { id } => print_json(&admin.account(AccountId(id)).await?)?,
+            AccountsCommand::Update {
+                id,
+                low_balance_credits,
+                default_low_balance,
+            } => {
+                let threshold = match (low_balance_credits, default_low_balance) {
+                    (Some(credits), _) if credits < 0 => {
+                        return Err("--low-balance-credits cannot be negative".into());
+                    }
+                    (Some(credits), _) => Some(Some(Credits::new(credits))),
+                    (None, true) => Some(None),
+                    (None, false) => None,
+                };
+                let patch = AccountPatch {
+                    low_balance_credits: threshold,
+                };
+                print_json(&admin.update_account(AccountId(id), &patch).await?)?;
+            }
         },
         Command::Grants {
             action:
@@ -807,7 +842,9 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     tracing::info!(mode = mode.as_str(), "charging mode");
     let store = store.with_idempotency_window(window);
     let store = Arc::new(match &args.webhook_url {
-        Some(_) => store.with_webhook_events(),
+        Some(_) => store
+            .with_webhook_events()
+            .with_low_balance_alert(Credits::new(args.low_balance_credits)),
         None => store,
     });
     // Delivers the outbox beside the calls; stopped with the process.

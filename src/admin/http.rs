@@ -37,7 +37,9 @@ use bytes::Bytes;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
-use super::{Admin, AdminError, CallFilter, GrantRequest, KeyPatch, NewAccount, NewCodes};
+use super::{
+    AccountPatch, Admin, AdminError, CallFilter, GrantRequest, KeyPatch, NewAccount, NewCodes,
+};
 use crate::error::GatewayError;
 use crate::ledger_deadline::LedgerDeadlineLayer;
 use crate::store::{AccountId, CallId, CallStatus, DEFAULT_LEDGER_TIMEOUT, KeyId, Store};
@@ -182,7 +184,10 @@ pub fn router<S: Store + 'static>(admin: Admin<S>, token: AdminToken) -> Router 
             "/admin/accounts",
             post(create_account::<S>).get(list_accounts::<S>),
         )
-        .route("/admin/accounts/{id}", get(one_account::<S>))
+        .route(
+            "/admin/accounts/{id}",
+            get(one_account::<S>).patch(update_account::<S>),
+        )
         .route("/admin/accounts/{id}/keys", post(create_key::<S>))
         .route("/admin/accounts/{id}/grants", post(grant::<S>))
         .route("/admin/accounts/{id}/calls", get(calls::<S>))
@@ -251,6 +256,19 @@ async fn list_accounts<S: Store>(
 async fn one_account<S: Store>(State(admin): State<Admin<S>>, Path(id): Path<String>) -> Response {
     match account_id(&id) {
         Ok(account) => answer(StatusCode::OK, admin.account(account).await),
+        Err(refusal) => refuse(refusal),
+    }
+}
+
+async fn update_account<S: Store>(
+    State(admin): State<Admin<S>>,
+    Path(id): Path<String>,
+    AdminBody(body): AdminBody,
+) -> Response {
+    let read = account_id(&id)
+        .and_then(|account| Ok((account, AccountPatch::from_json(&json_body(&body)?)?)));
+    match read {
+        Ok((account, patch)) => answer(StatusCode::OK, admin.update_account(account, &patch).await),
         Err(refusal) => refuse(refusal),
     }
 }

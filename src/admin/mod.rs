@@ -55,7 +55,9 @@ pub use catalogue::catalogue_view;
 pub use codes::{CodeBatchList, CodeBatchView, CreatedCodes, DeliveryList};
 #[cfg(feature = "api")]
 pub use http::{AdminToken, MIN_ADMIN_TOKEN_CHARS, metrics_router, router};
-pub use requests::{GrantRequest, KeyPatch, MAX_CODES_PER_BATCH, NewAccount, NewCodes};
+pub use requests::{
+    AccountPatch, GrantRequest, KeyPatch, MAX_CODES_PER_BATCH, NewAccount, NewCodes,
+};
 
 /// Credits given to the demo account that mock mode creates on an empty database.
 pub const DEMO_SUBSCRIPTION_CREDITS: i64 = 1_000;
@@ -241,6 +243,8 @@ pub struct AccountView {
     pub balance: BalanceView,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+    /// Its own low-balance threshold; `null`: the gateway's default.
+    pub low_balance_credits: Option<Credits>,
     /// Its keys, oldest first.
     pub keys: Vec<KeyView>,
 }
@@ -456,8 +460,23 @@ impl<S: Store> Admin<S> {
             balance: BalanceView::of(&summary, now),
             name: summary.name,
             created_at: summary.created_at,
+            low_balance_credits: summary.low_balance_credits,
             keys: keys.into_iter().map(|key| KeyView::of(key, now)).collect(),
         })
+    }
+
+    /// Changes what `patch` names of the account.
+    pub async fn update_account(
+        &self,
+        account: AccountId,
+        patch: &AccountPatch,
+    ) -> Result<AccountView, AdminError> {
+        if let Some(threshold) = patch.low_balance_credits
+            && !self.store.set_low_balance(account, threshold).await?
+        {
+            return Err(GatewayError::NoSuchAccount.into());
+        }
+        self.account(account).await
     }
 
     /// A new key for the account.

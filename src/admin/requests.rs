@@ -119,6 +119,35 @@ impl NewAccount {
     }
 }
 
+/// `PATCH /admin/accounts/{id}`: what to change of the account; a field absent stays as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccountPatch {
+    /// Its own low-balance threshold: `Some(None)` goes back to the gateway's default
+    /// (`GATEWAY_LOW_BALANCE_CREDITS`); `Some(Some(0))` tells it never.
+    pub low_balance_credits: Option<Option<Credits>>,
+}
+
+impl AccountPatch {
+    /// Reads `{"low_balance_credits": N | null}`.
+    pub fn from_json(body: &Value) -> Result<AccountPatch, GatewayError> {
+        let object = object(body, &["low_balance_credits"])?;
+        let low_balance_credits = object
+            .get("low_balance_credits")
+            .map(|value| match value {
+                Value::Null => Ok(None),
+                value => value
+                    .as_i64()
+                    .filter(|amount| *amount >= 0)
+                    .map(|amount| Some(Credits::new(amount)))
+                    .ok_or(invalid("low_balance_credits", "必须是非负整数, 或 null")),
+            })
+            .transpose()?;
+        Ok(AccountPatch {
+            low_balance_credits,
+        })
+    }
+}
+
 /// `PATCH /admin/keys/{id}`: the rules to change; a field absent stays as it is, `null` lifts
 /// the rule.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

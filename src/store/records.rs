@@ -22,6 +22,8 @@ pub struct AccountSummary {
     pub subscription_ends_at: Option<DateTime<Utc>>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+    /// Its own low-balance threshold (`account.balance_low`); `None`: the store's default.
+    pub low_balance_credits: Option<Credits>,
 }
 
 impl AccountSummary {

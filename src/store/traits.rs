@@ -257,6 +257,15 @@ pub trait Accounts: Send + Sync + std::fmt::Debug {
         Ok(granted.balance)
     }
 
+    /// Sets the account's own low-balance threshold: `account.balance_low` is told when a
+    /// reservation takes what it can spend below it (zero: never); `None` goes back to the
+    /// store's default. `false` if there is no such account.
+    async fn set_low_balance(
+        &self,
+        account: AccountId,
+        threshold: Option<Credits>,
+    ) -> Result<bool, StoreError>;
+
     /// One account; `None` if there is no such account.
     async fn account(&self, account: AccountId) -> Result<Option<AccountSummary>, StoreError>;
 

@@ -16,6 +16,7 @@
 mod common;
 
 mod admin;
+mod alerts;
 mod bad_input;
 mod clients;
 mod codes;

@@ -73,7 +73,7 @@ impl Receiver {
         url
     }
 
-    fn accepted(&self) -> Vec<(String, Value, bool)> {
+    pub fn accepted(&self) -> Vec<(String, Value, bool)> {
         self.state.lock().unwrap().accepted.clone()
     }
 

@@ -113,6 +113,7 @@ impl Accounts for MemoryStore {
                 granted: Sums::default(),
                 lapsed: 0,
                 subscription_ends_at: None,
+                low_balance_credits: None,
                 grants_by_key: HashMap::new(),
             },
         );
@@ -197,6 +198,19 @@ impl Accounts for MemoryStore {
         grant: Grant<'_>,
     ) -> Result<Granted, StoreError> {
         self.lock().grant(account, grant)
+    }
+
+    async fn set_low_balance(
+        &self,
+        account: AccountId,
+        threshold: Option<Credits>,
+    ) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        let Some(row) = state.accounts.get_mut(&account) else {
+            return Ok(false);
+        };
+        row.low_balance_credits = threshold;
+        Ok(true)
     }
 
     async fn account(&self, account: AccountId) -> Result<Option<AccountSummary>, StoreError> {

@@ -66,6 +66,8 @@ pub(super) struct AccountRow {
     pub(super) granted: Sums,
     pub(super) lapsed: i128,
     pub(super) subscription_ends_at: Option<DateTime<Utc>>,
+    /// Its own low-balance threshold (kept, though this store tells no events).
+    pub(super) low_balance_credits: Option<Credits>,
     /// Idempotency keys of the grants applied, with what each granted.
     pub(super) grants_by_key: HashMap<String, (Bucket, Credits)>,
 }
@@ -79,6 +81,7 @@ impl State {
             balance: self.balances.get(&id).copied().unwrap_or_default(),
             subscription_ends_at: row.subscription_ends_at,
             created_at: row.created_at,
+            low_balance_credits: row.low_balance_credits,
         })
     }
 

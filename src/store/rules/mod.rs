@@ -5,11 +5,13 @@
 //!
 //! - [`reserve`]: may a call reserve its price, and from which buckets;
 //! - [`allowance`]: what a key with a spending limit may still spend;
+//! - [`alerts`]: which writes are told as events (a balance running low, a limit reached);
 //! - [`holds`]: what a reservation holds, and what a settle and a refund move;
 //! - [`settle`]: what a call is charged once its cost is known, and what goes back;
 //! - [`escrow`]: what a call may hold of an escrow pot;
 //! - [`idempotency`]: what a call with an idempotency key gets.
 
+pub(crate) mod alerts;
 pub(crate) mod allowance;
 #[cfg(any(feature = "postgres", test))]
 pub(crate) mod escrow;

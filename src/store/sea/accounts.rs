@@ -53,6 +53,21 @@ pub(super) fn stored_limit(credits: Option<i64>, period: Option<&str>) -> Option
     })
 }
 
+/// `limit_alerted_window` as it is left when a key's limit is set to `limit`: kept if the
+/// limit is the one stored, forgotten otherwise.
+fn same_limit_keeps_alert(limit: Option<KeyLimit>) -> sea_orm::sea_query::SimpleExpr {
+    let Some(limit) = limit else {
+        return Expr::value(Option::<i64>::None);
+    };
+    let same = api_key::Column::LimitCredits
+        .eq(limit.credits.get())
+        .and(api_key::Column::LimitPeriod.eq(limit.period.as_str()));
+    sea_orm::sea_query::CaseStatement::new()
+        .case(same, Expr::col(api_key::Column::LimitAlertedWindow))
+        .finally(Expr::value(Option::<i64>::None))
+        .into()
+}
+
 /// A limited key's allowance as its row stores it.
 pub(super) fn stored_allowance(
     credits: Option<i64>,
@@ -97,6 +112,7 @@ fn summary(row: account::Model) -> AccountSummary {
         subscription_ends_at: row.subscription_ends_at,
         name: row.name,
         created_at: row.created_at,
+        low_balance_credits: row.low_balance_credits.map(Credits),
     }
 }
 
@@ -200,6 +216,7 @@ impl Accounts for SeaOrmStore {
             topup_credits: Set(0),
             created_at: Set(Utc::now()),
             subscription_ends_at: Set(None),
+            low_balance_credits: Set(None),
         };
         let id = account::Entity::insert(row)
             .exec(&self.db)
@@ -223,6 +240,7 @@ impl Accounts for SeaOrmStore {
             limit_period: Set(None),
             limit_spent: Set(0),
             limit_window: Set(0),
+            limit_alerted_window: Set(None),
         };
         let id = api_key::Entity::insert(row)
             .exec(&self.db)
@@ -272,6 +290,12 @@ impl Accounts for SeaOrmStore {
             })
             .transpose()?;
         api_key::Entity::update_many()
+            // A changed limit is told again once reached; an unchanged one keeps its window.
+            // First: MySQL sees the columns set before it in the same statement as changed.
+            .col_expr(
+                api_key::Column::LimitAlertedWindow,
+                same_limit_keeps_alert(rules.limit),
+            )
             .col_expr(api_key::Column::Models, Expr::value(models))
             .col_expr(
                 api_key::Column::ExpiresAt,
@@ -322,6 +346,28 @@ impl Accounts for SeaOrmStore {
     ) -> Result<Granted, StoreError> {
         let granted = self.grant_claiming(account, grant, None).await?;
         Ok(granted.expect("a grant without a code to claim is never lost"))
+    }
+
+    async fn set_low_balance(
+        &self,
+        account: AccountId,
+        threshold: Option<Credits>,
+    ) -> Result<bool, StoreError> {
+        if threshold.is_some_and(|threshold| threshold < Credits::ZERO) {
+            return Err(StoreError::Invalid(
+                "a low-balance threshold cannot be negative".into(),
+            ));
+        }
+        let changed = account::Entity::update_many()
+            .col_expr(
+                account::Column::LowBalanceCredits,
+                Expr::value(threshold.map(Credits::get)),
+            )
+            .filter(account::Column::Id.eq(account.0))
+            .exec(&self.db)
+            .await?
+            .rows_affected;
+        Ok(changed == 1)
     }
 
     async fn account(&self, account: AccountId) -> Result<Option<AccountSummary>, StoreError> {
@@ -440,7 +486,7 @@ impl Accounts for SeaOrmStore {
                 }
                 _ => None,
             };
-            if let Some(lapsed) = lapsed.filter(|_| self.events) {
+            if let Some(lapsed) = lapsed.filter(|_| self.events.writes()) {
                 let data = serde_json::json!({
                     "account": lapsed.account,
                     "credits": lapsed.amount,
@@ -594,7 +640,7 @@ impl SeaOrmStore {
                 txn.rollback().await?;
                 return Ok(None);
             }
-            if self.events {
+            if self.events.writes() {
                 super::outbox::insert_event(&txn, redeemed).await?;
             }
         }

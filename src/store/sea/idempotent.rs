@@ -23,6 +23,7 @@ use sea_orm::{
     ColumnTrait, DatabaseConnection, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect,
 };
 
+use super::alerting::Alerting;
 use super::commit::jobs::begin_write;
 use super::commit::ledger_ops;
 use super::entity::{api_key, call, idempotent_call};
@@ -43,6 +44,7 @@ pub(super) async fn reserve(
     key: &IdempotencyKey,
     window: std::time::Duration,
     holds: Option<&Holds>,
+    alerting: Option<Alerting>,
 ) -> Result<Reservation, ReserveError> {
     let txn = begin_write(db).await?;
     let account = charge.caller.account;
@@ -57,7 +59,10 @@ pub(super) async fn reserve(
         return Err(answer);
     }
     let write = Write::Reserve(charge);
-    let reservation = match ledger_ops::apply_in(&txn, &[&write], holds).await?.pop() {
+    let reservation = match ledger_ops::apply_in(&txn, &[&write], holds, alerting)
+        .await?
+        .pop()
+    {
         Some(Outcome::Reserved(reserved)) => reserved?,
         _ => return Err(StoreError::msg("internal: a reservation without its outcome").into()),
     };
@@ -93,12 +98,15 @@ pub(super) async fn settle(
     call: CallId,
     mut success: CallSuccess,
     holds: Option<&Holds>,
+    alerting: Option<Alerting>,
 ) -> Result<bool, StoreError> {
     let reply = success.reply.take();
     let txn = begin_write(db).await?;
     let write = Write::Settle(call, success);
     let settled = matches!(
-        ledger_ops::apply_in(&txn, &[&write], holds).await?.pop(),
+        ledger_ops::apply_in(&txn, &[&write], holds, alerting)
+            .await?
+            .pop(),
         Some(Outcome::Finished(true))
     );
     if settled && let Some(reply) = reply {

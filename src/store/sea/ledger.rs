@@ -26,11 +26,14 @@ impl Ledger for SeaOrmStore {
                 // Held reservations count as spent: none may change while this one is decided.
                 let holds = self.freeze_holds().await;
                 let window = self.idempotency_window;
+                let alerting = self.events.alerting();
                 // `as_deref` turns an owned file's frozen guard into `&Holds`; in builds
                 // without `sqlite`, `Frozen` is already `&Holds`.
                 #[allow(clippy::needless_option_as_deref)]
-                let reserve =
-                    || idempotent::reserve(&self.db, charge.clone(), key, window, holds.as_deref());
+                let reserve = || {
+                    let holds = holds.as_deref();
+                    idempotent::reserve(&self.db, charge.clone(), key, window, holds, alerting)
+                };
                 self.mode.reserve_keyed(&charge, reserve).await
             }
             None => self.mode.reserve(self.writers(), charge).await,

@@ -29,9 +29,10 @@ use sea_orm::{
 use sea_orm_migration::MigratorTrait;
 
 use super::{AccountId, ReserveError, StoreError};
-use crate::credits::Balance;
+use crate::credits::{Balance, Credits};
 
 mod accounts;
+mod alerting;
 mod audit;
 mod codes;
 mod commit;
@@ -133,12 +134,14 @@ impl SeaOrmStore {
         migrate(&db).await?;
         let postgres_flusher = db.get_database_backend() == sea_orm::DbBackend::Postgres
             && commit::flush::postgres_flush_allowed(&db).await?;
+        let events = Arc::<alerting::EventSettings>::default();
         let committer = committer(
             &db,
             sqlite_file.as_deref(),
             DEFAULT_MAX_BATCH,
             postgres_flusher,
             None,
+            &events,
         )?;
         Ok(SeaOrmStore {
             committer,
@@ -149,7 +152,7 @@ impl SeaOrmStore {
             lease: Arc::default(),
             idempotency_window: super::DEFAULT_IDEMPOTENCY_WINDOW,
             mode: Mode::Shared,
-            events: false,
+            events,
         })
     }
 
@@ -186,6 +189,7 @@ impl SeaOrmStore {
                     DEFAULT_MAX_BATCH,
                     self.postgres_flusher,
                     Some(owned.holds.clone()),
+                    &self.events,
                 )?,
                 mode: Mode::OwnedFile(owned),
                 ..self
@@ -266,7 +270,11 @@ impl SeaOrmStore {
         }
         let idle = idle.max(std::time::Duration::from_millis(10));
         Ok(SeaOrmStore {
-            mode: Mode::Escrow(escrow::Escrow::start(self.db.clone(), idle)),
+            mode: Mode::Escrow(escrow::Escrow::start(
+                self.db.clone(),
+                idle,
+                self.events.clone(),
+            )),
             ..self
         })
     }
@@ -306,6 +314,7 @@ impl SeaOrmStore {
         Writers {
             committer: &self.committer,
             db: &self.db,
+            alerting: self.events.alerting(),
         }
     }
 
@@ -331,6 +340,7 @@ impl SeaOrmStore {
                 max_batch.max(1),
                 self.postgres_flusher,
                 holds,
+                &self.events,
             )?,
             ..self
         })
@@ -349,8 +359,18 @@ impl SeaOrmStore {
     /// redeemed and a subscription lapsed in the transaction that did it, an upstream's breaker
     /// when it opens or closes. Off by default: turn it on where a
     /// [`WebhookDispatcher`](crate::webhooks::WebhookDispatcher) delivers them.
-    pub fn with_webhook_events(mut self) -> SeaOrmStore {
-        self.events = true;
+    pub fn with_webhook_events(self) -> SeaOrmStore {
+        self.events.turn_on();
+        self
+    }
+
+    /// The same store telling `account.balance_low` (with webhook events on, see
+    /// [`with_webhook_events`](Self::with_webhook_events)) when a reservation takes an
+    /// account's spendable balance below `threshold` credits, for accounts without a threshold
+    /// of their own ([`Accounts::set_low_balance`](crate::store::Accounts::set_low_balance));
+    /// zero, the default, tells none. The event is written in the reservation's transaction.
+    pub fn with_low_balance_alert(self, threshold: Credits) -> SeaOrmStore {
+        self.events.set_low_balance(threshold);
         self
     }
 
@@ -392,14 +412,20 @@ fn committer(
     postgres_flusher: bool,
     #[cfg(feature = "sqlite")] holds: Option<Arc<owned::state::SharedHolds>>,
     #[cfg(not(feature = "sqlite"))] holds: Option<std::convert::Infallible>,
+    events: &Arc<alerting::EventSettings>,
 ) -> Result<Committer, StoreError> {
     #[cfg(feature = "sqlite")]
     if let Some(file) = sqlite_file {
         let (connection, wal) = commit::sqlite_direct::open(file)?;
-        return Committer::start_direct(connection, wal, max_batch, holds);
+        return Committer::start_direct(connection, wal, max_batch, holds, events.clone());
     }
     let _ = (sqlite_file, holds);
-    Ok(Committer::start(db.clone(), max_batch, postgres_flusher))
+    Ok(Committer::start(
+        db.clone(),
+        max_batch,
+        postgres_flusher,
+        events.clone(),
+    ))
 }
 
 /// Applies the migrations one store at a time. Several gateway instances starting together on

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use sea_orm::DatabaseConnection;
 
+use super::alerting::Alerting;
 use super::commit::group_commit::Committer;
 use super::idempotent;
 use super::writes::OwnedCharge;
@@ -47,6 +48,8 @@ pub(super) type Frozen<'a> = &'a super::held::Holds;
 pub(super) struct Writers<'a> {
     pub(super) committer: &'a Committer,
     pub(super) db: &'a DatabaseConnection,
+    /// What the ledger's writes outside the committer are told with.
+    pub(super) alerting: Option<Alerting>,
 }
 
 impl Mode {
@@ -190,8 +193,10 @@ impl Mode {
             #[cfg(feature = "postgres")]
             Mode::Escrow(escrow) if escrow.holds(call) => escrow.settle(call, success).await,
             #[cfg(feature = "sqlite")]
-            Mode::OwnedFile(owned) => owned.settle(to.committer, to.db, call, success).await,
-            _ if success.reply.is_some() => idempotent::settle(to.db, call, success, None).await,
+            Mode::OwnedFile(owned) => owned.settle(to, call, success).await,
+            _ if success.reply.is_some() => {
+                idempotent::settle(to.db, call, success, None, to.alerting).await
+            }
             _ => to.committer.settle(call, success).await,
         }
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use sea_orm::DatabaseConnection;
 
+use super::alerting::EventSettings;
 use super::commit::group_commit::Committer;
 use super::key_cache::KeyCache;
 use super::leases;
@@ -36,6 +37,7 @@ pub struct SeaOrmStore {
     pub(super) idempotency_window: std::time::Duration,
     /// How it charges, and what it keeps for that ([`SeaOrmStore::in_mode`]).
     pub(super) mode: Mode,
-    /// Whether it writes webhook events to its outbox ([`SeaOrmStore::with_webhook_events`]).
-    pub(super) events: bool,
+    /// Which webhook events it writes to its outbox ([`SeaOrmStore::with_webhook_events`]),
+    /// shared with its committer.
+    pub(super) events: Arc<EventSettings>,
 }

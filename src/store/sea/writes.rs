@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 
 use crate::credits::{Balance, Credits};
 use crate::protocol::Protocol;
+use crate::store::rules::alerts::LimitAlert;
 pub(super) use crate::store::unknown_account;
 use crate::store::{
     CallFailure, CallId, CallSuccess, Caller, ChargeRequest, LeaseId, Reservation, ReserveError,
@@ -86,17 +87,30 @@ pub(super) struct Wanted {
     pub(super) reservations: usize,
 }
 
-/// A key as a batch reads it: whether it may reserve (not revoked), and its allowance if it
-/// has a spending limit.
+/// A key as a batch reads it: whether it may reserve (not revoked), its allowance if it has a
+/// spending limit, and whether reaching that is told.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct KeyRead {
     pub(super) active: bool,
     pub(super) allowance: Option<crate::store::rules::allowance::Allowance>,
+    pub(super) limit_alert: LimitAlert,
 }
 
-/// An account as a batch reads it: its balance, and when its subscription credits end.
+/// An account as a batch reads it: its balance, when its subscription credits end, and below
+/// what its balance is told (`None`: never).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AccountRead {
     pub(super) balance: Balance,
     pub(super) subscription_ends_at: Option<DateTime<Utc>>,
+    pub(super) alert_below: Option<Credits>,
+}
+
+/// A limited key whose row a batch changes: what it has spent, in which window, and the window
+/// its limit was told in, if the batch told it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct KeyChange {
+    pub(super) key: i64,
+    pub(super) spent: i64,
+    pub(super) window: i64,
+    pub(super) told_in: Option<i64>,
 }

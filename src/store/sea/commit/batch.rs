@@ -10,6 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Utc};
 
 use crate::credits::{Balance, Credits, Split};
+use crate::events::WebhookEvent;
+use crate::store::rules::alerts::{self, LimitAlert};
 use crate::store::rules::holds;
 use crate::store::rules::reserve::{Limited, Payer, decide_reserve};
 use crate::store::rules::settle::{Settlement, decide_settle};
@@ -17,7 +19,7 @@ use crate::store::rules::settle::{Settlement, decide_settle};
 use crate::store::sea::held::HoldChanges;
 use crate::store::sea::held::{HeldCall, Holds};
 use crate::store::sea::writes::{
-    AccountRead, KeyRead, Outcome, OwnedCharge, Wanted, Write, unknown_account,
+    AccountRead, KeyChange, KeyRead, Outcome, OwnedCharge, Wanted, Write, unknown_account,
 };
 use crate::store::{
     AccountId, CallFailure, CallId, CallStatus, CallSuccess, Reservation, ReserveError, StoreError,
@@ -180,6 +182,8 @@ pub(in crate::store::sea) struct Plan<'a> {
     keys: BTreeMap<i64, KeyState>,
     /// When the batch's new entries are reserved: their `created_at`.
     pub(in crate::store::sea) now: DateTime<Utc>,
+    /// The events the batch tells (see [`alerts`]), written in its transaction.
+    pub(in crate::store::sea) events: Vec<WebhookEvent>,
     /// The reservations held in memory, if any: what they hold counts as spent.
     holds: Option<&'a Holds>,
     /// Whether this batch's reservations are held in memory instead of written.
@@ -197,6 +201,10 @@ struct AccountState {
     /// What is held on it in memory, as the batch leaves it.
     held: Balance,
     subscription_ends_at: Option<DateTime<Utc>>,
+    /// Below what its balance is told.
+    alert_below: Option<Credits>,
+    /// What it could spend when the batch began.
+    opening: Balance,
 }
 
 /// A key as the batch leaves it.
@@ -210,9 +218,36 @@ struct KeyState {
     released: Credits,
     /// Whether the batch changed its allowance (to be written).
     changed: bool,
+    /// Whether the batch told its limit reached (the window to be written).
+    told: bool,
 }
 
 impl KeyState {
+    /// Tells the key's limit if `charge`, now counted (with `held`, what its calls hold in
+    /// memory), leaves too little for another like it, in a window not yet told.
+    fn tell_limit(
+        &mut self,
+        charge: &OwnedCharge,
+        held: Credits,
+        at: DateTime<Utc>,
+    ) -> Option<WebhookEvent> {
+        let allowance = self.read.allowance?;
+        if !self
+            .read
+            .limit_alert
+            .due(&allowance, held, charge.price, at)
+        {
+            return None;
+        }
+        self.read.limit_alert = self.read.limit_alert.told(&allowance, at);
+        self.told = true;
+        let spent = Credits(allowance.spent_at(at).saturating_add(held.get()));
+        let caller = charge.caller;
+        let event =
+            WebhookEvent::limit_reached(caller.account, caller.key, allowance.limit, spent, at);
+        Some(event)
+    }
+
     /// Counts `amount` against the key's allowance for a call reserved at `reserved_at`.
     fn record(&mut self, amount: i64, reserved_at: DateTime<Utc>) {
         if amount == 0 {
@@ -248,6 +283,7 @@ impl<'a> Plan<'a> {
             accounts,
             keys,
         } = reads;
+        let now = Utc::now();
         let keys = keys
             .into_iter()
             .map(|(id, read)| {
@@ -256,6 +292,7 @@ impl<'a> Plan<'a> {
                     held: Credits::ZERO,
                     released: Credits::ZERO,
                     changed: false,
+                    told: false,
                 };
                 (id, state)
             })
@@ -263,14 +300,17 @@ impl<'a> Plan<'a> {
         let accounts = accounts
             .into_iter()
             .map(|(id, read)| {
-                let state = AccountState {
+                let mut state = AccountState {
                     row: read.balance,
                     change: Balance::default(),
                     held: holds
                         .map(|holds| holds.on(AccountId(id)))
                         .unwrap_or_default(),
                     subscription_ends_at: read.subscription_ends_at,
+                    alert_below: read.alert_below,
+                    opening: Balance::default(),
                 };
+                state.opening = state.free(now);
                 (id, state)
             })
             .collect();
@@ -280,7 +320,8 @@ impl<'a> Plan<'a> {
             ended_holds: Vec::new(),
             accounts,
             keys,
-            now: Utc::now(),
+            now,
+            events: Vec::new(),
             holds,
             hold_new: hold_new && holds.is_some(),
             decisions: Vec::with_capacity(writes.len()),
@@ -318,7 +359,20 @@ impl<'a> Plan<'a> {
             };
             plan.decisions.push(decision);
         }
+        plan.tell_low_balances();
         Ok(plan)
+    }
+
+    /// Tells each account whose balance the batch takes below its threshold.
+    fn tell_low_balances(&mut self) {
+        for (&id, state) in &self.accounts {
+            let closing = state.free(self.now);
+            if alerts::falls_below(state.alert_below, state.opening.total(), closing.total()) {
+                let threshold = state.alert_below.unwrap_or(Credits::ZERO);
+                let event = WebhookEvent::balance_low(AccountId(id), closing, threshold, self.now);
+                self.events.push(event);
+            }
+        }
     }
 
     /// Counts `amount` against key `key`'s allowance, if it has one, for a call reserved at
@@ -412,6 +466,11 @@ impl<'a> Plan<'a> {
             } else {
                 state.record(charge.price.get(), self.now);
             }
+            let held =
+                Credits((held_elsewhere.get() + state.held.get() - state.released.get()).max(0));
+            if let Some(event) = state.tell_limit(charge, held, self.now) {
+                self.events.push(event);
+            }
         }
         let Some(state) = self.accounts.get_mut(&account.0) else {
             unreachable!("decide_reserve found the account")
@@ -429,14 +488,24 @@ impl<'a> Plan<'a> {
         Decision::Reserved(self.new_entries.len() - 1)
     }
 
-    /// Each limited key whose spending the batch changes: what it has spent, in which window.
-    pub(in crate::store::sea) fn key_changes(&self) -> Vec<(i64, i64, i64)> {
+    /// Each limited key whose row the batch changes: what it has spent, in which window, and
+    /// the window its limit was told in if the batch told it.
+    pub(in crate::store::sea) fn key_changes(&self) -> Vec<KeyChange> {
         self.keys
             .iter()
-            .filter(|(_, state)| state.changed)
+            .filter(|(_, state)| state.changed || state.told)
             .filter_map(|(id, state)| {
                 let allowance = state.read.allowance?;
-                Some((*id, allowance.spent, allowance.window))
+                let told_in = match state.read.limit_alert {
+                    LimitAlert::Armed { told_in } if state.told => told_in,
+                    _ => None,
+                };
+                Some(KeyChange {
+                    key: *id,
+                    spent: allowance.spent,
+                    window: allowance.window,
+                    told_in,
+                })
             })
             .collect()
     }

@@ -21,6 +21,7 @@ use super::flush::{self, Durability, FlushRules, Flusher};
 use super::jobs::Kept;
 use super::jobs::{Counters, Failure, GroupCommitStats, Job, Reply, begin_write, stopped};
 use super::ledger_ops::apply_in;
+use crate::store::sea::alerting::{Alerting, EventSettings};
 #[cfg(feature = "sqlite")]
 use crate::store::sea::owned::state::State;
 use crate::store::sea::writes::{Outcome, OwnedCharge, Write};
@@ -47,6 +48,7 @@ impl Committer {
         db: DatabaseConnection,
         max_batch: usize,
         postgres_flusher: bool,
+        events: Arc<EventSettings>,
     ) -> Committer {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
@@ -58,7 +60,7 @@ impl Committer {
             Durability::AtCommit
         };
         let batches = Batches::new(max_batch, stats.clone(), durability);
-        tokio::spawn(run(db, queue, batches));
+        tokio::spawn(run(db, queue, batches, events));
         Committer { jobs, stats }
     }
 
@@ -71,6 +73,7 @@ impl Committer {
         wal: std::fs::File,
         max_batch: usize,
         holds: Option<Arc<crate::store::sea::owned::state::SharedHolds>>,
+        events: Arc<EventSettings>,
     ) -> Result<Committer, StoreError> {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let stats = Arc::new(Counters::default());
@@ -96,7 +99,7 @@ impl Committer {
         };
         spawn(
             "mg-sqlite-committer",
-            Box::new(move || run_direct(own, queue, batches, holds)),
+            Box::new(move || run_direct(own, queue, batches, holds, &events)),
         )?;
         Ok(Committer { jobs, stats })
     }
@@ -213,10 +216,16 @@ impl<T, E: From<StoreError>> Answer<T, E> {
     }
 }
 
-async fn run(db: DatabaseConnection, mut queue: mpsc::Receiver<Job>, mut batches: Batches) {
+async fn run(
+    db: DatabaseConnection,
+    mut queue: mpsc::Receiver<Job>,
+    mut batches: Batches,
+    events: Arc<EventSettings>,
+) {
     while batches.next(&mut queue).await {
         let flushed_later = batches.flushed_later();
-        let applied = apply(&db, batches.writes(), flushed_later).await;
+        let alerting = events.alerting();
+        let applied = apply(&db, batches.writes(), flushed_later, alerting).await;
         let unclaimed = batches.conclude(applied);
         batches.refund_unclaimed(unclaimed);
     }
@@ -228,6 +237,7 @@ async fn apply(
     db: &DatabaseConnection,
     writes: Vec<&Write>,
     flushed_later: bool,
+    alerting: Option<Alerting>,
 ) -> Result<Vec<Outcome>, Failure> {
     let txn = begin_write(db)
         .await
@@ -237,7 +247,7 @@ async fn apply(
             txn.execute_unprepared("SET LOCAL synchronous_commit TO off")
                 .await?;
         }
-        apply_in(&txn, &writes, None).await
+        apply_in(&txn, &writes, None, alerting).await
     };
     match applied.await {
         Ok(outcomes) => {
@@ -263,16 +273,18 @@ fn run_direct(
     mut queue: mpsc::Receiver<Job>,
     mut batches: Batches,
     holds: Option<Arc<crate::store::sea::owned::state::SharedHolds>>,
+    events: &EventSettings,
 ) {
     while batches.next_blocking(&mut queue) {
         let applied = if batches.halted() {
             Err(Failure::Halted)
         } else {
             let writes = batches.writes();
+            let alerting = events.alerting();
             match (own.as_mut(), &holds) {
-                (Some(connection), _) => super::sqlite_direct::apply(connection, &writes),
+                (Some(connection), _) => super::sqlite_direct::apply(connection, &writes, alerting),
                 (None, Some(shared)) => {
-                    crate::store::sea::owned::decide::apply_holding(&writes, shared)
+                    crate::store::sea::owned::decide::apply_holding(&writes, shared, alerting)
                 }
                 (None, None) => unreachable!("the connection is here or beside the holds"),
             }

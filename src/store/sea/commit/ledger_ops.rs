@@ -30,9 +30,11 @@ use sea_orm::{
 use super::batch::{Entry, Finish, NewEntry, Plan, Reads, split};
 use crate::credits::{Balance, Credits};
 use crate::store::sea::accounts::stored_allowance;
+use crate::store::sea::alerting::{Alerting, limit_alert, threshold};
 use crate::store::sea::entity::{account, api_key, call};
 use crate::store::sea::held::Holds;
-use crate::store::sea::writes::{AccountRead, KeyRead, Outcome, Wanted, Write};
+use crate::store::sea::outbox::insert_event;
+use crate::store::sea::writes::{AccountRead, KeyChange, KeyRead, Outcome, Wanted, Write};
 use crate::store::{CallStatus, StoreError};
 
 /// Applies `writes` in order inside `txn`; see the module documentation. What `holds` hold
@@ -41,16 +43,17 @@ pub(in crate::store::sea) async fn apply_in<C: ConnectionTrait>(
     txn: &C,
     writes: &[&Write],
     holds: Option<&Holds>,
+    alerting: Option<Alerting>,
 ) -> Result<Vec<Outcome>, StoreError> {
     let wanted = Wanted::of(writes, holds);
     let entries = lock_entries(txn, &wanted.entries).await?;
-    let keys = read_keys(txn, &wanted.keys_with(&entries)).await?;
+    let keys = read_keys(txn, &wanted.keys_with(&entries), alerting).await?;
     // Everything that does not need the accounts comes before their lock, which other gateway
     // instances charging the same account wait on. An id a refused reservation leaves unused
     // is a gap in the sequence, nothing more.
     let ids = new_ids(txn, wanted.reservations).await?;
-    let accounts = lock_accounts(txn, wanted.accounts_with(&entries)).await?;
-    let keys = lock_limited_keys(txn, keys).await?;
+    let accounts = lock_accounts(txn, wanted.accounts_with(&entries), alerting).await?;
+    let keys = lock_limited_keys(txn, keys, alerting).await?;
     let reads = Reads {
         entries,
         accounts,
@@ -61,6 +64,9 @@ pub(in crate::store::sea) async fn apply_in<C: ConnectionTrait>(
     finish_entries(txn, &plan.finished).await?;
     write_accounts(txn, &plan.account_changes()).await?;
     write_keys(txn, &plan.key_changes()).await?;
+    for event in &plan.events {
+        insert_event(txn, event).await?;
+    }
     Ok(plan.outcomes(&ids))
 }
 
@@ -109,17 +115,20 @@ async fn lock_entries<C: ConnectionTrait>(
 async fn lock_accounts<C: ConnectionTrait>(
     txn: &C,
     ids: BTreeSet<i64>,
+    alerting: Option<Alerting>,
 ) -> Result<BTreeMap<i64, AccountRead>, StoreError> {
     if ids.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let rows: Vec<(i64, i64, i64, Option<DateTime<Utc>>)> = account::Entity::find()
+    type Row = (i64, i64, i64, Option<DateTime<Utc>>, Option<i64>);
+    let rows: Vec<Row> = account::Entity::find()
         .select_only()
         .columns([
             account::Column::Id,
             account::Column::SubscriptionCredits,
             account::Column::TopupCredits,
             account::Column::SubscriptionEndsAt,
+            account::Column::LowBalanceCredits,
         ])
         .filter(account::Column::Id.is_in(ids))
         .order_by_asc(account::Column::Id)
@@ -129,17 +138,20 @@ async fn lock_accounts<C: ConnectionTrait>(
         .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, subscription, topup, subscription_ends_at)| {
-            let balance = Balance {
-                subscription: Credits(subscription),
-                topup: Credits(topup),
-            };
-            let read = AccountRead {
-                balance,
-                subscription_ends_at,
-            };
-            (id, read)
-        })
+        .map(
+            |(id, subscription, topup, subscription_ends_at, low_balance)| {
+                let balance = Balance {
+                    subscription: Credits(subscription),
+                    topup: Credits(topup),
+                };
+                let read = AccountRead {
+                    balance,
+                    subscription_ends_at,
+                    alert_below: threshold(alerting, low_balance),
+                };
+                (id, read)
+            },
+        )
         .collect())
 }
 
@@ -151,21 +163,25 @@ type KeyRow = (
     Option<String>,
     i64,
     i64,
+    Option<i64>,
 );
 
-const KEY_COLUMNS: [api_key::Column; 6] = [
+const KEY_COLUMNS: [api_key::Column; 7] = [
     api_key::Column::Id,
     api_key::Column::RevokedAt,
     api_key::Column::LimitCredits,
     api_key::Column::LimitPeriod,
     api_key::Column::LimitSpent,
     api_key::Column::LimitWindow,
+    api_key::Column::LimitAlertedWindow,
 ];
 
-fn key_read((id, revoked_at, credits, period, spent, window): KeyRow) -> (i64, KeyRead) {
+fn key_read(row: KeyRow, alerting: Option<Alerting>) -> (i64, KeyRead) {
+    let (id, revoked_at, credits, period, spent, window, told_in) = row;
     let read = KeyRead {
         active: revoked_at.is_none(),
         allowance: stored_allowance(credits, period.as_deref(), spent, window),
+        limit_alert: limit_alert(alerting, told_in),
     };
     (id, read)
 }
@@ -175,6 +191,7 @@ fn key_read((id, revoked_at, credits, period, spent, window): KeyRow) -> (i64, K
 async fn read_keys<C: ConnectionTrait>(
     txn: &C,
     ids: &BTreeSet<i64>,
+    alerting: Option<Alerting>,
 ) -> Result<BTreeMap<i64, KeyRead>, StoreError> {
     if ids.is_empty() {
         return Ok(BTreeMap::new());
@@ -186,7 +203,10 @@ async fn read_keys<C: ConnectionTrait>(
         .into_tuple()
         .all(txn)
         .await?;
-    Ok(rows.into_iter().map(key_read).collect())
+    Ok(rows
+        .into_iter()
+        .map(|row| key_read(row, alerting))
+        .collect())
 }
 
 /// `keys` with the limited ones read again under an exclusive lock (id order), once their
@@ -195,6 +215,7 @@ async fn read_keys<C: ConnectionTrait>(
 async fn lock_limited_keys<C: ConnectionTrait>(
     txn: &C,
     mut keys: BTreeMap<i64, KeyRead>,
+    alerting: Option<Alerting>,
 ) -> Result<BTreeMap<i64, KeyRead>, StoreError> {
     let limited: Vec<i64> = (keys.iter())
         .filter(|(_, read)| read.allowance.is_some())
@@ -212,20 +233,22 @@ async fn lock_limited_keys<C: ConnectionTrait>(
         .into_tuple()
         .all(txn)
         .await?;
-    keys.extend(locked.into_iter().map(key_read));
+    keys.extend(locked.into_iter().map(|row| key_read(row, alerting)));
     Ok(keys)
 }
 
-/// Writes each limited key's spending as the batch leaves it (the rows are locked).
-async fn write_keys<C: ConnectionTrait>(
-    txn: &C,
-    changed: &[(i64, i64, i64)],
-) -> Result<(), StoreError> {
-    for &(id, spent, window) in changed {
-        api_key::Entity::update_many()
-            .col_expr(api_key::Column::LimitSpent, Expr::value(spent))
-            .col_expr(api_key::Column::LimitWindow, Expr::value(window))
-            .filter(api_key::Column::Id.eq(id))
+/// Writes each limited key's spending as the batch leaves it, and the window its limit was
+/// told in (the rows are locked).
+async fn write_keys<C: ConnectionTrait>(txn: &C, changed: &[KeyChange]) -> Result<(), StoreError> {
+    for change in changed {
+        let mut update = api_key::Entity::update_many()
+            .col_expr(api_key::Column::LimitSpent, Expr::value(change.spent))
+            .col_expr(api_key::Column::LimitWindow, Expr::value(change.window));
+        if let Some(window) = change.told_in {
+            update = update.col_expr(api_key::Column::LimitAlertedWindow, Expr::value(window));
+        }
+        update
+            .filter(api_key::Column::Id.eq(change.key))
             .exec(txn)
             .await?;
     }

@@ -33,10 +33,14 @@ use super::batch::{EndedHold, Entry, Finish, NewEntry, Plan, Reads, split};
 use super::flush::Flusher;
 use super::jobs::{Failure, SQLITE_BUSY_TIMEOUT};
 use crate::credits::{Balance, Credits};
+use crate::events::WebhookEvent;
+use crate::store::records::DeliveryStatus;
+use crate::store::rules::alerts::LimitAlert;
 use crate::store::sea::accounts::stored_allowance;
+use crate::store::sea::alerting::{Alerting, limit_alert, threshold};
 use crate::store::sea::held::{HoldChanges, Holds, IdBlock};
 use crate::store::sea::owned::state::RowCache;
-use crate::store::sea::writes::{AccountRead, KeyRead, Outcome, Wanted, Write};
+use crate::store::sea::writes::{AccountRead, KeyChange, KeyRead, Outcome, Wanted, Write};
 use crate::store::{CallStatus, StoreError};
 
 pub(in crate::store::sea) fn store_error(error: rusqlite::Error) -> StoreError {
@@ -122,24 +126,25 @@ pub(in crate::store::sea) fn flush(wal: File, mut flusher: Flusher) {
 }
 
 /// A batch's outcomes, what it did to the holds, what it wrote to each account, and to each
-/// limited key (its spending and window).
+/// limited key.
 pub(in crate::store::sea) type Applied = (
     Vec<Outcome>,
     HoldChanges,
     Vec<(i64, Balance)>,
-    Vec<(i64, i64, i64)>,
+    Vec<KeyChange>,
 );
 
 /// Applies a batch on a file that no store owns: nothing is held in memory.
 pub(in crate::store::sea) fn apply(
     connection: &mut Connection,
     writes: &[&Write],
+    alerting: Option<Alerting>,
 ) -> Result<Vec<Outcome>, Failure> {
     let txn = connection
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|error| Failure::Statement(store_error(error)))?;
     // On an error the transaction is dropped, which rolls it back.
-    let (outcomes, ..) = apply_in(&txn, writes, None).map_err(Failure::Statement)?;
+    let (outcomes, ..) = apply_in(&txn, writes, None, alerting).map_err(Failure::Statement)?;
     txn.commit()
         .map_err(|error| Failure::Commit(store_error(error)))?;
     Ok(outcomes)
@@ -149,13 +154,14 @@ pub(in crate::store::sea) fn apply_in(
     txn: &Transaction<'_>,
     writes: &[&Write],
     owned: Option<(&Holds, &mut RowCache)>,
+    alerting: Option<Alerting>,
 ) -> Result<Applied, StoreError> {
     let (holds, mut rows) = owned.unzip();
     let wanted = Wanted::of(writes, holds);
     let entries = read_entries(txn, &wanted)?;
     let reads = Reads {
-        accounts: read_accounts(txn, &wanted, &entries, rows.as_deref_mut())?,
-        keys: read_keys(txn, &wanted.keys_with(&entries), rows)?,
+        accounts: read_accounts(txn, &wanted, &entries, rows.as_deref_mut(), alerting)?,
+        keys: read_keys(txn, &wanted.keys_with(&entries), rows, alerting)?,
         entries,
     };
     let plan = Plan::decide(writes, reads, holds, true)?;
@@ -178,6 +184,7 @@ pub(in crate::store::sea) fn apply_in(
     write_accounts(txn, &account_changes)?;
     let key_changes = plan.key_changes();
     write_keys(txn, &key_changes)?;
+    insert_events(txn, &plan.events)?;
     Ok((plan.outcomes(&ids), changes, account_changes, key_changes))
 }
 
@@ -259,11 +266,12 @@ fn read_accounts(
     wanted: &Wanted,
     entries: &BTreeMap<i64, Entry>,
     mut rows: Option<&mut RowCache>,
+    alerting: Option<Alerting>,
 ) -> Result<BTreeMap<i64, AccountRead>, StoreError> {
     let mut statement = txn
         .prepare_cached(
-            "SELECT subscription_credits, topup_credits, subscription_ends_at \
-             FROM mg_accounts WHERE id = ?1",
+            "SELECT subscription_credits, topup_credits, subscription_ends_at, \
+             low_balance_credits FROM mg_accounts WHERE id = ?1",
         )
         .map_err(store_error)?;
     let mut accounts = BTreeMap::new();
@@ -278,15 +286,17 @@ fn read_accounts(
                     subscription: Credits(row.get(0)?),
                     topup: Credits(row.get(1)?),
                 };
-                Ok((balance, row.get::<_, Option<String>>(2)?))
+                let low_balance: Option<i64> = row.get(3)?;
+                Ok((balance, row.get::<_, Option<String>>(2)?, low_balance))
             })
             .optional()
             .map_err(store_error)?;
-        if let Some((balance, ends_at)) = read {
+        if let Some((balance, ends_at, low_balance)) = read {
             let subscription_ends_at = ends_at.as_deref().map(parse_timestamp).transpose()?;
             let read = AccountRead {
                 balance,
                 subscription_ends_at,
+                alert_below: threshold(alerting, low_balance),
             };
             if let Some(rows) = rows.as_deref_mut() {
                 rows.accounts.insert(id, read);
@@ -312,11 +322,12 @@ fn read_keys(
     txn: &Transaction<'_>,
     wanted: &BTreeSet<i64>,
     mut rows: Option<&mut RowCache>,
+    alerting: Option<Alerting>,
 ) -> Result<BTreeMap<i64, KeyRead>, StoreError> {
     let mut statement = txn
         .prepare_cached(
-            "SELECT revoked_at IS NULL, limit_credits, limit_period, limit_spent, limit_window \
-             FROM mg_api_keys WHERE id = ?1",
+            "SELECT revoked_at IS NULL, limit_credits, limit_period, limit_spent, limit_window, \
+             limit_alerted_window FROM mg_api_keys WHERE id = ?1",
         )
         .map_err(store_error)?;
     let mut keys = BTreeMap::new();
@@ -336,6 +347,7 @@ fn read_keys(
                         row.get(3)?,
                         row.get(4)?,
                     ),
+                    limit_alert: limit_alert(alerting, row.get(5)?),
                 })
             })
             .optional()
@@ -344,6 +356,7 @@ fn read_keys(
         let read = read.unwrap_or(KeyRead {
             active: false,
             allowance: None,
+            limit_alert: LimitAlert::Off,
         });
         if let Some(rows) = rows.as_deref_mut() {
             rows.keys.insert(id, read);
@@ -353,17 +366,48 @@ fn read_keys(
     Ok(keys)
 }
 
-/// Writes each limited key's spending as the batch leaves it.
-fn write_keys(txn: &Transaction<'_>, changes: &[(i64, i64, i64)]) -> Result<(), StoreError> {
+/// Writes each limited key's spending as the batch leaves it, and the window its limit was
+/// told in.
+fn write_keys(txn: &Transaction<'_>, changes: &[KeyChange]) -> Result<(), StoreError> {
     if changes.is_empty() {
         return Ok(());
     }
     let mut statement = txn
-        .prepare_cached("UPDATE mg_api_keys SET limit_spent = ?2, limit_window = ?3 WHERE id = ?1")
+        .prepare_cached(
+            "UPDATE mg_api_keys SET limit_spent = ?2, limit_window = ?3, \
+             limit_alerted_window = COALESCE(?4, limit_alerted_window) WHERE id = ?1",
+        )
         .map_err(store_error)?;
-    for &(id, spent, window) in changes {
+    for change in changes {
         statement
-            .execute([id, spent, window])
+            .execute((change.key, change.spent, change.window, change.told_in))
+            .map_err(store_error)?;
+    }
+    Ok(())
+}
+
+/// Inserts the batch's events into the webhook outbox, pending and due at once, as
+/// `outbox::insert_event` does through sea-orm.
+fn insert_events(txn: &Transaction<'_>, events: &[WebhookEvent]) -> Result<(), StoreError> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut statement = txn
+        .prepare_cached(
+            "INSERT INTO mg_webhook_events (event_id, event_type, body, status, attempts, \
+             next_attempt_at, created_at) VALUES (?1, ?2, ?3, ?4, 0, ?5, ?5)",
+        )
+        .map_err(store_error)?;
+    for event in events {
+        let at = timestamp(event.created_at);
+        statement
+            .execute((
+                &event.id,
+                event.kind.as_str(),
+                event.body(),
+                DeliveryStatus::Pending.as_str(),
+                &at,
+            ))
             .map_err(store_error)?;
     }
     Ok(())

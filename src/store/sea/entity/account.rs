@@ -20,6 +20,9 @@ pub(crate) struct Model {
     pub created_at: DateTimeUtc,
     /// When the subscription credits stop being spendable and lapse; `NULL`: never.
     pub subscription_ends_at: Option<DateTimeUtc>,
+    /// Below how many credits its balance is told (`account.balance_low`); `NULL`: the
+    /// store's default.
+    pub low_balance_credits: Option<i64>,
 }
 
 /// No relations are navigated through the ORM.

@@ -34,6 +34,8 @@ pub(crate) struct Model {
     pub limit_spent: i64,
     /// The window `limit_spent` counts in ([`LimitPeriod::window`](crate::call::LimitPeriod::window)).
     pub limit_window: i64,
+    /// The window in which `key.limit_reached` was last written; `NULL`: never.
+    pub limit_alerted_window: Option<i64>,
 }
 
 /// No relations are navigated through the ORM.

@@ -61,7 +61,11 @@ use state::{EndJob, Ending, Pot, PotKey, RECALL_CHANNEL, RECALL_WAIT, stopped};
 impl Escrow {
     /// Starts the key reader, the writer of endings and the look for idle escrow (every
     /// `idle`) on the current runtime; each ends with the last clone of the store.
-    pub(super) fn start(db: DatabaseConnection, idle: std::time::Duration) -> Arc<Escrow> {
+    pub(super) fn start(
+        db: DatabaseConnection,
+        idle: std::time::Duration,
+        events: Arc<super::alerting::EventSettings>,
+    ) -> Arc<Escrow> {
         let (reads, read_queue) = mpsc::channel(4096);
         let (endings, ending_queue) = mpsc::channel(4096);
         let (answering_recalls, stop_answering) = oneshot::channel();
@@ -73,6 +77,7 @@ impl Escrow {
             reads,
             endings,
             _answering_recalls: answering_recalls,
+            events,
         });
         tokio::spawn(read_keys(db, read_queue));
         tokio::spawn(write_endings(Arc::downgrade(&escrow), ending_queue));

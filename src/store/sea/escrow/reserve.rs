@@ -17,6 +17,7 @@ use super::state::{
 };
 use crate::credits::{Balance, Credits, Split};
 use crate::store::rules::holds;
+use crate::store::sea::alerting::threshold;
 use crate::store::sea::commit::group_commit::Committer;
 use crate::store::sea::entity::{account, instance};
 use crate::store::sea::held::HeldCall;
@@ -237,6 +238,10 @@ impl Escrow {
         let free = stored.free_of(held);
         let pool = balance_of(&row).and(free);
         let spendable = pool.spendable(row.subscription_ends_at, at);
+        // The account's low-balance threshold stays in its row, so that a balance falls below
+        // it only through a reservation in the database, whose batch tells it.
+        let keep = threshold(self.events.alerting(), row.low_balance_credits)
+            .map_or(0, |threshold| threshold.0);
         let want = match slice {
             // A slice, or at most an eighth of what is there; nothing from an account running
             // low.
@@ -246,6 +251,7 @@ impl Escrow {
                         price.0.saturating_mul(calls),
                         spendable.total().0 / SLICE_SHARE,
                     )
+                    .min((spendable.total().0 - keep).max(0))
                 } else {
                     0
                 }

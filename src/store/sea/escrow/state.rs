@@ -158,6 +158,9 @@ pub(in crate::store::sea) struct Escrow {
     pub(super) endings: mpsc::Sender<EndJob>,
     /// Dropped with the escrow: the task answering recalls ends.
     pub(super) _answering_recalls: oneshot::Sender<()>,
+    /// The store's event settings: a refill leaves an account's low-balance threshold in its
+    /// row.
+    pub(super) events: Arc<crate::store::sea::alerting::EventSettings>,
 }
 
 impl std::fmt::Debug for KeyRead {

@@ -21,6 +21,7 @@ mod m20261126_000003_call_token_kinds;
 mod m20261126_000004_redemption_codes;
 mod m20261126_000005_key_limits;
 mod m20261126_000006_webhook_events;
+mod m20261126_000007_alerts;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -49,6 +50,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261126_000004_redemption_codes::Migration),
             Box::new(m20261126_000005_key_limits::Migration),
             Box::new(m20261126_000006_webhook_events::Migration),
+            Box::new(m20261126_000007_alerts::Migration),
         ]
     }
 

@@ -5,12 +5,16 @@
 use rusqlite::{Connection, TransactionBehavior};
 
 use super::state::{RowCache, SharedHolds, State};
-use crate::credits::Balance;
+use crate::credits::{Balance, Credits};
+use crate::store::rules::alerts;
 use crate::store::rules::reserve::{Limited, Payer, decide_reserve};
+use crate::store::sea::alerting::Alerting;
 use crate::store::sea::commit::jobs::{Failure, Job, Kept, Reply};
 use crate::store::sea::commit::sqlite_direct::{apply_in, data_version, store_error};
 use crate::store::sea::held::HoldChanges;
-use crate::store::sea::writes::{Outcome, OwnedCharge, Wanted, Write};
+use crate::store::sea::writes::{
+    AccountRead, KeyChange, KeyRead, Outcome, OwnedCharge, Wanted, Write,
+};
 use crate::store::{Reservation, ReserveError, StoreError};
 
 /// Puts a new committer's connection beside the holds, before its thread starts, so that
@@ -33,6 +37,7 @@ pub(in crate::store::sea) fn install(shared: &SharedHolds, connection: Connectio
 pub(in crate::store::sea) fn apply_holding(
     writes: &[&Write],
     shared: &SharedHolds,
+    alerting: Option<Alerting>,
 ) -> Result<Vec<Outcome>, Failure> {
     let _gate = shared.gate_blocking();
     let mut lent = Lent {
@@ -45,7 +50,7 @@ pub(in crate::store::sea) fn apply_holding(
             "the committer's connection is gone",
         )));
     };
-    let applied = write_beside_holds(connection, writes, shared);
+    let applied = write_beside_holds(connection, writes, shared, alerting);
     let version = data_version(connection).ok();
     // A batch rolled back whose writes will run again alone is not over: its reservations
     // and refunds still hold others back.
@@ -129,13 +134,14 @@ struct Written {
     holds: HoldChanges,
     rows: RowCache,
     accounts: Vec<(i64, Balance)>,
-    keys: Vec<(i64, i64, i64)>,
+    keys: Vec<KeyChange>,
 }
 
 fn write_beside_holds(
     connection: &mut Connection,
     writes: &[&Write],
     shared: &SharedHolds,
+    alerting: Option<Alerting>,
 ) -> Result<Written, Failure> {
     let statement = Failure::Statement;
     let txn = connection
@@ -153,7 +159,7 @@ fn write_beside_holds(
         (holds, rows)
     };
     // On an error the transaction is dropped, which rolls it back.
-    let written = apply_in(&txn, writes, Some((&holds, &mut rows)));
+    let written = apply_in(&txn, writes, Some((&holds, &mut rows)), alerting);
     // From its commit on, another connection may commit too: reservations must ask the file.
     shared.lock().writing = None;
     let (outcomes, holds, accounts, keys) = written.map_err(statement)?;
@@ -284,10 +290,38 @@ fn decide_now(
         Ok(taken) => taken,
         Err(refusal) => return Some(Err(refusal.into_error(account))),
     };
+    if told(row, payer, limited, key, charge) {
+        // Its batch writes the event in the transaction that records the call.
+        return None;
+    }
     let call = state.holds.hold(account, charge, taken)?;
     Some(Ok(Reservation {
         call,
         account,
         taken,
     }))
+}
+
+/// Whether holding `charge` would be told (its account's balance falling below its threshold,
+/// its key's limit reached): then its batch holds it, and writes the event with it.
+fn told(
+    row: Option<AccountRead>,
+    payer: Option<Payer>,
+    limited: Option<Limited>,
+    key: KeyRead,
+    charge: &OwnedCharge,
+) -> bool {
+    let low = row.zip(payer).is_some_and(|(row, payer)| {
+        let before = (payer.balance.free_of(payer.held))
+            .spendable(payer.subscription_ends_at, charge.at)
+            .total();
+        let after = Credits(before.get() - charge.price.get());
+        alerts::falls_below(row.alert_below, before, after)
+    });
+    let limit = limited.is_some_and(|limited| {
+        let held = Credits(limited.held.get() + charge.price.get());
+        key.limit_alert
+            .due(&limited.allowance, held, charge.price, limited.at)
+    });
+    low || limit
 }

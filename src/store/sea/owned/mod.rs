@@ -23,11 +23,10 @@ pub(super) mod state;
 use std::path::Path;
 use std::sync::Arc;
 
-use sea_orm::DatabaseConnection;
-
 use super::commit::group_commit::Committer;
 use super::commit::jobs::Reply;
 use super::idempotent;
+use super::mode::Writers;
 use super::writes::{OwnedCharge, Write};
 use crate::credits::Balance;
 use crate::store::{
@@ -120,12 +119,11 @@ impl Owned {
     /// has no key, and so no record to keep its reply in) and is settled there.
     pub(super) async fn settle(
         &self,
-        committer: &Committer,
-        db: &DatabaseConnection,
+        to: Writers<'_>,
         call: CallId,
         success: CallSuccess,
     ) -> Result<bool, StoreError> {
-        let slot = committer.slot().await?;
+        let slot = to.committer.slot().await?;
         let answer = {
             let mut state = self.holds.lock();
             if success.reply.is_some() && state.holds.call(call).is_none() {
@@ -141,7 +139,9 @@ impl Owned {
         };
         match answer {
             Ok(answer) => answer.wait().await,
-            Err((success, holds)) => idempotent::settle(db, call, success, Some(&holds)).await,
+            Err((success, holds)) => {
+                idempotent::settle(to.db, call, success, Some(&holds), to.alerting).await
+            }
         }
     }
 

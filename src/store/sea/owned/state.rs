@@ -4,8 +4,9 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::super::held::Holds;
-use super::super::writes::{AccountRead, KeyRead, Wanted, Write};
+use super::super::writes::{AccountRead, KeyChange, KeyRead, Wanted, Write};
 use crate::credits::Balance;
+use crate::store::rules::alerts::LimitAlert;
 use crate::store::sea::commit::jobs::Kept;
 
 /// The holds, shared by the committer's thread, the callers' tasks and the store's pool
@@ -219,15 +220,19 @@ impl RowCache {
     }
 
     /// Applies a committed batch's changes to the limited keys it wrote.
-    pub(in crate::store::sea) fn apply_keys(&mut self, changes: &[(i64, i64, i64)]) {
-        for &(id, spent, window) in changes {
-            if let Some(allowance) = self
-                .keys
-                .get_mut(&id)
-                .and_then(|read| read.allowance.as_mut())
-            {
-                allowance.spent = spent;
-                allowance.window = window;
+    pub(in crate::store::sea) fn apply_keys(&mut self, changes: &[KeyChange]) {
+        for change in changes {
+            let Some(read) = self.keys.get_mut(&change.key) else {
+                continue;
+            };
+            if let Some(allowance) = read.allowance.as_mut() {
+                allowance.spent = change.spent;
+                allowance.window = change.window;
+            }
+            if change.told_in.is_some() && read.limit_alert != LimitAlert::Off {
+                read.limit_alert = LimitAlert::Armed {
+                    told_in: change.told_in,
+                };
             }
         }
     }
