@@ -55,6 +55,23 @@ pub enum EventType {
 }
 
 impl EventType {
+    /// Every type.
+    pub const ALL: [EventType; 6] = [
+        EventType::AccountBalanceLow,
+        EventType::KeyLimitReached,
+        EventType::SubscriptionLapsed,
+        EventType::CodeRedeemed,
+        EventType::UpstreamBreakerOpened,
+        EventType::UpstreamBreakerClosed,
+    ];
+
+    /// The type named `name` on the wire; `None` for an unknown name.
+    pub fn parse(name: &str) -> Option<EventType> {
+        EventType::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
+    }
+
     /// Its name on the wire (`code.redeemed`, ...).
     pub fn as_str(self) -> &'static str {
         match self {

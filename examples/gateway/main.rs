@@ -29,6 +29,7 @@ use model_gateway::admin::{
 };
 use model_gateway::call::{KeyLimit, LimitPeriod};
 use model_gateway::catalogue::LiveCatalogue;
+use model_gateway::events::EventType;
 use model_gateway::rate_limit::RateLimiter;
 use model_gateway::recovery::{DEFAULT_LEASE_TTL, Upkeep};
 use model_gateway::reload::CatalogueReloader;
@@ -191,6 +192,10 @@ struct ServeArgs {
     /// this URL, signed with `GATEWAY_WEBHOOK_SECRET`; unset: no events are recorded.
     #[arg(long, env = "GATEWAY_WEBHOOK_URL", requires = "webhook_secret")]
     webhook_url: Option<String>,
+    /// Which events to deliver, comma-separated (`account.balance_low,key.limit_reached`);
+    /// unset: every type.
+    #[arg(long, env = "GATEWAY_WEBHOOK_EVENTS", value_delimiter = ',', value_parser = parse_event_type)]
+    webhook_events: Option<Vec<EventType>>,
     /// Tell `account.balance_low` when a call takes what an account can spend below this many
     /// credits (accounts may set their own); 0: never.
     #[arg(long, env = "GATEWAY_LOW_BALANCE_CREDITS", default_value_t = 0,
@@ -438,6 +443,13 @@ enum CodesCommand {
         /// The batch id.
         batch: i64,
     },
+}
+
+fn parse_event_type(name: &str) -> Result<EventType, String> {
+    EventType::parse(name.trim()).ok_or_else(|| {
+        let known: Vec<_> = EventType::ALL.iter().map(|kind| kind.as_str()).collect();
+        format!("unknown event type {name:?}; one of {}", known.join(", "))
+    })
 }
 
 fn parse_bucket(name: &str) -> Result<Bucket, String> {
@@ -844,6 +856,7 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
     let store = Arc::new(match &args.webhook_url {
         Some(_) => store
             .with_webhook_events()
+            .with_webhook_event_types(args.webhook_events.clone().unwrap_or(EventType::ALL.into()))
             .with_low_balance_alert(Credits::new(args.low_balance_credits)),
         None => store,
     });

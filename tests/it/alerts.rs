@@ -455,3 +455,22 @@ async fn the_admin_api_sets_an_accounts_own_threshold() {
         .await;
     assert_eq!(missing.status, 404);
 }
+
+/// The example's command line sets and clears an account's own threshold as the API does.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn the_command_line_sets_an_accounts_own_threshold() {
+    use crate::admin::cli_json;
+    let db = sqlite_db().await;
+    let caller = new_caller(&db.store, 10).await;
+    let id = caller.account.0.to_string();
+    let set = cli_json(
+        &db,
+        &["accounts", "update", &id, "--low-balance-credits", "4"],
+    );
+    assert_eq!(set["low_balance_credits"], 4);
+    let shown = db.store.account(caller.account).await.unwrap().unwrap();
+    assert_eq!(shown.low_balance_credits, Some(Credits::new(4)));
+    let cleared = cli_json(&db, &["accounts", "update", &id, "--default-low-balance"]);
+    assert!(cleared["low_balance_credits"].is_null(), "{cleared}");
+}

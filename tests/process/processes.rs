@@ -1085,3 +1085,100 @@ async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
     restarted.kill().unwrap();
     restarted.wait().unwrap();
 }
+
+/// The example's settings: `GATEWAY_LOW_BALANCE_CREDITS` sets the threshold, and
+/// `GATEWAY_WEBHOOK_EVENTS` the types delivered (a code redeemed is left out here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_low_balance_threshold_and_the_event_types_are_settings() {
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let seen: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+    let app = {
+        let seen = seen.clone();
+        axum::Router::new().route(
+            "/hooks",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let seen = seen.clone();
+                    async move {
+                        let signature = headers["x-gateway-signature"].to_str().unwrap();
+                        let now = chrono::Utc::now().timestamp();
+                        let secret = "whsec_settings";
+                        assert!(model_gateway::events::verify(
+                            secret, signature, &body, now, 300
+                        ));
+                        seen.lock()
+                            .unwrap()
+                            .push(serde_json::from_slice(&body).unwrap());
+                        axum::http::StatusCode::OK
+                    }
+                },
+            ),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hooks = format!("http://{}/hooks", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let listen = free_address();
+    let database = dir.path().join("gateway.db");
+    let env = Env {
+        vars: vec![
+            (
+                "DATABASE_URL",
+                format!("sqlite://{}?mode=rwc", database.display()),
+            ),
+            ("GATEWAY_LISTEN", listen.clone()),
+            ("MOCK_UPSTREAM", "1".into()),
+            ("GATEWAY_WEBHOOK_URL", hooks),
+            ("GATEWAY_WEBHOOK_SECRET", "whsec_settings".into()),
+            (
+                "GATEWAY_WEBHOOK_EVENTS",
+                "account.balance_low,key.limit_reached".into(),
+            ),
+            ("GATEWAY_LOW_BALANCE_CREDITS", "5".into()),
+            ("RUST_LOG", "error".into()),
+        ],
+    };
+    let key = env.create_key("--topup", "8");
+    let (created, batch) = env.run(&[
+        "codes",
+        "create",
+        "--count",
+        "1",
+        "--credits",
+        "1",
+        "--bucket",
+        "topup",
+    ]);
+    assert!(created);
+    let batch: serde_json::Value = serde_json::from_str(&batch).unwrap();
+    let mut server = env.serve();
+    listening(&listen).await;
+    let client = reqwest::Client::new();
+    let redeemed = client
+        .post(format!("http://{listen}/v1/redeem"))
+        .bearer_auth(&key)
+        .json(&serde_json::json!({ "code": batch["codes"][0] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redeemed.status(), 200);
+    // 9 credits, 2 a call: 7, then 5, then 3 (below 5: told).
+    for _ in 0..3 {
+        assert_eq!(
+            chat_status(&client, &format!("http://{listen}{CHAT}"), &key).await,
+            200
+        );
+    }
+    wait_for("the low balance to be delivered", async || {
+        !seen.lock().unwrap().is_empty()
+    })
+    .await;
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "only the types asked for: {seen:?}");
+    assert_eq!(seen[0]["type"], "account.balance_low");
+    assert_eq!(seen[0]["data"]["total"], 3);
+    assert_eq!(seen[0]["data"]["threshold"], 5);
+}

@@ -486,7 +486,9 @@ impl Accounts for SeaOrmStore {
                 }
                 _ => None,
             };
-            if let Some(lapsed) = lapsed.filter(|_| self.events.writes()) {
+            if let Some(lapsed) =
+                lapsed.filter(|_| self.events.writes(EventType::SubscriptionLapsed))
+            {
                 let data = serde_json::json!({
                     "account": lapsed.account,
                     "credits": lapsed.amount,
@@ -640,7 +642,7 @@ impl SeaOrmStore {
                 txn.rollback().await?;
                 return Ok(None);
             }
-            if self.events.writes() {
+            if self.events.writes(EventType::CodeRedeemed) {
                 super::outbox::insert_event(&txn, redeemed).await?;
             }
         }

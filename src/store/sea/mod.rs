@@ -364,6 +364,16 @@ impl SeaOrmStore {
         self
     }
 
+    /// The same store writing events of `types` only (default: every type), with webhook
+    /// events on (see [`with_webhook_events`](Self::with_webhook_events)).
+    pub fn with_webhook_event_types(
+        self,
+        types: impl IntoIterator<Item = crate::events::EventType>,
+    ) -> SeaOrmStore {
+        self.events.set_types(types);
+        self
+    }
+
     /// The same store telling `account.balance_low` (with webhook events on, see
     /// [`with_webhook_events`](Self::with_webhook_events)) when a reservation takes an
     /// account's spendable balance below `threshold` credits, for accounts without a threshold

@@ -63,7 +63,7 @@ fn delivery(row: webhook_event::Model) -> Result<Delivery, StoreError> {
 #[async_trait]
 impl EventOutbox for SeaOrmStore {
     async fn record_event(&self, event: &WebhookEvent) -> Result<(), StoreError> {
-        if !self.events.writes() {
+        if !self.events.writes(event.kind) {
             return Ok(());
         }
         insert_event(&self.db, event).await
