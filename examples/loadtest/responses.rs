@@ -3,9 +3,16 @@
 //! protocol): in mock mode, and through a translating upstream (a chat-completions provider in
 //! this process answering a fixed reply), where the request and reply are translated on every
 //! call. Alternated, `LOADTEST_ROUNDS` times, at concurrency 16 and 64; medians printed.
+//!
+//! A Responses reply is longer than a chat one (the API repeats the request's settings and
+//! gives each output item an id and a status): the `bare` rows are a server with no layers that
+//! answers each endpoint with exactly the bytes the mock gateway answered it with, so what the
+//! longer reply costs by itself shows beside what the gateway adds.
 
 use crate::drive::{Load, compare_loads};
-use crate::targets::{memory_gateway, memory_gateway_over_http, serve};
+use crate::targets::{
+    BODY, RESPONSES_BODY, Target, memory_gateway, memory_gateway_over_http, serve,
+};
 use model_gateway::Catalogue;
 
 /// What the provider answers every chat call with.
@@ -23,6 +30,46 @@ async fn chat_provider() -> String {
     serve(router).await
 }
 
+/// The reply `target` gives to `body` on `path`, as bytes.
+async fn reply_of(target: &Target, path: &str, body: &'static str) -> axum::body::Bytes {
+    let mut request = reqwest::Client::new()
+        .post(format!("{}{path}", target.base))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body);
+    if let Some(key) = &target.key {
+        request = request.bearer_auth(key);
+    }
+    let answer = request.send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.bytes().await.unwrap()
+}
+
+/// A server with no layers answering each endpoint with what `mock` answered it with.
+async fn bare(mock: &Target) -> Target {
+    let chat = reply_of(mock, "/v1/chat/completions", BODY).await;
+    let responses = reply_of(mock, "/v1/responses", RESPONSES_BODY).await;
+    println!(
+        "reply bytes: chat {}, responses {}",
+        chat.len(),
+        responses.len()
+    );
+    let fixed = |reply: axum::body::Bytes| {
+        move || {
+            let reply = reply.clone();
+            async move { ([(http::header::CONTENT_TYPE, "application/json")], reply) }
+        }
+    };
+    let router = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(fixed(chat)))
+        .route("/v1/responses", axum::routing::post(fixed(responses)));
+    Target {
+        name: "bare",
+        base: serve(router).await,
+        key: None,
+        store: None,
+    }
+}
+
 pub async fn run(requests: u64, rounds: usize) {
     let provider = chat_provider().await;
     let catalogue = Catalogue::from_toml(&format!(
@@ -34,13 +81,14 @@ pub async fn run(requests: u64, rounds: usize) {
     let mut mock = memory_gateway(None).await;
     mock.name = "mock";
     let translated = memory_gateway_over_http("translated", catalogue).await;
+    let bare = bare(&mock).await;
     println!("{requests} requests per run, {rounds} rounds, alternated");
     println!(
         "{:<11} {:<10} {:>4} {:>10} {:>9} {:>9} {:>12}",
         "upstream", "endpoint", "c", "req/s", "p50 ms", "p99 ms", "cpu us/call"
     );
     for concurrency in [16, 64] {
-        for target in [&mock, &translated] {
+        for target in [&bare, &mock, &translated] {
             let loads = [(Load::Calls, "chat"), (Load::Responses, "responses")];
             compare_loads(target, concurrency, requests, rounds, &loads).await;
         }

@@ -352,16 +352,42 @@ def test_an_operator_sells_codes_and_a_key_holder_redeems_one(gateway, browser):
     assert refused.value.code == 400
 
 
-def test_an_operator_limits_a_key_and_its_holder_sees_the_limit(gateway, browser):
-    key = gateway.new_key(100)
-    sign_in(browser, gateway.base + "/console/admin", "token", TOKEN)
+def open_account(browser, prefix):
+    """On the signed-in admin console, opens the one account whose key starts with `prefix`."""
     WebDriverWait(browser, 10).until(EC.visibility_of_element_located((By.ID, "console")))
-    prefix = key[:12]
     browser.find_element(By.ID, "search").send_keys(prefix)
     WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#accounts tr")) == 1)
     WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
         lambda d: d.find_element(By.CSS_SELECTOR, "#accounts tr").click() or True
     )
+
+
+def test_an_operator_sets_an_accounts_low_balance_alert(gateway, browser):
+    key = gateway.new_key(100)
+    sign_in(browser, gateway.base + "/console/admin", "token", TOKEN)
+    open_account(browser, key[:12])
+    wait_text(browser, "low-balance", "网关默认值")
+    browser.find_element(By.ID, "low-balance-credits").send_keys("30")
+    browser.find_element(By.CSS_SELECTOR, "#low-balance-form button[type=submit]").click()
+    wait_text(browser, "low-balance", "30")
+    screenshots(browser, "admin-low-balance")
+    account = browser.execute_script("return current;")
+    with urllib.request.urlopen(
+        urllib.request.Request(
+            f"{gateway.base}/admin/accounts/{account}",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+    ) as answer:
+        assert json.load(answer)["low_balance_credits"] == 30
+    browser.find_element(By.ID, "default-low-balance").click()
+    wait_text(browser, "low-balance", "网关默认值")
+
+
+def test_an_operator_limits_a_key_and_its_holder_sees_the_limit(gateway, browser):
+    key = gateway.new_key(100)
+    sign_in(browser, gateway.base + "/console/admin", "token", TOKEN)
+    prefix = key[:12]
+    open_account(browser, prefix)
     wait_text(browser, "total", "100")
     browser.find_element(By.ID, "limit-credits").send_keys("4")
     Select(browser.find_element(By.ID, "limit-period")).select_by_value("day")
@@ -383,12 +409,7 @@ def test_an_operator_limits_a_key_and_its_holder_sees_the_limit(gateway, browser
 
     # Lifted from the console: the key calls again.
     sign_in(browser, gateway.base + "/console/admin", "token", TOKEN)
-    WebDriverWait(browser, 10).until(EC.visibility_of_element_located((By.ID, "console")))
-    browser.find_element(By.ID, "search").send_keys(prefix)
-    WebDriverWait(browser, 10).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#accounts tr")) == 1)
-    WebDriverWait(browser, 10, ignored_exceptions=(StaleElementReferenceException,)).until(
-        lambda d: d.find_element(By.CSS_SELECTOR, "#accounts tr").click() or True
-    )
+    open_account(browser, prefix)
     WebDriverWait(browser, 10).until(lambda d: "4 / 4 每天" in d.find_element(By.ID, "keys").text)
     browser.find_element(By.ID, "lift-limit").click()
     WebDriverWait(browser, 10).until(lambda d: "每天" not in d.find_element(By.ID, "keys").text)

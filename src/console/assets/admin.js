@@ -201,6 +201,8 @@ async function openAccount(id) {
     document.getElementById("ends-at").textContent = account.balance.subscription_ends_at
       ? formatTime(account.balance.subscription_ends_at)
       : t("never");
+    document.getElementById("low-balance").textContent =
+      account.low_balance_credits === null ? t("gatewayDefault") : account.low_balance_credits;
     const keys = document.getElementById("keys");
     keys.replaceChildren();
     const limitKey = document.getElementById("limit-key");
@@ -311,6 +313,19 @@ async function patchLimit(key, limit) {
   }
 }
 
+async function patchLowBalance(threshold) {
+  try {
+    await admin("/admin/accounts/" + current, {
+      method: "PATCH",
+      body: { low_balance_credits: threshold },
+    });
+    document.getElementById("low-balance-credits").value = "";
+    await openAccount(current);
+  } catch (error) {
+    failed(error);
+  }
+}
+
 async function audit() {
   try {
     const report = await admin("/admin/audit");
@@ -345,6 +360,13 @@ document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("key-limit").addEventListener("submit", setLimit);
   document.getElementById("lift-limit").addEventListener("click", () =>
     patchLimit(document.getElementById("limit-key").value, null),
+  );
+  document.getElementById("low-balance-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    patchLowBalance(Number(document.getElementById("low-balance-credits").value));
+  });
+  document.getElementById("default-low-balance").addEventListener("click", () =>
+    patchLowBalance(null),
   );
   document.getElementById("audit").addEventListener("click", audit);
   document.getElementById("language").addEventListener("click", () => {
