@@ -719,3 +719,38 @@ macro_rules! backends {
         }
     };
 }
+
+/// Reserves a chat call of `price` credits for `caller`.
+pub async fn reserve_price<S: model_gateway::Store>(
+    store: &S,
+    caller: model_gateway::store::Caller,
+    price: i64,
+) -> Result<model_gateway::store::Reservation, model_gateway::store::ReserveError> {
+    store
+        .reserve(model_gateway::store::ChargeRequest::new(
+            caller,
+            model_gateway::Protocol::ChatCompletions,
+            CHAT_MODEL,
+            Credits::new(price),
+        ))
+        .await
+}
+
+/// A call the mock upstream answered, charged its price.
+pub fn mock_success() -> model_gateway::store::CallSuccess {
+    model_gateway::store::CallSuccess {
+        upstream_status: 200,
+        usage: Default::default(),
+        channel: Some("mock".into()),
+        cost: None,
+        reply: None,
+    }
+}
+
+/// An upstream that answered 500: the call is refunded.
+pub fn upstream_failure() -> model_gateway::store::CallFailure {
+    model_gateway::store::CallFailure {
+        upstream_status: Some(500),
+        error: "upstream failed".into(),
+    }
+}

@@ -13,11 +13,9 @@ use chrono::Utc;
 use common::*;
 use model_gateway::admin::{Admin, KeyPatch, NewAccount};
 use model_gateway::call::{KeyLimit, LimitPeriod};
-use model_gateway::store::{
-    CallFailure, CallSuccess, Caller, ChargeRequest, EventOutbox, Leases, Reservation, ReserveError,
-};
+use model_gateway::store::{Caller, EventOutbox, Reservation, ReserveError};
 use model_gateway::webhooks::WebhookDispatcher;
-use model_gateway::{Accounts, Credits, Ledger, Protocol, SeaOrmStore};
+use model_gateway::{Accounts, Credits, Ledger, SeaOrmStore};
 use serde_json::Value;
 
 /// A store on `db`'s database writing webhook events, telling balances below `threshold`.
@@ -90,37 +88,13 @@ async fn reserve(
     caller: Caller,
     price: i64,
 ) -> Result<Reservation, ReserveError> {
-    store
-        .reserve(ChargeRequest::new(
-            caller,
-            Protocol::ChatCompletions,
-            CHAT_MODEL,
-            Credits::new(price),
-        ))
-        .await
+    reserve_price(store, caller, price).await
 }
 
 /// A call reserved and billed.
 async fn call(store: &SeaOrmStore, caller: Caller, price: i64) {
     let reserved = reserve(store, caller, price).await.unwrap();
-    assert!(store.settle(reserved.call, success()).await.unwrap());
-}
-
-fn success() -> CallSuccess {
-    CallSuccess {
-        upstream_status: 200,
-        usage: Default::default(),
-        channel: Some("mock".into()),
-        cost: None,
-        reply: None,
-    }
-}
-
-fn failure() -> CallFailure {
-    CallFailure {
-        upstream_status: Some(500),
-        error: "upstream failed".into(),
-    }
+    assert!(store.settle(reserved.call, mock_success()).await.unwrap());
 }
 
 /// 100 credits, told below 50, at 10 credits a call: told once the balance reaches 40, not again
@@ -143,8 +117,13 @@ async fn balance_crossings(store: Arc<SeaOrmStore>) {
     assert_eq!(events(&*store, "account.balance_low").await.len(), 1);
 
     // Back to 50 by refunds, then below again: a new crossing.
-    assert!(store.refund(seventh.call, &failure()).await.unwrap());
-    assert!(store.refund(sixth.call, &failure()).await.unwrap());
+    assert!(
+        store
+            .refund(seventh.call, &upstream_failure())
+            .await
+            .unwrap()
+    );
+    assert!(store.refund(sixth.call, &upstream_failure()).await.unwrap());
     assert_eq!(
         store.balance(caller.account).await.unwrap().total(),
         Credits::new(50)
@@ -247,7 +226,7 @@ async fn limit_reached(store: Arc<SeaOrmStore>) {
         reserve(&store, caller, 1).await,
         Err(ReserveError::KeyLimitReached)
     ));
-    assert!(store.refund(third.call, &failure()).await.unwrap());
+    assert!(store.refund(third.call, &upstream_failure()).await.unwrap());
     call(&store, caller, 3).await;
     assert_eq!(events(&*store, "key.limit_reached").await.len(), 1);
     set_limit(&store, caller, 10).await;
@@ -328,6 +307,7 @@ async fn concurrent_calls_on_an_owned_file_tell_each_alert_once() {
 
 #[cfg(feature = "postgres")]
 async fn escrow_alerting_store(db: &TestDb, threshold: i64) -> Arc<SeaOrmStore> {
+    use model_gateway::store::Leases;
     let store = alerting_store(db, threshold).await.with_escrow().unwrap();
     store
         .take_lease(Utc::now(), std::time::Duration::from_secs(600))

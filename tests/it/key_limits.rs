@@ -12,10 +12,8 @@ use chrono::Utc;
 use common::*;
 use model_gateway::admin::{Admin, KeyPatch};
 use model_gateway::call::{KeyLimit, LimitPeriod};
-use model_gateway::store::{CallFailure, ChargeRequest, ReserveError};
-use model_gateway::{
-    Accounts, Credits, KeyId, MemoryStore, Protocol, Store, store::Caller, store::Leases,
-};
+use model_gateway::store::ReserveError;
+use model_gateway::{Accounts, Credits, KeyId, MemoryStore, Store, store::Caller, store::Leases};
 use sea_orm::ConnectionTrait;
 
 fn limit(credits: i64, period: LimitPeriod) -> KeyPatch {
@@ -40,21 +38,7 @@ async fn reserve<S: Store>(
     caller: Caller,
     price: i64,
 ) -> Result<model_gateway::store::Reservation, ReserveError> {
-    store
-        .reserve(ChargeRequest::new(
-            caller,
-            Protocol::ChatCompletions,
-            CHAT_MODEL,
-            Credits::new(price),
-        ))
-        .await
-}
-
-fn failure() -> CallFailure {
-    CallFailure {
-        upstream_status: Some(500),
-        error: "upstream failed".into(),
-    }
+    reserve_price(store, caller, price).await
 }
 
 /// An account with 1000 credits and a key limited to `credits` a day: its caller.
@@ -84,7 +68,7 @@ async fn limit_and_refund<S: Store>(store: Arc<S>) {
         reserve(&*store, caller, 1).await,
         Err(ReserveError::KeyLimitReached)
     ));
-    assert!(store.refund(first.call, &failure()).await.unwrap());
+    assert!(store.refund(first.call, &upstream_failure()).await.unwrap());
     let after_refund = reserve(&*store, caller, 4).await;
     assert!(after_refund.is_ok(), "{after_refund:?}");
     assert!(matches!(
@@ -189,7 +173,7 @@ async fn on_an_owned_file_a_new_period_starts_from_nothing() {
     let db = owned_sqlite_db().await;
     let caller = limited_caller(&db.store, 10).await;
     let first = reserve(&*db.store, caller, 10).await.unwrap();
-    assert!(db.store.settle(first.call, success()).await.unwrap());
+    assert!(db.store.settle(first.call, mock_success()).await.unwrap());
     assert!(matches!(
         reserve(&*db.store, caller, 1).await,
         Err(ReserveError::KeyLimitReached)
@@ -200,23 +184,12 @@ async fn on_an_owned_file_a_new_period_starts_from_nothing() {
         reserve(&*db.store, caller, 1).await,
         Err(ReserveError::KeyLimitReached)
     ));
-    assert!(db.store.settle(second.call, success()).await.unwrap());
+    assert!(db.store.settle(second.call, mock_success()).await.unwrap());
     assert_eq!(
         db.store.key_info(caller.key).await.unwrap().unwrap().spent,
         Credits::new(10)
     );
     db.assert_audit_holds().await;
-}
-
-#[cfg(feature = "sqlite")]
-fn success() -> model_gateway::store::CallSuccess {
-    model_gateway::store::CallSuccess {
-        upstream_status: 200,
-        usage: Default::default(),
-        channel: Some("mock".into()),
-        cost: None,
-        reply: None,
-    }
 }
 
 /// 64 calls at once through two gateways sharing the database, on a key allowed 40 credits

@@ -970,39 +970,40 @@ async fn a_hangup_reloads_the_catalogue_and_a_bad_file_leaves_it_serving() {
     server.wait().unwrap();
 }
 
-/// A webhook delivery cut by a SIGKILL of its gateway is delivered after the restart, the same
-/// event with the same id, signed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
-    use std::sync::{Arc, Mutex};
-    let dir = tempfile::tempdir().unwrap();
-    // The receiver leaves its first request unanswered; it accepts the later ones.
-    let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
-    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+/// Accepted webhook deliveries: each event, and whether its signature held.
+type Accepted = std::sync::Arc<std::sync::Mutex<Vec<(serde_json::Value, bool)>>>;
+
+/// A webhook receiver over real HTTP checking each delivery's signature with `secret`: its
+/// URL, what it accepted, and how many requests it has had. With `hold_first`, it leaves the
+/// first request unanswered for a minute.
+async fn webhook_receiver(
+    secret: &'static str,
+    hold_first: bool,
+) -> (
+    String,
+    Accepted,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let accepted = Accepted::default();
+    let requests = std::sync::Arc::new(AtomicUsize::new(0));
     let app = {
-        let (seen, requests) = (seen.clone(), requests.clone());
+        let (accepted, requests) = (accepted.clone(), requests.clone());
         axum::Router::new().route(
             "/hooks",
             axum::routing::post(
                 move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                    let (seen, requests) = (seen.clone(), requests.clone());
+                    let (accepted, requests) = (accepted.clone(), requests.clone());
                     async move {
-                        if requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                        if requests.fetch_add(1, Ordering::SeqCst) == 0 && hold_first {
                             tokio::time::sleep(Duration::from_secs(60)).await;
                         }
                         let signature = headers["x-gateway-signature"].to_str().unwrap();
                         let now = chrono::Utc::now().timestamp();
-                        let good = model_gateway::events::verify(
-                            "whsec_process",
-                            signature,
-                            &body,
-                            now,
-                            300,
-                        );
-                        let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                        seen.lock()
-                            .unwrap()
-                            .push((event["id"].as_str().unwrap().to_owned(), good));
+                        let good =
+                            model_gateway::events::verify(secret, signature, &body, now, 300);
+                        let event = serde_json::from_slice(&body).unwrap();
+                        accepted.lock().unwrap().push((event, good));
                         axum::http::StatusCode::OK
                     }
                 },
@@ -1010,9 +1011,47 @@ async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
         )
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hooks = format!("http://{}/hooks", listener.local_addr().unwrap());
+    let url = format!("http://{}/hooks", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, accepted, requests)
+}
 
+/// One redemption code of `credits` top-up credits, made with the example's command line.
+fn one_code(env: &Env, credits: &str) -> String {
+    let (created, batch) = env.run(&[
+        "codes",
+        "create",
+        "--count",
+        "1",
+        "--credits",
+        credits,
+        "--bucket",
+        "topup",
+    ]);
+    assert!(created);
+    let batch: serde_json::Value = serde_json::from_str(&batch).unwrap();
+    batch["codes"][0].as_str().unwrap().to_owned()
+}
+
+/// Redeems `code` with `key` through the gateway at `listen`.
+async fn redeem(listen: &str, key: &str, code: &str) {
+    let redeemed = reqwest::Client::new()
+        .post(format!("http://{listen}/v1/redeem"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({ "code": code }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(redeemed.status(), 200);
+}
+
+/// A webhook delivery cut by a SIGKILL of its gateway is delivered after the restart, the same
+/// event with the same id, signed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    // The receiver leaves its first request unanswered; it accepts the later ones.
+    let (hooks, seen, requests) = webhook_receiver("whsec_process", true).await;
     let listen = free_address();
     let env = Env {
         vars: vec![
@@ -1032,29 +1071,10 @@ async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
         ],
     };
     let key = env.create_key("--topup", "1");
-    let (created, batch) = env.run(&[
-        "codes",
-        "create",
-        "--count",
-        "1",
-        "--credits",
-        "30",
-        "--bucket",
-        "topup",
-    ]);
-    assert!(created);
-    let batch: serde_json::Value = serde_json::from_str(&batch).unwrap();
-    let code = batch["codes"][0].as_str().unwrap().to_owned();
+    let code = one_code(&env, "30");
     let mut server = env.serve();
     listening(&listen).await;
-    let redeemed = reqwest::Client::new()
-        .post(format!("http://{listen}/v1/redeem"))
-        .bearer_auth(&key)
-        .json(&serde_json::json!({ "code": code }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(redeemed.status(), 200);
+    redeem(&listen, &key, &code).await;
     wait_for("the delivery to reach the receiver", async || {
         requests.load(std::sync::atomic::Ordering::SeqCst) == 1
     })
@@ -1074,10 +1094,8 @@ async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
     .await;
     let accepted = seen.lock().unwrap().clone();
     assert_eq!(accepted.len(), 1);
-    assert!(
-        accepted[0].0.starts_with("evt_") && accepted[0].1,
-        "{accepted:?}"
-    );
+    let id = accepted[0].0["id"].as_str().unwrap();
+    assert!(id.starts_with("evt_") && accepted[0].1, "{accepted:?}");
     let (ok, balance) = env.run(&["balance", "--key", &key]);
     assert!(ok);
     let balance: serde_json::Value = serde_json::from_str(&balance).unwrap();
@@ -1090,35 +1108,8 @@ async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
 /// `GATEWAY_WEBHOOK_EVENTS` the types delivered (a code redeemed is left out here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_low_balance_threshold_and_the_event_types_are_settings() {
-    use std::sync::{Arc, Mutex};
     let dir = tempfile::tempdir().unwrap();
-    let seen: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
-    let app = {
-        let seen = seen.clone();
-        axum::Router::new().route(
-            "/hooks",
-            axum::routing::post(
-                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                    let seen = seen.clone();
-                    async move {
-                        let signature = headers["x-gateway-signature"].to_str().unwrap();
-                        let now = chrono::Utc::now().timestamp();
-                        let secret = "whsec_settings";
-                        assert!(model_gateway::events::verify(
-                            secret, signature, &body, now, 300
-                        ));
-                        seen.lock()
-                            .unwrap()
-                            .push(serde_json::from_slice(&body).unwrap());
-                        axum::http::StatusCode::OK
-                    }
-                },
-            ),
-        )
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hooks = format!("http://{}/hooks", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (hooks, seen, _) = webhook_receiver("whsec_settings", false).await;
     let listen = free_address();
     let database = dir.path().join("gateway.db");
     let env = Env {
@@ -1140,35 +1131,15 @@ async fn the_low_balance_threshold_and_the_event_types_are_settings() {
         ],
     };
     let key = env.create_key("--topup", "8");
-    let (created, batch) = env.run(&[
-        "codes",
-        "create",
-        "--count",
-        "1",
-        "--credits",
-        "1",
-        "--bucket",
-        "topup",
-    ]);
-    assert!(created);
-    let batch: serde_json::Value = serde_json::from_str(&batch).unwrap();
+    let code = one_code(&env, "1");
     let mut server = env.serve();
     listening(&listen).await;
-    let client = reqwest::Client::new();
-    let redeemed = client
-        .post(format!("http://{listen}/v1/redeem"))
-        .bearer_auth(&key)
-        .json(&serde_json::json!({ "code": batch["codes"][0] }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(redeemed.status(), 200);
+    redeem(&listen, &key, &code).await;
     // 9 credits, 2 a call: 7, then 5, then 3 (below 5: told).
+    let client = reqwest::Client::new();
     for _ in 0..3 {
-        assert_eq!(
-            chat_status(&client, &format!("http://{listen}{CHAT}"), &key).await,
-            200
-        );
+        let url = format!("http://{listen}{CHAT}");
+        assert_eq!(chat_status(&client, &url, &key).await, 200);
     }
     wait_for("the low balance to be delivered", async || {
         !seen.lock().unwrap().is_empty()
@@ -1178,7 +1149,9 @@ async fn the_low_balance_threshold_and_the_event_types_are_settings() {
     server.wait().unwrap();
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1, "only the types asked for: {seen:?}");
-    assert_eq!(seen[0]["type"], "account.balance_low");
-    assert_eq!(seen[0]["data"]["total"], 3);
-    assert_eq!(seen[0]["data"]["threshold"], 5);
+    let (event, signed) = &seen[0];
+    assert!(signed, "the signature did not hold");
+    assert_eq!(event["type"], "account.balance_low");
+    assert_eq!(event["data"]["total"], 3);
+    assert_eq!(event["data"]["threshold"], 5);
 }
