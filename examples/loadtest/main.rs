@@ -38,6 +38,10 @@
 //! `LOADTEST_ONLY=tokens` runs instead a token-priced model beside a per-call one, on the
 //! in-memory gateway and an owned `SQLite` file (see `tokens.rs`).
 //!
+//! `LOADTEST_ONLY=rate` runs instead an open-loop load at fixed rates (2,000 and 5,000
+//! requests a second, `LOADTEST_RATES`, for `LOADTEST_SECONDS` each) against the floor and an
+//! owned `SQLite` file, and prints latency from when each request was due (see `rate.rs`).
+//!
 //! `LOADTEST_ONLY=logged` runs instead the release gateway binary as an operator runs it (mock
 //! mode, an owned `SQLite` file, logging at `info` to a file): paid calls, then a flood of
 //! requests it refuses (a wrong key, a body that is not JSON, an unknown model), at concurrency
@@ -64,6 +68,7 @@ mod drive;
 mod journal;
 mod logged;
 mod memory;
+mod rate;
 mod responses;
 mod streaming;
 mod targets;
@@ -90,6 +95,10 @@ async fn main() {
     }
     if std::env::var("LOADTEST_ONLY").as_deref() == Ok("streams") {
         streaming::run().await;
+        return;
+    }
+    if std::env::var("LOADTEST_ONLY").as_deref() == Ok("rate") {
+        rate::run().await;
         return;
     }
     let requests: u64 = std::env::var("LOADTEST_REQUESTS")
