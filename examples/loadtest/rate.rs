@@ -1,4 +1,4 @@
-//! `LOADTEST_ONLY=rate`: latency at a fixed rate, as TensorZero and others publish it. An
+//! `LOADTEST_ONLY=rate`: latency at a fixed rate, as `TensorZero` and others publish it. An
 //! open-loop generator sends the same paid call at 2,000 and 5,000 requests a second
 //! (`LOADTEST_RATES` to change them) for `LOADTEST_SECONDS` (default 5) to the floor (no layers),
 //! the durable floor (each reply waits for a group-committed, `fdatasync`ed record), the four
