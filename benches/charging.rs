@@ -10,6 +10,10 @@
 //!   the bare mock upstream.
 //!
 //! `cargo bench --bench charging` (add `-- charging/sqlite` to filter).
+//!
+//! The benches allocate with jemalloc, as the example gateway and the load test do, so that
+//! they measure what the binary runs (glibc's allocator took about a tenth of the stack
+//! bench's time in a profile).
 
 // Tests, benches and the load test unwrap (a panic is how they fail) and share helpers
 // through `pub` items of their own modules.
@@ -17,6 +21,9 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
