@@ -58,7 +58,8 @@ impl MockUpstream {
             let ids = &mut responses::Ids::random();
             return Bytes::from(responses::response_json_from_chat(request, &chat, ids));
         }
-        Bytes::from(self.reply_value(protocol, model, body).to_string())
+        let reply = self.reply_value(protocol, model, body);
+        Bytes::from(serde_json::to_vec(&reply).expect("a JSON value serialises"))
     }
 
     fn reply_value(&self, protocol: Protocol, model: &str, body: &[u8]) -> serde_json::Value {
