@@ -102,6 +102,50 @@ struct Channel {
     breaker: Arc<CircuitBreaker>,
     /// How much of a provider's answer is read at most.
     limits: ReadLimits,
+    /// Where each protocol's calls go, parsed once.
+    endpoints: Endpoints,
+}
+
+/// The URL a call of each protocol goes to on one upstream, parsed when the channel is made:
+/// given text, reqwest would parse it again (and check its host name) on every call.
+#[derive(Debug, Clone)]
+struct Endpoints([Option<reqwest::Url>; 4]);
+
+impl Endpoints {
+    const PROTOCOLS: [Protocol; 4] = [
+        Protocol::ChatCompletions,
+        Protocol::Messages,
+        Protocol::Embeddings,
+        Protocol::Responses,
+    ];
+
+    fn of(config: &UpstreamConfig) -> Endpoints {
+        Endpoints(Self::PROTOCOLS.map(|protocol| reqwest::Url::parse(&url(config, protocol)).ok()))
+    }
+
+    fn get(&self, protocol: Protocol) -> Option<&reqwest::Url> {
+        let at = Self::PROTOCOLS.iter().position(|each| *each == protocol)?;
+        self.0[at].as_ref()
+    }
+}
+
+/// Where a call of `protocol` goes on the upstream `config` (the catalogue checked that it
+/// serves it).
+fn url(config: &UpstreamConfig, protocol: Protocol) -> String {
+    match (config.kind, protocol) {
+        (UpstreamKind::Openai, Protocol::Embeddings) => format!("{}/embeddings", config.base_url),
+        (UpstreamKind::Openai, Protocol::Responses) if !translates(config, protocol) => {
+            format!("{}/responses", config.base_url)
+        }
+        (UpstreamKind::Openai, _) => format!("{}/chat/completions", config.base_url),
+        (UpstreamKind::Anthropic, _) => format!("{}/v1/messages", config.base_url),
+    }
+}
+
+/// Whether a call of `protocol` is translated on its way to the upstream `config` and back: a
+/// Responses call to an upstream that speaks only chat completions.
+fn translates(config: &UpstreamConfig, protocol: Protocol) -> bool {
+    protocol == Protocol::Responses && config.responses == ResponsesRoute::Translate
 }
 
 /// How much of a provider's answer the gateway reads at most, so that a provider sending a
@@ -227,6 +271,7 @@ fn build_channels(
                 secret: kept.secret.clone(),
                 breaker: kept.breaker.clone(),
                 limits,
+                endpoints: kept.endpoints.clone(),
             };
             channels.insert(config.name.clone(), Arc::new(channel));
             continue;
@@ -257,6 +302,7 @@ fn build_channels(
             api_key,
             secret,
             limits,
+            endpoints: Endpoints::of(config),
         };
         channels.insert(config.name.clone(), Arc::new(channel));
     }
@@ -335,24 +381,18 @@ enum AttemptError {
 }
 
 impl Channel {
-    /// Where a call of `protocol` goes on this upstream (the catalogue checked that it serves it).
-    fn url(&self, protocol: Protocol) -> String {
-        match (self.config.kind, protocol) {
-            (UpstreamKind::Openai, Protocol::Embeddings) => {
-                format!("{}/embeddings", self.config.base_url)
-            }
-            (UpstreamKind::Openai, Protocol::Responses) if !self.translates(protocol) => {
-                format!("{}/responses", self.config.base_url)
-            }
-            (UpstreamKind::Openai, _) => format!("{}/chat/completions", self.config.base_url),
-            (UpstreamKind::Anthropic, _) => format!("{}/v1/messages", self.config.base_url),
+    /// Starts a call of `protocol` to this upstream.
+    fn post(&self, protocol: Protocol) -> reqwest::RequestBuilder {
+        match self.endpoints.get(protocol) {
+            Some(parsed) => self.client.post(parsed.clone()),
+            // A URL that does not parse: reqwest says why when the call is sent.
+            None => self.client.post(url(&self.config, protocol)),
         }
     }
 
-    /// Whether a call of `protocol` is translated on its way to this upstream and back: a
-    /// Responses call to an upstream that speaks only chat completions.
+    /// Whether a call of `protocol` is translated on its way to this upstream and back.
     fn translates(&self, protocol: Protocol) -> bool {
-        protocol == Protocol::Responses && self.config.responses == ResponsesRoute::Translate
+        translates(&self.config, protocol)
     }
 
     /// The body sent for a call, and, for a translated Responses call, the translation (whose
@@ -606,8 +646,7 @@ impl Channel {
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let mut sent = self
-            .client
-            .post(self.url(routed.protocol))
+            .post(routed.protocol)
             .headers(self.headers(request.headers(), api_key));
         // A streamed reply's time limits (deadline, idle time-out) are kept by the billing layer
         // with one timer, which tells the client why; a reqwest time-out would poll a second
