@@ -68,18 +68,6 @@ impl ResponseOwners for MemoryStore {
     }
 }
 
-/// The key of call `call`'s entry.
-fn record_key(state: &super::state::State, call: CallId) -> Option<crate::call::KeyId> {
-    let index = usize::try_from(call.0 - 1).ok()?;
-    state.calls.get(index).map(|record| record.key)
-}
-
-/// When call `call` was reserved.
-fn record_created(state: &super::state::State, call: CallId) -> Option<DateTime<Utc>> {
-    let index = usize::try_from(call.0 - 1).ok()?;
-    state.calls.get(index).map(|record| record.created_at)
-}
-
 #[async_trait]
 impl Ledger for MemoryStore {
     async fn reserve(&self, request: ChargeRequest<'_>) -> Result<Reservation, ReserveError> {
@@ -169,7 +157,7 @@ impl Ledger for MemoryStore {
         let Some(record) = pending_call(&mut state, call) else {
             return Ok(false);
         };
-        let account = record.account;
+        let (account, key, reserved_at) = (record.account, record.key, record.created_at);
         let taken = Split {
             subscription: record.charged_subscription,
             topup: record.charged_topup,
@@ -185,11 +173,8 @@ impl Ledger for MemoryStore {
         if let Some(balance) = state.balances.get_mut(&account) {
             *balance = holds::take(holds::give_back(*balance, settled.returned), settled.extra);
         }
-        let (key, reserved_at) = (record_key(&state, call), record_created(&state, call));
         let change = settled.charged.total().get() - taken.total().get();
-        if let (Some(key), Some(reserved_at)) = (key, reserved_at) {
-            state.record_spending(key, change, reserved_at);
-        }
+        state.record_spending(key, change, reserved_at);
         let Some(record) = pending_call(&mut state, call) else {
             unreachable!("the entry was pending a moment ago, under the same lock")
         };
