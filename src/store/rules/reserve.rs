@@ -23,6 +23,14 @@ pub(crate) struct Payer {
 }
 
 impl Payer {
+    /// What it may spend at `at`: its balance free of what is held, without subscription
+    /// credits whose period has ended.
+    pub(crate) fn free(&self, at: DateTime<Utc>) -> Balance {
+        self.balance
+            .free_of(self.held)
+            .spendable(self.subscription_ends_at, at)
+    }
+
     /// A balance that reservations take from at once: nothing held beside it.
     pub(crate) fn unheld(balance: Balance, subscription_ends_at: Option<DateTime<Utc>>) -> Payer {
         Payer {
@@ -85,10 +93,7 @@ pub(crate) fn decide_reserve(
     if limited.is_some_and(|limited| !limited.allowance.admits(limited.held, price, limited.at)) {
         return Err(Refusal::KeyLimitReached);
     }
-    let spendable = payer
-        .balance
-        .free_of(payer.held)
-        .spendable(payer.subscription_ends_at, at);
+    let spendable = payer.free(at);
     let taken = spendable
         .split_charge(price)
         .ok_or(Refusal::InsufficientCredits)?;

@@ -223,6 +223,12 @@ struct KeyState {
 }
 
 impl KeyState {
+    /// What the key's calls hold in memory: `elsewhere` (in the holds the batch was given),
+    /// and the batch's own new holds, less those the batch ends.
+    fn held_with(&self, elsewhere: Credits) -> Credits {
+        Credits((elsewhere.get() + self.held.get() - self.released.get()).max(0))
+    }
+
     /// Tells the key's limit if `charge`, now counted (with `held`, what its calls hold in
     /// memory), leaves too little for another like it, in a window not yet told.
     fn tell_limit(
@@ -448,9 +454,7 @@ impl<'a> Plan<'a> {
         let limited = read.and_then(|state| {
             Some(Limited {
                 allowance: state.read.allowance?,
-                held: Credits(
-                    (held_elsewhere.get() + state.held.get() - state.released.get()).max(0),
-                ),
+                held: state.held_with(held_elsewhere),
                 at: self.now,
             })
         });
@@ -466,8 +470,7 @@ impl<'a> Plan<'a> {
             } else {
                 state.record(charge.price.get(), self.now);
             }
-            let held =
-                Credits((held_elsewhere.get() + state.held.get() - state.released.get()).max(0));
+            let held = state.held_with(held_elsewhere);
             if let Some(event) = state.tell_limit(charge, held, self.now) {
                 self.events.push(event);
             }
@@ -580,9 +583,7 @@ impl AccountState {
 
     /// What a call may spend now beyond what it and the other calls hold.
     fn free(&self, at: DateTime<Utc>) -> Balance {
-        self.row
-            .free_of(self.held)
-            .spendable(self.subscription_ends_at, at)
+        self.payer().free(at)
     }
 
     /// Settles a call whose reservation took `taken` from this account's row: the rest of it

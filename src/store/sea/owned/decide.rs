@@ -12,9 +12,7 @@ use crate::store::sea::alerting::Alerting;
 use crate::store::sea::commit::jobs::{Failure, Job, Kept, Reply};
 use crate::store::sea::commit::sqlite_direct::{apply_in, data_version, store_error};
 use crate::store::sea::held::HoldChanges;
-use crate::store::sea::writes::{
-    AccountRead, KeyChange, KeyRead, Outcome, OwnedCharge, Wanted, Write,
-};
+use crate::store::sea::writes::{KeyChange, KeyRead, Outcome, OwnedCharge, Wanted, Write};
 use crate::store::{Reservation, ReserveError, StoreError};
 
 /// Puts a new committer's connection beside the holds, before its thread starts, so that
@@ -290,7 +288,8 @@ fn decide_now(
         Ok(taken) => taken,
         Err(refusal) => return Some(Err(refusal.into_error(account))),
     };
-    if told(row, payer, limited, key, charge) {
+    let alert_below = row.and_then(|row| row.alert_below);
+    if told(alert_below, payer, limited, key, charge) {
         // Its batch writes the event in the transaction that records the call.
         return None;
     }
@@ -305,18 +304,16 @@ fn decide_now(
 /// Whether holding `charge` would be told (its account's balance falling below its threshold,
 /// its key's limit reached): then its batch holds it, and writes the event with it.
 fn told(
-    row: Option<AccountRead>,
+    alert_below: Option<Credits>,
     payer: Option<Payer>,
     limited: Option<Limited>,
     key: KeyRead,
     charge: &OwnedCharge,
 ) -> bool {
-    let low = row.zip(payer).is_some_and(|(row, payer)| {
-        let before = (payer.balance.free_of(payer.held))
-            .spendable(payer.subscription_ends_at, charge.at)
-            .total();
+    let low = payer.is_some_and(|payer| {
+        let before = payer.free(charge.at).total();
         let after = Credits(before.get() - charge.price.get());
-        alerts::falls_below(row.alert_below, before, after)
+        alerts::falls_below(alert_below, before, after)
     });
     let limit = limited.is_some_and(|limited| {
         let held = Credits(limited.held.get() + charge.price.get());
