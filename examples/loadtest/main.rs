@@ -78,7 +78,7 @@ use drive::{Figures, drive, ms, print_figures, print_ledger};
 use journal::Journal;
 use model_gateway::SeaOrmStore;
 use sea_orm::ConnectionTrait;
-use targets::{floor, gateway, memory_gateway, ok_entries};
+use targets::{floor, gateway, memory_gateway, ok_entries, owned_store};
 
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
 
@@ -122,10 +122,6 @@ async fn main() {
     }
     let dir = tempfile::tempdir().unwrap();
     let sqlite_url = format!("sqlite://{}?mode=rwc", dir.path().join("load.db").display());
-    let owned_url = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("owned.db").display()
-    );
     let mut targets = vec![
         floor(None).await,
         floor(Some(Journal::create(&dir.path().join("floor.journal")))).await,
@@ -137,15 +133,7 @@ async fn main() {
         )
         .await,
         // The same, with the file owned: reservations held in memory, one write per call.
-        gateway(
-            "gateway, SQLite owned",
-            SeaOrmStore::connect(&owned_url)
-                .await
-                .unwrap()
-                .own_file()
-                .unwrap(),
-        )
-        .await,
+        gateway("gateway, SQLite owned", owned_store(dir.path()).await).await,
     ];
     let postgres = common::postgres_url();
     let schema = format!("mg_loadtest_{}", std::process::id());

@@ -15,10 +15,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use model_gateway::SeaOrmStore;
-
 use crate::journal::Journal;
-use crate::targets::{BODY, Target, floor, gateway, memory_gateway};
+use crate::targets::{BODY, Target, floor, gateway, memory_gateway, owned_store};
 
 /// What one target did at one rate.
 struct AtRate {
@@ -125,23 +123,11 @@ pub async fn run() {
         .map(|rate| rate.trim().parse().expect("LOADTEST_RATES: numbers"))
         .collect();
     let dir = tempfile::tempdir().unwrap();
-    let owned_url = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("owned.db").display()
-    );
     let targets = [
         floor(None).await,
         floor(Some(Journal::create(&dir.path().join("floor.journal")))).await,
         memory_gateway(None).await,
-        gateway(
-            "gateway, SQLite owned",
-            SeaOrmStore::connect(&owned_url)
-                .await
-                .unwrap()
-                .own_file()
-                .unwrap(),
-        )
-        .await,
+        gateway("gateway, SQLite owned", owned_store(dir.path()).await).await,
     ];
     println!(
         "machine: {} cores; open loop, {seconds} s per rate; latency from when each request was due",

@@ -185,6 +185,16 @@ pub async fn memory_gateway_over_http(name: &'static str, catalogue: Catalogue) 
     }
 }
 
+/// A store owning a new `SQLite` file `owned.db` in `dir`: the gateway's embedded default.
+pub async fn owned_store(dir: &std::path::Path) -> SeaOrmStore {
+    let url = format!("sqlite://{}?mode=rwc", dir.join("owned.db").display());
+    SeaOrmStore::connect(&url)
+        .await
+        .unwrap()
+        .own_file()
+        .unwrap()
+}
+
 pub async fn gateway(name: &'static str, store: SeaOrmStore) -> Target {
     gateway_with(name, store, Catalogue::demo()).await
 }

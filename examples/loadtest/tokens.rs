@@ -5,23 +5,14 @@
 //! concurrency 16 and 64; medians printed.
 
 use crate::drive::{Load, compare_loads};
-use crate::targets::{METERED_MODEL, gateway_with, memory_gateway_with};
-use model_gateway::{Catalogue, SeaOrmStore, catalogue::DEMO_CATALOGUE};
+use crate::targets::{METERED_MODEL, gateway_with, memory_gateway_with, owned_store};
+use model_gateway::{Catalogue, catalogue::DEMO_CATALOGUE};
 
 pub async fn run(requests: u64, rounds: usize) {
     let catalogue = || Catalogue::from_toml(&format!("{DEMO_CATALOGUE}\n{METERED_MODEL}")).unwrap();
     let memory = memory_gateway_with("in-memory", catalogue()).await;
     let dir = tempfile::tempdir().unwrap();
-    let url = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("owned.db").display()
-    );
-    let owned = SeaOrmStore::connect(&url)
-        .await
-        .unwrap()
-        .own_file()
-        .unwrap();
-    let owned = gateway_with("owned file", owned, catalogue()).await;
+    let owned = gateway_with("owned file", owned_store(dir.path()).await, catalogue()).await;
     println!("{requests} requests per run, {rounds} rounds, alternated");
     println!(
         "{:<11} {:<10} {:>4} {:>10} {:>9} {:>9} {:>12}",
