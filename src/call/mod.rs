@@ -313,6 +313,11 @@ impl IdempotencyKey {
     pub fn fingerprint(&self) -> String {
         hex::encode(self.fingerprint)
     }
+
+    /// The key, shared (for a store that keeps it in memory while its call runs).
+    pub(crate) fn shared_key(&self) -> Arc<str> {
+        Arc::clone(&self.key)
+    }
 }
 
 /// How far a client's connection has written what it was handed to its socket. Request

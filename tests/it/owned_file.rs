@@ -875,3 +875,137 @@ async fn a_full_disk_leaves_no_credit_held_once_space_comes_back() {
         "serving again"
     );
 }
+
+/// A keyed call whose key has no record is held like any other (no entry while it runs), and
+/// the batch that ends it writes its record: with the reply to keep if it was billed. The
+/// records stand in the file: a new owner of it replays the billed call's reply, uncharged,
+/// and refuses the key for another request.
+#[tokio::test]
+async fn a_held_keyed_call_gets_its_record_when_billed_and_keeps_it_across_owners() {
+    use model_gateway::store::KeptReply;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("owned.db").display()
+    );
+    let owner = SeaOrmStore::connect(&url)
+        .await
+        .unwrap()
+        .own_file()
+        .unwrap();
+    let db = TestDb::at(Arc::new(owner), url.clone());
+    let key = db.funded_key(10 * PRICE, 0).await;
+    let caller = caller(&db, &key).await;
+    let idem =
+        |name: &str, body: &[u8]| IdempotencyKey::new(name, "/v1/chat/completions", body).unwrap();
+    // The first keyed call reads which keys have records: it is reserved in the file.
+    let first = idem("first", b"{}");
+    let reserved = db
+        .store
+        .reserve(charge(caller, Some(&first)))
+        .await
+        .unwrap();
+    assert_eq!(db.calls(&key).await.len(), 1, "reserved in the file");
+    assert!(db.store.settle(reserved.call, success()).await.unwrap());
+
+    let billed = idem("billed", b"{\"a\":1}");
+    let reserved = db
+        .store
+        .reserve(charge(caller, Some(&billed)))
+        .await
+        .unwrap();
+    assert_eq!(db.calls(&key).await.len(), 1, "held: no entry yet");
+    assert!(matches!(
+        db.store.reserve(charge(caller, Some(&billed))).await,
+        Err(ReserveError::IdempotentCallRunning)
+    ));
+    let reply = KeptReply::new(200, Some("application/json".into()), "{\"kept\":1}".into());
+    let settled = CallSuccess {
+        reply: reply.clone(),
+        ..success()
+    };
+    assert!(db.store.settle(reserved.call, settled).await.unwrap());
+    let refunded = idem("refunded", b"{}");
+    let reserved = db
+        .store
+        .reserve(charge(caller, Some(&refunded)))
+        .await
+        .unwrap();
+    let failure = CallFailure {
+        upstream_status: Some(500),
+        error: "down".into(),
+    };
+    assert!(db.store.refund(reserved.call, &failure).await.unwrap());
+    let records = |db: &TestDb| {
+        let connection = db.store.connection().clone();
+        async move {
+            use sea_orm::ConnectionTrait;
+            let rows = connection
+                .query_all_raw(sea_orm::Statement::from_string(
+                    connection.get_database_backend(),
+                    "SELECT idem_key, reply_body FROM mg_idempotent_calls ORDER BY id",
+                ))
+                .await
+                .unwrap();
+            rows.iter()
+                .map(|row| {
+                    let key: String = row.try_get_by_index(0).unwrap();
+                    let body: Option<Vec<u8>> = row.try_get_by_index(1).unwrap();
+                    (key, body.map(|b| String::from_utf8(b).unwrap()))
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        records(&db).await,
+        [
+            ("first".to_owned(), None),
+            ("billed".to_owned(), Some("{\"kept\":1}".to_owned())),
+            ("refunded".to_owned(), None),
+        ]
+    );
+    let statuses: Vec<_> = db.calls(&key).await.iter().map(|c| c.status).collect();
+    assert_eq!(statuses.len(), 3);
+    assert_eq!(db.balance(&key).await.total().get(), 8 * PRICE);
+
+    // The refunded call's key refuses another request, and is free for the same one.
+    assert!(matches!(
+        db.store
+            .reserve(charge(caller, Some(&idem("refunded", b"{\"b\":1}"))))
+            .await,
+        Err(ReserveError::IdempotencyKeyReused)
+    ));
+    let again = db
+        .store
+        .reserve(charge(caller, Some(&refunded)))
+        .await
+        .unwrap();
+    assert!(db.store.settle(again.call, success()).await.unwrap());
+    assert_eq!(db.balance(&key).await.total().get(), 7 * PRICE);
+
+    // A new owner of the file, with the records only the file knows.
+    let store = db.store.clone();
+    drop(db);
+    drop(store);
+    let owner = SeaOrmStore::connect(&url)
+        .await
+        .unwrap()
+        .own_file()
+        .unwrap();
+    let db = TestDb::at(Arc::new(owner), url.clone());
+    let replayed = db.store.reserve(charge(caller, Some(&billed))).await;
+    match replayed {
+        Err(ReserveError::AlreadyAnswered(Some(kept))) => {
+            assert_eq!(Some(kept), reply);
+        }
+        other => panic!("not replayed: {other:?}"),
+    }
+    assert!(matches!(
+        db.store
+            .reserve(charge(caller, Some(&idem("billed", b"{\"a\":2}"))))
+            .await,
+        Err(ReserveError::IdempotencyKeyReused)
+    ));
+    assert_eq!(db.balance(&key).await.total().get(), 7 * PRICE);
+    db.assert_audit_holds().await;
+}

@@ -3,6 +3,8 @@
 //! `PostgreSQL` (`super::escrow`); the committer's batches decide against them (`super::commit::batch`).
 
 use std::collections::HashMap;
+#[cfg(feature = "sqlite")]
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
@@ -35,6 +37,10 @@ pub(super) struct Holds {
     keys: HashMap<KeyId, Credits>,
     #[cfg(feature = "sqlite")]
     ids: IdBlock,
+    /// The held calls with an idempotency key, by account and key (only a file its store owns
+    /// holds keyed calls: see `super::owned::keyed`).
+    #[cfg(feature = "sqlite")]
+    keyed: HashMap<AccountId, HashMap<Arc<str>, CallId>>,
 }
 
 #[cfg(feature = "sqlite")]
@@ -60,6 +66,9 @@ pub(super) struct HoldChanges {
     pub(super) added: Vec<(CallId, HeldCall)>,
     pub(super) ended: Vec<CallId>,
     pub(super) ids: Option<IdBlock>,
+    /// The keys whose records the batch inserted, with their accounts (see
+    /// `super::owned::keyed`).
+    pub(super) recorded: Vec<(AccountId, crate::store::IdempotencyKey)>,
 }
 
 impl Holds {
@@ -80,6 +89,13 @@ impl Holds {
     /// `row`, an account's credits as stored, less what is held on it: what it has to spend.
     pub(super) fn net(&self, account: AccountId, row: Balance) -> Balance {
         row.free_of(self.on(account))
+    }
+
+    #[cfg(feature = "sqlite")]
+    /// The held call that holds `key` for `account`, if one does.
+    pub(super) fn keyed(&self, account: AccountId, key: &str) -> Option<&HeldCall> {
+        let call = self.keyed.get(&account)?.get(key)?;
+        self.calls.get(call)
     }
 
     #[cfg(feature = "sqlite")]
@@ -113,6 +129,7 @@ impl Holds {
             added: vec![(CallId(id), held)],
             ended: Vec::new(),
             ids: Some(ids),
+            recorded: Vec::new(),
         });
         Some(CallId(id))
     }
@@ -181,12 +198,24 @@ impl Holds {
                 .entry(held.charge.caller.key)
                 .or_insert(Credits::ZERO);
             *on_key = Credits(on_key.get() + held.taken.total().get());
+            if let Some(keyed) = &held.charge.keyed {
+                let calls = self.keyed.entry(held.account).or_default();
+                calls.insert(keyed.shared_key(), id);
+            }
             self.calls.insert(id, held);
         }
         for id in changes.ended {
             let Some(held) = self.calls.remove(&id) else {
                 continue;
             };
+            if let Some(keyed) = &held.charge.keyed
+                && let Some(calls) = self.keyed.get_mut(&held.account)
+            {
+                calls.remove(keyed.key());
+                if calls.is_empty() {
+                    self.keyed.remove(&held.account);
+                }
+            }
             let key = held.charge.caller.key;
             if let Some(on_key) = self.keys.get_mut(&key) {
                 *on_key = Credits(on_key.get() - held.taken.total().get());

@@ -13,14 +13,16 @@
 //!
 //! Refunds stay in the group commit: a refunded call's record needs no change (its key is free
 //! again because the call is `refunded`). Calls without a key never come here, so the charging
-//! path is unchanged for them. The pool's commits are durable when they return (`SQLite`'s
+//! path is unchanged for them. On a file its store owns, a keyed call whose key has no record
+//! does not come here either: it is held, and its batch writes its record (`super::owned::keyed`). The pool's commits are durable when they return (`SQLite`'s
 //! `synchronous = FULL`, `PostgreSQL`'s synchronous commit, `MySQL`'s `InnoDB`).
 
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveValue::{NotSet, Set},
-    ColumnTrait, DatabaseConnection, DatabaseTransaction, EntityTrait, QueryFilter, QuerySelect,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, EntityTrait,
+    QueryFilter, QuerySelect,
 };
 
 use super::alerting::Alerting;
@@ -46,6 +48,20 @@ pub(super) async fn reserve(
     holds: Option<&Holds>,
     alerting: Option<Alerting>,
 ) -> Result<Reservation, ReserveError> {
+    let (reservation, _) = reserve_recording(db, charge, key, window, holds, alerting).await?;
+    Ok(reservation)
+}
+
+/// [`reserve`], and whether it inserted the key's record (rather than pointing the one there
+/// at the new call).
+pub(super) async fn reserve_recording(
+    db: &DatabaseConnection,
+    charge: OwnedCharge,
+    key: &IdempotencyKey,
+    window: std::time::Duration,
+    holds: Option<&Holds>,
+    alerting: Option<Alerting>,
+) -> Result<(Reservation, bool), ReserveError> {
     let txn = begin_write(db).await?;
     let account = charge.caller.account;
     locked_account(&txn, account).await?;
@@ -86,7 +102,7 @@ pub(super) async fn reserve(
         }
     }
     txn.commit().await?;
-    Ok(reservation)
+    Ok((reservation, record_id.is_none()))
 }
 
 /// Settles a keyed call and keeps its reply, in one transaction; `false` if it was not
@@ -116,6 +132,51 @@ pub(super) async fn settle(
     Ok(settled)
 }
 
+/// [`forget`], in one transaction that lists what it deletes: the account and key of each
+/// record (for a store that counts the records, see `super::owned::keyed`).
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for an owned file only
+pub(super) async fn forget_listed(
+    db: &DatabaseConnection,
+    now: DateTime<Utc>,
+    window: std::time::Duration,
+) -> Result<Vec<(AccountId, String)>, StoreError> {
+    let Some(cutoff) = window_cutoff(now, window) else {
+        return Ok(Vec::new());
+    };
+    let txn = begin_write(db).await?;
+    let listed: Vec<(i64, i64, String)> = idempotent_call::Entity::find()
+        .select_only()
+        .column(idempotent_call::Column::Id)
+        .column(idempotent_call::Column::AccountId)
+        .column(idempotent_call::Column::IdemKey)
+        .filter(idempotent_call::Column::CreatedAt.lte(cutoff))
+        .filter(idempotent_call::Column::CallId.in_subquery(ended_calls()))
+        .into_tuple()
+        .all(&txn)
+        .await?;
+    let mut deleted = Vec::with_capacity(listed.len());
+    // In slices, so that no statement binds more values than a database takes.
+    for slice in listed.chunks(500) {
+        let ids = slice.iter().map(|(id, ..)| *id);
+        idempotent_call::Entity::delete_many()
+            .filter(idempotent_call::Column::Id.is_in(ids))
+            .exec(&txn)
+            .await?;
+        deleted.extend((slice.iter()).map(|(_, account, key)| (AccountId(*account), key.clone())));
+    }
+    txn.commit().await?;
+    Ok(deleted)
+}
+
+/// The calls that have ended, as a subquery.
+fn ended_calls() -> sea_orm::sea_query::SelectStatement {
+    sea_orm::sea_query::Query::select()
+        .column(call::Column::Id)
+        .from(call::Entity)
+        .and_where(call::Column::Status.ne(CallStatus::Pending.as_str()))
+        .to_owned()
+}
+
 /// Deletes the records older than `window` at `now` whose calls have ended.
 pub(super) async fn forget(
     db: &DatabaseConnection,
@@ -125,20 +186,16 @@ pub(super) async fn forget(
     let Some(cutoff) = window_cutoff(now, window) else {
         return Ok(0);
     };
-    let ended = sea_orm::sea_query::Query::select()
-        .column(call::Column::Id)
-        .from(call::Entity)
-        .and_where(call::Column::Status.ne(CallStatus::Pending.as_str()))
-        .to_owned();
     let deleted = idempotent_call::Entity::delete_many()
         .filter(idempotent_call::Column::CreatedAt.lte(cutoff))
-        .filter(idempotent_call::Column::CallId.in_subquery(ended))
+        .filter(idempotent_call::Column::CallId.in_subquery(ended_calls()))
         .exec(db)
         .await?;
     Ok(deleted.rows_affected)
 }
 
-async fn key_active(txn: &DatabaseTransaction, key: i64) -> Result<bool, StoreError> {
+/// Whether `key` may reserve (it exists and is not revoked).
+pub(super) async fn key_active<C: ConnectionTrait>(txn: &C, key: i64) -> Result<bool, StoreError> {
     let active = api_key::Entity::find_by_id(key)
         .select_only()
         .column(api_key::Column::Id)

@@ -22,6 +22,13 @@ impl Ledger for SeaOrmStore {
         let mut charge = OwnedCharge::from(request);
         charge.instance = self.lease.for_reservation()?.map(LeaseId);
         let reserved = match request.idempotency {
+            #[cfg(feature = "sqlite")]
+            Some(key) if let super::mode::Mode::OwnedFile(owned) = &self.mode => {
+                let window = self.idempotency_window;
+                owned
+                    .reserve_keyed(self.writers(), charge, key, window)
+                    .await
+            }
             Some(key) => {
                 // Held reservations count as spent: none may change while this one is decided.
                 let holds = self.freeze_holds().await;
@@ -49,6 +56,12 @@ impl Ledger for SeaOrmStore {
     }
 
     async fn forget_idempotent_calls(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {
+        #[cfg(feature = "sqlite")]
+        if let super::mode::Mode::OwnedFile(owned) = &self.mode {
+            return owned
+                .forget_keyed(&self.db, now, self.idempotency_window)
+                .await;
+        }
         idempotent::forget(&self.db, now, self.idempotency_window).await
     }
 

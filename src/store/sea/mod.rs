@@ -170,9 +170,13 @@ impl SeaOrmStore {
     /// the file), that call ends `refunded`, unbilled, and its client is told the upstream
     /// failed: the account never goes below zero.
     ///
-    /// A call with an idempotency key is still reserved in the database (see
-    /// [`Ledger::reserve`](crate::store::Ledger::reserve)), and so are calls while their store does not own the file. While
-    /// held, a call has no call-log entry; [`Ledger::balance`](crate::store::Ledger::balance) counts it as spent.
+    /// A call with an idempotency key is held too when its key has no record in the file (the
+    /// store counts the records' keys in memory, read once, and is the only one that writes
+    /// them); the batch that ends it writes its record beside its entry, with the reply to keep
+    /// if it was billed. A keyed call whose key has a record (a retry) is answered, or reserved,
+    /// in the database (see [`Ledger::reserve`](crate::store::Ledger::reserve)), and so are
+    /// calls while their store does not own the file. While held, a call has no call-log
+    /// entry; [`Ledger::balance`](crate::store::Ledger::balance) counts it as spent.
     ///
     /// # Errors
     ///

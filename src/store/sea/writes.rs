@@ -11,7 +11,8 @@ use crate::protocol::Protocol;
 use crate::store::rules::alerts::LimitAlert;
 pub(super) use crate::store::unknown_account;
 use crate::store::{
-    CallFailure, CallId, CallSuccess, Caller, ChargeRequest, LeaseId, Reservation, ReserveError,
+    CallFailure, CallId, CallSuccess, Caller, ChargeRequest, IdempotencyKey, LeaseId, Reservation,
+    ReserveError,
 };
 
 /// A [`ChargeRequest`] that can wait in a queue.
@@ -26,6 +27,9 @@ pub(super) struct OwnedCharge {
     pub(super) at: DateTime<Utc>,
     /// The lease of the instance making the reservation (recorded on its entry).
     pub(super) instance: Option<LeaseId>,
+    /// The client's idempotency key. A call held with one (on a file its store owns) gets its
+    /// key's record when it is billed, in the batch that writes its entry.
+    pub(super) keyed: Option<IdempotencyKey>,
 }
 
 impl From<ChargeRequest<'_>> for OwnedCharge {
@@ -39,6 +43,7 @@ impl From<ChargeRequest<'_>> for OwnedCharge {
             request_id: request.request_id.map(str::to_owned),
             at: request.at,
             instance: None,
+            keyed: request.idempotency.cloned(),
         }
     }
 }

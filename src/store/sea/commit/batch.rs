@@ -550,6 +550,7 @@ impl<'a> Plan<'a> {
                 .map(|ended| CallId(ended.call))
                 .collect(),
             ids: None,
+            recorded: Vec::new(),
         }
     }
 

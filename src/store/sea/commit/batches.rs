@@ -190,6 +190,7 @@ mod tests {
             request_id: None,
             at: chrono::Utc::now(),
             instance: None,
+            keyed: None,
         };
         batches.current.push(Job {
             write: Write::Reserve(charge),

@@ -41,7 +41,7 @@ use crate::store::sea::alerting::{Alerting, limit_alert, threshold};
 use crate::store::sea::held::{HoldChanges, Holds, IdBlock};
 use crate::store::sea::owned::state::RowCache;
 use crate::store::sea::writes::{AccountRead, KeyChange, KeyRead, Outcome, Wanted, Write};
-use crate::store::{CallStatus, StoreError};
+use crate::store::{AccountId, CallStatus, IdempotencyKey, StoreError};
 
 pub(in crate::store::sea) fn store_error(error: rusqlite::Error) -> StoreError {
     StoreError::Database(Box::new(error))
@@ -179,6 +179,8 @@ pub(in crate::store::sea) fn apply_in(
         }
     };
     insert_ended_holds(txn, &plan.ended_holds)?;
+    let mut changes = changes;
+    changes.recorded = insert_records(txn, &plan.ended_holds)?;
     finish_entries(txn, &plan.finished)?;
     let account_changes = plan.account_changes();
     write_accounts(txn, &account_changes)?;
@@ -537,6 +539,45 @@ fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<
         statement.raw_execute().map_err(store_error)?;
     }
     Ok(())
+}
+
+/// Inserts the idempotency records of the held keyed calls that the batch ended, naming their
+/// entries, with the reply kept for a billed one's retries, as `super::super::idempotent`
+/// writes them through sea-orm; returns their accounts and keys. A keyed call held had no
+/// record (see `crate::store::sea::owned::keyed`). One refunded gets its record too: its key is
+/// free for a retry of the same request, and still refuses another request.
+fn insert_records(
+    txn: &Transaction<'_>,
+    ended: &[EndedHold<'_>],
+) -> Result<Vec<(AccountId, IdempotencyKey)>, StoreError> {
+    let mut recorded = Vec::new();
+    for EndedHold { call, held, finish } in ended {
+        let Some(keyed) = &held.charge.keyed else {
+            continue;
+        };
+        let mut statement = txn
+            .prepare_cached(
+                "INSERT INTO mg_idempotent_calls (account_id, idem_key, fingerprint, call_id, \
+                 created_at, reply_status, reply_content_type, reply_body) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )
+            .map_err(store_error)?;
+        let reply = finish.billed().and_then(|billed| billed.reply.as_ref());
+        statement
+            .execute((
+                held.account.0,
+                keyed.key(),
+                keyed.fingerprint(),
+                call,
+                timestamp(held.charge.at),
+                reply.map(|reply| i32::from(reply.status)),
+                reply.and_then(|reply| reply.content_type.as_deref()),
+                reply.map(|reply| &reply.body[..]),
+            ))
+            .map_err(store_error)?;
+        recorded.push((held.account, keyed.clone()));
+    }
+    Ok(recorded)
 }
 
 fn insert_entries(

@@ -59,6 +59,9 @@ pub(in crate::store::sea) fn apply_holding(
             .filter(|write| write.holds_back_reservations())
             .count();
         state.queued = state.queued.saturating_sub(taken);
+        // In the same step as the batch's holds are taken (below): a keyed reservation's key
+        // goes from queued to held, or is free again.
+        state.keyed_decided(writes);
     }
     let outcomes = match applied {
         Ok(Written {
@@ -68,7 +71,15 @@ pub(in crate::store::sea) fn apply_holding(
             accounts,
             keys,
         }) => {
+            let mut holds = holds;
+            let recorded = std::mem::take(&mut holds.recorded);
             state.holds.apply(holds);
+            // In the same step as the calls' holds end: their keys go from running to recorded.
+            if let Some(records) = state.records.as_mut() {
+                for (account, key) in &recorded {
+                    records.add(*account, key.key());
+                }
+            }
             state.rows.merge(rows);
             state.rows.apply(&accounts);
             state.rows.apply_keys(&keys);
@@ -230,9 +241,12 @@ fn serve_waiting(state: &mut State) {
     while let Some(Kept { job, room }) = state.waiting.pop_front() {
         let job = match job {
             Job {
+                write: Write::Reserve(charge),
                 reply: Reply::Reserve(answer),
-                ..
-            } if answer.is_closed() => continue,
+            } if answer.is_closed() => {
+                state.keyed_unqueued(&charge);
+                continue;
+            }
             Job {
                 write: Write::Reserve(charge),
                 reply: Reply::Reserve(answer),
@@ -241,6 +255,8 @@ fn serve_waiting(state: &mut State) {
                 .and_then(|version| decide_now(state, version, &charge))
             {
                 Some(reserved) => {
+                    // Held or refused: a keyed one's key is the hold's now, or free.
+                    state.keyed_unqueued(&charge);
                     // As with a batch's answers (`Job::answer`), a caller that stopped waiting
                     // is not an error here.
                     let _ = answer.send(reserved);

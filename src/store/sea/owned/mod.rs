@@ -18,6 +18,7 @@
 //! ([`SharedHolds::freeze`](state::SharedHolds::freeze)) while they run.
 
 pub(super) mod decide;
+pub(super) mod keyed;
 pub(super) mod state;
 
 use std::path::Path;
@@ -115,8 +116,9 @@ impl Owned {
     }
 
     /// Settles `call`: queued under the holds' lock, in order with reservations and refunds
-    /// (see [`reserve`](Self::reserve)). A keyed call was reserved in the database (a held one
-    /// has no key, and so no record to keep its reply in) and is settled there.
+    /// (see [`reserve`](Self::reserve)). A keyed call reserved in the database (its key had a
+    /// record: see `keyed`) is settled there, with the reply its record keeps; a held one, keyed
+    /// or not, by the committer, whose batch writes a keyed one's record.
     pub(super) async fn settle(
         &self,
         to: Writers<'_>,

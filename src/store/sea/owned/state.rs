@@ -4,8 +4,9 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::super::held::Holds;
-use super::super::writes::{AccountRead, KeyChange, KeyRead, Wanted, Write};
+use super::super::writes::{AccountRead, KeyChange, KeyRead, OwnedCharge, Wanted, Write};
 use crate::credits::Balance;
+use crate::store::IdempotencyKey;
 use crate::store::rules::alerts::LimitAlert;
 use crate::store::sea::commit::jobs::Kept;
 
@@ -114,6 +115,13 @@ pub(in crate::store::sea) struct State {
     pub(in crate::store::sea) writing: Option<i64>,
     #[cfg(feature = "sqlite")]
     pub(in crate::store::sea) connection: Option<rusqlite::Connection>,
+    /// Which idempotency keys have a record in the file, once read (see `super::keyed`):
+    /// `None` until the first keyed call that needs the file reads them.
+    pub(in crate::store::sea) records: Option<super::keyed::RecordIndex>,
+    /// Keyed reservations sent to the committer whose batch has not yet ended (see
+    /// `super::keyed`): their keys are taken, as by a running call, until the batch holds the
+    /// call or refuses it.
+    pub(in crate::store::sea) keyed_queued: Vec<(crate::store::AccountId, IdempotencyKey)>,
 }
 
 impl State {
@@ -150,6 +158,41 @@ impl State {
             self.queued += 1;
         }
         kept.send();
+    }
+
+    /// Whether `key` of `account` is taken by a keyed reservation sent to the committer.
+    pub(in crate::store::sea) fn keyed_queued(
+        &self,
+        account: crate::store::AccountId,
+        key: &str,
+    ) -> Option<&IdempotencyKey> {
+        (self.keyed_queued.iter())
+            .find(|(queued, keyed)| *queued == account && keyed.key() == key)
+            .map(|(_, keyed)| keyed)
+    }
+
+    /// Frees the keys of the keyed reservations among `writes`, whose batch has ended.
+    pub(in crate::store::sea) fn keyed_decided(&mut self, writes: &[&Write]) {
+        if self.keyed_queued.is_empty() {
+            return;
+        }
+        for write in writes {
+            if let Write::Reserve(charge) = write {
+                self.keyed_unqueued(charge);
+            }
+        }
+    }
+
+    /// Frees the key of `charge`, a keyed reservation queued and now decided (held, refused,
+    /// or let go with its caller), if it has one.
+    pub(in crate::store::sea) fn keyed_unqueued(&mut self, charge: &OwnedCharge) {
+        if let Some(keyed) = &charge.keyed
+            && let Some(at) = (self.keyed_queued.iter()).position(|(account, queued)| {
+                *account == charge.caller.account && queued.key() == keyed.key()
+            })
+        {
+            self.keyed_queued.swap_remove(at);
+        }
     }
 
     /// Whether a batch has the committer's connection and does not hold the file's write lock
