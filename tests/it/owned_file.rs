@@ -1009,3 +1009,113 @@ async fn a_held_keyed_call_gets_its_record_when_billed_and_keeps_it_across_owner
     assert_eq!(db.balance(&key).await.total().get(), 7 * PRICE);
     db.assert_audit_holds().await;
 }
+
+/// Keyed calls on a few idempotency keys, plain calls and refunds, all at once on an owned
+/// file, first alone and then with grants from another connection (which send reservations to
+/// the committer): a key's calls are held at once, queued behind a batch, or reserved in the
+/// database once the key has a record, and through all of it each key is billed at most once,
+/// and the balance is what was granted less what was billed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keyed_plain_refunded_and_granted_at_once_bill_each_key_at_most_once() {
+    let db = owned_sqlite_db().await;
+    let key = db.funded_key(0, 200 * PRICE).await;
+    let caller = caller(&db, &key).await;
+    // The first keyed call reads which keys have records.
+    let first = IdempotencyKey::new("first", "/v1/chat/completions", b"{}").unwrap();
+    let reserved = db
+        .store
+        .reserve(charge(caller, Some(&first)))
+        .await
+        .unwrap();
+    assert!(db.store.settle(reserved.call, success()).await.unwrap());
+    let mut billed = 1;
+    let mut granted = 0;
+    for round in ["alone", "granting"] {
+        let (n, g) = keyed_race(&db, caller, round, round == "granting").await;
+        billed += n;
+        granted += g;
+    }
+    assert_eq!(db.store.held_reservations().await, 0);
+    let calls = db.calls(&key).await;
+    assert!(calls.iter().all(|c| c.status != CallStatus::Pending));
+    let ok = calls.iter().filter(|c| c.status == CallStatus::Ok).count();
+    assert_eq!(ok as i64, billed);
+    let left = db.balance(&key).await.total().get();
+    assert_eq!(left, 200 * PRICE + granted - PRICE * billed);
+    db.assert_audit_holds().await;
+}
+
+/// One round of [`keyed_plain_refunded_and_granted_at_once_bill_each_key_at_most_once`], its
+/// keys named after `round`; returns the calls billed and the credits granted.
+async fn keyed_race(db: &TestDb, caller: Caller, round: &str, granting: bool) -> (i64, i64) {
+    const CALLS: usize = 150;
+    const KEYS: usize = 7;
+    const GRANTS: i64 = 30;
+    let other = SeaOrmStore::connect(&db.url).await.unwrap();
+    let account = caller.account;
+    let grants = tokio::spawn(async move {
+        if !granting {
+            return 0;
+        }
+        for _ in 0..GRANTS {
+            other
+                .grant(account, Bucket::Topup, Credits::new(1))
+                .await
+                .unwrap();
+            tokio::task::yield_now().await;
+        }
+        GRANTS
+    });
+    let mut tasks = Vec::new();
+    for n in 0..CALLS {
+        let store = db.store.clone();
+        let keyed = (n % 4 != 0).then(|| {
+            let name = format!("{round}-{}", n % KEYS);
+            IdempotencyKey::new(&name, "/v1/chat/completions", b"{}").unwrap()
+        });
+        tasks.push(tokio::spawn(async move {
+            let reserved = store.reserve(charge(caller, keyed.as_ref())).await;
+            let label = keyed.as_ref().map(|k| k.key().to_owned());
+            match reserved {
+                Ok(reservation) => {
+                    // The upstream's time: the call stays held while others arrive.
+                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                    if n % 5 == 1 {
+                        let failure = CallFailure {
+                            upstream_status: Some(500),
+                            error: "race".into(),
+                        };
+                        assert!(store.refund(reservation.call, &failure).await.unwrap());
+                        (label, 0)
+                    } else {
+                        assert!(store.settle(reservation.call, success()).await.unwrap());
+                        (label, 1)
+                    }
+                }
+                Err(
+                    ReserveError::IdempotentCallRunning
+                    | ReserveError::AlreadyAnswered(_)
+                    | ReserveError::InsufficientCredits,
+                ) => (label, 0),
+                Err(error) => panic!("{error}"),
+            }
+        }));
+    }
+    let mut billed_per_key = std::collections::HashMap::new();
+    let mut billed = 0;
+    for task in tasks {
+        let (label, n) = task.await.unwrap();
+        billed += n;
+        if let Some(label) = label {
+            *billed_per_key.entry(label).or_insert(0) += n;
+        }
+    }
+    for (label, n) in &billed_per_key {
+        assert!(*n <= 1, "{round}: key {label} billed {n} times");
+    }
+    assert!(
+        billed_per_key.values().sum::<i64>() > 0,
+        "{round}: none billed"
+    );
+    (billed, grants.await.unwrap())
+}
