@@ -162,7 +162,7 @@ where
                 return Ok(GatewayError::StoreUnavailable.into_response());
             };
             match looked_up {
-                Ok(Some(active)) if !active.rules.expired(chrono::Utc::now()) => {
+                Ok(Some(active)) if !active.rules.expired_now() => {
                     if let Some(access) = request.extensions().get::<AccessEntry>()
                         && let Some(key) = presented_key(request.headers())
                     {

@@ -89,6 +89,12 @@ impl KeyRules {
     pub fn expired(&self, now: DateTime<Utc>) -> bool {
         self.expires_at.is_some_and(|expires_at| expires_at <= now)
     }
+
+    /// Whether the key has expired now (the clock is read only for a key that expires).
+    pub fn expired_now(&self) -> bool {
+        self.expires_at
+            .is_some_and(|expires_at| expires_at <= Utc::now())
+    }
 }
 
 /// Credits taken for a call that is under way. Request extension added by

@@ -43,60 +43,153 @@ impl MockUpstream {
 
     fn reply(&self, routed: &RoutedCall, body: &[u8]) -> Bytes {
         let (protocol, model) = (routed.protocol, routed.model.name.as_str());
-        // The chat reply, as a translating upstream answers it.
-        if protocol == Protocol::Responses {
-            let translation = routed.translation();
-            let parsed;
-            let request = match &translation {
-                Some(translation) => translation.request(),
-                None => {
-                    parsed = serde_json::from_slice(body).unwrap_or_default();
-                    &parsed
-                }
-            };
-            let chat = self.reply_value(Protocol::ChatCompletions, model, body);
-            let ids = &mut responses::Ids::random();
-            return Bytes::from(responses::response_json_from_chat(request, &chat, ids));
+        let to_bytes = |reply: Result<Vec<u8>, serde_json::Error>| {
+            Bytes::from(reply.expect("a mock reply serialises"))
+        };
+        match protocol {
+            // The chat reply, as a translating upstream answers it.
+            Protocol::Responses => {
+                let translation = routed.translation();
+                let parsed;
+                let request = match &translation {
+                    Some(translation) => translation.request(),
+                    None => {
+                        parsed = serde_json::from_slice(body).unwrap_or_default();
+                        &parsed
+                    }
+                };
+                let chat = serde_json::to_value(self.chat_reply(model, body))
+                    .expect("a mock reply serialises");
+                let ids = &mut responses::Ids::random();
+                Bytes::from(responses::response_json_from_chat(request, &chat, ids))
+            }
+            Protocol::ChatCompletions => {
+                to_bytes(serde_json::to_vec(&self.chat_reply(model, body)))
+            }
+            Protocol::Messages => to_bytes(serde_json::to_vec(&self.messages_reply(model, body))),
+            Protocol::Embeddings => to_bytes(serde_json::to_vec(&embeddings(model, body))),
         }
-        let reply = self.reply_value(protocol, model, body);
-        Bytes::from(serde_json::to_vec(&reply).expect("a JSON value serialises"))
     }
 
-    fn reply_value(&self, protocol: Protocol, model: &str, body: &[u8]) -> serde_json::Value {
-        let serial = self.replies.fetch_add(1, Ordering::Relaxed) + 1;
+    fn serial(&self) -> u64 {
+        self.replies.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The chat-completions reply (typed, so that it is written without building a map).
+    fn chat_reply<'a>(&self, model: &'a str, body: &[u8]) -> ChatReply<'a> {
         let input_tokens = mock_input_tokens(body);
-        match protocol {
-            Protocol::Embeddings => embeddings(model, body),
-            // The chat reply (`reply` translates it).
-            Protocol::ChatCompletions | Protocol::Responses => json!({
-                "id": format!("chatcmpl-mock-{serial}"),
-                "object": "chat.completion",
-                "created": chrono::Utc::now().timestamp(),
-                "model": model,
-                "choices": [{
-                    "index": 0,
-                    "message": { "role": "assistant", "content": MOCK_REPLY_TEXT, "refusal": null },
-                    "logprobs": null,
-                    "finish_reason": "stop"
-                }],
-                "usage": {
-                    "prompt_tokens": input_tokens,
-                    "completion_tokens": MOCK_OUTPUT_TOKENS,
-                    "total_tokens": input_tokens + MOCK_OUTPUT_TOKENS
-                }
-            }),
-            Protocol::Messages => json!({
-                "id": format!("msg_mock_{serial}"),
-                "type": "message",
-                "role": "assistant",
-                "model": model,
-                "content": [{ "type": "text", "text": MOCK_REPLY_TEXT }],
-                "stop_reason": "end_turn",
-                "stop_sequence": null,
-                "usage": { "input_tokens": input_tokens, "output_tokens": MOCK_OUTPUT_TOKENS }
-            }),
+        ChatReply {
+            id: format!("chatcmpl-mock-{}", self.serial()),
+            object: "chat.completion",
+            created: unix_now(),
+            model,
+            choices: [ChatChoice {
+                index: 0,
+                message: ChatMessage {
+                    role: "assistant",
+                    content: MOCK_REPLY_TEXT,
+                    refusal: None,
+                },
+                logprobs: None,
+                finish_reason: "stop",
+            }],
+            usage: ChatUsage {
+                prompt_tokens: input_tokens,
+                completion_tokens: MOCK_OUTPUT_TOKENS,
+                total_tokens: input_tokens + MOCK_OUTPUT_TOKENS,
+            },
         }
     }
+
+    /// The messages reply.
+    fn messages_reply<'a>(&self, model: &'a str, body: &[u8]) -> MessagesReply<'a> {
+        MessagesReply {
+            id: format!("msg_mock_{}", self.serial()),
+            kind: "message",
+            role: "assistant",
+            model,
+            content: [TextBlock {
+                kind: "text",
+                text: MOCK_REPLY_TEXT,
+            }],
+            stop_reason: "end_turn",
+            stop_sequence: None,
+            usage: MessagesUsage {
+                input_tokens: mock_input_tokens(body),
+                output_tokens: MOCK_OUTPUT_TOKENS,
+            },
+        }
+    }
+}
+
+/// Seconds since the Unix epoch, as `created` says it (without the calendar date that
+/// `chrono::Utc::now` works out).
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+        })
+}
+
+/// `OpenAI`'s chat completion, as the mock answers it.
+#[derive(serde::Serialize)]
+struct ChatReply<'a> {
+    id: String,
+    object: &'static str,
+    created: i64,
+    model: &'a str,
+    choices: [ChatChoice; 1],
+    usage: ChatUsage,
+}
+
+#[derive(serde::Serialize)]
+struct ChatChoice {
+    index: u32,
+    message: ChatMessage,
+    logprobs: Option<()>,
+    finish_reason: &'static str,
+}
+
+#[derive(serde::Serialize)]
+struct ChatMessage {
+    role: &'static str,
+    content: &'static str,
+    refusal: Option<()>,
+}
+
+#[derive(serde::Serialize)]
+struct ChatUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+/// Anthropic's message, as the mock answers it.
+#[derive(serde::Serialize)]
+struct MessagesReply<'a> {
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: [TextBlock; 1],
+    stop_reason: &'static str,
+    stop_sequence: Option<()>,
+    usage: MessagesUsage,
+}
+
+#[derive(serde::Serialize)]
+struct TextBlock {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'static str,
+}
+
+#[derive(serde::Serialize)]
+struct MessagesUsage {
+    input_tokens: u64,
+    output_tokens: u64,
 }
 
 /// How many pieces the mock's streamed text comes in.
@@ -116,7 +209,7 @@ impl MockUpstream {
         // Asked by the client, or by the gateway on the client's behalf (as a provider would
         // read the request the gateway sends).
         let include_usage = gateway_asks_usage || wants_usage_chunk(body);
-        let serial = self.replies.fetch_add(1, Ordering::Relaxed) + 1;
+        let serial = self.serial();
         let pieces = text_pieces(MOCK_REPLY_TEXT, MOCK_STREAM_DELTAS);
         let mut events = Vec::new();
         match protocol {
@@ -190,7 +283,7 @@ impl MockUpstream {
                 event("message_stop", json!({ "type": "message_stop" }));
             }
             Protocol::ChatCompletions => {
-                let created = chrono::Utc::now().timestamp();
+                let created = unix_now();
                 let mut chunk = |choices: serde_json::Value, usage: serde_json::Value| {
                     let data = json!({
                         "id": format!("chatcmpl-mock-{serial}"), "object": "chat.completion.chunk",
