@@ -157,7 +157,8 @@ where
             let Some(hash) = presented else {
                 return Ok(GatewayError::InvalidApiKey.into_response());
             };
-            let Ok(looked_up) = tokio::time::timeout(timeout, keys.active_key(&hash)).await else {
+            let Ok(looked_up) = crate::time_limit::within(timeout, keys.active_key(&hash)).await
+            else {
                 tracing::error!(?timeout, "the key store did not answer in time");
                 return Ok(GatewayError::StoreUnavailable.into_response());
             };

@@ -182,7 +182,7 @@ where
                     ledger.reserve(charge).await
                 });
             // Dropped at the time-out, the reservation goes on and is refunded if it lands.
-            let Ok(reserved) = tokio::time::timeout(timeout, reserving).await else {
+            let Ok(reserved) = crate::time_limit::within(timeout, reserving).await else {
                 tracing::error!(?timeout, "the ledger did not answer a reservation in time");
                 return Ok(GatewayError::StoreUnavailable.into_response());
             };

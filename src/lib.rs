@@ -137,6 +137,7 @@ pub mod router;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+mod time_limit;
 pub mod upstream;
 pub mod webhooks;
 

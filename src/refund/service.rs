@@ -170,18 +170,19 @@ where
                     None => upstream.call(request).await,
                 }
             };
-            let outcome = match tokio::time::timeout(bound, CatchPanic::new(upstream_call)).await {
-                Ok(Ok(outcome)) => outcome.map(|reply| reply.map(Into::into)),
-                Ok(Err(panic)) => {
-                    tracing::error!(call = unsettled.call.0, %panic, "the upstream panicked");
-                    Err(UpstreamError::transport(format!(
-                        "the upstream panicked: {panic}"
-                    )))
-                }
-                Err(_) => Err(UpstreamError::transport(format!(
-                    "no answer within the gateway's bound of {bound:?}"
-                ))),
-            };
+            let outcome =
+                match crate::time_limit::within(bound, CatchPanic::new(upstream_call)).await {
+                    Ok(Ok(outcome)) => outcome.map(|reply| reply.map(Into::into)),
+                    Ok(Err(panic)) => {
+                        tracing::error!(call = unsettled.call.0, %panic, "the upstream panicked");
+                        Err(UpstreamError::transport(format!(
+                            "the upstream panicked: {panic}"
+                        )))
+                    }
+                    Err(_) => Err(UpstreamError::transport(format!(
+                        "no answer within the gateway's bound of {bound:?}"
+                    ))),
+                };
             match judge(outcome) {
                 Ok(Judged::Complete(mut reply, mut success)) => {
                     if unsettled.is_metered() && success.usage.output_tokens.is_none() {

@@ -101,7 +101,7 @@ where
             }
         }
     };
-    let answer = tokio::time::timeout(timeout, tries).await.ok();
+    let answer = crate::time_limit::within(timeout, tries).await.ok();
     if answer.is_none() {
         tracing::error!(
             call = call.0,
