@@ -97,9 +97,8 @@ async fn a_held_call_is_written_once_when_it_ends_and_moves_the_row_only_if_bill
     db.assert_audit_holds().await;
 }
 
-#[tokio::test]
-async fn a_second_owner_of_the_file_is_refused_until_the_first_is_gone() {
-    let dir = tempfile::tempdir().unwrap();
+/// The URL of a `SQLite` file in `dir`, and a store that owns it.
+async fn owned_file_in(dir: &tempfile::TempDir) -> (String, SeaOrmStore) {
     let url = format!(
         "sqlite://{}?mode=rwc",
         dir.path().join("owned.db").display()
@@ -109,6 +108,13 @@ async fn a_second_owner_of_the_file_is_refused_until_the_first_is_gone() {
         .unwrap()
         .own_file()
         .unwrap();
+    (url, owner)
+}
+
+#[tokio::test]
+async fn a_second_owner_of_the_file_is_refused_until_the_first_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, owner) = owned_file_in(&dir).await;
     let owner_clone = owner.clone();
     let second = SeaOrmStore::connect(&url).await.unwrap();
     let refused = second.clone().own_file().unwrap_err().to_string();
@@ -884,15 +890,7 @@ async fn a_full_disk_leaves_no_credit_held_once_space_comes_back() {
 async fn a_held_keyed_call_gets_its_record_when_billed_and_keeps_it_across_owners() {
     use model_gateway::store::KeptReply;
     let dir = tempfile::tempdir().unwrap();
-    let url = format!(
-        "sqlite://{}?mode=rwc",
-        dir.path().join("owned.db").display()
-    );
-    let owner = SeaOrmStore::connect(&url)
-        .await
-        .unwrap()
-        .own_file()
-        .unwrap();
+    let (url, owner) = owned_file_in(&dir).await;
     let db = TestDb::at(Arc::new(owner), url.clone());
     let key = db.funded_key(10 * PRICE, 0).await;
     let caller = caller(&db, &key).await;
@@ -987,12 +985,8 @@ async fn a_held_keyed_call_gets_its_record_when_billed_and_keeps_it_across_owner
     let store = db.store.clone();
     drop(db);
     drop(store);
-    let owner = SeaOrmStore::connect(&url)
-        .await
-        .unwrap()
-        .own_file()
-        .unwrap();
-    let db = TestDb::at(Arc::new(owner), url.clone());
+    let (url, owner) = owned_file_in(&dir).await;
+    let db = TestDb::at(Arc::new(owner), url);
     let replayed = db.store.reserve(charge(caller, Some(&billed))).await;
     match replayed {
         Err(ReserveError::AlreadyAnswered(Some(kept))) => {
