@@ -333,6 +333,17 @@ async fn on_an_owned_file_fifty_identical_keyed_calls_at_once_are_billed_once() 
     fifty_identical_at_once(&db, &provider, &[gateway]).await;
 }
 
+/// The same as the very first keyed calls an owned file sees: the first reads which keys have
+/// records while the others arrive, and none of them may be held against the key meanwhile.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_an_owned_file_fifty_identical_first_keyed_calls_are_billed_once() {
+    let db = owned_sqlite_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = provider_gateway(&db, &provider).await;
+    fifty_identical_at_once(&db, &provider, &[gateway]).await;
+}
+
 async fn fifty_identical_at_once(db: &TestDb, provider: &FakeProvider, gateways: &[Gateway]) {
     provider.always(Fault::json(200, CHAT_REPLY).after(Duration::from_millis(300)));
     let before = provider.requests();

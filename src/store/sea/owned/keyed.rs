@@ -113,6 +113,31 @@ fn free(state: &State, account: AccountId, key: &IdempotencyKey) -> bool {
         && state.keyed_queued(account, key.key()).is_none()
 }
 
+/// A key marked taken in [`State::keyed_queued`] until dropped, however its reservation ends.
+struct Taken<'a> {
+    owned: &'a Owned,
+    account: AccountId,
+    key: &'a IdempotencyKey,
+}
+
+impl<'a> Taken<'a> {
+    fn new(owned: &'a Owned, account: AccountId, key: &'a IdempotencyKey) -> Taken<'a> {
+        owned.holds.lock().keyed_queued.push((account, key.clone()));
+        Taken {
+            owned,
+            account,
+            key,
+        }
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        let mut state = self.owned.holds.lock();
+        state.keyed_untake(self.account, self.key.key());
+    }
+}
+
 impl Owned {
     /// Reserves a keyed call (see the module docs); `charge` carries the key.
     pub(in crate::store::sea) async fn reserve_keyed(
@@ -150,7 +175,8 @@ impl Owned {
             return answer.wait().await;
         }
         let frozen = self.holds.freeze().await;
-        // Nothing is held, queued or recorded while the holds are frozen.
+        // Nothing is held or recorded while the holds are frozen (a reservation queued
+        // meanwhile waits for the committer, which waits for the gate).
         let taken = {
             let state = self.holds.lock();
             let running = frozen.keyed(account, key.key()).map(|held| {
@@ -181,6 +207,9 @@ impl Owned {
                 .into()),
             };
         }
+        // The key is taken while the file decides it: a keyed reservation of it arriving
+        // meanwhile (once the index is read, it could look free) waits behind the gate.
+        let _taken = Taken::new(self, account, key);
         let loaded = self.holds.lock().records.is_some();
         if !loaded {
             let index = read_index(to.db).await?;

@@ -118,9 +118,9 @@ pub(in crate::store::sea) struct State {
     /// Which idempotency keys have a record in the file, once read (see `super::keyed`):
     /// `None` until the first keyed call that needs the file reads them.
     pub(in crate::store::sea) records: Option<super::keyed::RecordIndex>,
-    /// Keyed reservations sent to the committer whose batch has not yet ended (see
-    /// `super::keyed`): their keys are taken, as by a running call, until the batch holds the
-    /// call or refuses it.
+    /// Keyed reservations sent to the committer whose batch has not yet ended, or being
+    /// decided in the file (see `super::keyed`): their keys are taken, as by a running call,
+    /// until the call is held or refused.
     pub(in crate::store::sea) keyed_queued: Vec<(crate::store::AccountId, IdempotencyKey)>,
 }
 
@@ -186,10 +186,19 @@ impl State {
     /// Frees the key of `charge`, a keyed reservation queued and now decided (held, refused,
     /// or let go with its caller), if it has one.
     pub(in crate::store::sea) fn keyed_unqueued(&mut self, charge: &OwnedCharge) {
-        if let Some(keyed) = &charge.keyed
-            && let Some(at) = (self.keyed_queued.iter()).position(|(account, queued)| {
-                *account == charge.caller.account && queued.key() == keyed.key()
-            })
+        if let Some(keyed) = &charge.keyed {
+            self.keyed_untake(charge.caller.account, keyed.key());
+        }
+    }
+
+    /// Frees `key` of `account`, marked taken in [`State::keyed_queued`].
+    pub(in crate::store::sea) fn keyed_untake(
+        &mut self,
+        account: crate::store::AccountId,
+        key: &str,
+    ) {
+        if let Some(at) = (self.keyed_queued.iter())
+            .position(|(queued, keyed)| *queued == account && keyed.key() == key)
         {
             self.keyed_queued.swap_remove(at);
         }
