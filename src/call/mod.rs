@@ -321,6 +321,7 @@ impl IdempotencyKey {
     }
 
     /// The key, shared (for a store that keeps it in memory while its call runs).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // an owned SQLite file's
     pub(crate) fn shared_key(&self) -> Arc<str> {
         Arc::clone(&self.key)
     }
