@@ -14,7 +14,8 @@
 //! Refunds stay in the group commit: a refunded call's record needs no change (its key is free
 //! again because the call is `refunded`). Calls without a key never come here, so the charging
 //! path is unchanged for them. On a file its store owns, a keyed call whose key has no record
-//! does not come here either: it is held, and its batch writes its record (`super::owned::keyed`). The pool's commits are durable when they return (`SQLite`'s
+//! does not come here either: it is held, and its batch writes its record
+//! (`super::owned::keyed`). The pool's commits are durable when they return (`SQLite`'s
 //! `synchronous = FULL`, `PostgreSQL`'s synchronous commit, `MySQL`'s `InnoDB`).
 
 use chrono::{DateTime, Utc};
@@ -37,24 +38,11 @@ use crate::store::{
     KeyedDecision, Reservation, ReserveError, StoreError, decide_keyed, window_cutoff,
 };
 
-/// Reserves a keyed call, or answers it from its key's record; see the module docs.
+/// Reserves a keyed call, or answers it from its key's record; see the module docs. Also says
+/// whether it inserted the key's record (rather than pointing the one there at the new call).
 /// What `holds` hold (a store that owns its file, see `super::owned`) counts as spent; the
 /// caller keeps them locked until this returns.
 pub(super) async fn reserve(
-    db: &DatabaseConnection,
-    charge: OwnedCharge,
-    key: &IdempotencyKey,
-    window: std::time::Duration,
-    holds: Option<&Holds>,
-    alerting: Option<Alerting>,
-) -> Result<Reservation, ReserveError> {
-    let (reservation, _) = reserve_recording(db, charge, key, window, holds, alerting).await?;
-    Ok(reservation)
-}
-
-/// [`reserve`], and whether it inserted the key's record (rather than pointing the one there
-/// at the new call).
-pub(super) async fn reserve_recording(
     db: &DatabaseConnection,
     charge: OwnedCharge,
     key: &IdempotencyKey,

@@ -39,7 +39,9 @@ impl Ledger for SeaOrmStore {
                 #[allow(clippy::needless_option_as_deref)]
                 let reserve = || {
                     let holds = holds.as_deref();
-                    idempotent::reserve(&self.db, charge.clone(), key, window, holds, alerting)
+                    let reserved =
+                        idempotent::reserve(&self.db, charge.clone(), key, window, holds, alerting);
+                    async move { reserved.await.map(|(reservation, _)| reservation) }
                 };
                 self.mode.reserve_keyed(&charge, reserve).await
             }

@@ -232,7 +232,7 @@ impl Owned {
     ) -> Result<Reservation, ReserveError> {
         let account = charge.caller.account;
         let (reservation, inserted) =
-            idempotent::reserve_recording(db, charge, key, window, Some(frozen), alerting).await?;
+            idempotent::reserve(db, charge, key, window, Some(frozen), alerting).await?;
         if inserted && let Some(records) = self.holds.lock().records.as_mut() {
             records.add(account, key.key());
         }
