@@ -6,8 +6,10 @@
 //!   `TEST_POSTGRES_URL` is set, in a schema of its own; with and without escrow, one and two
 //!   instances); one hot account or 64 accounts; 1, 16
 //!   and 64 concurrent callers. Throughput is printed as `elem/s` = charged calls per second.
-//! - `stack/...`: one request through all four layers (in-memory store, mock upstream), against
-//!   the bare mock upstream.
+//! - `stack/...`: one request through all four layers (in-memory store, mock upstream), on chat
+//!   completions and on the Responses endpoint, against the bare mock upstream.
+//! - `responses/...`: the Responses translation's steps (the request read and translated, the
+//!   chat request written, the chat reply translated back).
 //!
 //! `cargo bench --bench charging` (add `-- charging/sqlite` to filter).
 //!
@@ -260,6 +262,24 @@ fn stack_overhead(c: &mut Criterion) {
             }
         })
     });
+    // The same question on the Responses endpoint (translated: the demo catalogue's upstreams
+    // speak chat completions), to show what its translation adds to a call.
+    let responses_body = Bytes::from_static(
+        br#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hello"}]}"#,
+    );
+    c.bench_function("stack/four layers + mock, memory store, responses", |b| {
+        b.to_async(&runtime).iter(|| {
+            let request = Request::post("/v1/responses")
+                .header("authorization", &bearer)
+                .body(Full::new(responses_body.clone()))
+                .unwrap();
+            let stack = stack.clone();
+            async move {
+                let response = stack.oneshot(request).await.unwrap();
+                assert_eq!(response.status(), 200);
+            }
+        })
+    });
     // The floor: the mock alone, given the extension the router would have added.
     let routed =
         model_gateway::router::route(&Catalogue::demo(), Protocol::ChatCompletions, &body, false)
@@ -276,5 +296,36 @@ fn stack_overhead(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, charging_path, stack_overhead);
+/// The Responses translation's own steps, on the load test's question and provider reply.
+fn responses_translation(c: &mut Criterion) {
+    use model_gateway::protocol::responses::{Ids, Translated, response_json_from_chat_bytes};
+    let body: &[u8] =
+        br#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hello, how are you today?"}]}"#;
+    let reply: &[u8] = br#"{"id":"chatcmpl-load","object":"chat.completion","created":1741476542,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"This is a fixed reply from the load test's provider."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":11,"total_tokens":23}}"#;
+    c.bench_function("responses/request read and translated", |b| {
+        b.iter(|| {
+            let request: serde_json::Value = serde_json::from_slice(body).unwrap();
+            std::hint::black_box(Translated::new(request).unwrap());
+        })
+    });
+    let translated = Translated::new(serde_json::from_slice(body).unwrap()).unwrap();
+    c.bench_function("responses/chat request written", |b| {
+        b.iter(|| std::hint::black_box(translated.chat_body("gpt-4o-mini")))
+    });
+    c.bench_function("responses/chat reply translated", |b| {
+        b.iter(|| {
+            std::hint::black_box(
+                response_json_from_chat_bytes(translated.request(), reply, &mut Ids::random())
+                    .unwrap(),
+            )
+        })
+    });
+}
+
+criterion_group!(
+    benches,
+    charging_path,
+    stack_overhead,
+    responses_translation
+);
 criterion_main!(benches);

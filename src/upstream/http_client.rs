@@ -685,16 +685,16 @@ impl Channel {
             let usage = complete_reply(status, &body)
                 .map_err(|error| retryable(error.status, error.message))?;
             let body = match &translated {
-                Some(translation) => {
-                    let chat: serde_json::Value = serde_json::from_slice(&body).map_err(|_| {
-                        retryable(Some(status.as_u16()), "the reply is not JSON".to_owned())
-                    })?;
-                    Bytes::from(responses::response_json_from_chat(
+                Some(translation) => Bytes::from(
+                    responses::response_json_from_chat_bytes(
                         translation.request(),
-                        &chat,
+                        &body,
                         &mut Ids::random(),
-                    ))
-                }
+                    )
+                    .map_err(|_| {
+                        retryable(Some(status.as_u16()), "the reply is not JSON".to_owned())
+                    })?,
+                ),
                 None => {
                     self.remember(owners, routed, request, &body).await;
                     body

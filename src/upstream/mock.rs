@@ -14,7 +14,7 @@ use tower_service::Service;
 
 use super::UpstreamError;
 use crate::call::RoutedCall;
-use crate::protocol::{Protocol, responses};
+use crate::protocol::{Protocol, TokenUsage, responses};
 use crate::reply::UpstreamBody;
 
 /// The text of every mock reply.
@@ -29,6 +29,11 @@ fn mock_input_tokens(body: &[u8]) -> u64 {
     crate::pricing::estimated_input_tokens(body.len())
 }
 
+/// A token count as the ledger keeps it.
+fn tokens(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
 /// Answers every call with [`MOCK_REPLY_TEXT`], touching no network.
 #[derive(Debug, Clone, Default)]
 pub struct MockUpstream {
@@ -41,13 +46,22 @@ impl MockUpstream {
         MockUpstream::default()
     }
 
-    fn reply(&self, routed: &RoutedCall, body: &[u8]) -> Bytes {
+    /// The complete reply to `body`, with the usage it reports when the mock knows it without
+    /// reading its own reply back (the billing layer reads the reply otherwise).
+    fn reply(&self, routed: &RoutedCall, body: &[u8]) -> (Bytes, Option<TokenUsage>) {
         let (protocol, model) = (routed.protocol, routed.model.name.as_str());
         let to_bytes = |reply: Result<Vec<u8>, serde_json::Error>| {
             Bytes::from(reply.expect("a mock reply serialises"))
         };
+        let input_tokens = mock_input_tokens(body);
+        let counted = |input, output| TokenUsage {
+            input_tokens: Some(tokens(input)),
+            output_tokens: Some(tokens(output)),
+            ..TokenUsage::default()
+        };
         match protocol {
-            // The chat reply, as a translating upstream answers it.
+            // The chat reply, as a translating upstream answers it (written from what the mock
+            // says, without a chat reply to read back).
             Protocol::Responses => {
                 let translation = routed.translation();
                 let parsed;
@@ -58,16 +72,35 @@ impl MockUpstream {
                         &parsed
                     }
                 };
-                let chat = serde_json::to_value(self.chat_reply(model, body))
-                    .expect("a mock reply serialises");
-                let ids = &mut responses::Ids::random();
-                Bytes::from(responses::response_json_from_chat(request, &chat, ids))
+                let chat = responses::ChatReply {
+                    created: Some(unix_now()),
+                    model: Some(model),
+                    text: Some(MOCK_REPLY_TEXT),
+                    finish_reason: Some("stop"),
+                    usage: Some(responses::Usage::counted(
+                        tokens(input_tokens),
+                        tokens(MOCK_OUTPUT_TOKENS),
+                    )),
+                    ..responses::ChatReply::default()
+                };
+                let reply =
+                    responses::write_response(request, &chat, &mut responses::Ids::random());
+                // The Responses usage says it has no reasoning tokens, rather than nothing.
+                let usage = TokenUsage {
+                    reasoning_tokens: Some(0),
+                    ..counted(input_tokens, MOCK_OUTPUT_TOKENS)
+                };
+                (Bytes::from(reply), Some(usage))
             }
-            Protocol::ChatCompletions => {
-                to_bytes(serde_json::to_vec(&self.chat_reply(model, body)))
-            }
-            Protocol::Messages => to_bytes(serde_json::to_vec(&self.messages_reply(model, body))),
-            Protocol::Embeddings => to_bytes(serde_json::to_vec(&embeddings(model, body))),
+            Protocol::ChatCompletions => (
+                to_bytes(serde_json::to_vec(&self.chat_reply(model, body))),
+                Some(counted(input_tokens, MOCK_OUTPUT_TOKENS)),
+            ),
+            Protocol::Messages => (
+                to_bytes(serde_json::to_vec(&self.messages_reply(model, body))),
+                Some(counted(input_tokens, MOCK_OUTPUT_TOKENS)),
+            ),
+            Protocol::Embeddings => (to_bytes(serde_json::to_vec(&embeddings(model, body))), None),
         }
     }
 
@@ -459,13 +492,15 @@ impl<B: AsRef<[u8]>> Service<Request<B>> for MockUpstream {
             );
             return ready(Ok(response));
         }
-        let mut response = Response::new(UpstreamBody::complete(
-            self.reply(routed, request.body().as_ref()),
-        ));
+        let (reply, usage) = self.reply(routed, request.body().as_ref());
+        let mut response = Response::new(UpstreamBody::complete(reply));
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(usage) = usage {
+            response.extensions_mut().insert(usage);
+        }
         ready(Ok(response))
     }
 }
@@ -473,6 +508,35 @@ impl<B: AsRef<[u8]>> Service<Request<B>> for MockUpstream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The usage the mock hands the billing layer is what that layer would read from the
+    /// reply itself, on every protocol.
+    #[test]
+    fn the_usage_given_with_a_reply_is_the_usage_the_reply_reports() {
+        let catalogue = crate::Catalogue::demo();
+        let cases = [
+            (
+                Protocol::ChatCompletions,
+                r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello there"}]}"#,
+            ),
+            (
+                Protocol::Messages,
+                r#"{"model":"claude-sonnet-4-5","max_tokens":10,"messages":[{"role":"user","content":"Hi"}]}"#,
+            ),
+            (
+                Protocol::Responses,
+                r#"{"model":"gpt-4o-mini","input":"A somewhat longer question than the others"}"#,
+            ),
+        ];
+        for (protocol, body) in cases {
+            let routed = crate::router::route(&catalogue, protocol, body.as_bytes(), false)
+                .expect("a demo model");
+            let (reply, usage) = MockUpstream::new().reply(&routed, body.as_bytes());
+            let read = crate::protocol::reply_usage(&reply).expect("a JSON object");
+            assert_eq!(usage, Some(read), "{protocol:?}");
+            assert!(read.input_tokens.is_some_and(|tokens| tokens > 0));
+        }
+    }
 
     #[test]
     fn text_pieces_put_together_are_the_text() {

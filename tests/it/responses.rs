@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use common::fake_provider::{FakeProvider, Fault, StreamEnd};
 use common::*;
-use model_gateway::protocol::responses::{Ids, StreamTranslator, chat_request, response_from_chat};
+use model_gateway::protocol::responses::{
+    Ids, StreamTranslator, chat_request, response_from_chat, response_json_from_chat_bytes,
+};
 use model_gateway::{
     Catalogue, Protocol, Upstream, refund::CLIENT_LEFT_BEFORE_CONTENT,
     router::DEFAULT_MAX_BODY_BYTES, store::CallStatus, upstream::MOCK_REPLY_TEXT,
@@ -83,9 +85,46 @@ fn the_corpus_chat_replies_translate_to_the_responses_written_for_them() {
         };
         let response = response_from_chat(&case["request"], reply, &mut Ids::counting());
         assert_eq!(&response, expected, "{name}");
+        // Read from the reply's bytes, as a translating upstream does: the same response.
+        let bytes = serde_json::to_vec(reply).unwrap();
+        let from_bytes =
+            response_json_from_chat_bytes(&case["request"], &bytes, &mut Ids::counting()).unwrap();
+        let from_bytes: Value = serde_json::from_slice(&from_bytes).unwrap();
+        assert_eq!(&from_bytes, expected, "{name}, from bytes");
         checked += 1;
     }
     assert_eq!(checked, 4);
+}
+
+/// Replies read from their bytes translate as their `Value`s do, escapes, odd types and missing
+/// parts included (the typed reading gives way to the `Value`'s where a type is unexpected).
+#[test]
+fn a_chat_reply_read_from_its_bytes_translates_as_its_value_does() {
+    let request =
+        json!({ "model": "m", "input": "Hi", "tools": [{ "type": "function", "name": "f" }] });
+    let replies = [
+        r#"{"created":7,"model":"m","choices":[{"message":{"content":"caf\u00e9 \"quoted\"\n","reasoning_content":"hm"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":3},"completion_tokens_details":{"reasoning_tokens":1}}}"#,
+        r#"{"created":7,"choices":[{"message":{"content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}},{"function":{"name":"g"}}]},"finish_reason":"tool_calls"}],"usage":null}"#,
+        r#"{"created":7,"choices":[{"message":{"content":[{"type":"text","text":"parts"}],"refusal":"no"}}],"usage":{"prompt_tokens":"5"}}"#,
+        r#"{"created":"soon","model":3,"choices":"none"}"#,
+        r#"{"created":7,"choices":[],"usage":{}}"#,
+        r#"{"created":7,"choices":[{"message":{"content":"","reasoning_content":"","reasoning":"r"}}]}"#,
+    ];
+    for reply in replies {
+        let value: Value = serde_json::from_str(reply).unwrap();
+        let expected = response_from_chat(&request, &value, &mut Ids::counting());
+        let from_bytes =
+            response_json_from_chat_bytes(&request, reply.as_bytes(), &mut Ids::counting())
+                .unwrap();
+        let mut from_bytes: Value = serde_json::from_slice(&from_bytes).unwrap();
+        let mut expected = expected;
+        if value["created"].as_i64().is_none() {
+            // Both stamp the time they ran at.
+            from_bytes["created_at"] = json!(0);
+            expected["created_at"] = json!(0);
+        }
+        assert_eq!(from_bytes, expected, "{reply}");
+    }
 }
 
 #[test]

@@ -53,7 +53,8 @@ mod reply;
 mod request;
 mod stream;
 
-pub use reply::{response_from_chat, response_json_from_chat};
+pub(crate) use reply::{ChatReply, Usage, write_response};
+pub use reply::{response_from_chat, response_json_from_chat, response_json_from_chat_bytes};
 pub use request::{Translated, Untranslatable, chat_request};
 pub use stream::StreamTranslator;
 
@@ -86,14 +87,16 @@ impl Ids {
                 // 48 random hex digits, written without the formatting machinery (this runs
                 // for every translated response and item).
                 const HEX: &[u8; 16] = b"0123456789abcdef";
+                let mut digits = [0u8; 48];
+                let words = [fastrand::u64(..), fastrand::u64(..), fastrand::u64(..)];
+                for (digit, at) in digits.iter_mut().zip(0..) {
+                    let word = words[at / 16];
+                    *digit = HEX[((word >> (60 - 4 * (at % 16))) & 0xf) as usize];
+                }
                 let mut id = String::with_capacity(prefix.len() + 49);
                 id.push_str(prefix);
                 id.push('_');
-                for word in [fastrand::u64(..), fastrand::u64(..), fastrand::u64(..)] {
-                    for shift in (0..64).step_by(4).rev() {
-                        id.push(char::from(HEX[((word >> shift) & 0xf) as usize]));
-                    }
-                }
+                id.push_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"));
                 id
             }
         }

@@ -133,6 +133,11 @@ struct Incomplete<'a> {
     reason: &'a str,
 }
 
+/// `request[outer][name]`, if there is one.
+fn inner<'a>(request: &'a Value, outer: &str, name: &str) -> Option<&'a Value> {
+    request.get(outer)?.get(name)
+}
+
 impl<'a> Echo<'a> {
     pub(super) fn of(request: &'a Value) -> Echo<'a> {
         let given = |value: Option<&'a Value>, default: Setting<'a>| match value {
@@ -145,10 +150,11 @@ impl<'a> Echo<'a> {
             max_output_tokens: field("max_output_tokens", Setting::Null),
             metadata: field("metadata", Setting::NoMetadata),
             parallel_tool_calls: field("parallel_tool_calls", Setting::True),
-            effort: given(request.pointer("/reasoning/effort"), Setting::Null),
+            // Not `Value::pointer`, which unescapes each step of its path.
+            effort: given(inner(request, "reasoning", "effort"), Setting::Null),
             service_tier: field("service_tier", Setting::DefaultTier),
             temperature: field("temperature", Setting::One),
-            format: given(request.pointer("/text/format"), Setting::PlainText),
+            format: given(inner(request, "text", "format"), Setting::PlainText),
             tool_choice: field("tool_choice", Setting::Auto),
             tools: field("tools", Setting::NoTools),
             top_p: field("top_p", Setting::One),
@@ -262,12 +268,27 @@ impl Status<'_> {
 
 /// Token counts in the Responses API's names.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct Usage {
+pub(crate) struct Usage {
     input_tokens: i64,
     input_tokens_details: CachedTokens,
     output_tokens: i64,
     output_tokens_details: ReasoningTokens,
     total_tokens: i64,
+}
+
+impl Usage {
+    /// `input` and `output` tokens, none of them cached or reasoning.
+    pub(crate) fn counted(input: i64, output: i64) -> Usage {
+        Usage {
+            input_tokens: input,
+            input_tokens_details: CachedTokens { cached_tokens: 0 },
+            output_tokens: output,
+            output_tokens_details: ReasoningTokens {
+                reasoning_tokens: 0,
+            },
+            total_tokens: input.saturating_add(output),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -433,39 +454,259 @@ pub fn response_from_chat(request: &Value, reply: &Value, ids: &mut Ids) -> Valu
 
 /// [`response_from_chat`], serialised: what a translating upstream answers with.
 pub fn response_json_from_chat(request: &Value, reply: &Value, ids: &mut Ids) -> Vec<u8> {
+    write_response(request, &ChatReply::of(reply), ids)
+}
+
+/// [`response_json_from_chat`] for a reply still in its bytes, read without building a
+/// `Value` (the translating upstream's path); an error when `reply` is not JSON.
+///
+/// ```
+/// use model_gateway::protocol::responses::{Ids, response_json_from_chat_bytes};
+/// use serde_json::{Value, json};
+///
+/// let reply = br#"{"created":1,"model":"m","choices":[{"message":{"content":"Hi"},
+///                 "finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
+/// let response = response_json_from_chat_bytes(&json!({ "input": "Hello" }), reply,
+///                                              &mut Ids::counting()).unwrap();
+/// let response: Value = serde_json::from_slice(&response).unwrap();
+/// assert_eq!(response["output"][0]["content"][0]["text"], "Hi");
+/// assert_eq!(response["usage"]["total_tokens"], 4);
+/// assert!(response_json_from_chat_bytes(&json!({}), b"not json", &mut Ids::counting()).is_err());
+/// ```
+pub fn response_json_from_chat_bytes(
+    request: &Value,
+    reply: &[u8],
+    ids: &mut Ids,
+) -> Result<Vec<u8>, serde_json::Error> {
+    match serde_json::from_slice::<read::Reply<'_>>(reply) {
+        Ok(typed) => Ok(write_response(request, &typed.view(), ids)),
+        // Odd types somewhere (a number as a string, a list where text was expected): read
+        // as the `Value` path reads them, which takes what it can use and skips the rest.
+        Err(_) => {
+            let reply: Value = serde_json::from_slice(reply)?;
+            Ok(response_json_from_chat(request, &reply, ids))
+        }
+    }
+}
+
+/// What the translation reads from a chat-completions reply, borrowed from it.
+#[derive(Debug, Default)]
+pub(crate) struct ChatReply<'a> {
+    pub created: Option<i64>,
+    pub model: Option<&'a str>,
+    /// The message's text (`content`), when it is a non-empty string.
+    pub text: Option<&'a str>,
+    pub refusal: Option<&'a str>,
+    pub reasoning: Option<&'a str>,
+    pub calls: Vec<ToolCall<'a>>,
+    pub finish_reason: Option<&'a str>,
+    pub usage: Option<Usage>,
+}
+
+/// A tool call of a chat reply.
+#[derive(Debug)]
+pub(crate) struct ToolCall<'a> {
+    pub id: Option<&'a str>,
+    pub name: &'a str,
+    pub arguments: &'a str,
+}
+
+impl<'a> ChatReply<'a> {
+    /// The parts of `reply` the translation reads: strings where strings are expected,
+    /// anything else skipped.
+    fn of(reply: &'a Value) -> ChatReply<'a> {
+        let choice = &reply["choices"][0];
+        let message = &choice["message"];
+        let calls = message["tool_calls"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice);
+        ChatReply {
+            created: reply["created"].as_i64(),
+            model: reply["model"].as_str(),
+            text: message["content"].as_str(),
+            refusal: message["refusal"].as_str(),
+            reasoning: reasoning_of(message),
+            calls: calls
+                .iter()
+                .map(|call| ToolCall {
+                    id: call["id"].as_str(),
+                    name: call["function"]["name"].as_str().unwrap_or_default(),
+                    arguments: call["function"]["arguments"].as_str().unwrap_or("{}"),
+                })
+                .collect(),
+            finish_reason: choice["finish_reason"].as_str(),
+            usage: usage(reply.get("usage")),
+        }
+    }
+}
+
+/// A chat reply read straight from its bytes, for [`ChatReply`]. Strings are `Cow`s: borrowed
+/// unless they hold escapes.
+mod read {
+    use std::borrow::Cow;
+
+    use serde::Deserialize;
+
+    use super::{CachedTokens, ChatReply, ReasoningTokens, ToolCall, Usage};
+
+    #[derive(Deserialize)]
+    pub(super) struct Reply<'a> {
+        created: Option<i64>,
+        #[serde(borrow)]
+        model: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        choices: Option<Vec<Choice<'a>>>,
+        usage: Option<ChatUsage>,
+    }
+
+    #[derive(Deserialize)]
+    struct Choice<'a> {
+        #[serde(borrow)]
+        message: Option<Message<'a>>,
+        #[serde(borrow)]
+        finish_reason: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow)]
+        content: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        refusal: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        reasoning_content: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        reasoning: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        tool_calls: Option<Vec<Call<'a>>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Call<'a> {
+        #[serde(borrow)]
+        id: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        function: Option<Function<'a>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Function<'a> {
+        #[serde(borrow)]
+        name: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        arguments: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    struct ChatUsage {
+        prompt_tokens: Option<i64>,
+        completion_tokens: Option<i64>,
+        total_tokens: Option<i64>,
+        prompt_tokens_details: Option<Details>,
+        completion_tokens_details: Option<Details>,
+    }
+
+    #[derive(Deserialize)]
+    struct Details {
+        cached_tokens: Option<i64>,
+        reasoning_tokens: Option<i64>,
+    }
+
+    impl<'a> Reply<'a> {
+        pub(super) fn view(&'a self) -> ChatReply<'a> {
+            let choice = self.choices.as_deref().and_then(<[Choice<'a>]>::first);
+            let message = choice.and_then(|choice| choice.message.as_ref());
+            let text = |field: Option<&'a Option<Cow<'a, str>>>| field.and_then(Option::as_deref);
+            let reasoning = message.and_then(|message| {
+                message
+                    .reasoning_content
+                    .as_deref()
+                    .or(message.reasoning.as_deref())
+                    .filter(|text| !text.is_empty())
+            });
+            let calls = message
+                .and_then(|message| message.tool_calls.as_deref())
+                .unwrap_or_default();
+            ChatReply {
+                created: self.created,
+                model: self.model.as_deref(),
+                text: text(message.map(|message| &message.content)),
+                refusal: text(message.map(|message| &message.refusal)),
+                reasoning,
+                calls: calls
+                    .iter()
+                    .map(|call| {
+                        let function = call.function.as_ref();
+                        ToolCall {
+                            id: call.id.as_deref(),
+                            name: function
+                                .and_then(|function| function.name.as_deref())
+                                .unwrap_or_default(),
+                            arguments: function
+                                .and_then(|function| function.arguments.as_deref())
+                                .unwrap_or("{}"),
+                        }
+                    })
+                    .collect(),
+                finish_reason: text(choice.map(|choice| &choice.finish_reason)),
+                usage: self.usage.as_ref().map(|usage| {
+                    let (input, output) = (
+                        usage.prompt_tokens.unwrap_or(0),
+                        usage.completion_tokens.unwrap_or(0),
+                    );
+                    let detail = |details: &Option<Details>, pick: fn(&Details) -> Option<i64>| {
+                        details.as_ref().and_then(pick).unwrap_or(0)
+                    };
+                    Usage {
+                        input_tokens: input,
+                        input_tokens_details: CachedTokens {
+                            cached_tokens: detail(&usage.prompt_tokens_details, |d| {
+                                d.cached_tokens
+                            }),
+                        },
+                        output_tokens: output,
+                        output_tokens_details: ReasoningTokens {
+                            reasoning_tokens: detail(&usage.completion_tokens_details, |d| {
+                                d.reasoning_tokens
+                            }),
+                        },
+                        total_tokens: usage.total_tokens.unwrap_or(input + output),
+                    }
+                }),
+            }
+        }
+    }
+}
+
+/// The `response` object, serialised, for the chat `reply` to the translation of `request`.
+pub(crate) fn write_response(request: &Value, reply: &ChatReply<'_>, ids: &mut Ids) -> Vec<u8> {
     let head = Head {
         id: ids.next("resp"),
-        created_at: reply["created"]
-            .as_i64()
+        created_at: reply
+            .created
             .unwrap_or_else(|| chrono::Utc::now().timestamp()),
-        model: reply["model"]
-            .as_str()
+        model: reply
+            .model
             .or(request["model"].as_str())
             .unwrap_or_default()
             .to_owned(),
     };
-    let choice = &reply["choices"][0];
-    let message = &choice["message"];
-    let text = message["content"].as_str().filter(|text| !text.is_empty());
-    let refusal = message["refusal"].as_str().filter(|text| !text.is_empty());
+    let text = reply.text.filter(|text| !text.is_empty());
+    let refusal = reply.refusal.filter(|text| !text.is_empty());
     let said = refusal.map(|r| (true, r)).or(text.map(|t| (false, t)));
-    let calls = message["tool_calls"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
-    let reasoning = reasoning_of(message);
-    let mut item_ids = Vec::with_capacity(calls.len() + 2);
-    if reasoning.is_some() {
+    let mut item_ids = Vec::with_capacity(reply.calls.len() + 2);
+    if reply.reasoning.is_some() {
         item_ids.push(ids.next("rs"));
     }
     if said.is_some() {
         item_ids.push(ids.next("msg"));
     }
-    for _ in calls {
+    for _ in &reply.calls {
         item_ids.push(ids.next("fc"));
     }
     let mut output = Vec::with_capacity(item_ids.len());
     let mut id = item_ids.iter();
-    if let Some(text) = reasoning {
+    if let Some(text) = reply.reasoning {
         output.push(OutputItem::Reasoning {
             id: id.next().expect("an id per item"),
             summary: [],
@@ -480,19 +721,18 @@ pub fn response_json_from_chat(request: &Value, reply: &Value, ids: &mut Ids) ->
             content: vec![Part::new(is_refusal, text)],
         });
     }
-    for call in calls {
+    for call in &reply.calls {
         let item_id = id.next().expect("an id per item");
-        let function = &call["function"];
         output.push(OutputItem::FunctionCall {
             id: item_id,
             status: "completed",
-            call_id: call["id"].as_str().unwrap_or(item_id),
-            name: function["name"].as_str().unwrap_or_default(),
-            arguments: function["arguments"].as_str().unwrap_or("{}"),
+            call_id: call.id.unwrap_or(item_id),
+            name: call.name,
+            arguments: call.arguments,
         });
     }
-    let status = Status::finished(choice["finish_reason"].as_str());
-    let usage = usage(reply.get("usage"));
+    let status = Status::finished(reply.finish_reason);
     let echo = Echo::of(request);
-    serde_json::to_vec(&echo.object(&head, status, &output, &usage)).expect("a response serialises")
+    serde_json::to_vec(&echo.object(&head, status, &output, &reply.usage))
+        .expect("a response serialises")
 }

@@ -113,7 +113,7 @@ pub fn chat_request(request: &Value, model: &str) -> Result<Value, Untranslatabl
         Some(Value::String(text)) => messages.push(json!({ "role": "user", "content": text })),
         Some(Value::Array(items)) => {
             for (index, item) in items.iter().enumerate() {
-                input_item(item, &format!("input[{index}]"), &mut messages)?;
+                input_item(item, At::Item(index), &mut messages)?;
             }
         }
         _ => return refuse("input", "it must be a string or a list of items"),
@@ -211,9 +211,26 @@ pub fn chat_request(request: &Value, model: &str) -> Result<Value, Untranslatabl
     Ok(Value::Object(chat))
 }
 
+/// Where in the request a field is (`input[2]`, `input[2].content[0]`), written out only for a
+/// refusal.
+#[derive(Debug, Clone, Copy)]
+enum At<'a> {
+    Item(usize),
+    Part(&'a At<'a>, usize),
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            At::Item(index) => write!(f, "input[{index}]"),
+            At::Part(item, index) => write!(f, "{item}.content[{index}]"),
+        }
+    }
+}
+
 /// One item of `input`, appended to `messages` (a function call joins the assistant message
 /// before it, as chat completions puts parallel calls in one message).
-fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), Untranslatable> {
+fn input_item(item: &Value, at: At<'_>, messages: &mut Vec<Value>) -> Result<(), Untranslatable> {
     let kind = item.get("type").and_then(Value::as_str);
     let role = item.get("role").and_then(Value::as_str);
     match (kind, role) {
@@ -221,7 +238,7 @@ fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), U
         (Some("function_call"), _) => {
             let text = |field: &str| item.get(field).and_then(Value::as_str);
             let (Some(call_id), Some(name)) = (text("call_id"), text("name")) else {
-                return refuse(at, "a function call needs `call_id` and `name`");
+                return refuse(at.to_string(), "a function call needs `call_id` and `name`");
             };
             let call = json!({
                 "id": call_id,
@@ -278,7 +295,10 @@ fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), U
         // The model's own reasoning from an earlier turn: chat completions takes none back.
         (Some("reasoning"), _) => {}
         (Some("item_reference"), _) => {
-            return refuse(at, "this model's provider keeps no items to refer to");
+            return refuse(
+                at.to_string(),
+                "this model's provider keeps no items to refer to",
+            );
         }
         _ => {
             return refuse(
@@ -292,7 +312,7 @@ fn input_item(item: &Value, at: &str, messages: &mut Vec<Value>) -> Result<(), U
 
 /// A message item in chat completions' form. The developer role is sent as `system`, which
 /// every chat-completions server knows.
-fn message(item: &Value, role: &str, at: &str) -> Result<Value, Untranslatable> {
+fn message(item: &Value, role: &str, at: At<'_>) -> Result<Value, Untranslatable> {
     let role = match role {
         "developer" | "system" => "system",
         "user" => "user",
@@ -341,14 +361,13 @@ fn message(item: &Value, role: &str, at: &str) -> Result<Value, Untranslatable> 
     }
     let mut parts = Vec::with_capacity(content.len());
     for (index, part) in content.iter().enumerate() {
-        let here = format!("{at}.content[{index}]");
-        parts.push(content_part(part, &here, role == "system")?);
+        parts.push(content_part(part, At::Part(&at, index), role == "system")?);
     }
     Ok(json!({ "role": role, "content": parts }))
 }
 
 /// One part of a user or system message.
-fn content_part(part: &Value, at: &str, system: bool) -> Result<Value, Untranslatable> {
+fn content_part(part: &Value, at: At<'_>, system: bool) -> Result<Value, Untranslatable> {
     let kind = part["type"].as_str();
     if let Some("input_text" | "output_text") = kind {
         return Ok(json!({ "type": "text", "text": part["text"].as_str().unwrap_or_default() }));
