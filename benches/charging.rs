@@ -312,7 +312,11 @@ fn responses_translation(c: &mut Criterion) {
     c.bench_function("responses/chat request written", |b| {
         b.iter(|| std::hint::black_box(translated.chat_body("gpt-4o-mini")))
     });
-    c.bench_function("responses/chat reply translated", |b| {
+    // What a chat call does with the same reply, against which the translation's cost shows.
+    c.bench_function("responses/chat reply's usage read (the chat path)", |b| {
+        b.iter(|| std::hint::black_box(model_gateway::protocol::reply_usage(reply)))
+    });
+    c.bench_function("responses/chat reply translated, usage read", |b| {
         b.iter(|| {
             std::hint::black_box(
                 response_json_from_chat_bytes(translated.request(), reply, &mut Ids::random())

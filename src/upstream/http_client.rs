@@ -682,22 +682,31 @@ impl Channel {
             .map_err(|message| retryable(Some(status.as_u16()), message))?;
 
         if status.is_success() {
-            let usage = complete_reply(status, &body)
-                .map_err(|error| retryable(error.status, error.message))?;
-            let body = match &translated {
-                Some(translation) => Bytes::from(
-                    responses::response_json_from_chat_bytes(
+            let not_an_object = |status: StatusCode| {
+                retryable(
+                    Some(status.as_u16()),
+                    format!("answered {status} with a body that is not a JSON object"),
+                )
+            };
+            let (body, usage) = match &translated {
+                // Read once, for the response and for its usage.
+                Some(translation) => {
+                    let (response, usage) = responses::response_json_from_chat_bytes(
                         translation.request(),
                         &body,
                         &mut Ids::random(),
                     )
-                    .map_err(|_| {
-                        retryable(Some(status.as_u16()), "the reply is not JSON".to_owned())
-                    })?,
-                ),
+                    .map_err(|_| not_an_object(status))?;
+                    (
+                        Bytes::from(response),
+                        usage.ok_or_else(|| not_an_object(status))?,
+                    )
+                }
                 None => {
+                    let usage = complete_reply(status, &body)
+                        .map_err(|error| retryable(error.status, error.message))?;
                     self.remember(owners, routed, request, &body).await;
-                    body
+                    (body, usage)
                 }
             };
             let mut response = Response::new(UpstreamBody::complete(body));

@@ -87,7 +87,7 @@ fn the_corpus_chat_replies_translate_to_the_responses_written_for_them() {
         assert_eq!(&response, expected, "{name}");
         // Read from the reply's bytes, as a translating upstream does: the same response.
         let bytes = serde_json::to_vec(reply).unwrap();
-        let from_bytes =
+        let (from_bytes, _) =
             response_json_from_chat_bytes(&case["request"], &bytes, &mut Ids::counting()).unwrap();
         let from_bytes: Value = serde_json::from_slice(&from_bytes).unwrap();
         assert_eq!(&from_bytes, expected, "{name}, from bytes");
@@ -113,7 +113,7 @@ fn a_chat_reply_read_from_its_bytes_translates_as_its_value_does() {
     for reply in replies {
         let value: Value = serde_json::from_str(reply).unwrap();
         let expected = response_from_chat(&request, &value, &mut Ids::counting());
-        let from_bytes =
+        let (from_bytes, _) =
             response_json_from_chat_bytes(&request, reply.as_bytes(), &mut Ids::counting())
                 .unwrap();
         let mut from_bytes: Value = serde_json::from_slice(&from_bytes).unwrap();

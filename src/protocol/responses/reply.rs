@@ -4,6 +4,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::Ids;
+use crate::protocol::TokenUsage;
 
 /// The request settings a `response` object repeats (the Responses API echoes them), with the
 /// API's defaults for those the request left out.
@@ -457,8 +458,11 @@ pub fn response_json_from_chat(request: &Value, reply: &Value, ids: &mut Ids) ->
     write_response(request, &ChatReply::of(reply), ids)
 }
 
-/// [`response_json_from_chat`] for a reply still in its bytes, read without building a
-/// `Value` (the translating upstream's path); an error when `reply` is not JSON.
+/// [`response_json_from_chat`] for a reply still in its bytes, read once without building a
+/// `Value` (the translating upstream's path), with the usage the reply reports as
+/// [`reply_usage`](crate::protocol::reply_usage) reads it: `None` where that finds no JSON
+/// object or cannot read the `usage`, which the billing layer judges a failed call. An error
+/// when `reply` is not JSON.
 ///
 /// ```
 /// use model_gateway::protocol::responses::{Ids, response_json_from_chat_bytes};
@@ -466,27 +470,37 @@ pub fn response_json_from_chat(request: &Value, reply: &Value, ids: &mut Ids) ->
 ///
 /// let reply = br#"{"created":1,"model":"m","choices":[{"message":{"content":"Hi"},
 ///                 "finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
-/// let response = response_json_from_chat_bytes(&json!({ "input": "Hello" }), reply,
-///                                              &mut Ids::counting()).unwrap();
+/// let (response, usage) = response_json_from_chat_bytes(&json!({ "input": "Hello" }), reply,
+///                                                       &mut Ids::counting()).unwrap();
 /// let response: Value = serde_json::from_slice(&response).unwrap();
 /// assert_eq!(response["output"][0]["content"][0]["text"], "Hi");
 /// assert_eq!(response["usage"]["total_tokens"], 4);
+/// assert_eq!(usage.unwrap().output_tokens, Some(1));
 /// assert!(response_json_from_chat_bytes(&json!({}), b"not json", &mut Ids::counting()).is_err());
 /// ```
 pub fn response_json_from_chat_bytes(
     request: &Value,
     reply: &[u8],
     ids: &mut Ids,
-) -> Result<Vec<u8>, serde_json::Error> {
-    match serde_json::from_slice::<read::Reply<'_>>(reply) {
-        Ok(typed) => Ok(write_response(request, &typed.view(), ids)),
-        // Odd types somewhere (a number as a string, a list where text was expected): read
-        // as the `Value` path reads them, which takes what it can use and skips the rest.
-        Err(_) => {
-            let reply: Value = serde_json::from_slice(reply)?;
-            Ok(response_json_from_chat(request, &reply, ids))
-        }
+) -> Result<(Vec<u8>, Option<TokenUsage>), serde_json::Error> {
+    let typed = serde_json::from_slice::<read::Reply<'_>>(reply).ok();
+    let is_object = reply.trim_ascii_start().starts_with(b"{");
+    if let Some((typed, view)) = typed
+        .as_ref()
+        .filter(|_| is_object)
+        .and_then(|typed| Some((typed, typed.view().ok()?)))
+    {
+        let usage = match typed.usage {
+            Some(raw) if raw.get() != "null" => serde_json::from_str::<TokenUsage>(raw.get()).ok(),
+            _ => Some(TokenUsage::default()),
+        };
+        return Ok((write_response(request, &view, ids), usage));
     }
+    // Odd types somewhere (a number as a string, a list where text was expected): read as the
+    // `Value` path reads them, which takes what it can use and skips the rest.
+    let parsed: Value = serde_json::from_slice(reply)?;
+    let usage = crate::protocol::reply_usage(reply);
+    Ok((response_json_from_chat(request, &parsed, ids), usage))
 }
 
 /// What the translation reads from a chat-completions reply, borrowed from it.
@@ -546,6 +560,7 @@ mod read {
     use std::borrow::Cow;
 
     use serde::Deserialize;
+    use serde_json::value::RawValue;
 
     use super::{CachedTokens, ChatReply, ReasoningTokens, ToolCall, Usage};
 
@@ -556,7 +571,9 @@ mod read {
         model: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
         choices: Option<Vec<Choice<'a>>>,
-        usage: Option<ChatUsage>,
+        /// Read twice, small as it is: for the response, and as the ledger counts tokens.
+        #[serde(borrow)]
+        pub(super) usage: Option<&'a RawValue>,
     }
 
     #[derive(Deserialize)]
@@ -613,7 +630,12 @@ mod read {
     }
 
     impl<'a> Reply<'a> {
-        pub(super) fn view(&'a self) -> ChatReply<'a> {
+        /// What the translation reads; an error when `usage` is not an object of counts.
+        pub(super) fn view(&'a self) -> Result<ChatReply<'a>, serde_json::Error> {
+            let usage = match self.usage {
+                Some(raw) => serde_json::from_str::<Option<ChatUsage>>(raw.get())?,
+                None => None,
+            };
             let choice = self.choices.as_deref().and_then(<[Choice<'a>]>::first);
             let message = choice.and_then(|choice| choice.message.as_ref());
             let text = |field: Option<&'a Option<Cow<'a, str>>>| field.and_then(Option::as_deref);
@@ -627,7 +649,7 @@ mod read {
             let calls = message
                 .and_then(|message| message.tool_calls.as_deref())
                 .unwrap_or_default();
-            ChatReply {
+            Ok(ChatReply {
                 created: self.created,
                 model: self.model.as_deref(),
                 text: text(message.map(|message| &message.content)),
@@ -649,7 +671,7 @@ mod read {
                     })
                     .collect(),
                 finish_reason: text(choice.map(|choice| &choice.finish_reason)),
-                usage: self.usage.as_ref().map(|usage| {
+                usage: usage.map(|usage| {
                     let (input, output) = (
                         usage.prompt_tokens.unwrap_or(0),
                         usage.completion_tokens.unwrap_or(0),
@@ -673,7 +695,7 @@ mod read {
                         total_tokens: usage.total_tokens.unwrap_or(input + output),
                     }
                 }),
-            }
+            })
         }
     }
 }
@@ -735,4 +757,46 @@ pub(crate) fn write_response(request: &Value, reply: &ChatReply<'_>, ids: &mut I
     let echo = Echo::of(request);
     serde_json::to_vec(&echo.object(&head, status, &output, &reply.usage))
         .expect("a response serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// One reading of a chat reply gives the response the `Value` path gives and the usage the
+    /// billing layer's own reading gives, whatever the reply holds.
+    #[test]
+    fn a_reply_read_once_gives_the_value_paths_response_and_the_billing_layers_usage() {
+        let request = json!({ "model": "m", "input": "Hi" });
+        let replies = [
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":1}}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":null}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}]}"#,
+            r#"{"created":1,"choices":[{"message":{"content":["odd"]}}],"usage":{"prompt_tokens":3}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":"3"}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":[1,2]}"#,
+            r#"  {"created":1,"usage":{"completion_tokens":5}}"#,
+        ];
+        for reply in replies {
+            let (response, usage) =
+                response_json_from_chat_bytes(&request, reply.as_bytes(), &mut Ids::counting())
+                    .unwrap();
+            assert_eq!(
+                usage,
+                crate::protocol::reply_usage(reply.as_bytes()),
+                "{reply}"
+            );
+            let value: Value = serde_json::from_str(reply).unwrap();
+            let expected = response_json_from_chat(&request, &value, &mut Ids::counting());
+            assert_eq!(response, expected, "{reply}");
+        }
+        // Not an object: a failure, as the billing layer would judge it.
+        let array = br#"[1,"m",[]]"#;
+        let read = response_json_from_chat_bytes(&request, array, &mut Ids::counting());
+        assert!(read.is_ok_and(|(_, usage)| usage.is_none()));
+        assert!(
+            response_json_from_chat_bytes(&request, b"not json", &mut Ids::counting()).is_err()
+        );
+    }
 }
