@@ -2,6 +2,7 @@
 //! backends are tested against. Nothing survives a restart.
 
 mod accounts;
+mod call_log;
 mod codes;
 mod ledger;
 mod state;

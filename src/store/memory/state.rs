@@ -27,7 +27,7 @@ pub(super) struct State {
     pub(super) accounts: BTreeMap<AccountId, AccountRow>,
     pub(super) keys: HashMap<KeyHash, KeyId>,
     pub(super) key_rows: BTreeMap<KeyId, KeyInfo>,
-    pub(super) calls: Vec<CallRecord>,
+    pub(super) calls: super::call_log::CallLog,
     pub(super) next_key: i64,
     /// Idempotency records by account and key.
     pub(super) keyed: HashMap<(AccountId, String), KeyedRow>,
