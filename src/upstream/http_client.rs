@@ -682,7 +682,7 @@ impl Channel {
             .map_err(|message| retryable(Some(status.as_u16()), message))?;
 
         if status.is_success() {
-            let not_an_object = |status: StatusCode| {
+            let not_an_object = || {
                 retryable(
                     Some(status.as_u16()),
                     format!("answered {status} with a body that is not a JSON object"),
@@ -696,11 +696,8 @@ impl Channel {
                         &body,
                         &mut Ids::random(),
                     )
-                    .map_err(|_| not_an_object(status))?;
-                    (
-                        Bytes::from(response),
-                        usage.ok_or_else(|| not_an_object(status))?,
-                    )
+                    .map_err(|_| not_an_object())?;
+                    (Bytes::from(response), usage.ok_or_else(not_an_object)?)
                 }
                 None => {
                     let usage = complete_reply(status, &body)

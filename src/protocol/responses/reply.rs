@@ -278,17 +278,26 @@ pub(crate) struct Usage {
 }
 
 impl Usage {
+    /// Chat completions' counts in the Responses API's names: `prompt` tokens (`cached` of them
+    /// read from the cache), `completion` tokens (`reasoning` of them spent reasoning), and
+    /// their `total` (the sum when the reply gives none).
+    fn new(prompt: i64, completion: i64, total: Option<i64>, cached: i64, reasoning: i64) -> Usage {
+        Usage {
+            input_tokens: prompt,
+            input_tokens_details: CachedTokens {
+                cached_tokens: cached,
+            },
+            output_tokens: completion,
+            output_tokens_details: ReasoningTokens {
+                reasoning_tokens: reasoning,
+            },
+            total_tokens: total.unwrap_or(prompt.saturating_add(completion)),
+        }
+    }
+
     /// `input` and `output` tokens, none of them cached or reasoning.
     pub(crate) fn counted(input: i64, output: i64) -> Usage {
-        Usage {
-            input_tokens: input,
-            input_tokens_details: CachedTokens { cached_tokens: 0 },
-            output_tokens: output,
-            output_tokens_details: ReasoningTokens {
-                reasoning_tokens: 0,
-            },
-            total_tokens: input.saturating_add(output),
-        }
+        Usage::new(input, output, None, 0, 0)
     }
 }
 
@@ -306,21 +315,13 @@ struct ReasoningTokens {
 pub(super) fn usage(chat_usage: Option<&Value>) -> Option<Usage> {
     let usage = chat_usage.filter(|usage| usage.is_object())?;
     let count = |pointer: &str| usage.pointer(pointer).and_then(Value::as_i64).unwrap_or(0);
-    let (input, output) = (count("/prompt_tokens"), count("/completion_tokens"));
-    Some(Usage {
-        input_tokens: input,
-        input_tokens_details: CachedTokens {
-            cached_tokens: count("/prompt_tokens_details/cached_tokens"),
-        },
-        output_tokens: output,
-        output_tokens_details: ReasoningTokens {
-            reasoning_tokens: count("/completion_tokens_details/reasoning_tokens"),
-        },
-        total_tokens: usage
-            .get("total_tokens")
-            .and_then(Value::as_i64)
-            .unwrap_or(input + output),
-    })
+    Some(Usage::new(
+        count("/prompt_tokens"),
+        count("/completion_tokens"),
+        usage.get("total_tokens").and_then(Value::as_i64),
+        count("/prompt_tokens_details/cached_tokens"),
+        count("/completion_tokens_details/reasoning_tokens"),
+    ))
 }
 
 /// An output item.
@@ -483,12 +484,10 @@ pub fn response_json_from_chat_bytes(
     reply: &[u8],
     ids: &mut Ids,
 ) -> Result<(Vec<u8>, Option<TokenUsage>), serde_json::Error> {
-    let typed = serde_json::from_slice::<read::Reply<'_>>(reply).ok();
-    let is_object = reply.trim_ascii_start().starts_with(b"{");
-    if let Some((typed, view)) = typed
-        .as_ref()
-        .filter(|_| is_object)
-        .and_then(|typed| Some((typed, typed.view().ok()?)))
+    // `reply_usage` reads only JSON objects (serde would take an array for a struct too).
+    if reply.trim_ascii_start().starts_with(b"{")
+        && let Ok(typed) = serde_json::from_slice::<read::Reply<'_>>(reply)
+        && let Ok(view) = typed.view()
     {
         let usage = match typed.usage {
             Some(raw) if raw.get() != "null" => serde_json::from_str::<TokenUsage>(raw.get()).ok(),
@@ -562,7 +561,7 @@ mod read {
     use serde::Deserialize;
     use serde_json::value::RawValue;
 
-    use super::{CachedTokens, ChatReply, ReasoningTokens, ToolCall, Usage};
+    use super::{ChatReply, ToolCall, Usage};
 
     #[derive(Deserialize)]
     pub(super) struct Reply<'a> {
@@ -672,28 +671,16 @@ mod read {
                     .collect(),
                 finish_reason: text(choice.map(|choice| &choice.finish_reason)),
                 usage: usage.map(|usage| {
-                    let (input, output) = (
-                        usage.prompt_tokens.unwrap_or(0),
-                        usage.completion_tokens.unwrap_or(0),
-                    );
                     let detail = |details: &Option<Details>, pick: fn(&Details) -> Option<i64>| {
                         details.as_ref().and_then(pick).unwrap_or(0)
                     };
-                    Usage {
-                        input_tokens: input,
-                        input_tokens_details: CachedTokens {
-                            cached_tokens: detail(&usage.prompt_tokens_details, |d| {
-                                d.cached_tokens
-                            }),
-                        },
-                        output_tokens: output,
-                        output_tokens_details: ReasoningTokens {
-                            reasoning_tokens: detail(&usage.completion_tokens_details, |d| {
-                                d.reasoning_tokens
-                            }),
-                        },
-                        total_tokens: usage.total_tokens.unwrap_or(input + output),
-                    }
+                    Usage::new(
+                        usage.prompt_tokens.unwrap_or(0),
+                        usage.completion_tokens.unwrap_or(0),
+                        usage.total_tokens,
+                        detail(&usage.prompt_tokens_details, |d| d.cached_tokens),
+                        detail(&usage.completion_tokens_details, |d| d.reasoning_tokens),
+                    )
                 }),
             })
         }
