@@ -8,18 +8,30 @@ use crate::store::types::CallRecord;
 const CHUNK: usize = 4096;
 
 /// Call records, the first at index 0, appended only.
-#[derive(Debug, Default)]
-pub(super) struct CallLog {
-    chunks: Vec<Vec<CallRecord>>,
+pub(super) type CallLog = Chunked<CallRecord>;
+
+/// Items in chunks of [`CHUNK`], appended only.
+#[derive(Debug)]
+pub(super) struct Chunked<T> {
+    chunks: Vec<Vec<T>>,
     len: usize,
 }
 
-impl CallLog {
+impl<T> Default for Chunked<T> {
+    fn default() -> Self {
+        Chunked {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> Chunked<T> {
     pub(super) fn len(&self) -> usize {
         self.len
     }
 
-    pub(super) fn push(&mut self, record: CallRecord) {
+    pub(super) fn push(&mut self, record: T) {
         match self.chunks.last_mut() {
             Some(chunk) if chunk.len() < CHUNK => chunk.push(record),
             _ => {
@@ -31,23 +43,23 @@ impl CallLog {
         self.len += 1;
     }
 
-    pub(super) fn get(&self, index: usize) -> Option<&CallRecord> {
+    pub(super) fn get(&self, index: usize) -> Option<&T> {
         self.chunks.get(index / CHUNK)?.get(index % CHUNK)
     }
 
-    pub(super) fn get_mut(&mut self, index: usize) -> Option<&mut CallRecord> {
+    pub(super) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
         self.chunks.get_mut(index / CHUNK)?.get_mut(index % CHUNK)
     }
 
-    /// The records in the order they were appended (`.rev()` for the newest first).
-    pub(super) fn iter(&self) -> impl DoubleEndedIterator<Item = &CallRecord> {
+    /// The items in the order they were appended (`.rev()` for the newest first).
+    pub(super) fn iter(&self) -> impl DoubleEndedIterator<Item = &T> {
         self.chunks.iter().flatten()
     }
 }
 
-impl<'a> IntoIterator for &'a CallLog {
-    type Item = &'a CallRecord;
-    type IntoIter = std::iter::Flatten<std::slice::Iter<'a, Vec<CallRecord>>>;
+impl<'a, T> IntoIterator for &'a Chunked<T> {
+    type Item = &'a T;
+    type IntoIter = std::iter::Flatten<std::slice::Iter<'a, Vec<T>>>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.chunks.iter().flatten()
@@ -57,60 +69,27 @@ impl<'a> IntoIterator for &'a CallLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::call::{AccountId, CallId, KeyId};
-    use crate::credits::Credits;
-    use crate::store::types::CallStatus;
-
-    fn record(id: i64) -> CallRecord {
-        CallRecord {
-            id: CallId(id),
-            account: AccountId(1),
-            key: KeyId(1),
-            protocol: crate::Protocol::ChatCompletions,
-            model: "m".into(),
-            requested_model: None,
-            price: Credits::ZERO,
-            charged_subscription: Credits::ZERO,
-            charged_topup: Credits::ZERO,
-            status: CallStatus::Pending,
-            upstream_status: None,
-            channel: None,
-            upstream_error: None,
-            input_tokens: None,
-            output_tokens: None,
-            cache_read_tokens: None,
-            cache_write_tokens: None,
-            cache_write_1h_tokens: None,
-            reasoning_tokens: None,
-            shortfall: Credits::ZERO,
-            created_at: chrono::Utc::now(),
-            finished_at: None,
-            request_id: None,
-        }
-    }
 
     #[test]
-    fn records_across_chunks_are_found_by_index_and_iterated_in_order_both_ways() {
-        let mut log = CallLog::default();
+    fn items_across_chunks_are_found_by_index_and_iterated_in_order_both_ways() {
+        let mut log = Chunked::default();
         let count = 2 * CHUNK + 3;
         for id in 1..=count {
-            log.push(record(i64::try_from(id).unwrap()));
+            log.push(id);
         }
         assert_eq!(log.len(), count);
         for index in [0, CHUNK - 1, CHUNK, 2 * CHUNK, count - 1] {
-            assert_eq!(
-                log.get(index).unwrap().id.0,
-                i64::try_from(index + 1).unwrap()
-            );
+            assert_eq!(log.get(index), Some(&(index + 1)));
         }
         assert!(log.get(count).is_none());
-        log.get_mut(CHUNK).unwrap().status = CallStatus::Ok;
-        assert_eq!(log.get(CHUNK).unwrap().status, CallStatus::Ok);
-        let ids: Vec<i64> = log.iter().map(|record| record.id.0).collect();
-        assert_eq!(ids, (1..=i64::try_from(count).unwrap()).collect::<Vec<_>>());
-        let newest: Vec<i64> = log.iter().rev().take(4).map(|record| record.id.0).collect();
-        let last = i64::try_from(count).unwrap();
-        assert_eq!(newest, vec![last, last - 1, last - 2, last - 3]);
+        *log.get_mut(CHUNK).unwrap() = 0;
+        assert_eq!(log.get(CHUNK), Some(&0));
+        let ids: Vec<usize> = log.iter().copied().collect();
+        let mut expected: Vec<usize> = (1..=count).collect();
+        expected[CHUNK] = 0;
+        assert_eq!(ids, expected);
+        let newest: Vec<usize> = log.iter().rev().take(4).copied().collect();
+        assert_eq!(newest, vec![count, count - 1, count - 2, count - 3]);
         assert_eq!((&log).into_iter().count(), count);
     }
 }
