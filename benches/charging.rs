@@ -249,37 +249,37 @@ fn stack_overhead(c: &mut Criterion) {
         MockUpstream::new(),
     );
     let bearer = format!("Bearer {}", key.reveal());
-    c.bench_function("stack/four layers + mock, memory store", |b| {
-        b.to_async(&runtime).iter(|| {
-            let request = Request::post("/v1/chat/completions")
-                .header("authorization", &bearer)
-                .body(Full::new(body.clone()))
-                .unwrap();
-            let stack = stack.clone();
-            async move {
-                let response = stack.oneshot(request).await.unwrap();
-                assert_eq!(response.status(), 200);
-            }
-        })
-    });
+    // One paid call on `path`, answered 200.
+    let mut bench_call = |name: &str, path: &'static str, body: &Bytes| {
+        c.bench_function(name, |b| {
+            b.to_async(&runtime).iter(|| {
+                let request = Request::post(path)
+                    .header("authorization", &bearer)
+                    .body(Full::new(body.clone()))
+                    .unwrap();
+                let stack = stack.clone();
+                async move {
+                    let response = stack.oneshot(request).await.unwrap();
+                    assert_eq!(response.status(), 200);
+                }
+            })
+        });
+    };
+    bench_call(
+        "stack/four layers + mock, memory store",
+        "/v1/chat/completions",
+        &body,
+    );
     // The same question on the Responses endpoint (translated: the demo catalogue's upstreams
     // speak chat completions), to show what its translation adds to a call.
     let responses_body = Bytes::from_static(
         br#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hello"}]}"#,
     );
-    c.bench_function("stack/four layers + mock, memory store, responses", |b| {
-        b.to_async(&runtime).iter(|| {
-            let request = Request::post("/v1/responses")
-                .header("authorization", &bearer)
-                .body(Full::new(responses_body.clone()))
-                .unwrap();
-            let stack = stack.clone();
-            async move {
-                let response = stack.oneshot(request).await.unwrap();
-                assert_eq!(response.status(), 200);
-            }
-        })
-    });
+    bench_call(
+        "stack/four layers + mock, memory store, responses",
+        "/v1/responses",
+        &responses_body,
+    );
     // The floor: the mock alone, given the extension the router would have added.
     let routed =
         model_gateway::router::route(&Catalogue::demo(), Protocol::ChatCompletions, &body, false)
