@@ -52,6 +52,7 @@
 mod reply;
 mod request;
 mod stream;
+mod write;
 
 pub(crate) use reply::{ChatReply, Usage, write_response};
 pub use reply::{response_from_chat, response_json_from_chat, response_json_from_chat_bytes};

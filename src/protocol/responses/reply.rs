@@ -1,9 +1,9 @@
 //! A chat-completions reply as a Responses `response` object.
 
-use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::Ids;
+use super::write::{ObjectWriter, WriteJson, to_value};
 use crate::protocol::TokenUsage;
 
 /// The request settings a `response` object repeats (the Responses API echoes them), with the
@@ -49,24 +49,20 @@ enum Setting<'a> {
     PlainText,
 }
 
-impl Serialize for Setting<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::{SerializeMap, SerializeSeq};
-        match self {
-            Setting::Given(value) => value.serialize(serializer),
-            Setting::Null => serializer.serialize_none(),
-            Setting::True => serializer.serialize_bool(true),
-            Setting::One => serializer.serialize_f64(1.0),
-            Setting::Auto => serializer.serialize_str("auto"),
-            Setting::DefaultTier => serializer.serialize_str("default"),
-            Setting::NoMetadata => serializer.serialize_map(Some(0))?.end(),
-            Setting::NoTools => serializer.serialize_seq(Some(0))?.end(),
-            Setting::PlainText => {
-                let mut format = serializer.serialize_map(Some(1))?;
-                format.serialize_entry("type", "text")?;
-                format.end()
-            }
-        }
+impl WriteJson for Setting<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let literal: &[u8] = match self {
+            Setting::Given(value) => return value.write_json(out),
+            Setting::Null => b"null",
+            Setting::True => b"true",
+            Setting::One => b"1.0",
+            Setting::Auto => b"\"auto\"",
+            Setting::DefaultTier => b"\"default\"",
+            Setting::NoMetadata => b"{}",
+            Setting::NoTools => b"[]",
+            Setting::PlainText => br#"{"type":"text"}"#,
+        };
+        out.extend_from_slice(literal);
     }
 }
 
@@ -85,53 +81,6 @@ pub(super) struct Echo<'a> {
     tools: Setting<'a>,
     top_p: Setting<'a>,
     user: Setting<'a>,
-}
-
-/// A `response` object, serialised as it is built.
-#[derive(Serialize)]
-struct ResponseObject<'a, I, U> {
-    id: &'a str,
-    object: &'static str,
-    created_at: i64,
-    status: &'static str,
-    error: Option<()>,
-    incomplete_details: Option<Incomplete<'a>>,
-    model: &'a str,
-    output: &'a [I],
-    usage: &'a U,
-    background: bool,
-    instructions: Setting<'a>,
-    max_output_tokens: Setting<'a>,
-    metadata: Setting<'a>,
-    parallel_tool_calls: Setting<'a>,
-    previous_response_id: Option<()>,
-    reasoning: ReasoningEcho<'a>,
-    service_tier: Setting<'a>,
-    /// A translated call keeps nothing: its response cannot be fetched again.
-    store: bool,
-    temperature: Setting<'a>,
-    text: TextEcho<'a>,
-    tool_choice: Setting<'a>,
-    tools: Setting<'a>,
-    top_p: Setting<'a>,
-    truncation: &'static str,
-    user: Setting<'a>,
-}
-
-#[derive(Serialize)]
-struct ReasoningEcho<'a> {
-    effort: Setting<'a>,
-    summary: Option<()>,
-}
-
-#[derive(Serialize)]
-struct TextEcho<'a> {
-    format: Setting<'a>,
-}
-
-#[derive(Serialize)]
-struct Incomplete<'a> {
-    reason: &'a str,
 }
 
 /// `request[outer][name]`, if there is one.
@@ -171,55 +120,62 @@ impl<'a> Echo<'a> {
         output: Vec<Value>,
         usage: Value,
     ) -> Value {
-        serde_json::to_value(self.object(head, status, &output, &usage))
-            .expect("a response serialises")
+        let mut json = Vec::with_capacity(1024);
+        self.write(head, status, &output, &usage, &mut json);
+        serde_json::from_slice(&json).expect("a response is JSON")
     }
 
-    fn object<'b, I, U>(
+    /// A `response` object with these echoed settings, appended to `out`. Written a field at
+    /// a time rather than derived: `serde_json` escapes every key of a derived struct a byte at
+    /// a time, which was a third of what writing a response cost.
+    fn write(
         &self,
-        head: &'b Head,
-        status: Status<'b>,
-        output: &'b [I],
-        usage: &'b U,
-    ) -> ResponseObject<'b, I, U>
-    where
-        'a: 'b,
-    {
-        ResponseObject {
-            id: &head.id,
-            object: "response",
-            created_at: head.created_at,
-            status: status.name(),
-            error: None,
-            incomplete_details: match status {
-                Status::Incomplete(reason) => Some(Incomplete { reason }),
-                _ => None,
-            },
-            model: &head.model,
-            output,
-            usage,
-            background: false,
-            instructions: self.instructions,
-            max_output_tokens: self.max_output_tokens,
-            metadata: self.metadata,
-            parallel_tool_calls: self.parallel_tool_calls,
-            previous_response_id: None,
-            reasoning: ReasoningEcho {
-                effort: self.effort,
-                summary: None,
-            },
-            service_tier: self.service_tier,
-            store: false,
-            temperature: self.temperature,
-            text: TextEcho {
-                format: self.format,
-            },
-            tool_choice: self.tool_choice,
-            tools: self.tools,
-            top_p: self.top_p,
-            truncation: "disabled",
-            user: self.user,
+        head: &Head,
+        status: Status<'_>,
+        output: &[impl WriteJson],
+        usage: &impl WriteJson,
+        out: &mut Vec<u8>,
+    ) {
+        let mut object = ObjectWriter::open(out);
+        object.field("id", &head.id);
+        object.raw("object", "\"response\"");
+        object.field("created_at", &head.created_at);
+        object.field("status", status.name());
+        object.raw("error", "null");
+        match status {
+            Status::Incomplete(reason) => {
+                let mut details = object.object("incomplete_details");
+                details.field("reason", reason);
+                details.close();
+            }
+            _ => object.raw("incomplete_details", "null"),
         }
+        object.field("model", &head.model);
+        object.write("output", output);
+        object.write("usage", usage);
+        object.raw("background", "false");
+        object.write("instructions", &self.instructions);
+        object.write("max_output_tokens", &self.max_output_tokens);
+        object.write("metadata", &self.metadata);
+        object.write("parallel_tool_calls", &self.parallel_tool_calls);
+        object.raw("previous_response_id", "null");
+        let mut reasoning = object.object("reasoning");
+        reasoning.write("effort", &self.effort);
+        reasoning.raw("summary", "null");
+        reasoning.close();
+        object.write("service_tier", &self.service_tier);
+        // A translated call keeps nothing: its response cannot be fetched again.
+        object.raw("store", "false");
+        object.write("temperature", &self.temperature);
+        let mut text = object.object("text");
+        text.write("format", &self.format);
+        text.close();
+        object.write("tool_choice", &self.tool_choice);
+        object.write("tools", &self.tools);
+        object.write("top_p", &self.top_p);
+        object.raw("truncation", "\"disabled\"");
+        object.write("user", &self.user);
+        object.close();
     }
 }
 
@@ -268,12 +224,14 @@ impl Status<'_> {
 }
 
 /// Token counts in the Responses API's names.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub(crate) struct Usage {
     input_tokens: i64,
-    input_tokens_details: CachedTokens,
+    /// Of the input tokens, those read from the provider's cache.
+    cached_tokens: i64,
     output_tokens: i64,
-    output_tokens_details: ReasoningTokens,
+    /// Of the output tokens, those spent reasoning.
+    reasoning_tokens: i64,
     total_tokens: i64,
 }
 
@@ -284,13 +242,9 @@ impl Usage {
     fn new(prompt: i64, completion: i64, total: Option<i64>, cached: i64, reasoning: i64) -> Usage {
         Usage {
             input_tokens: prompt,
-            input_tokens_details: CachedTokens {
-                cached_tokens: cached,
-            },
+            cached_tokens: cached,
             output_tokens: completion,
-            output_tokens_details: ReasoningTokens {
-                reasoning_tokens: reasoning,
-            },
+            reasoning_tokens: reasoning,
             total_tokens: total.unwrap_or(prompt.saturating_add(completion)),
         }
     }
@@ -301,14 +255,20 @@ impl Usage {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
-struct CachedTokens {
-    cached_tokens: i64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct ReasoningTokens {
-    reasoning_tokens: i64,
+impl WriteJson for Usage {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut usage = ObjectWriter::open(out);
+        usage.field("input_tokens", &self.input_tokens);
+        let mut details = usage.object("input_tokens_details");
+        details.field("cached_tokens", &self.cached_tokens);
+        details.close();
+        usage.field("output_tokens", &self.output_tokens);
+        let mut details = usage.object("output_tokens_details");
+        details.field("reasoning_tokens", &self.reasoning_tokens);
+        details.close();
+        usage.field("total_tokens", &self.total_tokens);
+        usage.close();
+    }
 }
 
 /// Chat completions' `usage` in the Responses API's names; `None` when there is none.
@@ -325,21 +285,14 @@ pub(super) fn usage(chat_usage: Option<&Value>) -> Option<Usage> {
 }
 
 /// An output item.
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
 pub(super) enum OutputItem<'a> {
     /// The model's reasoning, as chat-completions servers of reasoning models send it
-    /// (`reasoning_content`).
-    Reasoning {
-        id: &'a str,
-        summary: [(); 0],
-        content: Vec<ReasoningText<'a>>,
-    },
+    /// (`reasoning_content`); no text when it is empty (as a streamed item opens).
+    Reasoning { id: &'a str, text: Option<&'a str> },
     Message {
         id: &'a str,
         status: &'a str,
-        role: &'static str,
-        content: Vec<Part<'a>>,
+        content: Option<Part<'a>>,
     },
     FunctionCall {
         id: &'a str,
@@ -350,24 +303,66 @@ pub(super) enum OutputItem<'a> {
     },
 }
 
+impl WriteJson for OutputItem<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut item = ObjectWriter::open(out);
+        match self {
+            OutputItem::Reasoning { id, text } => {
+                item.raw("type", r#""reasoning""#);
+                item.field("id", id);
+                item.raw("summary", "[]");
+                match text {
+                    Some(text) => item.write("content", &[ReasoningText(text)][..]),
+                    None => item.raw("content", "[]"),
+                }
+            }
+            OutputItem::Message {
+                id,
+                status,
+                content,
+            } => {
+                item.raw("type", r#""message""#);
+                item.field("id", id);
+                item.field("status", status);
+                item.raw("role", r#""assistant""#);
+                item.write("content", content.as_slice());
+            }
+            OutputItem::FunctionCall {
+                id,
+                status,
+                call_id,
+                name,
+                arguments,
+            } => {
+                item.raw("type", r#""function_call""#);
+                item.field("id", id);
+                item.field("status", status);
+                item.field("call_id", call_id);
+                item.field("name", name);
+                item.field("arguments", arguments);
+            }
+        }
+        item.close();
+    }
+}
+
 /// A reasoning item's text.
-#[derive(Serialize)]
-#[serde(tag = "type", rename = "reasoning_text")]
-pub(super) struct ReasoningText<'a> {
-    text: &'a str,
+struct ReasoningText<'a>(&'a str);
+
+impl WriteJson for ReasoningText<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut part = ObjectWriter::open(out);
+        part.raw("type", r#""reasoning_text""#);
+        part.field("text", self.0);
+        part.close();
+    }
 }
 
 /// A reasoning item holding `text` (none when it is empty, as when it opens).
 pub(super) fn reasoning_item(id: &str, text: &str) -> Value {
-    let content = if text.is_empty() {
-        Vec::new()
-    } else {
-        vec![ReasoningText { text }]
-    };
-    to_value(OutputItem::Reasoning {
+    to_value(&OutputItem::Reasoning {
         id,
-        summary: [],
-        content,
+        text: (!text.is_empty()).then_some(text),
     })
 }
 
@@ -380,45 +375,34 @@ pub(super) fn reasoning_of(message: &Value) -> Option<&str> {
         .filter(|text| !text.is_empty())
 }
 
-/// A message's content part.
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub(super) enum Part<'a> {
-    OutputText {
-        text: &'a str,
-        annotations: [(); 0],
-        logprobs: [(); 0],
-    },
-    Refusal {
-        refusal: &'a str,
-    },
+/// A message's content part: text, or a refusal.
+pub(super) struct Part<'a> {
+    refusal: bool,
+    text: &'a str,
 }
 
-impl<'a> Part<'a> {
-    fn new(refusal: bool, text: &'a str) -> Part<'a> {
-        if refusal {
-            Part::Refusal { refusal: text }
+impl WriteJson for Part<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut part = ObjectWriter::open(out);
+        if self.refusal {
+            part.raw("type", r#""refusal""#);
+            part.field("refusal", self.text);
         } else {
-            Part::OutputText {
-                text,
-                annotations: [],
-                logprobs: [],
-            }
+            part.raw("type", r#""output_text""#);
+            part.field("text", self.text);
+            part.raw("annotations", "[]");
+            part.raw("logprobs", "[]");
         }
+        part.close();
     }
-}
-
-fn to_value(item: impl Serialize) -> Value {
-    serde_json::to_value(item).expect("an item serialises")
 }
 
 /// A message item holding `part` (none when `part` is `null`).
 pub(super) fn message_item(id: &str, status: &str, part: Value) -> Value {
-    let mut item = to_value(OutputItem::Message {
+    let mut item = to_value(&OutputItem::Message {
         id,
         status,
-        role: "assistant",
-        content: Vec::new(),
+        content: None,
     });
     if !part.is_null() {
         item["content"] = json!([part]);
@@ -428,7 +412,7 @@ pub(super) fn message_item(id: &str, status: &str, part: Value) -> Value {
 
 /// A message's content part: text, or a refusal.
 pub(super) fn content_part(refusal: bool, text: &str) -> Value {
-    to_value(Part::new(refusal, text))
+    to_value(&Part { refusal, text })
 }
 
 /// A function call item.
@@ -439,7 +423,7 @@ pub(super) fn function_call_item(
     name: &str,
     arguments: &str,
 ) -> Value {
-    to_value(OutputItem::FunctionCall {
+    to_value(&OutputItem::FunctionCall {
         id,
         status,
         call_id,
@@ -718,16 +702,17 @@ pub(crate) fn write_response(request: &Value, reply: &ChatReply<'_>, ids: &mut I
     if let Some(text) = reply.reasoning {
         output.push(OutputItem::Reasoning {
             id: id.next().expect("an id per item"),
-            summary: [],
-            content: vec![ReasoningText { text }],
+            text: Some(text),
         });
     }
     if let Some((is_refusal, text)) = said {
         output.push(OutputItem::Message {
             id: id.next().expect("an id per item"),
             status: "completed",
-            role: "assistant",
-            content: vec![Part::new(is_refusal, text)],
+            content: Some(Part {
+                refusal: is_refusal,
+                text,
+            }),
         });
     }
     for call in &reply.calls {
@@ -742,8 +727,9 @@ pub(crate) fn write_response(request: &Value, reply: &ChatReply<'_>, ids: &mut I
     }
     let status = Status::finished(reply.finish_reason);
     let echo = Echo::of(request);
-    serde_json::to_vec(&echo.object(&head, status, &output, &reply.usage))
-        .expect("a response serialises")
+    let mut out = Vec::with_capacity(1024);
+    echo.write(&head, status, &output, &reply.usage, &mut out);
+    out
 }
 
 #[cfg(test)]
@@ -785,5 +771,94 @@ mod tests {
         assert!(
             response_json_from_chat_bytes(&request, b"not json", &mut Ids::counting()).is_err()
         );
+    }
+
+    /// The keys of every object in `json`, in order, duplicates kept (a `Value` keeps only the
+    /// last of a duplicated key, so comparing values would not see one written twice).
+    fn keys_of_every_object(json: &[u8]) -> Vec<Vec<String>> {
+        struct Seed<'s>(&'s mut Vec<Vec<String>>);
+        impl<'de> serde::de::DeserializeSeed<'de> for Seed<'_> {
+            type Value = ();
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+                d.deserialize_any(self)
+            }
+        }
+        impl<'de> serde::de::Visitor<'de> for Seed<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+                let at = self.0.len();
+                self.0.push(Vec::new());
+                while let Some(key) = map.next_key::<String>()? {
+                    self.0[at].push(key);
+                    map.next_value_seed(Seed(self.0))?;
+                }
+                Ok(())
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+                while seq.next_element_seed(Seed(self.0))?.is_some() {}
+                Ok(())
+            }
+            fn visit_str<E>(self, _: &str) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+                Ok(())
+            }
+            fn visit_unit<E>(self) -> Result<(), E> {
+                Ok(())
+            }
+        }
+        let mut objects = Vec::new();
+        let mut de = serde_json::Deserializer::from_slice(json);
+        serde::de::DeserializeSeed::deserialize(Seed(&mut objects), &mut de).expect("JSON");
+        objects
+    }
+
+    /// The response is written field by field, so nothing but this test would see a key
+    /// written twice: every object of a response with every kind of item, every setting given
+    /// and every one left to its default, holds each key once.
+    #[test]
+    fn a_written_response_holds_each_key_once_in_every_object() {
+        let given = json!({
+            "model": "m", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 9,
+            "metadata": { "a": "b" }, "parallel_tool_calls": false,
+            "reasoning": { "effort": "low" }, "service_tier": "flex", "temperature": 0.2,
+            "text": { "format": { "type": "json_object" } }, "tool_choice": "none",
+            "tools": [{ "type": "function", "name": "f" }], "top_p": 0.5, "user": "u",
+        });
+        let reply = br#"{"created":1,"model":"m","choices":[{"message":{"content":"Hi","reasoning_content":"Hm.","tool_calls":[{"id":"c1","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+        for request in [given, json!({ "model": "m", "input": "Hi" })] {
+            let (response, _) =
+                response_json_from_chat_bytes(&request, reply, &mut Ids::counting()).unwrap();
+            let objects = keys_of_every_object(&response);
+            assert_eq!(objects[0].len(), 25, "{:?}", objects[0]);
+            for keys in &objects {
+                let mut unique = keys.clone();
+                unique.sort();
+                unique.dedup();
+                assert_eq!(unique.len(), keys.len(), "{keys:?}");
+            }
+            let value: Value = serde_json::from_slice(&response).unwrap();
+            let kinds: Vec<_> = value["output"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|item| item["type"].as_str().unwrap())
+                .collect();
+            assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+            assert_eq!(value["incomplete_details"]["reason"], "max_output_tokens");
+        }
     }
 }

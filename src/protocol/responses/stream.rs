@@ -129,8 +129,7 @@ impl StreamTranslator {
         }
         self.start(Some(&chunk), out);
         if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
-            self.usage =
-                serde_json::to_value(super::reply::usage(Some(usage))).expect("usage serialises");
+            self.usage = super::write::to_value(&super::reply::usage(Some(usage)));
         }
         let Some(choice) = chunk["choices"]
             .as_array()

@@ -1,0 +1,152 @@
+//! JSON written a field at a time, for the objects a Responses translation writes on every
+//! call (the `response`, its items and usage).
+//!
+//! `serde_json` writes each key of a derived struct through its string escaper, a byte at a
+//! time; for a `response` (27 keys, and more in its items and usage) that was most of what
+//! writing one cost. Here keys, fixed names that need no escaping, are copied as they are, and
+//! only values (strings from the request or the provider, numbers) go through `serde_json`.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// Something written as JSON by [`ObjectWriter`]s.
+pub(super) trait WriteJson {
+    fn write_json(&self, out: &mut Vec<u8>);
+}
+
+impl WriteJson for Value {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        serde_json::to_writer(out, self).expect("a JSON value serialises");
+    }
+}
+
+impl<T: WriteJson> WriteJson for Option<T> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            Some(value) => value.write_json(out),
+            None => out.extend_from_slice(b"null"),
+        }
+    }
+}
+
+impl<T: WriteJson> WriteJson for [T] {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        out.push(b'[');
+        for (index, value) in self.iter().enumerate() {
+            if index > 0 {
+                out.push(b',');
+            }
+            value.write_json(out);
+        }
+        out.push(b']');
+    }
+}
+
+/// `value` as a `serde_json::Value`, for the stream's events, which are built as values.
+pub(super) fn to_value(value: &(impl WriteJson + ?Sized)) -> Value {
+    let mut json = Vec::with_capacity(256);
+    value.write_json(&mut json);
+    serde_json::from_slice(&json).expect("what is written is JSON")
+}
+
+/// A JSON object being written into a buffer; [`close`](ObjectWriter::close) ends it.
+pub(super) struct ObjectWriter<'w> {
+    out: &'w mut Vec<u8>,
+    empty: bool,
+}
+
+impl<'w> ObjectWriter<'w> {
+    pub(super) fn open(out: &'w mut Vec<u8>) -> ObjectWriter<'w> {
+        out.push(b'{');
+        ObjectWriter { out, empty: true }
+    }
+
+    fn key(&mut self, key: &'static str) {
+        debug_assert!(
+            key.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'),
+            "a key that needs escaping: {key}"
+        );
+        if !self.empty {
+            self.out.push(b',');
+        }
+        self.empty = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+    }
+
+    /// A field whose value is the JSON text `json`, as it is.
+    pub(super) fn raw(&mut self, key: &'static str, json: &'static str) {
+        self.key(key);
+        self.out.extend_from_slice(json.as_bytes());
+    }
+
+    /// A field whose value serde writes (a string, a number, a `Value`).
+    pub(super) fn field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) {
+        self.key(key);
+        serde_json::to_writer(&mut *self.out, value).expect("a value serialises");
+    }
+
+    /// A field whose value writes itself.
+    pub(super) fn write<T: WriteJson + ?Sized>(&mut self, key: &'static str, value: &T) {
+        self.key(key);
+        value.write_json(self.out);
+    }
+
+    /// A field whose value is an object, written (and closed) through the writer returned.
+    pub(super) fn object(&mut self, key: &'static str) -> ObjectWriter<'_> {
+        self.key(key);
+        ObjectWriter::open(self.out)
+    }
+
+    pub(super) fn close(self) {
+        self.out.push(b'}');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    struct Point(i64, Option<&'static str>);
+
+    impl WriteJson for Point {
+        fn write_json(&self, out: &mut Vec<u8>) {
+            let mut point = ObjectWriter::open(out);
+            point.raw("kind", r#""point""#);
+            point.field("x", &self.0);
+            point.field("label", &self.1);
+            let mut empty = point.object("tags");
+            empty.raw("none", "[]");
+            empty.close();
+            point.close();
+        }
+    }
+
+    #[test]
+    fn objects_are_written_with_their_keys_as_given_and_their_values_escaped() {
+        let points = [Point(1, Some("a \"quoted\"\nline")), Point(-2, None)];
+        let mut out = Vec::new();
+        let mut list = ObjectWriter::open(&mut out);
+        list.write("points", &points[..]);
+        list.write("first", &Some(Point(3, None)));
+        list.write("absent", &None::<Point>);
+        list.close();
+        let written: Value = serde_json::from_slice(&out).expect("JSON");
+        assert_eq!(
+            written,
+            json!({
+                "points": [
+                    { "kind": "point", "x": 1, "label": "a \"quoted\"\nline", "tags": { "none": [] } },
+                    { "kind": "point", "x": -2, "label": null, "tags": { "none": [] } },
+                ],
+                "first": { "kind": "point", "x": 3, "label": null, "tags": { "none": [] } },
+                "absent": null,
+            })
+        );
+        assert_eq!(to_value(&points[1])["x"], -2);
+    }
+}
