@@ -182,12 +182,19 @@ pub async fn compare_loads(
     loads: &[(Load, &str)],
 ) {
     let mut runs: Vec<Vec<Figures>> = vec![Vec::new(); loads.len()];
-    for _ in 0..rounds {
-        for ((load, _), figures) in loads.iter().zip(&mut runs) {
-            drive_load(target, concurrency, 300, *load).await; // warm-up
-            let measured = drive_load(target, concurrency, requests, *load).await;
+    for round in 0..rounds {
+        // The order turns round each round (ABBA), so that a machine that slows down or
+        // speeds up during a run weighs on every load alike.
+        let mut order: Vec<usize> = (0..loads.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for index in order {
+            let load = loads[index].0;
+            drive_load(target, concurrency, 300, load).await; // warm-up
+            let measured = drive_load(target, concurrency, requests, load).await;
             assert_eq!(measured.ok, requests, "not every call answered 200");
-            figures.push(measured);
+            runs[index].push(measured);
         }
     }
     for ((_, label), figures) in loads.iter().zip(&runs) {
@@ -204,6 +211,26 @@ pub async fn compare_loads(
             median(|f| f
                 .cpu_per_request
                 .map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e6)),
+        );
+    }
+    // Each load against the first, round by round: on a machine whose speed drifts, the
+    // ratio of two runs side by side is steadier than the ratio of two medians.
+    let (first, first_label) = (&runs[0], loads[0].1);
+    for ((_, label), figures) in loads.iter().zip(&runs).skip(1) {
+        let ratios: Vec<f64> = figures
+            .iter()
+            .zip(first)
+            .map(|(run, beside)| run.rps / beside.rps)
+            .collect();
+        let (low, high) = ratios
+            .iter()
+            .fold((f64::INFINITY, 0f64), |(low, high), &r| (low.min(r), high.max(r)));
+        println!(
+            "{:<11} {:<10} {:>4} req/s {:.3}x {first_label}'s, round by round (median; {low:.3} to {high:.3})",
+            target.name,
+            label,
+            concurrency,
+            median(&ratios, |r| *r),
         );
     }
 }
