@@ -298,7 +298,9 @@ fn stack_overhead(c: &mut Criterion) {
 
 /// The Responses translation's own steps, on the load test's question and provider reply.
 fn responses_translation(c: &mut Criterion) {
-    use model_gateway::protocol::responses::{Ids, Translated, response_json_from_chat_bytes};
+    use model_gateway::protocol::responses::{
+        Ids, StreamTranslator, Translated, response_json_from_chat_bytes,
+    };
     let body: &[u8] =
         br#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hello, how are you today?"}]}"#;
     let reply: &[u8] = br#"{"id":"chatcmpl-load","object":"chat.completion","created":1741476542,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"This is a fixed reply from the load test's provider."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":11,"total_tokens":23}}"#;
@@ -315,6 +317,39 @@ fn responses_translation(c: &mut Criterion) {
     // What a chat call does with the same reply, against which the translation's cost shows.
     c.bench_function("responses/chat reply's usage read (the chat path)", |b| {
         b.iter(|| std::hint::black_box(model_gateway::protocol::reply_usage(reply)))
+    });
+    // A streamed reply: the role, eight text deltas, the finish, the usage and `[DONE]`, as one
+    // provider's chunks, translated into the Responses events a client reads.
+    let mut chat_stream = String::new();
+    let chunk = |delta: &str, finish: &str, usage: &str| {
+        format!(
+            "data: {{\"id\":\"chatcmpl-load\",\"object\":\"chat.completion.chunk\",\"created\":1741476542,\"model\":\"gpt-4o-mini\",\"choices\":[{{\"index\":0,\"delta\":{{{delta}}},\"finish_reason\":{finish}}}]{usage}}}\n\n"
+        )
+    };
+    chat_stream.push_str(&chunk(r#""role":"assistant","content":"""#, "null", ""));
+    for word in [
+        "This ",
+        "is ",
+        "a ",
+        "fixed ",
+        "reply ",
+        "from ",
+        "the ",
+        "provider.",
+    ] {
+        chat_stream.push_str(&chunk(&format!(r#""content":"{word}""#), "null", ""));
+    }
+    chat_stream.push_str(&chunk("", r#""stop""#, ""));
+    chat_stream.push_str(&format!(
+        "data: {{\"id\":\"chatcmpl-load\",\"object\":\"chat.completion.chunk\",\"created\":1741476542,\"model\":\"gpt-4o-mini\",\"choices\":[],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":8,\"total_tokens\":20}}}}\n\ndata: [DONE]\n\n"
+    ));
+    c.bench_function("responses/chat stream translated (10 chunks)", |b| {
+        b.iter(|| {
+            let mut translator = StreamTranslator::new(translated.request(), Ids::random());
+            let events = translator.push(chat_stream.as_bytes());
+            assert!(translator.ended());
+            std::hint::black_box(events)
+        })
     });
     c.bench_function("responses/chat reply translated, usage read", |b| {
         b.iter(|| {

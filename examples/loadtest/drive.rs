@@ -224,7 +224,9 @@ pub async fn compare_loads(
             .collect();
         let (low, high) = ratios
             .iter()
-            .fold((f64::INFINITY, 0f64), |(low, high), &r| (low.min(r), high.max(r)));
+            .fold((f64::INFINITY, 0f64), |(low, high), &r| {
+                (low.min(r), high.max(r))
+            });
         println!(
             "{:<11} {:<10} {:>4} req/s {:.3}x {first_label}'s, round by round (median; {low:.3} to {high:.3})",
             target.name,

@@ -112,23 +112,10 @@ impl<'a> Echo<'a> {
         }
     }
 
-    /// A `response` object with these echoed settings.
-    pub(super) fn response(
-        &self,
-        head: &Head,
-        status: Status<'_>,
-        output: Vec<Value>,
-        usage: Value,
-    ) -> Value {
-        let mut json = Vec::with_capacity(1024);
-        self.write(head, status, &output, &usage, &mut json);
-        serde_json::from_slice(&json).expect("a response is JSON")
-    }
-
     /// A `response` object with these echoed settings, appended to `out`. Written a field at
     /// a time rather than derived: `serde_json` escapes every key of a derived struct a byte at
     /// a time, which was a third of what writing a response cost.
-    fn write(
+    pub(super) fn write(
         &self,
         head: &Head,
         status: Status<'_>,

@@ -4,9 +4,10 @@ use serde_json::{Value, json};
 
 use super::Ids;
 use super::reply::{
-    Echo, Head, Status, content_part, echoed_settings, function_call_item, message_item,
+    Echo, Head, Status, Usage, content_part, echoed_settings, function_call_item, message_item,
     reasoning_item, reasoning_of,
 };
+use super::write::ObjectWriter;
 use crate::protocol::sse::{Event, EventSplitter};
 
 /// Translates a chat-completions stream, as its bytes arrive, into the Responses event
@@ -35,7 +36,7 @@ pub struct StreamTranslator {
     /// Chat tool-call index → index into `items`, for the calls still open.
     calls: Vec<(u64, usize)>,
     finish_reason: Option<String>,
-    usage: Value,
+    usage: Option<Usage>,
     ended: bool,
 }
 
@@ -75,7 +76,7 @@ impl StreamTranslator {
             message: None,
             calls: Vec::new(),
             finish_reason: None,
-            usage: Value::Null,
+            usage: None,
             ended: false,
         }
     }
@@ -129,7 +130,7 @@ impl StreamTranslator {
         }
         self.start(Some(&chunk), out);
         if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
-            self.usage = super::write::to_value(&super::reply::usage(Some(usage)));
+            self.usage = super::reply::usage(Some(usage));
         }
         let Some(choice) = chunk["choices"]
             .as_array()
@@ -172,8 +173,7 @@ impl StreamTranslator {
                 .to_owned(),
         });
         for name in ["response.created", "response.in_progress"] {
-            let response = self.response(Status::InProgress, Vec::new(), Value::Null);
-            self.emit(name, json!({ "response": response }), out);
+            self.emit_response(name, Status::InProgress, &[], &None, out);
         }
     }
 
@@ -403,15 +403,33 @@ impl StreamTranslator {
 
     fn finish(&mut self, out: &mut String) {
         let status = Status::finished(self.finish_reason.as_deref());
-        let output = self.items.iter().map(Item::completed).collect();
-        let response = self.response(status, output, self.usage.clone());
-        self.emit(status.end_event(), json!({ "response": response }), out);
+        let output: Vec<Value> = self.items.iter().map(Item::completed).collect();
+        let usage = self.usage.take();
+        self.emit_response(status.end_event(), status, &output, &usage, out);
         self.ended = true;
     }
 
-    fn response(&self, status: Status<'_>, output: Vec<Value>, usage: Value) -> Value {
+    /// Writes an event that carries the `response` as it stands (written straight into the
+    /// event, as a complete reply's response is).
+    fn emit_response(
+        &mut self,
+        name: &'static str,
+        status: Status<'_>,
+        output: &[Value],
+        usage: &Option<Usage>,
+        out: &mut String,
+    ) {
         let head = self.head.as_ref().expect("the response started");
-        Echo::of(&self.settings).response(head, status, output, usage)
+        let mut data = Vec::with_capacity(1024);
+        let mut event = ObjectWriter::open(&mut data);
+        event.field("type", name);
+        event.field("sequence_number", &self.sequence);
+        event.write_with("response", |json| {
+            Echo::of(&self.settings).write(head, status, output, usage, json);
+        });
+        event.close();
+        let data = String::from_utf8(data).expect("JSON is UTF-8");
+        self.write_event(name, &data, out);
     }
 
     /// Writes one event: its name as `event:` and in `type`, and the next sequence number.
@@ -420,11 +438,16 @@ impl StreamTranslator {
         let object = data.as_object_mut().expect("events are objects");
         object.insert("type".into(), name.into());
         object.insert("sequence_number".into(), self.sequence.into());
+        self.write_event(name, &data.to_string(), out);
+    }
+
+    /// Writes an event whose `data` holds its name and sequence number, and counts it.
+    fn write_event(&mut self, name: &str, data: &str, out: &mut String) {
         self.sequence += 1;
         out.push_str("event: ");
         out.push_str(name);
         out.push_str("\ndata: ");
-        out.push_str(&data.to_string());
+        out.push_str(data);
         out.push_str("\n\n");
     }
 }

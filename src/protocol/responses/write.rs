@@ -94,6 +94,12 @@ impl<'w> ObjectWriter<'w> {
         value.write_json(self.out);
     }
 
+    /// A field whose value `write` appends.
+    pub(super) fn write_with(&mut self, key: &'static str, write: impl FnOnce(&mut Vec<u8>)) {
+        self.key(key);
+        write(self.out);
+    }
+
     /// A field whose value is an object, written (and closed) through the writer returned.
     pub(super) fn object(&mut self, key: &'static str) -> ObjectWriter<'_> {
         self.key(key);
