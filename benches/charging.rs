@@ -321,12 +321,12 @@ fn responses_translation(c: &mut Criterion) {
     // A streamed reply: the role, eight text deltas, the finish, the usage and `[DONE]`, as one
     // provider's chunks, translated into the Responses events a client reads.
     let mut chat_stream = String::new();
-    let chunk = |delta: &str, finish: &str, usage: &str| {
+    let chunk = |delta: &str, finish: &str| {
         format!(
-            "data: {{\"id\":\"chatcmpl-load\",\"object\":\"chat.completion.chunk\",\"created\":1741476542,\"model\":\"gpt-4o-mini\",\"choices\":[{{\"index\":0,\"delta\":{{{delta}}},\"finish_reason\":{finish}}}]{usage}}}\n\n"
+            "data: {{\"id\":\"chatcmpl-load\",\"object\":\"chat.completion.chunk\",\"created\":1741476542,\"model\":\"gpt-4o-mini\",\"choices\":[{{\"index\":0,\"delta\":{{{delta}}},\"finish_reason\":{finish}}}]}}\n\n"
         )
     };
-    chat_stream.push_str(&chunk(r#""role":"assistant","content":"""#, "null", ""));
+    chat_stream.push_str(&chunk(r#""role":"assistant","content":"""#, "null"));
     for word in [
         "This ",
         "is ",
@@ -337,11 +337,13 @@ fn responses_translation(c: &mut Criterion) {
         "the ",
         "provider.",
     ] {
-        chat_stream.push_str(&chunk(&format!(r#""content":"{word}""#), "null", ""));
+        chat_stream.push_str(&chunk(&format!(r#""content":"{word}""#), "null"));
     }
-    chat_stream.push_str(&chunk("", r#""stop""#, ""));
-    chat_stream.push_str(&format!(
-        "data: {{\"id\":\"chatcmpl-load\",\"object\":\"chat.completion.chunk\",\"created\":1741476542,\"model\":\"gpt-4o-mini\",\"choices\":[],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":8,\"total_tokens\":20}}}}\n\ndata: [DONE]\n\n"
+    chat_stream.push_str(&chunk("", r#""stop""#));
+    chat_stream.push_str(concat!(
+        r#"data: {"id":"chatcmpl-load","object":"chat.completion.chunk","created":1741476542,"#,
+        r#""model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":8,"#,
+        "\"total_tokens\":20}}\n\ndata: [DONE]\n\n"
     ));
     c.bench_function("responses/chat stream translated (10 chunks)", |b| {
         b.iter(|| {
