@@ -438,7 +438,9 @@ impl StreamTranslator {
         let object = data.as_object_mut().expect("events are objects");
         object.insert("type".into(), name.into());
         object.insert("sequence_number".into(), self.sequence.into());
-        self.write_event(name, &data.to_string(), out);
+        // `serde_json::to_string`, not `Display`, which writes through the formatting machinery.
+        let data = serde_json::to_string(&data).expect("an event serialises");
+        self.write_event(name, &data, out);
     }
 
     /// Writes an event whose `data` holds its name and sequence number, and counts it.
