@@ -87,10 +87,23 @@ pub async fn run(requests: u64, rounds: usize) {
         "{:<11} {:<10} {:>4} {:>10} {:>9} {:>9} {:>12}",
         "upstream", "endpoint", "c", "req/s", "p50 ms", "p99 ms", "cpu us/call"
     );
+    // `LOADTEST_TARGETS=translated` keeps the rows whose names contain one of those words (to
+    // profile one of them, say); `LOADTEST_ENDPOINTS=responses` drives only that endpoint.
+    let kept = |name: &str| {
+        std::env::var("LOADTEST_TARGETS")
+            .map_or(true, |only| only.split(',').any(|word| name.contains(word.trim())))
+    };
+    let loads: Vec<(Load, &str)> = [(Load::Calls, "chat"), (Load::Responses, "responses")]
+        .into_iter()
+        .filter(|(_, label)| {
+            std::env::var("LOADTEST_ENDPOINTS").map_or(true, |only| only.contains(label))
+        })
+        .collect();
     for concurrency in [16, 64] {
         for target in [&bare, &mock, &translated] {
-            let loads = [(Load::Calls, "chat"), (Load::Responses, "responses")];
-            compare_loads(target, concurrency, requests, rounds, &loads).await;
+            if kept(target.name) {
+                compare_loads(target, concurrency, requests, rounds, &loads).await;
+            }
         }
     }
 }
