@@ -90,8 +90,9 @@ pub async fn run(requests: u64, rounds: usize) {
     // `LOADTEST_TARGETS=translated` keeps the rows whose names contain one of those words (to
     // profile one of them, say); `LOADTEST_ENDPOINTS=responses` drives only that endpoint.
     let kept = |name: &str| {
-        std::env::var("LOADTEST_TARGETS")
-            .map_or(true, |only| only.split(',').any(|word| name.contains(word.trim())))
+        std::env::var("LOADTEST_TARGETS").map_or(true, |only| {
+            only.split(',').any(|word| name.contains(word.trim()))
+        })
     };
     let loads: Vec<(Load, &str)> = [(Load::Calls, "chat"), (Load::Responses, "responses")]
         .into_iter()

@@ -1,9 +1,9 @@
 //! A chat-completions reply as a Responses `response` object.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::Ids;
-use super::write::{ObjectWriter, WriteJson, to_value};
+use super::write::{ObjectWriter, WriteJson};
 use crate::protocol::TokenUsage;
 
 /// The request settings a `response` object repeats (the Responses API echoes them), with the
@@ -345,14 +345,6 @@ impl WriteJson for ReasoningText<'_> {
     }
 }
 
-/// A reasoning item holding `text` (none when it is empty, as when it opens).
-pub(super) fn reasoning_item(id: &str, text: &str) -> Value {
-    to_value(&OutputItem::Reasoning {
-        id,
-        text: (!text.is_empty()).then_some(text),
-    })
-}
-
 /// The reasoning text a chat message or delta carries: `reasoning_content` (vLLM, `DeepSeek`,
 /// most servers of open reasoning models) or `reasoning` (some routers).
 pub(super) fn reasoning_of(message: &Value) -> Option<&str> {
@@ -364,8 +356,8 @@ pub(super) fn reasoning_of(message: &Value) -> Option<&str> {
 
 /// A message's content part: text, or a refusal.
 pub(super) struct Part<'a> {
-    refusal: bool,
-    text: &'a str,
+    pub(super) refusal: bool,
+    pub(super) text: &'a str,
 }
 
 impl WriteJson for Part<'_> {
@@ -382,41 +374,6 @@ impl WriteJson for Part<'_> {
         }
         part.close();
     }
-}
-
-/// A message item holding `part` (none when `part` is `null`).
-pub(super) fn message_item(id: &str, status: &str, part: Value) -> Value {
-    let mut item = to_value(&OutputItem::Message {
-        id,
-        status,
-        content: None,
-    });
-    if !part.is_null() {
-        item["content"] = json!([part]);
-    }
-    item
-}
-
-/// A message's content part: text, or a refusal.
-pub(super) fn content_part(refusal: bool, text: &str) -> Value {
-    to_value(&Part { refusal, text })
-}
-
-/// A function call item.
-pub(super) fn function_call_item(
-    id: &str,
-    status: &str,
-    call_id: &str,
-    name: &str,
-    arguments: &str,
-) -> Value {
-    to_value(&OutputItem::FunctionCall {
-        id,
-        status,
-        call_id,
-        name,
-        arguments,
-    })
 }
 
 /// The `response` object for a chat-completions `reply` to the translation of `request`.
@@ -722,6 +679,7 @@ pub(crate) fn write_response(request: &Value, reply: &ChatReply<'_>, ids: &mut I
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::responses::write::keys_of_every_object;
     use serde_json::json;
 
     /// One reading of a chat reply gives the response the `Value` path gives and the usage the
@@ -758,59 +716,6 @@ mod tests {
         assert!(
             response_json_from_chat_bytes(&request, b"not json", &mut Ids::counting()).is_err()
         );
-    }
-
-    /// The keys of every object in `json`, in order, duplicates kept (a `Value` keeps only the
-    /// last of a duplicated key, so comparing values would not see one written twice).
-    fn keys_of_every_object(json: &[u8]) -> Vec<Vec<String>> {
-        struct Seed<'s>(&'s mut Vec<Vec<String>>);
-        impl<'de> serde::de::DeserializeSeed<'de> for Seed<'_> {
-            type Value = ();
-            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-                d.deserialize_any(self)
-            }
-        }
-        impl<'de> serde::de::Visitor<'de> for Seed<'_> {
-            type Value = ();
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("JSON")
-            }
-            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
-                let at = self.0.len();
-                self.0.push(Vec::new());
-                while let Some(key) = map.next_key::<String>()? {
-                    self.0[at].push(key);
-                    map.next_value_seed(Seed(self.0))?;
-                }
-                Ok(())
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-                while seq.next_element_seed(Seed(self.0))?.is_some() {}
-                Ok(())
-            }
-            fn visit_str<E>(self, _: &str) -> Result<(), E> {
-                Ok(())
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-                Ok(())
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-                Ok(())
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-                Ok(())
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-                Ok(())
-            }
-            fn visit_unit<E>(self) -> Result<(), E> {
-                Ok(())
-            }
-        }
-        let mut objects = Vec::new();
-        let mut de = serde_json::Deserializer::from_slice(json);
-        serde::de::DeserializeSeed::deserialize(Seed(&mut objects), &mut de).expect("JSON");
-        objects
     }
 
     /// The response is written field by field, so nothing but this test would see a key

@@ -1,12 +1,9 @@
 //! A chat-completions event stream as the Responses API's event sequence.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::Ids;
-use super::reply::{
-    Echo, Head, Status, Usage, content_part, echoed_settings, function_call_item, message_item,
-    reasoning_item, reasoning_of,
-};
+use super::reply::{Echo, Head, OutputItem, Part, Status, Usage, echoed_settings, reasoning_of};
 use super::write::ObjectWriter;
 use crate::protocol::sse::{Event, EventSplitter};
 
@@ -85,13 +82,13 @@ impl StreamTranslator {
     /// complete, as server-sent event text.
     pub fn push(&mut self, chunk: &[u8]) -> String {
         self.splitter.push(chunk);
-        let mut out = String::new();
+        let mut out = Vec::new();
         while let Some(event) = self.splitter.next_event() {
             let text = String::from_utf8_lossy(&event);
             let event = Event::parse(&text);
             self.chat_event(event.data.trim(), &mut out);
         }
-        out
+        String::from_utf8(out).expect("events are written from strings")
     }
 
     /// Bytes received that do not make a complete chat event yet.
@@ -104,7 +101,7 @@ impl StreamTranslator {
         self.ended
     }
 
-    fn chat_event(&mut self, data: &str, out: &mut String) {
+    fn chat_event(&mut self, data: &str, out: &mut Out) {
         if self.ended || data.is_empty() {
             return;
         }
@@ -120,11 +117,11 @@ impl StreamTranslator {
         if let Some(error) = chunk.get("error").filter(|error| !error.is_null()) {
             let code = error["code"].as_str().or(error["type"].as_str());
             let message = error["message"].as_str().unwrap_or("the provider failed");
-            self.emit(
-                "error",
-                json!({ "code": code, "message": message, "param": error.get("param") }),
-                out,
-            );
+            emit(&mut self.sequence, out, "error", |event| {
+                event.field("code", &code);
+                event.field("message", message);
+                event.field("param", &error.get("param"));
+            });
             self.ended = true;
             return;
         }
@@ -157,7 +154,7 @@ impl StreamTranslator {
     }
 
     /// `response.created` and `response.in_progress`, once, from the first chunk's id and model.
-    fn start(&mut self, chunk: Option<&Value>, out: &mut String) {
+    fn start(&mut self, chunk: Option<&Value>, out: &mut Out) {
         if self.head.is_some() {
             return;
         }
@@ -173,13 +170,13 @@ impl StreamTranslator {
                 .to_owned(),
         });
         for name in ["response.created", "response.in_progress"] {
-            self.emit_response(name, Status::InProgress, &[], &None, out);
+            self.emit_response(name, Status::InProgress, false, None, out);
         }
     }
 
     /// Reasoning comes before the reply; a reasoning item opens (closing an open message, so
     /// that the items stay in order) or grows.
-    fn reasoning_text(&mut self, piece: &str, out: &mut String) {
+    fn reasoning_text(&mut self, piece: &str, out: &mut Out) {
         let index = match self.reasoning {
             Some(index) => index,
             None => {
@@ -188,11 +185,18 @@ impl StreamTranslator {
                 }
                 let id = self.ids.next("rs");
                 let index = self.items.len();
-                let item = reasoning_item(&id, "");
-                self.emit(
-                    "response.output_item.added",
-                    json!({ "output_index": index, "item": item }),
+                let item = OutputItem::Reasoning {
+                    id: &id,
+                    text: None,
+                };
+                emit(
+                    &mut self.sequence,
                     out,
+                    "response.output_item.added",
+                    |event| {
+                        event.field("output_index", &index);
+                        event.write("item", &item);
+                    },
                 );
                 self.items.push(Item::Reasoning {
                     id,
@@ -207,19 +211,27 @@ impl StreamTranslator {
             unreachable!("`reasoning` indexes a reasoning item");
         };
         text.push_str(piece);
-        let delta =
-            json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": piece });
-        self.emit("response.reasoning_text.delta", delta, out);
+        emit(
+            &mut self.sequence,
+            out,
+            "response.reasoning_text.delta",
+            |event| {
+                event.field("item_id", id);
+                event.field("output_index", &index);
+                event.raw("content_index", "0");
+                event.field("delta", piece);
+            },
+        );
     }
 
     /// The reasoning, if open, ends where the reply or a call begins.
-    fn end_reasoning(&mut self, out: &mut String) {
+    fn end_reasoning(&mut self, out: &mut Out) {
         if let Some(reasoning) = self.reasoning.take() {
             self.close(reasoning, out);
         }
     }
 
-    fn text(&mut self, refusal: bool, piece: &str, out: &mut String) {
+    fn text(&mut self, refusal: bool, piece: &str, out: &mut Out) {
         self.end_reasoning(out);
         let index = match self.message {
             Some(index) => index,
@@ -232,32 +244,49 @@ impl StreamTranslator {
             unreachable!("`message` indexes a message item");
         };
         text.push_str(piece);
-        let (name, delta) = if *refusal {
-            (
-                "response.refusal.delta",
-                json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": piece }),
-            )
+        let (name, refusal) = if *refusal {
+            ("response.refusal.delta", true)
         } else {
-            (
-                "response.output_text.delta",
-                json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": piece, "logprobs": [] }),
-            )
+            ("response.output_text.delta", false)
         };
-        self.emit(name, delta, out);
+        emit(&mut self.sequence, out, name, |event| {
+            event.field("item_id", id);
+            event.field("output_index", &index);
+            event.raw("content_index", "0");
+            event.field("delta", piece);
+            if !refusal {
+                event.raw("logprobs", "[]");
+            }
+        });
     }
 
-    fn open_message(&mut self, refusal: bool, out: &mut String) -> usize {
+    fn open_message(&mut self, refusal: bool, out: &mut Out) -> usize {
         let id = self.ids.next("msg");
         let index = self.items.len();
-        self.emit(
+        let item = OutputItem::Message {
+            id: &id,
+            status: "in_progress",
+            content: None,
+        };
+        emit(
+            &mut self.sequence,
+            out,
             "response.output_item.added",
-            json!({ "output_index": index, "item": message_item(&id, "in_progress", Value::Null) }),
-            out,
+            |event| {
+                event.field("output_index", &index);
+                event.write("item", &item);
+            },
         );
-        self.emit(
-            "response.content_part.added",
-            json!({ "item_id": id, "output_index": index, "content_index": 0, "part": content_part(refusal, "") }),
+        emit(
+            &mut self.sequence,
             out,
+            "response.content_part.added",
+            |event| {
+                event.field("item_id", &id);
+                event.field("output_index", &index);
+                event.raw("content_index", "0");
+                event.write("part", &Part { refusal, text: "" });
+            },
         );
         self.items.push(Item::Message {
             id,
@@ -269,7 +298,7 @@ impl StreamTranslator {
         index
     }
 
-    fn call_delta(&mut self, call: &Value, out: &mut String) {
+    fn call_delta(&mut self, call: &Value, out: &mut Out) {
         let chat_index = call["index"].as_u64().unwrap_or(0);
         let function = &call["function"];
         let index = match self.calls.iter().find(|(at, _)| *at == chat_index) {
@@ -287,10 +316,21 @@ impl StreamTranslator {
                     .map_or_else(|| format!("call_{}", &id[3..]), str::to_owned);
                 let name = function["name"].as_str().unwrap_or_default().to_owned();
                 let index = self.items.len();
-                self.emit(
-                    "response.output_item.added",
-                    json!({ "output_index": index, "item": function_call_item(&id, "in_progress", &call_id, &name, "") }),
+                let item = OutputItem::FunctionCall {
+                    id: &id,
+                    status: "in_progress",
+                    call_id: &call_id,
+                    name: &name,
+                    arguments: "",
+                };
+                emit(
+                    &mut self.sequence,
                     out,
+                    "response.output_item.added",
+                    |event| {
+                        event.field("output_index", &index);
+                        event.write("item", &item);
+                    },
                 );
                 self.items.push(Item::Call {
                     id,
@@ -313,11 +353,19 @@ impl StreamTranslator {
             unreachable!("`calls` index function call items");
         };
         arguments.push_str(piece);
-        let delta = json!({ "item_id": id, "output_index": index, "delta": piece });
-        self.emit("response.function_call_arguments.delta", delta, out);
+        emit(
+            &mut self.sequence,
+            out,
+            "response.function_call_arguments.delta",
+            |event| {
+                event.field("item_id", id);
+                event.field("output_index", &index);
+                event.field("delta", piece);
+            },
+        );
     }
 
-    fn close_all(&mut self, out: &mut String) {
+    fn close_all(&mut self, out: &mut Out) {
         for index in 0..self.items.len() {
             self.close(index, out);
         }
@@ -327,147 +375,247 @@ impl StreamTranslator {
     }
 
     /// The `.done` events of an open item.
-    fn close(&mut self, index: usize, out: &mut String) {
-        let events: Vec<(&str, Value)> = match &mut self.items[index] {
-            Item::Reasoning { open: false, .. }
-            | Item::Message { open: false, .. }
-            | Item::Call { open: false, .. } => return,
-            Item::Reasoning { id, text, open } => {
-                *open = false;
-                vec![
-                    (
-                        "response.reasoning_text.done",
-                        json!({ "item_id": id, "output_index": index, "content_index": 0, "text": text }),
-                    ),
-                    (
-                        "response.output_item.done",
-                        json!({ "output_index": index, "item": reasoning_item(id, text) }),
-                    ),
-                ]
+    fn close(&mut self, index: usize, out: &mut Out) {
+        let sequence = &mut self.sequence;
+        let item = &mut self.items[index];
+        let open = match item {
+            Item::Reasoning { open, .. } | Item::Message { open, .. } | Item::Call { open, .. } => {
+                open
+            }
+        };
+        if !std::mem::replace(open, false) {
+            return;
+        }
+        match &*item {
+            Item::Reasoning { id, text, .. } => {
+                emit(sequence, out, "response.reasoning_text.done", |event| {
+                    event.field("item_id", id);
+                    event.field("output_index", &index);
+                    event.raw("content_index", "0");
+                    event.field("text", text);
+                });
             }
             Item::Message {
-                id,
-                refusal,
-                text,
-                open,
+                id, refusal, text, ..
             } => {
-                *open = false;
-                let part = content_part(*refusal, text);
-                let done = if *refusal {
-                    (
-                        "response.refusal.done",
-                        json!({ "item_id": id, "output_index": index, "content_index": 0, "refusal": text }),
-                    )
+                let (name, field) = if *refusal {
+                    ("response.refusal.done", "refusal")
                 } else {
-                    (
-                        "response.output_text.done",
-                        json!({ "item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": [] }),
-                    )
+                    ("response.output_text.done", "text")
                 };
-                vec![
-                    done,
-                    (
-                        "response.content_part.done",
-                        json!({ "item_id": id, "output_index": index, "content_index": 0, "part": part }),
-                    ),
-                    (
-                        "response.output_item.done",
-                        json!({ "output_index": index, "item": message_item(id, "completed", part) }),
-                    ),
-                ]
+                emit(sequence, out, name, |event| {
+                    event.field("item_id", id);
+                    event.field("output_index", &index);
+                    event.raw("content_index", "0");
+                    event.field(field, text);
+                    if !refusal {
+                        event.raw("logprobs", "[]");
+                    }
+                });
+                emit(sequence, out, "response.content_part.done", |event| {
+                    event.field("item_id", id);
+                    event.field("output_index", &index);
+                    event.raw("content_index", "0");
+                    event.write(
+                        "part",
+                        &Part {
+                            refusal: *refusal,
+                            text,
+                        },
+                    );
+                });
             }
             Item::Call {
                 id,
-                call_id,
                 name,
                 arguments,
-                open,
+                ..
             } => {
-                *open = false;
-                vec![
-                    (
-                        "response.function_call_arguments.done",
-                        json!({ "item_id": id, "output_index": index, "name": name, "arguments": arguments }),
-                    ),
-                    (
-                        "response.output_item.done",
-                        json!({ "output_index": index, "item": function_call_item(id, "completed", call_id, name, arguments) }),
-                    ),
-                ]
+                emit(
+                    sequence,
+                    out,
+                    "response.function_call_arguments.done",
+                    |event| {
+                        event.field("item_id", id);
+                        event.field("output_index", &index);
+                        event.field("name", name);
+                        event.field("arguments", arguments);
+                    },
+                );
             }
-        };
-        for (name, data) in events {
-            self.emit(name, data, out);
         }
+        emit(sequence, out, "response.output_item.done", |event| {
+            event.field("output_index", &index);
+            event.write("item", &item.completed());
+        });
     }
 
-    fn finish(&mut self, out: &mut String) {
+    fn finish(&mut self, out: &mut Out) {
         let status = Status::finished(self.finish_reason.as_deref());
-        let output: Vec<Value> = self.items.iter().map(Item::completed).collect();
         let usage = self.usage.take();
-        self.emit_response(status.end_event(), status, &output, &usage, out);
+        self.emit_response(status.end_event(), status, true, usage, out);
         self.ended = true;
     }
 
-    /// Writes an event that carries the `response` as it stands (written straight into the
-    /// event, as a complete reply's response is).
+    /// Writes an event that carries the `response` as it stands: with its items as they
+    /// ended when `with_items`, and none before.
     fn emit_response(
         &mut self,
         name: &'static str,
         status: Status<'_>,
-        output: &[Value],
-        usage: &Option<Usage>,
-        out: &mut String,
+        with_items: bool,
+        usage: Option<Usage>,
+        out: &mut Out,
     ) {
         let head = self.head.as_ref().expect("the response started");
-        let mut data = Vec::with_capacity(1024);
-        let mut event = ObjectWriter::open(&mut data);
-        event.field("type", name);
-        event.field("sequence_number", &self.sequence);
-        event.write_with("response", |json| {
-            Echo::of(&self.settings).write(head, status, output, usage, json);
+        let output: Vec<OutputItem<'_>> = if with_items {
+            self.items.iter().map(Item::completed).collect()
+        } else {
+            Vec::new()
+        };
+        let settings = &self.settings;
+        emit(&mut self.sequence, out, name, |event| {
+            event.write_with("response", |json| {
+                Echo::of(settings).write(head, status, &output, &usage, json);
+            });
         });
-        event.close();
-        let data = String::from_utf8(data).expect("JSON is UTF-8");
-        self.write_event(name, &data, out);
-    }
-
-    /// Writes one event: its name as `event:` and in `type`, and the next sequence number.
-    fn emit(&mut self, name: &str, data: Value, out: &mut String) {
-        let mut data = data;
-        let object = data.as_object_mut().expect("events are objects");
-        object.insert("type".into(), name.into());
-        object.insert("sequence_number".into(), self.sequence.into());
-        // `serde_json::to_string`, not `Display`, which writes through the formatting machinery.
-        let data = serde_json::to_string(&data).expect("an event serialises");
-        self.write_event(name, &data, out);
-    }
-
-    /// Writes an event whose `data` holds its name and sequence number, and counts it.
-    fn write_event(&mut self, name: &str, data: &str, out: &mut String) {
-        self.sequence += 1;
-        out.push_str("event: ");
-        out.push_str(name);
-        out.push_str("\ndata: ");
-        out.push_str(data);
-        out.push_str("\n\n");
     }
 }
 
+/// The Responses events being written, as server-sent event text.
+type Out = Vec<u8>;
+
+/// Writes one event: its name as `event:`, and as `data:` an object with the name in `type`,
+/// the next sequence number, then what `fields` writes.
+fn emit(
+    sequence: &mut u64,
+    out: &mut Out,
+    name: &'static str,
+    fields: impl FnOnce(&mut ObjectWriter<'_>),
+) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+    // Written compact, so the data is one line: strings' line breaks are escaped.
+    let mut event = ObjectWriter::open(out);
+    event.field("type", name);
+    event.field("sequence_number", sequence);
+    fields(&mut event);
+    event.close();
+    out.extend_from_slice(b"\n\n");
+    *sequence += 1;
+}
+
 impl Item {
-    fn completed(&self) -> Value {
+    /// The item as it ended.
+    fn completed(&self) -> OutputItem<'_> {
         match self {
-            Item::Reasoning { id, text, .. } => reasoning_item(id, text),
+            Item::Reasoning { id, text, .. } => OutputItem::Reasoning {
+                id,
+                text: (!text.is_empty()).then_some(text.as_str()),
+            },
             Item::Message {
                 id, refusal, text, ..
-            } => message_item(id, "completed", content_part(*refusal, text)),
+            } => OutputItem::Message {
+                id,
+                status: "completed",
+                content: Some(Part {
+                    refusal: *refusal,
+                    text,
+                }),
+            },
             Item::Call {
                 id,
                 call_id,
                 name,
                 arguments,
                 ..
-            } => function_call_item(id, "completed", call_id, name, arguments),
+            } => OutputItem::FunctionCall {
+                id,
+                status: "completed",
+                call_id,
+                name,
+                arguments,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::protocol::responses::write::keys_of_every_object;
+
+    fn chunk(body: &Value) -> String {
+        format!("data: {body}\n\n")
+    }
+
+    /// The events' data are written field by field, so nothing but this test would see a key
+    /// written twice: every object of every event of a stream with every kind of item (and of
+    /// one that ends in an error) holds each key once, and each event gives its name in `type`
+    /// and its place in `sequence_number`.
+    #[test]
+    fn every_event_written_holds_each_key_once_in_every_object() {
+        let delta = |delta: Value, finish: Value| {
+            chunk(&json!({ "id": "c", "created": 1, "model": "m",
+                "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }] }))
+        };
+        let call = |index: u64, id: Value, name: Value, arguments: &str| {
+            json!({ "tool_calls": [{ "index": index, "id": id,
+                "function": { "name": name, "arguments": arguments } }] })
+        };
+        let every_kind = [
+            delta(
+                json!({ "role": "assistant", "reasoning_content": "Hm, " }),
+                Value::Null,
+            ),
+            delta(json!({ "reasoning_content": "yes." }), Value::Null),
+            delta(json!({ "content": "Calling \"f\"\n" }), Value::Null),
+            delta(call(0, json!("call_a"), json!("f"), "{\"x\""), Value::Null),
+            delta(call(1, json!("call_b"), json!("g"), ""), Value::Null),
+            delta(call(0, Value::Null, Value::Null, ":1}"), Value::Null),
+            delta(json!({}), json!("tool_calls")),
+            chunk(&json!({ "choices": [], "usage": { "prompt_tokens": 3,
+                "completion_tokens": 5, "total_tokens": 8,
+                "completion_tokens_details": { "reasoning_tokens": 2 } } })),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let refusal = [
+            delta(json!({ "refusal": "No." }), Value::Null),
+            delta(json!({}), json!("stop")),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let failed = [
+            delta(json!({ "content": "Hi" }), Value::Null),
+            chunk(
+                &json!({ "error": { "code": "overloaded", "message": "Try later.",
+                "param": null } }),
+            ),
+        ]
+        .concat();
+        let request = json!({ "model": "m", "input": "Hi", "temperature": 0.5 });
+        for (stream, count) in [(every_kind, 22), (refusal, 9), (failed, 6)] {
+            let mut translator = StreamTranslator::new(&request, Ids::counting());
+            let text = translator.push(stream.as_bytes());
+            let events: Vec<&str> = text.split_terminator("\n\n").collect();
+            assert_eq!(events.len(), count, "{text}");
+            for (sequence, event) in events.iter().enumerate() {
+                let (name, data) = event.split_once("\ndata: ").expect("an event");
+                let name = name.strip_prefix("event: ").expect("a name");
+                for keys in keys_of_every_object(data.as_bytes()) {
+                    let mut unique = keys.clone();
+                    unique.sort();
+                    unique.dedup();
+                    assert_eq!(unique.len(), keys.len(), "{name}: {keys:?}");
+                }
+                let data: Value = serde_json::from_str(data).expect("JSON");
+                assert_eq!(data["type"], name);
+                assert_eq!(data["sequence_number"], sequence);
+            }
         }
     }
 }

@@ -42,7 +42,8 @@ impl<T: WriteJson> WriteJson for [T] {
     }
 }
 
-/// `value` as a `serde_json::Value`, for the stream's events, which are built as values.
+/// `value` as a `serde_json::Value`, to check what is written.
+#[cfg(test)]
 pub(super) fn to_value(value: &(impl WriteJson + ?Sized)) -> Value {
     let mut json = Vec::with_capacity(256);
     value.write_json(&mut json);
@@ -109,6 +110,60 @@ impl<'w> ObjectWriter<'w> {
     pub(super) fn close(self) {
         self.out.push(b'}');
     }
+}
+
+/// The keys of every object in `json`, in order, duplicates kept (a `Value` keeps only the
+/// last of a duplicated key, so comparing values would not see one written twice).
+#[cfg(test)]
+pub(super) fn keys_of_every_object(json: &[u8]) -> Vec<Vec<String>> {
+    struct Seed<'s>(&'s mut Vec<Vec<String>>);
+    impl<'de> serde::de::DeserializeSeed<'de> for Seed<'_> {
+        type Value = ();
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> serde::de::Visitor<'de> for Seed<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+            let at = self.0.len();
+            self.0.push(Vec::new());
+            while let Some(key) = map.next_key::<String>()? {
+                self.0[at].push(key);
+                map.next_value_seed(Seed(self.0))?;
+            }
+            Ok(())
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            while seq.next_element_seed(Seed(self.0))?.is_some() {}
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+    }
+    let mut objects = Vec::new();
+    let mut de = serde_json::Deserializer::from_slice(json);
+    serde::de::DeserializeSeed::deserialize(Seed(&mut objects), &mut de).expect("JSON");
+    objects
 }
 
 #[cfg(test)]
