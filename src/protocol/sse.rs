@@ -65,17 +65,25 @@ impl EventSplitter {
         let bytes = &self.buffer[..];
         let (mut i, mut line_start) = (self.scanned, self.line_start);
         while i < bytes.len() {
+            // Straight to the next line ending: what comes before it is inside a line.
+            match memchr::memchr2(b'\n', b'\r', &bytes[i..]) {
+                Some(0) => {}
+                Some(inside) => {
+                    line_start = false;
+                    i += inside;
+                }
+                None => {
+                    line_start = false;
+                    i = bytes.len();
+                    break;
+                }
+            }
             let ending = match bytes[i] {
                 b'\n' => 1,
                 // A `\r` at the end of what arrived may be the first half of `\r\n`: wait.
-                b'\r' if i + 1 == bytes.len() => break,
-                b'\r' if bytes[i + 1] == b'\n' => 2,
-                b'\r' => 1,
-                _ => {
-                    line_start = false;
-                    i += 1;
-                    continue;
-                }
+                _ if i + 1 == bytes.len() => break,
+                _ if bytes[i + 1] == b'\n' => 2,
+                _ => 1,
             };
             // A line ending at the start of a line is a blank line (but not at the very start).
             if line_start && i > 0 {
@@ -87,6 +95,13 @@ impl EventSplitter {
         (self.scanned, self.line_start) = (i, line_start);
         None
     }
+}
+
+/// An event's bytes as text, read lossily where they are not UTF-8 (they are forwarded
+/// unchanged all the same); borrowed when they are, as they nearly always are.
+pub(crate) fn event_text(event: &[u8]) -> Cow<'_, str> {
+    // `from_utf8` checks ASCII a word at a time; `from_utf8_lossy` decodes every character.
+    std::str::from_utf8(event).map_or_else(|_| String::from_utf8_lossy(event), Cow::Borrowed)
 }
 
 /// The fields of one event that matter here: its `event:` name and its `data:` lines joined.
@@ -106,9 +121,17 @@ impl<'a> Event<'a> {
     pub(crate) fn parse(text: &'a str) -> Event<'a> {
         let mut parsed = Event::default();
         let mut data_lines = 0;
-        for line in text.split(['\n', '\r']) {
-            let (field, value) = match line.split_once(':') {
-                Some((field, value)) => (field, value.strip_prefix(' ').unwrap_or(value)),
+        let mut start = 0;
+        // Lines end at `\n` or `\r` (a `\r\n` leaves an empty line between, which says nothing).
+        let ends = memchr::memchr2_iter(b'\n', b'\r', text.as_bytes()).chain([text.len()]);
+        for end in ends {
+            let line = &text[start..end];
+            start = end + 1;
+            let (field, value) = match memchr::memchr(b':', line.as_bytes()) {
+                Some(colon) => {
+                    let value = &line[colon + 1..];
+                    (&line[..colon], value.strip_prefix(' ').unwrap_or(value))
+                }
                 None => (line, ""),
             };
             match field {
@@ -183,7 +206,7 @@ impl StreamReader {
 
     /// Reads one complete event.
     pub(crate) fn read(&mut self, event: &[u8]) -> EventKind {
-        let text = String::from_utf8_lossy(event);
+        let text = event_text(event);
         let event = Event::parse(&text);
         self.usage_only = false;
         let kind = match self.protocol {

@@ -670,7 +670,7 @@ impl Channel {
                     translated.as_deref().map(Translated::request),
                 )
                 .await?;
-            let first = String::from_utf8_lossy(&first);
+            let first = crate::protocol::sse::event_text(&first);
             let data = crate::protocol::sse::Event::parse(&first).data;
             self.remember(owners, routed, request, data.as_bytes())
                 .await;

@@ -5,7 +5,7 @@ use serde_json::Value;
 use super::Ids;
 use super::reply::{Echo, Head, OutputItem, Part, Status, Usage, echoed_settings, reasoning_of};
 use super::write::ObjectWriter;
-use crate::protocol::sse::{Event, EventSplitter};
+use crate::protocol::sse::{Event, EventSplitter, event_text};
 
 /// Translates a chat-completions stream, as its bytes arrive, into the Responses event
 /// sequence: `response.created`, `response.in_progress`, then for each output item
@@ -84,7 +84,7 @@ impl StreamTranslator {
         self.splitter.push(chunk);
         let mut out = Vec::new();
         while let Some(event) = self.splitter.next_event() {
-            let text = String::from_utf8_lossy(&event);
+            let text = event_text(&event);
             let event = Event::parse(&text);
             self.chat_event(event.data.trim(), &mut out);
         }
