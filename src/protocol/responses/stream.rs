@@ -216,9 +216,7 @@ impl StreamTranslator {
             out,
             "response.reasoning_text.delta",
             |event| {
-                event.field("item_id", id);
-                event.field("output_index", &index);
-                event.raw("content_index", "0");
+                place(event, id, index, true);
                 event.field("delta", piece);
             },
         );
@@ -250,9 +248,7 @@ impl StreamTranslator {
             ("response.output_text.delta", false)
         };
         emit(&mut self.sequence, out, name, |event| {
-            event.field("item_id", id);
-            event.field("output_index", &index);
-            event.raw("content_index", "0");
+            place(event, id, index, true);
             event.field("delta", piece);
             if !refusal {
                 event.raw("logprobs", "[]");
@@ -282,9 +278,7 @@ impl StreamTranslator {
             out,
             "response.content_part.added",
             |event| {
-                event.field("item_id", &id);
-                event.field("output_index", &index);
-                event.raw("content_index", "0");
+                place(event, &id, index, true);
                 event.write("part", &Part { refusal, text: "" });
             },
         );
@@ -358,8 +352,7 @@ impl StreamTranslator {
             out,
             "response.function_call_arguments.delta",
             |event| {
-                event.field("item_id", id);
-                event.field("output_index", &index);
+                place(event, id, index, false);
                 event.field("delta", piece);
             },
         );
@@ -389,9 +382,7 @@ impl StreamTranslator {
         match &*item {
             Item::Reasoning { id, text, .. } => {
                 emit(sequence, out, "response.reasoning_text.done", |event| {
-                    event.field("item_id", id);
-                    event.field("output_index", &index);
-                    event.raw("content_index", "0");
+                    place(event, id, index, true);
                     event.field("text", text);
                 });
             }
@@ -404,18 +395,14 @@ impl StreamTranslator {
                     ("response.output_text.done", "text")
                 };
                 emit(sequence, out, name, |event| {
-                    event.field("item_id", id);
-                    event.field("output_index", &index);
-                    event.raw("content_index", "0");
+                    place(event, id, index, true);
                     event.field(field, text);
                     if !refusal {
                         event.raw("logprobs", "[]");
                     }
                 });
                 emit(sequence, out, "response.content_part.done", |event| {
-                    event.field("item_id", id);
-                    event.field("output_index", &index);
-                    event.raw("content_index", "0");
+                    place(event, id, index, true);
                     event.write(
                         "part",
                         &Part {
@@ -436,8 +423,7 @@ impl StreamTranslator {
                     out,
                     "response.function_call_arguments.done",
                     |event| {
-                        event.field("item_id", id);
-                        event.field("output_index", &index);
+                        place(event, id, index, false);
                         event.field("name", name);
                         event.field("arguments", arguments);
                     },
@@ -479,6 +465,16 @@ impl StreamTranslator {
                 Echo::of(settings).write(head, status, &output, &usage, json);
             });
         });
+    }
+}
+
+/// Where an event belongs: its item, the item's place in the output, and for an event about
+/// the item's content, the content part's place (an item here has one part).
+fn place(event: &mut ObjectWriter<'_>, id: &str, index: usize, content: bool) {
+    event.field("item_id", id);
+    event.field("output_index", &index);
+    if content {
+        event.raw("content_index", "0");
     }
 }
 
