@@ -189,15 +189,7 @@ impl StreamTranslator {
                     id: &id,
                     text: None,
                 };
-                emit(
-                    &mut self.sequence,
-                    out,
-                    "response.output_item.added",
-                    |event| {
-                        event.field("output_index", &index);
-                        event.write("item", &item);
-                    },
-                );
+                item_added(&mut self.sequence, out, index, &item);
                 self.items.push(Item::Reasoning {
                     id,
                     text: String::new(),
@@ -242,10 +234,11 @@ impl StreamTranslator {
             unreachable!("`message` indexes a message item");
         };
         text.push_str(piece);
-        let (name, refusal) = if *refusal {
-            ("response.refusal.delta", true)
+        let refusal = *refusal;
+        let name = if refusal {
+            "response.refusal.delta"
         } else {
-            ("response.output_text.delta", false)
+            "response.output_text.delta"
         };
         emit(&mut self.sequence, out, name, |event| {
             place(event, id, index, true);
@@ -264,15 +257,7 @@ impl StreamTranslator {
             status: "in_progress",
             content: None,
         };
-        emit(
-            &mut self.sequence,
-            out,
-            "response.output_item.added",
-            |event| {
-                event.field("output_index", &index);
-                event.write("item", &item);
-            },
-        );
+        item_added(&mut self.sequence, out, index, &item);
         emit(
             &mut self.sequence,
             out,
@@ -317,15 +302,7 @@ impl StreamTranslator {
                     name: &name,
                     arguments: "",
                 };
-                emit(
-                    &mut self.sequence,
-                    out,
-                    "response.output_item.added",
-                    |event| {
-                        event.field("output_index", &index);
-                        event.write("item", &item);
-                    },
-                );
+                item_added(&mut self.sequence, out, index, &item);
                 self.items.push(Item::Call {
                     id,
                     call_id,
@@ -476,6 +453,14 @@ fn place(event: &mut ObjectWriter<'_>, id: &str, index: usize, content: bool) {
     if content {
         event.raw("content_index", "0");
     }
+}
+
+/// `response.output_item.added`: `item`, opened at `index` of the output.
+fn item_added(sequence: &mut u64, out: &mut Out, index: usize, item: &OutputItem<'_>) {
+    emit(sequence, out, "response.output_item.added", |event| {
+        event.field("output_index", &index);
+        event.write("item", item);
+    });
 }
 
 /// The Responses events being written, as server-sent event text.
