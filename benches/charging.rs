@@ -305,12 +305,26 @@ fn responses_translation(c: &mut Criterion) {
         br#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hello, how are you today?"}]}"#;
     let reply: &[u8] = br#"{"id":"chatcmpl-load","object":"chat.completion","created":1741476542,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"This is a fixed reply from the load test's provider."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":11,"total_tokens":23}}"#;
     c.bench_function("responses/request read and translated", |b| {
-        b.iter(|| {
-            let request: serde_json::Value = serde_json::from_slice(body).unwrap();
-            std::hint::black_box(Translated::new(request).unwrap());
-        })
+        b.iter(|| std::hint::black_box(Translated::from_slice(body).unwrap()))
     });
-    let translated = Translated::new(serde_json::from_slice(body).unwrap()).unwrap();
+    // A coding agent's turn: long instructions, a dozen function tools, and the conversation so
+    // far (its messages, calls, their outputs and its reasoning), sent whole on every turn.
+    let agent = coding_agent_request();
+    c.bench_function(
+        "responses/coding agent's request read and translated",
+        |b| b.iter(|| std::hint::black_box(Translated::from_slice(&agent).unwrap())),
+    );
+    // The same through a `serde_json::Value`, as requests out of the ordinary are read.
+    c.bench_function(
+        "responses/coding agent's request parsed and translated",
+        |b| {
+            b.iter(|| {
+                let request: serde_json::Value = serde_json::from_slice(&agent).unwrap();
+                std::hint::black_box(Translated::new(request).unwrap())
+            })
+        },
+    );
+    let translated = Translated::from_slice(body).unwrap();
     c.bench_function("responses/chat request written", |b| {
         b.iter(|| std::hint::black_box(translated.chat_body("gpt-4o-mini")))
     });
@@ -347,7 +361,7 @@ fn responses_translation(c: &mut Criterion) {
     ));
     c.bench_function("responses/chat stream translated (10 chunks)", |b| {
         b.iter(|| {
-            let mut translator = StreamTranslator::new(translated.request(), Ids::random());
+            let mut translator = StreamTranslator::new(&translated, Ids::random());
             let events = translator.push(chat_stream.as_bytes());
             assert!(translator.ended());
             std::hint::black_box(events)
@@ -356,11 +370,51 @@ fn responses_translation(c: &mut Criterion) {
     c.bench_function("responses/chat reply translated, usage read", |b| {
         b.iter(|| {
             std::hint::black_box(
-                response_json_from_chat_bytes(translated.request(), reply, &mut Ids::random())
-                    .unwrap(),
+                response_json_from_chat_bytes(&translated, reply, &mut Ids::random()).unwrap(),
             )
         })
     });
+}
+
+/// A coding agent's request in the middle of a task, about 60 KB: the shape `OpenAI`'s
+/// coding-agent CLI sends (instructions, function tools, `input` items of every kind).
+fn coding_agent_request() -> Vec<u8> {
+    use serde_json::json;
+    let prose = "Keep the change small, run the tests, and explain what you did. ".repeat(120);
+    let tools: Vec<_> = (0..12)
+        .map(|n| {
+            json!({ "type": "function", "name": format!("tool_{n}"), "strict": false,
+                    "description": "Runs a command in the workspace and returns its output.",
+                    "parameters": { "type": "object", "required": ["command"],
+                        "properties": { "command": { "type": "array", "items": { "type": "string" } },
+                                        "workdir": { "type": "string" },
+                                        "timeout_ms": { "type": "number" } } } })
+        })
+        .collect();
+    let output = "test result: ok. 42 passed; 0 failed\n".repeat(30);
+    let mut input = vec![json!({ "type": "message", "role": "user",
+                                 "content": [{ "type": "input_text", "text": "Fix the failing test." }] })];
+    for turn in 0..10 {
+        let call_id = format!("call_{turn}");
+        input.push(
+            json!({ "type": "reasoning", "id": format!("rs_{turn}"), "summary": [],
+                           "encrypted_content": "gAAAAB".repeat(200) }),
+        );
+        input.push(
+            json!({ "type": "function_call", "name": "tool_0", "call_id": call_id,
+                           "arguments": "{\"command\":[\"cargo\",\"test\"]}" }),
+        );
+        input.push(json!({ "type": "function_call_output", "call_id": call_id, "output": output }));
+        input.push(json!({ "type": "message", "role": "assistant",
+                           "content": [{ "type": "output_text", "text": "The tests pass now." }] }));
+    }
+    serde_json::to_vec(&json!({
+        "model": "gpt-4o-mini", "instructions": prose, "input": input, "tools": tools,
+        "tool_choice": "auto", "parallel_tool_calls": false, "reasoning": { "effort": "medium" },
+        "store": false, "stream": true, "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "session-1",
+    }))
+    .unwrap()
 }
 
 criterion_group!(

@@ -799,9 +799,8 @@ fn route_responses(
     }
     let translates = !routed.model.channels.iter().all(native);
     if translates {
-        let request: serde_json::Value =
-            serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)?;
-        routed.keep_translation(responses::Translated::new(request)?);
+        // The envelope was read: `body` is a JSON object.
+        routed.keep_translation(responses::Translated::from_slice(body)?);
     }
     Ok(routed)
 }

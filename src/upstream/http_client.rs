@@ -418,14 +418,10 @@ impl Channel {
         };
         let translation = match routed.translation() {
             Some(translation) => translation,
-            None => {
-                let request = serde_json::from_slice(body)
-                    .map_err(|_| refused("the request is not JSON".to_owned()))?;
-                Arc::new(
-                    Translated::new(request)
-                        .map_err(|untranslatable| refused(untranslatable.to_string()))?,
-                )
-            }
+            None => Arc::new(
+                Translated::from_slice(body)
+                    .map_err(|untranslatable| refused(untranslatable.to_string()))?,
+            ),
         };
         let model = channel
             .upstream_model
@@ -471,7 +467,7 @@ impl Channel {
         &self,
         reply: reqwest::Response,
         first_event_within: Duration,
-        translated: Option<&serde_json::Value>,
+        translated: Option<&Translated>,
     ) -> Result<(Response<UpstreamBody>, Bytes), AttemptError> {
         let status = reply.status();
         let failed = |message: String| AttemptError::Retryable {
@@ -664,11 +660,7 @@ impl Channel {
         if routed.stream && status.is_success() {
             let first_event = remaining.min(self.config.timeout);
             let (response, first) = self
-                .event_stream(
-                    reply,
-                    first_event,
-                    translated.as_deref().map(Translated::request),
-                )
+                .event_stream(reply, first_event, translated.as_deref())
                 .await?;
             let first = crate::protocol::sse::event_text(&first);
             let data = crate::protocol::sse::Event::parse(&first).data;
@@ -692,7 +684,7 @@ impl Channel {
                 // Read once, for the response and for its usage.
                 Some(translation) => {
                     let (response, usage) = responses::response_json_from_chat_bytes(
-                        translation.request(),
+                        translation,
                         &body,
                         &mut Ids::random(),
                     )

@@ -65,10 +65,10 @@ impl MockUpstream {
             Protocol::Responses => {
                 let translation = routed.translation();
                 let parsed;
-                let request = match &translation {
-                    Some(translation) => translation.request(),
+                let echoed = match &translation {
+                    Some(translation) => translation.echoed(),
                     None => {
-                        parsed = serde_json::from_slice(body).unwrap_or_default();
+                        parsed = responses::Echoed::of_request(body);
                         &parsed
                     }
                 };
@@ -83,8 +83,7 @@ impl MockUpstream {
                     )),
                     ..responses::ChatReply::default()
                 };
-                let reply =
-                    responses::write_response(request, &chat, &mut responses::Ids::random());
+                let reply = responses::write_response(echoed, &chat, &mut responses::Ids::random());
                 // The Responses usage says it has no reasoning tokens, rather than nothing.
                 let usage = TokenUsage {
                     reasoning_tokens: Some(0),
@@ -247,12 +246,12 @@ impl MockUpstream {
         let mut events = Vec::new();
         match protocol {
             Protocol::Responses => {
-                let request = serde_json::from_slice(body).unwrap_or_default();
+                let echoed = responses::Echoed::of_request(body);
                 let chat = format!(
                     r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true}}}}"#
                 );
                 let mut translator =
-                    responses::StreamTranslator::new(&request, responses::Ids::random());
+                    responses::StreamTranslator::repeating(echoed, responses::Ids::random());
                 let chat = self.events(
                     Protocol::ChatCompletions,
                     model,

@@ -11,7 +11,8 @@ use std::time::Duration;
 use common::fake_provider::{FakeProvider, Fault, StreamEnd};
 use common::*;
 use model_gateway::protocol::responses::{
-    Ids, StreamTranslator, chat_request, response_from_chat, response_json_from_chat_bytes,
+    Ids, StreamTranslator, Translated, chat_request, response_from_chat,
+    response_json_from_chat_bytes,
 };
 use model_gateway::{
     Catalogue, Protocol, Upstream, refund::CLIENT_LEFT_BEFORE_CONTENT,
@@ -58,6 +59,13 @@ fn events(text: &str) -> Vec<Value> {
         .collect()
 }
 
+/// `request` translated from its bytes, as the gateway reads it.
+fn translated(request: &Value) -> Translated {
+    Translated::from_slice(&serde_json::to_vec(request).unwrap()).unwrap()
+}
+
+/// Each corpus request translates to its chat request both ways: parsed, and read from its bytes
+/// (compact, and pretty-printed, whose line breaks the reading keeps out of what it writes).
 #[test]
 fn the_corpus_requests_translate_to_the_chat_requests_written_for_them() {
     let mut checked = 0;
@@ -71,6 +79,14 @@ fn the_corpus_requests_translate_to_the_chat_requests_written_for_them() {
             expected,
             "{name}"
         );
+        for bytes in [
+            serde_json::to_vec(&case["request"]).unwrap(),
+            serde_json::to_vec_pretty(&case["request"]).unwrap(),
+        ] {
+            let translated = Translated::from_slice(&bytes).unwrap();
+            let chat: Value = serde_json::from_slice(&translated.chat_body(model)).unwrap();
+            assert_eq!(&chat, expected, "{name}, from bytes");
+        }
         checked += 1;
     }
     assert_eq!(checked, 8);
@@ -83,12 +99,18 @@ fn the_corpus_chat_replies_translate_to_the_responses_written_for_them() {
         let (Some(reply), Some(expected)) = (case.get("chat_reply"), case.get("response")) else {
             continue;
         };
-        let response = response_from_chat(&case["request"], reply, &mut Ids::counting());
+        let parsed = Translated::new(case["request"].clone()).unwrap();
+        let response = response_from_chat(&parsed, reply, &mut Ids::counting());
         assert_eq!(&response, expected, "{name}");
-        // Read from the reply's bytes, as a translating upstream does: the same response.
+        // The request and the reply read from their bytes, as a translating upstream reads
+        // them: the same response.
         let bytes = serde_json::to_vec(reply).unwrap();
-        let (from_bytes, _) =
-            response_json_from_chat_bytes(&case["request"], &bytes, &mut Ids::counting()).unwrap();
+        let (from_bytes, _) = response_json_from_chat_bytes(
+            &translated(&case["request"]),
+            &bytes,
+            &mut Ids::counting(),
+        )
+        .unwrap();
         let from_bytes: Value = serde_json::from_slice(&from_bytes).unwrap();
         assert_eq!(&from_bytes, expected, "{name}, from bytes");
         checked += 1;
@@ -100,8 +122,9 @@ fn the_corpus_chat_replies_translate_to_the_responses_written_for_them() {
 /// parts included (the typed reading gives way to the `Value`'s where a type is unexpected).
 #[test]
 fn a_chat_reply_read_from_its_bytes_translates_as_its_value_does() {
-    let request =
-        json!({ "model": "m", "input": "Hi", "tools": [{ "type": "function", "name": "f" }] });
+    let request = translated(
+        &json!({ "model": "m", "input": "Hi", "tools": [{ "type": "function", "name": "f" }] }),
+    );
     let replies = [
         r#"{"created":7,"model":"m","choices":[{"message":{"content":"caf\u00e9 \"quoted\"\n","reasoning_content":"hm"},"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":3},"completion_tokens_details":{"reasoning_tokens":1}}}"#,
         r#"{"created":7,"choices":[{"message":{"content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}},{"function":{"name":"g"}}]},"finish_reason":"tool_calls"}],"usage":null}"#,
@@ -160,7 +183,7 @@ fn the_corpus_chat_streams_translate_to_the_event_sequences_written_for_them_how
 }
 
 fn translate(request: &Value, chunks: &[&[u8]]) -> String {
-    let mut translator = StreamTranslator::new(request, Ids::counting());
+    let mut translator = StreamTranslator::new(&translated(request), Ids::counting());
     chunks.iter().map(|chunk| translator.push(chunk)).collect()
 }
 
@@ -175,6 +198,13 @@ fn what_has_no_chat_equivalent_is_refused_naming_the_field() {
     for case in cases {
         let refused = chat_request(&case["request"], "m").unwrap_err();
         assert_eq!(refused.field, case["field"].as_str().unwrap(), "{case}");
+        // Read from its bytes: the same refusal.
+        let bytes = serde_json::to_vec(&case["request"]).unwrap();
+        assert_eq!(
+            Translated::from_slice(&bytes).unwrap_err(),
+            refused,
+            "{case}"
+        );
     }
 }
 

@@ -1,10 +1,12 @@
 //! `OpenAI`'s Responses API (`POST /v1/responses`) in terms of chat completions, for providers
 //! that speak only chat completions (an upstream with `responses = "translate"`).
 //!
-//! Pure functions over JSON, with no I/O: [`chat_request`] turns a Responses request into a
-//! chat-completions request (or names the field that has no equivalent), [`response_from_chat`]
-//! turns the chat reply into a `response` object, and [`StreamTranslator`] turns a chat event
-//! stream into the Responses event sequence as its bytes arrive.
+//! Pure functions over JSON, with no I/O: [`Translated`] turns a Responses request into a
+//! chat-completions request (or names the field that has no equivalent), read from its bytes
+//! without building a `serde_json::Value` ([`chat_request`] does the same for a parsed
+//! request), [`response_from_chat`] turns the chat reply into a `response` object, and
+//! [`StreamTranslator`] turns a chat event stream into the Responses event sequence as its
+//! bytes arrive.
 //!
 //! What translates, and how:
 //! - `instructions`, and system or developer messages: system messages;
@@ -26,7 +28,7 @@
 //!   `item_reference` and other item types, and any field the Responses API does not have.
 //!
 //! ```
-//! use model_gateway::protocol::responses::{Ids, chat_request, response_from_chat};
+//! use model_gateway::protocol::responses::{Ids, Translated, chat_request, response_from_chat};
 //! use serde_json::json;
 //!
 //! let request = json!({ "model": "gpt-4o-mini", "instructions": "Be brief.", "input": "Hi" });
@@ -40,7 +42,8 @@
 //!                   "finish_reason": "stop" }],
 //!     "usage": { "prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11 },
 //! });
-//! let response = response_from_chat(&request, &reply, &mut Ids::counting());
+//! let translated = Translated::new(request).unwrap();
+//! let response = response_from_chat(&translated, &reply, &mut Ids::counting());
 //! assert_eq!(response["status"], "completed");
 //! assert_eq!(response["output"][0]["content"][0]["text"], "Hello!");
 //! assert_eq!(response["usage"]["output_tokens"], 2);
@@ -54,7 +57,7 @@ mod request;
 mod stream;
 mod write;
 
-pub(crate) use reply::{ChatReply, Usage, write_response};
+pub(crate) use reply::{ChatReply, Echoed, Usage, write_response};
 pub use reply::{response_from_chat, response_json_from_chat, response_json_from_chat_bytes};
 pub use request::{Translated, Untranslatable, chat_request};
 pub use stream::StreamTranslator;

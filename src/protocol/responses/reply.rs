@@ -1,44 +1,18 @@
 //! A chat-completions reply as a Responses `response` object.
 
+use std::borrow::Cow;
+use std::sync::LazyLock;
+
 use serde_json::Value;
 
-use super::Ids;
-use super::write::{ObjectWriter, WriteJson};
+use super::write::{Json, ObjectWriter, WriteJson};
+use super::{Ids, Translated};
 use crate::protocol::TokenUsage;
-
-/// The request settings a `response` object repeats (the Responses API echoes them), with the
-/// API's defaults for those the request left out.
-const ECHOED: [&str; 12] = [
-    "instructions",
-    "max_output_tokens",
-    "metadata",
-    "parallel_tool_calls",
-    "reasoning",
-    "service_tier",
-    "temperature",
-    "text",
-    "tool_choice",
-    "tools",
-    "top_p",
-    "user",
-];
-
-/// Just the settings of `request` that a `response` repeats, for a translation that outlives
-/// the request (a stream).
-pub(super) fn echoed_settings(request: &Value) -> Value {
-    let mut settings = serde_json::Map::new();
-    for name in ECHOED {
-        if let Some(value) = request.get(name) {
-            settings.insert(name.to_owned(), value.clone());
-        }
-    }
-    Value::Object(settings)
-}
 
 /// A setting as a `response` repeats it: the request's own value, or the API's default.
 #[derive(Debug, Clone, Copy)]
 enum Setting<'a> {
-    Given(&'a Value),
+    Given(Json<'a>),
     Null,
     True,
     One,
@@ -66,9 +40,12 @@ impl WriteJson for Setting<'_> {
     }
 }
 
-/// What a `response` object repeats from the request that asked for it, borrowed from it.
+/// What a `response` object repeats from the request that asked for it (the Responses API
+/// echoes its settings, with the API's defaults for those left out), borrowed from it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Echo<'a> {
+    /// The request's `model`, for a reply that names none.
+    model: Option<&'a str>,
     instructions: Setting<'a>,
     max_output_tokens: Setting<'a>,
     metadata: Setting<'a>,
@@ -89,32 +66,145 @@ fn inner<'a>(request: &'a Value, outer: &str, name: &str) -> Option<&'a Value> {
 }
 
 impl<'a> Echo<'a> {
+    /// What a parsed `request` has a `response` repeat.
     pub(super) fn of(request: &'a Value) -> Echo<'a> {
-        let given = |value: Option<&'a Value>, default: Setting<'a>| match value {
+        Echo::with(
+            request["model"].as_str(),
+            |name| request.get(name).map(Json::Value),
+            // Not `Value::pointer`, which unescapes each step of its path.
+            inner(request, "reasoning", "effort").map(Json::Value),
+            inner(request, "text", "format").map(Json::Value),
+        )
+    }
+
+    /// What a request has a `response` repeat: its `model`, its top-level setting called
+    /// `field(name)`, its `reasoning.effort` and its `text.format`.
+    pub(super) fn with(
+        model: Option<&'a str>,
+        field: impl Fn(&'static str) -> Option<Json<'a>>,
+        effort: Option<Json<'a>>,
+        format: Option<Json<'a>>,
+    ) -> Echo<'a> {
+        let given = |value: Option<Json<'a>>, default: Setting<'a>| match value {
             Some(value) if !value.is_null() => Setting::Given(value),
             _ => default,
         };
-        let field = |name: &str, default| given(request.get(name), default);
+        let field = |name, default| given(field(name), default);
+        let defaults = Echo::DEFAULTS;
         Echo {
-            instructions: field("instructions", Setting::Null),
-            max_output_tokens: field("max_output_tokens", Setting::Null),
-            metadata: field("metadata", Setting::NoMetadata),
-            parallel_tool_calls: field("parallel_tool_calls", Setting::True),
-            // Not `Value::pointer`, which unescapes each step of its path.
-            effort: given(inner(request, "reasoning", "effort"), Setting::Null),
-            service_tier: field("service_tier", Setting::DefaultTier),
-            temperature: field("temperature", Setting::One),
-            format: given(inner(request, "text", "format"), Setting::PlainText),
-            tool_choice: field("tool_choice", Setting::Auto),
-            tools: field("tools", Setting::NoTools),
-            top_p: field("top_p", Setting::One),
-            user: field("user", Setting::Null),
+            model,
+            instructions: field("instructions", defaults.instructions),
+            max_output_tokens: field("max_output_tokens", defaults.max_output_tokens),
+            metadata: field("metadata", defaults.metadata),
+            parallel_tool_calls: field("parallel_tool_calls", defaults.parallel_tool_calls),
+            effort: given(effort, defaults.effort),
+            service_tier: field("service_tier", defaults.service_tier),
+            temperature: field("temperature", defaults.temperature),
+            format: given(format, defaults.format),
+            tool_choice: field("tool_choice", defaults.tool_choice),
+            tools: field("tools", defaults.tools),
+            top_p: field("top_p", defaults.top_p),
+            user: field("user", defaults.user),
         }
     }
 
-    /// A `response` object with these echoed settings, appended to `out`. Written a field at
-    /// a time rather than derived: `serde_json` escapes every key of a derived struct a byte at
-    /// a time, which was a third of what writing a response cost.
+    /// The echo, written once, for every `response` object of the call.
+    pub(super) fn owned(&self) -> Echoed {
+        /// What a request that gives none of the settings has repeated, written once.
+        static DEFAULTS: LazyLock<Vec<u8>> = LazyLock::new(|| Echo::DEFAULTS.settings());
+        let given = [
+            self.instructions,
+            self.max_output_tokens,
+            self.metadata,
+            self.parallel_tool_calls,
+            self.effort,
+            self.service_tier,
+            self.temperature,
+            self.format,
+            self.tool_choice,
+            self.tools,
+            self.top_p,
+            self.user,
+        ]
+        .iter()
+        .any(|setting| matches!(setting, Setting::Given(_)));
+        Echoed {
+            model: self.model.map(str::to_owned),
+            settings: match given {
+                true => Cow::Owned(self.settings()),
+                false => Cow::Borrowed(&DEFAULTS[..]),
+            },
+        }
+    }
+
+    /// A request that gives none of the settings.
+    const DEFAULTS: Echo<'static> = Echo {
+        model: None,
+        instructions: Setting::Null,
+        max_output_tokens: Setting::Null,
+        metadata: Setting::NoMetadata,
+        parallel_tool_calls: Setting::True,
+        effort: Setting::Null,
+        service_tier: Setting::DefaultTier,
+        temperature: Setting::One,
+        format: Setting::PlainText,
+        tool_choice: Setting::Auto,
+        tools: Setting::NoTools,
+        top_p: Setting::One,
+        user: Setting::Null,
+    };
+
+    /// The settings, as a JSON object.
+    fn settings(&self) -> Vec<u8> {
+        let mut settings = Vec::with_capacity(320);
+        let mut object = ObjectWriter::open(&mut settings);
+        object.raw("background", "false");
+        object.write("instructions", &self.instructions);
+        object.write("max_output_tokens", &self.max_output_tokens);
+        object.write("metadata", &self.metadata);
+        object.write("parallel_tool_calls", &self.parallel_tool_calls);
+        object.raw("previous_response_id", "null");
+        let mut reasoning = object.object("reasoning");
+        reasoning.write("effort", &self.effort);
+        reasoning.raw("summary", "null");
+        reasoning.close();
+        object.write("service_tier", &self.service_tier);
+        // A translated call keeps nothing: its response cannot be fetched again.
+        object.raw("store", "false");
+        object.write("temperature", &self.temperature);
+        let mut text = object.object("text");
+        text.write("format", &self.format);
+        text.close();
+        object.write("tool_choice", &self.tool_choice);
+        object.write("tools", &self.tools);
+        object.write("top_p", &self.top_p);
+        object.raw("truncation", "\"disabled\"");
+        object.write("user", &self.user);
+        object.close();
+        settings
+    }
+}
+
+/// What every `response` object of a call repeats from its request, written.
+#[derive(Debug, Clone)]
+pub(crate) struct Echoed {
+    model: Option<String>,
+    /// The settings, from `background` to `user`, as a JSON object (one shared object for a
+    /// request that gives none).
+    settings: Cow<'static, [u8]>,
+}
+
+impl Echoed {
+    /// What a `response` repeats of the request in `body`, whether or not it translates (the
+    /// mock answers every request); the defaults when it is not JSON.
+    pub(crate) fn of_request(body: &[u8]) -> Echoed {
+        let request: Value = serde_json::from_slice(body).unwrap_or_default();
+        Echo::of(&request).owned()
+    }
+
+    /// A `response` object, appended to `out`. Written a field at a time rather than derived:
+    /// `serde_json` escapes every key of a derived struct a byte at a time, which was a third
+    /// of what writing a response cost.
     pub(super) fn write(
         &self,
         head: &Head,
@@ -140,28 +230,7 @@ impl<'a> Echo<'a> {
         object.field("model", &head.model);
         object.write("output", output);
         object.write("usage", usage);
-        object.raw("background", "false");
-        object.write("instructions", &self.instructions);
-        object.write("max_output_tokens", &self.max_output_tokens);
-        object.write("metadata", &self.metadata);
-        object.write("parallel_tool_calls", &self.parallel_tool_calls);
-        object.raw("previous_response_id", "null");
-        let mut reasoning = object.object("reasoning");
-        reasoning.write("effort", &self.effort);
-        reasoning.raw("summary", "null");
-        reasoning.close();
-        object.write("service_tier", &self.service_tier);
-        // A translated call keeps nothing: its response cannot be fetched again.
-        object.raw("store", "false");
-        object.write("temperature", &self.temperature);
-        let mut text = object.object("text");
-        text.write("format", &self.format);
-        text.close();
-        object.write("tool_choice", &self.tool_choice);
-        object.write("tools", &self.tools);
-        object.write("top_p", &self.top_p);
-        object.raw("truncation", "\"disabled\"");
-        object.write("user", &self.user);
+        object.fields_of(&self.settings);
         object.close();
     }
 }
@@ -376,15 +445,15 @@ impl WriteJson for Part<'_> {
     }
 }
 
-/// The `response` object for a chat-completions `reply` to the translation of `request`.
-pub fn response_from_chat(request: &Value, reply: &Value, ids: &mut Ids) -> Value {
-    serde_json::from_slice(&response_json_from_chat(request, reply, ids))
+/// The `response` object for a chat-completions `reply` to the `translated` request.
+pub fn response_from_chat(translated: &Translated, reply: &Value, ids: &mut Ids) -> Value {
+    serde_json::from_slice(&response_json_from_chat(translated, reply, ids))
         .expect("the response is JSON")
 }
 
 /// [`response_from_chat`], serialised: what a translating upstream answers with.
-pub fn response_json_from_chat(request: &Value, reply: &Value, ids: &mut Ids) -> Vec<u8> {
-    write_response(request, &ChatReply::of(reply), ids)
+pub fn response_json_from_chat(translated: &Translated, reply: &Value, ids: &mut Ids) -> Vec<u8> {
+    write_response(translated.echoed(), &ChatReply::of(reply), ids)
 }
 
 /// [`response_json_from_chat`] for a reply still in its bytes, read once without building a
@@ -394,21 +463,22 @@ pub fn response_json_from_chat(request: &Value, reply: &Value, ids: &mut Ids) ->
 /// when `reply` is not JSON.
 ///
 /// ```
-/// use model_gateway::protocol::responses::{Ids, response_json_from_chat_bytes};
-/// use serde_json::{Value, json};
+/// use model_gateway::protocol::responses::{Ids, Translated, response_json_from_chat_bytes};
+/// use serde_json::Value;
 ///
+/// let translated = Translated::from_slice(br#"{"model":"m","input":"Hello"}"#).unwrap();
 /// let reply = br#"{"created":1,"model":"m","choices":[{"message":{"content":"Hi"},
 ///                 "finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#;
-/// let (response, usage) = response_json_from_chat_bytes(&json!({ "input": "Hello" }), reply,
-///                                                       &mut Ids::counting()).unwrap();
+/// let (response, usage) =
+///     response_json_from_chat_bytes(&translated, reply, &mut Ids::counting()).unwrap();
 /// let response: Value = serde_json::from_slice(&response).unwrap();
 /// assert_eq!(response["output"][0]["content"][0]["text"], "Hi");
 /// assert_eq!(response["usage"]["total_tokens"], 4);
 /// assert_eq!(usage.unwrap().output_tokens, Some(1));
-/// assert!(response_json_from_chat_bytes(&json!({}), b"not json", &mut Ids::counting()).is_err());
+/// assert!(response_json_from_chat_bytes(&translated, b"not json", &mut Ids::counting()).is_err());
 /// ```
 pub fn response_json_from_chat_bytes(
-    request: &Value,
+    translated: &Translated,
     reply: &[u8],
     ids: &mut Ids,
 ) -> Result<(Vec<u8>, Option<TokenUsage>), serde_json::Error> {
@@ -421,13 +491,13 @@ pub fn response_json_from_chat_bytes(
             Some(raw) if raw.get() != "null" => serde_json::from_str::<TokenUsage>(raw.get()).ok(),
             _ => Some(TokenUsage::default()),
         };
-        return Ok((write_response(request, &view, ids), usage));
+        return Ok((write_response(translated.echoed(), &view, ids), usage));
     }
     // Odd types somewhere (a number as a string, a list where text was expected): read as the
     // `Value` path reads them, which takes what it can use and skips the rest.
     let parsed: Value = serde_json::from_slice(reply)?;
     let usage = crate::protocol::reply_usage(reply);
-    Ok((response_json_from_chat(request, &parsed, ids), usage))
+    Ok((response_json_from_chat(translated, &parsed, ids), usage))
 }
 
 /// What the translation reads from a chat-completions reply, borrowed from it.
@@ -615,8 +685,9 @@ mod read {
     }
 }
 
-/// The `response` object, serialised, for the chat `reply` to the translation of `request`.
-pub(crate) fn write_response(request: &Value, reply: &ChatReply<'_>, ids: &mut Ids) -> Vec<u8> {
+/// The `response` object, serialised, for the chat `reply` to a request that has it repeat
+/// `echoed`.
+pub(crate) fn write_response(echoed: &Echoed, reply: &ChatReply<'_>, ids: &mut Ids) -> Vec<u8> {
     let head = Head {
         id: ids.next("resp"),
         created_at: reply
@@ -624,7 +695,7 @@ pub(crate) fn write_response(request: &Value, reply: &ChatReply<'_>, ids: &mut I
             .unwrap_or_else(|| chrono::Utc::now().timestamp()),
         model: reply
             .model
-            .or(request["model"].as_str())
+            .or(echoed.model.as_deref())
             .unwrap_or_default()
             .to_owned(),
     };
@@ -670,9 +741,8 @@ pub(crate) fn write_response(request: &Value, reply: &ChatReply<'_>, ids: &mut I
         });
     }
     let status = Status::finished(reply.finish_reason);
-    let echo = Echo::of(request);
-    let mut out = Vec::with_capacity(1024);
-    echo.write(&head, status, &output, &reply.usage, &mut out);
+    let mut out = Vec::with_capacity(1024 + echoed.settings.len());
+    echoed.write(&head, status, &output, &reply.usage, &mut out);
     out
 }
 
@@ -686,7 +756,7 @@ mod tests {
     /// billing layer's own reading gives, whatever the reply holds.
     #[test]
     fn a_reply_read_once_gives_the_value_paths_response_and_the_billing_layers_usage() {
-        let request = json!({ "model": "m", "input": "Hi" });
+        let request = Translated::new(json!({ "model": "m", "input": "Hi" })).unwrap();
         let replies = [
             r#"{"created":1,"choices":[{"message":{"content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":1}}}"#,
             r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":null}"#,
@@ -731,9 +801,17 @@ mod tests {
             "tools": [{ "type": "function", "name": "f" }], "top_p": 0.5, "user": "u",
         });
         let reply = br#"{"created":1,"model":"m","choices":[{"message":{"content":"Hi","reasoning_content":"Hm.","tool_calls":[{"id":"c1","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
-        for request in [given, json!({ "model": "m", "input": "Hi" })] {
+        // Each request as both readings take it: parsed, and read from its bytes.
+        let requests = [given, json!({ "model": "m", "input": "Hi" })].map(|request| {
+            let bytes = serde_json::to_vec(&request).unwrap();
+            [
+                Translated::new(request).unwrap(),
+                Translated::from_slice(&bytes).unwrap(),
+            ]
+        });
+        for request in requests.iter().flatten() {
             let (response, _) =
-                response_json_from_chat_bytes(&request, reply, &mut Ids::counting()).unwrap();
+                response_json_from_chat_bytes(request, reply, &mut Ids::counting()).unwrap();
             let objects = keys_of_every_object(&response);
             assert_eq!(objects[0].len(), 25, "{:?}", objects[0]);
             for keys in &objects {

@@ -2,9 +2,9 @@
 
 use serde_json::Value;
 
-use super::Ids;
-use super::reply::{Echo, Head, OutputItem, Part, Status, Usage, echoed_settings, reasoning_of};
+use super::reply::{Echoed, Head, OutputItem, Part, Status, Usage, reasoning_of};
 use super::write::ObjectWriter;
+use super::{Ids, Translated};
 use crate::protocol::sse::{Event, EventSplitter, event_text};
 
 /// Translates a chat-completions stream, as its bytes arrive, into the Responses event
@@ -20,8 +20,8 @@ use crate::protocol::sse::{Event, EventSplitter, event_text};
 #[derive(Debug)]
 pub struct StreamTranslator {
     splitter: EventSplitter,
-    /// The request's settings that each `response` object repeats.
-    settings: Value,
+    /// What each `response` object repeats of the request.
+    echoed: Echoed,
     ids: Ids,
     head: Option<Head>,
     sequence: u64,
@@ -60,11 +60,16 @@ enum Item {
 }
 
 impl StreamTranslator {
-    /// A translator for the chat stream that answers the translation of `request`.
-    pub fn new(request: &Value, ids: Ids) -> StreamTranslator {
+    /// A translator for the chat stream that answers the `translated` request.
+    pub fn new(translated: &Translated, ids: Ids) -> StreamTranslator {
+        StreamTranslator::repeating(translated.echoed().clone(), ids)
+    }
+
+    /// A translator whose `response` objects repeat `echoed`.
+    pub(crate) fn repeating(echoed: Echoed, ids: Ids) -> StreamTranslator {
         StreamTranslator {
             splitter: EventSplitter::new(),
-            settings: echoed_settings(request),
+            echoed,
             ids,
             head: None,
             sequence: 0,
@@ -436,10 +441,10 @@ impl StreamTranslator {
         } else {
             Vec::new()
         };
-        let settings = &self.settings;
+        let echoed = &self.echoed;
         emit(&mut self.sequence, out, name, |event| {
             event.write_with("response", |json| {
-                Echo::of(settings).write(head, status, &output, &usage, json);
+                echoed.write(head, status, &output, &usage, json);
             });
         });
     }
@@ -578,7 +583,8 @@ mod tests {
             ),
         ]
         .concat();
-        let request = json!({ "model": "m", "input": "Hi", "temperature": 0.5 });
+        let request = br#"{"model":"m","input":"Hi","temperature":0.5}"#;
+        let request = Translated::from_slice(request).unwrap();
         for (stream, count) in [(every_kind, 22), (refusal, 9), (failed, 6)] {
             let mut translator = StreamTranslator::new(&request, Ids::counting());
             let text = translator.push(stream.as_bytes());

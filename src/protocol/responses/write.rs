@@ -8,6 +8,7 @@
 
 use serde::Serialize;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// Something written as JSON by [`ObjectWriter`]s.
 pub(super) trait WriteJson {
@@ -17,6 +18,61 @@ pub(super) trait WriteJson {
 impl WriteJson for Value {
     fn write_json(&self, out: &mut Vec<u8>) {
         serde_json::to_writer(out, self).expect("a JSON value serialises");
+    }
+}
+
+/// A value as the client wrote it, line breaks aside: what is written may go into a
+/// server-sent event's `data:` line, which must not hold one, so a value with a line break (a
+/// pretty-printed schema, say; inside a JSON string one is always escaped) is written compact.
+impl WriteJson for RawValue {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let text = self.get().as_bytes();
+        if memchr::memchr2(b'\n', b'\r', text).is_none() {
+            out.extend_from_slice(text);
+        } else {
+            let value: Value = serde_json::from_slice(text).expect("a raw value is JSON");
+            value.write_json(out);
+        }
+    }
+}
+
+impl WriteJson for str {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        serde_json::to_writer(out, self).expect("a string serialises");
+    }
+}
+
+/// A value from a request: parsed, read as the client wrote it, or a string.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Json<'a> {
+    Value(&'a Value),
+    Raw(&'a RawValue),
+    Text(&'a str),
+}
+
+impl Json<'_> {
+    pub(super) fn is_null(self) -> bool {
+        match self {
+            Json::Value(value) => value.is_null(),
+            Json::Raw(raw) => raw.get() == "null",
+            Json::Text(_) => false,
+        }
+    }
+}
+
+impl WriteJson for Json<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            Json::Value(value) => value.write_json(out),
+            Json::Raw(raw) => raw.write_json(out),
+            Json::Text(text) => text.write_json(out),
+        }
+    }
+}
+
+impl<T: WriteJson + ?Sized> WriteJson for &T {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        (**self).write_json(out);
     }
 }
 
@@ -99,6 +155,20 @@ impl<'w> ObjectWriter<'w> {
     pub(super) fn write_with(&mut self, key: &'static str, write: impl FnOnce(&mut Vec<u8>)) {
         self.key(key);
         write(self.out);
+    }
+
+    /// The fields of `object`, a JSON object written before (by an `ObjectWriter`), as this
+    /// object's next fields.
+    pub(super) fn fields_of(&mut self, object: &[u8]) {
+        let fields = &object[1..object.len() - 1];
+        if fields.is_empty() {
+            return;
+        }
+        if !self.empty {
+            self.out.push(b',');
+        }
+        self.empty = false;
+        self.out.extend_from_slice(fields);
     }
 
     /// A field whose value is an object, written (and closed) through the writer returned.

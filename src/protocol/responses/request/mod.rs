@@ -1,6 +1,11 @@
 //! A Responses request as a chat-completions request.
 
+mod read;
+
 use serde_json::{Map, Value, json};
+
+use super::reply::{Echo, Echoed};
+use super::write::WriteJson;
 
 /// A field of a Responses request that chat completions cannot express. Refused with 400
 /// rather than dropped, so that a client never gets a reply to a different question than the
@@ -21,56 +26,71 @@ fn refuse<T>(field: impl Into<String>, reason: &'static str) -> Result<T, Untran
     })
 }
 
-/// A Responses request with its chat-completions translation, made once (by the router, which
-/// checks it) and sent to each channel under that channel's name for the model.
+/// A Responses request's chat-completions translation, made once (by the router, which checks
+/// it) and sent to each channel under that channel's name for the model, with what the reply
+/// repeats of the request.
+///
+/// ```
+/// use model_gateway::protocol::responses::Translated;
+/// use serde_json::{Value, json};
+///
+/// let translated = Translated::from_slice(br#"{"model":"gpt-4o-mini","input":"Hi"}"#).unwrap();
+/// let chat: Value = serde_json::from_slice(&translated.chat_body("gpt-4o-mini-2024")).unwrap();
+/// assert_eq!(chat, json!({ "model": "gpt-4o-mini-2024",
+///                          "messages": [{ "role": "user", "content": "Hi" }] }));
+/// let refused = Translated::from_slice(br#"{"input":"Hi","background":true}"#).unwrap_err();
+/// assert_eq!(refused.field, "background");
+/// ```
 #[derive(Debug, Clone)]
 pub struct Translated {
-    request: Value,
-    chat: Map<String, Value>,
+    /// The chat request's fields after its `model`, from a comma to the closing brace.
+    chat: Vec<u8>,
+    echoed: Echoed,
 }
 
 impl Translated {
-    /// Translates `request`, or names the field that does not translate.
+    /// Translates a parsed `request`, or names the field that does not translate.
     pub fn new(request: Value) -> Result<Translated, Untranslatable> {
-        let Value::Object(chat) = chat_request(&request, "")? else {
+        let Value::Object(mut chat) = chat_request(&request, "")? else {
             unreachable!("a chat request is an object");
         };
-        Ok(Translated { request, chat })
+        chat.remove("model");
+        let mut chat = serde_json::to_vec(&chat).expect("a JSON map serialises");
+        // `{"messages":...}` becomes `,"messages":...}`: the fields after the model.
+        chat[0] = b',';
+        Ok(Translated {
+            chat,
+            echoed: Echo::of(&request).owned(),
+        })
     }
 
-    /// The Responses request, as the client sent it (its reply echoes it).
-    pub fn request(&self) -> &Value {
-        &self.request
+    /// Translates a request from its bytes, or names the field that does not translate (a
+    /// body that is not JSON names none). A request as clients send it is read without building
+    /// a `serde_json::Value`, its strings borrowed and the values passed on (tool schemas,
+    /// settings) copied as they are; anything unusual is read as [`Translated::new`] reads it.
+    pub fn from_slice(request: &[u8]) -> Result<Translated, Untranslatable> {
+        if let Some((chat, echoed)) = read::translate(request) {
+            return Ok(Translated { chat, echoed });
+        }
+        let request = serde_json::from_slice(request).map_err(|_| Untranslatable {
+            field: String::new(),
+            reason: "the request is not JSON",
+        })?;
+        Translated::new(request)
     }
 
     /// The chat-completions request calling `model`, serialised.
     pub fn chat_body(&self, model: &str) -> Vec<u8> {
-        serde_json::to_vec(&WithModel {
-            chat: &self.chat,
-            model,
-        })
-        .expect("a JSON map serialises")
+        let mut body = Vec::with_capacity(self.chat.len() + model.len() + 16);
+        body.extend_from_slice(b"{\"model\":");
+        model.write_json(&mut body);
+        body.extend_from_slice(&self.chat);
+        body
     }
-}
 
-/// A chat request serialised with another `model`, without copying it.
-struct WithModel<'a> {
-    chat: &'a Map<String, Value>,
-    model: &'a str,
-}
-
-impl serde::Serialize for WithModel<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(self.chat.len()))?;
-        for (name, value) in self.chat {
-            if name == "model" {
-                map.serialize_entry(name, self.model)?;
-            } else {
-                map.serialize_entry(name, value)?;
-            }
-        }
-        map.end()
+    /// What the reply repeats of the request.
+    pub(crate) fn echoed(&self) -> &Echoed {
+        &self.echoed
     }
 }
 
@@ -158,7 +178,11 @@ pub fn chat_request(request: &Value, model: &str) -> Result<Value, Untranslatabl
                     chat.insert("tool_choice".into(), choice);
                 }
             }
-            "text" => text_format(value, &mut chat)?,
+            "text" => {
+                if let Some(format) = response_format(value.get("format"))? {
+                    chat.insert("response_format".into(), format);
+                }
+            }
             "reasoning" => match value.get("effort") {
                 None | Some(Value::Null) => {}
                 Some(effort) => {
@@ -469,17 +493,16 @@ fn tool_choice(value: &Value) -> Result<Option<Value>, Untranslatable> {
     }
 }
 
-/// `text.format` as `response_format`; `text.verbosity`, a hint, is dropped.
-fn text_format(value: &Value, chat: &mut Map<String, Value>) -> Result<(), Untranslatable> {
-    let format = match value.get("format") {
-        None | Some(Value::Null) => return Ok(()),
+/// `text.format` as `response_format` (`None` for plain text); `text.verbosity`, a hint, is
+/// dropped.
+fn response_format(format: Option<&Value>) -> Result<Option<Value>, Untranslatable> {
+    let format = match format {
+        None | Some(Value::Null) => return Ok(None),
         Some(format) => format,
     };
     match format["type"].as_str() {
-        Some("text") => {}
-        Some("json_object") => {
-            chat.insert("response_format".into(), json!({ "type": "json_object" }));
-        }
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({ "type": "json_object" }))),
         Some("json_schema") => {
             let mut schema = Map::new();
             for field in ["name", "schema", "description", "strict"] {
@@ -490,17 +513,13 @@ fn text_format(value: &Value, chat: &mut Map<String, Value>) -> Result<(), Untra
             if !schema.contains_key("name") {
                 return refuse("text.format.name", "a JSON schema format needs a name");
             }
-            chat.insert(
-                "response_format".into(),
+            Ok(Some(
                 json!({ "type": "json_schema", "json_schema": schema }),
-            );
+            ))
         }
-        _ => {
-            return refuse(
-                "text.format.type",
-                "only text, json_object and json_schema translate",
-            );
-        }
+        _ => refuse(
+            "text.format.type",
+            "only text, json_object and json_schema translate",
+        ),
     }
-    Ok(())
 }

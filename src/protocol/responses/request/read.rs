@@ -1,0 +1,938 @@
+//! A Responses request translated straight from its bytes: the path of the requests clients
+//! send. Nothing is built into a `serde_json::Value`: strings are borrowed (unless they hold
+//! escapes), and the values passed on as they are (tool schemas, settings) are copied as the
+//! client wrote them. A coding agent sends its whole conversation and its tools on every turn,
+//! so this is most of what a translated call costs before it reaches the provider.
+//!
+//! Only the ordinary is read here. Anything else (a field of an unexpected type, a duplicated
+//! key, an unknown field, anything refused) gives way to the `Value` reading in the parent
+//! module, which decides it, so that the two readings cannot differ in what they accept or in
+//! how they refuse; on what both read, a test checks that they translate alike.
+
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
+use serde::Deserialize;
+use serde::de::{self, IgnoredAny};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::super::reply::{Echo, Echoed};
+use super::super::write::{Json, ObjectWriter, WriteJson};
+
+/// A Responses request, with the fields the translation reads. An unknown field fails the
+/// reading (the `Value` reading names it).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Request<'a> {
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    instructions: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    input: Option<TextOr<'a, Item<'a>>>,
+    stream: Option<bool>,
+    #[serde(borrow)]
+    temperature: Option<&'a RawValue>,
+    #[serde(borrow)]
+    top_p: Option<&'a RawValue>,
+    #[serde(borrow)]
+    user: Option<&'a RawValue>,
+    #[serde(borrow)]
+    service_tier: Option<&'a RawValue>,
+    #[serde(borrow)]
+    max_output_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    parallel_tool_calls: Option<&'a RawValue>,
+    #[serde(borrow)]
+    top_logprobs: Option<&'a RawValue>,
+    #[serde(borrow)]
+    metadata: Option<&'a RawValue>,
+    /// Read as written for the echo, then read for the translation.
+    #[serde(borrow)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
+    tool_choice: Option<&'a RawValue>,
+    #[serde(borrow)]
+    text: Option<TextSetting<'a>>,
+    #[serde(borrow)]
+    reasoning: Option<ReasoningSetting<'a>>,
+    // Hints, dropped (see `HINTS`).
+    #[serde(rename = "store")]
+    _store: Option<IgnoredAny>,
+    #[serde(rename = "client_metadata")]
+    _client_metadata: Option<IgnoredAny>,
+    #[serde(rename = "include")]
+    _include: Option<IgnoredAny>,
+    #[serde(rename = "prompt_cache_key")]
+    _prompt_cache_key: Option<IgnoredAny>,
+    #[serde(rename = "prompt_cache_retention")]
+    _prompt_cache_retention: Option<IgnoredAny>,
+    #[serde(rename = "safety_identifier")]
+    _safety_identifier: Option<IgnoredAny>,
+    #[serde(rename = "stream_options")]
+    _stream_options: Option<IgnoredAny>,
+    // Refused unless absent, null, or (the first two) their default.
+    #[serde(borrow)]
+    truncation: Option<&'a RawValue>,
+    #[serde(borrow)]
+    background: Option<&'a RawValue>,
+    previous_response_id: Option<IgnoredAny>,
+    conversation: Option<IgnoredAny>,
+    prompt: Option<IgnoredAny>,
+    max_tool_calls: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct TextSetting<'a> {
+    #[serde(borrow)]
+    format: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ReasoningSetting<'a> {
+    #[serde(borrow)]
+    effort: Option<&'a RawValue>,
+}
+
+/// An `input` item: a message, a function call or its output, or earlier reasoning.
+#[derive(Deserialize)]
+struct Item<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    role: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    content: Option<TextOr<'a, Part<'a>>>,
+    #[serde(borrow)]
+    call_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    arguments: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    output: Option<TextOr<'a, Part<'a>>>,
+}
+
+/// A content part (of a message, or of a function call's output).
+#[derive(Deserialize)]
+struct Part<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    image_url: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    detail: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    file_data: Option<&'a RawValue>,
+    #[serde(borrow)]
+    file_id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    filename: Option<&'a RawValue>,
+    #[serde(borrow)]
+    file_url: Option<&'a RawValue>,
+    #[serde(borrow)]
+    input_audio: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Tool<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    description: Option<&'a RawValue>,
+    #[serde(borrow)]
+    parameters: Option<&'a RawValue>,
+    #[serde(borrow)]
+    strict: Option<&'a RawValue>,
+}
+
+/// A string, or a list of `T` (`input`, a message's `content`, a call output's `output`).
+enum TextOr<'a, T> {
+    Text(Cow<'a, str>),
+    List(Vec<T>),
+}
+
+impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for TextOr<'a, T> {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<'a, T>(PhantomData<(&'a (), T)>);
+        impl<'de: 'a, 'a, T: Deserialize<'de>> de::Visitor<'de> for Visitor<'a, T> {
+            type Value = TextOr<'a, T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or a list")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(TextOr::Text(Cow::Borrowed(text)))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(TextOr::Text(Cow::Owned(text.to_owned())))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut list = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+                while let Some(element) = seq.next_element()? {
+                    list.push(element);
+                }
+                Ok(TextOr::List(list))
+            }
+        }
+        deserializer.deserialize_any(Visitor(PhantomData))
+    }
+}
+
+/// The chat request's fields after its `model` (see `Translated`) and the echo, for `body`;
+/// `None` when the `Value` reading must decide.
+pub(super) fn translate(body: &[u8]) -> Option<(Vec<u8>, Echoed)> {
+    // serde would take a list for a struct too; a request is an object.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    let request: Request<'_> = serde_json::from_slice(body).ok()?;
+    let refused = request.previous_response_id.is_some()
+        || request.conversation.is_some()
+        || request.prompt.is_some()
+        || request.max_tool_calls.is_some()
+        || request
+            .truncation
+            .is_some_and(|value| value.get() != r#""disabled""#)
+        || request
+            .background
+            .is_some_and(|value| value.get() != "false");
+    if refused {
+        return None;
+    }
+    let mut chat = Vec::with_capacity(body.len() + 64);
+    let mut object = ObjectWriter::open(&mut chat);
+    let messages = messages(&request)?;
+    object.write("messages", &messages[..]);
+    if request.stream == Some(true) {
+        object.raw("stream", "true");
+        // The final usage, for `response.completed`, as the `Value` reading asks for it.
+        object.raw("stream_options", r#"{"include_usage":true}"#);
+    }
+    let copied = [
+        ("temperature", request.temperature),
+        ("top_p", request.top_p),
+        ("user", request.user),
+        ("service_tier", request.service_tier),
+        ("max_tokens", request.max_output_tokens),
+        ("parallel_tool_calls", request.parallel_tool_calls),
+    ];
+    for (name, value) in copied {
+        if let Some(value) = value {
+            object.write(name, value);
+        }
+    }
+    if let Some(tools) = request.tools {
+        let tools: Vec<Tool<'_>> = serde_json::from_str(tools.get()).ok()?;
+        let tools = tools.iter().map(ChatTool::of).collect::<Option<Vec<_>>>()?;
+        if !tools.is_empty() {
+            object.write("tools", &tools[..]);
+        }
+    }
+    // Small and seldom given: read as the `Value` reading reads them.
+    if let Some(choice) = request.tool_choice {
+        let choice: Value = serde_json::from_str(choice.get()).ok()?;
+        if let Some(choice) = super::tool_choice(&choice).ok()? {
+            object.write("tool_choice", &choice);
+        }
+    }
+    let format = request.text.as_ref().and_then(|text| text.format);
+    if let Some(format) = format {
+        let format: Value = serde_json::from_str(format.get()).ok()?;
+        if let Some(format) = super::response_format(Some(&format)).ok()? {
+            object.write("response_format", &format);
+        }
+    }
+    let effort = request
+        .reasoning
+        .as_ref()
+        .and_then(|reasoning| reasoning.effort);
+    if let Some(effort) = effort {
+        object.write("reasoning_effort", effort);
+    }
+    if let Some(top_logprobs) = request.top_logprobs {
+        object.raw("logprobs", "true");
+        object.write("top_logprobs", top_logprobs);
+    }
+    object.close();
+    // `{"messages":...}` becomes `,"messages":...}`: the fields after the model.
+    chat[0] = b',';
+    Some((chat, echo(&request, effort, format).owned()))
+}
+
+/// What the `response` repeats of `request`.
+fn echo<'a>(
+    request: &'a Request<'a>,
+    effort: Option<&'a RawValue>,
+    format: Option<&'a RawValue>,
+) -> Echo<'a> {
+    let raw = |value: Option<&'a RawValue>| value.map(Json::Raw);
+    Echo::with(
+        request.model.as_deref(),
+        |name| match name {
+            "instructions" => request.instructions.as_deref().map(Json::Text),
+            "max_output_tokens" => raw(request.max_output_tokens),
+            "metadata" => raw(request.metadata),
+            "parallel_tool_calls" => raw(request.parallel_tool_calls),
+            "service_tier" => raw(request.service_tier),
+            "temperature" => raw(request.temperature),
+            "tool_choice" => raw(request.tool_choice),
+            "top_p" => raw(request.top_p),
+            "user" => raw(request.user),
+            "tools" => raw(request.tools),
+            _ => unreachable!("`Echo::with` asks for no other field: {name}"),
+        },
+        raw(effort),
+        raw(format),
+    )
+}
+
+/// A chat message, borrowed from the request.
+enum Message<'r> {
+    /// A message whose content is one string.
+    Text { role: &'static str, text: &'r str },
+    /// A user or system message's parts.
+    Parts {
+        role: &'static str,
+        parts: Vec<ChatPart<'r>>,
+    },
+    /// An earlier reply: its text (`null` for calls alone), a refusal, its tool calls.
+    Assistant {
+        text: Option<Cow<'r, str>>,
+        refusal: Option<&'r str>,
+        calls: Vec<Call<'r>>,
+    },
+    /// A function call's output.
+    Tool {
+        call_id: &'r str,
+        output: Cow<'r, str>,
+    },
+}
+
+/// A function call, in an assistant message.
+struct Call<'r> {
+    id: &'r str,
+    name: &'r str,
+    arguments: &'r str,
+}
+
+/// The chat messages of `request`: `instructions`, then `input`'s; `None` for anything the
+/// `Value` reading must decide.
+fn messages<'r>(request: &'r Request<'r>) -> Option<Vec<Message<'r>>> {
+    let items = match &request.input {
+        Some(TextOr::List(items)) => items.as_slice(),
+        Some(TextOr::Text(_)) => &[],
+        None => return None,
+    };
+    let mut messages = Vec::with_capacity(items.len() + 1);
+    if let Some(instructions) = &request.instructions {
+        messages.push(Message::Text {
+            role: "system",
+            text: instructions,
+        });
+    }
+    if let Some(TextOr::Text(text)) = &request.input {
+        messages.push(Message::Text { role: "user", text });
+    }
+    for item in items {
+        match (item.kind.as_deref(), item.role.as_deref()) {
+            (Some("message") | None, Some(role)) => messages.push(message(item, role)?),
+            (Some("function_call"), _) => {
+                let call = Call {
+                    id: item.call_id.as_deref()?,
+                    name: item.name.as_deref()?,
+                    arguments: item.arguments.as_deref().unwrap_or("{}"),
+                };
+                match messages.last_mut() {
+                    Some(Message::Assistant { calls, .. }) => calls.push(call),
+                    _ => messages.push(Message::Assistant {
+                        text: None,
+                        refusal: None,
+                        calls: vec![call],
+                    }),
+                }
+            }
+            (Some("function_call_output"), _) => {
+                let output = match item.output.as_ref()? {
+                    TextOr::Text(text) => Cow::Borrowed(&**text),
+                    TextOr::List(parts) => {
+                        let mut text = String::new();
+                        for part in parts {
+                            match (part.kind.as_deref(), part.text.as_deref()) {
+                                (Some("input_text" | "output_text"), Some(piece)) => {
+                                    text.push_str(piece)
+                                }
+                                _ => return None,
+                            }
+                        }
+                        Cow::Owned(text)
+                    }
+                };
+                messages.push(Message::Tool {
+                    call_id: item.call_id.as_deref()?,
+                    output,
+                });
+            }
+            // The model's own reasoning from an earlier turn: chat completions takes none back.
+            (Some("reasoning"), _) => {}
+            _ => return None,
+        }
+    }
+    Some(messages)
+}
+
+/// A message item; the developer role is sent as `system`.
+fn message<'r>(item: &'r Item<'r>, role: &str) -> Option<Message<'r>> {
+    let role = match role {
+        "developer" | "system" => "system",
+        "user" => "user",
+        "assistant" => "assistant",
+        _ => return None,
+    };
+    let parts = match item.content.as_ref()? {
+        TextOr::Text(text) if role == "assistant" => {
+            return Some(Message::Assistant {
+                text: Some(Cow::Borrowed(text)),
+                refusal: None,
+                calls: Vec::new(),
+            });
+        }
+        TextOr::Text(text) => return Some(Message::Text { role, text }),
+        TextOr::List(parts) => parts,
+    };
+    if role != "assistant" {
+        let system = role == "system";
+        let parts = parts
+            .iter()
+            .map(|part| ChatPart::of(part, system))
+            .collect::<Option<_>>()?;
+        return Some(Message::Parts { role, parts });
+    }
+    let (mut text, mut refusal) = (String::new(), None);
+    for part in parts {
+        match part.kind.as_deref() {
+            Some("output_text" | "input_text") => {
+                text.push_str(part.text.as_deref().unwrap_or_default())
+            }
+            Some("refusal") => refusal = Some(part.refusal.as_deref().unwrap_or_default()),
+            _ => return None,
+        }
+    }
+    Some(Message::Assistant {
+        text: Some(Cow::Owned(text)),
+        refusal,
+        calls: Vec::new(),
+    })
+}
+
+impl WriteJson for Message<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut message = ObjectWriter::open(out);
+        match self {
+            Message::Text { role, text } => {
+                message.field("role", role);
+                message.field("content", text);
+            }
+            Message::Parts { role, parts } => {
+                message.field("role", role);
+                message.write("content", &parts[..]);
+            }
+            Message::Assistant {
+                text,
+                refusal,
+                calls,
+            } => {
+                message.raw("role", r#""assistant""#);
+                message.write("content", &text.as_deref());
+                if let Some(refusal) = refusal {
+                    message.field("refusal", refusal);
+                }
+                if !calls.is_empty() {
+                    message.write("tool_calls", &calls[..]);
+                }
+            }
+            Message::Tool { call_id, output } => {
+                message.raw("role", r#""tool""#);
+                message.field("tool_call_id", call_id);
+                message.field("content", output);
+            }
+        }
+        message.close();
+    }
+}
+
+impl WriteJson for Call<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut call = ObjectWriter::open(out);
+        call.field("id", self.id);
+        call.raw("type", r#""function""#);
+        let mut function = call.object("function");
+        function.field("name", self.name);
+        function.field("arguments", self.arguments);
+        function.close();
+        call.close();
+    }
+}
+
+/// A user or system message's part in chat completions' form.
+enum ChatPart<'r> {
+    Text(&'r str),
+    Image {
+        url: &'r str,
+        detail: Option<&'r str>,
+    },
+    File(&'r Part<'r>),
+    Audio(Option<&'r RawValue>),
+}
+
+impl<'r> ChatPart<'r> {
+    /// `part` in chat completions' form; `None` when it does not translate (or `system`'s
+    /// holds more than text).
+    fn of(part: &'r Part<'r>, system: bool) -> Option<ChatPart<'r>> {
+        let kind = part.kind.as_deref();
+        if let Some("input_text" | "output_text") = kind {
+            return Some(ChatPart::Text(part.text.as_deref().unwrap_or_default()));
+        }
+        if system {
+            return None;
+        }
+        match kind? {
+            "input_image" => Some(ChatPart::Image {
+                url: part.image_url.as_deref()?,
+                detail: part.detail.as_deref(),
+            }),
+            "input_file" if part.file_url.is_none() => Some(ChatPart::File(part)),
+            "input_audio" => Some(ChatPart::Audio(part.input_audio)),
+            _ => None,
+        }
+    }
+}
+
+impl WriteJson for ChatPart<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let mut part = ObjectWriter::open(out);
+        match self {
+            ChatPart::Text(text) => {
+                part.raw("type", r#""text""#);
+                part.field("text", text);
+            }
+            ChatPart::Image { url, detail } => {
+                part.raw("type", r#""image_url""#);
+                let mut image = part.object("image_url");
+                image.field("url", url);
+                if let Some(detail) = detail {
+                    image.field("detail", detail);
+                }
+                image.close();
+            }
+            ChatPart::File(file) => {
+                part.raw("type", r#""file""#);
+                let mut fields = part.object("file");
+                let given = [
+                    ("file_data", file.file_data),
+                    ("file_id", file.file_id),
+                    ("filename", file.filename),
+                ];
+                for (name, value) in given {
+                    if let Some(value) = value {
+                        fields.write(name, value);
+                    }
+                }
+                fields.close();
+            }
+            ChatPart::Audio(audio) => {
+                part.raw("type", r#""input_audio""#);
+                part.write("input_audio", audio);
+            }
+        }
+        part.close();
+    }
+}
+
+/// A function tool in chat completions' form.
+struct ChatTool<'r>(&'r Tool<'r>, &'r str);
+
+impl<'r> ChatTool<'r> {
+    /// `None` for a built-in tool, or a function without a name.
+    fn of(tool: &'r Tool<'r>) -> Option<ChatTool<'r>> {
+        if tool.kind.as_deref() != Some("function") {
+            return None;
+        }
+        Some(ChatTool(tool, tool.name.as_deref()?))
+    }
+}
+
+impl WriteJson for ChatTool<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let ChatTool(tool, name) = self;
+        let mut chat = ObjectWriter::open(out);
+        chat.raw("type", r#""function""#);
+        let mut function = chat.object("function");
+        function.field("name", name);
+        let given = [
+            ("description", tool.description),
+            ("parameters", tool.parameters),
+            ("strict", tool.strict),
+        ];
+        for (name, value) in given {
+            if let Some(value) = value {
+                function.write(name, value);
+            }
+        }
+        function.close();
+        chat.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::super::super::{ChatReply, Ids, write_response};
+    use super::super::{Translated, Untranslatable};
+    use super::translate;
+
+    /// What a translation gives: the chat request calling `m`, and a response that repeats the
+    /// request (written for a fixed reply), both parsed; or the refusal.
+    fn outcome(
+        translated: Result<Translated, Untranslatable>,
+    ) -> Result<(Value, Value), Untranslatable> {
+        let translated = translated?;
+        let chat = serde_json::from_slice(&translated.chat_body("m")).expect("JSON");
+        let reply = ChatReply {
+            created: Some(1),
+            text: Some("Hi"),
+            ..ChatReply::default()
+        };
+        let response = write_response(translated.echoed(), &reply, &mut Ids::counting());
+        Ok((chat, serde_json::from_slice(&response).expect("JSON")))
+    }
+
+    /// `request` translated both ways: parsed, and from its bytes (as written by `to_bytes`).
+    fn both(request: &Value, to_bytes: fn(&Value) -> serde_json::Result<Vec<u8>>) {
+        let bytes = to_bytes(request).unwrap();
+        let parsed = outcome(Translated::new(request.clone()));
+        let read = outcome(Translated::from_slice(&bytes));
+        assert_eq!(read, parsed, "{request}");
+    }
+
+    /// Requests as clients send them are read here, without a `Value`: the corpus's, and a
+    /// coding agent's turn with every kind of item, pretty-printed or not.
+    #[test]
+    fn ordinary_requests_are_read_from_their_bytes_and_translate_as_parsed() {
+        let dir = format!("{}/tests/corpus/responses", env!("CARGO_MANIFEST_DIR"));
+        let mut requests = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let case: Value =
+                serde_json::from_slice(&std::fs::read(entry.unwrap().path()).unwrap()).unwrap();
+            if case.get("chat_request").is_some() {
+                requests.push(case["request"].clone());
+            }
+        }
+        assert_eq!(requests.len(), 8);
+        requests.push(json!({
+            "model": "m", "instructions": "Be \"brief\".\n", "stream": true, "store": false,
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+            "tools": [{ "type": "function", "name": "sh", "description": "Runs it.",
+                        "parameters": { "type": "object", "properties": {} }, "strict": false }],
+            "tool_choice": { "type": "function", "name": "sh" }, "parallel_tool_calls": false,
+            "reasoning": { "effort": "high", "summary": "auto" }, "truncation": "disabled",
+            "text": { "format": { "type": "json_schema", "name": "s", "schema": {} },
+                      "verbosity": "low" },
+            "temperature": 0.25, "top_p": 0.5, "max_output_tokens": 99, "top_logprobs": 2,
+            "metadata": { "a": "b" }, "user": "u", "service_tier": "flex", "background": false,
+            "input": [
+                { "role": "developer", "content": [{ "type": "input_text", "text": "Rules." }] },
+                { "type": "message", "role": "user", "content": [
+                    { "type": "input_text", "text": "caf\u{e9} \u{1f600}" },
+                    { "type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "low" },
+                    { "type": "input_file", "file_id": "file-1", "filename": "a.pdf" },
+                    { "type": "input_audio", "input_audio": { "data": "AA", "format": "wav" } }] },
+                { "type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "x" },
+                { "type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                  "content": [{ "type": "output_text", "text": "Let me look.", "annotations": [] }] },
+                { "type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{\"a\":1}" },
+                { "type": "function_call", "call_id": "c2", "name": "sh" },
+                { "type": "function_call_output", "call_id": "c1", "output": "ok" },
+                { "type": "function_call_output", "call_id": "c2",
+                  "output": [{ "type": "input_text", "text": "o" }, { "type": "output_text", "text": "k" }] },
+                { "role": "assistant", "content": [{ "type": "refusal", "refusal": "No." }] },
+                { "role": "assistant", "content": "Done." },
+                { "type": "function_call", "call_id": "c3", "name": "sh", "arguments": "{}" },
+            ],
+        }));
+        for request in &requests {
+            for to_bytes in [
+                serde_json::to_vec::<Value>,
+                serde_json::to_vec_pretty::<Value>,
+            ] {
+                let bytes = to_bytes(request).unwrap();
+                assert!(translate(&bytes).is_some(), "given way: {request}");
+                both(request, to_bytes);
+            }
+        }
+        // Pretty-printed, the echo holds no line break (it goes into `data:` lines).
+        let pretty = serde_json::to_vec_pretty(&requests[8]).unwrap();
+        let (_, echoed) = translate(&pretty).unwrap();
+        let response = write_response(&echoed, &ChatReply::default(), &mut Ids::counting());
+        assert!(!response.contains(&b'\n'));
+    }
+
+    /// Mostly one of `usual` or the field left out (`None`); now and then one of `odd`.
+    fn pick(usual: Vec<Value>, odd: Vec<Value>) -> impl Strategy<Value = Option<Value>> {
+        match (usual.is_empty(), odd.is_empty()) {
+            (true, _) => prop::option::weighted(0.08, prop::sample::select(odd)).boxed(),
+            (false, true) => prop::option::weighted(0.6, prop::sample::select(usual)).boxed(),
+            (false, false) => prop_oneof![
+                40 => prop::option::weighted(0.6, prop::sample::select(usual)),
+                1 => prop::sample::select(odd).prop_map(Some),
+            ]
+            .boxed(),
+        }
+    }
+
+    /// One of `usual`; now and then one of `odd`, or nothing.
+    fn required(usual: Vec<Value>, odd: Vec<Value>) -> impl Strategy<Value = Option<Value>> {
+        prop_oneof![
+            40 => prop::sample::select(usual).prop_map(Some),
+            1 => prop::option::weighted(0.5, prop::sample::select(odd)),
+        ]
+    }
+
+    /// The parts a message of `role` holds (text alone for a system message, a refusal for an
+    /// assistant's, images, files and audio for a user's).
+    fn parts_of(role: Option<&str>) -> Vec<Value> {
+        let mut parts = vec![
+            json!({ "type": "input_text", "text": "t\u{e9}\"\n" }),
+            json!({ "type": "output_text", "text": "o" }),
+        ];
+        match role {
+            Some("assistant") => parts.push(json!({ "type": "refusal", "refusal": "no" })),
+            Some("user") => parts.extend([
+                json!({ "type": "input_image", "image_url": "https://x/a.png" }),
+                json!({ "type": "input_image", "image_url": "https://x/a.png", "detail": "low" }),
+                json!({ "type": "input_file", "file_data": "AA", "filename": "a.pdf" }),
+                json!({ "type": "input_file", "file_id": "f", "file_data": null }),
+                json!({ "type": "input_audio", "input_audio": { "data": "AA", "format": "wav" } }),
+            ]),
+            _ => {}
+        }
+        parts
+    }
+
+    /// One of `usual`; now and then a part out of place or malformed.
+    fn part(usual: Vec<Value>) -> impl Strategy<Value = Value> {
+        let odd = prop::sample::select(vec![
+            json!({ "type": "input_text" }),
+            json!({ "type": "input_text", "text": 5 }),
+            json!({ "type": "refusal" }),
+            json!({ "type": "refusal", "refusal": "no" }),
+            json!({ "type": "input_image", "image_url": "https://x/a.png" }),
+            json!({ "type": "input_image", "image_url": "https://x/a.png", "detail": 3 }),
+            json!({ "type": "input_image", "file_id": "f" }),
+            json!({ "type": "input_file", "file_url": "https://x/a.pdf" }),
+            json!({ "type": "input_audio" }),
+            json!({ "type": "video" }),
+            json!({ "text": "untyped" }),
+            json!("a string"),
+        ]);
+        prop_oneof![40 => prop::sample::select(usual), 1 => odd]
+    }
+
+    fn content(parts: Vec<Value>) -> impl Strategy<Value = Option<Value>> {
+        prop_oneof![
+            3 => prop::collection::vec(part(parts), 0..4).prop_map(|parts| Some(Value::from(parts))),
+            1 => required(vec![json!("text \u{1f600}")], vec![json!(null), json!(7), json!({ "a": 1 })]),
+        ]
+    }
+
+    /// An object of the fields given.
+    fn object<const N: usize>(fields: [(&str, Option<Value>); N]) -> Value {
+        let mut object = serde_json::Map::new();
+        for (name, value) in fields {
+            if let Some(value) = value {
+                object.insert(name.into(), value);
+            }
+        }
+        Value::Object(object)
+    }
+
+    fn item() -> impl Strategy<Value = Value> {
+        let roles = vec![
+            json!("user"),
+            json!("assistant"),
+            json!("system"),
+            json!("developer"),
+        ];
+        let message = required(roles, vec![json!("tool"), json!(5)])
+            .prop_flat_map(|role| {
+                let parts = parts_of(role.as_ref().and_then(Value::as_str));
+                let kind = pick(vec![json!("message")], vec![json!(3)]);
+                (Just(role), kind, content(parts))
+            })
+            .prop_map(|(role, kind, content)| {
+                object([("type", kind), ("role", role), ("content", content)])
+            });
+        let call_id = || pick(vec![json!("c1"), json!("c2")], vec![json!(4)]);
+        let call = (
+            call_id(),
+            pick(vec![json!("f")], vec![json!(null), json!(2)]),
+            pick(
+                vec![json!("{}"), json!("{\"a\":1}")],
+                vec![json!({ "a": 1 })],
+            ),
+        )
+            .prop_map(|(call_id, name, arguments)| {
+                object([
+                    ("type", Some(json!("function_call"))),
+                    ("call_id", call_id.or(Some(json!("c1")))),
+                    ("name", name.or(Some(json!("f")))),
+                    ("arguments", arguments),
+                ])
+            });
+        let output = (call_id(), content(parts_of(None))).prop_map(|(call_id, output)| {
+            object([
+                ("type", Some(json!("function_call_output"))),
+                ("call_id", call_id.or(Some(json!("c1")))),
+                ("output", output),
+            ])
+        });
+        let reasoning =
+            Just(json!({ "type": "reasoning", "summary": [], "encrypted_content": "x" }));
+        let odd = prop::sample::select(vec![
+            json!({ "type": "item_reference", "id": "msg_1" }),
+            json!({ "type": "web_search_call" }),
+        ]);
+        prop_oneof![12 => message, 9 => call, 6 => output, 3 => reasoning, 1 => odd]
+    }
+
+    fn request() -> impl Strategy<Value = Value> {
+        let input = prop_oneof![
+            8 => prop::collection::vec(item(), 0..8).prop_map(|items| Some(Value::from(items))),
+            1 => required(vec![json!("Hi")], vec![json!(null), json!(1)]),
+        ];
+        let tool = json!({ "type": "function", "name": "f", "parameters": { "type": "object" } });
+        let settings = (
+            pick(vec![json!("Be brief."), json!(null)], vec![json!(5)]),
+            pick(
+                vec![json!(true), json!(false), json!(null)],
+                vec![json!("yes")],
+            ),
+            pick(vec![json!(0.5), json!(null)], vec![json!("hot")]),
+            pick(vec![json!(9), json!(null)], vec![]),
+            pick(vec![json!(false), json!(null)], vec![]),
+            pick(
+                vec![json!([tool]), json!([]), json!(null)],
+                vec![
+                    json!([{ "type": "web_search" }]),
+                    json!([{ "type": "function" }]),
+                    json!("x"),
+                ],
+            ),
+            pick(
+                vec![
+                    json!("auto"),
+                    json!("required"),
+                    json!({ "type": "function", "name": "f" }),
+                    json!(null),
+                ],
+                vec![
+                    json!({ "type": "function" }),
+                    json!({ "type": "web_search" }),
+                    json!(5),
+                ],
+            ),
+            pick(
+                vec![
+                    json!({ "format": { "type": "json_schema", "name": "s", "schema": {} } }),
+                    json!({ "format": { "type": "text" } }),
+                    json!({ "format": { "type": "json_object" }, "verbosity": "low" }),
+                    json!({ "verbosity": "low" }),
+                    json!(null),
+                ],
+                vec![
+                    json!({ "format": { "type": "json_schema", "schema": {} } }),
+                    json!({ "format": { "type": "yaml" } }),
+                    json!("x"),
+                ],
+            ),
+        );
+        let more = (
+            pick(
+                vec![
+                    json!({ "effort": "low", "summary": "auto" }),
+                    json!({ "effort": null }),
+                    json!(null),
+                ],
+                vec![json!("high")],
+            ),
+            pick(vec![json!(2), json!(null)], vec![]),
+            pick(vec![json!({ "a": "b" }), json!(null)], vec![]),
+            pick(
+                vec![json!("disabled"), json!(null)],
+                vec![json!("auto"), json!(5)],
+            ),
+            pick(vec![json!(false), json!(null)], vec![json!(true)]),
+            pick(vec![json!(null)], vec![json!("resp_1")]),
+            pick(
+                vec![json!(false), json!(["reasoning.encrypted_content"])],
+                vec![],
+            ),
+            pick(vec![], vec![json!(1), json!(null)]),
+        );
+        (input, settings, more).prop_map(|(input, settings, more)| {
+            let (instructions, stream, temperature, max, parallel, tools, choice, text) = settings;
+            let (reasoning, logprobs, metadata, truncation, background, previous, hint, odd) = more;
+            object([
+                ("model", Some(json!("gpt"))),
+                ("input", input),
+                ("instructions", instructions),
+                ("stream", stream),
+                ("temperature", temperature),
+                ("max_output_tokens", max),
+                ("parallel_tool_calls", parallel),
+                ("tools", tools),
+                ("tool_choice", choice),
+                ("text", text),
+                ("reasoning", reasoning),
+                ("top_logprobs", logprobs),
+                ("metadata", metadata),
+                ("truncation", truncation),
+                ("background", background),
+                ("previous_response_id", previous),
+                ("store", hint),
+                ("frobnicate", odd),
+            ])
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Whatever a request holds, it translates from its bytes as it does parsed: the same
+        /// chat request and echo, or the same refusal.
+        #[test]
+        fn a_request_translates_from_its_bytes_as_it_does_parsed(request in request()) {
+            both(&request, serde_json::to_vec::<Value>);
+            both(&request, serde_json::to_vec_pretty::<Value>);
+        }
+    }
+
+    /// A key given twice: the last counts, as when parsed.
+    #[test]
+    fn a_duplicated_key_translates_as_parsed() {
+        let body = br#"{"model":"m","input":"a","temperature":1,"input":"b","temperature":0.5}"#;
+        let parsed: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(
+            outcome(Translated::from_slice(body)),
+            outcome(Translated::new(parsed))
+        );
+    }
+}
