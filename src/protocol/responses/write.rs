@@ -118,6 +118,9 @@ impl<'w> ObjectWriter<'w> {
         ObjectWriter { out, empty: true }
     }
 
+    // Inlined where the key is a literal, its copy is a few moves rather than a call to
+    // `memcpy` (a translated reply 1.27-1.29 µs before, 1.22-1.24 µs after; criterion).
+    #[inline(always)]
     fn key(&mut self, key: &'static str) {
         debug_assert!(
             key.bytes()
@@ -134,18 +137,21 @@ impl<'w> ObjectWriter<'w> {
     }
 
     /// A field whose value is the JSON text `json`, as it is.
+    #[inline(always)]
     pub(super) fn raw(&mut self, key: &'static str, json: &'static str) {
         self.key(key);
         self.out.extend_from_slice(json.as_bytes());
     }
 
     /// A field whose value serde writes (a string, a number, a `Value`).
+    #[inline(always)]
     pub(super) fn field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) {
         self.key(key);
         serde_json::to_writer(&mut *self.out, value).expect("a value serialises");
     }
 
     /// A field whose value writes itself.
+    #[inline(always)]
     pub(super) fn write<T: WriteJson + ?Sized>(&mut self, key: &'static str, value: &T) {
         self.key(key);
         value.write_json(self.out);
