@@ -799,8 +799,16 @@ fn route_responses(
     }
     let translates = !routed.model.channels.iter().all(native);
     if translates {
-        // The envelope was read: `body` is a JSON object.
-        routed.keep_translation(responses::Translated::from_slice(body)?);
+        let translation = responses::Translated::from_slice(body).map_err(|refused| {
+            // Not JSON after all: the envelope's reading skips what it does not read, so a
+            // number out of range, say, is found only here.
+            if refused.field.is_empty() {
+                GatewayError::InvalidJson
+            } else {
+                refused.into()
+            }
+        })?;
+        routed.keep_translation(translation);
     }
     Ok(routed)
 }

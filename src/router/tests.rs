@@ -154,3 +154,35 @@ fn without_upstream_model_the_body_is_forwarded_as_is() {
     assert_eq!(routed.model.channels[0].upstream_model, None);
     assert_eq!(routed.upstream_body(&body, None), body);
 }
+
+/// A Responses body the envelope reads but that is not JSON when read whole (a number out of
+/// range, which the envelope skips) is refused as not JSON, as a chat body is; a field that does
+/// not translate is refused by name.
+#[test]
+fn a_responses_body_found_not_json_by_its_translation_is_invalid_json() {
+    let responses = |body: &str| {
+        route(
+            &Catalogue::demo(),
+            Protocol::Responses,
+            body.as_bytes(),
+            false,
+        )
+    };
+    let out_of_range = [
+        r#"{"model":"gpt-4o-mini","input":"Hi","temperature":1e400,"temperature":1}"#,
+        r#"{"model":"gpt-4o-mini","input":"Hi","instructions":5,"top_p":-1e999}"#,
+    ];
+    for body in out_of_range {
+        assert!(
+            matches!(responses(body), Err(GatewayError::InvalidJson)),
+            "{body}: {:?}",
+            responses(body)
+        );
+    }
+    let refused = responses(r#"{"model":"gpt-4o-mini","input":"Hi","background":true}"#);
+    assert!(
+        matches!(&refused, Err(GatewayError::UnsupportedField { field, .. }) if field == "background"),
+        "{refused:?}"
+    );
+    assert!(responses(r#"{"model":"gpt-4o-mini","input":"Hi","temperature":0.5}"#).is_ok());
+}
