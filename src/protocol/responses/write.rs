@@ -42,12 +42,11 @@ impl WriteJson for str {
     }
 }
 
-/// A value from a request: parsed, read as the client wrote it, or a string.
+/// A value from a request: parsed, or as the client wrote it.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Json<'a> {
     Value(&'a Value),
     Raw(&'a RawValue),
-    Text(&'a str),
 }
 
 impl Json<'_> {
@@ -55,7 +54,6 @@ impl Json<'_> {
         match self {
             Json::Value(value) => value.is_null(),
             Json::Raw(raw) => raw.get() == "null",
-            Json::Text(_) => false,
         }
     }
 }
@@ -65,7 +63,6 @@ impl WriteJson for Json<'_> {
         match self {
             Json::Value(value) => value.write_json(out),
             Json::Raw(raw) => raw.write_json(out),
-            Json::Text(text) => text.write_json(out),
         }
     }
 }

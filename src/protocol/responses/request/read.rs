@@ -28,7 +28,7 @@ struct Request<'a> {
     #[serde(borrow)]
     model: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    instructions: Option<Cow<'a, str>>,
+    instructions: Option<RawStr<'a>>,
     #[serde(borrow)]
     input: Option<TextOr<'a, Item<'a>>>,
     stream: Option<bool>,
@@ -103,15 +103,15 @@ struct Item<'a> {
     #[serde(borrow)]
     role: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    content: Option<TextOr<'a, Part<'a>>>,
+    content: Option<RawTextOr<'a, Part<'a>>>,
     #[serde(borrow)]
-    call_id: Option<Cow<'a, str>>,
+    call_id: Option<RawStr<'a>>,
     #[serde(borrow)]
-    name: Option<Cow<'a, str>>,
+    name: Option<RawStr<'a>>,
     #[serde(borrow)]
-    arguments: Option<Cow<'a, str>>,
+    arguments: Option<RawStr<'a>>,
     #[serde(borrow)]
-    output: Option<TextOr<'a, Part<'a>>>,
+    output: Option<RawTextOr<'a, Part<'a>>>,
 }
 
 /// A content part (of a message, or of a function call's output).
@@ -120,13 +120,13 @@ struct Part<'a> {
     #[serde(rename = "type", borrow)]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    text: Option<Cow<'a, str>>,
+    text: Option<RawStr<'a>>,
     #[serde(borrow)]
-    refusal: Option<Cow<'a, str>>,
+    refusal: Option<RawStr<'a>>,
     #[serde(borrow)]
-    image_url: Option<Cow<'a, str>>,
+    image_url: Option<RawStr<'a>>,
     #[serde(borrow)]
-    detail: Option<Cow<'a, str>>,
+    detail: Option<RawStr<'a>>,
     #[serde(borrow)]
     file_data: Option<&'a RawValue>,
     #[serde(borrow)]
@@ -182,6 +182,81 @@ impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for TextOr<'a, T> {
             }
         }
         deserializer.deserialize_any(Visitor(PhantomData))
+    }
+}
+
+/// A JSON string as the client wrote it, quotes and escapes included: passed on by copying it,
+/// rather than unescaped as it is read and escaped again as it is written (a coding agent's
+/// tool outputs and instructions are long, and hold escaped line breaks).
+#[derive(Clone, Copy)]
+struct RawStr<'a>(&'a RawValue);
+
+impl<'a> RawStr<'a> {
+    /// What is between the quotes, still escaped.
+    fn escaped(self) -> &'a str {
+        let text = self.0.get();
+        &text[1..text.len() - 1]
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawStr<'a> {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = <&'a RawValue>::deserialize(deserializer)?;
+        match raw.get().starts_with('"') {
+            true => Ok(RawStr(raw)),
+            false => Err(de::Error::custom("a string was expected")),
+        }
+    }
+}
+
+impl WriteJson for RawStr<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        // A JSON string holds no raw line break: copied as it is.
+        out.extend_from_slice(self.0.get().as_bytes());
+    }
+}
+
+/// A string, as written (see [`RawStr`]), or a list of `T`: a message's `content`, a call
+/// output's `output`. The value is read once as written, and a list read again from it (a list
+/// of parts is short; the long values are the strings).
+enum RawTextOr<'a, T> {
+    Text(RawStr<'a>),
+    List(Vec<T>),
+}
+
+impl<'de: 'a, 'a, T: Deserialize<'a>> Deserialize<'de> for RawTextOr<'a, T> {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = <&'a RawValue>::deserialize(deserializer)?;
+        if raw.get().starts_with('"') {
+            return Ok(RawTextOr::Text(RawStr(raw)));
+        }
+        serde_json::from_str(raw.get())
+            .map(RawTextOr::List)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// A text a chat message holds.
+enum Text<'r> {
+    /// As the client wrote it.
+    Raw(RawStr<'r>),
+    /// Read (unescaped) from the request.
+    Read(&'r str),
+    /// Pieces as the client wrote them, joined (still escaped, without quotes).
+    Joined(String),
+}
+
+impl WriteJson for Text<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            Text::Raw(raw) => raw.write_json(out),
+            Text::Read(text) => text.write_json(out),
+            Text::Joined(escaped) => {
+                out.push(b'"');
+                out.extend_from_slice(escaped.as_bytes());
+                out.push(b'"');
+            }
+        }
     }
 }
 
@@ -276,7 +351,7 @@ fn echo<'a>(
     Echo::with(
         request.model.as_deref(),
         |name| match name {
-            "instructions" => request.instructions.as_deref().map(Json::Text),
+            "instructions" => request.instructions.map(|text| Json::Raw(text.0)),
             "max_output_tokens" => raw(request.max_output_tokens),
             "metadata" => raw(request.metadata),
             "parallel_tool_calls" => raw(request.parallel_tool_calls),
@@ -296,7 +371,7 @@ fn echo<'a>(
 /// A chat message, borrowed from the request.
 enum Message<'r> {
     /// A message whose content is one string.
-    Text { role: &'static str, text: &'r str },
+    Text { role: &'static str, text: Text<'r> },
     /// A user or system message's parts.
     Parts {
         role: &'static str,
@@ -304,22 +379,22 @@ enum Message<'r> {
     },
     /// An earlier reply: its text (`null` for calls alone), a refusal, its tool calls.
     Assistant {
-        text: Option<Cow<'r, str>>,
-        refusal: Option<&'r str>,
+        text: Option<Text<'r>>,
+        refusal: Option<Text<'r>>,
         calls: Vec<Call<'r>>,
     },
     /// A function call's output.
     Tool {
-        call_id: &'r str,
-        output: Cow<'r, str>,
+        call_id: RawStr<'r>,
+        output: Text<'r>,
     },
 }
 
-/// A function call, in an assistant message.
+/// A function call, in an assistant message (`{}` for arguments not given).
 struct Call<'r> {
-    id: &'r str,
-    name: &'r str,
-    arguments: &'r str,
+    id: RawStr<'r>,
+    name: RawStr<'r>,
+    arguments: Option<RawStr<'r>>,
 }
 
 /// The chat messages of `request`: `instructions`, then `input`'s; `None` for anything the
@@ -331,23 +406,26 @@ fn messages<'r>(request: &'r Request<'r>) -> Option<Vec<Message<'r>>> {
         None => return None,
     };
     let mut messages = Vec::with_capacity(items.len() + 1);
-    if let Some(instructions) = &request.instructions {
+    if let Some(instructions) = request.instructions {
         messages.push(Message::Text {
             role: "system",
-            text: instructions,
+            text: Text::Raw(instructions),
         });
     }
     if let Some(TextOr::Text(text)) = &request.input {
-        messages.push(Message::Text { role: "user", text });
+        messages.push(Message::Text {
+            role: "user",
+            text: Text::Read(text),
+        });
     }
     for item in items {
         match (item.kind.as_deref(), item.role.as_deref()) {
             (Some("message") | None, Some(role)) => messages.push(message(item, role)?),
             (Some("function_call"), _) => {
                 let call = Call {
-                    id: item.call_id.as_deref()?,
-                    name: item.name.as_deref()?,
-                    arguments: item.arguments.as_deref().unwrap_or("{}"),
+                    id: item.call_id?,
+                    name: item.name?,
+                    arguments: item.arguments,
                 };
                 match messages.last_mut() {
                     Some(Message::Assistant { calls, .. }) => calls.push(call),
@@ -360,22 +438,22 @@ fn messages<'r>(request: &'r Request<'r>) -> Option<Vec<Message<'r>>> {
             }
             (Some("function_call_output"), _) => {
                 let output = match item.output.as_ref()? {
-                    TextOr::Text(text) => Cow::Borrowed(&**text),
-                    TextOr::List(parts) => {
+                    RawTextOr::Text(text) => Text::Raw(*text),
+                    RawTextOr::List(parts) => {
                         let mut text = String::new();
                         for part in parts {
-                            match (part.kind.as_deref(), part.text.as_deref()) {
+                            match (part.kind.as_deref(), part.text) {
                                 (Some("input_text" | "output_text"), Some(piece)) => {
-                                    text.push_str(piece)
+                                    text.push_str(piece.escaped())
                                 }
                                 _ => return None,
                             }
                         }
-                        Cow::Owned(text)
+                        Text::Joined(text)
                     }
                 };
                 messages.push(Message::Tool {
-                    call_id: item.call_id.as_deref()?,
+                    call_id: item.call_id?,
                     output,
                 });
             }
@@ -396,15 +474,20 @@ fn message<'r>(item: &'r Item<'r>, role: &str) -> Option<Message<'r>> {
         _ => return None,
     };
     let parts = match item.content.as_ref()? {
-        TextOr::Text(text) if role == "assistant" => {
+        RawTextOr::Text(text) if role == "assistant" => {
             return Some(Message::Assistant {
-                text: Some(Cow::Borrowed(text)),
+                text: Some(Text::Raw(*text)),
                 refusal: None,
                 calls: Vec::new(),
             });
         }
-        TextOr::Text(text) => return Some(Message::Text { role, text }),
-        TextOr::List(parts) => parts,
+        RawTextOr::Text(text) => {
+            return Some(Message::Text {
+                role,
+                text: Text::Raw(*text),
+            });
+        }
+        RawTextOr::List(parts) => parts,
     };
     if role != "assistant" {
         let system = role == "system";
@@ -418,15 +501,15 @@ fn message<'r>(item: &'r Item<'r>, role: &str) -> Option<Message<'r>> {
     for part in parts {
         match part.kind.as_deref() {
             Some("output_text" | "input_text") => {
-                text.push_str(part.text.as_deref().unwrap_or_default())
+                text.push_str(part.text.map_or("", RawStr::escaped))
             }
-            Some("refusal") => refusal = Some(part.refusal.as_deref().unwrap_or_default()),
+            Some("refusal") => refusal = Some(part.refusal.map_or("", RawStr::escaped)),
             _ => return None,
         }
     }
     Some(Message::Assistant {
-        text: Some(Cow::Owned(text)),
-        refusal,
+        text: Some(Text::Joined(text)),
+        refusal: refusal.map(|refusal| Text::Joined(refusal.to_owned())),
         calls: Vec::new(),
     })
 }
@@ -437,7 +520,7 @@ impl WriteJson for Message<'_> {
         match self {
             Message::Text { role, text } => {
                 message.field("role", role);
-                message.field("content", text);
+                message.write("content", text);
             }
             Message::Parts { role, parts } => {
                 message.field("role", role);
@@ -449,9 +532,9 @@ impl WriteJson for Message<'_> {
                 calls,
             } => {
                 message.raw("role", r#""assistant""#);
-                message.write("content", &text.as_deref());
+                message.write("content", text);
                 if let Some(refusal) = refusal {
-                    message.field("refusal", refusal);
+                    message.write("refusal", refusal);
                 }
                 if !calls.is_empty() {
                     message.write("tool_calls", &calls[..]);
@@ -459,8 +542,8 @@ impl WriteJson for Message<'_> {
             }
             Message::Tool { call_id, output } => {
                 message.raw("role", r#""tool""#);
-                message.field("tool_call_id", call_id);
-                message.field("content", output);
+                message.write("tool_call_id", call_id);
+                message.write("content", output);
             }
         }
         message.close();
@@ -470,11 +553,14 @@ impl WriteJson for Message<'_> {
 impl WriteJson for Call<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
         let mut call = ObjectWriter::open(out);
-        call.field("id", self.id);
+        call.write("id", &self.id);
         call.raw("type", r#""function""#);
         let mut function = call.object("function");
-        function.field("name", self.name);
-        function.field("arguments", self.arguments);
+        function.write("name", &self.name);
+        match &self.arguments {
+            Some(arguments) => function.write("arguments", arguments),
+            None => function.raw("arguments", r#""{}""#),
+        }
         function.close();
         call.close();
     }
@@ -482,10 +568,11 @@ impl WriteJson for Call<'_> {
 
 /// A user or system message's part in chat completions' form.
 enum ChatPart<'r> {
-    Text(&'r str),
+    /// Its text (empty when it has none).
+    Text(Option<RawStr<'r>>),
     Image {
-        url: &'r str,
-        detail: Option<&'r str>,
+        url: RawStr<'r>,
+        detail: Option<RawStr<'r>>,
     },
     File(&'r Part<'r>),
     Audio(Option<&'r RawValue>),
@@ -497,15 +584,15 @@ impl<'r> ChatPart<'r> {
     fn of(part: &'r Part<'r>, system: bool) -> Option<ChatPart<'r>> {
         let kind = part.kind.as_deref();
         if let Some("input_text" | "output_text") = kind {
-            return Some(ChatPart::Text(part.text.as_deref().unwrap_or_default()));
+            return Some(ChatPart::Text(part.text));
         }
         if system {
             return None;
         }
         match kind? {
             "input_image" => Some(ChatPart::Image {
-                url: part.image_url.as_deref()?,
-                detail: part.detail.as_deref(),
+                url: part.image_url?,
+                detail: part.detail,
             }),
             "input_file" if part.file_url.is_none() => Some(ChatPart::File(part)),
             "input_audio" => Some(ChatPart::Audio(part.input_audio)),
@@ -520,14 +607,17 @@ impl WriteJson for ChatPart<'_> {
         match self {
             ChatPart::Text(text) => {
                 part.raw("type", r#""text""#);
-                part.field("text", text);
+                match text {
+                    Some(text) => part.write("text", text),
+                    None => part.raw("text", r#""""#),
+                }
             }
             ChatPart::Image { url, detail } => {
                 part.raw("type", r#""image_url""#);
                 let mut image = part.object("image_url");
-                image.field("url", url);
+                image.write("url", url);
                 if let Some(detail) = detail {
-                    image.field("detail", detail);
+                    image.write("detail", detail);
                 }
                 image.close();
             }
