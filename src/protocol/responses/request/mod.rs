@@ -66,8 +66,8 @@ impl Translated {
 
     /// Translates a request from its bytes, or names the field that does not translate (a
     /// body that is not JSON names none). A request as clients send it is read without building
-    /// a `serde_json::Value`, its strings borrowed and the values passed on (tool schemas,
-    /// settings) copied as they are; anything unusual is read as [`Translated::new`] reads it.
+    /// a `serde_json::Value`, what it passes on (texts, tool schemas, settings) copied as the
+    /// client wrote it; anything unusual is read as [`Translated::new`] reads it.
     pub fn from_slice(request: &[u8]) -> Result<Translated, Untranslatable> {
         if let Some((chat, echoed)) = read::translate(request) {
             return Ok(Translated { chat, echoed });

@@ -1,8 +1,9 @@
 //! A Responses request translated straight from its bytes: the path of the requests clients
-//! send. Nothing is built into a `serde_json::Value`: strings are borrowed (unless they hold
-//! escapes), and the values passed on as they are (tool schemas, settings) are copied as the
-//! client wrote them. A coding agent sends its whole conversation and its tools on every turn,
-//! so this is most of what a translated call costs before it reaches the provider.
+//! send. Nothing is built into a `serde_json::Value`: what is passed on as it is (texts, tool
+//! schemas, settings) is copied as the client wrote it, strings with their escapes, and what is
+//! only compared (types, roles) is borrowed. A coding agent sends its whole conversation and its
+//! tools on every turn, so this is most of what a translated call costs before it reaches the
+//! provider.
 //!
 //! Only the ordinary is read here. Anything else (a field of an unexpected type, a duplicated
 //! key, an unknown field, anything refused) gives way to the `Value` reading in the parent
