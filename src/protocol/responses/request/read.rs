@@ -154,7 +154,8 @@ struct Tool<'a> {
     strict: Option<&'a RawValue>,
 }
 
-/// A string, or a list of `T` (`input`, a message's `content`, a call output's `output`).
+/// A string, or a list of `T`: the request's `input`, read in one pass (its list is the whole
+/// conversation; a string `input` is short).
 enum TextOr<'a, T> {
     Text(Cow<'a, str>),
     List(Vec<T>),
