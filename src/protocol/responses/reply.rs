@@ -58,6 +58,8 @@ pub(super) struct Echo<'a> {
     tools: Setting<'a>,
     top_p: Setting<'a>,
     user: Setting<'a>,
+    /// Whether any setting is the request's own (else the echo is the defaults' own).
+    any_given: bool,
 }
 
 /// `request[outer][name]`, if there is one.
@@ -85,52 +87,41 @@ impl<'a> Echo<'a> {
         effort: Option<Json<'a>>,
         format: Option<Json<'a>>,
     ) -> Echo<'a> {
-        let given = |value: Option<Json<'a>>, default: Setting<'a>| match value {
-            Some(value) if !value.is_null() => Setting::Given(value),
+        let mut any_given = false;
+        let mut given = |value: Option<Json<'a>>, default: Setting<'a>| match value {
+            Some(value) if !value.is_null() => {
+                any_given = true;
+                Setting::Given(value)
+            }
             _ => default,
         };
-        let field = |name, default| given(field(name), default);
         let defaults = Echo::DEFAULTS;
-        Echo {
+        let echo = Echo {
             model,
-            instructions: field("instructions", defaults.instructions),
-            max_output_tokens: field("max_output_tokens", defaults.max_output_tokens),
-            metadata: field("metadata", defaults.metadata),
-            parallel_tool_calls: field("parallel_tool_calls", defaults.parallel_tool_calls),
+            instructions: given(field("instructions"), defaults.instructions),
+            max_output_tokens: given(field("max_output_tokens"), defaults.max_output_tokens),
+            metadata: given(field("metadata"), defaults.metadata),
+            parallel_tool_calls: given(field("parallel_tool_calls"), defaults.parallel_tool_calls),
             effort: given(effort, defaults.effort),
-            service_tier: field("service_tier", defaults.service_tier),
-            temperature: field("temperature", defaults.temperature),
+            service_tier: given(field("service_tier"), defaults.service_tier),
+            temperature: given(field("temperature"), defaults.temperature),
             format: given(format, defaults.format),
-            tool_choice: field("tool_choice", defaults.tool_choice),
-            tools: field("tools", defaults.tools),
-            top_p: field("top_p", defaults.top_p),
-            user: field("user", defaults.user),
-        }
+            tool_choice: given(field("tool_choice"), defaults.tool_choice),
+            tools: given(field("tools"), defaults.tools),
+            top_p: given(field("top_p"), defaults.top_p),
+            user: given(field("user"), defaults.user),
+            any_given: false,
+        };
+        Echo { any_given, ..echo }
     }
 
     /// The echo, written once, for every `response` object of the call.
     pub(super) fn owned(&self) -> Echoed {
         /// What a request that gives none of the settings has repeated, written once.
         static DEFAULTS: LazyLock<Vec<u8>> = LazyLock::new(|| Echo::DEFAULTS.settings());
-        let given = [
-            self.instructions,
-            self.max_output_tokens,
-            self.metadata,
-            self.parallel_tool_calls,
-            self.effort,
-            self.service_tier,
-            self.temperature,
-            self.format,
-            self.tool_choice,
-            self.tools,
-            self.top_p,
-            self.user,
-        ]
-        .iter()
-        .any(|setting| matches!(setting, Setting::Given(_)));
         Echoed {
             model: self.model.map(str::to_owned),
-            settings: match given {
+            settings: match self.any_given {
                 true => Cow::Owned(self.settings()),
                 false => Cow::Borrowed(&DEFAULTS[..]),
             },
@@ -152,6 +143,7 @@ impl<'a> Echo<'a> {
         tools: Setting::NoTools,
         top_p: Setting::One,
         user: Setting::Null,
+        any_given: false,
     };
 
     /// The settings, as a JSON object.
