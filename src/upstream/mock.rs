@@ -75,7 +75,7 @@ impl MockUpstream {
                 let chat = responses::ChatReply {
                     created: Some(unix_now()),
                     model: Some(model),
-                    text: Some(MOCK_REPLY_TEXT),
+                    text: Some(MOCK_REPLY_TEXT.into()),
                     finish_reason: Some("stop"),
                     usage: Some(responses::Usage::counted(
                         tokens(input_tokens),

@@ -88,15 +88,12 @@ impl Ids {
                 format!("{prefix}_{counter}")
             }
             None => {
-                // 48 random hex digits, written without the formatting machinery (this runs
-                // for every translated response and item).
-                const HEX: &[u8; 16] = b"0123456789abcdef";
+                // 48 random hex digits: 24 random bytes, each written as two (this runs for
+                // every translated response and item).
+                let mut bytes = [0u8; 24];
+                fastrand::fill(&mut bytes);
                 let mut digits = [0u8; 48];
-                let words = [fastrand::u64(..), fastrand::u64(..), fastrand::u64(..)];
-                for (digit, at) in digits.iter_mut().zip(0..) {
-                    let word = words[at / 16];
-                    *digit = HEX[((word >> (60 - 4 * (at % 16))) & 0xf) as usize];
-                }
+                hex::encode_to_slice(bytes, &mut digits).expect("two digits a byte");
                 let mut id = String::with_capacity(prefix.len() + 49);
                 id.push_str(prefix);
                 id.push('_');

@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use serde_json::Value;
 
-use super::write::{Json, ObjectWriter, WriteJson};
+use super::write::{Json, ObjectWriter, Str, WriteJson};
 use super::{Ids, Translated};
 use crate::protocol::TokenUsage;
 
@@ -206,7 +206,7 @@ impl Echoed {
         out: &mut Vec<u8>,
     ) {
         let mut object = ObjectWriter::open(out);
-        object.field("id", &head.id);
+        object.id("id", &head.id);
         object.raw("object", "\"response\"");
         object.field("created_at", &head.created_at);
         object.field("status", status.name());
@@ -336,7 +336,7 @@ pub(super) fn usage(chat_usage: Option<&Value>) -> Option<Usage> {
 pub(super) enum OutputItem<'a> {
     /// The model's reasoning, as chat-completions servers of reasoning models send it
     /// (`reasoning_content`); no text when it is empty (as a streamed item opens).
-    Reasoning { id: &'a str, text: Option<&'a str> },
+    Reasoning { id: &'a str, text: Option<Str<'a>> },
     Message {
         id: &'a str,
         status: &'a str,
@@ -345,9 +345,9 @@ pub(super) enum OutputItem<'a> {
     FunctionCall {
         id: &'a str,
         status: &'a str,
-        call_id: &'a str,
-        name: &'a str,
-        arguments: &'a str,
+        call_id: Str<'a>,
+        name: Str<'a>,
+        arguments: Str<'a>,
     },
 }
 
@@ -357,10 +357,10 @@ impl WriteJson for OutputItem<'_> {
         match self {
             OutputItem::Reasoning { id, text } => {
                 item.raw("type", r#""reasoning""#);
-                item.field("id", id);
+                item.id("id", id);
                 item.raw("summary", "[]");
                 match text {
-                    Some(text) => item.write("content", &[ReasoningText(text)][..]),
+                    Some(text) => item.write("content", &[ReasoningText(*text)][..]),
                     None => item.raw("content", "[]"),
                 }
             }
@@ -370,7 +370,7 @@ impl WriteJson for OutputItem<'_> {
                 content,
             } => {
                 item.raw("type", r#""message""#);
-                item.field("id", id);
+                item.id("id", id);
                 item.field("status", status);
                 item.raw("role", r#""assistant""#);
                 item.write("content", content.as_slice());
@@ -383,11 +383,11 @@ impl WriteJson for OutputItem<'_> {
                 arguments,
             } => {
                 item.raw("type", r#""function_call""#);
-                item.field("id", id);
+                item.id("id", id);
                 item.field("status", status);
-                item.field("call_id", call_id);
-                item.field("name", name);
-                item.field("arguments", arguments);
+                item.write("call_id", call_id);
+                item.write("name", name);
+                item.write("arguments", arguments);
             }
         }
         item.close();
@@ -395,13 +395,13 @@ impl WriteJson for OutputItem<'_> {
 }
 
 /// A reasoning item's text.
-struct ReasoningText<'a>(&'a str);
+struct ReasoningText<'a>(Str<'a>);
 
 impl WriteJson for ReasoningText<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
         let mut part = ObjectWriter::open(out);
         part.raw("type", r#""reasoning_text""#);
-        part.field("text", self.0);
+        part.write("text", &self.0);
         part.close();
     }
 }
@@ -418,7 +418,7 @@ pub(super) fn reasoning_of(message: &Value) -> Option<&str> {
 /// A message's content part: text, or a refusal.
 pub(super) struct Part<'a> {
     pub(super) refusal: bool,
-    pub(super) text: &'a str,
+    pub(super) text: Str<'a>,
 }
 
 impl WriteJson for Part<'_> {
@@ -426,10 +426,10 @@ impl WriteJson for Part<'_> {
         let mut part = ObjectWriter::open(out);
         if self.refusal {
             part.raw("type", r#""refusal""#);
-            part.field("refusal", self.text);
+            part.write("refusal", &self.text);
         } else {
             part.raw("type", r#""output_text""#);
-            part.field("text", self.text);
+            part.write("text", &self.text);
             part.raw("annotations", "[]");
             part.raw("logprobs", "[]");
         }
@@ -497,10 +497,10 @@ pub fn response_json_from_chat_bytes(
 pub(crate) struct ChatReply<'a> {
     pub created: Option<i64>,
     pub model: Option<&'a str>,
-    /// The message's text (`content`), when it is a non-empty string.
-    pub text: Option<&'a str>,
-    pub refusal: Option<&'a str>,
-    pub reasoning: Option<&'a str>,
+    /// The message's text (`content`), when it is a string.
+    pub text: Option<Str<'a>>,
+    pub refusal: Option<Str<'a>>,
+    pub reasoning: Option<Str<'a>>,
     pub calls: Vec<ToolCall<'a>>,
     pub finish_reason: Option<&'a str>,
     pub usage: Option<Usage>,
@@ -509,9 +509,9 @@ pub(crate) struct ChatReply<'a> {
 /// A tool call of a chat reply.
 #[derive(Debug)]
 pub(crate) struct ToolCall<'a> {
-    pub id: Option<&'a str>,
-    pub name: &'a str,
-    pub arguments: &'a str,
+    pub id: Option<Str<'a>>,
+    pub name: Str<'a>,
+    pub arguments: Str<'a>,
 }
 
 impl<'a> ChatReply<'a> {
@@ -526,15 +526,15 @@ impl<'a> ChatReply<'a> {
         ChatReply {
             created: reply["created"].as_i64(),
             model: reply["model"].as_str(),
-            text: message["content"].as_str(),
-            refusal: message["refusal"].as_str(),
-            reasoning: reasoning_of(message),
+            text: message["content"].as_str().map(Str::Read),
+            refusal: message["refusal"].as_str().map(Str::Read),
+            reasoning: reasoning_of(message).map(Str::Read),
             calls: calls
                 .iter()
                 .map(|call| ToolCall {
-                    id: call["id"].as_str(),
-                    name: call["function"]["name"].as_str().unwrap_or_default(),
-                    arguments: call["function"]["arguments"].as_str().unwrap_or("{}"),
+                    id: call["id"].as_str().map(Str::Read),
+                    name: Str::Read(call["function"]["name"].as_str().unwrap_or_default()),
+                    arguments: Str::Read(call["function"]["arguments"].as_str().unwrap_or("{}")),
                 })
                 .collect(),
             finish_reason: choice["finish_reason"].as_str(),
@@ -551,6 +551,7 @@ mod read {
     use serde::Deserialize;
     use serde_json::value::RawValue;
 
+    use super::super::write::{RawStr, Str};
     use super::{ChatReply, ToolCall, Usage};
 
     #[derive(Deserialize)]
@@ -573,16 +574,17 @@ mod read {
         finish_reason: Option<Cow<'a, str>>,
     }
 
+    /// The texts are kept as the provider wrote them (see [`RawStr`]), and copied.
     #[derive(Deserialize)]
     struct Message<'a> {
         #[serde(borrow)]
-        content: Option<Cow<'a, str>>,
+        content: Option<RawStr<'a>>,
         #[serde(borrow)]
-        refusal: Option<Cow<'a, str>>,
+        refusal: Option<RawStr<'a>>,
         #[serde(borrow)]
-        reasoning_content: Option<Cow<'a, str>>,
+        reasoning_content: Option<RawStr<'a>>,
         #[serde(borrow)]
-        reasoning: Option<Cow<'a, str>>,
+        reasoning: Option<RawStr<'a>>,
         #[serde(borrow)]
         tool_calls: Option<Vec<Call<'a>>>,
     }
@@ -590,7 +592,7 @@ mod read {
     #[derive(Deserialize)]
     struct Call<'a> {
         #[serde(borrow)]
-        id: Option<Cow<'a, str>>,
+        id: Option<RawStr<'a>>,
         #[serde(borrow)]
         function: Option<Function<'a>>,
     }
@@ -598,9 +600,9 @@ mod read {
     #[derive(Deserialize)]
     struct Function<'a> {
         #[serde(borrow)]
-        name: Option<Cow<'a, str>>,
+        name: Option<RawStr<'a>>,
         #[serde(borrow)]
-        arguments: Option<Cow<'a, str>>,
+        arguments: Option<RawStr<'a>>,
     }
 
     #[derive(Deserialize)]
@@ -627,12 +629,9 @@ mod read {
             };
             let choice = self.choices.as_deref().and_then(<[Choice<'a>]>::first);
             let message = choice.and_then(|choice| choice.message.as_ref());
-            let text = |field: Option<&'a Option<Cow<'a, str>>>| field.and_then(Option::as_deref);
+            let text = |field: Option<RawStr<'a>>| field.map(Str::Raw);
             let reasoning = message.and_then(|message| {
-                message
-                    .reasoning_content
-                    .as_deref()
-                    .or(message.reasoning.as_deref())
+                text(message.reasoning_content.or(message.reasoning))
                     .filter(|text| !text.is_empty())
             });
             let calls = message
@@ -641,25 +640,25 @@ mod read {
             Ok(ChatReply {
                 created: self.created,
                 model: self.model.as_deref(),
-                text: text(message.map(|message| &message.content)),
-                refusal: text(message.map(|message| &message.refusal)),
+                text: message.and_then(|message| text(message.content)),
+                refusal: message.and_then(|message| text(message.refusal)),
                 reasoning,
                 calls: calls
                     .iter()
                     .map(|call| {
                         let function = call.function.as_ref();
                         ToolCall {
-                            id: call.id.as_deref(),
+                            id: text(call.id),
                             name: function
-                                .and_then(|function| function.name.as_deref())
-                                .unwrap_or_default(),
+                                .and_then(|function| text(function.name))
+                                .unwrap_or(Str::Read("")),
                             arguments: function
-                                .and_then(|function| function.arguments.as_deref())
-                                .unwrap_or("{}"),
+                                .and_then(|function| text(function.arguments))
+                                .unwrap_or(Str::Read("{}")),
                         }
                     })
                     .collect(),
-                finish_reason: text(choice.map(|choice| &choice.finish_reason)),
+                finish_reason: choice.and_then(|choice| choice.finish_reason.as_deref()),
                 usage: usage.map(|usage| {
                     let detail = |details: &Option<Details>, pick: fn(&Details) -> Option<i64>| {
                         details.as_ref().and_then(pick).unwrap_or(0)
@@ -727,7 +726,7 @@ pub(crate) fn write_response(echoed: &Echoed, reply: &ChatReply<'_>, ids: &mut I
         output.push(OutputItem::FunctionCall {
             id: item_id,
             status: "completed",
-            call_id: call.id.unwrap_or(item_id),
+            call_id: call.id.unwrap_or(Str::Read(item_id)),
             name: call.name,
             arguments: call.arguments,
         });
@@ -769,8 +768,32 @@ mod tests {
             );
             let value: Value = serde_json::from_str(reply).unwrap();
             let expected = response_json_from_chat(&request, &value, &mut Ids::counting());
-            assert_eq!(response, expected, "{reply}");
+            let parsed = |json: &[u8]| serde_json::from_slice::<Value>(json).unwrap();
+            assert_eq!(parsed(&response), parsed(&expected), "{reply}");
         }
+        // The provider's texts are copied as it wrote them, escapes and all.
+        let escaped = br#"{"created":1,"choices":[{"message":{"content":"caf\u00e9 \"q\"\n\/","reasoning_content":"\u2603","tool_calls":[{"id":"c\u0031","function":{"name":"f","arguments":"{\"a\":\"\\n\"}"}}]}}]}"#;
+        let (response, _) =
+            response_json_from_chat_bytes(&request, escaped, &mut Ids::counting()).unwrap();
+        let text = String::from_utf8(response.clone()).unwrap();
+        for written in [
+            r#""text":"caf\u00e9 \"q\"\n\/""#,
+            r#""text":"\u2603""#,
+            r#""call_id":"c\u0031""#,
+            r#""arguments":"{\"a\":\"\\n\"}""#,
+        ] {
+            assert!(text.contains(written), "{written} in {text}");
+        }
+        let value: Value = serde_json::from_slice(escaped).unwrap();
+        let expected = response_json_from_chat(&request, &value, &mut Ids::counting());
+        assert_eq!(
+            serde_json::from_slice::<Value>(&response).unwrap(),
+            serde_json::from_slice::<Value>(&expected).unwrap()
+        );
+        // A text that is not valid JSON (a lone surrogate) is no reply, as `Value` finds it.
+        let broken = br#"{"created":1,"choices":[{"message":{"content":"\ud800"}}]}"#;
+        assert!(serde_json::from_slice::<Value>(broken).is_err());
+        assert!(response_json_from_chat_bytes(&request, broken, &mut Ids::counting()).is_err());
         // Not an object: a failure, as the billing layer would judge it.
         let array = br#"[1,"m",[]]"#;
         let read = response_json_from_chat_bytes(&request, array, &mut Ids::counting());

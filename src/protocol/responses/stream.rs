@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::reply::{Echoed, Head, OutputItem, Part, Status, Usage, reasoning_of};
-use super::write::ObjectWriter;
+use super::write::{ObjectWriter, Str};
 use super::{Ids, Translated};
 use crate::protocol::sse::{Event, EventSplitter, event_text};
 
@@ -269,7 +269,13 @@ impl StreamTranslator {
             "response.content_part.added",
             |event| {
                 place(event, &id, index, true);
-                event.write("part", &Part { refusal, text: "" });
+                event.write(
+                    "part",
+                    &Part {
+                        refusal,
+                        text: Str::Read(""),
+                    },
+                );
             },
         );
         self.items.push(Item::Message {
@@ -303,9 +309,9 @@ impl StreamTranslator {
                 let item = OutputItem::FunctionCall {
                     id: &id,
                     status: "in_progress",
-                    call_id: &call_id,
-                    name: &name,
-                    arguments: "",
+                    call_id: Str::Read(&call_id),
+                    name: Str::Read(&name),
+                    arguments: Str::Read(""),
                 };
                 item_added(&mut self.sequence, out, index, &item);
                 self.items.push(Item::Call {
@@ -389,7 +395,7 @@ impl StreamTranslator {
                         "part",
                         &Part {
                             refusal: *refusal,
-                            text,
+                            text: Str::Read(text),
                         },
                     );
                 });
@@ -498,7 +504,7 @@ impl Item {
         match self {
             Item::Reasoning { id, text, .. } => OutputItem::Reasoning {
                 id,
-                text: (!text.is_empty()).then_some(text.as_str()),
+                text: (!text.is_empty()).then_some(Str::Read(text)),
             },
             Item::Message {
                 id, refusal, text, ..
@@ -507,7 +513,7 @@ impl Item {
                 status: "completed",
                 content: Some(Part {
                     refusal: *refusal,
-                    text,
+                    text: Str::Read(text),
                 }),
             },
             Item::Call {
@@ -519,9 +525,9 @@ impl Item {
             } => OutputItem::FunctionCall {
                 id,
                 status: "completed",
-                call_id,
-                name,
-                arguments,
+                call_id: Str::Read(call_id),
+                name: Str::Read(name),
+                arguments: Str::Read(arguments),
             },
         }
     }

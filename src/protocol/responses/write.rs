@@ -6,7 +6,9 @@
 //! writing one cost. Here keys, fixed names that need no escaping, are copied as they are, and
 //! only values (strings from the request or the provider, numbers) go through `serde_json`.
 
-use serde::Serialize;
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize, de};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -39,6 +41,97 @@ impl WriteJson for RawValue {
 impl WriteJson for str {
     fn write_json(&self, out: &mut Vec<u8>) {
         serde_json::to_writer(out, self).expect("a string serialises");
+    }
+}
+
+/// A JSON string as it was written, quotes and escapes included: passed on by copying it,
+/// rather than unescaped as it is read and escaped again as it is written (a coding agent's
+/// tool outputs and instructions are long, and hold escaped line breaks; a provider's text
+/// is most of its reply).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawStr<'a>(&'a RawValue);
+
+impl<'a> RawStr<'a> {
+    /// The string with its quotes, as written.
+    pub(super) fn raw(self) -> &'a RawValue {
+        self.0
+    }
+
+    /// What is between the quotes, still escaped.
+    pub(super) fn escaped(self) -> &'a str {
+        let text = self.0.get();
+        &text[1..text.len() - 1]
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawStr<'a> {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = <&'a RawValue>::deserialize(deserializer)?;
+        if !raw.get().starts_with('"') {
+            return Err(de::Error::custom("a string was expected"));
+        }
+        RawStr::of_string(raw).map_err(de::Error::custom)
+    }
+}
+
+impl<'a> RawStr<'a> {
+    /// A raw value that is a string (it starts with a quote), checked as reading it would
+    /// check it: `serde_json` skips a string without pairing its escaped surrogates
+    /// (`\ud83d\ude00`), so a string holding any is read, and a lone one refused.
+    pub(super) fn of_string(raw: &'a RawValue) -> Result<RawStr<'a>, serde_json::Error> {
+        if may_escape_a_surrogate(raw.get()) {
+            serde_json::from_str::<Cow<'_, str>>(raw.get())?;
+        }
+        Ok(RawStr(raw))
+    }
+}
+
+/// Whether a JSON string literal may hold an escaped UTF-16 surrogate (`\uD800` to `\uDFFF`).
+fn may_escape_a_surrogate(literal: &str) -> bool {
+    memchr::memmem::find_iter(literal.as_bytes(), b"\\u").any(|at| {
+        let digits = &literal.as_bytes()[at + 2..];
+        matches!(
+            digits,
+            [b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F', ..]
+        )
+    })
+}
+
+impl WriteJson for RawStr<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        // A JSON string holds no raw line break: copied as it is.
+        out.extend_from_slice(self.0.get().as_bytes());
+    }
+}
+
+/// A text a translation writes: read (unescaped), or as it was written (see [`RawStr`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Str<'a> {
+    Read(&'a str),
+    Raw(RawStr<'a>),
+}
+
+impl Str<'_> {
+    pub(super) fn is_empty(self) -> bool {
+        match self {
+            Str::Read(text) => text.is_empty(),
+            Str::Raw(raw) => raw.escaped().is_empty(),
+        }
+    }
+}
+
+impl<'a> From<&'a str> for Str<'a> {
+    fn from(text: &'a str) -> Str<'a> {
+        Str::Read(text)
+    }
+}
+
+impl WriteJson for Str<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            Str::Read(text) => text.write_json(out),
+            Str::Raw(raw) => raw.write_json(out),
+        }
     }
 }
 
@@ -148,6 +241,20 @@ impl<'w> ObjectWriter<'w> {
     }
 
     /// A field whose value writes itself.
+    /// An id the gateway made (see [`Ids`](super::Ids)): ASCII letters, digits and `_`, which
+    /// need no escaping.
+    #[inline(always)]
+    pub(super) fn id(&mut self, key: &'static str, id: &str) {
+        debug_assert!(
+            id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+            "not an id the gateway made: {id}"
+        );
+        self.key(key);
+        self.out.push(b'"');
+        self.out.extend_from_slice(id.as_bytes());
+        self.out.push(b'"');
+    }
+
     #[inline(always)]
     pub(super) fn write<T: WriteJson + ?Sized>(&mut self, key: &'static str, value: &T) {
         self.key(key);

@@ -19,7 +19,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::super::reply::{Echo, Echoed};
-use super::super::write::{Json, ObjectWriter, WriteJson};
+use super::super::write::{Json, ObjectWriter, RawStr, WriteJson};
 
 /// A Responses request, with the fields the translation reads. An unknown field fails the
 /// reading (the `Value` reading names it).
@@ -187,37 +187,6 @@ impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for TextOr<'a, T> {
     }
 }
 
-/// A JSON string as the client wrote it, quotes and escapes included: passed on by copying it,
-/// rather than unescaped as it is read and escaped again as it is written (a coding agent's
-/// tool outputs and instructions are long, and hold escaped line breaks).
-#[derive(Clone, Copy)]
-struct RawStr<'a>(&'a RawValue);
-
-impl<'a> RawStr<'a> {
-    /// What is between the quotes, still escaped.
-    fn escaped(self) -> &'a str {
-        let text = self.0.get();
-        &text[1..text.len() - 1]
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for RawStr<'a> {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let raw = <&'a RawValue>::deserialize(deserializer)?;
-        match raw.get().starts_with('"') {
-            true => Ok(RawStr(raw)),
-            false => Err(de::Error::custom("a string was expected")),
-        }
-    }
-}
-
-impl WriteJson for RawStr<'_> {
-    fn write_json(&self, out: &mut Vec<u8>) {
-        // A JSON string holds no raw line break: copied as it is.
-        out.extend_from_slice(self.0.get().as_bytes());
-    }
-}
-
 /// A string, as written (see [`RawStr`]), or a list of `T`: a message's `content`, a call
 /// output's `output`. The value is read once as written, and a list read again from it (a list
 /// of parts is short; the long values are the strings).
@@ -230,7 +199,9 @@ impl<'de: 'a, 'a, T: Deserialize<'a>> Deserialize<'de> for RawTextOr<'a, T> {
     fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let raw = <&'a RawValue>::deserialize(deserializer)?;
         if raw.get().starts_with('"') {
-            return Ok(RawTextOr::Text(RawStr(raw)));
+            return RawStr::of_string(raw)
+                .map(RawTextOr::Text)
+                .map_err(de::Error::custom);
         }
         serde_json::from_str(raw.get())
             .map(RawTextOr::List)
@@ -353,7 +324,7 @@ fn echo<'a>(
     Echo::with(
         request.model.as_deref(),
         |name| match name {
-            "instructions" => request.instructions.map(|text| Json::Raw(text.0)),
+            "instructions" => request.instructions.map(|text| Json::Raw(text.raw())),
             "max_output_tokens" => raw(request.max_output_tokens),
             "metadata" => raw(request.metadata),
             "parallel_tool_calls" => raw(request.parallel_tool_calls),
@@ -700,7 +671,7 @@ mod tests {
         let chat = serde_json::from_slice(&translated.chat_body("m")).expect("JSON");
         let reply = ChatReply {
             created: Some(1),
-            text: Some("Hi"),
+            text: Some("Hi".into()),
             ..ChatReply::default()
         };
         let response = write_response(translated.echoed(), &reply, &mut Ids::counting());
@@ -1021,6 +992,33 @@ mod tests {
     #[test]
     fn a_duplicated_key_translates_as_parsed() {
         let body = br#"{"model":"m","input":"a","temperature":1,"input":"b","temperature":0.5}"#;
+        let parsed: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(
+            outcome(Translated::from_slice(body)),
+            outcome(Translated::new(parsed))
+        );
+    }
+
+    /// Texts are copied as written, but not a lone escaped surrogate, which is not JSON: it is
+    /// refused as parsing refuses it (the router answers `400` invalid JSON), while a pair is
+    /// copied.
+    #[test]
+    fn a_lone_escaped_surrogate_is_refused_and_a_pair_copied() {
+        for lone in [
+            r#""\ud800""#,
+            r#""a\uDC00b""#,
+            r#"[{"role":"user","content":"\ud83d"}]"#,
+        ] {
+            let body = format!(r#"{{"model":"m","input":{lone}}}"#);
+            assert!(serde_json::from_str::<Value>(&body).is_err(), "{body}");
+            let refused = Translated::from_slice(body.as_bytes()).err().expect(&body);
+            assert!(refused.field.is_empty(), "{body}: {refused:?}");
+        }
+        let body = br#"{"model":"m","instructions":"\ud83d\ude00 \\ud800","input":[{"role":"user","content":"\uD83D\uDE00"}]}"#;
+        let translated = Translated::from_slice(body).unwrap();
+        let chat = String::from_utf8(translated.chat_body("m")).unwrap();
+        assert!(chat.contains(r#""\ud83d\ude00 \\ud800""#), "{chat}");
+        assert!(chat.contains(r#""\uD83D\uDE00""#), "{chat}");
         let parsed: Value = serde_json::from_slice(body).unwrap();
         assert_eq!(
             outcome(Translated::from_slice(body)),
