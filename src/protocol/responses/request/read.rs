@@ -1011,7 +1011,7 @@ mod tests {
         ] {
             let body = format!(r#"{{"model":"m","input":{lone}}}"#);
             assert!(serde_json::from_str::<Value>(&body).is_err(), "{body}");
-            let refused = Translated::from_slice(body.as_bytes()).err().expect(&body);
+            let refused = Translated::from_slice(body.as_bytes()).expect_err(&body);
             assert!(refused.field.is_empty(), "{body}: {refused:?}");
         }
         let body = br#"{"model":"m","instructions":"\ud83d\ude00 \\ud800","input":[{"role":"user","content":"\uD83D\uDE00"}]}"#;
