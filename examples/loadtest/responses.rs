@@ -2,7 +2,9 @@
 //! gateway (the four layers on the in-memory store, so that the two differ only in the
 //! protocol): in mock mode, and through a translating upstream (a chat-completions provider in
 //! this process answering a fixed reply), where the request and reply are translated on every
-//! call. Alternated, `LOADTEST_ROUNDS` times, at concurrency 16 and 64; medians printed.
+//! call. Alternated, `LOADTEST_ROUNDS` times, at concurrency 16 and 64; medians printed. Chat
+//! runs twice each round: the spread of its second run against its first is the noise the
+//! Responses row's ratio is read against.
 //!
 //! A Responses reply is longer than a chat one (the API repeats the request's settings and
 //! gives each output item an id and a status): the `bare` rows are a server with no layers that
@@ -94,12 +96,18 @@ pub async fn run(requests: u64, rounds: usize) {
             only.split(',').any(|word| name.contains(word.trim()))
         })
     };
-    let loads: Vec<(Load, &str)> = [(Load::Calls, "chat"), (Load::Responses, "responses")]
-        .into_iter()
-        .filter(|(_, label)| {
-            std::env::var("LOADTEST_ENDPOINTS").map_or(true, |only| only.contains(label))
-        })
-        .collect();
+    // Chat a second time beside itself: how far two runs of the same load differ, round by
+    // round, is the noise the Responses row is judged against.
+    let loads: Vec<(Load, &str)> = [
+        (Load::Calls, "chat"),
+        (Load::Responses, "responses"),
+        (Load::Calls, "chat again"),
+    ]
+    .into_iter()
+    .filter(|(_, label)| {
+        std::env::var("LOADTEST_ENDPOINTS").map_or(true, |only| only.contains(label))
+    })
+    .collect();
     for concurrency in [16, 64] {
         for target in [&bare, &mock, &translated] {
             if kept(target.name) {
