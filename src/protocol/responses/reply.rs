@@ -551,7 +551,7 @@ mod read {
     use serde::Deserialize;
     use serde_json::value::RawValue;
 
-    use super::super::write::{RawStr, Str};
+    use super::super::write::Str;
     use super::{ChatReply, ToolCall, Usage};
 
     #[derive(Deserialize)]
@@ -574,17 +574,16 @@ mod read {
         finish_reason: Option<Cow<'a, str>>,
     }
 
-    /// The texts are kept as the provider wrote them (see [`RawStr`]), and copied.
     #[derive(Deserialize)]
     struct Message<'a> {
         #[serde(borrow)]
-        content: Option<RawStr<'a>>,
+        content: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        refusal: Option<RawStr<'a>>,
+        refusal: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        reasoning_content: Option<RawStr<'a>>,
+        reasoning_content: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        reasoning: Option<RawStr<'a>>,
+        reasoning: Option<Cow<'a, str>>,
         #[serde(borrow)]
         tool_calls: Option<Vec<Call<'a>>>,
     }
@@ -592,7 +591,7 @@ mod read {
     #[derive(Deserialize)]
     struct Call<'a> {
         #[serde(borrow)]
-        id: Option<RawStr<'a>>,
+        id: Option<Cow<'a, str>>,
         #[serde(borrow)]
         function: Option<Function<'a>>,
     }
@@ -600,9 +599,9 @@ mod read {
     #[derive(Deserialize)]
     struct Function<'a> {
         #[serde(borrow)]
-        name: Option<RawStr<'a>>,
+        name: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        arguments: Option<RawStr<'a>>,
+        arguments: Option<Cow<'a, str>>,
     }
 
     #[derive(Deserialize)]
@@ -629,9 +628,10 @@ mod read {
             };
             let choice = self.choices.as_deref().and_then(<[Choice<'a>]>::first);
             let message = choice.and_then(|choice| choice.message.as_ref());
-            let text = |field: Option<RawStr<'a>>| field.map(Str::Raw);
+            let text = |field: &'a Option<Cow<'a, str>>| field.as_ref().map(Str::of_read);
             let reasoning = message.and_then(|message| {
-                text(message.reasoning_content.or(message.reasoning))
+                text(&message.reasoning_content)
+                    .or(text(&message.reasoning))
                     .filter(|text| !text.is_empty())
             });
             let calls = message
@@ -640,20 +640,20 @@ mod read {
             Ok(ChatReply {
                 created: self.created,
                 model: self.model.as_deref(),
-                text: message.and_then(|message| text(message.content)),
-                refusal: message.and_then(|message| text(message.refusal)),
+                text: message.and_then(|message| text(&message.content)),
+                refusal: message.and_then(|message| text(&message.refusal)),
                 reasoning,
                 calls: calls
                     .iter()
                     .map(|call| {
                         let function = call.function.as_ref();
                         ToolCall {
-                            id: text(call.id),
+                            id: text(&call.id),
                             name: function
-                                .and_then(|function| text(function.name))
+                                .and_then(|function| text(&function.name))
                                 .unwrap_or(Str::Read("")),
                             arguments: function
-                                .and_then(|function| text(function.arguments))
+                                .and_then(|function| text(&function.arguments))
                                 .unwrap_or(Str::Read("{}")),
                         }
                     })
@@ -768,28 +768,19 @@ mod tests {
             );
             let value: Value = serde_json::from_str(reply).unwrap();
             let expected = response_json_from_chat(&request, &value, &mut Ids::counting());
-            let parsed = |json: &[u8]| serde_json::from_slice::<Value>(json).unwrap();
-            assert_eq!(parsed(&response), parsed(&expected), "{reply}");
+            assert_eq!(response, expected, "{reply}");
         }
-        // The provider's texts are copied as it wrote them, escapes and all.
-        let escaped = br#"{"created":1,"choices":[{"message":{"content":"caf\u00e9 \"q\"\n\/","reasoning_content":"\u2603","tool_calls":[{"id":"c\u0031","function":{"name":"f","arguments":"{\"a\":\"\\n\"}"}}]}}]}"#;
-        let (response, _) =
-            response_json_from_chat_bytes(&request, escaped, &mut Ids::counting()).unwrap();
-        let text = String::from_utf8(response.clone()).unwrap();
-        for written in [
-            r#""text":"caf\u00e9 \"q\"\n\/""#,
-            r#""text":"\u2603""#,
-            r#""call_id":"c\u0031""#,
-            r#""arguments":"{\"a\":\"\\n\"}""#,
+        // Texts with escapes and without (copied between quotes), in every place a text is.
+        for escaped in [
+            &br#"{"created":1,"choices":[{"message":{"content":"caf\u00e9 \"q\"\n\/","reasoning_content":"\u2603","tool_calls":[{"id":"c\u0031","function":{"name":"f","arguments":"{\"a\":\"\\n\"}"}}]}}]}"#[..],
+            "{\"created\":1,\"choices\":[{\"message\":{\"content\":\"café ☃ / \u{7f}\",\"reasoning\":\"r\",\"refusal\":\"no\",\"tool_calls\":[{\"id\":\"c1\",\"function\":{\"name\":\"f\",\"arguments\":\"[]\"}}]}}]}".as_bytes(),
         ] {
-            assert!(text.contains(written), "{written} in {text}");
+            let (response, _) =
+                response_json_from_chat_bytes(&request, escaped, &mut Ids::counting()).unwrap();
+            let value: Value = serde_json::from_slice(escaped).unwrap();
+            let expected = response_json_from_chat(&request, &value, &mut Ids::counting());
+            assert_eq!(response, expected, "{}", String::from_utf8_lossy(escaped));
         }
-        let value: Value = serde_json::from_slice(escaped).unwrap();
-        let expected = response_json_from_chat(&request, &value, &mut Ids::counting());
-        assert_eq!(
-            serde_json::from_slice::<Value>(&response).unwrap(),
-            serde_json::from_slice::<Value>(&expected).unwrap()
-        );
         // A text that is not valid JSON (a lone surrogate) is no reply, as `Value` finds it.
         let broken = br#"{"created":1,"choices":[{"message":{"content":"\ud800"}}]}"#;
         assert!(serde_json::from_slice::<Value>(broken).is_err());

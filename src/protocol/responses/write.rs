@@ -112,18 +112,27 @@ impl WriteJson for RawStr<'_> {
     }
 }
 
-/// A text a translation writes: read (unescaped), or as it was written (see [`RawStr`]).
+/// A text a translation writes, as `serde_json` read it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Str<'a> {
     Read(&'a str),
-    Raw(RawStr<'a>),
+    /// Read from JSON where it held no escape: nothing in it needs one (a JSON string holds no
+    /// raw quote or control character), so it is copied between quotes.
+    Unescaped(&'a str),
 }
 
-impl Str<'_> {
+impl<'a> Str<'a> {
+    /// A string as `serde_json` read it: borrowed where it held no escape.
+    pub(super) fn of_read(text: &'a Cow<'a, str>) -> Str<'a> {
+        match text {
+            Cow::Borrowed(text) => Str::Unescaped(text),
+            Cow::Owned(text) => Str::Read(text),
+        }
+    }
+
     pub(super) fn is_empty(self) -> bool {
         match self {
-            Str::Read(text) => text.is_empty(),
-            Str::Raw(raw) => raw.escaped().is_empty(),
+            Str::Read(text) | Str::Unescaped(text) => text.is_empty(),
         }
     }
 }
@@ -138,7 +147,15 @@ impl WriteJson for Str<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
         match self {
             Str::Read(text) => text.write_json(out),
-            Str::Raw(raw) => raw.write_json(out),
+            Str::Unescaped(text) => {
+                debug_assert!(
+                    !text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20),
+                    "{text:?} needs escapes"
+                );
+                out.push(b'"');
+                out.extend_from_slice(text.as_bytes());
+                out.push(b'"');
+            }
         }
     }
 }
@@ -404,7 +421,14 @@ mod tests {
     #[test]
     fn a_raw_string_is_refused_as_reading_it_is() {
         let long = "x\\n".repeat(100);
-        for text in ["", "caf\\u00e9", "\\\\ud800", "\\ud83d\\ude00", "\\ud800", "a\\uDFFFb"] {
+        for text in [
+            "",
+            "caf\\u00e9",
+            "\\\\ud800",
+            "\\ud83d\\ude00",
+            "\\ud800",
+            "a\\uDFFFb",
+        ] {
             for text in [text.to_owned(), format!("{long}{text}{long}")] {
                 let literal = format!("\"{text}\"");
                 let raw: Box<RawValue> = serde_json::from_str(&literal).unwrap();
