@@ -308,6 +308,15 @@ async fn refusals_come_before_any_charge_in_the_contracts_order() {
     ] {
         assert_eq!(post(&key, body.clone()).await.status, 400, "{body}");
     }
+    // Not JSON, though only reading its text finds it: a lone escaped surrogate, in a text the
+    // translation copies as written.
+    let lone =
+        format!(r#"{{"model":"{CHAT_MODEL}","input":[{{"role":"user","content":"\ud800"}}]}}"#);
+    let lone = gateway.post_bearer(RESPONSES, &key, lone).await;
+    assert_eq!(
+        (lone.status, lone.detail()),
+        (400, "请求体不是有效的 JSON 对象")
+    );
     // A messages model does not exist here, as on the chat endpoint.
     let messages_model = post(&key, responses_body(MESSAGES_MODEL, false)).await;
     assert_eq!(
