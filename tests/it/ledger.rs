@@ -272,6 +272,53 @@ backends!(
     }
 );
 
+/// The audit reads one moment of the books: calls reserved, settled and refunded all along,
+/// each of which moves a balance and a call's charge in one transaction, never make it see a
+/// ledger that holds as broken (it read the balances, then the charges, in statements of their
+/// own; a call committed between them failed it).
+async fn assert_audit_holds_while_calls_are_charged(db: &TestDb) {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let store = db.store.clone();
+    let caller = caller_with(store.as_ref(), 1_000_000, 1_000_000).await;
+    let (stop, made) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU32::new(0)),
+    );
+    let charging: Vec<_> = (0..4)
+        .map(|_| {
+            let (store, stop, made) = (store.clone(), stop.clone(), made.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let reservation = store.reserve(charge(caller, 3)).await.unwrap();
+                    if made.fetch_add(1, Ordering::Relaxed) % 3 == 0 {
+                        assert!(store.refund(reservation.call, &failure()).await.unwrap());
+                    } else {
+                        assert!(store.settle(reservation.call, success()).await.unwrap());
+                    }
+                }
+            })
+        })
+        .collect();
+    // Audits while calls are made, until there have been enough of both.
+    let mut audits = 0;
+    while audits < 30 || made.load(Ordering::Relaxed) < 90 {
+        db.assert_audit_holds().await;
+        audits += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in charging {
+        task.await.unwrap();
+    }
+    db.assert_audit_holds().await;
+}
+
+backends!(
+    #[multi_thread]
+    async fn the_audit_holds_while_calls_are_charged(db) {
+        assert_audit_holds_while_calls_are_charged(&db).await;
+    }
+);
+
 /// 200 simultaneous calls on an account that can afford 50, spread over the given gateways
 /// (one per process that shares the database): exactly 50 succeed, 150 get 402, nothing else.
 async fn assert_200_calls_on_50_credits(db: &TestDb, gateways: &[Gateway]) {

@@ -1,7 +1,10 @@
 //! The audit of every account: its books against its balance.
 
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    AccessMode, ColumnTrait, DbBackend, EntityTrait, IsolationLevel, QueryFilter, QueryOrder,
+    QuerySelect, TransactionTrait,
+};
 
 use crate::credits::Bucket;
 use crate::store::{AccountAudit, AccountId, CallStatus, StoreError, Sums};
@@ -12,9 +15,21 @@ use super::store::SeaOrmStore;
 
 impl SeaOrmStore {
     pub(super) async fn audit_accounts(&self) -> Result<Vec<AccountAudit>, StoreError> {
+        // Every read from one snapshot: a call settled, or an escrow given back to its
+        // account, between two of them would set one moment's books against another's
+        // balance, and the audit would fail a ledger that holds. A SQLite transaction reads
+        // one snapshot as it is (and takes no isolation level).
+        let snapshot = match self.db.get_database_backend() {
+            DbBackend::Sqlite => (None, None),
+            _ => (
+                Some(IsolationLevel::RepeatableRead),
+                Some(AccessMode::ReadOnly),
+            ),
+        };
+        let txn = self.db.begin_with_config(snapshot.0, snapshot.1).await?;
         let mut audits: Vec<AccountAudit> = account::Entity::find()
             .order_by_asc(account::Column::Id)
-            .all(&self.db)
+            .all(&txn)
             .await?
             .into_iter()
             .map(|row| AccountAudit {
@@ -29,7 +44,7 @@ impl SeaOrmStore {
             audits.binary_search_by_key(&AccountId(id), |audit| audit.account)
         };
         // Escrowed credits are the account's (see `with_escrow`).
-        for (account, escrowed) in escrowed(&self.db, None).await? {
+        for (account, escrowed) in escrowed(&txn, None).await? {
             let Ok(at) = index(&audits, account) else {
                 return Err(StoreError::msg(format!(
                     "escrow for missing account {account}"
@@ -43,7 +58,7 @@ impl SeaOrmStore {
         // rows, and put together here exactly. SUM widens to a decimal on some databases;
         // bring each half back to a 64-bit integer.
         let integer = match self.db.get_database_backend() {
-            sea_orm::DbBackend::MySql => "SIGNED",
+            DbBackend::MySql => "SIGNED",
             _ => "BIGINT",
         };
         let sum = |column: &str, half: &str| {
@@ -63,7 +78,7 @@ impl SeaOrmStore {
             .group_by(credit_grant::Column::AccountId)
             .group_by(credit_grant::Column::Bucket)
             .into_tuple()
-            .all(&self.db)
+            .all(&txn)
             .await?;
         for (account, bucket, high, low) in grants {
             let Ok(at) = index(&audits, account) else {
@@ -90,7 +105,7 @@ impl SeaOrmStore {
             )
             .group_by(call::Column::AccountId)
             .into_tuple()
-            .all(&self.db)
+            .all(&txn)
             .await?;
         for (account, subscription_high, subscription_low, topup_high, topup_low) in charges {
             let Ok(at) = index(&audits, account) else {
@@ -110,7 +125,7 @@ impl SeaOrmStore {
             .column_as(sum("amount", "low"), "low")
             .group_by(subscription_lapse::Column::AccountId)
             .into_tuple()
-            .all(&self.db)
+            .all(&txn)
             .await?;
         for (account, high, low) in lapses {
             let Ok(at) = index(&audits, account) else {
@@ -120,6 +135,7 @@ impl SeaOrmStore {
             };
             audits[at].lapsed = exact(high, low);
         }
+        txn.commit().await?;
         Ok(audits)
     }
 }
