@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use serde::{Deserialize, Serialize, de};
+use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -41,74 +41,6 @@ impl WriteJson for RawValue {
 impl WriteJson for str {
     fn write_json(&self, out: &mut Vec<u8>) {
         serde_json::to_writer(out, self).expect("a string serialises");
-    }
-}
-
-/// A JSON string as it was written, quotes and escapes included: passed on by copying it,
-/// rather than unescaped as it is read and escaped again as it is written (a coding agent's
-/// tool outputs and instructions are long, and hold escaped line breaks; a provider's text
-/// is most of its reply).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RawStr<'a>(&'a RawValue);
-
-impl<'a> RawStr<'a> {
-    /// The string with its quotes, as written.
-    pub(super) fn raw(self) -> &'a RawValue {
-        self.0
-    }
-
-    /// What is between the quotes, still escaped.
-    pub(super) fn escaped(self) -> &'a str {
-        let text = self.0.get();
-        &text[1..text.len() - 1]
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for RawStr<'a> {
-    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let raw = <&'a RawValue>::deserialize(deserializer)?;
-        if !raw.get().starts_with('"') {
-            return Err(de::Error::custom("a string was expected"));
-        }
-        RawStr::of_string(raw).map_err(de::Error::custom)
-    }
-}
-
-impl<'a> RawStr<'a> {
-    /// A raw value that is a string (it starts with a quote), checked as reading it would
-    /// check it: `serde_json` skips a string without pairing its escaped surrogates
-    /// (`\ud83d\ude00`), so a string holding any is read, and a lone one refused.
-    pub(super) fn of_string(raw: &'a RawValue) -> Result<RawStr<'a>, serde_json::Error> {
-        if may_escape_a_surrogate(raw.get()) {
-            serde_json::from_str::<Cow<'_, str>>(raw.get())?;
-        }
-        Ok(RawStr(raw))
-    }
-}
-
-/// Whether a JSON string literal may hold an escaped UTF-16 surrogate (`\uD800` to `\uDFFF`).
-fn may_escape_a_surrogate(literal: &str) -> bool {
-    let bytes = literal.as_bytes();
-    let surrogate = |at: usize| {
-        matches!(
-            bytes[at + 2..],
-            [b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F', ..]
-        )
-    };
-    // A `memmem` search costs more to set up than a short text takes to scan a backslash at a
-    // time; a long one (a tool's output) holds many backslashes, escaped line breaks.
-    if bytes.len() < 256 {
-        memchr::memchr_iter(b'\\', bytes)
-            .any(|at| bytes.get(at + 1) == Some(&b'u') && surrogate(at))
-    } else {
-        memchr::memmem::find_iter(bytes, b"\\u").any(surrogate)
-    }
-}
-
-impl WriteJson for RawStr<'_> {
-    fn write_json(&self, out: &mut Vec<u8>) {
-        // A JSON string holds no raw line break: copied as it is.
-        out.extend_from_slice(self.0.get().as_bytes());
     }
 }
 
@@ -414,31 +346,5 @@ mod tests {
             })
         );
         assert_eq!(to_value(&points[1])["x"], -2);
-    }
-
-    /// A string kept as written is refused where reading it refuses it (a lone escaped
-    /// surrogate), short or long (the two are searched differently), and otherwise kept.
-    #[test]
-    fn a_raw_string_is_refused_as_reading_it_is() {
-        let long = "x\\n".repeat(100);
-        for text in [
-            "",
-            "caf\\u00e9",
-            "\\\\ud800",
-            "\\ud83d\\ude00",
-            "\\ud800",
-            "a\\uDFFFb",
-        ] {
-            for text in [text.to_owned(), format!("{long}{text}{long}")] {
-                let literal = format!("\"{text}\"");
-                let raw: Box<RawValue> = serde_json::from_str(&literal).unwrap();
-                let read = serde_json::from_str::<String>(&literal);
-                let kept = RawStr::of_string(&raw);
-                assert_eq!(kept.is_ok(), read.is_ok(), "{literal}");
-                if let Ok(kept) = kept {
-                    assert_eq!(kept.escaped(), text);
-                }
-            }
-        }
     }
 }

@@ -19,7 +19,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::super::reply::{Echo, Echoed};
-use super::super::write::{Json, ObjectWriter, RawStr, WriteJson};
+use super::super::write::{Json, ObjectWriter, WriteJson};
 
 /// A Responses request, with the fields the translation reads. An unknown field fails the
 /// reading (the `Value` reading names it).
@@ -184,6 +184,73 @@ impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for TextOr<'a, T> {
             }
         }
         deserializer.deserialize_any(Visitor(PhantomData))
+    }
+}
+
+/// A JSON string as the client wrote it, quotes and escapes included: passed on by copying it,
+/// rather than unescaped as it is read and escaped again as it is written (a coding agent's
+/// tool outputs and instructions are long, and hold escaped line breaks).
+#[derive(Debug, Clone, Copy)]
+struct RawStr<'a>(&'a RawValue);
+
+impl<'a> RawStr<'a> {
+    /// The string with its quotes, as written.
+    fn raw(self) -> &'a RawValue {
+        self.0
+    }
+
+    /// What is between the quotes, still escaped.
+    fn escaped(self) -> &'a str {
+        let text = self.0.get();
+        &text[1..text.len() - 1]
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawStr<'a> {
+    fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = <&'a RawValue>::deserialize(deserializer)?;
+        if !raw.get().starts_with('"') {
+            return Err(de::Error::custom("a string was expected"));
+        }
+        RawStr::of_string(raw).map_err(de::Error::custom)
+    }
+}
+
+impl<'a> RawStr<'a> {
+    /// A raw value that is a string (it starts with a quote), checked as reading it would
+    /// check it: `serde_json` skips a string without pairing its escaped surrogates
+    /// (`\ud83d\ude00`), so a string holding any is read, and a lone one refused.
+    fn of_string(raw: &'a RawValue) -> Result<RawStr<'a>, serde_json::Error> {
+        if may_escape_a_surrogate(raw.get()) {
+            serde_json::from_str::<Cow<'_, str>>(raw.get())?;
+        }
+        Ok(RawStr(raw))
+    }
+}
+
+/// Whether a JSON string literal may hold an escaped UTF-16 surrogate (`\uD800` to `\uDFFF`).
+fn may_escape_a_surrogate(literal: &str) -> bool {
+    let bytes = literal.as_bytes();
+    let surrogate = |at: usize| {
+        matches!(
+            bytes[at + 2..],
+            [b'd' | b'D', b'8'..=b'9' | b'a'..=b'f' | b'A'..=b'F', ..]
+        )
+    };
+    // A `memmem` search costs more to set up than a short text takes to scan a backslash at a
+    // time; a long one (a tool's output) holds many backslashes, escaped line breaks.
+    if bytes.len() < 256 {
+        memchr::memchr_iter(b'\\', bytes)
+            .any(|at| bytes.get(at + 1) == Some(&b'u') && surrogate(at))
+    } else {
+        memchr::memmem::find_iter(bytes, b"\\u").any(surrogate)
+    }
+}
+
+impl WriteJson for RawStr<'_> {
+    fn write_json(&self, out: &mut Vec<u8>) {
+        // A JSON string holds no raw line break: copied as it is.
+        out.extend_from_slice(self.0.get().as_bytes());
     }
 }
 
@@ -660,7 +727,8 @@ mod tests {
 
     use super::super::super::{ChatReply, Ids, write_response};
     use super::super::{Translated, Untranslatable};
-    use super::translate;
+    use super::{RawStr, translate};
+    use serde_json::value::RawValue;
 
     /// What a translation gives: the chat request calling `m`, and a response that repeats the
     /// request (written for a fixed reply), both parsed; or the refusal.
@@ -1024,5 +1092,31 @@ mod tests {
             outcome(Translated::from_slice(body)),
             outcome(Translated::new(parsed))
         );
+    }
+
+    /// A string kept as written is refused where reading it refuses it (a lone escaped
+    /// surrogate), short or long (the two are searched differently), and otherwise kept.
+    #[test]
+    fn a_raw_string_is_refused_as_reading_it_is() {
+        let long = "x\\n".repeat(100);
+        for text in [
+            "",
+            "caf\\u00e9",
+            "\\\\ud800",
+            "\\ud83d\\ude00",
+            "\\ud800",
+            "a\\uDFFFb",
+        ] {
+            for text in [text.to_owned(), format!("{long}{text}{long}")] {
+                let literal = format!("\"{text}\"");
+                let raw: Box<RawValue> = serde_json::from_str(&literal).unwrap();
+                let read = serde_json::from_str::<String>(&literal);
+                let kept = RawStr::of_string(&raw);
+                assert_eq!(kept.is_ok(), read.is_ok(), "{literal}");
+                if let Ok(kept) = kept {
+                    assert_eq!(kept.escaped(), text);
+                }
+            }
+        }
     }
 }
