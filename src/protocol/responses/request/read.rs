@@ -754,6 +754,17 @@ mod tests {
         assert_eq!(read, parsed, "{request}");
     }
 
+    /// `body`, kept as written, translates from its bytes as it does once parsed.
+    fn readings_agree(body: &[u8]) {
+        let parsed: Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(
+            outcome(Translated::from_slice(body)),
+            outcome(Translated::new(parsed)),
+            "{}",
+            String::from_utf8_lossy(body)
+        );
+    }
+
     /// Requests as clients send them are read here, without a `Value`: the corpus's, and a
     /// coding agent's turn with every kind of item, pretty-printed or not.
     #[test]
@@ -1059,11 +1070,8 @@ mod tests {
     /// A key given twice: the last counts, as when parsed.
     #[test]
     fn a_duplicated_key_translates_as_parsed() {
-        let body = br#"{"model":"m","input":"a","temperature":1,"input":"b","temperature":0.5}"#;
-        let parsed: Value = serde_json::from_slice(body).unwrap();
-        assert_eq!(
-            outcome(Translated::from_slice(body)),
-            outcome(Translated::new(parsed))
+        readings_agree(
+            br#"{"model":"m","input":"a","temperature":1,"input":"b","temperature":0.5}"#,
         );
     }
 
@@ -1087,11 +1095,7 @@ mod tests {
         let chat = String::from_utf8(translated.chat_body("m")).unwrap();
         assert!(chat.contains(r#""\ud83d\ude00 \\ud800""#), "{chat}");
         assert!(chat.contains(r#""\uD83D\uDE00""#), "{chat}");
-        let parsed: Value = serde_json::from_slice(body).unwrap();
-        assert_eq!(
-            outcome(Translated::from_slice(body)),
-            outcome(Translated::new(parsed))
-        );
+        readings_agree(body);
     }
 
     /// A string kept as written is refused where reading it refuses it (a lone escaped
