@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::sync::LazyLock;
 
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::write::{Json, ObjectWriter, Str, WriteJson};
@@ -272,7 +273,7 @@ impl Status<'_> {
 }
 
 /// Token counts in the Responses API's names.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Usage {
     input_tokens: i64,
     /// Of the input tokens, those read from the provider's cache.
@@ -543,6 +544,38 @@ impl<'a> ChatReply<'a> {
     }
 }
 
+/// A chat reply's or chunk's `usage` read straight from its text: each count an integer or
+/// `null`, as [`usage`] reads them from a `Value` (a count of another type fails the reading).
+#[derive(Deserialize)]
+pub(super) struct ChatUsage {
+    prompt_tokens: Option<i64>,
+    completion_tokens: Option<i64>,
+    total_tokens: Option<i64>,
+    prompt_tokens_details: Option<Details>,
+    completion_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    cached_tokens: Option<i64>,
+    reasoning_tokens: Option<i64>,
+}
+
+impl ChatUsage {
+    pub(super) fn counts(&self) -> Usage {
+        let detail = |details: &Option<Details>, pick: fn(&Details) -> Option<i64>| {
+            details.as_ref().and_then(pick).unwrap_or(0)
+        };
+        Usage::new(
+            self.prompt_tokens.unwrap_or(0),
+            self.completion_tokens.unwrap_or(0),
+            self.total_tokens,
+            detail(&self.prompt_tokens_details, |d| d.cached_tokens),
+            detail(&self.completion_tokens_details, |d| d.reasoning_tokens),
+        )
+    }
+}
+
 /// A chat reply read straight from its bytes, for [`ChatReply`]. Strings are `Cow`s: borrowed
 /// unless they hold escapes.
 mod read {
@@ -552,7 +585,7 @@ mod read {
     use serde_json::value::RawValue;
 
     use super::super::write::Str;
-    use super::{ChatReply, ToolCall, Usage};
+    use super::{ChatReply, ChatUsage, ToolCall};
 
     #[derive(Deserialize)]
     pub(super) struct Reply<'a> {
@@ -604,21 +637,6 @@ mod read {
         arguments: Option<Cow<'a, str>>,
     }
 
-    #[derive(Deserialize)]
-    struct ChatUsage {
-        prompt_tokens: Option<i64>,
-        completion_tokens: Option<i64>,
-        total_tokens: Option<i64>,
-        prompt_tokens_details: Option<Details>,
-        completion_tokens_details: Option<Details>,
-    }
-
-    #[derive(Deserialize)]
-    struct Details {
-        cached_tokens: Option<i64>,
-        reasoning_tokens: Option<i64>,
-    }
-
     impl<'a> Reply<'a> {
         /// What the translation reads; an error when `usage` is not an object of counts.
         pub(super) fn view(&'a self) -> Result<ChatReply<'a>, serde_json::Error> {
@@ -659,18 +677,7 @@ mod read {
                     })
                     .collect(),
                 finish_reason: choice.and_then(|choice| choice.finish_reason.as_deref()),
-                usage: usage.map(|usage| {
-                    let detail = |details: &Option<Details>, pick: fn(&Details) -> Option<i64>| {
-                        details.as_ref().and_then(pick).unwrap_or(0)
-                    };
-                    Usage::new(
-                        usage.prompt_tokens.unwrap_or(0),
-                        usage.completion_tokens.unwrap_or(0),
-                        usage.total_tokens,
-                        detail(&usage.prompt_tokens_details, |d| d.cached_tokens),
-                        detail(&usage.completion_tokens_details, |d| d.reasoning_tokens),
-                    )
-                }),
+                usage: usage.as_ref().map(ChatUsage::counts),
             })
         }
     }

@@ -35,6 +35,9 @@ pub struct StreamTranslator {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     ended: bool,
+    /// Every chunk read as a `Value`, to compare the two readings.
+    #[cfg(test)]
+    value_only: bool,
 }
 
 #[derive(Debug)]
@@ -80,6 +83,8 @@ impl StreamTranslator {
             finish_reason: None,
             usage: None,
             ended: false,
+            #[cfg(test)]
+            value_only: false,
         }
     }
 
@@ -116,6 +121,32 @@ impl StreamTranslator {
             self.finish(out);
             return;
         }
+        // An ordinary chunk is read straight into borrowed fields; one with an error, or with a
+        // field of an odd type, as a `Value`, which reads the same chunk the same way.
+        if data.starts_with('{')
+            && self.reads_typed()
+            && let Ok(typed) = serde_json::from_str::<read::Chunk<'_>>(data)
+            && !typed.has_error()
+        {
+            self.chunk(&typed.view(), out);
+            return;
+        }
+        self.value_chunk(data, out);
+    }
+
+    #[cfg(not(test))]
+    #[allow(clippy::unused_self)]
+    fn reads_typed(&self) -> bool {
+        true
+    }
+
+    #[cfg(test)]
+    fn reads_typed(&self) -> bool {
+        !self.value_only
+    }
+
+    /// A chunk read as a `Value`: the reading for every chunk the typed reading does not take.
+    fn value_chunk(&mut self, data: &str, out: &mut Out) {
         let Ok(chunk) = serde_json::from_str::<Value>(data) else {
             return;
         };
@@ -130,47 +161,46 @@ impl StreamTranslator {
             self.ended = true;
             return;
         }
-        self.start(Some(&chunk), out);
-        if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
-            self.usage = super::reply::usage(Some(usage));
+        self.chunk(&ChunkView::of_value(&chunk), out);
+    }
+
+    fn chunk(&mut self, chunk: &ChunkView<'_>, out: &mut Out) {
+        self.start(Some(chunk), out);
+        if let Some(usage) = chunk.usage {
+            self.usage = Some(usage);
         }
-        let Some(choice) = chunk["choices"]
-            .as_array()
-            .and_then(|choices| choices.first())
-        else {
+        let Some(choice) = &chunk.choice else {
             return;
         };
-        let delta = &choice["delta"];
-        if let Some(text) = reasoning_of(delta) {
+        if let Some(text) = choice.reasoning {
             self.reasoning_text(text, out);
         }
-        for (refusal, field) in [(false, "content"), (true, "refusal")] {
-            if let Some(text) = delta[field].as_str().filter(|text| !text.is_empty()) {
+        for (refusal, text) in [(false, choice.content), (true, choice.refusal)] {
+            if let Some(text) = text.filter(|text| !text.is_empty()) {
                 self.text(refusal, text, out);
             }
         }
-        for call in delta["tool_calls"].as_array().into_iter().flatten() {
+        for call in &choice.calls {
             self.call_delta(call, out);
         }
-        if let Some(reason) = choice["finish_reason"].as_str() {
+        if let Some(reason) = choice.finish_reason {
             self.finish_reason = Some(reason.to_owned());
             self.close_all(out);
         }
     }
 
     /// `response.created` and `response.in_progress`, once, from the first chunk's id and model.
-    fn start(&mut self, chunk: Option<&Value>, out: &mut Out) {
+    fn start(&mut self, chunk: Option<&ChunkView<'_>>, out: &mut Out) {
         if self.head.is_some() {
             return;
         }
-        let field = |name: &str| chunk.and_then(|chunk| chunk.get(name));
         self.head = Some(Head {
             id: self.ids.next("resp"),
-            created_at: field("created")
-                .and_then(Value::as_i64)
+            created_at: chunk
+                .and_then(|chunk| chunk.created)
                 .unwrap_or_else(|| chrono::Utc::now().timestamp()),
-            model: field("model")
-                .and_then(Value::as_str)
+            model: chunk
+                .and_then(|chunk| chunk.model)
                 .unwrap_or_default()
                 .to_owned(),
         });
@@ -288,9 +318,8 @@ impl StreamTranslator {
         index
     }
 
-    fn call_delta(&mut self, call: &Value, out: &mut Out) {
-        let chat_index = call["index"].as_u64().unwrap_or(0);
-        let function = &call["function"];
+    fn call_delta(&mut self, call: &CallView<'_>, out: &mut Out) {
+        let chat_index = call.index;
         let index = match self.calls.iter().find(|(at, _)| *at == chat_index) {
             Some(&(_, index)) => index,
             None => {
@@ -301,10 +330,10 @@ impl StreamTranslator {
                     self.close(message, out);
                 }
                 let id = self.ids.next("fc");
-                let call_id = call["id"]
-                    .as_str()
+                let call_id = call
+                    .id
                     .map_or_else(|| format!("call_{}", &id[3..]), str::to_owned);
-                let name = function["name"].as_str().unwrap_or_default().to_owned();
+                let name = call.name.unwrap_or_default().to_owned();
                 let index = self.items.len();
                 let item = OutputItem::FunctionCall {
                     id: &id,
@@ -325,10 +354,7 @@ impl StreamTranslator {
                 index
             }
         };
-        let Some(piece) = function["arguments"]
-            .as_str()
-            .filter(|piece| !piece.is_empty())
-        else {
+        let Some(piece) = call.arguments.filter(|piece| !piece.is_empty()) else {
             return;
         };
         let Item::Call { id, arguments, .. } = &mut self.items[index] else {
@@ -456,6 +482,176 @@ impl StreamTranslator {
     }
 }
 
+/// What the translation reads of a chat chunk, however it was read.
+struct ChunkView<'a> {
+    created: Option<i64>,
+    model: Option<&'a str>,
+    /// The chunk's usage, when it is an object.
+    usage: Option<Usage>,
+    /// The first choice.
+    choice: Option<ChoiceView<'a>>,
+}
+
+struct ChoiceView<'a> {
+    /// The delta's reasoning, when it is not empty.
+    reasoning: Option<&'a str>,
+    content: Option<&'a str>,
+    refusal: Option<&'a str>,
+    calls: Vec<CallView<'a>>,
+    finish_reason: Option<&'a str>,
+}
+
+/// A tool call's delta.
+struct CallView<'a> {
+    /// The chat tool call's `index` (0 when it gives none).
+    index: u64,
+    id: Option<&'a str>,
+    name: Option<&'a str>,
+    arguments: Option<&'a str>,
+}
+
+impl<'a> ChunkView<'a> {
+    fn of_value(chunk: &'a Value) -> ChunkView<'a> {
+        let choice = chunk["choices"]
+            .as_array()
+            .and_then(|choices| choices.first())
+            .map(|choice| {
+                let delta = &choice["delta"];
+                ChoiceView {
+                    reasoning: reasoning_of(delta),
+                    content: delta["content"].as_str(),
+                    refusal: delta["refusal"].as_str(),
+                    calls: (delta["tool_calls"].as_array().into_iter().flatten())
+                        .map(|call| CallView {
+                            index: call["index"].as_u64().unwrap_or(0),
+                            id: call["id"].as_str(),
+                            name: call["function"]["name"].as_str(),
+                            arguments: call["function"]["arguments"].as_str(),
+                        })
+                        .collect(),
+                    finish_reason: choice["finish_reason"].as_str(),
+                }
+            });
+        ChunkView {
+            created: chunk.get("created").and_then(Value::as_i64),
+            model: chunk.get("model").and_then(Value::as_str),
+            usage: super::reply::usage(chunk.get("usage")),
+            choice,
+        }
+    }
+}
+
+/// A chat chunk read straight from its text, for [`ChunkView`]. Strings are `Cow`s: borrowed
+/// unless they hold escapes. Each field is read as the `Value` reading reads it, or not at all:
+/// a field of another type fails the whole reading, and the chunk is read as a `Value`.
+mod read {
+    use std::borrow::Cow;
+
+    use serde::Deserialize;
+    use serde::de::IgnoredAny;
+
+    use super::super::reply::ChatUsage;
+    use super::{CallView, ChoiceView, ChunkView};
+
+    #[derive(Deserialize)]
+    pub(super) struct Chunk<'a> {
+        /// Any value but `null`: the chunk is an error, read as a `Value`.
+        error: Option<IgnoredAny>,
+        created: Option<i64>,
+        #[serde(borrow)]
+        model: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        choices: Option<Vec<Choice<'a>>>,
+        usage: Option<ChatUsage>,
+    }
+
+    #[derive(Deserialize)]
+    struct Choice<'a> {
+        #[serde(borrow)]
+        delta: Option<Delta<'a>>,
+        #[serde(borrow)]
+        finish_reason: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Delta<'a> {
+        #[serde(borrow)]
+        content: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        refusal: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        reasoning_content: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        reasoning: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        tool_calls: Option<Vec<Call<'a>>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Call<'a> {
+        index: Option<u64>,
+        #[serde(borrow)]
+        id: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        function: Option<Function<'a>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Function<'a> {
+        #[serde(borrow)]
+        name: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        arguments: Option<Cow<'a, str>>,
+    }
+
+    impl<'a> Chunk<'a> {
+        pub(super) fn has_error(&self) -> bool {
+            self.error.is_some()
+        }
+
+        pub(super) fn view(&'a self) -> ChunkView<'a> {
+            let choice = self.choices.as_deref().and_then(<[Choice<'a>]>::first);
+            ChunkView {
+                created: self.created,
+                model: self.model.as_deref(),
+                usage: self.usage.as_ref().map(ChatUsage::counts),
+                choice: choice.map(Choice::view),
+            }
+        }
+    }
+
+    impl<'a> Choice<'a> {
+        fn view(&'a self) -> ChoiceView<'a> {
+            let delta = self.delta.as_ref();
+            let field = |pick: fn(&'a Delta<'a>) -> &'a Option<Cow<'a, str>>| {
+                delta.and_then(|delta| pick(delta).as_deref())
+            };
+            let calls = delta.and_then(|delta| delta.tool_calls.as_deref());
+            ChoiceView {
+                reasoning: field(|delta| &delta.reasoning_content)
+                    .or(field(|delta| &delta.reasoning))
+                    .filter(|text| !text.is_empty()),
+                content: field(|delta| &delta.content),
+                refusal: field(|delta| &delta.refusal),
+                calls: calls.unwrap_or_default().iter().map(Call::view).collect(),
+                finish_reason: self.finish_reason.as_deref(),
+            }
+        }
+    }
+
+    impl<'a> Call<'a> {
+        fn view(&'a self) -> CallView<'a> {
+            let function = self.function.as_ref();
+            CallView {
+                index: self.index.unwrap_or(0),
+                id: self.id.as_deref(),
+                name: function.and_then(|function| function.name.as_deref()),
+                arguments: function.and_then(|function| function.arguments.as_deref()),
+            }
+        }
+    }
+}
+
 /// Where an event belongs: its item, the item's place in the output, and for an event about
 /// the item's content, the content part's place (an item here has one part).
 fn place(event: &mut ObjectWriter<'_>, id: &str, index: usize, content: bool) {
@@ -542,6 +738,95 @@ mod tests {
 
     fn chunk(body: &Value) -> String {
         format!("data: {body}\n\n")
+    }
+
+    /// Blanks what a `response` takes from the clock when the chunk gives no usable `created`.
+    fn without_clock(events: &str) -> String {
+        const KEY: &str = "\"created_at\":";
+        let mut out = String::new();
+        let mut rest = events;
+        while let Some(at) = rest.find(KEY) {
+            let (before, after) = rest.split_at(at + KEY.len());
+            out.push_str(before);
+            out.push('T');
+            rest = after.trim_start_matches(|c: char| c.is_ascii_digit());
+        }
+        out.push_str(rest);
+        out
+    }
+
+    /// Chunks read straight from their text translate exactly as when read as a `Value`; a
+    /// chunk with an error or a field of an odd type is left to the `Value` reading. Each chunk
+    /// is tried first in its stream and after an ordinary one, before a last chunk and `[DONE]`.
+    #[test]
+    fn chunks_read_from_their_text_translate_as_read_into_a_value() {
+        let ordinary = r#"{"id":"c","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}"#;
+        // Chunks the typed reading takes:
+        let typed = [
+            ordinary,
+            r#"{"choices":[{"delta":{"content":"say \"x\"\n\u00e9 \ud83d\ude00"}}]}"#,
+            r#"{"choices":[{"delta":{"content":""}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"a","reasoning":"b"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":"","reasoning":"b"}}]}"#,
+            r#"{"choices":[{"delta":{"reasoning_content":null,"reasoning":""}}]}"#,
+            r#"{"choices":[{"delta":{"refusal":"No."}}]}"#,
+            r#"{"choices":[{"delta":{"content":"a","refusal":"b"},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":1,"id":"call_1","function":{"name":"f","arguments":"{\"a\""}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":":1}"}},{"id":null,"function":null}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f"}},{"function":{"arguments":"{}"}},{"index":2,"function":{"arguments":"[]"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[]}},{"delta":{"content":"second choice"}}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8,"prompt_tokens_details":null,"completion_tokens_details":{"reasoning_tokens":2}}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":null}}"#,
+            r#"{"choices":null,"usage":null,"error":null,"delta":{"content":"not in a choice"}}"#,
+            r#"{"choices":[{"delta":null,"finish_reason":"length"}]}"#,
+            r#"{"choices":[{"delta":{"content":"x"},"finish_reason":"content_filter"}],"created":9,"model":"other"}"#,
+        ];
+        // and chunks it leaves to the `Value` reading.
+        let odd = [
+            r#"{"created":"7","choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"created":7.5,"model":5,"choices":[{"delta":{"content":"x"}}]}"#,
+            r#"{"choices":{"delta":{"content":"x"}}}"#,
+            r#"{"choices":[5,{"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[{"delta":{"content":5,"refusal":"r"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":1.0,"function":{"name":"g"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":-1,"function":{"name":"g"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":{"index":0}}}]}"#,
+            r#"{"choices":[{"finish_reason":1,"delta":{"content":"x"}}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":"3","completion_tokens":5}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":1.5}}}"#,
+            r#"{"choices":[],"usage":7}"#,
+            r#"{"error":{"code":"overloaded","message":"Try later.","param":null}}"#,
+            r#"{"error":"boom","choices":[{"delta":{"content":"x"}}]}"#,
+            r#"[{"choices":[{"delta":{"content":"x"}}]}]"#,
+            "5",
+            "not json",
+        ];
+        let request = Translated::from_slice(br#"{"model":"m","input":"Hi"}"#).unwrap();
+        let last = r#"{"choices":[{"delta":{"content":" there"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#;
+        let cases =
+            (typed.iter().map(|case| (*case, true))).chain(odd.iter().map(|case| (*case, false)));
+        for (case, typed) in cases {
+            let taken = case.starts_with('{')
+                && serde_json::from_str::<read::Chunk<'_>>(case)
+                    .is_ok_and(|chunk| !chunk.has_error());
+            assert_eq!(taken, typed, "{case}");
+            for chunks in [[case, last].as_slice(), &[ordinary, case, last]] {
+                let stream: String = chunks
+                    .iter()
+                    .map(|data| format!("data: {data}\n\n"))
+                    .chain(["data: [DONE]\n\n".to_owned()])
+                    .collect();
+                let translate = |value_only: bool| {
+                    let mut translator = StreamTranslator::new(&request, Ids::counting());
+                    translator.value_only = value_only;
+                    without_clock(&translator.push(stream.as_bytes()))
+                };
+                let (read, parsed) = (translate(false), translate(true));
+                assert_eq!(read, parsed, "{stream}");
+                assert!(read.starts_with("event: "), "{read}");
+            }
+        }
     }
 
     /// The events' data are written field by field, so nothing but this test would see a key
