@@ -577,8 +577,8 @@ impl ChatUsage {
 }
 
 /// A chat reply read straight from its bytes, for [`ChatReply`]. Strings are `Cow`s: borrowed
-/// unless they hold escapes.
-mod read {
+/// unless they hold escapes. A reply's message and a stream chunk's delta are read alike.
+pub(super) mod read {
     use std::borrow::Cow;
 
     use serde::Deserialize;
@@ -607,34 +607,37 @@ mod read {
         finish_reason: Option<Cow<'a, str>>,
     }
 
+    /// A reply's `message`, or a stream chunk's `delta`.
     #[derive(Deserialize)]
-    struct Message<'a> {
+    pub(in crate::protocol::responses) struct Message<'a> {
         #[serde(borrow)]
-        content: Option<Cow<'a, str>>,
+        pub content: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        refusal: Option<Cow<'a, str>>,
+        pub refusal: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        reasoning_content: Option<Cow<'a, str>>,
+        pub reasoning_content: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        reasoning: Option<Cow<'a, str>>,
+        pub reasoning: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        tool_calls: Option<Vec<Call<'a>>>,
+        pub tool_calls: Option<Vec<Call<'a>>>,
+    }
+
+    /// A tool call, or a stream's piece of one (which its `index` places).
+    #[derive(Deserialize)]
+    pub(in crate::protocol::responses) struct Call<'a> {
+        pub index: Option<u64>,
+        #[serde(borrow)]
+        pub id: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        pub function: Option<Function<'a>>,
     }
 
     #[derive(Deserialize)]
-    struct Call<'a> {
+    pub(in crate::protocol::responses) struct Function<'a> {
         #[serde(borrow)]
-        id: Option<Cow<'a, str>>,
+        pub name: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        function: Option<Function<'a>>,
-    }
-
-    #[derive(Deserialize)]
-    struct Function<'a> {
-        #[serde(borrow)]
-        name: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        arguments: Option<Cow<'a, str>>,
+        pub arguments: Option<Cow<'a, str>>,
     }
 
     impl<'a> Reply<'a> {

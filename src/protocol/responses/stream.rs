@@ -551,6 +551,7 @@ mod read {
     use serde::de::IgnoredAny;
 
     use super::super::reply::ChatUsage;
+    use super::super::reply::read::{Call, Message as Delta};
     use super::{CallView, ChoiceView, ChunkView};
 
     #[derive(Deserialize)]
@@ -571,37 +572,6 @@ mod read {
         delta: Option<Delta<'a>>,
         #[serde(borrow)]
         finish_reason: Option<Cow<'a, str>>,
-    }
-
-    #[derive(Deserialize)]
-    struct Delta<'a> {
-        #[serde(borrow)]
-        content: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        refusal: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        reasoning_content: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        reasoning: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        tool_calls: Option<Vec<Call<'a>>>,
-    }
-
-    #[derive(Deserialize)]
-    struct Call<'a> {
-        index: Option<u64>,
-        #[serde(borrow)]
-        id: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        function: Option<Function<'a>>,
-    }
-
-    #[derive(Deserialize)]
-    struct Function<'a> {
-        #[serde(borrow)]
-        name: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        arguments: Option<Cow<'a, str>>,
     }
 
     impl<'a> Chunk<'a> {
@@ -633,21 +603,19 @@ mod read {
                     .filter(|text| !text.is_empty()),
                 content: field(|delta| &delta.content),
                 refusal: field(|delta| &delta.refusal),
-                calls: calls.unwrap_or_default().iter().map(Call::view).collect(),
+                calls: calls.unwrap_or_default().iter().map(call_view).collect(),
                 finish_reason: self.finish_reason.as_deref(),
             }
         }
     }
 
-    impl<'a> Call<'a> {
-        fn view(&'a self) -> CallView<'a> {
-            let function = self.function.as_ref();
-            CallView {
-                index: self.index.unwrap_or(0),
-                id: self.id.as_deref(),
-                name: function.and_then(|function| function.name.as_deref()),
-                arguments: function.and_then(|function| function.arguments.as_deref()),
-            }
+    fn call_view<'a>(call: &'a Call<'a>) -> CallView<'a> {
+        let function = call.function.as_ref();
+        CallView {
+            index: call.index.unwrap_or(0),
+            id: call.id.as_deref(),
+            name: function.and_then(|function| function.name.as_deref()),
+            arguments: function.and_then(|function| function.arguments.as_deref()),
         }
     }
 }
