@@ -41,7 +41,7 @@ mod live;
 
 pub use live::{LiveCatalogue, StartOnlySetting};
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 use std::time::Duration;
 

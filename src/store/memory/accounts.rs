@@ -1,6 +1,6 @@
 //! The call log and administration of the in-memory store.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};

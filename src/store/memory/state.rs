@@ -1,7 +1,9 @@
 //! The in-memory store's state: one mutex-guarded map (see `super`). A leaf that the store's
 //! trait implementations share.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::sync::Mutex;
 
 use chrono::{DateTime, Utc};
@@ -29,8 +31,9 @@ pub(super) struct State {
     pub(super) key_rows: BTreeMap<KeyId, KeyInfo>,
     pub(super) calls: super::call_log::CallLog,
     pub(super) next_key: i64,
-    /// Idempotency records by account and key.
-    pub(super) keyed: HashMap<(AccountId, String), KeyedRow>,
+    /// Idempotency records by account and key. The client picks the keys, so they are hashed
+    /// with std's `SipHash`, whose collisions no client can pick.
+    pub(super) keyed: std::collections::HashMap<(AccountId, String), KeyedRow>,
     /// Which record names each keyed call.
     pub(super) keyed_by_call: HashMap<CallId, (AccountId, String)>,
     /// How long a key holds; `None`: [`DEFAULT_IDEMPOTENCY_WINDOW`].

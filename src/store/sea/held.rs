@@ -2,7 +2,7 @@
 //! Two modes hold calls: a `SQLite` file one gateway owns (`super::owned`) and escrow on
 //! `PostgreSQL` (`super::escrow`); the committer's batches decide against them (`super::commit::batch`).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 #[cfg(feature = "sqlite")]
 use std::sync::Arc;
 
@@ -38,9 +38,10 @@ pub(super) struct Holds {
     #[cfg(feature = "sqlite")]
     ids: IdBlock,
     /// The held calls with an idempotency key, by account and key (only a file its store owns
-    /// holds keyed calls: see `super::owned::keyed`).
+    /// holds keyed calls: see `super::owned::keyed`). The client picks the keys, so they are
+    /// hashed with std's `SipHash`.
     #[cfg(feature = "sqlite")]
-    keyed: HashMap<AccountId, HashMap<Arc<str>, CallId>>,
+    keyed: HashMap<AccountId, std::collections::HashMap<Arc<str>, CallId>>,
 }
 
 #[cfg(feature = "sqlite")]

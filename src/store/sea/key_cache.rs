@@ -6,7 +6,7 @@
 //! changed through this store apply at once (it forgets the key); rules changed through another
 //! store sharing the database apply here within [`RULES_TTL`].
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 

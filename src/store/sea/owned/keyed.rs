@@ -24,7 +24,7 @@
 //! any database: from the running call, or by a transaction of its own on the pool that reads
 //! and writes the record (`super::super::idempotent`).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::hash::{BuildHasher, RandomState};
 
 use chrono::{DateTime, Utc};

@@ -1,7 +1,9 @@
 //! The owned file's shared holds: what the committer's thread, the callers' tasks and the
 //! store's pool transactions share (see `super`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 
 use super::super::held::Holds;
 use super::super::writes::{AccountRead, KeyChange, KeyRead, OwnedCharge, Wanted, Write};
