@@ -7,7 +7,8 @@
 //!   instances); one hot account or 64 accounts; 1, 16
 //!   and 64 concurrent callers. Throughput is printed as `elem/s` = charged calls per second.
 //! - `stack/...`: one request through all four layers (in-memory store, mock upstream), on chat
-//!   completions and on the Responses endpoint, against the bare mock upstream.
+//!   completions and on the Responses endpoint, against the bare mock upstream; and a streamed
+//!   chat call read to its end (the billing reader reads each event).
 //! - `responses/...`: the Responses translation's steps (the request read and translated, the
 //!   chat request written, the chat reply translated back).
 //!
@@ -228,8 +229,8 @@ fn charging_path(c: &mut Criterion) {
     }
 }
 
-fn stack_overhead(c: &mut Criterion) {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
+/// An in-memory store with one funded caller, and that caller's key.
+fn funded_store(runtime: &tokio::runtime::Runtime) -> (Arc<MemoryStore>, NewApiKey) {
     let store = Arc::new(MemoryStore::new());
     let key = runtime.block_on(async {
         let callers = rich_callers(store.as_ref(), 1).await;
@@ -239,6 +240,12 @@ fn stack_overhead(c: &mut Criterion) {
             .unwrap();
         key
     });
+    (store, key)
+}
+
+fn stack_overhead(c: &mut Criterion) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (store, key) = funded_store(&runtime);
     let body = Bytes::from_static(
         br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello"}]}"#,
     );
@@ -292,6 +299,39 @@ fn stack_overhead(c: &mut Criterion) {
                 .unwrap();
             request.extensions_mut().insert(routed.clone());
             std::hint::black_box(mock.call(request).into_inner().unwrap());
+        })
+    });
+}
+
+/// A streamed chat call through the four layers, streaming on: the mock's events, each read
+/// once by the billing reader on its way to the client, and the call settled at `[DONE]`.
+fn stack_stream(c: &mut Criterion) {
+    use http_body_util::BodyExt;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (store, key) = funded_store(&runtime);
+    let stack = model_gateway::stack(
+        store,
+        Arc::new(Catalogue::demo().with_streaming(true)),
+        model_gateway::router::DEFAULT_MAX_BODY_BYTES,
+        MockUpstream::new(),
+    );
+    let bearer = format!("Bearer {}", key.reveal());
+    let body = Bytes::from_static(
+        br#"{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"Hello"}]}"#,
+    );
+    c.bench_function("stack/four layers + mock, memory store, chat stream", |b| {
+        b.to_async(&runtime).iter(|| {
+            let request = Request::post("/v1/chat/completions")
+                .header("authorization", &bearer)
+                .body(Full::new(body.clone()))
+                .unwrap();
+            let stack = stack.clone();
+            async move {
+                let response = stack.oneshot(request).await.unwrap();
+                assert_eq!(response.status(), 200);
+                let events = response.into_body().collect().await.unwrap().to_bytes();
+                assert!(events.ends_with(b"data: [DONE]\n\n"));
+            }
         })
     });
 }
@@ -421,6 +461,7 @@ criterion_group!(
     benches,
     charging_path,
     stack_overhead,
+    stack_stream,
     responses_translation
 );
 criterion_main!(benches);
