@@ -229,6 +229,14 @@ fn charging_path(c: &mut Criterion) {
     }
 }
 
+/// A call on `path` with `body`, by the key in `bearer`.
+fn paid_request(path: &str, bearer: &str, body: &Bytes) -> Request<Full<Bytes>> {
+    Request::post(path)
+        .header("authorization", bearer)
+        .body(Full::new(body.clone()))
+        .unwrap()
+}
+
 /// An in-memory store with one funded caller, and that caller's key.
 fn funded_store(runtime: &tokio::runtime::Runtime) -> (Arc<MemoryStore>, NewApiKey) {
     let store = Arc::new(MemoryStore::new());
@@ -260,10 +268,7 @@ fn stack_overhead(c: &mut Criterion) {
     let mut bench_call = |name: &str, path: &'static str, body: &Bytes| {
         c.bench_function(name, |b| {
             b.to_async(&runtime).iter(|| {
-                let request = Request::post(path)
-                    .header("authorization", &bearer)
-                    .body(Full::new(body.clone()))
-                    .unwrap();
+                let request = paid_request(path, &bearer, body);
                 let stack = stack.clone();
                 async move {
                     let response = stack.oneshot(request).await.unwrap();
@@ -321,10 +326,7 @@ fn stack_stream(c: &mut Criterion) {
     );
     c.bench_function("stack/four layers + mock, memory store, chat stream", |b| {
         b.to_async(&runtime).iter(|| {
-            let request = Request::post("/v1/chat/completions")
-                .header("authorization", &bearer)
-                .body(Full::new(body.clone()))
-                .unwrap();
+            let request = paid_request("/v1/chat/completions", &bearer, &body);
             let stack = stack.clone();
             async move {
                 let response = stack.oneshot(request).await.unwrap();
