@@ -986,3 +986,119 @@ async fn the_memory_store_refuses_grants_past_the_largest_balance_too() {
     assert!(matches!(error, StoreError::BalanceOverflow(_)), "{error}");
     assert_eq!(store.balance(account).await.unwrap().total(), Credits::MAX);
 }
+
+/// On `SQLite` the call log's status rule is checked in place: an insert or a status update
+/// builds no temporary b-tree of the allowed statuses (an `IN` list of three did, on every
+/// call). It still refuses any other status, and a file migrated before the change gets it
+/// without losing or changing a row.
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn the_call_status_rule_is_checked_without_a_temporary_btree() {
+    use sea_orm::{DbBackend, Statement};
+    use sea_orm_migration::MigratorTrait;
+
+    let db = sqlite_db().await;
+    let store = db.store.as_ref();
+    let connection = db.store.connection();
+    let rows = |sql: &'static str| async move {
+        connection
+            .query_all_raw(Statement::from_string(DbBackend::Sqlite, sql))
+            .await
+            .unwrap()
+    };
+    // Whether writing a call's status opens a temporary b-tree, and the rule as the table says it.
+    let schema = || async {
+        let plan = rows(
+            "EXPLAIN INSERT INTO mg_calls (account_id, key_id, protocol, model, price, \
+             charged_subscription, charged_topup, status, created_at) \
+             VALUES (1, 1, 'chat_completions', 'm', 1, 1, 0, 'ok', '2026-11-28T00:00:00Z')",
+        )
+        .await;
+        let ephemeral = plan
+            .iter()
+            .any(|row| row.try_get::<String>("", "opcode").unwrap() == "OpenEphemeral");
+        let table: String = rows("SELECT sql FROM sqlite_master WHERE name = 'mg_calls'").await[0]
+            .try_get("", "sql")
+            .unwrap();
+        (ephemeral, table)
+    };
+    let calls = || async {
+        rows("SELECT id, status, charged_subscription, charged_topup FROM mg_calls ORDER BY id")
+            .await
+            .iter()
+            .map(|row| {
+                (
+                    row.try_get::<i64>("", "id").unwrap(),
+                    row.try_get::<String>("", "status").unwrap(),
+                    row.try_get::<i64>("", "charged_subscription").unwrap(),
+                    row.try_get::<i64>("", "charged_topup").unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let comparisons = r#"CHECK ("status" = 'pending' OR "status" = 'ok' OR "status" = 'refunded')"#;
+    let list = r#"CHECK ("status" IN ('pending', 'ok', 'refunded'))"#;
+
+    let (ephemeral, table) = schema().await;
+    assert!(
+        !ephemeral && table.contains(comparisons) && !table.contains(list),
+        "{table}"
+    );
+
+    // Back to the definition before, which builds the b-tree: what the test is there to catch.
+    model_gateway::store::Migrator::down(connection, Some(1))
+        .await
+        .unwrap();
+    let (ephemeral, table) = schema().await;
+    assert!(ephemeral && table.contains(list), "{table}");
+    // Calls of every status written under the old definition.
+    let caller = caller_with(store, 100, 0).await;
+    let settled = store.reserve(charge(caller, 4)).await.unwrap();
+    assert!(store.settle(settled.call, success()).await.unwrap());
+    let refunded = store.reserve(charge(caller, 5)).await.unwrap();
+    assert!(store.refund(refunded.call, &failure()).await.unwrap());
+    store.reserve(charge(caller, 6)).await.unwrap();
+    let before = calls().await;
+    assert_eq!(
+        before
+            .iter()
+            .map(|call| call.1.as_str())
+            .collect::<Vec<_>>(),
+        ["ok", "refunded", "pending"]
+    );
+
+    model_gateway::store::Migrator::up(connection, None)
+        .await
+        .unwrap();
+    let (ephemeral, table) = schema().await;
+    assert!(!ephemeral && table.contains(comparisons), "{table}");
+    assert_eq!(calls().await, before);
+    let integrity: String = rows("PRAGMA integrity_check").await[0]
+        .try_get_by_index(0)
+        .unwrap();
+    assert_eq!(integrity, "ok");
+
+    // Every status is still written under the new definition, and no other.
+    let settled = store.reserve(charge(caller, 7)).await.unwrap();
+    assert!(store.settle(settled.call, success()).await.unwrap());
+    let refunded = store.reserve(charge(caller, 8)).await.unwrap();
+    assert!(store.refund(refunded.call, &failure()).await.unwrap());
+    let pending = store.reserve(charge(caller, 9)).await.unwrap();
+    let bogus = format!(
+        "UPDATE mg_calls SET status = 'bogus' WHERE id = {}",
+        pending.call.0
+    );
+    assert!(connection.execute_unprepared(&bogus).await.is_err());
+    assert_eq!(
+        calls().await[3..]
+            .iter()
+            .map(|call| call.1.as_str())
+            .collect::<Vec<_>>(),
+        ["ok", "refunded", "pending"]
+    );
+    assert_eq!(
+        store.balance(caller.account).await.unwrap(),
+        balance(100 - 4 - 6 - 7 - 9, 0)
+    );
+    db.assert_audit_holds().await;
+}

@@ -22,6 +22,7 @@ mod m20261126_000004_redemption_codes;
 mod m20261126_000005_key_limits;
 mod m20261126_000006_webhook_events;
 mod m20261126_000007_alerts;
+mod m20261128_000001_call_status_check;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -51,6 +52,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261126_000005_key_limits::Migration),
             Box::new(m20261126_000006_webhook_events::Migration),
             Box::new(m20261126_000007_alerts::Migration),
+            Box::new(m20261128_000001_call_status_check::Migration),
         ]
     }
 
