@@ -1134,7 +1134,12 @@ async fn a_plain_reservation_moves_a_small_future_to_the_heap() {
     let reservation = keyed.await.unwrap();
     assert!(db.store.settle(reservation.call, success()).await.unwrap());
     assert_eq!(
-        db.store.balance(caller.account).await.unwrap().subscription.get(),
+        db.store
+            .balance(caller.account)
+            .await
+            .unwrap()
+            .subscription
+            .get(),
         10 - 2 * PRICE
     );
     db.assert_audit_holds().await;

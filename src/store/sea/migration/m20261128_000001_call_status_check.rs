@@ -3,8 +3,8 @@
 //! `SQLite` evaluates `"status" IN ('pending', 'ok', 'refunded')` (a list of three or more
 //! constants) by building a temporary b-tree of the list each time the statement runs: every
 //! insert of a call (the owned file's one write per call) and every status update opened a
-//! temporary database, created a table in it and inserted three rows, about a quarter of what
-//! `SQLite` spent on the call. The same rule written as three comparisons is checked in place.
+//! temporary database, created a table in it and inserted three rows: two fifths of what `SQLite`
+//! spent on the call (callgrind). The same rule written as three comparisons is checked in place.
 //!
 //! The rule is unchanged (the column is `NOT NULL`, and `IN` and `=` compare it alike), so the
 //! rows already stored satisfy it, and only the text of the table's definition changes: as
@@ -35,17 +35,11 @@ async fn rewrite(manager: &SchemaManager<'_>, from: &str, to: &str) -> Result<()
     }
     let transaction = manager.begin().await?;
     let connection = transaction.get_connection();
-    let version: i64 = connection
-        .query_one_raw(Statement::from_string(
-            DbBackend::Sqlite,
-            "PRAGMA schema_version",
-        ))
-        .await?
-        .ok_or_else(|| DbErr::Custom("SQLite gave no schema version".into()))?
-        .try_get_by_index(0)?;
     connection
         .execute_unprepared("PRAGMA writable_schema = ON")
         .await?;
+    // The first statement writes, so the transaction takes the file's write lock (waiting for
+    // it as any writer does) before it reads anything: the version read below is the latest.
     let rewritten = connection
         .execute_raw(Statement::from_sql_and_values(
             DbBackend::Sqlite,
@@ -59,6 +53,14 @@ async fn rewrite(manager: &SchemaManager<'_>, from: &str, to: &str) -> Result<()
         .execute_unprepared("PRAGMA writable_schema = OFF")
         .await?;
     if rewritten?.rows_affected() > 0 {
+        let version: i64 = connection
+            .query_one_raw(Statement::from_string(
+                DbBackend::Sqlite,
+                "PRAGMA schema_version",
+            ))
+            .await?
+            .ok_or_else(|| DbErr::Custom("SQLite gave no schema version".into()))?
+            .try_get_by_index(0)?;
         // Every connection reads the definition anew before its next statement.
         connection
             .execute_unprepared(&format!("PRAGMA schema_version = {}", version + 1))
