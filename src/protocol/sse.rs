@@ -535,7 +535,8 @@ pub(crate) fn error_event(protocol: Protocol, error: &GatewayError, next_sequenc
 }
 
 /// The text a content event carries: what a client reads as output (text, reasoning, a
-/// refusal, a tool call's name and arguments), joined, for counting its tokens.
+/// refusal, a tool call's name and arguments or a custom tool's input), joined, for counting
+/// its tokens.
 fn content_text(protocol: Protocol, data: &str) -> String {
     let Ok(event) = serde_json::from_str::<serde_json::Value>(data) else {
         return String::new();
@@ -567,6 +568,8 @@ fn content_text(protocol: Protocol, data: &str) -> String {
                 for call in delta["tool_calls"].as_array().into_iter().flatten() {
                     take(&call["function"]["name"]);
                     take(&call["function"]["arguments"]);
+                    take(&call["custom"]["name"]);
+                    take(&call["custom"]["input"]);
                 }
             }
         }
@@ -729,6 +732,30 @@ mod tests {
             reader.read(error),
             EventKind::Error("server_error: server overloaded".into())
         );
+    }
+
+    /// A client that leaves mid-stream is charged the output it was passed, counted: a custom
+    /// tool's input (a coding agent's patch) counts as a function's arguments do.
+    #[test]
+    fn the_output_counted_from_a_chat_stream_includes_tool_calls_of_both_kinds() {
+        let mut reader = StreamReader::new(Protocol::ChatCompletions).counting_output();
+        let chunks: [&[u8]; 4] = [
+            b"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"type\":\"custom\",\"custom\":{\"name\":\"apply_patch\",\"input\":\"\"}}]}}]}\n\n",
+            b"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"custom\":{\"input\":\"*** Begin Patch\\n\"}}]}}]}\n\n",
+            b"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":1,\"function\":{\"name\":\"sh\",\"arguments\":\"{\\\"a\\\":1}\"}}]}}]}\n\n",
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"Done.\"}}]}\n\n",
+        ];
+        for chunk in chunks {
+            assert_eq!(reader.read(chunk), EventKind::Content);
+        }
+        // Each event's text, joined, is counted.
+        let expected = ["apply_patch", "*** Begin Patch\n", "sh{\"a\":1}", "Done."]
+            .map(crate::pricing::counted_text_tokens)
+            .iter()
+            .sum::<u64>();
+        let usage = reader.usage();
+        assert_eq!(usage.output_tokens, Some(i64::try_from(expected).unwrap()));
+        assert!(usage.estimated);
     }
 
     #[test]

@@ -89,7 +89,7 @@ fn the_corpus_requests_translate_to_the_chat_requests_written_for_them() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 8);
+    assert_eq!(checked, 10);
 }
 
 #[test]
@@ -115,7 +115,7 @@ fn the_corpus_chat_replies_translate_to_the_responses_written_for_them() {
         assert_eq!(&from_bytes, expected, "{name}, from bytes");
         checked += 1;
     }
-    assert_eq!(checked, 4);
+    assert_eq!(checked, 5);
 }
 
 /// Replies read from their bytes translate as their `Value`s do, escapes, odd types and missing
@@ -132,6 +132,8 @@ fn a_chat_reply_read_from_its_bytes_translates_as_its_value_does() {
         r#"{"created":"soon","model":3,"choices":"none"}"#,
         r#"{"created":7,"choices":[],"usage":{}}"#,
         r#"{"created":7,"choices":[{"message":{"content":"","reasoning_content":"","reasoning":"r"}}]}"#,
+        r#"{"created":7,"choices":[{"message":{"content":null,"tool_calls":[{"id":"c1","type":"custom","custom":{"name":"p","input":"*** \u4e16\n"}},{"custom":{"name":"q"}},{"type":"custom"},{"type":"function","custom":{"name":"r"},"function":{"name":"f"}},{"custom":null,"function":{"name":"g"}}]},"finish_reason":"tool_calls"}]}"#,
+        r#"{"created":7,"choices":[{"message":{"tool_calls":[{"type":"custom","custom":{"name":"p","input":5}},{"type":["custom"]}]}}]}"#,
     ];
     for reply in replies {
         let value: Value = serde_json::from_str(reply).unwrap();
@@ -179,7 +181,7 @@ fn the_corpus_chat_streams_translate_to_the_event_sequences_written_for_them_how
         assert_eq!(translate(&case["request"], &byte_by_byte), whole, "{name}");
         checked += 1;
     }
-    assert_eq!(checked, 4);
+    assert_eq!(checked, 5);
 }
 
 fn translate(request: &Value, chunks: &[&[u8]]) -> String {

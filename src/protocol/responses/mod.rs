@@ -14,6 +14,11 @@
 //!   parts; `function_call` items as an assistant message's `tool_calls` (consecutive calls in
 //!   one message); `function_call_output` items as `tool` messages; earlier `reasoning` items
 //!   are left out (chat completions takes no reasoning back);
+//! - custom tools (free-form input, plain or under a grammar) as chat completions' custom
+//!   tools (the grammar nested as `format.grammar`), their `custom_tool_call` items as custom
+//!   tool calls and `custom_tool_call_output` items as `tool` messages, a custom `tool_choice`;
+//!   back, custom tool calls as `custom_tool_call` items (streamed as
+//!   `response.custom_tool_call_input.delta` and `.done`);
 //! - function `tools`, `tool_choice`, `parallel_tool_calls`; `max_output_tokens` as
 //!   `max_tokens`; `temperature`, `top_p`, `user`, `service_tier` as they are; `text.format` as
 //!   `response_format`; `reasoning.effort` as `reasoning_effort`; `top_logprobs`;

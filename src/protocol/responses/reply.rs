@@ -343,9 +343,11 @@ pub(super) enum OutputItem<'a> {
         status: &'a str,
         content: Option<Part<'a>>,
     },
+    /// A function call (`arguments`), or a custom tool's call (`input`, free-form).
     FunctionCall {
         id: &'a str,
         status: &'a str,
+        custom: bool,
         call_id: Str<'a>,
         name: Str<'a>,
         arguments: Str<'a>,
@@ -379,16 +381,22 @@ impl WriteJson for OutputItem<'_> {
             OutputItem::FunctionCall {
                 id,
                 status,
+                custom,
                 call_id,
                 name,
                 arguments,
             } => {
-                item.raw("type", r#""function_call""#);
+                let (kind, text) = if *custom {
+                    (r#""custom_tool_call""#, "input")
+                } else {
+                    (r#""function_call""#, "arguments")
+                };
+                item.raw("type", kind);
                 item.id("id", id);
                 item.field("status", status);
                 item.write("call_id", call_id);
                 item.write("name", name);
-                item.write("arguments", arguments);
+                item.write(text, arguments);
             }
         }
         item.close();
@@ -507,12 +515,23 @@ pub(crate) struct ChatReply<'a> {
     pub usage: Option<Usage>,
 }
 
-/// A tool call of a chat reply.
+/// A tool call of a chat reply: a function's, or a custom tool's (whose `input` is held in
+/// `arguments`).
 #[derive(Debug)]
 pub(crate) struct ToolCall<'a> {
     pub id: Option<Str<'a>>,
+    pub custom: bool,
     pub name: Str<'a>,
     pub arguments: Str<'a>,
+}
+
+/// Whether a chat tool call (or a stream's first piece of one) is a custom tool's: its `type`
+/// says so, or it has no `type` and carries a `custom` object and no `function`.
+pub(super) fn is_custom(kind: Option<&str>, has_custom: bool, has_function: bool) -> bool {
+    match kind {
+        Some(kind) => kind == "custom",
+        None => has_custom && !has_function,
+    }
 }
 
 impl<'a> ChatReply<'a> {
@@ -532,10 +551,23 @@ impl<'a> ChatReply<'a> {
             reasoning: reasoning_of(message).map(Str::Read),
             calls: calls
                 .iter()
-                .map(|call| ToolCall {
-                    id: call["id"].as_str().map(Str::Read),
-                    name: Str::Read(call["function"]["name"].as_str().unwrap_or_default()),
-                    arguments: Str::Read(call["function"]["arguments"].as_str().unwrap_or("{}")),
+                .map(|call| {
+                    let custom = is_custom(
+                        call["type"].as_str(),
+                        !call["custom"].is_null(),
+                        !call["function"].is_null(),
+                    );
+                    let (spec, text, empty) = if custom {
+                        (&call["custom"], "input", "")
+                    } else {
+                        (&call["function"], "arguments", "{}")
+                    };
+                    ToolCall {
+                        id: call["id"].as_str().map(Str::Read),
+                        custom,
+                        name: Str::Read(spec["name"].as_str().unwrap_or_default()),
+                        arguments: Str::Read(spec[text].as_str().unwrap_or(empty)),
+                    }
                 })
                 .collect(),
             finish_reason: choice["finish_reason"].as_str(),
@@ -628,8 +660,12 @@ pub(super) mod read {
         pub index: Option<u64>,
         #[serde(borrow)]
         pub id: Option<Cow<'a, str>>,
+        #[serde(borrow, rename = "type")]
+        pub kind: Option<Cow<'a, str>>,
         #[serde(borrow)]
         pub function: Option<Function<'a>>,
+        #[serde(borrow)]
+        pub custom: Option<Custom<'a>>,
     }
 
     #[derive(Deserialize)]
@@ -638,6 +674,46 @@ pub(super) mod read {
         pub name: Option<Cow<'a, str>>,
         #[serde(borrow)]
         pub arguments: Option<Cow<'a, str>>,
+    }
+
+    /// A custom tool's call: its name and free-form input.
+    #[derive(Deserialize)]
+    pub(in crate::protocol::responses) struct Custom<'a> {
+        #[serde(borrow)]
+        pub name: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        pub input: Option<Cow<'a, str>>,
+    }
+
+    impl<'a> Call<'a> {
+        /// Whether this is a custom tool's call (see [`is_custom`](super::is_custom)).
+        pub(in crate::protocol::responses) fn is_custom(&self) -> bool {
+            super::is_custom(
+                self.kind.as_deref(),
+                self.custom.is_some(),
+                self.function.is_some(),
+            )
+        }
+
+        /// The call's name and its text (a function's arguments, a custom tool's input).
+        pub(in crate::protocol::responses) fn name_and_text(
+            &'a self,
+            custom: bool,
+        ) -> (Option<&'a Cow<'a, str>>, Option<&'a Cow<'a, str>>) {
+            if custom {
+                let custom = self.custom.as_ref();
+                (
+                    custom.and_then(|custom| custom.name.as_ref()),
+                    custom.and_then(|custom| custom.input.as_ref()),
+                )
+            } else {
+                let function = self.function.as_ref();
+                (
+                    function.and_then(|function| function.name.as_ref()),
+                    function.and_then(|function| function.arguments.as_ref()),
+                )
+            }
+        }
     }
 
     impl<'a> Reply<'a> {
@@ -667,15 +743,14 @@ pub(super) mod read {
                 calls: calls
                     .iter()
                     .map(|call| {
-                        let function = call.function.as_ref();
+                        let custom = call.is_custom();
+                        let (name, arguments) = call.name_and_text(custom);
                         ToolCall {
                             id: text(&call.id),
-                            name: function
-                                .and_then(|function| text(&function.name))
-                                .unwrap_or(Str::Read("")),
-                            arguments: function
-                                .and_then(|function| text(&function.arguments))
-                                .unwrap_or(Str::Read("{}")),
+                            custom,
+                            name: name.map_or(Str::Read(""), Str::of_read),
+                            arguments: arguments
+                                .map_or(Str::Read(if custom { "" } else { "{}" }), Str::of_read),
                         }
                     })
                     .collect(),
@@ -710,8 +785,8 @@ pub(crate) fn write_response(echoed: &Echoed, reply: &ChatReply<'_>, ids: &mut I
     if said.is_some() {
         item_ids.push(ids.next("msg"));
     }
-    for _ in &reply.calls {
-        item_ids.push(ids.next("fc"));
+    for call in &reply.calls {
+        item_ids.push(ids.next(if call.custom { "ctc" } else { "fc" }));
     }
     let mut output = Vec::with_capacity(item_ids.len());
     let mut id = item_ids.iter();
@@ -736,6 +811,7 @@ pub(crate) fn write_response(echoed: &Echoed, reply: &ChatReply<'_>, ids: &mut I
         output.push(OutputItem::FunctionCall {
             id: item_id,
             status: "completed",
+            custom: call.custom,
             call_id: call.id.unwrap_or(Str::Read(item_id)),
             name: call.name,
             arguments: call.arguments,

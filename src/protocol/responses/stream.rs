@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::reply::{Echoed, Head, OutputItem, Part, Status, Usage, reasoning_of};
+use super::reply::{Echoed, Head, OutputItem, Part, Status, Usage, is_custom, reasoning_of};
 use super::write::{ObjectWriter, Str};
 use super::{Ids, Translated};
 use crate::protocol::sse::{Event, EventSplitter, event_text};
@@ -10,7 +10,8 @@ use crate::protocol::sse::{Event, EventSplitter, event_text};
 /// Translates a chat-completions stream, as its bytes arrive, into the Responses event
 /// sequence: `response.created`, `response.in_progress`, then for each output item
 /// `response.output_item.added`, its deltas (`response.content_part.added` and
-/// `response.output_text.delta`, or `response.function_call_arguments.delta`) and their
+/// `response.output_text.delta`, `response.function_call_arguments.delta`, or
+/// `response.custom_tool_call_input.delta`) and their
 /// `.done` events, `response.output_item.done`; at the chat stream's `[DONE]`,
 /// `response.completed` (or `response.incomplete` when the reply was cut short) with the
 /// usage. Each event has its `sequence_number`, from 0.
@@ -53,8 +54,10 @@ enum Item {
         text: String,
         open: bool,
     },
+    /// A function call, or a custom tool's (`custom`), whose input is kept in `arguments`.
     Call {
         id: String,
+        custom: bool,
         call_id: String,
         name: String,
         arguments: String,
@@ -329,15 +332,18 @@ impl StreamTranslator {
                 if let Some(message) = self.message.take() {
                     self.close(message, out);
                 }
-                let id = self.ids.next("fc");
-                let call_id = call
-                    .id
-                    .map_or_else(|| format!("call_{}", &id[3..]), str::to_owned);
+                let prefix = if call.custom { "ctc" } else { "fc" };
+                let id = self.ids.next(prefix);
+                let call_id = call.id.map_or_else(
+                    || format!("call_{}", &id[prefix.len() + 1..]),
+                    str::to_owned,
+                );
                 let name = call.name.unwrap_or_default().to_owned();
                 let index = self.items.len();
                 let item = OutputItem::FunctionCall {
                     id: &id,
                     status: "in_progress",
+                    custom: call.custom,
                     call_id: Str::Read(&call_id),
                     name: Str::Read(&name),
                     arguments: Str::Read(""),
@@ -345,6 +351,7 @@ impl StreamTranslator {
                 item_added(&mut self.sequence, out, index, &item);
                 self.items.push(Item::Call {
                     id,
+                    custom: call.custom,
                     call_id,
                     name,
                     arguments: String::new(),
@@ -357,19 +364,25 @@ impl StreamTranslator {
         let Some(piece) = call.arguments.filter(|piece| !piece.is_empty()) else {
             return;
         };
-        let Item::Call { id, arguments, .. } = &mut self.items[index] else {
-            unreachable!("`calls` index function call items");
+        let Item::Call {
+            id,
+            custom,
+            arguments,
+            ..
+        } = &mut self.items[index]
+        else {
+            unreachable!("`calls` index tool call items");
         };
         arguments.push_str(piece);
-        emit(
-            &mut self.sequence,
-            out,
-            "response.function_call_arguments.delta",
-            |event| {
-                place(event, id, index, false);
-                event.field("delta", piece);
-            },
-        );
+        let name = if *custom {
+            "response.custom_tool_call_input.delta"
+        } else {
+            "response.function_call_arguments.delta"
+        };
+        emit(&mut self.sequence, out, name, |event| {
+            place(event, id, index, false);
+            event.field("delta", piece);
+        });
     }
 
     fn close_all(&mut self, out: &mut Out) {
@@ -428,6 +441,23 @@ impl StreamTranslator {
             }
             Item::Call {
                 id,
+                custom: true,
+                arguments,
+                ..
+            } => {
+                emit(
+                    sequence,
+                    out,
+                    "response.custom_tool_call_input.done",
+                    |event| {
+                        place(event, id, index, false);
+                        event.field("input", arguments);
+                    },
+                );
+            }
+            Item::Call {
+                id,
+                custom: false,
                 name,
                 arguments,
                 ..
@@ -506,7 +536,11 @@ struct CallView<'a> {
     /// The chat tool call's `index` (0 when it gives none).
     index: u64,
     id: Option<&'a str>,
+    /// A custom tool's call, whose `custom.input` comes in pieces where a function's
+    /// `function.arguments` would.
+    custom: bool,
     name: Option<&'a str>,
+    /// A function's arguments, or a custom tool's input.
     arguments: Option<&'a str>,
 }
 
@@ -522,11 +556,24 @@ impl<'a> ChunkView<'a> {
                     content: delta["content"].as_str(),
                     refusal: delta["refusal"].as_str(),
                     calls: (delta["tool_calls"].as_array().into_iter().flatten())
-                        .map(|call| CallView {
-                            index: call["index"].as_u64().unwrap_or(0),
-                            id: call["id"].as_str(),
-                            name: call["function"]["name"].as_str(),
-                            arguments: call["function"]["arguments"].as_str(),
+                        .map(|call| {
+                            let custom = is_custom(
+                                call["type"].as_str(),
+                                !call["custom"].is_null(),
+                                !call["function"].is_null(),
+                            );
+                            let (spec, text) = if custom {
+                                (&call["custom"], "input")
+                            } else {
+                                (&call["function"], "arguments")
+                            };
+                            CallView {
+                                index: call["index"].as_u64().unwrap_or(0),
+                                id: call["id"].as_str(),
+                                custom,
+                                name: spec["name"].as_str(),
+                                arguments: spec[text].as_str(),
+                            }
                         })
                         .collect(),
                     finish_reason: choice["finish_reason"].as_str(),
@@ -610,12 +657,14 @@ mod read {
     }
 
     fn call_view<'a>(call: &'a Call<'a>) -> CallView<'a> {
-        let function = call.function.as_ref();
+        let custom = call.is_custom();
+        let (name, arguments) = call.name_and_text(custom);
         CallView {
             index: call.index.unwrap_or(0),
             id: call.id.as_deref(),
-            name: function.and_then(|function| function.name.as_deref()),
-            arguments: function.and_then(|function| function.arguments.as_deref()),
+            custom,
+            name: name.map(|name| &**name),
+            arguments: arguments.map(|arguments| &**arguments),
         }
     }
 }
@@ -682,6 +731,7 @@ impl Item {
             },
             Item::Call {
                 id,
+                custom,
                 call_id,
                 name,
                 arguments,
@@ -689,6 +739,7 @@ impl Item {
             } => OutputItem::FunctionCall {
                 id,
                 status: "completed",
+                custom: *custom,
                 call_id: Str::Read(call_id),
                 name: Str::Read(name),
                 arguments: Str::Read(arguments),
@@ -743,6 +794,9 @@ mod tests {
             r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":":1}"}},{"id":null,"function":null}]}}]}"#,
             r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f"}},{"function":{"arguments":"{}"}},{"index":2,"function":{"arguments":"[]"}}]}}]}"#,
             r#"{"choices":[{"delta":{"tool_calls":[]}},{"delta":{"content":"second choice"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","type":"custom","custom":{"name":"p","input":"*** 世"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"custom":{"input":"more"}},{"index":1,"type":"custom"},{"index":2,"custom":{"name":"q"},"function":{"name":"f"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"type":"function","custom":{"name":"p"}},{"index":1,"custom":null,"function":null}]}}]}"#,
             r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8,"prompt_tokens_details":null,"completion_tokens_details":{"reasoning_tokens":2}}}"#,
             r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":null}}"#,
             r#"{"choices":null,"usage":null,"error":null,"delta":{"content":"not in a choice"}}"#,
@@ -760,6 +814,9 @@ mod tests {
             r#"{"choices":[{"delta":{"tool_calls":[{"index":1.0,"function":{"name":"g"}}]}}]}"#,
             r#"{"choices":[{"delta":{"tool_calls":[{"index":-1,"function":{"name":"g"}}]}}]}"#,
             r#"{"choices":[{"delta":{"tool_calls":{"index":0}}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"custom":"input"}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"type":7,"custom":{"input":"x"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"type":"custom","custom":{"input":["x"]}}]}}]}"#,
             r#"{"choices":[{"finish_reason":1,"delta":{"content":"x"}}]}"#,
             r#"{"choices":[],"usage":{"prompt_tokens":"3","completion_tokens":5}}"#,
             r#"{"choices":[],"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":1.5}}}"#,
@@ -821,6 +878,15 @@ mod tests {
             delta(call(0, json!("call_a"), json!("f"), "{\"x\""), Value::Null),
             delta(call(1, json!("call_b"), json!("g"), ""), Value::Null),
             delta(call(0, Value::Null, Value::Null, ":1}"), Value::Null),
+            delta(
+                json!({ "tool_calls": [{ "index": 2, "id": "call_c", "type": "custom",
+                    "custom": { "name": "p", "input": "*** Begin" } }] }),
+                Value::Null,
+            ),
+            delta(
+                json!({ "tool_calls": [{ "index": 2, "custom": { "input": " Patch" } }] }),
+                Value::Null,
+            ),
             delta(json!({}), json!("tool_calls")),
             chunk(&json!({ "choices": [], "usage": { "prompt_tokens": 3,
                 "completion_tokens": 5, "total_tokens": 8,
@@ -844,7 +910,7 @@ mod tests {
         .concat();
         let request = br#"{"model":"m","input":"Hi","temperature":0.5}"#;
         let request = Translated::from_slice(request).unwrap();
-        for (stream, count) in [(every_kind, 22), (refusal, 9), (failed, 6)] {
+        for (stream, count) in [(every_kind, 27), (refusal, 9), (failed, 6)] {
             let mut translator = StreamTranslator::new(&request, Ids::counting());
             let text = translator.push(stream.as_bytes());
             let events: Vec<&str> = text.split_terminator("\n\n").collect();

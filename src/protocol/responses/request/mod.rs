@@ -259,16 +259,24 @@ fn input_item(item: &Value, at: At<'_>, messages: &mut Vec<Value>) -> Result<(),
     let role = item.get("role").and_then(Value::as_str);
     match (kind, role) {
         (Some("message") | None, Some(role)) => messages.push(message(item, role, at)?),
-        (Some("function_call"), _) => {
+        (Some(kind @ ("function_call" | "custom_tool_call")), _) => {
             let text = |field: &str| item.get(field).and_then(Value::as_str);
             let (Some(call_id), Some(name)) = (text("call_id"), text("name")) else {
-                return refuse(at.to_string(), "a function call needs `call_id` and `name`");
+                return refuse(at.to_string(), "a tool call needs `call_id` and `name`");
             };
-            let call = json!({
-                "id": call_id,
-                "type": "function",
-                "function": { "name": name, "arguments": text("arguments").unwrap_or("{}") },
-            });
+            let call = if kind == "function_call" {
+                json!({
+                    "id": call_id,
+                    "type": "function",
+                    "function": { "name": name, "arguments": text("arguments").unwrap_or("{}") },
+                })
+            } else {
+                json!({
+                    "id": call_id,
+                    "type": "custom",
+                    "custom": { "name": name, "input": text("input").unwrap_or_default() },
+                })
+            };
             let joins_last = messages
                 .last()
                 .is_some_and(|last| last["role"] == "assistant");
@@ -281,11 +289,11 @@ fn input_item(item: &Value, at: At<'_>, messages: &mut Vec<Value>) -> Result<(),
                 None => last["tool_calls"] = json!([call]),
             }
         }
-        (Some("function_call_output"), _) => {
+        (Some("function_call_output" | "custom_tool_call_output"), _) => {
             let Some(call_id) = item.get("call_id").and_then(Value::as_str) else {
                 return refuse(
                     format!("{at}.call_id"),
-                    "a function call output needs `call_id`",
+                    "a tool call output needs `call_id`",
                 );
             };
             let output = match item.get("output") {
@@ -327,7 +335,7 @@ fn input_item(item: &Value, at: At<'_>, messages: &mut Vec<Value>) -> Result<(),
         _ => {
             return refuse(
                 format!("{at}.type"),
-                "only messages, function calls and their outputs translate",
+                "only messages, function and custom tool calls and their outputs translate",
             );
         }
     }
@@ -438,8 +446,9 @@ fn content_part(part: &Value, at: At<'_>, system: bool) -> Result<Value, Untrans
     }
 }
 
-/// Function tools in chat completions' form; built-in tools (web search, file search, code
-/// interpreter, computer use, MCP, ...) run inside OpenAI's Responses API and are refused.
+/// Function and custom (free-form input) tools in chat completions' form; built-in tools (web
+/// search, file search, code interpreter, computer use, MCP, ...) run inside `OpenAI`'s
+/// Responses API and are refused.
 fn tools(value: &Value) -> Result<Option<Value>, Untranslatable> {
     let list = match value {
         Value::Null => return Ok(None),
@@ -448,28 +457,68 @@ fn tools(value: &Value) -> Result<Option<Value>, Untranslatable> {
     };
     let mut tools = Vec::with_capacity(list.len());
     for (index, tool) in list.iter().enumerate() {
-        if tool["type"].as_str() != Some("function") {
-            return refuse(
-                format!("tools[{index}].type"),
-                "only function tools translate; built-in tools run at OpenAI only",
-            );
-        }
-        let Some(name) = tool["name"].as_str() else {
-            return refuse(
-                format!("tools[{index}].name"),
-                "a function tool needs a name",
-            );
+        let kind = match tool["type"].as_str() {
+            Some(kind @ ("function" | "custom")) => kind,
+            _ => {
+                return refuse(
+                    format!("tools[{index}].type"),
+                    "only function and custom tools translate; built-in tools run at OpenAI only",
+                );
+            }
         };
-        let mut function = Map::new();
-        function.insert("name".into(), name.into());
-        for field in ["description", "parameters", "strict"] {
+        let Some(name) = tool["name"].as_str() else {
+            return refuse(format!("tools[{index}].name"), "a tool needs a name");
+        };
+        let mut spec = Map::new();
+        spec.insert("name".into(), name.into());
+        let fields: &[&str] = if kind == "function" {
+            &["description", "parameters", "strict"]
+        } else {
+            &["description"]
+        };
+        for &field in fields {
             if let Some(value) = tool.get(field).filter(|value| !value.is_null()) {
-                function.insert(field.into(), value.clone());
+                spec.insert(field.into(), value.clone());
             }
         }
-        tools.push(json!({ "type": "function", "function": function }));
+        if kind == "custom"
+            && let Some(format) = custom_format(tool.get("format"), index)?
+        {
+            spec.insert("format".into(), format);
+        }
+        tools.push(json!({ "type": kind, kind: spec }));
     }
     Ok((!tools.is_empty()).then_some(Value::Array(tools)))
+}
+
+/// A custom tool's input `format` in chat completions' form: free text, or a grammar (Lark or a
+/// regular expression), whose definition chat completions nests one level deeper.
+fn custom_format(format: Option<&Value>, index: usize) -> Result<Option<Value>, Untranslatable> {
+    let format = match format {
+        None | Some(Value::Null) => return Ok(None),
+        Some(format) => format,
+    };
+    match format["type"].as_str() {
+        Some("text") => Ok(Some(json!({ "type": "text" }))),
+        Some("grammar") => {
+            let (Some(syntax), Some(definition)) =
+                (format["syntax"].as_str(), format["definition"].as_str())
+            else {
+                return refuse(
+                    format!("tools[{index}].format"),
+                    "a grammar needs its `syntax` and `definition`",
+                );
+            };
+            Ok(Some(json!({
+                "type": "grammar",
+                "grammar": { "definition": definition, "syntax": syntax },
+            })))
+        }
+        _ => refuse(
+            format!("tools[{index}].format.type"),
+            "a custom tool's format is text or a grammar",
+        ),
+    }
 }
 
 fn tool_choice(value: &Value) -> Result<Option<Value>, Untranslatable> {
@@ -478,17 +527,21 @@ fn tool_choice(value: &Value) -> Result<Option<Value>, Untranslatable> {
         Value::String(mode) if matches!(mode.as_str(), "auto" | "none" | "required") => {
             Ok(Some(value.clone()))
         }
-        Value::Object(choice) if choice.get("type") == Some(&json!("function")) => {
-            match choice.get("name").and_then(Value::as_str) {
-                Some(name) => Ok(Some(
-                    json!({ "type": "function", "function": { "name": name } }),
-                )),
-                None => refuse("tool_choice.name", "a function choice needs a name"),
+        Value::Object(choice) => match choice.get("type").and_then(Value::as_str) {
+            Some(kind @ ("function" | "custom")) => {
+                match choice.get("name").and_then(Value::as_str) {
+                    Some(name) => Ok(Some(json!({ "type": kind, kind: { "name": name } }))),
+                    None => refuse("tool_choice.name", "a tool choice needs a name"),
+                }
             }
-        }
+            _ => refuse(
+                "tool_choice",
+                "only auto, none, required, a function or a custom tool translate",
+            ),
+        },
         _ => refuse(
             "tool_choice",
-            "only auto, none, required or a function translate",
+            "only auto, none, required, a function or a custom tool translate",
         ),
     }
 }
