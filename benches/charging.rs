@@ -351,21 +351,25 @@ fn responses_translation(c: &mut Criterion) {
     });
     // A coding agent's turn: long instructions, a dozen function tools, and the conversation so
     // far (its messages, calls, their outputs and its reasoning), sent whole on every turn.
-    let agent = coding_agent_request();
-    c.bench_function(
-        "responses/coding agent's request read and translated",
-        |b| b.iter(|| std::hint::black_box(Translated::from_slice(&agent).unwrap())),
-    );
-    // The same through a `serde_json::Value`, as requests out of the ordinary are read.
-    c.bench_function(
-        "responses/coding agent's request parsed and translated",
-        |b| {
-            b.iter(|| {
-                let request: serde_json::Value = serde_json::from_slice(&agent).unwrap();
-                std::hint::black_box(Translated::new(request).unwrap())
-            })
-        },
-    );
+    // Then the same with `apply_patch` as a custom tool and half the calls its, as the CLI
+    // sends them under its own model names.
+    for (name, custom) in [("", false), (" with custom apply_patch", true)] {
+        let agent = coding_agent_request(custom);
+        c.bench_function(
+            &format!("responses/coding agent's request{name} read and translated"),
+            |b| b.iter(|| std::hint::black_box(Translated::from_slice(&agent).unwrap())),
+        );
+        // The same through a `serde_json::Value`, as requests out of the ordinary are read.
+        c.bench_function(
+            &format!("responses/coding agent's request{name} parsed and translated"),
+            |b| {
+                b.iter(|| {
+                    let request: serde_json::Value = serde_json::from_slice(&agent).unwrap();
+                    std::hint::black_box(Translated::new(request).unwrap())
+                })
+            },
+        );
+    }
     let translated = Translated::from_slice(body).unwrap();
     c.bench_function("responses/chat request written", |b| {
         b.iter(|| std::hint::black_box(translated.chat_body("gpt-4o-mini")))
@@ -419,11 +423,12 @@ fn responses_translation(c: &mut Criterion) {
 }
 
 /// A coding agent's request in the middle of a task, about 60 KB: the shape `OpenAI`'s
-/// coding-agent CLI sends (instructions, function tools, `input` items of every kind).
-fn coding_agent_request() -> Vec<u8> {
+/// coding-agent CLI sends (instructions, function tools, `input` items of every kind); with
+/// `custom`, its `apply_patch` a custom tool under a Lark grammar, called on every other turn.
+fn coding_agent_request(custom: bool) -> Vec<u8> {
     use serde_json::json;
     let prose = "Keep the change small, run the tests, and explain what you did. ".repeat(120);
-    let tools: Vec<_> = (0..12)
+    let mut tools: Vec<_> = (0..12)
         .map(|n| {
             json!({ "type": "function", "name": format!("tool_{n}"), "strict": false,
                     "description": "Runs a command in the workspace and returns its output.",
@@ -433,6 +438,13 @@ fn coding_agent_request() -> Vec<u8> {
                                         "timeout_ms": { "type": "number" } } } })
         })
         .collect();
+    if custom {
+        let grammar =
+            "start: begin_patch hunk+ end_patch\nbegin_patch: \"*** Begin Patch\" LF\n".repeat(20);
+        tools.push(json!({ "type": "custom", "name": "apply_patch",
+                           "description": "Edits files with a patch.",
+                           "format": { "type": "grammar", "syntax": "lark", "definition": grammar } }));
+    }
     let output = "test result: ok. 42 passed; 0 failed\n".repeat(30);
     let mut input = vec![json!({ "type": "message", "role": "user",
                                  "content": [{ "type": "input_text", "text": "Fix the failing test." }] })];
@@ -442,11 +454,23 @@ fn coding_agent_request() -> Vec<u8> {
             json!({ "type": "reasoning", "id": format!("rs_{turn}"), "summary": [],
                            "encrypted_content": "gAAAAB".repeat(200) }),
         );
-        input.push(
-            json!({ "type": "function_call", "name": "tool_0", "call_id": call_id,
-                           "arguments": "{\"command\":[\"cargo\",\"test\"]}" }),
-        );
-        input.push(json!({ "type": "function_call_output", "call_id": call_id, "output": output }));
+        if custom && turn % 2 == 1 {
+            let patch = "*** Begin Patch\n*** Update File: src/lib.rs\n-old\n+new\n*** End Patch\n";
+            input.push(json!({ "type": "custom_tool_call", "name": "apply_patch",
+                               "call_id": call_id, "input": patch.repeat(10) }));
+            input.push(
+                json!({ "type": "custom_tool_call_output", "call_id": call_id,
+                               "output": "Success. Updated the following files:\nM src/lib.rs\n" }),
+            );
+        } else {
+            input.push(
+                json!({ "type": "function_call", "name": "tool_0", "call_id": call_id,
+                               "arguments": "{\"command\":[\"cargo\",\"test\"]}" }),
+            );
+            input.push(
+                json!({ "type": "function_call_output", "call_id": call_id, "output": output }),
+            );
+        }
         input.push(json!({ "type": "message", "role": "assistant",
                            "content": [{ "type": "output_text", "text": "The tests pass now." }] }));
     }

@@ -96,7 +96,8 @@ struct ReasoningSetting<'a> {
     effort: Option<&'a RawValue>,
 }
 
-/// An `input` item: a message, a function call or its output, or earlier reasoning.
+/// An `input` item: a message, a function or custom tool call or its output, or earlier
+/// reasoning.
 #[derive(Deserialize)]
 struct Item<'a> {
     #[serde(rename = "type", borrow)]
@@ -111,6 +112,9 @@ struct Item<'a> {
     name: Option<RawStr<'a>>,
     #[serde(borrow)]
     arguments: Option<RawStr<'a>>,
+    /// A custom tool call's input.
+    #[serde(borrow)]
+    input: Option<RawStr<'a>>,
     #[serde(borrow)]
     output: Option<RawTextOr<'a, Part<'a>>>,
 }
@@ -152,6 +156,9 @@ struct Tool<'a> {
     parameters: Option<&'a RawValue>,
     #[serde(borrow)]
     strict: Option<&'a RawValue>,
+    /// A custom tool's input format.
+    #[serde(borrow)]
+    format: Option<&'a RawValue>,
 }
 
 /// A string, or a list of `T`: the request's `input`, read in one pass (its list is the whole
@@ -430,9 +437,11 @@ enum Message<'r> {
     },
 }
 
-/// A function call, in an assistant message (`{}` for arguments not given).
+/// A function call (`{}` for arguments not given) or a custom tool's (`""` for input not
+/// given), in an assistant message.
 struct Call<'r> {
     id: RawStr<'r>,
+    custom: bool,
     name: RawStr<'r>,
     arguments: Option<RawStr<'r>>,
 }
@@ -461,11 +470,13 @@ fn messages<'r>(request: &'r Request<'r>) -> Option<Vec<Message<'r>>> {
     for item in items {
         match (item.kind.as_deref(), item.role.as_deref()) {
             (Some("message") | None, Some(role)) => messages.push(message(item, role)?),
-            (Some("function_call"), _) => {
+            (Some(kind @ ("function_call" | "custom_tool_call")), _) => {
+                let custom = kind == "custom_tool_call";
                 let call = Call {
                     id: item.call_id?,
+                    custom,
                     name: item.name?,
-                    arguments: item.arguments,
+                    arguments: if custom { item.input } else { item.arguments },
                 };
                 match messages.last_mut() {
                     Some(Message::Assistant { calls, .. }) => calls.push(call),
@@ -476,7 +487,7 @@ fn messages<'r>(request: &'r Request<'r>) -> Option<Vec<Message<'r>>> {
                     }),
                 }
             }
-            (Some("function_call_output"), _) => {
+            (Some("function_call_output" | "custom_tool_call_output"), _) => {
                 let output = match item.output.as_ref()? {
                     RawTextOr::Text(text) => Text::Raw(*text),
                     RawTextOr::List(parts) => {
@@ -594,14 +605,19 @@ impl WriteJson for Call<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
         let mut call = ObjectWriter::open(out);
         call.write("id", &self.id);
-        call.raw("type", r#""function""#);
-        let mut function = call.object("function");
-        function.write("name", &self.name);
+        let (kind, text, empty) = if self.custom {
+            ("custom", "input", r#""""#)
+        } else {
+            ("function", "arguments", r#""{}""#)
+        };
+        call.field("type", kind);
+        let mut spec = call.object(kind);
+        spec.write("name", &self.name);
         match &self.arguments {
-            Some(arguments) => function.write("arguments", arguments),
-            None => function.raw("arguments", r#""{}""#),
+            Some(arguments) => spec.write(text, arguments),
+            None => spec.raw(text, empty),
         }
-        function.close();
+        spec.close();
         call.close();
     }
 }
@@ -685,37 +701,68 @@ impl WriteJson for ChatPart<'_> {
     }
 }
 
-/// A function tool in chat completions' form.
-struct ChatTool<'r>(&'r Tool<'r>, &'r str);
+/// A function or custom tool in chat completions' form.
+enum ChatTool<'r> {
+    Function(&'r Tool<'r>, &'r str),
+    /// A custom tool, with its format in chat completions' form (small, and read as the
+    /// `Value` reading reads it).
+    Custom(&'r Tool<'r>, &'r str, Option<Value>),
+}
 
 impl<'r> ChatTool<'r> {
-    /// `None` for a built-in tool, or a function without a name.
+    /// `None` for a built-in tool, a tool without a name, or a format that does not translate.
     fn of(tool: &'r Tool<'r>) -> Option<ChatTool<'r>> {
-        if tool.kind.as_deref() != Some("function") {
-            return None;
+        let name = tool.name.as_deref()?;
+        match tool.kind.as_deref()? {
+            "function" => Some(ChatTool::Function(tool, name)),
+            "custom" => {
+                let format = match tool.format {
+                    Some(format) => {
+                        let format: Value = serde_json::from_str(format.get()).ok()?;
+                        super::custom_format(Some(&format), 0).ok()?
+                    }
+                    None => None,
+                };
+                Some(ChatTool::Custom(tool, name, format))
+            }
+            _ => None,
         }
-        Some(ChatTool(tool, tool.name.as_deref()?))
     }
 }
 
 impl WriteJson for ChatTool<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
-        let ChatTool(tool, name) = self;
         let mut chat = ObjectWriter::open(out);
-        chat.raw("type", r#""function""#);
-        let mut function = chat.object("function");
-        function.field("name", name);
-        let given = [
-            ("description", tool.description),
-            ("parameters", tool.parameters),
-            ("strict", tool.strict),
-        ];
-        for (name, value) in given {
-            if let Some(value) = value {
-                function.write(name, value);
+        match self {
+            ChatTool::Function(tool, name) => {
+                chat.raw("type", r#""function""#);
+                let mut function = chat.object("function");
+                function.field("name", name);
+                let given = [
+                    ("description", tool.description),
+                    ("parameters", tool.parameters),
+                    ("strict", tool.strict),
+                ];
+                for (name, value) in given {
+                    if let Some(value) = value {
+                        function.write(name, value);
+                    }
+                }
+                function.close();
+            }
+            ChatTool::Custom(tool, name, format) => {
+                chat.raw("type", r#""custom""#);
+                let mut custom = chat.object("custom");
+                custom.field("name", name);
+                if let Some(description) = tool.description {
+                    custom.write("description", description);
+                }
+                if let Some(format) = format {
+                    custom.write("format", format);
+                }
+                custom.close();
             }
         }
-        function.close();
         chat.close();
     }
 }
@@ -778,7 +825,7 @@ mod tests {
                 requests.push(case["request"].clone());
             }
         }
-        assert_eq!(requests.len(), 8);
+        assert_eq!(requests.len(), 10);
         requests.push(json!({
             "model": "m", "instructions": "Be \"brief\".\n", "stream": true, "store": false,
             "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
@@ -821,7 +868,7 @@ mod tests {
             }
         }
         // Pretty-printed, the echo holds no line break (it goes into `data:` lines).
-        let pretty = serde_json::to_vec_pretty(&requests[8]).unwrap();
+        let pretty = serde_json::to_vec_pretty(requests.last().unwrap()).unwrap();
         let (_, echoed) = translate(&pretty).unwrap();
         let response = write_response(&echoed, &ChatReply::default(), &mut Ids::counting());
         assert!(!response.contains(&b'\n'));
@@ -939,20 +986,48 @@ mod tests {
                     ("arguments", arguments),
                 ])
             });
-        let output = (call_id(), content(parts_of(None))).prop_map(|(call_id, output)| {
-            object([
-                ("type", Some(json!("function_call_output"))),
-                ("call_id", call_id.or(Some(json!("c1")))),
-                ("output", output),
-            ])
-        });
+        let custom_call = (
+            call_id(),
+            pick(vec![json!("apply_patch")], vec![json!(null), json!(2)]),
+            pick(
+                vec![json!("*** Begin Patch\n\u{4e16}"), json!("")],
+                vec![json!(["x"]), json!(null)],
+            ),
+        )
+            .prop_map(|(call_id, name, input)| {
+                object([
+                    ("type", Some(json!("custom_tool_call"))),
+                    ("call_id", call_id.or(Some(json!("c2")))),
+                    ("name", name.or(Some(json!("apply_patch")))),
+                    ("input", input),
+                ])
+            });
+        let output = (
+            call_id(),
+            content(parts_of(None)),
+            prop::sample::select(vec!["function_call_output", "custom_tool_call_output"]),
+        )
+            .prop_map(|(call_id, output, kind)| {
+                object([
+                    ("type", Some(json!(kind))),
+                    ("call_id", call_id.or(Some(json!("c1")))),
+                    ("output", output),
+                ])
+            });
         let reasoning =
             Just(json!({ "type": "reasoning", "summary": [], "encrypted_content": "x" }));
         let odd = prop::sample::select(vec![
             json!({ "type": "item_reference", "id": "msg_1" }),
             json!({ "type": "web_search_call" }),
         ]);
-        prop_oneof![12 => message, 9 => call, 6 => output, 3 => reasoning, 1 => odd]
+        prop_oneof![
+            12 => message,
+            9 => call,
+            4 => custom_call,
+            6 => output,
+            3 => reasoning,
+            1 => odd,
+        ]
     }
 
     fn request() -> impl Strategy<Value = Value> {
@@ -961,6 +1036,12 @@ mod tests {
             1 => required(vec![json!("Hi")], vec![json!(null), json!(1)]),
         ];
         let tool = json!({ "type": "function", "name": "f", "parameters": { "type": "object" } });
+        let grammar =
+            json!({ "type": "grammar", "syntax": "lark", "definition": "start: \"a\"\n" });
+        let custom = json!({ "type": "custom", "name": "p", "description": "Patches.",
+                             "format": grammar });
+        let free = json!({ "type": "custom", "name": "n", "format": { "type": "text" },
+                           "description": null, "defer_loading": false });
         let settings = (
             pick(vec![json!("Be brief."), json!(null)], vec![json!(5)]),
             pick(
@@ -971,10 +1052,20 @@ mod tests {
             pick(vec![json!(9), json!(null)], vec![]),
             pick(vec![json!(false), json!(null)], vec![]),
             pick(
-                vec![json!([tool]), json!([]), json!(null)],
+                vec![
+                    json!([tool]),
+                    json!([tool, custom, free]),
+                    json!([{ "type": "custom", "name": "q" }]),
+                    json!([]),
+                    json!(null),
+                ],
                 vec![
                     json!([{ "type": "web_search" }]),
                     json!([{ "type": "function" }]),
+                    json!([{ "type": "custom", "name": "p", "format": { "type": "grammar" } }]),
+                    json!([{ "type": "custom", "name": "p", "format": { "type": "json" } }]),
+                    json!([{ "type": "custom", "name": "p", "format": null, "parameters": {} }]),
+                    json!([{ "type": "custom", "name": "p", "format": "text" }]),
                     json!("x"),
                 ],
             ),
@@ -983,10 +1074,12 @@ mod tests {
                     json!("auto"),
                     json!("required"),
                     json!({ "type": "function", "name": "f" }),
+                    json!({ "type": "custom", "name": "p" }),
                     json!(null),
                 ],
                 vec![
                     json!({ "type": "function" }),
+                    json!({ "type": "custom" }),
                     json!({ "type": "web_search" }),
                     json!(5),
                 ],
