@@ -3,7 +3,8 @@
 It answers `POST /v1/chat/completions` (OpenAI), `POST /v1/responses` (OpenAI's Responses API) and
 `POST /v1/messages` (Anthropic). The model calls `get_weather` with TOOL_INPUT, its arguments cut
 into several deltas when streamed, as the providers send them; once the request carries the tool's
-result (a `tool` message, or a `function_call_output` item), it answers FINAL_TEXT instead.
+result (a `tool` message, or a `function_call_output` item), it answers FINAL_TEXT instead. A chat
+request that offers a custom tool (free-form input) gets a call of that tool with PATCH instead.
 A chat or Responses request without `stream: true` gets a complete JSON reply.
 """
 
@@ -13,6 +14,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TOOL_INPUT = {"location": "Paris, France", "unit": "celsius"}
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+Hello, 世界\n*** End Patch\n"
 FINAL_TEXT = "It is 18°C and cloudy in Paris."
 CREATED = 1732000000
 
@@ -22,16 +24,28 @@ def _argument_pieces():
     return [text[i : i + 7] for i in range(0, len(text), 7)]
 
 
-def chat_events():
+def _custom_tool(request):
+    """The name of the first custom tool the chat request offers, if any."""
+    tools = request.get("tools") or []
+    return next((t["custom"]["name"] for t in tools if isinstance(t, dict) and t.get("type") == "custom"), None)
+
+
+def chat_events(custom_tool=None):
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1732000000, "model": "gpt-4o-mini"}
 
     def chunk(delta, finish=None):
         return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
 
-    call = {"index": 0, "id": "call_fake", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+    if custom_tool:
+        # A custom tool's call, as chat completions writes one in a reply, in pieces.
+        call = {"index": 0, "id": "call_custom", "type": "custom", "custom": {"name": custom_tool, "input": ""}}
+        pieces = [PATCH[i : i + 8] for i in range(0, len(PATCH), 8)]
+        deltas = [{"tool_calls": [{"index": 0, "custom": {"input": piece}}]} for piece in pieces]
+    else:
+        call = {"index": 0, "id": "call_fake", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+        deltas = [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} for piece in _argument_pieces()]
     events = [chunk({"role": "assistant", "content": None, "tool_calls": [call]})]
-    for piece in _argument_pieces():
-        events.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}))
+    events += [chunk(delta) for delta in deltas]
     events.append(chunk({}, "tool_calls"))
     usage = {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70}
     events.append({**base, "choices": [], "usage": usage})
@@ -74,13 +88,15 @@ def chat_text_events():
     return "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
 
 
-def chat_reply(answered):
+def chat_reply(answered, custom_tool=None):
     if answered:
         message = {"role": "assistant", "content": FINAL_TEXT}
         finish, usage = "stop", {"prompt_tokens": 80, "completion_tokens": 10, "total_tokens": 90}
     else:
         call = {"id": "call_fake", "type": "function",
                 "function": {"name": "get_weather", "arguments": json.dumps(TOOL_INPUT)}}
+        if custom_tool:
+            call = {"id": "call_custom", "type": "custom", "custom": {"name": custom_tool, "input": PATCH}}
         message = {"role": "assistant", "content": None, "tool_calls": [call]}
         finish, usage = "tool_calls", {"prompt_tokens": 50, "completion_tokens": 20, "total_tokens": 70}
     return {"id": "chatcmpl-fake", "object": "chat.completion", "created": CREATED, "model": "gpt-4o-mini",
@@ -173,9 +189,10 @@ class _Handler(BaseHTTPRequestHandler):
         answered = _answered(request)
         stream = request.get("stream") is True
         if self.path.endswith("/chat/completions"):
+            custom_tool = _custom_tool(request)
             if not stream:
-                return self._json(chat_reply(answered))
-            body = chat_text_events() if answered else chat_events()
+                return self._json(chat_reply(answered, custom_tool))
+            body = chat_text_events() if answered else chat_events(custom_tool)
         elif self.path.endswith("/responses"):
             if not stream:
                 return self._json(responses_reply(answered))

@@ -161,6 +161,68 @@ def test_responses_stream_makes_a_function_tool_round_trip(upstream_gateway):
     assert gateway.balance(key)["total"] == 10 - 2 * CHAT_PRICE
 
 
+APPLY_PATCH_TOOL = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edits files with a patch.",
+    "format": {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: "*** Begin Patch" LF hunk+ "*** End Patch" LF?\nhunk: /[^\\n]*/ LF\n%import common.LF',
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def translating_gateway(tmp_path_factory):
+    """The gateway in front of a fake chat-completions provider, reached by translation."""
+    yield from provider_gateway(tmp_path_factory, "translate")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_make_a_custom_tool_round_trip_through_a_translated_upstream(translating_gateway, stream):
+    """A custom tool (free-form input under a grammar, as coding agents define `apply_patch`)
+    reaches a chat-completions provider as a chat custom tool, its call comes back as a
+    `custom_tool_call` item (streamed as `response.custom_tool_call_input` events), and its
+    output goes back as a tool message."""
+    gateway = translating_gateway
+    key = gateway.new_key(subscription=10)
+    client = openai_client(gateway, key)
+    asked = [{"role": "user", "content": "Add hello.txt."}]
+    request = dict(model=CHAT_MODEL, input=asked, tools=[APPLY_PATCH_TOOL])
+    if stream:
+        with client.responses.stream(**request) as events:
+            pieces = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
+            first = events.get_final_response()
+        assert len(pieces) > 1 and "".join(pieces) == fake_provider.PATCH
+    else:
+        first = client.responses.create(**request)
+    [call] = first.output
+    assert isinstance(call, openai.types.responses.ResponseCustomToolCall)
+    assert (call.name, call.input, call.call_id) == ("apply_patch", fake_provider.PATCH, "call_custom")
+    offered = last_request_to("/v1/chat/completions")["tools"]
+    assert offered == [{"type": "custom", "custom": {
+        "name": "apply_patch", "description": "Edits files with a patch.",
+        "format": {"type": "grammar", "grammar": {
+            "definition": APPLY_PATCH_TOOL["format"]["definition"], "syntax": "lark"}}}}]
+
+    result = {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done: A hello.txt"}
+    request["input"] = asked + [call.model_dump(exclude_none=True), result]
+    if stream:
+        with client.responses.stream(**request) as events:
+            second = events.get_final_response()
+    else:
+        second = client.responses.create(**request)
+    assert second.output_text == fake_provider.FINAL_TEXT
+    sent = last_request_to("/v1/chat/completions")["messages"]
+    assert sent[-2]["tool_calls"] == [
+        {"id": "call_custom", "type": "custom", "custom": {"name": "apply_patch", "input": fake_provider.PATCH}}
+    ]
+    assert sent[-1] == {"role": "tool", "tool_call_id": "call_custom", "content": "Done: A hello.txt"}
+    assert [e["status"] for e in gateway.logs(key)] == ["ok", "ok"]
+    assert gateway.balance(key)["total"] == 10 - 2 * CHAT_PRICE
+
+
 def run_weather_agent(gateway, key):
     """The Agents SDK in its default mode (the Responses API), one function tool."""
     agents.set_tracing_disabled(True)

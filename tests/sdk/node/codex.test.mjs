@@ -1,69 +1,181 @@
 // OpenAI's coding-agent CLI (`codex exec`, which speaks only the Responses API) against the
-// example gateway in mock mode, configured as its users configure a provider: a base URL, a key
-// variable and `wire_api = "responses"`. The demo catalogue's upstreams translate, so Codex's
-// built-in web search and its namespaced multi-agent tools, which translate to nothing, are
-// switched off, as the README tells Codex users to do.
+// example gateway, configured as its users configure a provider: a base URL, a key variable and
+// `wire_api = "responses"`. In mock mode, and in front of a fake chat-completions provider
+// reached by translation (`responses = "translate"`), whose model edits a file with Codex's
+// `apply_patch`. Under the names of its own models (`gpt-5.5`, ...) Codex sends `apply_patch`
+// as a custom tool (free-form input under a Lark grammar), which translates to a chat
+// completions custom tool. Codex's built-in web search and its namespaced multi-agent tools,
+// which translate to nothing, are switched off, as the README tells Codex users to do.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { spawn } from "node:child_process";
+import { createServer } from "node:http";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 import { MOCK_TEXT, startGateway } from "./gateway.mjs";
 
 const CODEX = new URL("./node_modules/.bin/codex", import.meta.url).pathname;
+// One of the CLI's own model names: with it, `apply_patch` is a custom tool.
+const AGENT_MODEL = "gpt-5.5";
+const PRICE = 2;
+const PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+Hello from the gateway, 世界\n*** End Patch\n";
+const FINAL_TEXT = "Added hello.txt.";
 
-let gateway, home;
+function pieces(text, size) {
+  const out = [];
+  for (let i = 0; i < text.length; i += size) out.push(text.slice(i, i + size));
+  return out;
+}
+
+/// A chat-completions provider whose model calls the custom tool `apply_patch` with PATCH, its
+/// input streamed in pieces, then, once the request carries the tool's output, answers
+/// FINAL_TEXT. Records each request.
+function startFakeProvider() {
+  const seen = [];
+  const server = createServer((request, response) => {
+    let body = "";
+    request.on("data", (chunk) => (body += chunk));
+    request.on("end", () => {
+      const asked = JSON.parse(body || "{}");
+      seen.push(asked);
+      const answered = (asked.messages ?? []).some((m) => m.role === "tool");
+      const base = { id: "chatcmpl-fake", object: "chat.completion.chunk", created: 1732000000, model: AGENT_MODEL };
+      const chunk = (delta, finish = null) => ({ ...base, choices: [{ index: 0, delta, finish_reason: finish }] });
+      const events = [];
+      if (answered) {
+        events.push(chunk({ role: "assistant", content: "" }));
+        for (const piece of pieces(FINAL_TEXT, 5)) events.push(chunk({ content: piece }));
+        events.push(chunk({}, "stop"));
+      } else {
+        events.push(chunk({ role: "assistant", content: null, tool_calls: [{ index: 0, id: "call_patch", type: "custom", custom: { name: "apply_patch", input: "" } }] }));
+        for (const piece of pieces(PATCH, 9)) events.push(chunk({ tool_calls: [{ index: 0, custom: { input: piece } }] }));
+        events.push(chunk({}, "tool_calls"));
+      }
+      events.push({ ...base, choices: [], usage: { prompt_tokens: 900, completion_tokens: 30, total_tokens: 930 } });
+      response.writeHead(200, { "content-type": "text/event-stream" });
+      for (const event of events) response.write(`data: ${JSON.stringify(event)}\n\n`);
+      response.end("data: [DONE]\n\n");
+    });
+  });
+  return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve({ server, seen })));
+}
+
+let mock, translated, fake, dir;
 
 before(async () => {
-  gateway = await startGateway({});
-  home = mkdtempSync(join(tmpdir(), "mg-codex-"));
+  dir = mkdtempSync(join(tmpdir(), "mg-codex-"));
+  fake = await startFakeProvider();
+  // The agent's model beside the demo's, in mock mode and on the fake provider.
+  const catalogue = (baseUrl) => `streaming = true
+[[upstreams]]
+name = "agents"
+kind = "openai"
+base_url = "${baseUrl}"
+api_key_env = "FAKE_PROVIDER_KEY"
+responses = "translate"
+[[models]]
+name = "gpt-4o-mini"
+protocol = "chat_completions"
+price = ${PRICE}
+upstream = "agents"
+[[models]]
+name = "${AGENT_MODEL}"
+protocol = "chat_completions"
+price = ${PRICE}
+upstream = "agents"
+`;
+  writeFileSync(join(dir, "mock.toml"), catalogue("http://127.0.0.1:9/v1"));
+  writeFileSync(join(dir, "fake.toml"), catalogue(`http://127.0.0.1:${fake.server.address().port}/v1`));
+  mock = await startGateway({ GATEWAY_MODELS: join(dir, "mock.toml"), FAKE_PROVIDER_KEY: "sk-fake" });
+  translated = await startGateway({ MOCK_UPSTREAM: "0", GATEWAY_MODELS: join(dir, "fake.toml"), FAKE_PROVIDER_KEY: "sk-fake" });
 });
 
 after(async () => {
-  await gateway.stop();
-  assert.match(gateway.audit(), /audit passed/);
-  rmSync(gateway.dir, { recursive: true, force: true });
-  rmSync(home, { recursive: true, force: true });
+  for (const gateway of [mock, translated]) {
+    await gateway.stop();
+    assert.match(gateway.audit(), /audit passed/);
+    rmSync(gateway.dir, { recursive: true, force: true });
+  }
+  fake.server.close();
+  rmSync(dir, { recursive: true, force: true });
 });
 
-function codex(key, prompt) {
+/// `codex exec` with `prompt` against `gateway`, in a fresh home and working directory, the
+/// sandbox off (the working directory is a temporary one) so that `apply_patch` writes there.
+/// Run without blocking, so that the fake provider in this process can answer.
+function codex(gateway, key, model, prompt) {
+  const home = mkdtempSync(join(dir, "home-"));
+  const work = mkdtempSync(join(dir, "work-"));
   const settings = [
     "model_provider=mg",
     'model_providers.mg.name="model-gateway"',
     `model_providers.mg.base_url="${gateway.base}/v1"`,
     'model_providers.mg.env_key="MODEL_GATEWAY_KEY"',
     'model_providers.mg.wire_api="responses"',
-    "model=gpt-4o-mini",
+    `model=${model}`,
     "web_search=disabled",
   ];
-  const args = ["exec", "--skip-git-repo-check", "--disable", "multi_agent"];
+  const args = ["exec", "--skip-git-repo-check", "--disable", "multi_agent", "--dangerously-bypass-approvals-and-sandbox", "-C", work];
   for (const setting of settings) args.push("-c", setting);
   args.push(prompt);
-  return spawnSync(CODEX, args, {
+  const child = spawn(CODEX, args, {
     env: { ...process.env, CODEX_HOME: home, MODEL_GATEWAY_KEY: key },
-    input: "",
-    encoding: "utf8",
+    stdio: ["ignore", "pipe", "pipe"],
     timeout: 120_000,
+  });
+  let stdout = "";
+  let stderr = "";
+  child.stdout.setEncoding("utf8").on("data", (text) => (stdout += text));
+  child.stderr.setEncoding("utf8").on("data", (text) => (stderr += text));
+  return new Promise((resolve) => child.on("close", (status) => resolve({ status, stdout, stderr, work })));
+}
+
+for (const model of ["gpt-4o-mini", AGENT_MODEL]) {
+  test(`the coding-agent CLI runs a turn through the Responses API as ${model}, charged once`, async () => {
+    const key = mock.newKey(10);
+    const run = await codex(mock, key, model, "Say hello.");
+    assert.equal(run.status, 0, run.stderr);
+    assert.equal(run.stdout.trim(), MOCK_TEXT);
+    const calls = mock.logs(key);
+    assert.deepEqual(calls.map((c) => [c.protocol, c.status]), [["responses", "ok"]]);
+    assert.equal(mock.balance(key).total, 10 - PRICE);
   });
 }
 
-test("the coding-agent CLI runs a turn through the Responses API, charged once", () => {
-  const key = gateway.newKey(10);
-  const run = codex(key, "Say hello.");
+test("the coding-agent CLI edits a file with its custom apply_patch tool through a translated upstream", async () => {
+  const key = translated.newKey(10);
+  fake.seen.length = 0;
+  const run = await codex(translated, key, AGENT_MODEL, "Add hello.txt.");
   assert.equal(run.status, 0, run.stderr);
-  assert.equal(run.stdout.trim(), MOCK_TEXT);
-  const calls = gateway.logs(key);
-  assert.deepEqual(calls.map((c) => [c.protocol, c.status]), [["responses", "ok"]]);
-  assert.equal(gateway.balance(key).total, 10 - 2);
+  assert.equal(run.stdout.trim(), FINAL_TEXT);
+  assert.equal(readFileSync(join(run.work, "hello.txt"), "utf8"), "Hello from the gateway, 世界\n");
+  // The provider was offered apply_patch as a chat-completions custom tool with its grammar,
+  // and got the call and its output back as a tool call and a tool message.
+  assert.equal(fake.seen.length, 2);
+  const offered = fake.seen[0].tools.find((tool) => tool.type === "custom");
+  assert.equal(offered.custom.name, "apply_patch");
+  assert.equal(offered.custom.format.type, "grammar");
+  assert.equal(offered.custom.format.grammar.syntax, "lark");
+  assert.match(offered.custom.format.grammar.definition, /begin_patch/);
+  const messages = fake.seen[1].messages;
+  const call = messages.find((m) => m.role === "assistant" && m.tool_calls)?.tool_calls[0];
+  assert.deepEqual(call, { id: "call_patch", type: "custom", custom: { name: "apply_patch", input: PATCH } });
+  const output = messages.find((m) => m.role === "tool");
+  assert.equal(output.tool_call_id, "call_patch");
+  assert.match(output.content, /hello\.txt/);
+  // Two calls, each charged once.
+  const calls = translated.logs(key);
+  assert.deepEqual(calls.map((c) => [c.protocol, c.status]), [["responses", "ok"], ["responses", "ok"]]);
+  assert.equal(translated.balance(key).total, 10 - 2 * PRICE);
 });
 
-test("the coding-agent CLI reports the gateway's refusal and nothing is charged", () => {
-  const key = gateway.newKey(1);
-  const run = codex(key, "Say hello.");
+test("the coding-agent CLI reports the gateway's refusal and nothing is charged", async () => {
+  const key = mock.newKey(1);
+  const run = await codex(mock, key, "gpt-4o-mini", "Say hello.");
   assert.notEqual(run.status, 0);
   assert.match(run.stderr, /积分不足/);
-  assert.deepEqual(gateway.logs(key), []);
+  assert.deepEqual(mock.logs(key), []);
 });
