@@ -13,7 +13,7 @@ import { createOpenAI } from "@ai-sdk/openai";
 import { generateText, streamText, stepCountIs, tool } from "ai";
 import { z } from "zod";
 
-import { MOCK_TEXT, startGateway } from "./gateway.mjs";
+import { MOCK_TEXT, pieces, startGateway } from "./gateway.mjs";
 
 const MODEL = "gpt-4o-mini";
 const PRICE = 2;
@@ -21,12 +21,6 @@ const TOOL_INPUT = { location: "Paris, France", unit: "celsius" };
 const FINAL_TEXT = "It is 18°C and cloudy in Paris.";
 const THOUGHT = "The tool said 18°C, cloudy.";
 const CREATED = 1732000000;
-
-function pieces(text, size) {
-  const out = [];
-  for (let i = 0; i < text.length; i += size) out.push(text.slice(i, i + size));
-  return out;
-}
 
 /// A provider of chat completions and of the Responses API whose model calls `get_weather` with
 /// TOOL_INPUT, then, once the request carries the tool's result, answers FINAL_TEXT (on chat

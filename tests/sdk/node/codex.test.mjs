@@ -15,7 +15,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 
-import { MOCK_TEXT, startGateway } from "./gateway.mjs";
+import { MOCK_TEXT, pieces, startGateway } from "./gateway.mjs";
 
 const CODEX = new URL("./node_modules/.bin/codex", import.meta.url).pathname;
 // One of the CLI's own model names: with it, `apply_patch` is a custom tool.
@@ -23,12 +23,6 @@ const AGENT_MODEL = "gpt-5.5";
 const PRICE = 2;
 const PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+Hello from the gateway, 世界\n*** End Patch\n";
 const FINAL_TEXT = "Added hello.txt.";
-
-function pieces(text, size) {
-  const out = [];
-  for (let i = 0; i < text.length; i += size) out.push(text.slice(i, i + size));
-  return out;
-}
 
 /// A chat-completions provider whose model calls the custom tool `apply_patch` with PATCH, its
 /// input streamed in pieces, then, once the request carries the tool's output, answers

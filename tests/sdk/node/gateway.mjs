@@ -10,6 +10,13 @@ import net from "node:net";
 const GATEWAY_BIN = process.env.GATEWAY_BIN ?? new URL("../../../target/debug/examples/gateway", import.meta.url).pathname;
 export const MOCK_TEXT = "This is a demo reply from model-gateway's mock upstream; no model was called.";
 
+/// `text` cut into pieces of `size` characters, as a provider streams it.
+export function pieces(text, size) {
+  const out = [];
+  for (let i = 0; i < text.length; i += size) out.push(text.slice(i, i + size));
+  return out;
+}
+
 function freePort() {
   return new Promise((resolve) => {
     const server = net.createServer().listen(0, "127.0.0.1", () => {
