@@ -534,6 +534,23 @@ pub(super) fn is_custom(kind: Option<&str>, has_custom: bool, has_function: bool
     }
 }
 
+/// A chat tool call (or a stream's piece of one) read from a `Value`: whether it is a custom
+/// tool's, its name, and its text (a function's `arguments`, a custom tool's `input`), each
+/// when it is a string.
+pub(super) fn call_of_value(call: &Value) -> (bool, Option<&str>, Option<&str>) {
+    let custom = is_custom(
+        call["type"].as_str(),
+        !call["custom"].is_null(),
+        !call["function"].is_null(),
+    );
+    let (spec, text) = if custom {
+        (&call["custom"], "input")
+    } else {
+        (&call["function"], "arguments")
+    };
+    (custom, spec["name"].as_str(), spec[text].as_str())
+}
+
 impl<'a> ChatReply<'a> {
     /// The parts of `reply` the translation reads: strings where strings are expected,
     /// anything else skipped.
@@ -552,21 +569,12 @@ impl<'a> ChatReply<'a> {
             calls: calls
                 .iter()
                 .map(|call| {
-                    let custom = is_custom(
-                        call["type"].as_str(),
-                        !call["custom"].is_null(),
-                        !call["function"].is_null(),
-                    );
-                    let (spec, text, empty) = if custom {
-                        (&call["custom"], "input", "")
-                    } else {
-                        (&call["function"], "arguments", "{}")
-                    };
+                    let (custom, name, arguments) = call_of_value(call);
                     ToolCall {
                         id: call["id"].as_str().map(Str::Read),
                         custom,
-                        name: Str::Read(spec["name"].as_str().unwrap_or_default()),
-                        arguments: Str::Read(spec[text].as_str().unwrap_or(empty)),
+                        name: Str::Read(name.unwrap_or_default()),
+                        arguments: Str::Read(arguments.unwrap_or(if custom { "" } else { "{}" })),
                     }
                 })
                 .collect(),

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::reply::{Echoed, Head, OutputItem, Part, Status, Usage, is_custom, reasoning_of};
+use super::reply::{Echoed, Head, OutputItem, Part, Status, Usage, call_of_value, reasoning_of};
 use super::write::{ObjectWriter, Str};
 use super::{Ids, Translated};
 use crate::protocol::sse::{Event, EventSplitter, event_text};
@@ -557,22 +557,13 @@ impl<'a> ChunkView<'a> {
                     refusal: delta["refusal"].as_str(),
                     calls: (delta["tool_calls"].as_array().into_iter().flatten())
                         .map(|call| {
-                            let custom = is_custom(
-                                call["type"].as_str(),
-                                !call["custom"].is_null(),
-                                !call["function"].is_null(),
-                            );
-                            let (spec, text) = if custom {
-                                (&call["custom"], "input")
-                            } else {
-                                (&call["function"], "arguments")
-                            };
+                            let (custom, name, arguments) = call_of_value(call);
                             CallView {
                                 index: call["index"].as_u64().unwrap_or(0),
                                 id: call["id"].as_str(),
                                 custom,
-                                name: spec["name"].as_str(),
-                                arguments: spec[text].as_str(),
+                                name,
+                                arguments,
                             }
                         })
                         .collect(),
