@@ -89,7 +89,7 @@ fn the_corpus_requests_translate_to_the_chat_requests_written_for_them() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 10);
+    assert_eq!(checked, 11);
 }
 
 #[test]

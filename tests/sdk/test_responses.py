@@ -189,7 +189,9 @@ def test_responses_make_a_custom_tool_round_trip_through_a_translated_upstream(t
     key = gateway.new_key(subscription=10)
     client = openai_client(gateway, key)
     asked = [{"role": "user", "content": "Add hello.txt."}]
-    request = dict(model=CHAT_MODEL, input=asked, tools=[APPLY_PATCH_TOOL])
+    # The tools the model may call this turn, from a list kept the same across turns.
+    allowed = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "custom", "name": "apply_patch"}]}
+    request = dict(model=CHAT_MODEL, input=asked, tools=[APPLY_PATCH_TOOL], tool_choice=allowed)
     if stream:
         with client.responses.stream(**request) as events:
             pieces = [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"]
@@ -200,6 +202,8 @@ def test_responses_make_a_custom_tool_round_trip_through_a_translated_upstream(t
     [call] = first.output
     assert isinstance(call, openai.types.responses.ResponseCustomToolCall)
     assert (call.name, call.input, call.call_id) == ("apply_patch", fake_provider.PATCH, "call_custom")
+    assert last_request_to("/v1/chat/completions")["tool_choice"] == {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "custom", "custom": {"name": "apply_patch"}}]}}
     offered = last_request_to("/v1/chat/completions")["tools"]
     assert offered == [{"type": "custom", "custom": {
         "name": "apply_patch", "description": "Edits files with a patch.",
@@ -208,6 +212,7 @@ def test_responses_make_a_custom_tool_round_trip_through_a_translated_upstream(t
 
     result = {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done: A hello.txt"}
     request["input"] = asked + [call.model_dump(exclude_none=True), result]
+    del request["tool_choice"]
     if stream:
         with client.responses.stream(**request) as events:
             second = events.get_final_response()

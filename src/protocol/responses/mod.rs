@@ -16,7 +16,8 @@
 //!   are left out (chat completions takes no reasoning back);
 //! - custom tools (free-form input, plain or under a grammar) as chat completions' custom
 //!   tools (the grammar nested as `format.grammar`), their `custom_tool_call` items as custom
-//!   tool calls and `custom_tool_call_output` items as `tool` messages, a custom `tool_choice`;
+//!   tool calls and `custom_tool_call_output` items as `tool` messages, a custom `tool_choice`,
+//!   and an `allowed_tools` choice (chat completions nests its mode and tools one level deeper);
 //!   back, custom tool calls as `custom_tool_call` items (streamed as
 //!   `response.custom_tool_call_input.delta` and `.done`);
 //! - function `tools`, `tool_choice`, `parallel_tool_calls`; `max_output_tokens` as

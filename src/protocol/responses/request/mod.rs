@@ -521,7 +521,11 @@ fn custom_format(format: Option<&Value>, index: usize) -> Result<Option<Value>, 
     }
 }
 
+/// `tool_choice` in chat completions' form: a mode, a function or a custom tool by name, or
+/// the tools allowed.
 fn tool_choice(value: &Value) -> Result<Option<Value>, Untranslatable> {
+    const TRANSLATED: &str =
+        "only auto, none, required, a function, a custom tool or allowed tools translate";
     match value {
         Value::Null => Ok(None),
         Value::String(mode) if matches!(mode.as_str(), "auto" | "none" | "required") => {
@@ -534,16 +538,36 @@ fn tool_choice(value: &Value) -> Result<Option<Value>, Untranslatable> {
                     None => refuse("tool_choice.name", "a tool choice needs a name"),
                 }
             }
-            _ => refuse(
-                "tool_choice",
-                "only auto, none, required, a function or a custom tool translate",
-            ),
+            Some("allowed_tools") => allowed_tools(choice).map(Some),
+            _ => refuse("tool_choice", TRANSLATED),
         },
-        _ => refuse(
-            "tool_choice",
-            "only auto, none, required, a function or a custom tool translate",
-        ),
+        _ => refuse("tool_choice", TRANSLATED),
     }
+}
+
+/// An `allowed_tools` choice (a mode, and the tools the model may call, named as in `tools`)
+/// in chat completions' form, which nests it one level deeper and names each tool as its
+/// `tools` do.
+fn allowed_tools(choice: &Map<String, Value>) -> Result<Value, Untranslatable> {
+    let Some(mode @ ("auto" | "required")) = choice.get("mode").and_then(Value::as_str) else {
+        return refuse("tool_choice.mode", "it must be auto or required");
+    };
+    let Some(listed) = choice.get("tools").and_then(Value::as_array) else {
+        return refuse("tool_choice.tools", "it must be a list");
+    };
+    let mut tools = Vec::with_capacity(listed.len());
+    for (index, tool) in listed.iter().enumerate() {
+        let (Some(kind @ ("function" | "custom")), Some(name)) =
+            (tool["type"].as_str(), tool["name"].as_str())
+        else {
+            return refuse(
+                format!("tool_choice.tools[{index}]"),
+                "only function and custom tools, by name, translate",
+            );
+        };
+        tools.push(json!({ "type": kind, kind: { "name": name } }));
+    }
+    Ok(json!({ "type": "allowed_tools", "allowed_tools": { "mode": mode, "tools": tools } }))
 }
 
 /// `text.format` as `response_format` (`None` for plain text); `text.verbosity`, a hint, is

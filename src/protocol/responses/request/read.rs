@@ -825,7 +825,7 @@ mod tests {
                 requests.push(case["request"].clone());
             }
         }
-        assert_eq!(requests.len(), 10);
+        assert_eq!(requests.len(), 11);
         requests.push(json!({
             "model": "m", "instructions": "Be \"brief\".\n", "stream": true, "store": false,
             "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
@@ -1075,11 +1075,17 @@ mod tests {
                     json!("required"),
                     json!({ "type": "function", "name": "f" }),
                     json!({ "type": "custom", "name": "p" }),
+                    json!({ "type": "allowed_tools", "mode": "auto",
+                            "tools": [{ "type": "function", "name": "f" },
+                                      { "type": "custom", "name": "p" }] }),
                     json!(null),
                 ],
                 vec![
                     json!({ "type": "function" }),
                     json!({ "type": "custom" }),
+                    json!({ "type": "allowed_tools", "mode": "none", "tools": [] }),
+                    json!({ "type": "allowed_tools", "mode": "required",
+                            "tools": [{ "type": "image_generation" }] }),
                     json!({ "type": "web_search" }),
                     json!(5),
                 ],
