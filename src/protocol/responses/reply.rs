@@ -534,6 +534,12 @@ pub(super) fn is_custom(kind: Option<&str>, has_custom: bool, has_function: bool
     }
 }
 
+/// The prefix of a tool call item's id, as `OpenAI` writes them: `ctc` for a custom tool's
+/// call, `fc` for a function's.
+pub(super) fn call_item_prefix(custom: bool) -> &'static str {
+    if custom { "ctc" } else { "fc" }
+}
+
 /// A chat tool call (or a stream's piece of one) read from a `Value`: whether it is a custom
 /// tool's, its name, and its text (a function's `arguments`, a custom tool's `input`), each
 /// when it is a string.
@@ -794,7 +800,7 @@ pub(crate) fn write_response(echoed: &Echoed, reply: &ChatReply<'_>, ids: &mut I
         item_ids.push(ids.next("msg"));
     }
     for call in &reply.calls {
-        item_ids.push(ids.next(if call.custom { "ctc" } else { "fc" }));
+        item_ids.push(ids.next(call_item_prefix(call.custom)));
     }
     let mut output = Vec::with_capacity(item_ids.len());
     let mut id = item_ids.iter();

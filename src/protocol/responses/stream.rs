@@ -2,7 +2,9 @@
 
 use serde_json::Value;
 
-use super::reply::{Echoed, Head, OutputItem, Part, Status, Usage, call_of_value, reasoning_of};
+use super::reply::{
+    Echoed, Head, OutputItem, Part, Status, Usage, call_item_prefix, call_of_value, reasoning_of,
+};
 use super::write::{ObjectWriter, Str};
 use super::{Ids, Translated};
 use crate::protocol::sse::{Event, EventSplitter, event_text};
@@ -332,7 +334,7 @@ impl StreamTranslator {
                 if let Some(message) = self.message.take() {
                     self.close(message, out);
                 }
-                let prefix = if call.custom { "ctc" } else { "fc" };
+                let prefix = call_item_prefix(call.custom);
                 let id = self.ids.next(prefix);
                 let call_id = call.id.map_or_else(
                     || format!("call_{}", &id[prefix.len() + 1..]),
