@@ -75,7 +75,9 @@ impl MockUpstream {
                 let chat = responses::ChatReply {
                     created: Some(unix_now()),
                     model: Some(model),
-                    text: Some(MOCK_REPLY_TEXT.into()),
+                    // Written between quotes as it is: it holds nothing JSON escapes (a test
+                    // checks).
+                    text: Some(responses::Str::Unescaped(MOCK_REPLY_TEXT)),
                     finish_reason: Some("stop"),
                     usage: Some(responses::Usage::counted(
                         tokens(input_tokens),
@@ -587,6 +589,15 @@ mod tests {
                 String::from_utf8_lossy(&written)
             );
         }
+    }
+
+    /// The Responses reply writes the text between quotes as it is.
+    #[test]
+    fn the_reply_text_holds_nothing_json_escapes() {
+        assert_eq!(
+            serde_json::to_string(MOCK_REPLY_TEXT).unwrap(),
+            format!("\"{MOCK_REPLY_TEXT}\"")
+        );
     }
 
     #[test]

@@ -64,6 +64,7 @@ mod stream;
 mod write;
 
 pub(crate) use reply::{ChatReply, Echoed, Usage, write_response};
+pub(crate) use write::Str;
 pub use reply::{response_from_chat, response_json_from_chat, response_json_from_chat_bytes};
 pub use request::{Translated, Untranslatable, chat_request};
 pub use stream::StreamTranslator;
