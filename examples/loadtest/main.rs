@@ -56,6 +56,8 @@
 //! `LOADTEST_IDEMPOTENCY_KEYS=1` sends every request with an `Idempotency-Key` of its own, so
 //! every call takes the keyed path (its record written with the reservation, its reply with the
 //! settle).
+//! `LOADTEST_CLIENT=hyper` sends with hyper's pooled client instead of reqwest, whose own work
+//! per request (the URL parsed three times) takes a share of the two cores the servers run on.
 
 // The load test unwraps (a panic is how it fails).
 #![allow(clippy::unwrap_used, unreachable_pub)]

@@ -64,10 +64,10 @@ mod stream;
 mod write;
 
 pub(crate) use reply::{ChatReply, Echoed, Usage, write_response};
-pub(crate) use write::Str;
 pub use reply::{response_from_chat, response_json_from_chat, response_json_from_chat_bytes};
 pub use request::{Translated, Untranslatable, chat_request};
 pub use stream::StreamTranslator;
+pub(crate) use write::Str;
 
 /// Where the ids of translated responses and their items come from: random, as `OpenAI`'s
 /// look (`resp_` and 48 hex digits), or counting (`resp_1`, `msg_2`, ...) for tests.
