@@ -146,20 +146,23 @@ impl<S: Store + 'static> Gateway<S> {
             self.upstream.clone(),
             self.limiter.clone(),
         );
-        let router = Router::new()
+        // The stack is whole (request id, access line, error bodies of its own), so the call
+        // endpoints are mounted as they are: a call meets one instance of each layer. The
+        // other endpoints get the same three layers around them.
+        let calls = Router::new()
             .route_service("/v1/chat/completions", stack.clone())
             .route_service("/v1/messages", stack.clone())
             .route_service("/v1/embeddings", stack.clone())
-            .route_service("/v1/responses", stack)
-            .merge(crate::key_holder::router_with_body_limits(
-                self.store.clone(),
-                self.catalogue.clone(),
-                self.upstream,
-                self.limiter,
-                self.body,
-            ));
+            .route_service("/v1/responses", stack);
+        let rest = crate::key_holder::router_with_body_limits(
+            self.store.clone(),
+            self.catalogue.clone(),
+            self.upstream,
+            self.limiter,
+            self.body,
+        );
         #[cfg(feature = "api")]
-        let router = router.merge(operator_apis(
+        let rest = rest.merge(operator_apis(
             self.store,
             self.catalogue,
             self.reloader,
@@ -169,11 +172,12 @@ impl<S: Store + 'static> Gateway<S> {
         #[cfg(not(feature = "api"))]
         let _ = self.reloader;
         // Outermost last: the request id, then the access line, then refusals' bodies.
-        router
+        let rest = rest
             .fallback(|| async { GatewayError::UnknownPath.into_response::<Body>() })
             .layer(ErrorBodyLayer::new(error_body))
             .layer(AccessLogLayer::new())
-            .layer(RequestIdLayer::new())
+            .layer(RequestIdLayer::new());
+        calls.merge(rest)
     }
 }
 
