@@ -9,8 +9,9 @@
 //! nothing. Answers that are not the gateway's own refusals (a provider's reply) pass untouched.
 //!
 //! Put it outside every layer whose refusals it should reach; a second instance inside the
-//! first (the [`stack`](crate::stack) mounted in [`Gateway`](crate::Gateway)'s router) leaves
-//! the work to the outer one.
+//! first (a [`stack`](crate::stack) mounted under a router that has this layer too) leaves the
+//! work to the outer one. [`Gateway`](crate::Gateway)'s router mounts its stack on the call
+//! endpoints without an outer instance, and puts one around its other endpoints.
 //!
 //! ```
 //! use std::convert::Infallible;
