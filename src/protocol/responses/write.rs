@@ -218,6 +218,18 @@ impl<'w> ObjectWriter<'w> {
         value.write_json(self.out);
     }
 
+    /// The fields whose values are given, in order; those left `None` are not written.
+    pub(super) fn write_given<'v, T: WriteJson + ?Sized + 'v>(
+        &mut self,
+        fields: impl IntoIterator<Item = (&'static str, Option<&'v T>)>,
+    ) {
+        for (key, value) in fields {
+            if let Some(value) = value {
+                self.write(key, value);
+            }
+        }
+    }
+
     /// A field whose value `write` appends.
     pub(super) fn write_with(&mut self, key: &'static str, write: impl FnOnce(&mut Vec<u8>)) {
         self.key(key);

@@ -345,11 +345,7 @@ pub(super) fn translate(body: &[u8]) -> Option<(Vec<u8>, Echoed)> {
         ("max_tokens", request.max_output_tokens),
         ("parallel_tool_calls", request.parallel_tool_calls),
     ];
-    for (name, value) in copied {
-        if let Some(value) = value {
-            object.write(name, value);
-        }
-    }
+    object.write_given(copied);
     if let Some(tools) = request.tools {
         let tools: Vec<Tool<'_>> = serde_json::from_str(tools.get()).ok()?;
         let tools = tools.iter().map(ChatTool::of).collect::<Option<Vec<_>>>()?;
@@ -685,11 +681,7 @@ impl WriteJson for ChatPart<'_> {
                     ("file_id", file.file_id),
                     ("filename", file.filename),
                 ];
-                for (name, value) in given {
-                    if let Some(value) = value {
-                        fields.write(name, value);
-                    }
-                }
+                fields.write_given(given);
                 fields.close();
             }
             ChatPart::Audio(audio) => {
@@ -743,11 +735,7 @@ impl WriteJson for ChatTool<'_> {
                     ("parameters", tool.parameters),
                     ("strict", tool.strict),
                 ];
-                for (name, value) in given {
-                    if let Some(value) = value {
-                        function.write(name, value);
-                    }
-                }
+                function.write_given(given);
                 function.close();
             }
             ChatTool::Custom(tool, name, format) => {
