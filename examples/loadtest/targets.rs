@@ -74,11 +74,20 @@ async fn serve_gateway(router: axum::Router) -> String {
 /// What the floor answers: the body parsed as the gateway does, the mock's reply.
 fn floor_reply(
     catalogue: &Catalogue,
-    mut mock: MockUpstream,
+    mock: MockUpstream,
     body: Bytes,
 ) -> http::Response<axum::body::Body> {
     let routed =
         model_gateway::router::route(catalogue, Protocol::ChatCompletions, &body, false).unwrap();
+    mock_reply(mock, routed, body)
+}
+
+/// The mock's reply to a call routed as `routed`.
+fn mock_reply(
+    mut mock: MockUpstream,
+    routed: model_gateway::call::RoutedCall,
+    body: Bytes,
+) -> http::Response<axum::body::Body> {
     let mut request = http::Request::new(body);
     request.extensions_mut().insert(routed);
     let reply = mock.call(request).into_inner().unwrap();
@@ -111,6 +120,67 @@ pub async fn floor(journal: Option<Journal>) -> Target {
         name,
         base: serve(router).await,
         key: None,
+        store: None,
+    }
+}
+
+/// The skeleton: the floor served by the gateway's own server, doing per call the least any
+/// gateway must: the bearer key's SHA-256 looked up among the keys, one credit taken from the
+/// account's balance atomically (402 when there is none), the call's entry pushed on a log, a
+/// request id on the answer. None of the gateway's layers and none of its other rules (key
+/// limits, rate limits, refunds, the access line, error bodies): the gap between it and the
+/// in-memory gateway is what those cost.
+pub async fn skeleton() -> Target {
+    use sha2::Digest;
+    use std::sync::atomic::{AtomicI64, Ordering};
+    let key = NewApiKey::generate().reveal().to_owned();
+    let digest = |key: &[u8]| -> [u8; 32] { sha2::Sha256::digest(key).into() };
+    let keys = Arc::new(std::collections::HashMap::from([(
+        digest(key.as_bytes()),
+        1_u64,
+    )]));
+    let balance = Arc::new(AtomicI64::new(1 << 50));
+    let log = Arc::new(std::sync::Mutex::new(Vec::<(u64, String)>::new()));
+    let catalogue = Arc::new(Catalogue::demo());
+    let mock = MockUpstream::new();
+    let handler = move |headers: http::HeaderMap, body: Bytes| {
+        let (catalogue, mock) = (catalogue.clone(), mock.clone());
+        let (keys, balance, log) = (keys.clone(), balance.clone(), log.clone());
+        async move {
+            let refused = |status: http::StatusCode| {
+                let mut refusal = http::Response::new(axum::body::Body::empty());
+                *refusal.status_mut() = status;
+                refusal
+            };
+            let bearer = headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+                .unwrap_or_default();
+            let Some(account) = keys.get(&digest(bearer)).copied() else {
+                return refused(http::StatusCode::UNAUTHORIZED);
+            };
+            if balance.fetch_sub(1, Ordering::AcqRel) < 1 {
+                balance.fetch_add(1, Ordering::AcqRel);
+                return refused(http::StatusCode::PAYMENT_REQUIRED);
+            }
+            let routed =
+                model_gateway::router::route(&catalogue, Protocol::ChatCompletions, &body, false)
+                    .unwrap();
+            let model = routed.model.name.clone();
+            let mut reply = mock_reply(mock, routed, body);
+            log.lock().unwrap().push((account, model));
+            let id = format!("{:032x}", fastrand::u128(..));
+            reply
+                .headers_mut()
+                .insert("x-request-id", http::HeaderValue::from_str(&id).unwrap());
+            reply
+        }
+    };
+    let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
+    Target {
+        name: "skeleton (key, balance, log)",
+        base: serve_gateway(router).await,
+        key: Some(key),
         store: None,
     }
 }
