@@ -9,6 +9,7 @@
 //!    least any gateway must do per call: the key's SHA-256 looked up, the balance taken from
 //!    atomically, a call-log entry pushed, a request id on the answer. No layers, none of the
 //!    gateway's other rules: what a gateway with no cost beyond that work could reach here;
+//!    then the same with each reply waiting for a journal record, as the durable floor's;
 //! 4. the full example gateway (all four layers, behind `model_gateway::server` as the example
 //!    serves them) in mock mode on the in-memory store: what HTTP and the layers cost without a
 //!    database; then the same with each reply waiting for such a record (the most a gateway
@@ -131,7 +132,8 @@ async fn main() {
     let mut targets = vec![
         floor(None).await,
         floor(Some(Journal::create(&dir.path().join("floor.journal")))).await,
-        skeleton().await,
+        skeleton(None).await,
+        skeleton(Some(Journal::create(&dir.path().join("skeleton.journal")))).await,
         memory_gateway(None).await,
         memory_gateway(Some(Journal::create(&dir.path().join("gateway.journal")))).await,
         gateway(

@@ -129,8 +129,15 @@ pub async fn floor(journal: Option<Journal>) -> Target {
 /// account's balance atomically (402 when there is none), the call's entry pushed on a log, a
 /// request id on the answer. None of the gateway's layers and none of its other rules (key
 /// limits, rate limits, refunds, the access line, error bodies): the gap between it and the
-/// in-memory gateway is what those cost.
-pub async fn skeleton() -> Target {
+/// in-memory gateway is what those cost. With a journal, each answer also waits for a record
+/// of its entry, as the durable floor's does: what a gateway whose ledger cost nothing but its
+/// durable write could reach beside the durable floor.
+pub async fn skeleton(journal: Option<Journal>) -> Target {
+    let name = if journal.is_some() {
+        "skeleton + journal"
+    } else {
+        "skeleton (key, balance, log)"
+    };
     use sha2::Digest;
     use std::sync::atomic::{AtomicI64, Ordering};
     let key = NewApiKey::generate().reveal().to_owned();
@@ -146,6 +153,7 @@ pub async fn skeleton() -> Target {
     let handler = move |headers: http::HeaderMap, body: Bytes| {
         let (catalogue, mock) = (catalogue.clone(), mock.clone());
         let (keys, balance, log) = (keys.clone(), balance.clone(), log.clone());
+        let journal = journal.clone();
         async move {
             let refused = |status: http::StatusCode| {
                 let mut refusal = http::Response::new(axum::body::Body::empty());
@@ -169,6 +177,9 @@ pub async fn skeleton() -> Target {
             let model = routed.model.name.clone();
             let mut reply = mock_reply(mock, routed, body);
             log.lock().unwrap().push((account, model));
+            if let Some(journal) = journal {
+                journal.record().await;
+            }
             let id = format!("{:032x}", fastrand::u128(..));
             reply
                 .headers_mut()
@@ -178,7 +189,7 @@ pub async fn skeleton() -> Target {
     };
     let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(handler));
     Target {
-        name: "skeleton (key, balance, log)",
+        name,
         base: serve_gateway(router).await,
         key: Some(key),
         store: None,
