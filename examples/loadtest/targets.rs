@@ -133,13 +133,13 @@ pub async fn floor(journal: Option<Journal>) -> Target {
 /// of its entry, as the durable floor's does: what a gateway whose ledger cost nothing but its
 /// durable write could reach beside the durable floor.
 pub async fn skeleton(journal: Option<Journal>) -> Target {
+    use sha2::Digest;
+    use std::sync::atomic::{AtomicI64, Ordering};
     let name = if journal.is_some() {
         "skeleton + journal"
     } else {
         "skeleton (key, balance, log)"
     };
-    use sha2::Digest;
-    use std::sync::atomic::{AtomicI64, Ordering};
     let key = NewApiKey::generate().reveal().to_owned();
     let digest = |key: &[u8]| -> [u8; 32] { sha2::Sha256::digest(key).into() };
     let keys = Arc::new(std::collections::HashMap::from([(
@@ -180,10 +180,11 @@ pub async fn skeleton(journal: Option<Journal>) -> Target {
             if let Some(journal) = journal {
                 journal.record().await;
             }
-            let id = format!("{:032x}", fastrand::u128(..));
-            reply
-                .headers_mut()
-                .insert("x-request-id", http::HeaderValue::from_str(&id).unwrap());
+            let id = model_gateway::call::RequestId::generate();
+            reply.headers_mut().insert(
+                model_gateway::request_id::REQUEST_ID_HEADER,
+                id.header_value().clone(),
+            );
             reply
         }
     };
