@@ -656,6 +656,10 @@ struct Envelope<'a> {
     input: Option<&'a RawValue>,
     #[serde(borrow, default)]
     previous_response_id: Option<&'a RawValue>,
+    /// A Responses call's whole reading, when its fields came from it (see
+    /// [`responses_envelope`]): translated from it, not read again.
+    #[serde(skip)]
+    responses: Option<responses::ReadRequest<'a>>,
 }
 
 /// Checks a buffered request body and resolves its model, in the order the contract gives:
@@ -667,7 +671,11 @@ pub fn route(
     body: &[u8],
     streaming: bool,
 ) -> Result<RoutedCall, GatewayError> {
-    let envelope = envelope(body)?;
+    let envelope = if protocol == Protocol::Responses {
+        responses_envelope(body)?
+    } else {
+        envelope(body)?
+    };
     let mut routed = route_envelope(catalogue, protocol, body, &envelope, streaming)?;
     if routed.model.pricing.is_metered() {
         routed.input_estimate = crate::pricing::estimated_input_tokens(body.len());
@@ -799,7 +807,11 @@ fn route_responses(
     }
     let translates = !routed.model.channels.iter().all(native);
     if translates {
-        let translation = responses::Translated::from_slice(body).map_err(|refused| {
+        let translation = match &envelope.responses {
+            Some(read) => responses::Translated::from_read(read, body),
+            None => responses::Translated::from_slice(body),
+        };
+        let translation = translation.map_err(|refused| {
             // Not JSON after all: the envelope's reading skips what it does not read, so a
             // number out of range, say, is found only here.
             if refused.field.is_empty() {
@@ -834,6 +846,29 @@ fn envelope(body: &[u8]) -> Result<Envelope<'_>, GatewayError> {
         return Err(GatewayError::InvalidJson);
     }
     serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)
+}
+
+/// A Responses call's envelope, from the reading its translation starts from when the request
+/// is an ordinary one (every field one the translation knows, each of the type it reads), so
+/// that a call that translates is read once; otherwise [`envelope`]'s. The fields the router
+/// checks are kept as written in both, and checked alike.
+fn responses_envelope(body: &[u8]) -> Result<Envelope<'_>, GatewayError> {
+    let Some(read) = responses::read_request(body) else {
+        return envelope(body);
+    };
+    Ok(Envelope {
+        model: read.model,
+        // Not fields of a Responses request: the reading refuses them, so they are absent.
+        messages: None,
+        max_tokens: None,
+        max_completion_tokens: None,
+        max_output_tokens: read.max_output_tokens,
+        stream: read.stream,
+        stream_options: read.stream_options,
+        input: read.input,
+        previous_response_id: read.previous_response_id,
+        responses: Some(read),
+    })
 }
 
 fn resolve(

@@ -186,3 +186,75 @@ fn a_responses_body_found_not_json_by_its_translation_is_invalid_json() {
     );
     assert!(responses(r#"{"model":"gpt-4o-mini","input":"Hi","temperature":0.5}"#).is_ok());
 }
+
+/// A Responses call's fields read from its translation's reading are the fields the envelope
+/// reads, each as written, and a body that reading does not take is read as before.
+#[test]
+fn a_responses_envelope_read_with_its_translation_is_the_plain_envelope() {
+    let fields = |envelope: &Envelope<'_>| {
+        [
+            envelope.model,
+            envelope.messages,
+            envelope.max_tokens,
+            envelope.max_completion_tokens,
+            envelope.max_output_tokens,
+            envelope.stream,
+            envelope.stream_options,
+            envelope.input,
+            envelope.previous_response_id,
+        ]
+        .map(|raw| raw.map(|raw| raw.get().to_owned()))
+    };
+    // (body, whether the translation's reading takes it)
+    let cases = [
+        (r#"{"model":"gpt-4o-mini","input":"Hi"}"#, true),
+        (
+            r#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hi"}],"stream":true,"stream_options":{"include_obfuscation":false},"max_output_tokens":50}"#,
+            true,
+        ),
+        (
+            r#" {"model":"gpt-\u006fmini","input":"Hi","stream":null}"#,
+            true,
+        ),
+        (r#"{"model":5,"input":"Hi"}"#, true),
+        (r#"{"model":"m","input":5,"stream":"yes"}"#, true),
+        (
+            r#"{"model":"m","input":"Hi","previous_response_id":"resp_1"}"#,
+            true,
+        ),
+        (
+            r#"{"model":"m","input":"Hi","previous_response_id":null}"#,
+            true,
+        ),
+        (r#"{"input":"Hi","max_output_tokens":-1}"#, true),
+        (
+            r#"{"model":"m","input":"Hi","tools":[{"type":"web_search"}]}"#,
+            true,
+        ),
+        (r#"{"model":"m","input":"Hi","unknown":1}"#, false),
+        (r#"{"model":"m","messages":[],"input":"Hi"}"#, false),
+        (
+            r#"{"model":"m","input":"Hi","temperature":1,"temperature":2}"#,
+            false,
+        ),
+        (r#"{"model":"m","input":"Hi","instructions":5}"#, false),
+    ];
+    for (body, read) in cases {
+        let plain = envelope(body.as_bytes()).unwrap();
+        let responses = responses_envelope(body.as_bytes()).unwrap();
+        assert_eq!(fields(&responses), fields(&plain), "{body}");
+        assert_eq!(responses.responses.is_some(), read, "{body}");
+    }
+    for refused in [
+        "not json",
+        "[]",
+        r#"{"model":"m","model":"n","input":"Hi"}"#,
+        "{",
+    ] {
+        assert_eq!(
+            responses_envelope(refused.as_bytes()).err(),
+            envelope(refused.as_bytes()).err(),
+            "{refused}"
+        );
+    }
+}

@@ -65,6 +65,7 @@ mod write;
 
 pub(crate) use reply::{ChatReply, Echoed, Usage, write_response};
 pub use reply::{response_from_chat, response_json_from_chat, response_json_from_chat_bytes};
+pub(crate) use request::{ReadRequest, read_request};
 pub use request::{Translated, Untranslatable, chat_request};
 pub use stream::StreamTranslator;
 pub(crate) use write::Str;

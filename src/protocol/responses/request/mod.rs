@@ -2,6 +2,8 @@
 
 mod read;
 
+pub(crate) use read::{Request as ReadRequest, read as read_request};
+
 use serde_json::{Map, Value, json};
 
 use super::reply::{Echo, Echoed};
@@ -72,6 +74,23 @@ impl Translated {
         if let Some((chat, echoed)) = read::translate(request) {
             return Ok(Translated { chat, echoed });
         }
+        Translated::from_value_reading(request)
+    }
+
+    /// [`Translated::from_slice`] for a `request` already read from `body` (by the router,
+    /// which reads a Responses call's fields from the same reading).
+    pub(crate) fn from_read(
+        request: &ReadRequest<'_>,
+        body: &[u8],
+    ) -> Result<Translated, Untranslatable> {
+        if let Some((chat, echoed)) = read::translate_read(request, body.len()) {
+            return Ok(Translated { chat, echoed });
+        }
+        Translated::from_value_reading(body)
+    }
+
+    /// `request` read into a `Value` and translated from it.
+    fn from_value_reading(request: &[u8]) -> Result<Translated, Untranslatable> {
         let request = serde_json::from_slice(request).map_err(|_| Untranslatable {
             field: String::new(),
             reason: "the request is not JSON",

@@ -23,16 +23,21 @@ use super::super::write::{Json, ObjectWriter, WriteJson};
 
 /// A Responses request, with the fields the translation reads. An unknown field fails the
 /// reading (the `Value` reading names it).
+///
+/// The router reads a Responses call's fields from this reading too (the ones it checks are
+/// kept as written), so that a call that translates is read once: `input` is read into items
+/// only when the call translates ([`translate_read`]).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Request<'a> {
+pub(crate) struct Request<'a> {
     #[serde(borrow)]
-    model: Option<Cow<'a, str>>,
+    pub(crate) model: Option<&'a RawValue>,
     #[serde(borrow)]
     instructions: Option<RawStr<'a>>,
     #[serde(borrow)]
-    input: Option<TextOr<'a, Item<'a>>>,
-    stream: Option<bool>,
+    pub(crate) input: Option<&'a RawValue>,
+    #[serde(borrow)]
+    pub(crate) stream: Option<&'a RawValue>,
     #[serde(borrow)]
     temperature: Option<&'a RawValue>,
     #[serde(borrow)]
@@ -42,7 +47,7 @@ struct Request<'a> {
     #[serde(borrow)]
     service_tier: Option<&'a RawValue>,
     #[serde(borrow)]
-    max_output_tokens: Option<&'a RawValue>,
+    pub(crate) max_output_tokens: Option<&'a RawValue>,
     #[serde(borrow)]
     parallel_tool_calls: Option<&'a RawValue>,
     #[serde(borrow)]
@@ -71,14 +76,15 @@ struct Request<'a> {
     _prompt_cache_retention: Option<IgnoredAny>,
     #[serde(rename = "safety_identifier")]
     _safety_identifier: Option<IgnoredAny>,
-    #[serde(rename = "stream_options")]
-    _stream_options: Option<IgnoredAny>,
+    #[serde(borrow)]
+    pub(crate) stream_options: Option<&'a RawValue>,
     // Refused unless absent, null, or (the first two) their default.
     #[serde(borrow)]
     truncation: Option<&'a RawValue>,
     #[serde(borrow)]
     background: Option<&'a RawValue>,
-    previous_response_id: Option<IgnoredAny>,
+    #[serde(borrow)]
+    pub(crate) previous_response_id: Option<&'a RawValue>,
     conversation: Option<IgnoredAny>,
     prompt: Option<IgnoredAny>,
     max_tool_calls: Option<IgnoredAny>,
@@ -310,11 +316,32 @@ impl WriteJson for Text<'_> {
 /// The chat request's fields after its `model` (see `Translated`) and the echo, for `body`;
 /// `None` when the `Value` reading must decide.
 pub(super) fn translate(body: &[u8]) -> Option<(Vec<u8>, Echoed)> {
+    translate_read(&read(body)?, body.len())
+}
+
+/// `body` read as a Responses request; `None` when the `Value` reading must decide.
+pub(crate) fn read(body: &[u8]) -> Option<Request<'_>> {
     // serde would take a list for a struct too; a request is an object.
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
-    let request: Request<'_> = serde_json::from_slice(body).ok()?;
+    serde_json::from_slice(body).ok()
+}
+
+/// The chat request's fields after its `model` and the echo, for a `request` read by [`read`]
+/// from `size` bytes; `None` when the `Value` reading must decide.
+pub(super) fn translate_read(request: &Request<'_>, size: usize) -> Option<(Vec<u8>, Echoed)> {
+    // What the reading keeps as written is checked here as a typed reading would check it.
+    let model = match request.model {
+        Some(raw) => Some(string(raw)?),
+        None => None,
+    };
+    let stream = match request.stream.map(RawValue::get) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return None,
+    };
+    let input: TextOr<'_, Item<'_>> = serde_json::from_str(request.input?.get()).ok()?;
     let refused = request.previous_response_id.is_some()
         || request.conversation.is_some()
         || request.prompt.is_some()
@@ -328,11 +355,11 @@ pub(super) fn translate(body: &[u8]) -> Option<(Vec<u8>, Echoed)> {
     if refused {
         return None;
     }
-    let mut chat = Vec::with_capacity(body.len() + 64);
+    let mut chat = Vec::with_capacity(size + 64);
     let mut object = ObjectWriter::open(&mut chat);
-    let messages = messages(&request)?;
+    let messages = messages(request, &input)?;
     object.write("messages", &messages[..]);
-    if request.stream == Some(true) {
+    if stream {
         object.raw("stream", "true");
         // The final usage, for `response.completed`, as the `Value` reading asks for it.
         object.raw("stream_options", r#"{"include_usage":true}"#);
@@ -381,18 +408,33 @@ pub(super) fn translate(body: &[u8]) -> Option<(Vec<u8>, Echoed)> {
     object.close();
     // `{"messages":...}` becomes `,"messages":...}`: the fields after the model.
     chat[0] = b',';
-    Some((chat, echo(&request, effort, format).owned()))
+    Some((
+        chat,
+        echo(request, model.as_deref(), effort, format).owned(),
+    ))
 }
 
-/// What the `response` repeats of `request`.
+/// The string a raw JSON value holds (borrowed unless it has escapes); `None` for another
+/// value.
+fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    match serde_json::from_str::<&str>(raw.get()) {
+        Ok(plain) => Some(Cow::Borrowed(plain)),
+        Err(_) => serde_json::from_str::<String>(raw.get())
+            .ok()
+            .map(Cow::Owned),
+    }
+}
+
+/// What the `response` repeats of `request`, which calls `model`.
 fn echo<'a>(
     request: &'a Request<'a>,
+    model: Option<&'a str>,
     effort: Option<&'a RawValue>,
     format: Option<&'a RawValue>,
 ) -> Echo<'a> {
     let raw = |value: Option<&'a RawValue>| value.map(Json::Raw);
     Echo::with(
-        request.model.as_deref(),
+        model,
         |name| match name {
             "instructions" => request.instructions.map(|text| Json::Raw(text.raw())),
             "max_output_tokens" => raw(request.max_output_tokens),
@@ -444,11 +486,13 @@ struct Call<'r> {
 
 /// The chat messages of `request`: `instructions`, then `input`'s; `None` for anything the
 /// `Value` reading must decide.
-fn messages<'r>(request: &'r Request<'r>) -> Option<Vec<Message<'r>>> {
-    let items = match &request.input {
-        Some(TextOr::List(items)) => items.as_slice(),
-        Some(TextOr::Text(_)) => &[],
-        None => return None,
+fn messages<'r>(
+    request: &'r Request<'r>,
+    input: &'r TextOr<'r, Item<'r>>,
+) -> Option<Vec<Message<'r>>> {
+    let items = match input {
+        TextOr::List(items) => items.as_slice(),
+        TextOr::Text(_) => &[],
     };
     let mut messages = Vec::with_capacity(items.len() + 1);
     if let Some(instructions) = request.instructions {
@@ -457,7 +501,7 @@ fn messages<'r>(request: &'r Request<'r>) -> Option<Vec<Message<'r>>> {
             text: Text::Raw(instructions),
         });
     }
-    if let Some(TextOr::Text(text)) = &request.input {
+    if let TextOr::Text(text) = input {
         messages.push(Message::Text {
             role: "user",
             text: Text::Read(text),
