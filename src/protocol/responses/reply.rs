@@ -486,12 +486,9 @@ pub fn response_json_from_chat_bytes(
     // `reply_usage` reads only JSON objects (serde would take an array for a struct too).
     if reply.trim_ascii_start().starts_with(b"{")
         && let Ok(typed) = serde_json::from_slice::<read::Reply<'_>>(reply)
-        && let Ok(view) = typed.view()
+        && let Ok((counts, usage)) = typed.usage()
     {
-        let usage = match typed.usage {
-            Some(raw) if raw.get() != "null" => serde_json::from_str::<TokenUsage>(raw.get()).ok(),
-            _ => Some(TokenUsage::default()),
-        };
+        let view = typed.view(counts);
         return Ok((write_response(translated.echoed(), &view, ids), usage));
     }
     // Odd types somewhere (a number as a string, a list where text was expected): read as the
@@ -607,6 +604,43 @@ struct Details {
     reasoning_tokens: Option<i64>,
 }
 
+/// A chat `usage` object holding `OpenAI`'s keys alone, as most providers' replies do: the
+/// billing layer's counts then follow from the same reading (see
+/// [`TokenUsage::of_openai_counts`]), and the reply's `usage` is read once.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OpenaiUsage {
+    prompt_tokens: Option<i64>,
+    completion_tokens: Option<i64>,
+    total_tokens: Option<i64>,
+    prompt_tokens_details: Option<Details>,
+    completion_tokens_details: Option<Details>,
+}
+
+impl OpenaiUsage {
+    /// The counts, and the billing layer's usage.
+    fn read(self) -> (ChatUsage, TokenUsage) {
+        let tokens = TokenUsage::of_openai_counts(
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.prompt_tokens_details
+                .as_ref()
+                .and_then(|details| details.cached_tokens),
+            self.completion_tokens_details
+                .as_ref()
+                .and_then(|details| details.reasoning_tokens),
+        );
+        let counts = ChatUsage {
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            total_tokens: self.total_tokens,
+            prompt_tokens_details: self.prompt_tokens_details,
+            completion_tokens_details: self.completion_tokens_details,
+        };
+        (counts, tokens)
+    }
+}
+
 impl ChatUsage {
     pub(super) fn counts(&self) -> Usage {
         let detail = |details: &Option<Details>, pick: fn(&Details) -> Option<i64>| {
@@ -631,7 +665,8 @@ pub(super) mod read {
     use serde_json::value::RawValue;
 
     use super::super::write::Str;
-    use super::{ChatReply, ChatUsage, ToolCall};
+    use super::{ChatReply, ChatUsage, OpenaiUsage, ToolCall};
+    use crate::protocol::TokenUsage;
 
     #[derive(Deserialize)]
     pub(super) struct Reply<'a> {
@@ -731,12 +766,27 @@ pub(super) mod read {
     }
 
     impl<'a> Reply<'a> {
-        /// What the translation reads; an error when `usage` is not an object of counts.
-        pub(super) fn view(&'a self) -> Result<ChatReply<'a>, serde_json::Error> {
-            let usage = match self.usage {
-                Some(raw) => serde_json::from_str::<Option<ChatUsage>>(raw.get())?,
-                None => None,
+        /// The reply's `usage`: its counts for the response (an error when it is not an
+        /// object of counts), and the billing layer's usage, as
+        /// [`reply_usage`](crate::protocol::reply_usage) reads it (`None` when that reading
+        /// fails). Read once when it holds `OpenAI`'s keys alone.
+        pub(super) fn usage(
+            &self,
+        ) -> Result<(Option<ChatUsage>, Option<TokenUsage>), serde_json::Error> {
+            let Some(raw) = self.usage.filter(|raw| raw.get() != "null") else {
+                return Ok((None, Some(TokenUsage::default())));
             };
+            if let Ok(usage) = serde_json::from_str::<OpenaiUsage>(raw.get()) {
+                let (counts, tokens) = usage.read();
+                return Ok((Some(counts), Some(tokens)));
+            }
+            let counts = serde_json::from_str::<ChatUsage>(raw.get())?;
+            let tokens = serde_json::from_str::<TokenUsage>(raw.get()).ok();
+            Ok((Some(counts), tokens))
+        }
+
+        /// What the translation reads, with the `usage` counts read by [`Reply::usage`].
+        pub(super) fn view(&'a self, usage: Option<ChatUsage>) -> ChatReply<'a> {
             let choice = self.choices.as_deref().and_then(<[Choice<'a>]>::first);
             let message = choice.and_then(|choice| choice.message.as_ref());
             let text = |field: &'a Option<Cow<'a, str>>| field.as_ref().map(Str::of_read);
@@ -748,7 +798,7 @@ pub(super) mod read {
             let calls = message
                 .and_then(|message| message.tool_calls.as_deref())
                 .unwrap_or_default();
-            Ok(ChatReply {
+            ChatReply {
                 created: self.created,
                 model: self.model.as_deref(),
                 text: message.and_then(|message| text(&message.content)),
@@ -770,7 +820,7 @@ pub(super) mod read {
                     .collect(),
                 finish_reason: choice.and_then(|choice| choice.finish_reason.as_deref()),
                 usage: usage.as_ref().map(ChatUsage::counts),
-            })
+            }
         }
     }
 }
@@ -856,6 +906,21 @@ mod tests {
             r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":"3"}}"#,
             r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":[1,2]}"#,
             r#"  {"created":1,"usage":{"completion_tokens":5}}"#,
+            // `usage` objects of other shapes: read twice (the billing layer's reading knows
+            // other providers' keys), or once with `OpenAI`'s keys alone.
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":null,"completion_tokens_details":{"reasoning_tokens":null,"accepted_prediction_tokens":0}}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0}}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":7}}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":-3,"completion_tokens":2,"total_tokens":0}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_cache_hit_tokens":4,"prompt_cache_miss_tokens":5}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"input_tokens":9,"output_tokens":2}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"input_tokens":8,"completion_tokens":2}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"cache_read_input_tokens":3,"cache_creation_input_tokens":1}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"reasoning_tokens":1}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"prompt_tokens":8}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"prompt_tokens_details":{"reasoning_tokens":"x"}}}"#,
+            r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"cache_creation":{"ephemeral_5m_input_tokens":"x"}}}"#,
         ];
         for reply in replies {
             let (response, usage) =
