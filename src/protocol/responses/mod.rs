@@ -70,6 +70,21 @@ pub use request::{Translated, Untranslatable, chat_request};
 pub use stream::StreamTranslator;
 pub(crate) use write::Str;
 
+/// An optional string read borrowed from the JSON text where it holds no escape, for a field
+/// `#[serde(borrow, default, deserialize_with = "borrowed_text")]`.
+///
+/// serde's derive borrows a `Cow<str>` field marked `borrow`, but reads one inside an `Option`
+/// into an owned `String` whatever its text: every text of a reply would be allocated, and
+/// written back through the escaper although it holds nothing to escape (see [`Str`]).
+pub(crate) fn borrowed_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<std::borrow::Cow<'a, str>>, D::Error> {
+    #[derive(serde::Deserialize)]
+    struct Text<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
+    let text: Option<Text<'a>> = serde::Deserialize::deserialize(deserializer)?;
+    Ok(text.map(|text| text.0))
+}
+
 /// Where the ids of translated responses and their items come from: random, as `OpenAI`'s
 /// look (`resp_` and 48 hex digits), or counting (`resp_1`, `msg_2`, ...) for tests.
 #[derive(Debug)]

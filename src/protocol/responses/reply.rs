@@ -664,6 +664,7 @@ pub(super) mod read {
     use serde::Deserialize;
     use serde_json::value::RawValue;
 
+    use super::super::borrowed_text;
     use super::super::write::Str;
     use super::{ChatReply, ChatUsage, OpenaiUsage, ToolCall};
     use crate::protocol::TokenUsage;
@@ -671,7 +672,7 @@ pub(super) mod read {
     #[derive(Deserialize)]
     pub(super) struct Reply<'a> {
         created: Option<i64>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         model: Option<Cow<'a, str>>,
         #[serde(borrow, default)]
         choices: Option<Vec<Choice<'a>>>,
@@ -684,20 +685,20 @@ pub(super) mod read {
     struct Choice<'a> {
         #[serde(borrow)]
         message: Option<Message<'a>>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         finish_reason: Option<Cow<'a, str>>,
     }
 
     /// A reply's `message`, or a stream chunk's `delta`.
     #[derive(Deserialize)]
     pub(in crate::protocol::responses) struct Message<'a> {
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         pub content: Option<Cow<'a, str>>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         pub refusal: Option<Cow<'a, str>>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         pub reasoning_content: Option<Cow<'a, str>>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         pub reasoning: Option<Cow<'a, str>>,
         #[serde(borrow)]
         pub tool_calls: Option<Vec<Call<'a>>>,
@@ -707,9 +708,9 @@ pub(super) mod read {
     #[derive(Deserialize)]
     pub(in crate::protocol::responses) struct Call<'a> {
         pub index: Option<u64>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         pub id: Option<Cow<'a, str>>,
-        #[serde(borrow, rename = "type")]
+        #[serde(borrow, rename = "type", default, deserialize_with = "borrowed_text")]
         pub kind: Option<Cow<'a, str>>,
         #[serde(borrow)]
         pub function: Option<Function<'a>>,
@@ -719,18 +720,18 @@ pub(super) mod read {
 
     #[derive(Deserialize)]
     pub(in crate::protocol::responses) struct Function<'a> {
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         pub name: Option<Cow<'a, str>>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         pub arguments: Option<Cow<'a, str>>,
     }
 
     /// A custom tool's call: its name and free-form input.
     #[derive(Deserialize)]
     pub(in crate::protocol::responses) struct Custom<'a> {
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         pub name: Option<Cow<'a, str>>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         pub input: Option<Cow<'a, str>>,
     }
 
@@ -957,6 +958,24 @@ mod tests {
         assert!(
             response_json_from_chat_bytes(&request, b"not json", &mut Ids::counting()).is_err()
         );
+    }
+
+    /// A reply's texts are borrowed from it where they hold no escape, and so copied between
+    /// quotes when written; a text with escapes is read, and written through the escaper.
+    #[test]
+    fn a_replys_texts_without_escapes_are_borrowed_from_it() {
+        let reply = br#"{"choices":[{"message":{"content":"Hi","reasoning_content":"Hm","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"stop"}]}"#;
+        let typed: read::Reply<'_> = serde_json::from_slice(reply).unwrap();
+        let view = typed.view(None);
+        assert!(matches!(view.text, Some(Str::Unescaped("Hi"))));
+        assert!(matches!(view.reasoning, Some(Str::Unescaped("Hm"))));
+        let call = &view.calls[0];
+        assert!(matches!(call.id, Some(Str::Unescaped("c1"))));
+        assert!(matches!(call.name, Str::Unescaped("f")));
+        assert!(matches!(call.arguments, Str::Unescaped("{}")));
+        let escaped = br#"{"choices":[{"message":{"content":"H\u0069 \"q\""}}]}"#;
+        let typed: read::Reply<'_> = serde_json::from_slice(escaped).unwrap();
+        assert!(matches!(typed.view(None).text, Some(Str::Read("Hi \"q\""))));
     }
 
     /// The response is written field by field, so nothing but this test would see a key

@@ -590,6 +590,7 @@ mod read {
     use serde::Deserialize;
     use serde::de::IgnoredAny;
 
+    use super::super::borrowed_text;
     use super::super::reply::ChatUsage;
     use super::super::reply::read::{Call, Message as Delta};
     use super::{CallView, ChoiceView, ChunkView};
@@ -599,7 +600,7 @@ mod read {
         /// Any value but `null`: the chunk is an error, read as a `Value`.
         error: Option<IgnoredAny>,
         created: Option<i64>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         model: Option<Cow<'a, str>>,
         #[serde(borrow)]
         choices: Option<Vec<Choice<'a>>>,
@@ -610,7 +611,7 @@ mod read {
     struct Choice<'a> {
         #[serde(borrow)]
         delta: Option<Delta<'a>>,
-        #[serde(borrow)]
+        #[serde(borrow, default, deserialize_with = "borrowed_text")]
         finish_reason: Option<Cow<'a, str>>,
     }
 

@@ -18,6 +18,7 @@ use serde::de::{self, IgnoredAny};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use super::super::borrowed_text;
 use super::super::reply::{Echo, Echoed};
 use super::super::write::{Json, ObjectWriter, WriteJson};
 
@@ -106,9 +107,9 @@ struct ReasoningSetting<'a> {
 /// reasoning.
 #[derive(Deserialize)]
 struct Item<'a> {
-    #[serde(rename = "type", borrow)]
+    #[serde(rename = "type", borrow, default, deserialize_with = "borrowed_text")]
     kind: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "borrowed_text")]
     role: Option<Cow<'a, str>>,
     #[serde(borrow)]
     content: Option<RawTextOr<'a, Part<'a>>>,
@@ -128,7 +129,7 @@ struct Item<'a> {
 /// A content part (of a message, or of a function call's output).
 #[derive(Deserialize)]
 struct Part<'a> {
-    #[serde(rename = "type", borrow)]
+    #[serde(rename = "type", borrow, default, deserialize_with = "borrowed_text")]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow)]
     text: Option<RawStr<'a>>,
@@ -152,9 +153,9 @@ struct Part<'a> {
 
 #[derive(Deserialize)]
 struct Tool<'a> {
-    #[serde(rename = "type", borrow)]
+    #[serde(rename = "type", borrow, default, deserialize_with = "borrowed_text")]
     kind: Option<Cow<'a, str>>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "borrowed_text")]
     name: Option<Cow<'a, str>>,
     #[serde(borrow)]
     description: Option<&'a RawValue>,
