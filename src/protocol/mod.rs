@@ -254,6 +254,16 @@ impl From<ReportedUsage> for TokenUsage {
     }
 }
 
+/// The string a raw JSON value holds, borrowed when it has no escapes; `None` for another value.
+pub(crate) fn json_string(raw: &serde_json::value::RawValue) -> Option<std::borrow::Cow<'_, str>> {
+    if let Ok(plain) = serde_json::from_str::<&str>(raw.get()) {
+        return Some(plain.into());
+    }
+    serde_json::from_str::<String>(raw.get())
+        .ok()
+        .map(Into::into)
+}
+
 /// Token usage from a reply of either protocol; `None` if the body is not a JSON object.
 pub fn reply_usage(body: &[u8]) -> Option<TokenUsage> {
     #[derive(Deserialize)]

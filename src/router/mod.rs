@@ -60,7 +60,7 @@ use crate::call::{AccessEntry, Caller, IdempotencyKey, KeyRules, RoutedCall};
 use crate::catalogue::{Catalogue, LiveCatalogue, ModelChannel, ResponsesRoute, UpstreamKind};
 use crate::credits::Credits;
 use crate::error::GatewayError;
-use crate::protocol::{Protocol, responses};
+use crate::protocol::{Protocol, json_string, responses};
 use crate::store::{Ledger, ResponseOwners};
 use tower::BoxError;
 
@@ -900,16 +900,6 @@ fn resolve(
 fn model_name(body: &[u8]) -> Option<String> {
     let raw = envelope(body).ok()?.model?;
     json_string(raw).map(std::borrow::Cow::into_owned)
-}
-
-/// The string a raw JSON value holds, borrowed when it has no escapes.
-fn json_string(raw: &RawValue) -> Option<std::borrow::Cow<'_, str>> {
-    if let Ok(plain) = serde_json::from_str::<&str>(raw.get()) {
-        return Some(plain.into());
-    }
-    serde_json::from_str::<String>(raw.get())
-        .ok()
-        .map(Into::into)
 }
 
 #[cfg(test)]

@@ -334,7 +334,7 @@ pub(crate) fn read(body: &[u8]) -> Option<Request<'_>> {
 pub(super) fn translate_read(request: &Request<'_>, size: usize) -> Option<(Vec<u8>, Echoed)> {
     // What the reading keeps as written is checked here as a typed reading would check it.
     let model = match request.model {
-        Some(raw) => Some(string(raw)?),
+        Some(raw) => Some(crate::protocol::json_string(raw)?),
         None => None,
     };
     let stream = match request.stream.map(RawValue::get) {
@@ -413,17 +413,6 @@ pub(super) fn translate_read(request: &Request<'_>, size: usize) -> Option<(Vec<
         chat,
         echo(request, model.as_deref(), effort, format).owned(),
     ))
-}
-
-/// The string a raw JSON value holds (borrowed unless it has escapes); `None` for another
-/// value.
-fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
-    match serde_json::from_str::<&str>(raw.get()) {
-        Ok(plain) => Some(Cow::Borrowed(plain)),
-        Err(_) => serde_json::from_str::<String>(raw.get())
-            .ok()
-            .map(Cow::Owned),
-    }
 }
 
 /// What the `response` repeats of `request`, which calls `model`.
