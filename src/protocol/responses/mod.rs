@@ -85,6 +85,18 @@ pub(crate) fn borrowed_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(
     Ok(text.map(|text| text.0))
 }
 
+/// Each byte's two lowercase hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0u8; 2]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        pairs[byte] = [DIGITS[byte >> 4], DIGITS[byte & 15]];
+        byte += 1;
+    }
+    pairs
+};
+
 /// Where the ids of translated responses and their items come from: random, as `OpenAI`'s
 /// look (`resp_` and 48 hex digits), or counting (`resp_1`, `msg_2`, ...) for tests.
 #[derive(Debug)]
@@ -111,12 +123,18 @@ impl Ids {
                 format!("{prefix}_{counter}")
             }
             None => {
-                // 48 random hex digits: 24 random bytes, each written as two (this runs for
-                // every translated response and item).
-                let mut bytes = [0u8; 24];
-                fastrand::fill(&mut bytes);
+                // 48 random hex digits: three random words, each byte written as its two
+                // digits from a table (this runs for every translated response and item).
                 let mut digits = [0u8; 48];
-                hex::encode_to_slice(bytes, &mut digits).expect("two digits a byte");
+                for digits in digits.chunks_exact_mut(16) {
+                    for (byte, pair) in fastrand::u64(..)
+                        .to_le_bytes()
+                        .iter()
+                        .zip(digits.chunks_exact_mut(2))
+                    {
+                        pair.copy_from_slice(&HEX_PAIRS[usize::from(*byte)]);
+                    }
+                }
                 let mut id = String::with_capacity(prefix.len() + 49);
                 id.push_str(prefix);
                 id.push('_');
@@ -179,5 +197,13 @@ mod tests {
         }
         assert_ne!(first, second);
         assert_eq!(Ids::counting().next("msg"), "msg_1");
+    }
+
+    #[test]
+    fn each_bytes_hex_pair_is_its_two_lowercase_digits() {
+        for byte in 0..=u8::MAX {
+            let pair = super::HEX_PAIRS[usize::from(byte)];
+            assert_eq!(std::str::from_utf8(&pair).unwrap(), format!("{byte:02x}"));
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::write::{Json, ObjectWriter, Str, WriteJson};
+use super::write::{Json, ObjectWriter, Str, WriteJson, write_plain};
 use super::{Ids, Translated};
 use crate::protocol::TokenUsage;
 
@@ -195,7 +195,7 @@ impl Echoed {
         Echo::of(&request).owned()
     }
 
-    /// A `response` object, appended to `out`. Written a field at a time rather than derived:
+    /// A `response` object, appended to `out`. Written by hand rather than derived:
     /// `serde_json` escapes every key of a derived struct a byte at a time, which was a third
     /// of what writing a response cost.
     pub(super) fn write(
@@ -206,25 +206,37 @@ impl Echoed {
         usage: &impl WriteJson,
         out: &mut Vec<u8>,
     ) {
-        let mut object = ObjectWriter::open(out);
-        object.id("id", &head.id);
-        object.raw("object", "\"response\"");
-        object.field("created_at", &head.created_at);
-        object.field("status", status.name());
-        object.raw("error", "null");
+        // The fixed runs between the values are copied whole: a `response` is written on
+        // every call, and a field at a time (key, quotes, colon, comma) its fixed parts took
+        // more work than its values.
+        write_plain(br#"{"id":"#, &head.id, out);
+        out.extend_from_slice(br#","object":"response","created_at":"#);
+        out.extend_from_slice(itoa::Buffer::new().format(head.created_at).as_bytes());
         match status {
             Status::Incomplete(reason) => {
-                let mut details = object.object("incomplete_details");
-                details.field("reason", reason);
-                details.close();
+                out.extend_from_slice(
+                    br#","status":"incomplete","error":null,"incomplete_details":{"reason":"#,
+                );
+                reason.write_json(out);
+                out.push(b'}');
             }
-            _ => object.raw("incomplete_details", "null"),
+            Status::InProgress => out.extend_from_slice(
+                br#","status":"in_progress","error":null,"incomplete_details":null"#,
+            ),
+            Status::Completed => out.extend_from_slice(
+                br#","status":"completed","error":null,"incomplete_details":null"#,
+            ),
         }
-        object.field("model", &head.model);
-        object.write("output", output);
-        object.write("usage", usage);
-        object.fields_of(&self.settings);
-        object.close();
+        out.extend_from_slice(br#","model":"#);
+        head.model.write_json(out);
+        out.extend_from_slice(br#","output":"#);
+        output.write_json(out);
+        out.extend_from_slice(br#","usage":"#);
+        usage.write_json(out);
+        // The settings object's fields, as this object's last (there is always one:
+        // `background` opens them).
+        out.push(b',');
+        out.extend_from_slice(&self.settings[1..]);
     }
 }
 
@@ -252,14 +264,6 @@ impl Status<'_> {
             Some("length") => Status::Incomplete("max_output_tokens"),
             Some("content_filter") => Status::Incomplete("content_filter"),
             _ => Status::Completed,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Status::InProgress => "in_progress",
-            Status::Completed => "completed",
-            Status::Incomplete(_) => "incomplete",
         }
     }
 
@@ -306,17 +310,26 @@ impl Usage {
 
 impl WriteJson for Usage {
     fn write_json(&self, out: &mut Vec<u8>) {
-        let mut usage = ObjectWriter::open(out);
-        usage.field("input_tokens", &self.input_tokens);
-        let mut details = usage.object("input_tokens_details");
-        details.field("cached_tokens", &self.cached_tokens);
-        details.close();
-        usage.field("output_tokens", &self.output_tokens);
-        let mut details = usage.object("output_tokens_details");
-        details.field("reasoning_tokens", &self.reasoning_tokens);
-        details.close();
-        usage.field("total_tokens", &self.total_tokens);
-        usage.close();
+        // Fixed runs copied whole, as in `Echoed::write`.
+        let mut number = itoa::Buffer::new();
+        let mut count = |run: &[u8], n: i64, out: &mut Vec<u8>| {
+            out.extend_from_slice(run);
+            out.extend_from_slice(number.format(n).as_bytes());
+        };
+        count(br#"{"input_tokens":"#, self.input_tokens, out);
+        count(
+            br#","input_tokens_details":{"cached_tokens":"#,
+            self.cached_tokens,
+            out,
+        );
+        count(br#"},"output_tokens":"#, self.output_tokens, out);
+        count(
+            br#","output_tokens_details":{"reasoning_tokens":"#,
+            self.reasoning_tokens,
+            out,
+        );
+        count(br#"},"total_tokens":"#, self.total_tokens, out);
+        out.push(b'}');
     }
 }
 
@@ -356,6 +369,20 @@ pub(super) enum OutputItem<'a> {
 
 impl WriteJson for OutputItem<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
+        // A reply's message, on every call: its fixed runs copied whole (see `Echoed::write`).
+        if let OutputItem::Message {
+            id,
+            status,
+            content,
+        } = self
+        {
+            write_plain(br#"{"type":"message","id":"#, id, out);
+            write_plain(br#","status":"#, status, out);
+            out.extend_from_slice(br#","role":"assistant","content":"#);
+            content.as_slice().write_json(out);
+            out.push(b'}');
+            return;
+        }
         let mut item = ObjectWriter::open(out);
         match self {
             OutputItem::Reasoning { id, text } => {
@@ -367,17 +394,7 @@ impl WriteJson for OutputItem<'_> {
                     None => item.raw("content", "[]"),
                 }
             }
-            OutputItem::Message {
-                id,
-                status,
-                content,
-            } => {
-                item.raw("type", r#""message""#);
-                item.id("id", id);
-                item.field("status", status);
-                item.raw("role", r#""assistant""#);
-                item.write("content", content.as_slice());
-            }
+            OutputItem::Message { .. } => unreachable!("written above"),
             OutputItem::FunctionCall {
                 id,
                 status,
@@ -432,17 +449,15 @@ pub(super) struct Part<'a> {
 
 impl WriteJson for Part<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
-        let mut part = ObjectWriter::open(out);
         if self.refusal {
-            part.raw("type", r#""refusal""#);
-            part.write("refusal", &self.text);
+            out.extend_from_slice(br#"{"type":"refusal","refusal":"#);
+            self.text.write_json(out);
+            out.push(b'}');
         } else {
-            part.raw("type", r#""output_text""#);
-            part.write("text", &self.text);
-            part.raw("annotations", "[]");
-            part.raw("logprobs", "[]");
+            out.extend_from_slice(br#"{"type":"output_text","text":"#);
+            self.text.write_json(out);
+            out.extend_from_slice(br#","annotations":[],"logprobs":[]}"#);
         }
-        part.close();
     }
 }
 

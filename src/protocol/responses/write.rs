@@ -12,6 +12,23 @@ use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+/// `run` (fixed JSON, ending where a value goes), then `plain` as a string: a text of ASCII
+/// letters, digits and `_` (an id the gateway made, see [`Ids`](super::Ids), or a status's
+/// name), which needs no escaping.
+#[inline(always)]
+pub(super) fn write_plain(run: &[u8], plain: &str, out: &mut Vec<u8>) {
+    debug_assert!(
+        plain
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+        "not an id or a name the gateway made: {plain}"
+    );
+    out.extend_from_slice(run);
+    out.push(b'"');
+    out.extend_from_slice(plain.as_bytes());
+    out.push(b'"');
+}
+
 /// Something written as JSON by [`ObjectWriter`]s.
 pub(super) trait WriteJson {
     fn write_json(&self, out: &mut Vec<u8>);
@@ -202,14 +219,8 @@ impl<'w> ObjectWriter<'w> {
     /// need no escaping.
     #[inline(always)]
     pub(super) fn id(&mut self, key: &'static str, id: &str) {
-        debug_assert!(
-            id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
-            "not an id the gateway made: {id}"
-        );
         self.key(key);
-        self.out.push(b'"');
-        self.out.extend_from_slice(id.as_bytes());
-        self.out.push(b'"');
+        write_plain(b"", id, self.out);
     }
 
     #[inline(always)]
@@ -234,20 +245,6 @@ impl<'w> ObjectWriter<'w> {
     pub(super) fn write_with(&mut self, key: &'static str, write: impl FnOnce(&mut Vec<u8>)) {
         self.key(key);
         write(self.out);
-    }
-
-    /// The fields of `object`, a JSON object written before (by an `ObjectWriter`), as this
-    /// object's next fields.
-    pub(super) fn fields_of(&mut self, object: &[u8]) {
-        let fields = &object[1..object.len() - 1];
-        if fields.is_empty() {
-            return;
-        }
-        if !self.empty {
-            self.out.push(b',');
-        }
-        self.empty = false;
-        self.out.extend_from_slice(fields);
     }
 
     /// A field whose value is an object, written (and closed) through the writer returned.
