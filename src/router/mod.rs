@@ -808,7 +808,7 @@ fn route_responses(
     let translates = !routed.model.channels.iter().all(native);
     if translates {
         let translation = match &envelope.responses {
-            Some(read) => responses::Translated::from_read(read, body),
+            Some(read) => responses::Translated::from_read(read, model_name, body),
             None => responses::Translated::from_slice(body),
         };
         let translation = translation.map_err(|refused| {

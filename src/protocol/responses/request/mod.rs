@@ -78,12 +78,14 @@ impl Translated {
     }
 
     /// [`Translated::from_slice`] for a `request` already read from `body` (by the router,
-    /// which reads a Responses call's fields from the same reading).
+    /// which reads a Responses call's fields from the same reading, and its `model` as
+    /// `model`).
     pub(crate) fn from_read(
         request: &ReadRequest<'_>,
+        model: &str,
         body: &[u8],
     ) -> Result<Translated, Untranslatable> {
-        if let Some((chat, echoed)) = read::translate_read(request, body.len()) {
+        if let Some((chat, echoed)) = read::translate_read(request, Some(model), body.len()) {
             return Ok(Translated { chat, echoed });
         }
         Translated::from_value_reading(body)

@@ -317,7 +317,12 @@ impl WriteJson for Text<'_> {
 /// The chat request's fields after its `model` (see `Translated`) and the echo, for `body`;
 /// `None` when the `Value` reading must decide.
 pub(super) fn translate(body: &[u8]) -> Option<(Vec<u8>, Echoed)> {
-    translate_read(&read(body)?, body.len())
+    let request = read(body)?;
+    let model = match request.model {
+        Some(raw) => Some(crate::protocol::json_string(raw)?),
+        None => None,
+    };
+    translate_read(&request, model.as_deref(), body.len())
 }
 
 /// `body` read as a Responses request; `None` when the `Value` reading must decide.
@@ -330,13 +335,14 @@ pub(crate) fn read(body: &[u8]) -> Option<Request<'_>> {
 }
 
 /// The chat request's fields after its `model` and the echo, for a `request` read by [`read`]
-/// from `size` bytes; `None` when the `Value` reading must decide.
-pub(super) fn translate_read(request: &Request<'_>, size: usize) -> Option<(Vec<u8>, Echoed)> {
+/// from `size` bytes, whose `model` (as written, a string) reads `model`; `None` when the
+/// `Value` reading must decide.
+pub(super) fn translate_read(
+    request: &Request<'_>,
+    model: Option<&str>,
+    size: usize,
+) -> Option<(Vec<u8>, Echoed)> {
     // What the reading keeps as written is checked here as a typed reading would check it.
-    let model = match request.model {
-        Some(raw) => Some(crate::protocol::json_string(raw)?),
-        None => None,
-    };
     let stream = match request.stream.map(RawValue::get) {
         None | Some("false") => false,
         Some("true") => true,
@@ -409,10 +415,7 @@ pub(super) fn translate_read(request: &Request<'_>, size: usize) -> Option<(Vec<
     object.close();
     // `{"messages":...}` becomes `,"messages":...}`: the fields after the model.
     chat[0] = b',';
-    Some((
-        chat,
-        echo(request, model.as_deref(), effort, format).owned(),
-    ))
+    Some((chat, echo(request, model, effort, format).owned()))
 }
 
 /// What the `response` repeats of `request`, which calls `model`.
