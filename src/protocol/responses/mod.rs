@@ -117,10 +117,19 @@ impl Ids {
 
     /// The next id with `prefix` (`resp`, `msg`, `fc`).
     pub fn next(&mut self, prefix: &str) -> String {
+        let mut id = String::with_capacity(prefix.len() + 49);
+        self.push_next(prefix, &mut id);
+        id
+    }
+
+    /// The next id with `prefix`, appended to `text` (ids are ASCII letters, digits and `_`).
+    pub(super) fn push_next(&mut self, prefix: &str, text: &mut String) {
+        text.push_str(prefix);
+        text.push('_');
         match &mut self.counter {
             Some(counter) => {
                 *counter += 1;
-                format!("{prefix}_{counter}")
+                text.push_str(itoa::Buffer::new().format(*counter));
             }
             None => {
                 // 48 random hex digits: three random words, each byte written as its two
@@ -135,11 +144,7 @@ impl Ids {
                         pair.copy_from_slice(&HEX_PAIRS[usize::from(*byte)]);
                     }
                 }
-                let mut id = String::with_capacity(prefix.len() + 49);
-                id.push_str(prefix);
-                id.push('_');
-                id.push_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"));
-                id
+                text.push_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"));
             }
         }
     }

@@ -200,7 +200,7 @@ impl Echoed {
     /// of what writing a response cost.
     pub(super) fn write(
         &self,
-        head: &Head,
+        head: &Head<'_>,
         status: Status<'_>,
         output: &[impl WriteJson],
         usage: &impl WriteJson,
@@ -242,10 +242,10 @@ impl Echoed {
 
 /// What every `response` object of one call shares.
 #[derive(Debug, Clone)]
-pub(super) struct Head {
-    pub id: String,
+pub(super) struct Head<'a> {
+    pub id: Cow<'a, str>,
     pub created_at: i64,
-    pub model: String,
+    pub model: Cow<'a, str>,
 }
 
 /// Where a response stands.
@@ -841,35 +841,57 @@ pub(super) mod read {
     }
 }
 
+/// The words of a text, a space between each (`str::split` sets up a searcher that costs more
+/// than the few ids of a response take to scan).
+struct SpaceSeparated<'a>(&'a str);
+
+impl<'a> Iterator for SpaceSeparated<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let end = memchr::memchr(b' ', self.0.as_bytes()).unwrap_or(self.0.len());
+        let word = &self.0[..end];
+        self.0 = self.0.get(end + 1..).unwrap_or_default();
+        Some(word)
+    }
+}
+
 /// The `response` object, serialised, for the chat `reply` to a request that has it repeat
 /// `echoed`.
 pub(crate) fn write_response(echoed: &Echoed, reply: &ChatReply<'_>, ids: &mut Ids) -> Vec<u8> {
-    let head = Head {
-        id: ids.next("resp"),
-        created_at: reply
-            .created
-            .unwrap_or_else(|| chrono::Utc::now().timestamp()),
-        model: reply
-            .model
-            .or(echoed.model.as_deref())
-            .unwrap_or_default()
-            .to_owned(),
-    };
     let text = reply.text.filter(|text| !text.is_empty());
     let refusal = reply.refusal.filter(|text| !text.is_empty());
     let said = refusal.map(|r| (true, r)).or(text.map(|t| (false, t)));
-    let mut item_ids = Vec::with_capacity(reply.calls.len() + 2);
+    // The response's id and its items', in one text, a space between each (an id holds
+    // none): one allocation for them all.
+    let items = usize::from(reply.reasoning.is_some()) + usize::from(said.is_some());
+    let mut id_text = String::with_capacity(56 * (1 + items + reply.calls.len()));
+    ids.push_next("resp", &mut id_text);
+    let mut push_id = |prefix| {
+        id_text.push(' ');
+        ids.push_next(prefix, &mut id_text);
+    };
     if reply.reasoning.is_some() {
-        item_ids.push(ids.next("rs"));
+        push_id("rs");
     }
     if said.is_some() {
-        item_ids.push(ids.next("msg"));
+        push_id("msg");
     }
     for call in &reply.calls {
-        item_ids.push(ids.next(call_item_prefix(call.custom)));
+        push_id(call_item_prefix(call.custom));
     }
-    let mut output = Vec::with_capacity(item_ids.len());
-    let mut id = item_ids.iter();
+    let mut id = SpaceSeparated(&id_text);
+    let head = Head {
+        id: Cow::Borrowed(id.next().expect("the response's id")),
+        created_at: reply
+            .created
+            .unwrap_or_else(|| chrono::Utc::now().timestamp()),
+        model: Cow::Borrowed(reply.model.or(echoed.model.as_deref()).unwrap_or_default()),
+    };
+    let mut output = Vec::with_capacity(items + reply.calls.len());
     if let Some(text) = reply.reasoning {
         output.push(OutputItem::Reasoning {
             id: id.next().expect("an id per item"),

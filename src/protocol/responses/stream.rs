@@ -1,5 +1,7 @@
 //! A chat-completions event stream as the Responses API's event sequence.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 use super::reply::{
@@ -26,7 +28,7 @@ pub struct StreamTranslator {
     /// What each `response` object repeats of the request.
     echoed: Echoed,
     ids: Ids,
-    head: Option<Head>,
+    head: Option<Head<'static>>,
     sequence: u64,
     items: Vec<Item>,
     /// The open reasoning item (an index into `items`).
@@ -200,14 +202,16 @@ impl StreamTranslator {
             return;
         }
         self.head = Some(Head {
-            id: self.ids.next("resp"),
+            id: Cow::Owned(self.ids.next("resp")),
             created_at: chunk
                 .and_then(|chunk| chunk.created)
                 .unwrap_or_else(|| chrono::Utc::now().timestamp()),
-            model: chunk
-                .and_then(|chunk| chunk.model)
-                .unwrap_or_default()
-                .to_owned(),
+            model: Cow::Owned(
+                chunk
+                    .and_then(|chunk| chunk.model)
+                    .unwrap_or_default()
+                    .to_owned(),
+            ),
         });
         for name in ["response.created", "response.in_progress"] {
             self.emit_response(name, Status::InProgress, false, None, out);
