@@ -369,23 +369,22 @@ pub(super) enum OutputItem<'a> {
 
 impl WriteJson for OutputItem<'_> {
     fn write_json(&self, out: &mut Vec<u8>) {
-        // A reply's message, on every call: its fixed runs copied whole (see `Echoed::write`).
-        if let OutputItem::Message {
-            id,
-            status,
-            content,
-        } = self
-        {
-            write_plain(br#"{"type":"message","id":"#, id, out);
-            write_plain(br#","status":"#, status, out);
-            out.extend_from_slice(br#","role":"assistant","content":"#);
-            content.as_slice().write_json(out);
-            out.push(b'}');
-            return;
-        }
-        let mut item = ObjectWriter::open(out);
         match self {
+            // A reply's message, on every call: its fixed runs copied whole (see
+            // `Echoed::write`).
+            OutputItem::Message {
+                id,
+                status,
+                content,
+            } => {
+                write_plain(br#"{"type":"message","id":"#, id, out);
+                write_plain(br#","status":"#, status, out);
+                out.extend_from_slice(br#","role":"assistant","content":"#);
+                content.as_slice().write_json(out);
+                out.push(b'}');
+            }
             OutputItem::Reasoning { id, text } => {
+                let mut item = ObjectWriter::open(out);
                 item.raw("type", r#""reasoning""#);
                 item.id("id", id);
                 item.raw("summary", "[]");
@@ -393,8 +392,8 @@ impl WriteJson for OutputItem<'_> {
                     Some(text) => item.write("content", &[ReasoningText(*text)][..]),
                     None => item.raw("content", "[]"),
                 }
+                item.close();
             }
-            OutputItem::Message { .. } => unreachable!("written above"),
             OutputItem::FunctionCall {
                 id,
                 status,
@@ -408,15 +407,16 @@ impl WriteJson for OutputItem<'_> {
                 } else {
                     (r#""function_call""#, "arguments")
                 };
+                let mut item = ObjectWriter::open(out);
                 item.raw("type", kind);
                 item.id("id", id);
                 item.field("status", status);
                 item.write("call_id", call_id);
                 item.write("name", name);
                 item.write(text, arguments);
+                item.close();
             }
         }
-        item.close();
     }
 }
 
