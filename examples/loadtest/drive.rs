@@ -291,19 +291,26 @@ pub async fn compare_loads(
             .fold((f64::INFINITY, 0f64), |(low, high), &r| {
                 (low.min(r), high.max(r))
             });
+        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
         println!(
-            "{:<11} {:<10} {:>4} req/s {:.3}x {first_label}'s, round by round (median; {low:.3} to {high:.3})",
+            "{:<11} {:<10} {:>4} req/s {:.3}x {first_label}'s, round by round (median; {low:.3} to {high:.3}: {})",
             target.name,
             label,
             concurrency,
             median(&ratios, |r| *r),
+            each.join(" "),
         );
     }
 }
 
-/// The median of `pick` over `runs` (the upper one of an even count).
+/// The median of `pick` over `runs` (the mean of the middle two of an even count: taking the
+/// upper one read every ratio of six rounds high, chat against itself included).
 pub fn median<T>(runs: &[T], pick: impl Fn(&T) -> f64) -> f64 {
     let mut values: Vec<f64> = runs.iter().map(pick).collect();
     values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+    let middle = values.len() / 2;
+    match values.len() % 2 {
+        1 => values[middle],
+        _ => (values[middle - 1] + values[middle]) / 2.0,
+    }
 }
