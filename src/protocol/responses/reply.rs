@@ -63,6 +63,53 @@ pub(super) struct Echo<'a> {
     any_given: bool,
 }
 
+/// The settings a request gives that a `response` repeats, each as the request has it (`None`
+/// where it gives none).
+pub(super) struct Given<'a> {
+    pub instructions: Option<Json<'a>>,
+    pub max_output_tokens: Option<Json<'a>>,
+    pub metadata: Option<Json<'a>>,
+    pub parallel_tool_calls: Option<Json<'a>>,
+    /// `reasoning.effort`.
+    pub effort: Option<Json<'a>>,
+    pub service_tier: Option<Json<'a>>,
+    pub temperature: Option<Json<'a>>,
+    /// `text.format`.
+    pub format: Option<Json<'a>>,
+    pub tool_choice: Option<Json<'a>>,
+    pub tools: Option<Json<'a>>,
+    pub top_p: Option<Json<'a>>,
+    pub user: Option<Json<'a>>,
+}
+
+impl<'a> Given<'a> {
+    /// What a `response` repeats of a request calling `model` that gives these settings: for
+    /// one that gives none (most), the defaults' echo, without building an [`Echo`].
+    pub(super) fn echoed(self, model: Option<&'a str>) -> Echoed {
+        let fields = [
+            &self.instructions,
+            &self.max_output_tokens,
+            &self.metadata,
+            &self.parallel_tool_calls,
+            &self.effort,
+            &self.service_tier,
+            &self.temperature,
+            &self.format,
+            &self.tool_choice,
+            &self.tools,
+            &self.top_p,
+            &self.user,
+        ];
+        if fields.iter().all(|field| field.is_none()) {
+            return Echoed {
+                model: model.map(str::to_owned),
+                settings: Cow::Borrowed(Echo::defaults_settings()),
+            };
+        }
+        Echo::with(model, self).owned()
+    }
+}
+
 /// `request[outer][name]`, if there is one.
 fn inner<'a>(request: &'a Value, outer: &str, name: &str) -> Option<&'a Value> {
     request.get(outer)?.get(name)
@@ -71,25 +118,33 @@ fn inner<'a>(request: &'a Value, outer: &str, name: &str) -> Option<&'a Value> {
 impl<'a> Echo<'a> {
     /// What a parsed `request` has a `response` repeat.
     pub(super) fn of(request: &'a Value) -> Echo<'a> {
+        let field = |name| request.get(name).map(Json::Value);
         Echo::with(
             request["model"].as_str(),
-            |name| request.get(name).map(Json::Value),
-            // Not `Value::pointer`, which unescapes each step of its path.
-            inner(request, "reasoning", "effort").map(Json::Value),
-            inner(request, "text", "format").map(Json::Value),
+            Given {
+                instructions: field("instructions"),
+                max_output_tokens: field("max_output_tokens"),
+                metadata: field("metadata"),
+                parallel_tool_calls: field("parallel_tool_calls"),
+                // Not `Value::pointer`, which unescapes each step of its path.
+                effort: inner(request, "reasoning", "effort").map(Json::Value),
+                service_tier: field("service_tier"),
+                temperature: field("temperature"),
+                format: inner(request, "text", "format").map(Json::Value),
+                tool_choice: field("tool_choice"),
+                tools: field("tools"),
+                top_p: field("top_p"),
+                user: field("user"),
+            },
         )
     }
 
-    /// What a request has a `response` repeat: its `model`, its top-level setting called
-    /// `field(name)`, its `reasoning.effort` and its `text.format`.
-    pub(super) fn with(
-        model: Option<&'a str>,
-        field: impl Fn(&'static str) -> Option<Json<'a>>,
-        effort: Option<Json<'a>>,
-        format: Option<Json<'a>>,
-    ) -> Echo<'a> {
+    /// What a request calling `model` and giving the settings `given` has a `response`
+    /// repeat (the settings are named fields rather than looked up by name: matching a dozen
+    /// names cost more than the rest of the echo).
+    pub(super) fn with(model: Option<&'a str>, given: Given<'a>) -> Echo<'a> {
         let mut any_given = false;
-        let mut given = |value: Option<Json<'a>>, default: Setting<'a>| match value {
+        let mut given_or = |value: Option<Json<'a>>, default: Setting<'a>| match value {
             Some(value) if !value.is_null() => {
                 any_given = true;
                 Setting::Given(value)
@@ -99,18 +154,18 @@ impl<'a> Echo<'a> {
         let defaults = Echo::DEFAULTS;
         let echo = Echo {
             model,
-            instructions: given(field("instructions"), defaults.instructions),
-            max_output_tokens: given(field("max_output_tokens"), defaults.max_output_tokens),
-            metadata: given(field("metadata"), defaults.metadata),
-            parallel_tool_calls: given(field("parallel_tool_calls"), defaults.parallel_tool_calls),
-            effort: given(effort, defaults.effort),
-            service_tier: given(field("service_tier"), defaults.service_tier),
-            temperature: given(field("temperature"), defaults.temperature),
-            format: given(format, defaults.format),
-            tool_choice: given(field("tool_choice"), defaults.tool_choice),
-            tools: given(field("tools"), defaults.tools),
-            top_p: given(field("top_p"), defaults.top_p),
-            user: given(field("user"), defaults.user),
+            instructions: given_or(given.instructions, defaults.instructions),
+            max_output_tokens: given_or(given.max_output_tokens, defaults.max_output_tokens),
+            metadata: given_or(given.metadata, defaults.metadata),
+            parallel_tool_calls: given_or(given.parallel_tool_calls, defaults.parallel_tool_calls),
+            effort: given_or(given.effort, defaults.effort),
+            service_tier: given_or(given.service_tier, defaults.service_tier),
+            temperature: given_or(given.temperature, defaults.temperature),
+            format: given_or(given.format, defaults.format),
+            tool_choice: given_or(given.tool_choice, defaults.tool_choice),
+            tools: given_or(given.tools, defaults.tools),
+            top_p: given_or(given.top_p, defaults.top_p),
+            user: given_or(given.user, defaults.user),
             any_given: false,
         };
         Echo { any_given, ..echo }
@@ -118,15 +173,19 @@ impl<'a> Echo<'a> {
 
     /// The echo, written once, for every `response` object of the call.
     pub(super) fn owned(&self) -> Echoed {
-        /// What a request that gives none of the settings has repeated, written once.
-        static DEFAULTS: LazyLock<Vec<u8>> = LazyLock::new(|| Echo::DEFAULTS.settings());
         Echoed {
             model: self.model.map(str::to_owned),
             settings: match self.any_given {
                 true => Cow::Owned(self.settings()),
-                false => Cow::Borrowed(&DEFAULTS[..]),
+                false => Cow::Borrowed(Echo::defaults_settings()),
             },
         }
+    }
+
+    /// What a request that gives none of the settings has repeated, written once.
+    fn defaults_settings() -> &'static [u8] {
+        static DEFAULTS: LazyLock<Vec<u8>> = LazyLock::new(|| Echo::DEFAULTS.settings());
+        &DEFAULTS
     }
 
     /// A request that gives none of the settings.

@@ -19,7 +19,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::super::borrowed_text;
-use super::super::reply::{Echo, Echoed};
+use super::super::reply::{Echoed, Given};
 use super::super::write::{Json, ObjectWriter, WriteJson};
 
 /// A Responses request, with the fields the translation reads. An unknown field fails the
@@ -415,35 +415,32 @@ pub(super) fn translate_read(
     object.close();
     // `{"messages":...}` becomes `,"messages":...}`: the fields after the model.
     chat[0] = b',';
-    Some((chat, echo(request, model, effort, format).owned()))
+    Some((chat, echo(request, model, effort, format)))
 }
 
-/// What the `response` repeats of `request`, which calls `model`.
+/// What the `response` repeats of `request`, which calls `model`, written.
 fn echo<'a>(
     request: &'a Request<'a>,
     model: Option<&'a str>,
     effort: Option<&'a RawValue>,
     format: Option<&'a RawValue>,
-) -> Echo<'a> {
+) -> Echoed {
     let raw = |value: Option<&'a RawValue>| value.map(Json::Raw);
-    Echo::with(
-        model,
-        |name| match name {
-            "instructions" => request.instructions.map(|text| Json::Raw(text.raw())),
-            "max_output_tokens" => raw(request.max_output_tokens),
-            "metadata" => raw(request.metadata),
-            "parallel_tool_calls" => raw(request.parallel_tool_calls),
-            "service_tier" => raw(request.service_tier),
-            "temperature" => raw(request.temperature),
-            "tool_choice" => raw(request.tool_choice),
-            "top_p" => raw(request.top_p),
-            "user" => raw(request.user),
-            "tools" => raw(request.tools),
-            _ => unreachable!("`Echo::with` asks for no other field: {name}"),
-        },
-        raw(effort),
-        raw(format),
-    )
+    Given {
+        instructions: request.instructions.map(|text| Json::Raw(text.raw())),
+        max_output_tokens: raw(request.max_output_tokens),
+        metadata: raw(request.metadata),
+        parallel_tool_calls: raw(request.parallel_tool_calls),
+        effort: raw(effort),
+        service_tier: raw(request.service_tier),
+        temperature: raw(request.temperature),
+        format: raw(format),
+        tool_choice: raw(request.tool_choice),
+        tools: raw(request.tools),
+        top_p: raw(request.top_p),
+        user: raw(request.user),
+    }
+    .echoed(model)
 }
 
 /// A chat message, borrowed from the request.
