@@ -767,10 +767,7 @@ fn route_responses(
     streaming: bool,
 ) -> Result<RoutedCall, GatewayError> {
     let model_raw = envelope.model.ok_or(GatewayError::InvalidModelField)?;
-    if !envelope
-        .input
-        .is_some_and(|raw| raw.get().starts_with(['"', '[']))
-    {
+    if !responses_input_given(envelope) {
         return Err(GatewayError::InvalidInputField);
     }
     let stream = stream_flag(envelope, streaming)?;
@@ -851,7 +848,8 @@ fn envelope(body: &[u8]) -> Result<Envelope<'_>, GatewayError> {
 /// A Responses call's envelope, from the reading its translation starts from when the request
 /// is an ordinary one (every field one the translation knows, each of the type it reads), so
 /// that a call that translates is read once; otherwise [`envelope`]'s. The fields the router
-/// checks are kept as written in both, and checked alike.
+/// checks are kept as written in both, and checked alike (`input`, read into items by the
+/// first, is given there when it is a string or a list).
 fn responses_envelope(body: &[u8]) -> Result<Envelope<'_>, GatewayError> {
     let Some(read) = responses::read_request(body) else {
         return envelope(body);
@@ -865,10 +863,22 @@ fn responses_envelope(body: &[u8]) -> Result<Envelope<'_>, GatewayError> {
         max_output_tokens: read.max_output_tokens,
         stream: read.stream,
         stream_options: read.stream_options,
-        input: read.input,
+        // Read into items (see `route_responses`).
+        input: None,
         previous_response_id: read.previous_response_id,
         responses: Some(read),
     })
+}
+
+/// Whether a Responses call's `input` is a string or a list.
+fn responses_input_given(envelope: &Envelope<'_>) -> bool {
+    match &envelope.responses {
+        // Read as a string or a list of items.
+        Some(read) => read.has_input(),
+        None => envelope
+            .input
+            .is_some_and(|raw| raw.get().starts_with(['"', '['])),
+    }
 }
 
 fn resolve(

@@ -188,7 +188,8 @@ fn a_responses_body_found_not_json_by_its_translation_is_invalid_json() {
 }
 
 /// A Responses call's fields read from its translation's reading are the fields the envelope
-/// reads, each as written, and a body that reading does not take is read as before.
+/// reads, each as written (`input` given alike), and a body that reading does not take is
+/// read as before.
 #[test]
 fn a_responses_envelope_read_with_its_translation_is_the_plain_envelope() {
     let fields = |envelope: &Envelope<'_>| {
@@ -200,7 +201,6 @@ fn a_responses_envelope_read_with_its_translation_is_the_plain_envelope() {
             envelope.max_output_tokens,
             envelope.stream,
             envelope.stream_options,
-            envelope.input,
             envelope.previous_response_id,
         ]
         .map(|raw| raw.map(|raw| raw.get().to_owned()))
@@ -217,7 +217,10 @@ fn a_responses_envelope_read_with_its_translation_is_the_plain_envelope() {
             true,
         ),
         (r#"{"model":5,"input":"Hi"}"#, true),
-        (r#"{"model":"m","input":5,"stream":"yes"}"#, true),
+        // An `input` that is not a string or a list of items is not the translation's.
+        (r#"{"model":"m","input":5,"stream":"yes"}"#, false),
+        (r#"{"model":"m","input":null}"#, true),
+        (r#"{"model":"m","input":[{"role":"user","content":5}]}"#, false),
         (
             r#"{"model":"m","input":"Hi","previous_response_id":"resp_1"}"#,
             true,
@@ -243,6 +246,12 @@ fn a_responses_envelope_read_with_its_translation_is_the_plain_envelope() {
         let plain = envelope(body.as_bytes()).unwrap();
         let responses = responses_envelope(body.as_bytes()).unwrap();
         assert_eq!(fields(&responses), fields(&plain), "{body}");
+        // `input` is read into items by the translation's reading: given alike.
+        assert_eq!(
+            responses_input_given(&responses),
+            responses_input_given(&plain),
+            "{body}"
+        );
         assert_eq!(responses.responses.is_some(), read, "{body}");
     }
     for refused in [
