@@ -657,9 +657,11 @@ struct Envelope<'a> {
     #[serde(borrow, default)]
     previous_response_id: Option<&'a RawValue>,
     /// A Responses call's whole reading, when its fields came from it (see
-    /// [`responses_envelope`]): translated from it, not read again.
+    /// [`responses_envelope`]): translated from it, not read again. Boxed: inline, the
+    /// reading (its items included) made every envelope, a chat call's too, a struct that
+    /// reading one copied with `memcpy`.
     #[serde(skip)]
-    responses: Option<responses::ReadRequest<'a>>,
+    responses: Option<Box<responses::ReadRequest<'a>>>,
 }
 
 /// Checks a buffered request body and resolves its model, in the order the contract gives:
@@ -866,7 +868,7 @@ fn responses_envelope(body: &[u8]) -> Result<Envelope<'_>, GatewayError> {
         // Read into items (see `route_responses`).
         input: None,
         previous_response_id: read.previous_response_id,
-        responses: Some(read),
+        responses: Some(Box::new(read)),
     })
 }
 
