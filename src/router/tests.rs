@@ -220,7 +220,10 @@ fn a_responses_envelope_read_with_its_translation_is_the_plain_envelope() {
         // An `input` that is not a string or a list of items is not the translation's.
         (r#"{"model":"m","input":5,"stream":"yes"}"#, false),
         (r#"{"model":"m","input":null}"#, true),
-        (r#"{"model":"m","input":[{"role":"user","content":5}]}"#, false),
+        (
+            r#"{"model":"m","input":[{"role":"user","content":5}]}"#,
+            false,
+        ),
         (
             r#"{"model":"m","input":"Hi","previous_response_id":"resp_1"}"#,
             true,

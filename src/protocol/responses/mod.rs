@@ -85,17 +85,24 @@ pub(crate) fn borrowed_text<'de: 'a, 'a, D: serde::Deserializer<'de>>(
     Ok(text.map(|text| text.0))
 }
 
-/// Each byte's two lowercase hex digits.
-const HEX_PAIRS: [[u8; 2]; 256] = {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut pairs = [[0u8; 2]; 256];
-    let mut byte = 0;
-    while byte < 256 {
-        pairs[byte] = [DIGITS[byte >> 4], DIGITS[byte & 15]];
-        byte += 1;
-    }
-    pairs
-};
+/// The 16 lowercase hex digits of `word`'s 16 nibbles, in an order of their own (the low
+/// nibble of each byte, then the high ones), which a random word does not mind: worked out
+/// eight at a time by arithmetic on the word, rather than looked up a byte at a time.
+fn hex_digits(word: u64) -> [u8; 16] {
+    const NIBBLES: u64 = 0x0f0f_0f0f_0f0f_0f0f;
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    // Each byte holds a nibble `n`: `n + 6` reaches 16 (its bit 4) when `n` is 10 or more,
+    // and such a digit is a letter, `'a' - '0' - 10` (0x27) past `'0' + n`. No byte carries
+    // into the next: the most a byte holds is 15 + 0x30 + 0x27.
+    let digits = |nibbles: u64| {
+        let letters = ((nibbles + 6 * ONES) >> 4) & ONES;
+        (nibbles + 0x30 * ONES + letters * 0x27).to_le_bytes()
+    };
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&digits(word & NIBBLES));
+    out[8..].copy_from_slice(&digits((word >> 4) & NIBBLES));
+    out
+}
 
 /// Where the ids of translated responses and their items come from: random, as `OpenAI`'s
 /// look (`resp_` and 48 hex digits), or counting (`resp_1`, `msg_2`, ...) for tests.
@@ -117,34 +124,27 @@ impl Ids {
 
     /// The next id with `prefix` (`resp`, `msg`, `fc`).
     pub fn next(&mut self, prefix: &str) -> String {
-        let mut id = String::with_capacity(prefix.len() + 49);
+        let mut id = Vec::with_capacity(prefix.len() + 49);
         self.push_next(prefix, &mut id);
-        id
+        String::from_utf8(id).expect("an id is ASCII")
     }
 
-    /// The next id with `prefix`, appended to `text` (ids are ASCII letters, digits and `_`).
-    pub(super) fn push_next(&mut self, prefix: &str, text: &mut String) {
-        text.push_str(prefix);
-        text.push('_');
+    /// The next id with `prefix`, appended to `text` (ids are ASCII letters, digits and `_`),
+    /// as bytes: a response's ids are read as text once, all of them together.
+    pub(super) fn push_next(&mut self, prefix: &str, text: &mut Vec<u8>) {
+        text.extend_from_slice(prefix.as_bytes());
+        text.push(b'_');
         match &mut self.counter {
             Some(counter) => {
                 *counter += 1;
-                text.push_str(itoa::Buffer::new().format(*counter));
+                text.extend_from_slice(itoa::Buffer::new().format(*counter).as_bytes());
             }
             None => {
-                // 48 random hex digits: three random words, each byte written as its two
-                // digits from a table (this runs for every translated response and item).
-                let mut digits = [0u8; 48];
-                for digits in digits.chunks_exact_mut(16) {
-                    for (byte, pair) in fastrand::u64(..)
-                        .to_le_bytes()
-                        .iter()
-                        .zip(digits.chunks_exact_mut(2))
-                    {
-                        pair.copy_from_slice(&HEX_PAIRS[usize::from(*byte)]);
-                    }
+                // 48 random hex digits, from three random words (this runs for every
+                // translated response and item).
+                for _ in 0..3 {
+                    text.extend_from_slice(&hex_digits(fastrand::u64(..)));
                 }
-                text.push_str(std::str::from_utf8(&digits).expect("hex digits are ASCII"));
             }
         }
     }
@@ -205,10 +205,21 @@ mod tests {
     }
 
     #[test]
-    fn each_bytes_hex_pair_is_its_two_lowercase_digits() {
-        for byte in 0..=u8::MAX {
-            let pair = super::HEX_PAIRS[usize::from(byte)];
-            assert_eq!(std::str::from_utf8(&pair).unwrap(), format!("{byte:02x}"));
+    fn each_nibble_is_its_lowercase_hex_digit() {
+        for nibble in 0..16u64 {
+            let digit = format!("{nibble:x}");
+            let digits = super::hex_digits(nibble * 0x1111_1111_1111_1111);
+            assert_eq!(std::str::from_utf8(&digits).unwrap(), digit.repeat(16));
         }
+        // Every nibble of a word, each once: its digits are the word's, in another order.
+        let word = 0x0123_4567_89ab_cdef_u64;
+        let mut digits = super::hex_digits(word).to_vec();
+        digits.sort_unstable();
+        assert_eq!(digits, b"0123456789abcdef");
+        let mut expected = format!("{:016x}", 0xfedc_ba98_7654_3210_u64).into_bytes();
+        let mut got = super::hex_digits(0xfedc_ba98_7654_3210).to_vec();
+        expected.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, expected);
     }
 }

@@ -925,12 +925,12 @@ pub(crate) fn write_response(echoed: &Echoed, reply: &ChatReply<'_>, ids: &mut I
     let refusal = reply.refusal.filter(|text| !text.is_empty());
     let said = refusal.map(|r| (true, r)).or(text.map(|t| (false, t)));
     // The response's id and its items', in one text, a space between each (an id holds
-    // none): one allocation for them all.
+    // none): one allocation for them all, checked as text once.
     let items = usize::from(reply.reasoning.is_some()) + usize::from(said.is_some());
-    let mut id_text = String::with_capacity(56 * (1 + items + reply.calls.len()));
+    let mut id_text = Vec::with_capacity(56 * (1 + items + reply.calls.len()));
     ids.push_next("resp", &mut id_text);
     let mut push_id = |prefix| {
-        id_text.push(' ');
+        id_text.push(b' ');
         ids.push_next(prefix, &mut id_text);
     };
     if reply.reasoning.is_some() {
@@ -942,6 +942,7 @@ pub(crate) fn write_response(echoed: &Echoed, reply: &ChatReply<'_>, ids: &mut I
     for call in &reply.calls {
         push_id(call_item_prefix(call.custom));
     }
+    let id_text = String::from_utf8(id_text).expect("ids are ASCII");
     let mut id = SpaceSeparated(&id_text);
     let head = Head {
         id: Cow::Borrowed(id.next().expect("the response's id")),
