@@ -264,6 +264,17 @@ pub(crate) fn json_string(raw: &serde_json::value::RawValue) -> Option<std::borr
         .map(Into::into)
 }
 
+/// `T` read from the JSON `body`, checked as UTF-8 once, as a whole: read from bytes,
+/// `serde_json` checks each string it reads on its own (about 80 instructions a string, more
+/// than reading a short key costs). A body that is not UTF-8 is read from its bytes, which
+/// refuses it as before.
+pub(crate) fn read_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> serde_json::Result<T> {
+    match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(body),
+    }
+}
+
 /// Token usage from a reply of either protocol; `None` if the body is not a JSON object.
 pub fn reply_usage(body: &[u8]) -> Option<TokenUsage> {
     #[derive(Deserialize)]
@@ -274,7 +285,7 @@ pub fn reply_usage(body: &[u8]) -> Option<TokenUsage> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
-    let reply: Reply = serde_json::from_slice(body).ok()?;
+    let reply: Reply = read_json(body).ok()?;
     Some(reply.usage.unwrap_or_default())
 }
 

@@ -844,7 +844,7 @@ fn envelope(body: &[u8]) -> Result<Envelope<'_>, GatewayError> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return Err(GatewayError::InvalidJson);
     }
-    serde_json::from_slice(body).map_err(|_| GatewayError::InvalidJson)
+    crate::protocol::read_json(body).map_err(|_| GatewayError::InvalidJson)
 }
 
 /// A Responses call's envelope, from the reading its translation starts from when the request

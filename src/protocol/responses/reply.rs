@@ -559,7 +559,7 @@ pub fn response_json_from_chat_bytes(
 ) -> Result<(Vec<u8>, Option<TokenUsage>), serde_json::Error> {
     // `reply_usage` reads only JSON objects (serde would take an array for a struct too).
     if reply.trim_ascii_start().starts_with(b"{")
-        && let Ok(typed) = serde_json::from_slice::<read::Reply<'_>>(reply)
+        && let Ok(typed) = crate::protocol::read_json::<read::Reply<'_>>(reply)
         && let Ok((counts, usage)) = typed.usage()
     {
         let view = typed.view(counts);

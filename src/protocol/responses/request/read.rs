@@ -343,7 +343,7 @@ pub(crate) fn read(body: &[u8]) -> Option<Request<'_>> {
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
-    serde_json::from_slice(body).ok()
+    crate::protocol::read_json(body).ok()
 }
 
 /// The chat request's fields after its `model` and the echo, for a `request` read by [`read`]
