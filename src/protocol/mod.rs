@@ -319,6 +319,37 @@ pub(crate) fn provider_message(body: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
 
+    /// A body checked as UTF-8 whole and read as text reads as its bytes do: the same value
+    /// where it is UTF-8 (multi-byte characters and escapes included), refused where it is not.
+    #[test]
+    fn json_read_as_checked_text_reads_as_its_bytes() {
+        let valid: [&[u8]; 3] = [
+            "{\"model\":\"m\",\"text\":\"café ☃ 😀\"}".as_bytes(),
+            br#"{"text":"\u00e9\ud83d\ude00\n"}"#,
+            br#"  [1, "two", {"three": null}]"#,
+        ];
+        for body in valid {
+            let read: serde_json::Value = read_json(body).unwrap();
+            let from_bytes: serde_json::Value = serde_json::from_slice(body).unwrap();
+            assert_eq!(read, from_bytes);
+        }
+        // Not UTF-8: a stray byte inside a string, a cut character, a lone continuation byte.
+        for body in [
+            &b"{\"model\":\"m\xff\"}"[..],
+            &b"{\"text\":\"caf\xc3\"}"[..],
+            &b"{\"text\":\"\x80\"}"[..],
+        ] {
+            assert!(serde_json::from_slice::<serde_json::Value>(body).is_err());
+            assert!(read_json::<serde_json::Value>(body).is_err());
+        }
+        // A value the reading skips is not checked, from bytes or not: the usage is read.
+        let usage = b"{\"model\":\"\xff\",\"usage\":{\"prompt_tokens\":3}}";
+        assert_eq!(
+            reply_usage(usage).and_then(|usage| usage.input_tokens),
+            Some(3)
+        );
+    }
+
     #[test]
     fn usage_is_read_from_both_reply_shapes() {
         let chat = br#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}"#;

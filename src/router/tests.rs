@@ -187,6 +187,41 @@ fn a_responses_body_found_not_json_by_its_translation_is_invalid_json() {
     assert!(responses(r#"{"model":"gpt-4o-mini","input":"Hi","temperature":0.5}"#).is_ok());
 }
 
+/// A body that is not UTF-8 is refused `400` invalid JSON on every endpoint, before its model
+/// is looked up, and the same body with the character whole is routed.
+#[test]
+fn a_body_that_is_not_utf8_is_invalid_json() {
+    let cases = [
+        (
+            Protocol::ChatCompletions,
+            r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"café"}]}"#,
+        ),
+        (
+            Protocol::Responses,
+            r#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"café"}]}"#,
+        ),
+        (
+            Protocol::Responses,
+            r#"{"model":"gpt-4o-mini","input":"café"}"#,
+        ),
+    ];
+    for (protocol, body) in cases {
+        assert!(
+            route(&Catalogue::demo(), protocol, body.as_bytes(), false).is_ok(),
+            "{body}"
+        );
+        // `é` cut to its first byte.
+        let mut broken = body.as_bytes().to_vec();
+        broken.remove(body.find('é').unwrap() + 1);
+        assert!(std::str::from_utf8(&broken).is_err());
+        assert_eq!(
+            route(&Catalogue::demo(), protocol, &broken, false).err(),
+            Some(GatewayError::InvalidJson),
+            "{body}"
+        );
+    }
+}
+
 /// A Responses call's fields read from its translation's reading are the fields the envelope
 /// reads, each as written (`input` given alike), and a body that reading does not take is
 /// read as before.
