@@ -278,28 +278,39 @@ pub async fn compare_loads(
         );
     }
     // Each load against the first, round by round: on a machine whose speed drifts, the
-    // ratio of two runs side by side is steadier than the ratio of two medians.
+    // ratio of two runs side by side is steadier than the ratio of two medians. The process's
+    // CPU time a call too, where it is known: on a noisy machine it tells a few per cent of
+    // extra work better than requests a second do.
     let (first, first_label) = (&runs[0], loads[0].1);
+    let cpu = |figures: &Figures| figures.cpu_per_request.map(|cpu| cpu.as_secs_f64());
     for ((_, label), figures) in loads.iter().zip(&runs).skip(1) {
-        let ratios: Vec<f64> = figures
+        let rps: Vec<f64> = figures
             .iter()
             .zip(first)
             .map(|(run, beside)| run.rps / beside.rps)
             .collect();
-        let (low, high) = ratios
+        let cpu: Option<Vec<f64>> = figures
             .iter()
-            .fold((f64::INFINITY, 0f64), |(low, high), &r| {
-                (low.min(r), high.max(r))
-            });
-        let each: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
-        println!(
-            "{:<11} {:<10} {:>4} req/s {:.3}x {first_label}'s, round by round (median; {low:.3} to {high:.3}: {})",
-            target.name,
-            label,
-            concurrency,
-            median(&ratios, |r| *r),
-            each.join(" "),
-        );
+            .zip(first)
+            .map(|(run, beside)| Some(cpu(run)? / cpu(beside)?))
+            .collect();
+        for (what, ratios) in [("req/s", Some(rps)), ("cpu/call", cpu)] {
+            let Some(ratios) = ratios else { continue };
+            let (low, high) = ratios
+                .iter()
+                .fold((f64::INFINITY, 0f64), |(low, high), &r| {
+                    (low.min(r), high.max(r))
+                });
+            let each: Vec<String> = ratios.iter().map(|r| format!("{r:.3}")).collect();
+            println!(
+                "{:<11} {:<10} {:>4} {what} {:.3}x {first_label}'s, round by round (median; {low:.3} to {high:.3}: {})",
+                target.name,
+                label,
+                concurrency,
+                median(&ratios, |r| *r),
+                each.join(" "),
+            );
+        }
     }
 }
 
