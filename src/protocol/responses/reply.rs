@@ -44,7 +44,7 @@ impl WriteJson for Setting<'_> {
 /// What a `response` object repeats from the request that asked for it (the Responses API
 /// echoes its settings, with the API's defaults for those left out), borrowed from it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Echo<'a> {
+struct Echo<'a> {
     /// The request's `model`, for a reply that names none.
     model: Option<&'a str>,
     instructions: Setting<'a>,
@@ -115,34 +115,33 @@ fn inner<'a>(request: &'a Value, outer: &str, name: &str) -> Option<&'a Value> {
     request.get(outer)?.get(name)
 }
 
-impl<'a> Echo<'a> {
-    /// What a parsed `request` has a `response` repeat.
-    pub(super) fn of(request: &'a Value) -> Echo<'a> {
+impl<'a> Given<'a> {
+    /// The settings a parsed `request` gives.
+    pub(super) fn of(request: &'a Value) -> Given<'a> {
         let field = |name| request.get(name).map(Json::Value);
-        Echo::with(
-            request["model"].as_str(),
-            Given {
-                instructions: field("instructions"),
-                max_output_tokens: field("max_output_tokens"),
-                metadata: field("metadata"),
-                parallel_tool_calls: field("parallel_tool_calls"),
-                // Not `Value::pointer`, which unescapes each step of its path.
-                effort: inner(request, "reasoning", "effort").map(Json::Value),
-                service_tier: field("service_tier"),
-                temperature: field("temperature"),
-                format: inner(request, "text", "format").map(Json::Value),
-                tool_choice: field("tool_choice"),
-                tools: field("tools"),
-                top_p: field("top_p"),
-                user: field("user"),
-            },
-        )
+        Given {
+            instructions: field("instructions"),
+            max_output_tokens: field("max_output_tokens"),
+            metadata: field("metadata"),
+            parallel_tool_calls: field("parallel_tool_calls"),
+            // Not `Value::pointer`, which unescapes each step of its path.
+            effort: inner(request, "reasoning", "effort").map(Json::Value),
+            service_tier: field("service_tier"),
+            temperature: field("temperature"),
+            format: inner(request, "text", "format").map(Json::Value),
+            tool_choice: field("tool_choice"),
+            tools: field("tools"),
+            top_p: field("top_p"),
+            user: field("user"),
+        }
     }
+}
 
+impl<'a> Echo<'a> {
     /// What a request calling `model` and giving the settings `given` has a `response`
     /// repeat (the settings are named fields rather than looked up by name: matching a dozen
     /// names cost more than the rest of the echo).
-    pub(super) fn with(model: Option<&'a str>, given: Given<'a>) -> Echo<'a> {
+    fn with(model: Option<&'a str>, given: Given<'a>) -> Echo<'a> {
         let mut any_given = false;
         let mut given_or = |value: Option<Json<'a>>, default: Setting<'a>| match value {
             Some(value) if !value.is_null() => {
@@ -172,7 +171,7 @@ impl<'a> Echo<'a> {
     }
 
     /// The echo, written once, for every `response` object of the call.
-    pub(super) fn owned(&self) -> Echoed {
+    fn owned(&self) -> Echoed {
         Echoed {
             model: self.model.map(str::to_owned),
             settings: match self.any_given {
@@ -251,7 +250,7 @@ impl Echoed {
     /// mock answers every request); the defaults when it is not JSON.
     pub(crate) fn of_request(body: &[u8]) -> Echoed {
         let request: Value = serde_json::from_slice(body).unwrap_or_default();
-        Echo::of(&request).owned()
+        Given::of(&request).echoed(request["model"].as_str())
     }
 
     /// A `response` object, appended to `out`. Written by hand rather than derived:

@@ -6,7 +6,7 @@ pub(crate) use read::{Request as ReadRequest, read as read_request};
 
 use serde_json::{Map, Value, json};
 
-use super::reply::{Echo, Echoed};
+use super::reply::{Echoed, Given};
 use super::write::WriteJson;
 
 /// A field of a Responses request that chat completions cannot express. Refused with 400
@@ -62,7 +62,7 @@ impl Translated {
         chat[0] = b',';
         Ok(Translated {
             chat,
-            echoed: Echo::of(&request).owned(),
+            echoed: Given::of(&request).echoed(request["model"].as_str()),
         })
     }
 
