@@ -38,7 +38,8 @@
 //! this part.
 //!
 //! `LOADTEST_ONLY=responses` runs instead `POST /v1/responses` beside chat completions through
-//! the in-memory gateway, in mock mode and through a translating upstream (see `responses.rs`).
+//! the in-memory gateway, in mock mode, through a translating upstream and through a native one
+//! (see `responses.rs`).
 //!
 //! `LOADTEST_ONLY=tokens` runs instead a token-priced model beside a per-call one, on the
 //! in-memory gateway and an owned `SQLite` file (see `tokens.rs`).

@@ -1,10 +1,12 @@
 //! `POST /v1/responses` beside `POST /v1/chat/completions`, the same question through the same
 //! gateway (the four layers on the in-memory store, so that the two differ only in the
-//! protocol): in mock mode, and through a translating upstream (a chat-completions provider in
+//! protocol): in mock mode; through a translating upstream (a chat-completions provider in
 //! this process answering a fixed reply), where the request and reply are translated on every
-//! call. Alternated, `LOADTEST_ROUNDS` times, at concurrency 16 and 64; medians printed. Chat
-//! runs twice each round: the spread of its second run against its first is the noise the
-//! Responses row's ratio is read against.
+//! call; and through a native upstream (the same provider answering the Responses API too),
+//! where both endpoints pass the request and the reply through and a Responses call records
+//! who made the response. Alternated, `LOADTEST_ROUNDS` times, at concurrency 16 and 64;
+//! medians printed. Chat runs twice each round: the spread of its second run against its first
+//! is the noise the Responses row's ratio is read against.
 //!
 //! A Responses reply is longer than a chat one (the API repeats the request's settings and
 //! gives each output item an id and a status): the `bare` rows are a server with no layers that
@@ -20,16 +22,34 @@ use model_gateway::Catalogue;
 /// What the provider answers every chat call with.
 const CHAT_REPLY: &str = r#"{"id":"chatcmpl-load","object":"chat.completion","created":1741476542,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"This is a fixed reply from the load test's provider."},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":11,"total_tokens":23}}"#;
 
-/// A chat-completions provider that answers [`CHAT_REPLY`] at once.
-async fn chat_provider() -> String {
-    let reply = || async {
-        (
-            [(http::header::CONTENT_TYPE, "application/json")],
-            CHAT_REPLY,
-        )
+/// What the provider answers every Responses call with, as `OpenAI` answers one.
+const RESPONSES_REPLY: &str = r#"{"id":"resp_load","object":"response","created_at":1741476542,"status":"completed","error":null,"incomplete_details":null,"instructions":null,"max_output_tokens":null,"model":"gpt-4o-mini","output":[{"id":"msg_load","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"This is a fixed reply from the load test's provider.","annotations":[]}]}],"parallel_tool_calls":true,"previous_response_id":null,"reasoning":{"effort":null,"summary":null},"store":true,"temperature":1.0,"text":{"format":{"type":"text"}},"tool_choice":"auto","tools":[],"top_p":1.0,"truncation":"disabled","usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":0},"output_tokens":11,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":23},"user":null,"metadata":{}}"#;
+
+/// A provider that answers [`CHAT_REPLY`] to chat completions and [`RESPONSES_REPLY`] to the
+/// Responses API, at once.
+async fn provider() -> String {
+    let fixed = |reply: &'static str| {
+        move || async move { ([(http::header::CONTENT_TYPE, "application/json")], reply) }
     };
-    let router = axum::Router::new().route("/v1/chat/completions", axum::routing::post(reply));
+    let router = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(fixed(CHAT_REPLY)),
+        )
+        .route("/v1/responses", axum::routing::post(fixed(RESPONSES_REPLY)));
     serve(router).await
+}
+
+/// A gateway whose one model is served by `provider`, reached the `responses` way (`translate`
+/// or `native`).
+async fn gateway_over(name: &'static str, provider: &str, responses: &str) -> Target {
+    let catalogue = Catalogue::from_toml(&format!(
+        "[[upstreams]]\nname = \"load-provider\"\nkind = \"openai\"\nbase_url = \"{provider}/v1\"\n\
+         api_key_env = \"K\"\nresponses = \"{responses}\"\n\
+         [[models]]\nname = \"gpt-4o-mini\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream = \"load-provider\"\n"
+    ))
+    .unwrap();
+    memory_gateway_over_http(name, catalogue).await
 }
 
 /// The reply `target` gives to `body` on `path`, as bytes.
@@ -73,16 +93,11 @@ async fn bare(mock: &Target) -> Target {
 }
 
 pub async fn run(requests: u64, rounds: usize) {
-    let provider = chat_provider().await;
-    let catalogue = Catalogue::from_toml(&format!(
-        "[[upstreams]]\nname = \"chat-only\"\nkind = \"openai\"\nbase_url = \"{provider}/v1\"\n\
-         api_key_env = \"K\"\nresponses = \"translate\"\n\
-         [[models]]\nname = \"gpt-4o-mini\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream = \"chat-only\"\n"
-    ))
-    .unwrap();
+    let provider = provider().await;
     let mut mock = memory_gateway(None).await;
     mock.name = "mock";
-    let translated = memory_gateway_over_http("translated", catalogue).await;
+    let translated = gateway_over("translated", &provider, "translate").await;
+    let native = gateway_over("native", &provider, "native").await;
     let bare = bare(&mock).await;
     println!("{requests} requests per run, {rounds} rounds, alternated");
     println!(
@@ -109,7 +124,7 @@ pub async fn run(requests: u64, rounds: usize) {
     })
     .collect();
     for concurrency in [16, 64] {
-        for target in [&bare, &mock, &translated] {
+        for target in [&bare, &mock, &translated, &native] {
             if kept(target.name) {
                 compare_loads(target, concurrency, requests, rounds, &loads).await;
             }
