@@ -132,6 +132,10 @@ pub struct RoutedCall {
     /// The Responses request and its translation, as the router made them to check that it
     /// translates, so that the upstream sends them without doing it again.
     translation: Option<Arc<Translated>>,
+    /// Whether a Responses request lets the provider keep its response (`store` not `false`),
+    /// as the router read it; `None` when it did not (see
+    /// [`kept_by_provider`](Self::kept_by_provider)).
+    provider_keeps: Option<bool>,
     /// Input tokens the request can hold, estimated from its size (for a token-priced model's
     /// reservation; see [`reservation`](Self::reservation)).
     pub input_estimate: u64,
@@ -161,6 +165,7 @@ impl RoutedCall {
             upstream: None,
             continues: None,
             translation: None,
+            provider_keeps: None,
             input_estimate: 0,
             output_limit: None,
             gateway_asks_usage: false,
@@ -200,6 +205,19 @@ impl RoutedCall {
     /// (a Responses call on a model with a translating channel), from the request's body.
     pub(crate) fn translation(&self) -> Option<Arc<Translated>> {
         self.translation.clone()
+    }
+
+    /// Whether the Responses request `body` (this call's) lets the provider keep its response:
+    /// as the router read it, or else read from `body`.
+    pub(crate) fn kept_by_provider(&self, body: &[u8]) -> bool {
+        self.provider_keeps
+            .unwrap_or_else(|| crate::protocol::responses::kept_by_provider(body))
+    }
+
+    /// Keeps what the router read of the request's `store` (see
+    /// [`kept_by_provider`](Self::kept_by_provider)).
+    pub(crate) fn keep_provider_keeps(&mut self, keeps: bool) {
+        self.provider_keeps = Some(keeps);
     }
 
     /// Keeps the request's translation (see [`translation`](Self::translation)).

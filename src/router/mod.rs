@@ -789,6 +789,9 @@ fn route_responses(
         model_name,
         stream,
     )?;
+    if let Some(read) = &envelope.responses {
+        routed.keep_provider_keeps(read.kept_by_provider());
+    }
     let native = |channel: &ModelChannel| {
         channel.upstream.kind == UpstreamKind::Openai
             && channel.upstream.responses == ResponsesRoute::Native

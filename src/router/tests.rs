@@ -305,3 +305,45 @@ fn a_responses_envelope_read_with_its_translation_is_the_plain_envelope() {
         );
     }
 }
+
+/// The router reads a Responses request's `store` as the upstream would read it from the body
+/// (whether a native upstream's response is recorded), so the upstream need not read the body
+/// again; a request the router's reading does not take is left to the upstream's.
+#[test]
+fn a_responses_requests_store_is_read_as_the_upstream_reads_it() {
+    let catalogue = Catalogue::from_toml(
+        "[[upstreams]]\nname = \"openai\"\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+         api_key_env = \"K\"\nresponses = \"native\"\n\
+         [[models]]\nname = \"m\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream = \"openai\"\n",
+    )
+    .unwrap();
+    let read_by_the_router = [
+        r#"{"model":"m","input":"Hi"}"#,
+        r#"{"model":"m","input":"Hi","store":true}"#,
+        r#"{"model":"m","input":"Hi","store":false}"#,
+        r#"{"model":"m","store": false ,"input":[{"role":"user","content":"Hi"}]}"#,
+        r#"{"model":"m","input":"Hi","store":null}"#,
+        r#"{"model":"m","input":"Hi","store":"false"}"#,
+        r#"{"model":"m","input":"Hi","store":0}"#,
+    ];
+    let mut kept = 0;
+    for body in read_by_the_router {
+        let routed = route(&catalogue, Protocol::Responses, body.as_bytes(), false).unwrap();
+        let expected = responses::kept_by_provider(body.as_bytes());
+        // A body that reads the other way: the answer must be the router's.
+        let decoy: &[u8] = if expected {
+            br#"{"store":false}"#
+        } else {
+            b"{}"
+        };
+        assert_eq!(routed.kept_by_provider(decoy), expected, "{body}");
+        kept += usize::from(expected);
+    }
+    assert_eq!(kept, 5);
+    // A field the translation's reading does not know: a native model takes it, and the
+    // upstream reads `store` from the body.
+    let odd = br#"{"model":"m","input":"Hi","store":false,"future_field":1}"#;
+    let routed = route(&catalogue, Protocol::Responses, odd, false).unwrap();
+    assert!(!routed.kept_by_provider(odd));
+    assert!(routed.kept_by_provider(b"{}"));
+}

@@ -33,7 +33,7 @@ use tower_service::Service;
 use super::ResponseFuture;
 use super::breaker::CircuitBreaker;
 use super::translated::ChatAsResponses;
-use crate::call::{Caller, RoutedCall, ServedBy};
+use crate::call::{AccountId, Caller, RoutedCall, ServedBy};
 use crate::catalogue::{Catalogue, ModelChannel, ResponsesRoute, UpstreamConfig, UpstreamKind};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
@@ -542,35 +542,39 @@ impl Channel {
         Ok((response, first_event))
     }
 
-    /// Records who made the response a native Responses upstream just answered with (`reply`:
-    /// its body, or the data of its stream's `response.created`), unless the client asked the
-    /// provider not to keep it (`store: false`). A record that fails is logged: the call goes
-    /// on, and the response cannot be reached again through the gateway.
-    async fn remember(
+    /// Where and for whom to record who made the response a native Responses upstream answers
+    /// `request` with: `None` when nothing is recorded (another protocol, a translated call,
+    /// no store of owners or no caller), or the client asked the provider not to keep the
+    /// response (`store: false`).
+    fn owner_record<'a>(
         &self,
-        owners: Option<&dyn ResponseOwners>,
+        owners: Option<&'a dyn ResponseOwners>,
         routed: &RoutedCall,
         request: &Request<Bytes>,
-        reply: &[u8],
-    ) {
-        let Some(owners) = owners else {
-            return;
-        };
+    ) -> Option<(&'a dyn ResponseOwners, AccountId)> {
+        let owners = owners?;
         if routed.protocol != Protocol::Responses || self.translates(routed.protocol) {
-            return;
+            return None;
         }
-        let Some(caller) = request.extensions().get::<Caller>() else {
-            return;
-        };
-        if !responses::kept_by_provider(request.body()) {
-            return;
-        }
-        let Some(response_id) = responses::response_id(reply) else {
-            return;
-        };
+        let caller = request.extensions().get::<Caller>()?;
+        routed
+            .kept_by_provider(request.body())
+            .then_some((owners, caller.account))
+    }
+
+    /// Records that `account` made the response `response_id` (see [`owner_record`]). A
+    /// record that fails is logged: the call goes on, and the response cannot be reached again
+    /// through the gateway.
+    ///
+    /// [`owner_record`]: Self::owner_record
+    async fn remember(
+        &self,
+        (owners, account): (&dyn ResponseOwners, AccountId),
+        response_id: String,
+    ) {
         let owner = ResponseOwner {
             response_id,
-            account: caller.account,
+            account,
             upstream: self.config.name.clone(),
         };
         let recorded = owners.record_response(&owner);
@@ -662,10 +666,14 @@ impl Channel {
             let (response, first) = self
                 .event_stream(reply, first_event, translated.as_deref())
                 .await?;
-            let first = crate::protocol::sse::event_text(&first);
-            let data = crate::protocol::sse::Event::parse(&first).data;
-            self.remember(owners, routed, request, data.as_bytes())
-                .await;
+            // Its id is in its first event (`response.created`'s `response.id`).
+            if let Some(record) = self.owner_record(owners, routed, request) {
+                let first = crate::protocol::sse::event_text(&first);
+                let data = crate::protocol::sse::Event::parse(&first).data;
+                if let Some(id) = responses::response_id(data.as_bytes()) {
+                    self.remember(record, id).await;
+                }
+            }
             return Ok(response);
         }
         let reply_headers = reply.headers().clone();
@@ -691,12 +699,22 @@ impl Channel {
                     .map_err(|_| not_an_object())?;
                     (Bytes::from(response), usage.ok_or_else(not_an_object)?)
                 }
-                None => {
-                    let usage = complete_reply(status, &body)
-                        .map_err(|error| retryable(error.status, error.message))?;
-                    self.remember(owners, routed, request, &body).await;
-                    (body, usage)
-                }
+                // A native Responses reply is read once, for its usage and for who made it.
+                None => match self.owner_record(owners, routed, request) {
+                    Some(record) => {
+                        let (usage, id) =
+                            responses::reply_usage_and_id(&body).ok_or_else(not_an_object)?;
+                        if let Some(id) = id {
+                            self.remember(record, id).await;
+                        }
+                        (body, usage)
+                    }
+                    None => {
+                        let usage = complete_reply(status, &body)
+                            .map_err(|error| retryable(error.status, error.message))?;
+                        (body, usage)
+                    }
+                },
             };
             let mut response = Response::new(UpstreamBody::complete(body));
             *response.status_mut() = status;

@@ -70,6 +70,10 @@ pub use request::{Translated, Untranslatable, chat_request};
 pub use stream::StreamTranslator;
 pub(crate) use write::Str;
 
+use serde_json::value::RawValue;
+
+use crate::protocol::TokenUsage;
+
 /// An optional string read borrowed from the JSON text where it holds no escape, for a field
 /// `#[serde(borrow, default, deserialize_with = "borrowed_text")]`.
 ///
@@ -167,19 +171,62 @@ const MAX_RESPONSE_ID: usize = 255;
 /// `response.id`); `None` when there is none, or it is empty or longer than 255 bytes.
 pub fn response_id(reply: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
-    struct Reply {
-        id: Option<String>,
-        response: Option<Inner>,
+    struct Reply<'a> {
+        #[serde(borrow)]
+        id: Option<&'a RawValue>,
+        #[serde(borrow)]
+        response: Option<&'a RawValue>,
     }
+    let reply: Reply<'_> = crate::protocol::read_json(reply).ok()?;
+    chosen_id(reply.id, reply.response)
+}
+
+/// A complete reply's usage, as [`reply_usage`](crate::protocol::reply_usage) reads it, and
+/// its [`response_id`], in one reading: a native upstream's reply is read once for the ledger
+/// and for who made the response. `None` when the reply is not a JSON object.
+pub(crate) fn reply_usage_and_id(reply: &[u8]) -> Option<(TokenUsage, Option<String>)> {
+    #[derive(serde::Deserialize)]
+    struct Reply<'a> {
+        #[serde(default)]
+        usage: Option<TokenUsage>,
+        #[serde(borrow)]
+        id: Option<&'a RawValue>,
+        #[serde(borrow)]
+        response: Option<&'a RawValue>,
+    }
+    let read = (reply.trim_ascii_start().first() == Some(&b'{'))
+        .then(|| crate::protocol::read_json::<Reply<'_>>(reply).ok())
+        .flatten();
+    match read {
+        Some(read) => Some((
+            read.usage.unwrap_or_default(),
+            chosen_id(read.id, read.response),
+        )),
+        // Read apart, as each reading alone decides (a key given twice, say, fails only the
+        // reading that takes it).
+        None => Some((crate::protocol::reply_usage(reply)?, response_id(reply))),
+    }
+}
+
+/// The response id of a reply whose `id` and `response` read as written: the `response`'s
+/// own `id` (a stream event's), else the reply's; `None` when either is not what the API
+/// sends (a string; an object), or the id is empty or longer than 255 bytes.
+fn chosen_id(id: Option<&RawValue>, response: Option<&RawValue>) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Inner {
         id: Option<String>,
     }
-    let reply: Reply = serde_json::from_slice(reply).ok()?;
-    reply
-        .response
+    let own = id
+        .map(|raw| serde_json::from_str::<String>(raw.get()))
+        .transpose()
+        .ok()?;
+    let inner = response
+        .map(|raw| serde_json::from_str::<Inner>(raw.get()))
+        .transpose()
+        .ok()?;
+    inner
         .and_then(|inner| inner.id)
-        .or(reply.id)
+        .or(own)
         .filter(|id| !id.is_empty() && id.len() <= MAX_RESPONSE_ID)
 }
 
@@ -202,6 +249,71 @@ mod tests {
         }
         assert_ne!(first, second);
         assert_eq!(Ids::counting().next("msg"), "msg_1");
+    }
+
+    /// Read together, a reply's usage and response id are what each reading alone gives, odd
+    /// replies included (a key given twice fails only the reading that takes it).
+    #[test]
+    fn a_replys_usage_and_id_read_together_are_what_each_reading_gives() {
+        let usage = r#""usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":2},"output_tokens":11,"output_tokens_details":{"reasoning_tokens":3},"total_tokens":23}"#;
+        let replies = [
+            format!(r#"{{"id":"resp_1","object":"response","output":[],{usage}}}"#),
+            format!(r#"{{"object":"response",{usage},"id":"resp_\u0041"}}"#),
+            r#"{"id":"resp_1","usage":null}"#.to_owned(),
+            r#"{"id":"resp_1"}"#.to_owned(),
+            r#"{"id":"","usage":{"input_tokens":1}}"#.to_owned(),
+            format!(
+                r#"{{"id":"{}","usage":{{"input_tokens":1}}}}"#,
+                "r".repeat(256)
+            ),
+            format!(
+                r#"{{"id":"{}","usage":{{"input_tokens":1}}}}"#,
+                "r".repeat(255)
+            ),
+            r#"{"id":5,"usage":{"input_tokens":1}}"#.to_owned(),
+            r#"{"id":null,"usage":{"input_tokens":1}}"#.to_owned(),
+            r#"{"id":"resp_1","id":"resp_2","usage":{"input_tokens":1}}"#.to_owned(),
+            r#"{"id":"resp_1","usage":{"input_tokens":1},"usage":{"input_tokens":2}}"#.to_owned(),
+            r#"{"type":"response.created","response":{"id":"resp_9","usage":null},"id":"x"}"#
+                .to_owned(),
+            r#"{"response":{"id":7},"id":"resp_1","usage":{"input_tokens":1}}"#.to_owned(),
+            r#"{"response":"resp_1","id":"resp_1"}"#.to_owned(),
+            r#"{"id":"resp_1","usage":{"input_tokens":"many"}}"#.to_owned(),
+            r#"{"id":"resp_1","usage":[1,2]}"#.to_owned(),
+            r#"["resp_1"]"#.to_owned(),
+            r#"{"id":"resp_1""#.to_owned(),
+            r#"  {"id":"resp_1"}  "#.to_owned(),
+            "not json".to_owned(),
+        ];
+        let mut read_as_object = 0;
+        for reply in &replies {
+            let apart = crate::protocol::reply_usage(reply.as_bytes())
+                .map(|usage| (usage, super::response_id(reply.as_bytes())));
+            assert_eq!(
+                super::reply_usage_and_id(reply.as_bytes()),
+                apart,
+                "{reply}"
+            );
+            read_as_object += usize::from(apart.is_some());
+        }
+        // The cases are not all refused: most are objects with usage and an id.
+        assert_eq!(read_as_object, 14);
+        let (usage, id) = super::reply_usage_and_id(replies[0].as_bytes()).unwrap();
+        assert_eq!(id.as_deref(), Some("resp_1"));
+        assert_eq!(usage.output_tokens, Some(11));
+        assert_eq!(usage.cache_read_tokens, Some(2));
+        assert_eq!(
+            super::reply_usage_and_id(replies[1].as_bytes())
+                .unwrap()
+                .1
+                .as_deref(),
+            Some("resp_A")
+        );
+        // Not UTF-8 in the id: skipped by the usage's reading, refused by the id's.
+        let bytes = b"{\"id\":\"resp_\xff\",\"usage\":{\"input_tokens\":1}}";
+        let (usage, id) = super::reply_usage_and_id(bytes).unwrap();
+        assert_eq!((usage.input_tokens, id), (Some(1), None));
+        assert_eq!(Some(usage), crate::protocol::reply_usage(bytes));
     }
 
     #[test]

@@ -69,9 +69,10 @@ pub(crate) struct Request<'a> {
     text: Option<TextSetting<'a>>,
     #[serde(borrow)]
     reasoning: Option<ReasoningSetting<'a>>,
-    // Hints, dropped (see `HINTS`).
-    #[serde(rename = "store")]
-    _store: Option<IgnoredAny>,
+    // Hints, dropped (see `HINTS`); `store` also says whether a native upstream's response
+    // is recorded.
+    #[serde(borrow)]
+    store: Option<&'a RawValue>,
     #[serde(rename = "client_metadata")]
     _client_metadata: Option<IgnoredAny>,
     #[serde(rename = "include")]
@@ -334,6 +335,12 @@ impl Request<'_> {
     /// Whether the request has an `input`, a string or a list of items.
     pub(crate) fn has_input(&self) -> bool {
         self.input.is_some()
+    }
+
+    /// Whether the request lets the provider keep its response, as
+    /// [`kept_by_provider`](super::super::kept_by_provider) reads it from the same body.
+    pub(crate) fn kept_by_provider(&self) -> bool {
+        self.store.is_none_or(|store| store.get() != "false")
     }
 }
 
