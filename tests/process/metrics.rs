@@ -38,13 +38,24 @@ async fn the_metrics_count_known_traffic() {
     let catalogue =
         Catalogue::from_toml(&one_upstream_toml("prov", &provider.base, "K", "")).unwrap();
     let gateway = http_gateway(&db, catalogue).await;
-    let key = db.funded_key(3 * CHAT_PRICE, 0).await;
+    let key = db.funded_key(4 * CHAT_PRICE, 0).await;
 
     provider
         .then(Fault::json(200, ok))
         .then(Fault::json(200, ok));
     assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200);
     assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 200);
+    // A Responses call, translated to the provider's chat completions, counted as its own.
+    let chat_reply = r#"{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+    provider.then(Fault::json(200, chat_reply));
+    let responses = gateway
+        .post_bearer(
+            "/v1/responses",
+            &key,
+            format!(r#"{{"model":"{CHAT_MODEL}","input":"Hi"}}"#),
+        )
+        .await;
+    assert_eq!(responses.status, 200, "{responses:?}");
     provider.then(Fault::json(503, r#"{"error":{"message":"down"}}"#));
     assert_eq!(gateway.chat(&key, CHAT_MODEL).await.status, 502);
     assert_eq!(gateway.chat(&key, "no-such-model").await.status, 404);
@@ -66,9 +77,15 @@ async fn the_metrics_count_known_traffic() {
     assert_eq!(calls("refunded"), 1.0);
     assert_eq!(
         value(&format!(
+            "mg_calls_total{{model=\"{CHAT_MODEL}\",outcome=\"ok\",protocol=\"responses\"}}"
+        )),
+        1.0
+    );
+    assert_eq!(
+        value(&format!(
             "mg_credits_charged_total{{model=\"{CHAT_MODEL}\"}}"
         )),
-        4.0
+        6.0
     );
     assert_eq!(
         value(&format!(
@@ -90,17 +107,17 @@ async fn the_metrics_count_known_traffic() {
     );
     assert_eq!(
         value("mg_upstream_attempts_total{outcome=\"ok\",upstream=\"prov\"}"),
-        2.0
+        3.0
     );
     assert_eq!(
         value("mg_upstream_attempts_total{outcome=\"retryable\",upstream=\"prov\"}"),
         1.0
     );
-    assert_eq!(value("mg_upstream_seconds_count{upstream=\"prov\"}"), 3.0);
+    assert_eq!(value("mg_upstream_seconds_count{upstream=\"prov\"}"), 4.0);
     assert_eq!(value("mg_breaker_open{upstream=\"prov\"}"), 0.0);
     assert_eq!(value("mg_pending_reservations"), 0.0);
-    // Three reservations, two settles and a refund went through the ledger's batches.
-    assert!(value("mg_ledger_batch_writes_sum") >= 6.0, "{seen:#?}");
+    // Four reservations, three settles and a refund went through the ledger's batches.
+    assert!(value("mg_ledger_batch_writes_sum") >= 8.0, "{seen:#?}");
     assert!(value("mg_ledger_batch_seconds_count") >= 1.0);
 
     clients_leaving_at_any_moment_leave_the_metrics_equal_to_the_ledger(&metrics, &db).await;

@@ -788,6 +788,7 @@ async fn access_log_run(format: &str) -> (Vec<Sent>, String, String) {
     let stream_chat = r#"{"model":"gpt-4o-mini","messages":[],"stream":true}"#;
     let stream_messages =
         r#"{"model":"claude-haiku-4-5","max_tokens":8,"messages":[],"stream":true}"#;
+    let responses = r#"{"model":"gpt-4o-mini","input":"Hi"}"#;
     let requests: Vec<(&str, &str, &str, String, u16)> = vec![
         ("POST", CHAT, "sk-mg-wrong", chat_body(CHAT_MODEL), 401),
         ("POST", CHAT, &key, "not json".into(), 400),
@@ -805,6 +806,8 @@ async fn access_log_run(format: &str) -> (Vec<Sent>, String, String) {
         ),
         ("POST", CHAT, &key, stream_chat.into(), 200),
         ("POST", MESSAGES, &key, stream_messages.into(), 200),
+        ("POST", "/v1/responses", &key, responses.into(), 200),
+        ("POST", "/v1/responses", &poor, responses.into(), 402),
     ];
     let mut sent = Vec::new();
     for (n, (method, path, with_key, body, status)) in requests.into_iter().enumerate() {
@@ -909,6 +912,21 @@ async fn the_json_access_log_has_one_object_per_request_with_its_fields() {
         None,
         "a refused call charged nothing"
     );
+    // The Responses endpoint's lines, paid and refused, as the other endpoints'.
+    let field = |id: &str| {
+        access
+            .iter()
+            .find(|line| line["fields"]["request_id"] == id)
+            .unwrap()["fields"]
+            .clone()
+    };
+    let (paid, poor) = (field("access-10"), field("access-11"));
+    assert_eq!(paid["path"], "/v1/responses");
+    assert_eq!(paid["model"], CHAT_MODEL);
+    assert_eq!(paid["outcome"], "ok");
+    assert_eq!(paid["credits"], CHAT_PRICE);
+    assert_eq!(poor["path"], "/v1/responses");
+    assert_eq!(poor["error"], "insufficient_credits");
     assert!(!log.contains(&key), "a key reached the log");
 }
 
