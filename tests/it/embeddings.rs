@@ -24,6 +24,12 @@ fn floats(value: &Value) -> Vec<f64> {
 }
 
 #[tokio::test]
+async fn an_embeddings_call_gets_the_request_id_idempotency_and_key_rules_of_every_call() {
+    let body = json!({ "model": EMBEDDING_MODEL, "input": "a cat" });
+    crate::responses::assert_the_rules_of_every_call(EMBEDDINGS, &body, EMBEDDING_PRICE).await;
+}
+
+#[tokio::test]
 async fn a_mock_embeddings_call_gives_one_unit_vector_per_input_and_is_charged_its_price() {
     let db = local_db().await;
     let gateway = start_mock_gateway(&db).await;

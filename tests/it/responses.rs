@@ -291,40 +291,37 @@ async fn the_mock_answers_a_response_and_a_stream_charged_as_chat_calls_and_logg
     db.assert_audit_holds().await;
 }
 
-/// What every call gets, a Responses call gets too: its request id answered and logged, an
-/// idempotency key's retry replayed uncharged, and a key's model rule refusing it (403)
-/// uncharged.
-#[tokio::test]
-async fn a_responses_call_gets_the_request_id_idempotency_and_key_rules_of_every_call() {
+/// What every call gets, a call to `path` (a model of `price` called by `body`) gets too: its
+/// request id answered and logged, an idempotency key's retry replayed byte for byte and
+/// uncharged, and a key's model rule refusing it (403) uncharged.
+pub(crate) async fn assert_the_rules_of_every_call(path: &str, body: &Value, price: i64) {
     let db = local_db().await;
-    let gateway = mock_gateway(&db).await;
+    let gateway = start_mock_gateway(&db).await;
     let key = db.funded_key(10, 0).await;
-    let body = responses_body(CHAT_MODEL, false).to_string();
     let keyed = |idem: &'static str| {
         gateway
             .client
-            .post(format!("{}{RESPONSES}", gateway.base))
+            .post(format!("{}{path}", gateway.base))
             .bearer_auth(&key)
             .header("content-type", "application/json")
-            .header("x-request-id", format!("responses-{idem}"))
+            .header("x-request-id", format!("rules-{idem}"))
             .header("idempotency-key", idem)
-            .body(body.clone())
+            .body(body.to_string())
     };
     let first = gateway.send(keyed("once")).await;
     assert_eq!(first.status, 200, "{first:?}");
-    assert_eq!(first.headers["x-request-id"], "responses-once");
+    assert_eq!(first.headers["x-request-id"], "rules-once");
     assert!(first.headers.get(IDEMPOTENT_REPLAYED_HEADER).is_none());
     let again = gateway.send(keyed("once")).await;
     assert_eq!(again.status, 200);
     assert_eq!(again.headers[IDEMPOTENT_REPLAYED_HEADER], "true");
-    assert_eq!(again.bytes, first.bytes, "the same response, ids and all");
-    assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
+    assert_eq!(again.bytes, first.bytes, "the same reply, ids and all");
+    assert_eq!(db.balance(&key).await, balance(10 - price, 0));
     let calls = db.calls(&key).await;
     assert_eq!(calls.len(), 1, "{calls:?}");
-    assert_eq!(calls[0].protocol, Protocol::Responses);
-    assert_eq!(calls[0].request_id.as_deref(), Some("responses-once"));
+    assert_eq!(calls[0].request_id.as_deref(), Some("rules-once"));
 
-    // A key that may call only the messages model is refused the chat model here, uncharged.
+    // A key that may call only the messages model is refused this one, uncharged.
     let id = db
         .store
         .caller_for_key(&KeyHash::of(&key))
@@ -340,14 +337,19 @@ async fn a_responses_call_gets_the_request_id_idempotency_and_key_rules_of_every
         .update_key(id, &only_messages)
         .await
         .unwrap();
-    let refused = post_responses(&gateway, &key, &responses_body(CHAT_MODEL, false)).await;
+    let refused = gateway.post_bearer(path, &key, body.to_string()).await;
     assert_eq!(
         (refused.status, refused.detail()),
         (403, "该 API Key 无权使用此模型")
     );
-    assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
+    assert_eq!(db.balance(&key).await, balance(10 - price, 0));
     assert_eq!(db.calls(&key).await.len(), 1);
     db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn a_responses_call_gets_the_request_id_idempotency_and_key_rules_of_every_call() {
+    assert_the_rules_of_every_call(RESPONSES, &responses_body(CHAT_MODEL, false), CHAT_PRICE).await;
 }
 
 #[tokio::test]
