@@ -450,6 +450,64 @@ pub async fn http_gateway(db: &TestDb, catalogue: Catalogue) -> Gateway {
     .await
 }
 
+/// What every call gets, a call to `path` (a model of `price` called by `body`) gets too: its
+/// request id answered and logged, an idempotency key's retry replayed byte for byte and
+/// uncharged, and a key's model rule refusing it (403) uncharged.
+pub async fn assert_the_rules_of_every_call(path: &str, body: &Value, price: i64) {
+    let db = local_db().await;
+    let gateway = start_mock_gateway(&db).await;
+    let key = db.funded_key(10, 0).await;
+    let keyed = |idem: &'static str| {
+        gateway
+            .client
+            .post(format!("{}{path}", gateway.base))
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .header("x-request-id", format!("rules-{idem}"))
+            .header("idempotency-key", idem)
+            .body(body.to_string())
+    };
+    let first = gateway.send(keyed("once")).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(first.headers["x-request-id"], "rules-once");
+    assert!(
+        first
+            .headers
+            .get(model_gateway::charge::IDEMPOTENT_REPLAYED_HEADER)
+            .is_none()
+    );
+    let again = gateway.send(keyed("once")).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(
+        again.headers[model_gateway::charge::IDEMPOTENT_REPLAYED_HEADER],
+        "true"
+    );
+    assert_eq!(again.bytes, first.bytes, "the same reply, ids and all");
+    assert_eq!(db.balance(&key).await, balance(10 - price, 0));
+    let calls = db.calls(&key).await;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].request_id.as_deref(), Some("rules-once"));
+
+    // A key that may call only the messages model is refused this one, uncharged.
+    let id = db.caller(&key).await.key;
+    let only_messages = model_gateway::admin::KeyPatch {
+        models: Some(Some(vec![MESSAGES_MODEL.into()])),
+        ..model_gateway::admin::KeyPatch::default()
+    };
+    model_gateway::admin::Admin::new(db.store.clone())
+        .update_key(id, &only_messages)
+        .await
+        .unwrap();
+    let refused = gateway.post_bearer(path, &key, body.to_string()).await;
+    assert_eq!(
+        (refused.status, refused.detail()),
+        (403, "该 API Key 无权使用此模型")
+    );
+    assert_eq!(db.balance(&key).await, balance(10 - price, 0));
+    assert_eq!(db.calls(&key).await.len(), 1);
+    db.assert_audit_holds().await;
+}
+
 /// The example gateway in mock mode with the demo catalogue.
 pub async fn start_mock_gateway(db: &TestDb) -> Gateway {
     start_gateway(

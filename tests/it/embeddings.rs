@@ -26,7 +26,7 @@ fn floats(value: &Value) -> Vec<f64> {
 #[tokio::test]
 async fn an_embeddings_call_gets_the_request_id_idempotency_and_key_rules_of_every_call() {
     let body = json!({ "model": EMBEDDING_MODEL, "input": "a cat" });
-    crate::responses::assert_the_rules_of_every_call(EMBEDDINGS, &body, EMBEDDING_PRICE).await;
+    assert_the_rules_of_every_call(EMBEDDINGS, &body, EMBEDDING_PRICE).await;
 }
 
 #[tokio::test]
