@@ -140,6 +140,9 @@ pub enum GatewayError {
     /// `/v1/messages` needs a positive integer `max_tokens`.
     #[error("`max_tokens` is missing or not a positive integer")]
     InvalidMaxTokens,
+    /// `n` (how many replies) is not a whole number from 1 to 128.
+    #[error("`n` is not a whole number from 1 to 128")]
+    InvalidReplies,
     /// `stream` is not a boolean.
     #[error("`stream` is not a boolean")]
     InvalidStreamField,
@@ -277,6 +280,7 @@ impl GatewayError {
                 format!("不支持字段 {field}: {reason}").into()
             }
             Self::InvalidMaxTokens => "缺少 max_tokens 字段, 或 max_tokens 不是正整数".into(),
+            Self::InvalidReplies => "n 必须是 1 到 128 之间的整数".into(),
             Self::InvalidStreamField => "stream 必须是布尔值".into(),
             Self::StreamingUnsupported => "暂不支持流式输出 (stream: true)".into(),
             Self::UnreadableBody => "无法读取请求体".into(),
@@ -327,6 +331,7 @@ impl GatewayError {
             | Self::InvalidInputField
             | Self::UnsupportedField { .. }
             | Self::InvalidMaxTokens
+            | Self::InvalidReplies
             | Self::InvalidStreamField
             | Self::StreamingUnsupported
             | Self::InvalidQuery
@@ -375,6 +380,7 @@ impl GatewayError {
             Self::InvalidInputField => "invalid_input_field",
             Self::UnsupportedField { .. } => "unsupported_field",
             Self::InvalidMaxTokens => "invalid_max_tokens",
+            Self::InvalidReplies => "invalid_n",
             Self::InvalidStreamField => "invalid_stream_field",
             Self::StreamingUnsupported => "streaming_unsupported",
             Self::UnreadableBody => "unreadable_body",
@@ -474,6 +480,7 @@ impl GatewayError {
             Self::InvalidMessagesField => Some("messages"),
             Self::InvalidInputField => Some("input"),
             Self::InvalidMaxTokens => Some("max_tokens"),
+            Self::InvalidReplies => Some("n"),
             Self::InvalidStreamField | Self::StreamingUnsupported => Some("stream"),
             Self::InvalidField { field, .. } => Some(field),
             Self::UnsupportedField { field, .. } => Some(field),

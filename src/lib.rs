@@ -253,7 +253,8 @@ where
                 .upstream_bound(upstream_bound)
                 .stream_deadline(catalogue.stream_deadline())
                 .stream_idle_timeout(catalogue.stream_idle_timeout())
-                .stream_max_event_bytes(catalogue.max_event_bytes()),
+                .stream_max_event_bytes(catalogue.max_event_bytes())
+                .charge_beyond_reservation(catalogue.charge_beyond_ceiling()),
         )
         .service(upstream)
 }

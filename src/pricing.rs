@@ -200,29 +200,107 @@ impl Pricing {
 pub struct Metered {
     /// The model's prices.
     pub pricing: Pricing,
-    /// Input tokens estimated from the request body (see [`estimated_input_tokens`]).
+    /// Input tokens estimated from the request body (see [`estimated_input_tokens`]): what a
+    /// call whose provider reported no input is charged for.
     pub input_estimate: u64,
-    /// What the reservation holds: the most the call was expected to cost.
+    /// What the reservation holds: the call's ceiling, the most it is expected to cost.
     pub reserved: Credits,
+    /// The most input a report may claim: the model's context window, else the request's
+    /// input ceiling ([`input_ceiling_tokens`]).
+    pub input_bound: u64,
+    /// The most output a report may claim: the call's output ceiling (its largest output limit,
+    /// or the model's `max_output_tokens`, times the replies asked for).
+    pub output_bound: u64,
+}
+
+/// What a metered call is charged, and whether its provider's report was trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    /// What the usage costs (or the ceiling, for a report that failed the checks).
+    pub cost: Credits,
+    /// Whether the report failed the checks ([`Metered::check`]).
+    pub usage_rejected: bool,
+}
+
+/// Why a usage report is not trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Implausible {
+    /// A count that is no count: below zero, not a whole number, not a number, or cached input
+    /// beyond the input it is part of.
+    Malformed,
+    /// More input than the call could send.
+    Input,
+    /// More output than the call allowed, or more reasoning than output.
+    Output,
 }
 
 impl Metered {
+    /// Checks a usage report against what the call could use: each count a whole number from
+    /// zero up, cache reads and writes inside the input they are part of, input within
+    /// [`input_bound`](Self::input_bound), output within [`output_bound`](Self::output_bound),
+    /// reasoning within output.
+    pub fn check(&self, usage: &TokenUsage) -> Result<(), Implausible> {
+        let counts = [
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cache_read_tokens,
+            usage.cache_write_tokens,
+            usage.cache_write_1h_tokens,
+            usage.reasoning_tokens,
+        ];
+        if usage.malformed || counts.iter().flatten().any(|count| *count < 0) {
+            return Err(Implausible::Malformed);
+        }
+        let input: i128 = [
+            usage.input_tokens,
+            usage.cache_read_tokens,
+            usage.cache_write_tokens,
+            usage.cache_write_1h_tokens,
+        ]
+        .iter()
+        .flatten()
+        .map(|count| i128::from(*count))
+        .sum();
+        if input > i128::from(self.input_bound) {
+            return Err(Implausible::Input);
+        }
+        let output = usage.output_tokens.unwrap_or(0);
+        if !usage.estimated && i128::from(output) > i128::from(self.output_bound) {
+            return Err(Implausible::Output);
+        }
+        if usage.reasoning_tokens.unwrap_or(0) > output && usage.output_tokens.is_some() {
+            return Err(Implausible::Output);
+        }
+        Ok(())
+    }
+
     /// What a call that reported `usage` is charged. Input the provider did not report is the
     /// estimate; output it did not report is what the gateway counted
-    /// ([`TokenUsage::estimated`]). A charge that rests on the gateway's own counts is never
-    /// more than the reservation; one on the provider's report is its exact cost, even above
-    /// it (the settle then takes what the account can pay).
-    pub fn charge(&self, usage: &TokenUsage) -> Credits {
+    /// ([`TokenUsage::estimated`]), and a charge that rests on the gateway's own counts is
+    /// never more than the reservation. A report that fails [`check`](Self::check) is charged
+    /// the reservation, the call's ceiling, and marked rejected. A cost above the reservation is
+    /// the settle's to bound ([`CallSuccess::beyond_reservation`](crate::store::CallSuccess::beyond_reservation)).
+    pub fn charge(&self, usage: &TokenUsage) -> Charge {
+        if self.check(usage).is_err() {
+            return Charge {
+                cost: self.reserved,
+                usage_rejected: true,
+            };
+        }
         let mut usage = *usage;
         if usage.all_input_tokens().is_none() {
             usage.input_tokens = Some(i64::try_from(self.input_estimate).unwrap_or(i64::MAX));
             usage.estimated = true;
         }
         let cost = self.pricing.cost(&usage);
-        if usage.estimated {
+        let cost = if usage.estimated {
             cost.min(self.reserved)
         } else {
             cost
+        };
+        Charge {
+            cost,
+            usage_rejected: false,
         }
     }
 }
@@ -243,6 +321,51 @@ fn whole_credits(micros_per_million: u128) -> Credits {
 /// entry records the rest).
 pub fn estimated_input_tokens(body_bytes: usize) -> u64 {
     (body_bytes as u64).div_ceil(BYTES_PER_TOKEN)
+}
+
+/// Input tokens a request body can hold at most, as the provider will count them: a
+/// tokenizer that works on bytes (`OpenAI`'s, Anthropic's, Gemini's with byte fallback) makes
+/// a token of at least one byte of text, so a body's length bounds its text's tokens (the
+/// JSON around the text is longer than the few tokens a provider adds for each message); each
+/// image, audio or file part adds [`MEDIA_PART_TOKENS`], and every request
+/// [`PROVIDER_PROMPT_TOKENS`], since a part that names a picture by
+/// its address is short and costs the provider's count for a picture. What a reservation
+/// holds for input.
+pub fn input_ceiling_tokens(body: &[u8]) -> u64 {
+    let parts = media_parts(body);
+    (body.len() as u64)
+        .saturating_add(parts.saturating_mul(MEDIA_PART_TOKENS))
+        .saturating_add(PROVIDER_PROMPT_TOKENS)
+}
+
+/// Tokens a provider may add to a request of its own (Anthropic's system prompt for tool use
+/// is a few hundred), which a call's input ceiling holds beside the body's.
+pub const PROVIDER_PROMPT_TOKENS: u64 = 1_024;
+
+/// Tokens a call's ceiling holds for each image, audio or file part of its request: above
+/// what `OpenAI` and Anthropic count for one picture. A document of many pages can cost more;
+/// its provider's report is then charged up to the ceiling.
+pub const MEDIA_PART_TOKENS: u64 = 8_192;
+
+/// The image, audio and file parts of a request, in any protocol's spelling: the type names
+/// and keys as whole quoted strings (a quote inside a JSON string is escaped, so these bytes
+/// never stand inside one). A part that names its kind twice (`"type":"image_url",
+/// "image_url":{...}`) counts twice: a ceiling may be high, never low.
+fn media_parts(body: &[u8]) -> u64 {
+    use std::sync::LazyLock;
+    static PARTS: LazyLock<aho_corasick::AhoCorasick> = LazyLock::new(|| {
+        aho_corasick::AhoCorasick::new([
+            "\"image\"",
+            "\"image_url\"",
+            "\"input_image\"",
+            "\"file\"",
+            "\"input_file\"",
+            "\"input_audio\"",
+            "\"document\"",
+        ])
+        .expect("fixed patterns build")
+    });
+    PARTS.find_iter(body).count() as u64
 }
 
 /// Output tokens in `text` the provider did not count: about four bytes of text a token,
@@ -341,6 +464,7 @@ mod tests {
             cache_write_1h_tokens: Some(1_000_000),
             reasoning_tokens: Some(500_000),
             estimated: false,
+            malformed: false,
         };
         // 3 + 15 + 3 + 3.75 + 6 = 30.75: reasoning is inside output, not added again.
         assert_eq!(pricing.cost(&usage), Credits::new(31));
@@ -413,34 +537,99 @@ mod tests {
         assert_eq!(estimated_input_tokens(9), 3);
     }
 
-    #[test]
-    fn input_not_reported_is_the_estimate_and_an_estimated_charge_stays_within_the_reservation() {
-        let metered = Metered {
+    fn metered(reserved: i64) -> Metered {
+        Metered {
             pricing: Pricing::tokens(TokenPrices::new(rate(1_000.0), rate(2_000.0))),
             input_estimate: 1_000,
-            reserved: Credits::new(5),
-        };
-        // Reported in full: the exact cost, above the reservation if it is.
-        assert_eq!(metered.charge(&usage(1_000, 2_000)), Credits::new(5));
-        assert_eq!(metered.charge(&usage(3_000, 3_000)), Credits::new(9));
+            reserved: Credits::new(reserved),
+            input_bound: 100_000,
+            output_bound: 10_000,
+        }
+    }
+
+    fn cost(metered: &Metered, usage: &TokenUsage) -> Credits {
+        let charge = metered.charge(usage);
+        assert!(!charge.usage_rejected, "{usage:?} was rejected");
+        charge.cost
+    }
+
+    #[test]
+    fn input_not_reported_is_the_estimate_and_an_estimated_charge_stays_within_the_reservation() {
+        let metered = metered(5);
+        // Reported in full: the exact cost, above the reservation if it is (the settle bounds it).
+        assert_eq!(cost(&metered, &usage(1_000, 2_000)), Credits::new(5));
+        assert_eq!(cost(&metered, &usage(3_000, 3_000)), Credits::new(9));
         // No input reported: the estimate (1 credit) plus the output.
         let output_only = TokenUsage {
             output_tokens: Some(1_000),
             ..TokenUsage::default()
         };
-        assert_eq!(metered.charge(&output_only), Credits::new(3));
+        assert_eq!(cost(&metered, &output_only), Credits::new(3));
         // Counted by the gateway, never above the reservation.
         let counted = TokenUsage {
             output_tokens: Some(100_000),
             estimated: true,
             ..usage(10, 0)
         };
-        assert_eq!(metered.charge(&counted), Credits::new(5));
+        assert_eq!(cost(&metered, &counted), Credits::new(5));
         let nothing = TokenUsage::default();
         assert_eq!(
-            metered.charge(&nothing),
+            cost(&metered, &nothing),
             Credits::new(1),
             "never zero: the input was sent"
+        );
+    }
+
+    #[test]
+    fn an_implausible_report_is_charged_the_ceiling_and_marked_rejected() {
+        let metered = metered(35);
+        let rejected = |usage: TokenUsage| {
+            let charge = metered.charge(&usage);
+            assert!(charge.usage_rejected, "{usage:?} was trusted");
+            assert_eq!(charge.cost, Credits::new(35), "{usage:?}");
+        };
+        // Beyond the input the call could send, or the output it allowed.
+        rejected(usage(100_001, 10));
+        rejected(usage(10, 10_001));
+        rejected(usage(i64::MAX, 0));
+        rejected(TokenUsage {
+            cache_read_tokens: Some(1_000_000),
+            ..usage(10, 10)
+        });
+        // Below zero, or more reasoning than output.
+        rejected(usage(-1_000, 10));
+        rejected(TokenUsage {
+            reasoning_tokens: Some(11),
+            ..usage(10, 10)
+        });
+        // A count that was no count (a float or a string, read as `malformed`).
+        rejected(TokenUsage {
+            malformed: true,
+            ..usage(10, 10)
+        });
+        // At the bounds, trusted.
+        assert_eq!(cost(&metered, &usage(100_000, 10_000)), Credits::new(120));
+    }
+
+    #[test]
+    fn the_input_ceiling_is_a_token_a_byte_and_a_bound_a_media_part() {
+        let added = PROVIDER_PROMPT_TOKENS;
+        assert_eq!(input_ceiling_tokens(b"{}"), 2 + added);
+        let text = br#"{"messages":[{"role":"user","content":"say \"image\" twice"}]}"#;
+        assert_eq!(
+            input_ceiling_tokens(text),
+            text.len() as u64 + added,
+            "escaped quotes are text"
+        );
+        let chat = br#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://x/a.png"}}]}]}"#;
+        assert_eq!(
+            input_ceiling_tokens(chat),
+            chat.len() as u64 + 2 * MEDIA_PART_TOKENS + added
+        );
+        let claude = br#"{"messages":[{"role":"user","content":[{"type":"image","source":{}},{"type":"document","source":{}}]}]}"#;
+        assert_eq!(
+            input_ceiling_tokens(claude),
+            claude.len() as u64 + 2 * MEDIA_PART_TOKENS + added
         );
     }
 
@@ -465,6 +654,7 @@ mod tests {
                 cache_write_1h_tokens: Some(written_1h as i64),
                 reasoning_tokens: None,
                 estimated: false,
+                malformed: false,
             };
             let exact = prices.of(&usage);
             let cost = pricing.cost(&usage).get();

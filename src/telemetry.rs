@@ -84,6 +84,24 @@ pub(crate) fn call_ended(model: &str, protocol: Protocol, settled: bool, credits
     let _ = (model, protocol, settled, credits);
 }
 
+/// A billed call cost more than it was charged (`mg_credits_shortfall_total`, the credits), and
+/// whether its provider's usage report failed the checks (`mg_usage_rejected_total`).
+pub(crate) fn charged_short(model: &str, shortfall: i64, usage_rejected: bool) {
+    #[cfg(feature = "metrics")]
+    if recording() {
+        if shortfall > 0 {
+            let credits = u64::try_from(shortfall).unwrap_or(0);
+            metrics::counter!("mg_credits_shortfall_total", "model" => model.to_owned())
+                .increment(credits);
+        }
+        if usage_rejected {
+            metrics::counter!("mg_usage_rejected_total", "model" => model.to_owned()).increment(1);
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (model, shortfall, usage_rejected);
+}
+
 /// A request was refused (or a call failed) with `status`, for `reason`.
 pub(crate) fn refused(status: u16, reason: &'static str) {
     #[cfg(feature = "metrics")]

@@ -136,17 +136,26 @@ pub struct RoutedCall {
     /// as the router read it; `None` when it did not (see
     /// [`kept_by_provider`](Self::kept_by_provider)).
     provider_keeps: Option<bool>,
-    /// Input tokens the request can hold, estimated from its size (for a token-priced model's
-    /// reservation; see [`reservation`](Self::reservation)).
+    /// Input tokens the request holds, estimated from its size (what a token-priced call whose
+    /// provider reported no input is charged for).
     pub input_estimate: u64,
-    /// The output limit the client set (`max_tokens`, `max_completion_tokens`,
-    /// `max_output_tokens`), if any.
+    /// The most input tokens the request can hold as a provider counts them (for a
+    /// token-priced model's reservation; see [`reservation`](Self::reservation) and
+    /// [`input_ceiling_tokens`](crate::pricing::input_ceiling_tokens)).
+    pub input_ceiling: u64,
+    /// The largest output limit the client set (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`: a provider may follow any of them), if any.
     pub output_limit: Option<u64>,
+    /// How many replies the client asked for (`n`), each up to the output limit; 1 unless set.
+    pub replies: u64,
     /// A chat stream of a token-priced model whose client did not ask for its usage: the
     /// gateway asks the provider for it (`stream_options.include_usage`), and the chunk that
     /// carries it is not passed on (a client that did not ask may not expect a chunk without
     /// choices).
     pub gateway_asks_usage: bool,
+    /// Whether the client set `stream_options` of its own (without `include_usage: true`), which
+    /// the gateway's request for usage then overrides.
+    client_stream_options: bool,
     /// Byte range of the `model` value (with its quotes) in the body the router read, for
     /// renaming it upstream without re-serialising anything else; `None` for a call built by
     /// hand. Private: a range that did not come from the body could cut it anywhere.
@@ -167,22 +176,40 @@ impl RoutedCall {
             translation: None,
             provider_keeps: None,
             input_estimate: 0,
+            input_ceiling: 0,
             output_limit: None,
+            replies: 1,
             gateway_asks_usage: false,
+            client_stream_options: false,
             model_span: None,
         }
     }
 
     /// What the call's reservation holds: the model's price per call, or, for a model priced by
     /// tokens, the most the call can cost ([`Pricing::ceiling`](crate::pricing::Pricing::ceiling)):
-    /// its estimated input, and the client's output limit or else the model's
-    /// `max_output_tokens`.
+    /// its [`input_ceiling`](Self::input_ceiling), and its
+    /// [`output_ceiling`](Self::output_ceiling).
     pub fn reservation(&self) -> Credits {
-        let output = self
-            .output_limit
+        self.model
+            .pricing
+            .ceiling(self.input_ceiling, self.output_ceiling())
+    }
+
+    /// The most output the call can bring: the client's largest output limit, or else the
+    /// model's `max_output_tokens`, for each reply asked for.
+    pub fn output_ceiling(&self) -> u64 {
+        self.output_limit
             .or(self.model.max_output_tokens.map(u64::from))
-            .unwrap_or(0);
-        self.model.pricing.ceiling(self.input_estimate, output)
+            .unwrap_or(0)
+            .saturating_mul(self.replies.max(1))
+    }
+
+    /// The most input a provider's report for this call may claim: the model's context window,
+    /// else the call's [`input_ceiling`](Self::input_ceiling).
+    pub fn input_bound(&self) -> u64 {
+        self.model
+            .context_window
+            .map_or(self.input_ceiling, u64::from)
     }
 
     /// The call as the router resolved it from a body, `model` at `span` in it (by `alias`, if
@@ -233,9 +260,19 @@ impl RoutedCall {
     pub fn upstream_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
         let renamed = self.renamed_body(body, upstream_model);
         if self.gateway_asks_usage {
+            if self.client_stream_options {
+                return usage_asked_over(&renamed);
+            }
             return usage_asked(&renamed);
         }
         renamed
+    }
+
+    /// The gateway asks for the stream's usage over the client's own `stream_options` (which
+    /// did not ask for it): see [`gateway_asks_usage`](Self::gateway_asks_usage).
+    pub(crate) fn ask_usage_over_clients_options(&mut self) {
+        self.gateway_asks_usage = true;
+        self.client_stream_options = true;
     }
 
     fn renamed_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
@@ -275,6 +312,25 @@ fn usage_asked(body: &Bytes) -> Bytes {
     asked.extend_from_slice(ASKED);
     asked.extend_from_slice(&body[open + 1..]);
     Bytes::from(asked)
+}
+
+/// A chat request `body` whose `stream_options` did not ask for the stream's usage, asking for
+/// it (`include_usage` set to `true`, its other options kept), re-serialised: only for a client
+/// that set options of its own, so the common request keeps its bytes.
+fn usage_asked_over(body: &Bytes) -> Bytes {
+    let Ok(serde_json::Value::Object(mut object)) = serde_json::from_slice(body) else {
+        return body.clone();
+    };
+    let options = object
+        .entry("stream_options")
+        .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    if !options.is_object() {
+        *options = serde_json::Value::Object(serde_json::Map::new());
+    }
+    if let Some(options) = options.as_object_mut() {
+        options.insert("include_usage".into(), true.into());
+    }
+    serde_json::to_vec(&object).map_or_else(|_| body.clone(), Bytes::from)
 }
 
 /// `body` with its `model` set to `model`, re-serialised; as it is if it is not a JSON object.

@@ -31,6 +31,7 @@
 //! protocol = "chat_completions"
 //! upstream = "openai"
 //! max_output_tokens = 16384   # what a call reserves for output when the client sets no limit
+//! context_window = 128000     # optional: a usage report claiming more input is not trusted
 //! [models.tokens]             # credits per million tokens
 //! input = 250
 //! output = 1000
@@ -166,6 +167,10 @@ pub struct ModelRoute {
     /// The most output a call of a token-priced model is reserved for when the client sets no
     /// limit of its own (`max_tokens`, `max_completion_tokens`, `max_output_tokens`).
     pub max_output_tokens: Option<u32>,
+    /// The most input tokens a call of it can hold, when the operator says: a provider's usage
+    /// report claiming more is not trusted (the call is charged its ceiling). Unset: a report
+    /// may claim up to the call's input ceiling.
+    pub context_window: Option<u32>,
     /// Who can serve it; tried by ascending `priority`, spread by `weight` within a priority.
     pub channels: Vec<ModelChannel>,
 }
@@ -205,6 +210,7 @@ pub struct Catalogue {
     stream_idle_timeout: Duration,
     max_reply_bytes: usize,
     max_event_bytes: usize,
+    charge_beyond_ceiling: bool,
     /// [`Catalogue::cheapest_charge`], worked out once (every request with a large body asks).
     cheapest: std::sync::OnceLock<Option<Credits>>,
 }
@@ -223,6 +229,7 @@ impl Default for Catalogue {
             stream_idle_timeout: DEFAULT_STREAM_IDLE_TIMEOUT,
             max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+            charge_beyond_ceiling: false,
             cheapest: std::sync::OnceLock::new(),
         }
     }
@@ -364,6 +371,8 @@ struct CatalogueFile {
     max_reply_bytes: Option<u64>,
     max_event_bytes: Option<u64>,
     #[serde(default)]
+    charge_beyond_ceiling: bool,
+    #[serde(default)]
     upstreams: Vec<UpstreamEntry>,
     #[serde(default)]
     models: Vec<ModelEntry>,
@@ -396,6 +405,7 @@ struct ModelEntry {
     price: Option<i64>,
     tokens: Option<TokensEntry>,
     max_output_tokens: Option<u32>,
+    context_window: Option<u32>,
     upstream: Option<String>,
     upstreams: Option<Vec<ChannelEntry>>,
     upstream_model: Option<String>,
@@ -616,6 +626,12 @@ impl Catalogue {
                     entry.name
                 )));
             }
+            if entry.context_window == Some(0) {
+                return Err(CatalogueError::Zero(format!(
+                    "`context_window` of model `{}`",
+                    entry.name
+                )));
+            }
             let channels = model_channels(&entry, &upstreams)?;
             if models.contains_key(&entry.name) {
                 return Err(CatalogueError::DuplicateModel(entry.name));
@@ -626,6 +642,7 @@ impl Catalogue {
                 protocol: entry.protocol,
                 pricing,
                 max_output_tokens: entry.max_output_tokens,
+                context_window: entry.context_window,
                 channels,
             };
             models.insert(entry.name, Arc::new(route));
@@ -644,6 +661,7 @@ impl Catalogue {
             stream_idle_timeout,
             max_reply_bytes,
             max_event_bytes,
+            charge_beyond_ceiling: file.charge_beyond_ceiling,
             cheapest: std::sync::OnceLock::new(),
         })
     }
@@ -720,6 +738,14 @@ impl Catalogue {
         self.max_event_bytes
     }
 
+    /// Whether a token-priced call whose cost passes its ceiling may be charged beyond it, within
+    /// what its account can pay and its key's limit allows (`charge_beyond_ceiling`, default
+    /// `false`: the ceiling is the most a call is charged; see
+    /// [`RefundOnUpstreamErrorLayer::charge_beyond_reservation`](crate::RefundOnUpstreamErrorLayer::charge_beyond_reservation)).
+    pub fn charge_beyond_ceiling(&self) -> bool {
+        self.charge_beyond_ceiling
+    }
+
     /// The least a call of any model can be charged; `None` for an empty catalogue.
     pub fn cheapest_charge(&self) -> Option<Credits> {
         *self
@@ -730,7 +756,7 @@ impl Catalogue {
     /// The first setting of the whole gateway (not of one model or upstream) that differs in
     /// `other`: those are read when the gateway starts, so a reload cannot change them.
     pub fn start_only_change(&self, other: &Catalogue) -> Option<&'static str> {
-        let settings: [(&'static str, bool); 7] = [
+        let settings: [(&'static str, bool); 8] = [
             ("error_body", self.error_body != other.error_body),
             (
                 "call_deadline_secs",
@@ -752,6 +778,10 @@ impl Catalogue {
             (
                 "max_event_bytes",
                 self.max_event_bytes != other.max_event_bytes,
+            ),
+            (
+                "charge_beyond_ceiling",
+                self.charge_beyond_ceiling != other.charge_beyond_ceiling,
             ),
         ];
         settings

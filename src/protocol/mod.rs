@@ -115,6 +115,12 @@ pub struct TokenUsage {
     /// input estimated from the request) rather than the provider's report.
     #[serde(skip)]
     pub estimated: bool,
+    /// Whether the provider's report held a count that is no count at all (below zero, not a
+    /// whole number, not a number, beyond what fits) or cached input beyond the input it
+    /// is part of. Such a count is left out (`None`), and the report is not trusted: see
+    /// [`Metered::charge`](crate::pricing::Metered::charge).
+    #[serde(skip)]
+    pub malformed: bool,
 }
 
 impl TokenUsage {
@@ -143,6 +149,7 @@ impl TokenUsage {
             cache_write_1h_tokens: later.cache_write_1h_tokens.or(self.cache_write_1h_tokens),
             reasoning_tokens: later.reasoning_tokens.or(self.reasoning_tokens),
             estimated: self.estimated || later.estimated,
+            malformed: self.malformed || later.malformed,
         }
     }
 }
@@ -159,13 +166,13 @@ impl TokenUsage {
         reasoning: Option<i64>,
     ) -> TokenUsage {
         TokenUsage::from(ReportedUsage {
-            input_tokens: prompt,
-            output_tokens: completion,
+            input_tokens: prompt.map(Count::of),
+            output_tokens: completion.map(Count::of),
             input_tokens_details: Some(InputDetails {
-                cached_tokens: cached,
+                cached_tokens: cached.map(Count::of),
             }),
             output_tokens_details: Some(OutputDetails {
-                reasoning_tokens: reasoning,
+                reasoning_tokens: reasoning.map(Count::of),
             }),
             cache_read_tokens: None,
             cache_creation_input_tokens: None,
@@ -181,75 +188,176 @@ impl TokenUsage {
 #[derive(Deserialize)]
 struct ReportedUsage {
     #[serde(alias = "prompt_tokens")]
-    input_tokens: Option<i64>,
+    input_tokens: Option<Count>,
     #[serde(alias = "completion_tokens")]
-    output_tokens: Option<i64>,
+    output_tokens: Option<Count>,
     #[serde(alias = "prompt_tokens_details")]
     input_tokens_details: Option<InputDetails>,
     #[serde(alias = "completion_tokens_details")]
     output_tokens_details: Option<OutputDetails>,
     #[serde(alias = "cache_read_input_tokens")]
-    cache_read_tokens: Option<i64>,
+    cache_read_tokens: Option<Count>,
     /// Anthropic's: every cache write, both durations.
-    cache_creation_input_tokens: Option<i64>,
+    cache_creation_input_tokens: Option<Count>,
     cache_creation: Option<CacheCreation>,
-    cache_write_tokens: Option<i64>,
-    cache_write_1h_tokens: Option<i64>,
-    reasoning_tokens: Option<i64>,
+    cache_write_tokens: Option<Count>,
+    cache_write_1h_tokens: Option<Count>,
+    reasoning_tokens: Option<Count>,
 }
 
 #[derive(Deserialize)]
 struct InputDetails {
-    cached_tokens: Option<i64>,
+    cached_tokens: Option<Count>,
 }
 
 #[derive(Deserialize)]
 struct OutputDetails {
-    reasoning_tokens: Option<i64>,
+    reasoning_tokens: Option<Count>,
 }
 
 #[derive(Deserialize)]
 struct CacheCreation {
-    ephemeral_5m_input_tokens: Option<i64>,
-    ephemeral_1h_input_tokens: Option<i64>,
+    ephemeral_5m_input_tokens: Option<Count>,
+    ephemeral_1h_input_tokens: Option<Count>,
+}
+
+/// A token count as a provider wrote it: a whole number from zero up, or anything else (a
+/// negative or fractional number, a string, an object), which is no count. Read leniently, so
+/// that an odd count is judged by the charge rather than failing the whole reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    Tokens(i64),
+    Malformed,
+}
+
+impl Count {
+    fn of(tokens: i64) -> Count {
+        if tokens >= 0 {
+            Count::Tokens(tokens)
+        } else {
+            Count::Malformed
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Count, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a token count")
+            }
+            fn visit_u64<E>(self, value: u64) -> Result<Count, E> {
+                Ok(i64::try_from(value).map_or(Count::Malformed, Count::Tokens))
+            }
+            fn visit_i64<E>(self, value: i64) -> Result<Count, E> {
+                Ok(Count::of(value))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Count, E> {
+                Ok(Count::Malformed)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Count, E> {
+                Ok(Count::Malformed)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Count, E> {
+                Ok(Count::Malformed)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Count, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Count::Malformed)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Count, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Count::Malformed)
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
+}
+
+/// Counts read from a report, and whether any of them was no count.
+#[derive(Default)]
+struct Counts {
+    malformed: bool,
+}
+
+impl Counts {
+    fn take(&mut self, count: Option<Count>) -> Option<i64> {
+        match count? {
+            Count::Tokens(tokens) => Some(tokens),
+            Count::Malformed => {
+                self.malformed = true;
+                None
+            }
+        }
+    }
 }
 
 impl From<ReportedUsage> for TokenUsage {
     fn from(reported: ReportedUsage) -> TokenUsage {
-        // Counted inside the input (`OpenAI`): moved out of it, so it is priced once.
-        let cached_inside = reported
-            .input_tokens_details
-            .and_then(|details| details.cached_tokens)
+        let mut counts = Counts::default();
+        let reported_input = counts.take(reported.input_tokens);
+        // Counted inside the input (`OpenAI`): moved out of it, so it is priced once. Cached
+        // input beyond the input it is part of is no report to trust.
+        let cached_inside = counts
+            .take(
+                reported
+                    .input_tokens_details
+                    .and_then(|details| details.cached_tokens),
+            )
             .filter(|cached| *cached > 0);
-        let input_tokens = match (reported.input_tokens, cached_inside) {
-            (Some(input), Some(cached)) => Some(input.saturating_sub(cached).max(0)),
+        let input_tokens = match (reported_input, cached_inside) {
+            (Some(input), Some(cached)) => {
+                if cached > input {
+                    counts.malformed = true;
+                }
+                Some(input.saturating_sub(cached).max(0))
+            }
             (input, _) => input,
         };
         // Anthropic's cache writes: the split when it is given; all at the 5-minute rate (its
         // default duration) when only the total is.
         let (cache_write_tokens, cache_write_1h_tokens) = match reported.cache_creation {
             Some(split) => (
-                split.ephemeral_5m_input_tokens,
-                split.ephemeral_1h_input_tokens,
+                counts.take(split.ephemeral_5m_input_tokens),
+                counts.take(split.ephemeral_1h_input_tokens),
             ),
-            None => (
-                reported
-                    .cache_creation_input_tokens
-                    .or(reported.cache_write_tokens),
-                reported.cache_write_1h_tokens,
-            ),
+            None => {
+                let total = counts.take(reported.cache_creation_input_tokens);
+                let written = counts.take(reported.cache_write_tokens);
+                (
+                    total.or(written),
+                    counts.take(reported.cache_write_1h_tokens),
+                )
+            }
         };
+        let cache_read = counts.take(reported.cache_read_tokens);
+        let output_tokens = counts.take(reported.output_tokens);
+        let detailed = counts.take(
+            reported
+                .output_tokens_details
+                .and_then(|details| details.reasoning_tokens),
+        );
+        let reasoning_tokens = detailed.or(counts.take(reported.reasoning_tokens));
         TokenUsage {
             input_tokens,
-            output_tokens: reported.output_tokens,
-            cache_read_tokens: reported.cache_read_tokens.or(cached_inside),
+            output_tokens,
+            cache_read_tokens: cache_read.or(cached_inside),
             cache_write_tokens,
             cache_write_1h_tokens,
-            reasoning_tokens: reported
-                .output_tokens_details
-                .and_then(|details| details.reasoning_tokens)
-                .or(reported.reasoning_tokens),
+            reasoning_tokens,
             estimated: false,
+            malformed: counts.malformed,
         }
     }
 }
@@ -408,6 +516,7 @@ mod tests {
                 cache_write_1h_tokens: Some(200),
                 reasoning_tokens: None,
                 estimated: false,
+                malformed: false,
             })
         );
         // Without the split (older API versions), every write is a 5-minute one.
@@ -431,6 +540,7 @@ mod tests {
             cache_write_1h_tokens: Some(5),
             reasoning_tokens: Some(1),
             estimated: false,
+            malformed: false,
         };
         let json = serde_json::to_string(&usage).expect("serialises");
         assert_eq!(

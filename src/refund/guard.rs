@@ -6,12 +6,13 @@ use std::time::Duration;
 use super::CANCELLED_BEFORE_ANSWER;
 use crate::call::AccessEntry;
 use crate::catalogue::ModelRoute;
+use crate::credits::Credits;
 use crate::error::GatewayError;
 use crate::pricing::Metered;
 use crate::protocol::Protocol;
 pub(super) use crate::store::outcome::Outcome;
 use crate::store::outcome::{finish_later, within};
-use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger};
+use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger, SettleClaim};
 
 /// What a call's entry says when its settle could not be written in time: the client got `503`
 /// and no reply, so the call is refunded once the database answers again.
@@ -37,6 +38,8 @@ pub(super) struct UnsettledCall {
     timeout: Duration,
     /// For a model priced by tokens: what a settle's cost is worked out from.
     metered: Option<Metered>,
+    /// Whether a metered call may be charged beyond its reservation (the operator's choice).
+    beyond_reservation: bool,
 }
 
 /// A call as the metrics and the log count it: its model, protocol, the credits it took and
@@ -49,6 +52,10 @@ pub(super) struct Meter {
     pub(super) charged_at: std::time::Instant,
     /// The request's access-log line, told how the call ended.
     pub(super) access: Option<AccessEntry>,
+    /// What a settled call cost beyond what it was charged.
+    pub(super) shortfall: i64,
+    /// Whether its provider's usage report failed the checks.
+    pub(super) usage_rejected: bool,
 }
 
 impl Meter {
@@ -70,6 +77,9 @@ impl Meter {
             }
         };
         crate::telemetry::call_ended(model, self.protocol, settled, self.credits);
+        if settled {
+            crate::telemetry::charged_short(model, self.shortfall, self.usage_rejected);
+        }
         if let Some(access) = &self.access {
             access.call_ended(call, settled, self.credits);
         }
@@ -109,13 +119,20 @@ impl UnsettledCall {
             written: false,
             timeout,
             metered: None,
+            beyond_reservation: false,
         }
     }
 
     /// The call is of a model priced by tokens: each settle is charged what its usage costs
-    /// (see [`Metered::charge`]), not what the reservation holds.
-    pub(super) fn metered(mut self, metered: Option<Metered>) -> UnsettledCall {
+    /// (see [`Metered::charge`]), not what the reservation holds; beyond the reservation only
+    /// if `beyond_reservation`.
+    pub(super) fn metered(
+        mut self,
+        metered: Option<Metered>,
+        beyond_reservation: bool,
+    ) -> UnsettledCall {
         self.metered = metered;
+        self.beyond_reservation = beyond_reservation;
         self
     }
 
@@ -129,12 +146,21 @@ impl UnsettledCall {
         self.meter.credits
     }
 
-    /// `success` with its cost, for a metered call.
+    /// `success` with its cost, for a metered call. What the call is reported charged (the
+    /// response header, the metrics) is what the settle rule charges: the cost up to the
+    /// reservation, unless the call may be charged beyond it.
     fn priced(&mut self, mut success: CallSuccess) -> CallSuccess {
         if let Some(metered) = &self.metered {
-            let cost = metered.charge(&success.usage);
-            success.cost = Some(cost);
-            self.meter.credits = cost.get();
+            let charge = metered.charge(&success.usage);
+            success.cost = Some(charge.cost);
+            success.usage_rejected = charge.usage_rejected;
+            success.beyond_reservation = self.beyond_reservation;
+            // Beyond the reservation the settle may charge less than the cost (the account and
+            // the key's limit decide): read back once settled (see `read_charged`).
+            let charged = charge.cost.min(metered.reserved);
+            self.meter.credits = charged.get();
+            self.meter.shortfall = charge.cost.get() - charged.get();
+            self.meter.usage_rejected = charge.usage_rejected;
         }
         success
     }
@@ -170,7 +196,11 @@ impl UnsettledCall {
         success: CallSuccess,
         later: Later,
     ) -> Result<(), GatewayError> {
-        let success = self.priced(success);
+        let mut success = self.priced(success);
+        // One decision between this settle's commit and this call giving up on it, shared by
+        // every attempt (see `SettleClaim`).
+        let claim = SettleClaim::default();
+        success.claim = claim.clone();
         let if_late = match later {
             Later::Refund => Outcome::Refund(not_written()),
             Later::Settle => Outcome::Settle(success.clone()),
@@ -184,6 +214,10 @@ impl UnsettledCall {
         self.written = true;
         match settled {
             Some(true) => {
+                if self.meter.shortfall > 0 && self.beyond_reservation {
+                    // Beyond its reservation, what it was charged is the ledger's to say.
+                    self.read_charged(success.cost).await;
+                }
                 self.meter.ended(call, Some(CallStatus::Ok));
                 Ok(())
             }
@@ -212,14 +246,38 @@ impl UnsettledCall {
                     }
                 }
             }
-            // A complete reply is withheld, so the call is not billed: refunded once the
-            // ledger answers. (A settle that did land, its answer lost, stays billed: the
-            // refund finds it `ok` and moves nothing.) A stream's content was delivered: its
-            // settle goes on.
+            // The store claimed the settle for a commit already on its way: the call is
+            // billed, so the reply is handed out, and the settle goes on until it is written.
+            None if matches!(later, Later::Refund) && !claim.abandon() => {
+                tracing::warn!(
+                    call = call.0,
+                    "the ledger answered late, its commit under way; the reply is handed out and \
+                     the settle finished in the background"
+                );
+                self.finish_later(Outcome::Settle(success));
+                Ok(())
+            }
+            // Given up before any commit took it (a store that claims settles then writes it
+            // never; one that does not claim may still, its answer lost: the refund then
+            // finds it `ok` and moves nothing). A complete reply is withheld, so the call is
+            // refunded once the ledger answers. A stream's content was delivered: its settle
+            // goes on.
             None => {
                 self.finish_later(if_late);
                 Err(GatewayError::StoreUnavailable)
             }
+        }
+    }
+
+    /// Reads what a settled call was charged, for one whose cost passed its reservation where
+    /// that may be charged beyond it (the account and the key's limit decided how far).
+    async fn read_charged(&mut self, cost: Option<Credits>) {
+        let (ledger, call) = (self.ledger.clone(), self.call);
+        if let Some(Some(charged)) =
+            within(self.timeout, call, "read", || ledger.charged(call)).await
+        {
+            self.meter.credits = charged.get();
+            self.meter.shortfall = cost.map_or(0, |cost| cost.get() - charged.get()).max(0);
         }
     }
 

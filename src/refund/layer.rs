@@ -22,6 +22,7 @@ pub struct RefundOnUpstreamErrorLayer {
     upstream_bound: Duration,
     stream_limits: StreamLimits,
     ledger_timeout: Duration,
+    beyond_reservation: bool,
 }
 
 impl RefundOnUpstreamErrorLayer {
@@ -36,7 +37,20 @@ impl RefundOnUpstreamErrorLayer {
                 max_event: DEFAULT_MAX_EVENT_BYTES,
             },
             ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
+            beyond_reservation: false,
         }
+    }
+
+    /// Whether a token-priced call whose cost exceeds its reservation (its ceiling) may be
+    /// charged more than the reservation: what its account can pay, within what its key's
+    /// spending limit still allows (see [`CallSuccess::beyond_reservation`]). Off by default:
+    /// the ceiling is the most a call costs, and what it cost beyond is the entry's
+    /// `shortfall`, the operator's loss.
+    ///
+    /// [`CallSuccess::beyond_reservation`]: crate::store::CallSuccess::beyond_reservation
+    pub fn charge_beyond_reservation(mut self, allowed: bool) -> RefundOnUpstreamErrorLayer {
+        self.beyond_reservation = allowed;
+        self
     }
 
     /// How long a call waits for its settle or refund (quick retries included) before the
@@ -89,6 +103,7 @@ impl<U> Layer<U> for RefundOnUpstreamErrorLayer {
             self.upstream_bound,
             self.stream_limits,
             self.ledger_timeout,
+            self.beyond_reservation,
         )
     }
 }

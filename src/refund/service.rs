@@ -31,6 +31,7 @@ pub struct RefundOnUpstreamError<U> {
     upstream_bound: Duration,
     stream_limits: StreamLimits,
     ledger_timeout: Duration,
+    beyond_reservation: bool,
     /// An upstream that failed `poll_ready` fails the next call (which is refunded) rather than
     /// the whole service: every service the router sees is infallible.
     not_ready: Option<UpstreamError>,
@@ -44,6 +45,7 @@ impl<U: Clone> Clone for RefundOnUpstreamError<U> {
             upstream_bound: self.upstream_bound,
             stream_limits: self.stream_limits,
             ledger_timeout: self.ledger_timeout,
+            beyond_reservation: self.beyond_reservation,
             not_ready: None,
         }
     }
@@ -63,6 +65,7 @@ impl<U> RefundOnUpstreamError<U> {
         upstream_bound: Duration,
         stream_limits: StreamLimits,
         ledger_timeout: Duration,
+        beyond_reservation: bool,
     ) -> Self {
         RefundOnUpstreamError {
             upstream,
@@ -70,6 +73,7 @@ impl<U> RefundOnUpstreamError<U> {
             upstream_bound,
             stream_limits,
             ledger_timeout,
+            beyond_reservation,
             not_ready: None,
         }
     }
@@ -136,6 +140,8 @@ where
                     credits: reservation.taken.total().get(),
                     charged_at: std::time::Instant::now(),
                     access: access.clone(),
+                    shortfall: 0,
+                    usage_rejected: false,
                 };
                 let metered = routed
                     .filter(|routed| routed.model.pricing.is_metered())
@@ -143,6 +149,8 @@ where
                         pricing: routed.model.pricing,
                         input_estimate: routed.input_estimate,
                         reserved: reservation.taken.total(),
+                        input_bound: routed.input_bound(),
+                        output_bound: routed.output_ceiling(),
                     });
                 UnsettledCall::new(
                     self.ledger.clone(),
@@ -150,7 +158,7 @@ where
                     meter,
                     self.ledger_timeout,
                 )
-                .metered(metered)
+                .metered(metered, self.beyond_reservation)
             });
         // A keyed call's reply is kept with its settle, for the client's retries.
         let keep_reply = request.extensions().get::<IdempotencyKey>().is_some();
@@ -340,6 +348,9 @@ fn judge(
         channel,
         cost: None,
         reply: None,
+        beyond_reservation: false,
+        usage_rejected: false,
+        claim: Default::default(),
     };
     match body.into_inner() {
         Inner::Complete(body) => {

@@ -648,6 +648,9 @@ struct Envelope<'a> {
     max_completion_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     max_output_tokens: Option<&'a RawValue>,
+    /// Chat completions' number of replies, each up to the output limit.
+    #[serde(borrow, default)]
+    n: Option<&'a RawValue>,
     #[serde(borrow, default)]
     stream: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -681,19 +684,34 @@ pub fn route(
     let mut routed = route_envelope(catalogue, protocol, body, &envelope, streaming)?;
     if routed.model.pricing.is_metered() {
         routed.input_estimate = crate::pricing::estimated_input_tokens(body.len());
+        routed.input_ceiling = crate::pricing::input_ceiling_tokens(body);
         routed.output_limit = output_limit(&envelope);
-        // A chat stream reports its usage only when asked: a client that set no
-        // `stream_options` is asked for by the gateway (one that set them keeps its choice).
-        routed.gateway_asks_usage = routed.stream
-            && protocol == Protocol::ChatCompletions
-            && envelope.stream_options.is_none();
+        if protocol == Protocol::ChatCompletions {
+            routed.replies = replies(&envelope)?;
+        }
+        // A chat stream reports its usage only when asked, and a token-priced call is billed
+        // on it: the gateway asks whatever the client set, and keeps the usage chunk from a
+        // client that did not ask for it.
+        if routed.stream && protocol == Protocol::ChatCompletions {
+            match envelope.stream_options {
+                // Absent, or `null` (which reads as absent): a field of the gateway's own is
+                // added only where the client has none, so that no parser takes the client's.
+                None if memchr::memmem::find(body, b"\"stream_options\"").is_some() => {
+                    routed.ask_usage_over_clients_options();
+                }
+                None => routed.gateway_asks_usage = true,
+                Some(options) if !asks_usage(options) => routed.ask_usage_over_clients_options(),
+                Some(_) => {}
+            }
+        }
     }
     Ok(routed)
 }
 
-/// The output limit a request sets: the least of the ones it gives as whole numbers (each
-/// protocol has its own name; a provider that reads another ignores it, and a value it would
-/// refuse is refused before anything is billed).
+/// The output limit a request sets: the largest of the ones it gives as whole numbers. Each
+/// protocol has its own name, and a provider may follow any of them (vLLM follows
+/// `max_completion_tokens` over `max_tokens`), so the ceiling covers the one that lets the most
+/// through. A value a provider would refuse is refused there, and refunded.
 fn output_limit(envelope: &Envelope<'_>) -> Option<u64> {
     [
         envelope.max_tokens,
@@ -703,7 +721,33 @@ fn output_limit(envelope: &Envelope<'_>) -> Option<u64> {
     .into_iter()
     .flatten()
     .filter_map(|raw| serde_json::from_str::<u64>(raw.get()).ok())
-    .min()
+    .max()
+}
+
+/// Whether a chat request's `stream_options` ask for the stream's usage (`include_usage: true`).
+fn asks_usage(options: &RawValue) -> bool {
+    #[derive(Deserialize)]
+    struct Options {
+        include_usage: Option<bool>,
+    }
+    serde_json::from_str::<Options>(options.get())
+        .is_ok_and(|options| options.include_usage == Some(true))
+}
+
+/// The most replies a request may ask for (`n`): `OpenAI` takes up to 128.
+const MAX_REPLIES: u64 = 128;
+
+/// How many replies a request asks for: `n` as a whole number from 1 to [`MAX_REPLIES`], 1 when
+/// absent or `null`; anything else is `400` (a provider could honour a value the gateway read
+/// otherwise, bringing output its ceiling did not hold).
+fn replies(envelope: &Envelope<'_>) -> Result<u64, GatewayError> {
+    match envelope.n.map(RawValue::get) {
+        None | Some("null") => Ok(1),
+        Some(raw) => match serde_json::from_str::<u64>(raw) {
+            Ok(n) if (1..=MAX_REPLIES).contains(&n) => Ok(n),
+            _ => Err(GatewayError::InvalidReplies),
+        },
+    }
 }
 
 fn route_envelope(
@@ -866,6 +910,7 @@ fn responses_envelope(body: &[u8]) -> Result<Envelope<'_>, GatewayError> {
         max_tokens: None,
         max_completion_tokens: None,
         max_output_tokens: read.max_output_tokens,
+        n: None,
         stream: read.stream,
         stream_options: read.stream_options,
         // Read into items (see `route_responses`).

@@ -63,6 +63,6 @@ pub use traits::{
 pub use types::{
     ActiveKey, BalanceOverflow, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest,
     IdempotencyKeyReused, KeptReply, LeaseId, MAX_KEPT_REPLY_BYTES, ReserveError, ResponseOwner,
-    StoreError,
+    SettleClaim, StoreError,
 };
 pub(crate) use types::{check_grant_amount, unknown_account};

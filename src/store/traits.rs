@@ -68,6 +68,15 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// The account's credits, bucket by bucket.
     async fn balance(&self, account: AccountId) -> Result<Balance, StoreError>;
 
+    /// What a settled (`ok`) entry was charged; `None` if there is no such entry, it is not
+    /// settled, or the store cannot say (the default). Read after a settle that may have charged
+    /// less than its cost (see [`CallSuccess::beyond_reservation`](crate::store::CallSuccess::beyond_reservation)),
+    /// so that what the client and the metrics are told is what the ledger charged.
+    async fn charged(&self, call: CallId) -> Result<Option<Credits>, StoreError> {
+        let _ = call;
+        Ok(None)
+    }
+
     /// A call-log entry's status; `None` if there is no such entry. A settle that finds its
     /// entry no longer `pending` asks this to learn whether the call was billed (an earlier
     /// attempt whose answer was lost) or refunded meanwhile.

@@ -123,14 +123,76 @@ pub struct CallSuccess {
     pub channel: Option<String>,
     /// What the call cost, for a model priced by tokens; `None` charges what the reservation
     /// took (a price per call). A cost below the reservation returns the rest in the settle's
-    /// write; one above it takes what the account can pay beyond it, and the entry records the
-    /// rest as [`CallRecord::shortfall`].
+    /// write; one above it is charged the reservation, and the entry records the rest as
+    /// [`CallRecord::shortfall`] (unless [`beyond_reservation`](Self::beyond_reservation)).
     pub cost: Option<Credits>,
+    /// Whether a cost above the reservation may take more than the reservation: what the
+    /// account can pay beyond it, within what its key's spending limit still allows. Off by
+    /// default: the reservation (the call's ceiling) is the most a call is charged.
+    pub beyond_reservation: bool,
+    /// Whether the provider's usage report failed the gateway's checks (a count that is not a
+    /// whole number, below zero, or beyond what the call could use): the call is then charged its
+    /// ceiling, and the entry says so.
+    pub usage_rejected: bool,
     /// For a call with an idempotency key, the reply to keep for its retries: written in the
     /// settle's transaction, so it is kept exactly when the call is billed. `None` keeps none
     /// (a retry is then told the call was billed, and is not billed again).
     pub reply: Option<KeptReply>,
+    /// Who decides first between the store committing this settle and its caller giving up on
+    /// it (see [`SettleClaim`]).
+    pub claim: SettleClaim,
 }
+
+/// Decides once between a settle's commit and its caller giving up on it, so that a client
+/// told `503` ("nothing charged, retry") is never billed for the reply it did not get.
+///
+/// The caller of [`Ledger::settle`](crate::store::Ledger::settle) that stops waiting
+/// [`abandon`](Self::abandon)s the claim; a store [`claim`](Self::claim)s it just before the
+/// commit that writes the settle. Whoever comes first wins: a store that finds it abandoned
+/// rolls the settle back (it was never billed, and the caller refunds it); a caller that finds
+/// it claimed knows the commit is on its way and treats the call as billed. A store that never
+/// claims (the memory store, whose settle cannot be late; an embedder's own) leaves the caller
+/// to give up as before. Clones share the one decision; two claims compare equal whatever
+/// they hold (the decision is not part of the settle's value).
+#[derive(Debug, Clone, Default)]
+pub struct SettleClaim(std::sync::Arc<std::sync::atomic::AtomicU8>);
+
+const OPEN: u8 = 0;
+const CLAIMED: u8 = 1;
+const ABANDONED: u8 = 2;
+
+impl SettleClaim {
+    /// Claims the settle for its commit; `false` if its caller has given up on it (the store
+    /// must then not commit it).
+    pub fn claim(&self) -> bool {
+        self.decide(CLAIMED)
+    }
+
+    /// Gives up on the settle; `false` if a store has claimed it already (its commit is on its
+    /// way: the call is to be treated as billed).
+    pub fn abandon(&self) -> bool {
+        self.decide(ABANDONED)
+    }
+
+    fn decide(&self, to: u8) -> bool {
+        use std::sync::atomic::Ordering;
+        match self
+            .0
+            .compare_exchange(OPEN, to, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(decided) => decided == to,
+        }
+    }
+}
+
+impl PartialEq for SettleClaim {
+    fn eq(&self, _: &SettleClaim) -> bool {
+        true
+    }
+}
+
+impl Eq for SettleClaim {}
 
 /// A failed upstream call, recorded when it is refunded; for the operator, never for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,6 +283,10 @@ pub struct CallRecord {
     /// What a call priced by tokens cost beyond what its account could pay when it was settled
     /// (its reservation was estimated low): owed to the operator, never taken below zero.
     pub shortfall: Credits,
+    /// Whether the provider's usage report failed the gateway's checks, so that the call was
+    /// charged its ceiling rather than what the report said (see
+    /// [`CallSuccess::usage_rejected`]).
+    pub usage_rejected: bool,
     /// When the credits were reserved.
     pub created_at: DateTime<Utc>,
     /// When the call was settled or refunded.

@@ -802,6 +802,7 @@ pub fn mock_success() -> model_gateway::store::CallSuccess {
         channel: Some("mock".into()),
         cost: None,
         reply: None,
+        ..Default::default()
     }
 }
 

@@ -612,6 +612,7 @@ async fn an_escrowed_calls_entry_records_what_its_call_was_and_how_it_ended() {
         channel: Some("primary".into()),
         cost: None,
         reply: None,
+        ..Default::default()
     };
     assert!(instance.settle(billed.call, success).await.unwrap());
     let failed = instance.reserve(request("req-failed")).await.unwrap();

@@ -303,6 +303,12 @@ struct TestLedger {
     /// cut connection lost).
     lost_reserve_answers: std::sync::atomic::AtomicUsize,
     reserves_released: tokio::sync::Notify,
+    /// Settles are claimed for their commit before they wait (see `SettleClaim`): a commit
+    /// whose answer is late.
+    claims_settles: AtomicBool,
+    /// Settles wait, unclaimed, until `claims_released`.
+    blocked_claims: AtomicBool,
+    claims_released: Arc<tokio::sync::Notify>,
 }
 
 impl TestLedger {
@@ -320,6 +326,9 @@ impl TestLedger {
             blocked_reserves: AtomicBool::new(false),
             lost_reserve_answers: std::sync::atomic::AtomicUsize::new(0),
             reserves_released: tokio::sync::Notify::new(),
+            claims_settles: AtomicBool::new(false),
+            blocked_claims: AtomicBool::new(false),
+            claims_released: Arc::new(tokio::sync::Notify::new()),
         })
     }
 }
@@ -348,6 +357,23 @@ impl Ledger for TestLedger {
     }
     async fn settle(&self, call: CallId, success: CallSuccess) -> Result<bool, StoreError> {
         self.entered.notify_one();
+        if self.blocked_claims.load(Ordering::SeqCst) {
+            // Written by a task of its own, as a committer writes a queued settle whether or
+            // not its caller still waits; claimed once the database answers.
+            let (inner, released) = (self.inner.clone(), self.claims_released.clone());
+            let write = tokio::spawn(async move {
+                released.notified().await;
+                if !success.claim.claim() {
+                    return Ok(false);
+                }
+                inner.settle(call, success).await
+            });
+            return write.await.unwrap();
+        }
+        if self.claims_settles.load(Ordering::SeqCst) && !success.claim.claim() {
+            // Its caller gave up first: a store that claims settles writes it never.
+            return Ok(false);
+        }
         if self.blocked.load(Ordering::SeqCst) {
             self.released.notified().await;
         }
@@ -450,6 +476,49 @@ async fn a_call_dropped_after_the_upstream_answered_is_billed() {
     let call = finished_call(store.as_ref(), account).await;
     assert_eq!(call.status, CallStatus::Ok);
     assert_total(&*store, account, 10 - CHAT_PRICE).await;
+}
+
+/// A settle whose commit is on its way when the call stops waiting for it (the store claimed
+/// it, its answer late): the call is billed, so its client gets the reply it pays for, not a
+/// `503` that would invite a second charge; the settle finishes once the ledger answers.
+#[tokio::test]
+async fn a_settle_claimed_by_its_commit_before_the_time_out_is_billed_and_its_reply_handed_out() {
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
+    ledger.claims_settles.store(true, Ordering::SeqCst);
+    ledger.blocked.store(true, Ordering::SeqCst);
+    let service = stack_with_ledger_timeout(&store, &ledger, Duration::from_millis(200));
+    let response = service.oneshot(chat_request(&key)).await.unwrap();
+    assert_eq!(
+        response.status(),
+        200,
+        "a claimed settle's reply was withheld"
+    );
+    assert_eq!(
+        response.headers()["x-gateway-credits"],
+        CHAT_PRICE.to_string().as_str()
+    );
+    ledger.released.notify_one();
+    let call = finished_call(store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Ok);
+    assert_total(&*store, account, 10 - CHAT_PRICE).await;
+}
+
+/// The same late ledger, not claimed when the call gives up: `503`, and the settle that comes
+/// later writes nothing, so the call is refunded whole.
+#[tokio::test]
+async fn a_settle_given_up_before_its_commit_claims_it_is_refunded_whole() {
+    let (store, ledger, account, key) = ledger_on_memory(10).await;
+    // The settle waits before it claims: held while the call gives up.
+    ledger.blocked_claims.store(true, Ordering::SeqCst);
+    let service = stack_with_ledger_timeout(&store, &ledger, Duration::from_millis(200));
+    let response = service.oneshot(chat_request(&key)).await.unwrap();
+    assert_eq!(response.status(), 503);
+    // The late settle is written now, before the background refund can be: it finds its
+    // claim abandoned and writes nothing.
+    ledger.claims_released.notify_waiters();
+    let call = finished_call(store.as_ref(), account).await;
+    assert_eq!(call.status, CallStatus::Refunded);
+    assert_total(&*store, account, 10).await;
 }
 
 /// Recovery refunds a call while its upstream is still answering (its age was set shorter than

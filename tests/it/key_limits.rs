@@ -368,3 +368,110 @@ async fn the_command_line_sets_and_lifts_a_keys_limit() {
     let lifted = cli_json(&db, &["keys", "update", "--id", &id, "--no-limit"]);
     assert!(lifted["limit"].is_null(), "{lifted}");
 }
+
+/// What a settle whose cost passes its reservation moves, for a key limited to 100 a day on an
+/// account of 1000 (the adversarial run's finding: a 33-credit reservation settled at 2,000
+/// spent 2,000 of the key's 100). By default the reservation is the most a call is charged; when
+/// the operator lets a call be charged beyond it, the key's limit still bounds it. Either way
+/// the rest is the entry's shortfall, and the next reservation is judged on what was counted.
+async fn a_settle_never_passes_the_keys_limit<S: Store>(store: Arc<S>) {
+    let settle = |_call, beyond_reservation| model_gateway::store::CallSuccess {
+        upstream_status: 200,
+        cost: Some(Credits::new(2_000)),
+        beyond_reservation,
+        ..Default::default()
+    };
+    // The default: charged the reservation.
+    let capped = limited_caller(&store, 100).await;
+    let reserved = reserve(&*store, capped, 33).await.unwrap();
+    assert!(
+        store
+            .settle(reserved.call, settle(reserved.call, false))
+            .await
+            .unwrap()
+    );
+    let info = store.key_info(capped.key).await.unwrap().unwrap();
+    assert_eq!(info.spent, Credits::new(33));
+    assert_eq!(
+        store.balance(capped.account).await.unwrap().total(),
+        Credits::new(967)
+    );
+    let entry = store
+        .recent_calls(capped.account, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (entry.price, entry.shortfall),
+        (Credits::new(33), Credits::new(1_967))
+    );
+
+    // Beyond the reservation: up to what the key's limit leaves (67 more), never past it.
+    let limited = limited_caller(&store, 100).await;
+    let reserved = reserve(&*store, limited, 33).await.unwrap();
+    assert!(
+        store
+            .settle(reserved.call, settle(reserved.call, true))
+            .await
+            .unwrap()
+    );
+    let info = store.key_info(limited.key).await.unwrap().unwrap();
+    assert_eq!(info.spent, Credits::new(100));
+    assert_eq!(
+        store.balance(limited.account).await.unwrap().total(),
+        Credits::new(900)
+    );
+    let entry = store
+        .recent_calls(limited.account, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(
+        (entry.price, entry.shortfall),
+        (Credits::new(100), Credits::new(1_900))
+    );
+    assert!(matches!(
+        reserve(&*store, limited, 1).await,
+        Err(ReserveError::KeyLimitReached)
+    ));
+}
+
+backends!(
+    async fn a_settle_beyond_its_reservation_never_passes_the_keys_limit(db) {
+        a_settle_never_passes_the_keys_limit(db.store.clone()).await;
+        db.assert_audit_holds().await;
+    }
+);
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+async fn on_an_owned_file_a_settle_beyond_its_reservation_never_passes_the_keys_limit() {
+    let db = owned_sqlite_db().await;
+    a_settle_never_passes_the_keys_limit(db.store.clone()).await;
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn in_the_memory_store_a_settle_beyond_its_reservation_never_passes_the_keys_limit() {
+    a_settle_never_passes_the_keys_limit(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test]
+async fn with_escrow_a_settle_beyond_its_reservation_never_passes_the_keys_limit() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let store = Arc::new(
+        postgres_store(&db.url, db.pg_schema().unwrap())
+            .await
+            .with_escrow()
+            .unwrap(),
+    );
+    store
+        .take_lease(Utc::now(), std::time::Duration::from_secs(600))
+        .await
+        .unwrap();
+    a_settle_never_passes_the_keys_limit(store).await;
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}

@@ -32,6 +32,7 @@ fn success() -> CallSuccess {
         channel: Some("primary".into()),
         cost: None,
         reply: None,
+        ..Default::default()
     }
 }
 
@@ -1046,9 +1047,14 @@ async fn the_call_status_rule_is_checked_without_a_temporary_btree() {
     );
 
     // Back to the definition before, which builds the b-tree: what the test is there to catch.
-    model_gateway::store::Migrator::down(connection, Some(1))
+    // The migration after it (`usage_rejected`) goes down too, and its column is put back by
+    // hand so that the store writes as it does today.
+    model_gateway::store::Migrator::down(connection, Some(2))
         .await
         .unwrap();
+    let later_column =
+        "ALTER TABLE mg_calls ADD COLUMN usage_rejected boolean NOT NULL DEFAULT false";
+    connection.execute_unprepared(later_column).await.unwrap();
     let (ephemeral, table) = schema().await;
     assert!(ephemeral && table.contains(list), "{table}");
     // Calls of every status written under the old definition.
@@ -1067,6 +1073,10 @@ async fn the_call_status_rule_is_checked_without_a_temporary_btree() {
         ["ok", "refunded", "pending"]
     );
 
+    connection
+        .execute_unprepared("ALTER TABLE mg_calls DROP COLUMN usage_rejected")
+        .await
+        .unwrap();
     model_gateway::store::Migrator::up(connection, None)
         .await
         .unwrap();

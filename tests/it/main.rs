@@ -30,6 +30,7 @@ mod integrity;
 mod key_holder;
 mod key_limits;
 mod key_rules;
+mod late_settle;
 mod leases;
 mod ledger;
 mod ledger_properties;

@@ -12,9 +12,11 @@ use serde_json::json;
 
 /// An OpenAI-style and an Anthropic-style provider behind token-priced models: credits per
 /// million tokens, `max_output_tokens` the output a call reserves for when the client sets none.
-fn catalogue(openai: &FakeProvider, anthropic: &FakeProvider) -> Catalogue {
+/// With gateway-wide `settings` above it.
+fn catalogue_with(openai: &FakeProvider, anthropic: &FakeProvider, settings: &str) -> Catalogue {
     Catalogue::from_toml(&format!(
         r#"
+        {settings}
         streaming = true
 
         [[upstreams]]
@@ -34,6 +36,7 @@ fn catalogue(openai: &FakeProvider, anthropic: &FakeProvider) -> Catalogue {
         protocol = "chat_completions"
         upstream = "openai"
         max_output_tokens = 1000
+        context_window = 100000
         [models.tokens]
         input = 100000
         output = 400000
@@ -70,8 +73,12 @@ struct Rig<'a> {
 }
 
 async fn rig(db: &TestDb) -> Rig<'_> {
+    rig_with(db, "").await
+}
+
+async fn rig_with<'a>(db: &'a TestDb, settings: &str) -> Rig<'a> {
     let (openai, anthropic) = (FakeProvider::start().await, FakeProvider::start().await);
-    let gateway = http_gateway(db, catalogue(&openai, &anthropic)).await;
+    let gateway = http_gateway(db, catalogue_with(&openai, &anthropic, settings)).await;
     Rig {
         db,
         gateway,
@@ -230,7 +237,7 @@ async fn a_call_whose_ceiling_the_account_cannot_cover_is_refused_402_uncharged(
     let db = local_db().await;
     let rig = rig(&db).await;
     // Output alone: 1,000 tokens at 400,000 per million is 400 credits.
-    let key = rig.db.funded_key(100, 0).await;
+    let key = rig.db.funded_key(200, 0).await;
     let refused = rig
         .gateway
         .post_bearer(CHAT, &key, chat("metered-chat", None))
@@ -240,36 +247,187 @@ async fn a_call_whose_ceiling_the_account_cannot_cover_is_refused_402_uncharged(
     rig.openai.then(chat_reply(
         json!({"prompt_tokens": 5, "completion_tokens": 5}),
     ));
+    // 100 output tokens: 40 credits, beside the input's ceiling (about 110).
     let allowed = rig
         .gateway
         .post_bearer(CHAT, &key, chat("metered-chat", Some(100)))
         .await;
     assert_eq!(allowed.status, 200);
-    assert_eq!(rig.db.balance(&key).await.total().get(), 100 - 3);
+    assert_eq!(rig.db.balance(&key).await.total().get(), 200 - 3);
     rig.db.assert_audit_holds().await;
 }
 
-/// A provider reporting more than the reservation held (an estimate that was low): the account
-/// pays what it can and never goes below zero; the entry records the rest as a shortfall.
+/// What a call of `metered-chat` with `body` reserves: its input ceiling at the input price and
+/// `output` tokens at the output price.
+fn chat_ceiling(body: &str, output: i64) -> i64 {
+    let input = model_gateway::pricing::input_ceiling_tokens(body.as_bytes()) as i64;
+    whole(at(input, 100_000) + at(output, 400_000))
+}
+
+/// A provider reporting more than the call's ceiling (here within the model's context window,
+/// so the report is trusted): by default the ceiling is the most a call is charged. The entry
+/// records the rest as the operator's shortfall, and the reply says what was charged (the
+/// adversarial run: an entry charged 50 answered `x-gateway-credits: 2000`).
 #[tokio::test]
-async fn a_cost_above_the_reservation_takes_what_the_account_has_and_records_the_rest() {
+async fn a_cost_above_the_ceiling_is_charged_the_ceiling_and_the_rest_is_the_shortfall() {
     each_database(async |db| {
         let rig = rig(db).await;
-        let key = rig.db.funded_key(60, 0).await;
-        // Ceiling: 3 input tokens estimated + 100 output = about 41 credits; the provider says
-        // 1,000 input tokens and 100 output: 140.
+        let key = rig.db.funded_key(1_000, 0).await;
+        let body = chat("metered-chat", Some(100));
+        let ceiling = chat_ceiling(&body, 100);
+        // 5,000 input tokens and 100 output: 540 credits, above the ceiling.
         rig.openai.then(chat_reply(
-            json!({"prompt_tokens": 1000, "completion_tokens": 100}),
+            json!({"prompt_tokens": 5000, "completion_tokens": 100}),
+        ));
+        let answer = rig.gateway.post_bearer(CHAT, &key, body).await;
+        assert_eq!(answer.status, 200);
+        assert!(ceiling < 540, "{ceiling}");
+        assert_eq!(
+            answer.headers["x-gateway-credits"],
+            ceiling.to_string().as_str()
+        );
+        assert_eq!(rig.db.balance(&key).await.total().get(), 1_000 - ceiling);
+        let call = rig.db.calls(&key).await.remove(0);
+        assert_eq!(call.price.get(), ceiling);
+        assert_eq!(call.shortfall.get(), 540 - ceiling);
+        assert!(!call.usage_rejected);
+        rig.db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+/// With `charge_beyond_ceiling = true` a call may be charged beyond its ceiling, but never past
+/// its key's limit (the adversarial run: a key limited to 100 a day spent 2,000); the reply and
+/// the entry say what the ledger charged.
+#[tokio::test]
+async fn beyond_the_ceiling_a_call_is_charged_no_more_than_its_keys_limit_allows() {
+    each_database(async |db| {
+        let rig = rig_with(db, "charge_beyond_ceiling = true").await;
+        let key = rig.db.funded_key(10_000, 0).await;
+        let caller = rig.db.caller(&key).await;
+        let limit = model_gateway::admin::KeyPatch {
+            limit: Some(Some(model_gateway::call::KeyLimit {
+                credits: model_gateway::Credits::new(200),
+                period: model_gateway::call::LimitPeriod::Day,
+            })),
+            ..Default::default()
+        };
+        rig.db.admin().update_key(caller.key, &limit).await.unwrap();
+        // 50,000 input tokens and 100 output: 5,040 credits.
+        rig.openai.then(chat_reply(
+            json!({"prompt_tokens": 50_000, "completion_tokens": 100}),
         ));
         let answer = rig
             .gateway
             .post_bearer(CHAT, &key, chat("metered-chat", Some(100)))
             .await;
         assert_eq!(answer.status, 200);
-        assert_eq!(rig.db.balance(&key).await, balance(0, 0));
+        assert_eq!(answer.headers["x-gateway-credits"], "200");
         let call = rig.db.calls(&key).await.remove(0);
-        assert_eq!(call.price.get(), 60);
-        assert_eq!(call.shortfall.get(), 140 - 60);
+        assert_eq!((call.price.get(), call.shortfall.get()), (200, 5_040 - 200));
+        let info = model_gateway::Accounts::key_info(&*rig.db.store, caller.key)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.spent.get(), 200);
+        assert_eq!(rig.db.balance(&key).await.total().get(), 10_000 - 200);
+        rig.db.assert_audit_holds().await;
+    })
+    .await;
+}
+
+/// The ceiling covers the output limit a provider may follow, not the one the client picked
+/// to look small: the largest of `max_tokens`, `max_completion_tokens`, and each reply asked for
+/// with `n` (the adversarial run: `max_tokens: 1, max_completion_tokens: 100000` reserved 32 and
+/// cost 100,010; `n: 50, max_tokens: 10` delivered 500 tokens for a ceiling of 35).
+#[tokio::test]
+async fn the_ceiling_covers_the_largest_output_limit_and_every_reply_asked_for() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = rig.db.funded_key(1_000, 0).await;
+    let body = json!({"model": "metered-chat", "max_tokens": 1, "max_completion_tokens": 100_000,
+        "messages": [{"role": "user", "content": "Hello"}]});
+    let refused = rig.gateway.post_bearer(CHAT, &key, body.to_string()).await;
+    assert_eq!((refused.status, refused.detail()), (402, "积分不足"));
+    assert_eq!(rig.openai.requests(), 0);
+
+    let body = json!({"model": "metered-chat", "max_tokens": 10, "n": 50,
+        "messages": [{"role": "user", "content": "Hello"}]})
+    .to_string();
+    let ceiling = chat_ceiling(&body, 500);
+    assert!(ceiling > chat_ceiling(&body, 10));
+    rig.openai.then(chat_reply(
+        json!({"prompt_tokens": 10, "completion_tokens": 500}),
+    ));
+    let answer = rig.gateway.post_bearer(CHAT, &key, body).await;
+    assert_eq!(answer.status, 200);
+    let call = rig.db.calls(&key).await.remove(0);
+    let cost = whole(at(10, 100_000) + at(500, 400_000));
+    assert_eq!((call.price.get(), call.shortfall.get()), (cost, 0));
+    assert!(!call.usage_rejected, "500 tokens fit 50 replies of 10");
+
+    for n in [json!(0), json!(129), json!(2.5), json!("2")] {
+        let body = json!({"model": "metered-chat", "max_tokens": 10, "n": n,
+            "messages": [{"role": "user", "content": "Hello"}]});
+        let refused = rig.gateway.post_bearer(CHAT, &key, body.to_string()).await;
+        assert_eq!(refused.status, 400, "n = {n}");
+    }
+    assert_eq!(rig.openai.requests(), 1);
+    assert_eq!(
+        rig.db.calls(&key).await.len(),
+        1,
+        "refusals are never charged"
+    );
+    rig.db.assert_audit_holds().await;
+}
+
+/// A provider's usage that no call could have used is not trusted: the call is charged its
+/// ceiling, the entry is marked `usage_rejected` and keeps no count that is not one, and a
+/// provider that answered is never refunded for it (the adversarial run: a million cache reads
+/// on a 10-token prompt emptied an account; 2^63-1 tokens charged 9.2e18; -1000 was stored;
+/// a float or a string count answered 502, refunded).
+#[tokio::test]
+async fn an_implausible_usage_report_is_charged_the_ceiling_and_flagged() {
+    each_database(async |db| {
+        let rig = rig(db).await;
+        let key = rig.db.funded_key(100_000, 0).await;
+        let reports = [
+            json!({"prompt_tokens": 10, "completion_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": 1_000_000}}),
+            json!({"prompt_tokens": i64::MAX, "completion_tokens": 5}),
+            json!({"prompt_tokens": 10, "completion_tokens": -1000}),
+            json!({"prompt_tokens": 10.5, "completion_tokens": 5}),
+            json!({"prompt_tokens": "10", "completion_tokens": 5}),
+            json!({"prompt_tokens": 10, "completion_tokens": 1_000_000}),
+            json!({"prompt_tokens": 200_000, "completion_tokens": 5}),
+        ];
+        let body = chat("metered-chat", Some(100));
+        let ceiling = chat_ceiling(&body, 100);
+        for (n, report) in reports.iter().enumerate() {
+            rig.openai.then(chat_reply(report.clone()));
+            let answer = rig.gateway.post_bearer(CHAT, &key, body.clone()).await;
+            assert_eq!(answer.status, 200, "{report}");
+            assert_eq!(
+                answer.headers["x-gateway-credits"],
+                ceiling.to_string().as_str()
+            );
+            let call = rig.db.calls(&key).await.remove(0);
+            assert_eq!(call.status, CallStatus::Ok, "{report}");
+            assert_eq!(
+                (call.price.get(), call.usage_rejected),
+                (ceiling, true),
+                "{report}"
+            );
+            for count in [
+                call.input_tokens,
+                call.output_tokens,
+                call.cache_read_tokens,
+            ] {
+                assert!(count.is_none_or(|count| count >= 0), "{report}: {call:?}");
+            }
+            let spent = ceiling * (n as i64 + 1);
+            assert_eq!(rig.db.balance(&key).await.total().get(), 100_000 - spent);
+        }
         rig.db.assert_audit_holds().await;
     })
     .await;
@@ -281,8 +439,9 @@ async fn a_cost_above_the_reservation_takes_what_the_account_has_and_records_the
 async fn concurrent_calls_never_overdraw_an_account() {
     each_database(async |db| {
         let rig = rig(db).await;
-        // Each call's ceiling is about 41 credits; 200 pay for four of them at once.
-        let key = rig.db.funded_key(200, 0).await;
+        // Each call's ceiling is about 151 credits (its input's ceiling, about 111, and 100
+        // output tokens, 40); 700 pay for four of them at once.
+        let key = rig.db.funded_key(700, 0).await;
         rig.openai.always(chat_reply(
             json!({"prompt_tokens": 10, "completion_tokens": 100}),
         ));
@@ -304,7 +463,7 @@ async fn concurrent_calls_never_overdraw_an_account() {
         // Each costs 41 credits (10 × 0.1 + 100 × 0.4 = 41).
         let left = rig.db.balance(&key).await.total().get();
         assert!(left >= 0, "{left}");
-        assert_eq!(left, 200 - 41 * ok);
+        assert_eq!(left, 700 - 41 * ok);
         assert!(ok >= 4, "{ok} calls got through");
         rig.db.assert_audit_holds().await;
     })
@@ -492,6 +651,57 @@ async fn a_chat_stream_settles_on_the_usage_the_gateway_asked_for_without_showin
     asked["stream_options"] = json!({"include_usage": true});
     let received = stream(&rig.gateway, CHAT, &key, asked).await;
     assert!(received.text().contains("\"usage\""));
+    db.assert_audit_holds().await;
+}
+
+/// A client that turned the stream's usage off (`include_usage: false`, or options without it)
+/// is still billed on the provider's usage: the gateway asks for it whatever the client set, and
+/// keeps the usage chunk from it (the adversarial run: reasoning never billed, 42 credits for a
+/// reply the provider counted at 5,010).
+#[tokio::test]
+async fn a_stream_whose_client_turned_usage_off_is_billed_on_the_providers_usage() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = db.funded_key(10_000, 0).await;
+    let usage = json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 5000,
+        "completion_tokens_details": {"reasoning_tokens": 4990}}});
+    let mut spent = 0;
+    for options in [json!({"include_usage": false}), json!({}), json!(null)] {
+        rig.openai.then(Fault::sse([
+            chunk("Hi"),
+            format!("data: {usage}\n\n"),
+            "data: [DONE]\n\n".to_owned(),
+        ]));
+        let mut body = chat_stream("metered-chat", 5000);
+        body["stream_options"] = options.clone();
+        let received = stream(&rig.gateway, CHAT, &key, body).await;
+        assert_eq!(received.status, 200);
+        assert_eq!(received.joined_text(), "Hi");
+        assert!(
+            !received.text().contains("\"usage\""),
+            "{options}: {}",
+            received.text()
+        );
+        let sent: serde_json::Value = serde_json::from_slice(&rig.openai.last().body).unwrap();
+        assert_eq!(sent["stream_options"]["include_usage"], true, "{options}");
+        assert_eq!(sent["model"], "metered-chat");
+        let cost = whole(at(10, 100_000) + at(5000, 400_000));
+        spent += cost;
+        let call = db.calls(&key).await.remove(0);
+        let call = if call.status == CallStatus::Pending {
+            finished_call(&db, &key).await
+        } else {
+            call
+        };
+        assert_eq!(
+            (call.status, call.price.get()),
+            (CallStatus::Ok, cost),
+            "{options}"
+        );
+        assert_eq!(call.reasoning_tokens, Some(4990));
+    }
+    assert_eq!(db.balance(&key).await.total().get(), 10_000 - spent);
     db.assert_audit_holds().await;
 }
 

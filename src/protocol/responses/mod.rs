@@ -296,8 +296,9 @@ mod tests {
             );
             read_as_object += usize::from(apart.is_some());
         }
-        // The cases are not all refused: most are objects with usage and an id.
-        assert_eq!(read_as_object, 14);
+        // The cases are not all refused: most are objects with usage and an id (a count that is
+        // no count, `"many"`, is read and marked malformed, not refused).
+        assert_eq!(read_as_object, 15);
         let (usage, id) = super::reply_usage_and_id(replies[0].as_bytes()).unwrap();
         assert_eq!(id.as_deref(), Some("resp_1"));
         assert_eq!(usage.output_tokens, Some(11));

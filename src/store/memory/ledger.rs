@@ -10,7 +10,7 @@ use crate::keys::KeyHash;
 use crate::store::rules::holds;
 use crate::store::rules::idempotency::{KeyedDecision, decide as decide_keyed, window_cutoff};
 use crate::store::rules::reserve::{Limited, Payer, decide_reserve};
-use crate::store::rules::settle::decide_settle;
+use crate::store::rules::settle::{Beyond, decide_settle};
 use crate::store::traits::{KeyStore, Leases, Ledger, ResponseOwners};
 use crate::store::types::{
     ActiveKey, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest, ReserveError,
@@ -127,6 +127,7 @@ impl Ledger for MemoryStore {
             cache_write_1h_tokens: None,
             reasoning_tokens: None,
             shortfall: Credits::ZERO,
+            usage_rejected: false,
             created_at,
             finished_at: None,
             request_id: request.request_id.map(str::to_owned),
@@ -169,7 +170,11 @@ impl Ledger for MemoryStore {
         let balance = state.balances.get(&account).copied().unwrap_or_default();
         // What the reservation took is gone from the balance already: the rest is free.
         let free = balance.free_of(Balance::default()).spendable(ends_at, now);
-        let settled = decide_settle(taken, success.cost, free);
+        let key_room = state
+            .allowance(key)
+            .map(|allowance| allowance.room(Credits::ZERO, reserved_at, now));
+        let beyond = Beyond::of(success.beyond_reservation, key_room);
+        let settled = decide_settle(taken, success.cost, free, beyond);
         if let Some(balance) = state.balances.get_mut(&account) {
             *balance = holds::take(holds::give_back(*balance, settled.returned), settled.extra);
         }
@@ -182,6 +187,7 @@ impl Ledger for MemoryStore {
         record.charged_subscription = settled.charged.subscription;
         record.charged_topup = settled.charged.topup;
         record.shortfall = settled.shortfall;
+        record.usage_rejected = success.usage_rejected;
         record.status = CallStatus::Ok;
         record.upstream_status = Some(success.upstream_status);
         record.channel = success.channel;
@@ -240,6 +246,14 @@ impl Ledger for MemoryStore {
             })
             .map(|call| call.id)
             .collect())
+    }
+
+    async fn charged(&self, call: CallId) -> Result<Option<Credits>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .call(call)
+            .filter(|record| record.status == CallStatus::Ok)
+            .map(|record| record.price))
     }
 
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {

@@ -35,6 +35,31 @@ impl Allowance {
         after <= i128::from(self.limit.credits.get())
     }
 
+    /// What a call reserved at `reserved_at` may still add to the key's spending at `now`,
+    /// beside `held` (what the key's calls hold in memory, not yet in `spent`): what the limit
+    /// leaves in the call's window, and nothing once that window has ended (a call is counted in
+    /// the window it was reserved in, and an ended window is never reopened).
+    pub(crate) fn room(
+        &self,
+        held: Credits,
+        reserved_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Credits {
+        let window = self.limit.period.window(reserved_at);
+        if window != self.limit.period.window(now) {
+            return Credits::ZERO;
+        }
+        let spent = if self.window == window { self.spent } else { 0 };
+        let left =
+            i128::from(self.limit.credits.get()) - i128::from(spent) - i128::from(held.get());
+        let room = Credits::new(i64::try_from(left.max(0)).unwrap_or(i64::MAX));
+        debug_assert!(
+            room <= self.limit.credits,
+            "no room beyond the limit itself"
+        );
+        room
+    }
+
     /// Adds `amount` (less than zero: gives it back) for a call reserved at `reserved_at`: in
     /// its window if that is the current one (a later window starts it afresh); an ended
     /// window's call changes nothing. Never below zero.
@@ -98,6 +123,26 @@ mod tests {
         allowance.record(-6, day(0));
         assert_eq!(allowance.spent_at(day(1)), 5);
         assert_eq!(allowance.spent_at(day(2)), 0);
+    }
+
+    #[test]
+    fn the_room_left_is_the_limit_less_what_the_window_spent_and_holds() {
+        let mut allowance = daily(10);
+        allowance.record(4, day(0));
+        assert_eq!(
+            allowance.room(Credits::ZERO, day(0), day(0)),
+            Credits::new(6)
+        );
+        assert_eq!(
+            allowance.room(Credits::new(5), day(0), day(0)),
+            Credits::new(1)
+        );
+        assert_eq!(
+            allowance.room(Credits::new(50), day(0), day(0)),
+            Credits::ZERO
+        );
+        // A call of yesterday settled today: its window has ended, nothing more is counted.
+        assert_eq!(allowance.room(Credits::ZERO, day(0), day(1)), Credits::ZERO);
     }
 
     proptest! {

@@ -1,11 +1,13 @@
 //! The settle rule: what a call is charged once its cost is known.
 //!
 //! A reservation takes (or holds) the most the call can cost: its price per call, or for a
-//! model priced by tokens a ceiling estimated before the call. The settle charges the cost the
-//! provider's usage says, in the same write that returns the rest of the reservation. A cost
-//! above the reservation (an estimate that was low) takes what the account can pay beyond it
-//! (free credits, subscription first), and the entry records what it could not pay: the
-//! account never goes below zero, and nothing is charged twice.
+//! model priced by tokens a ceiling the gateway sets before the call. The settle charges the
+//! cost the provider's usage says, in the same write that returns the rest of the reservation.
+//! A cost above the reservation is charged the reservation and the entry records the rest as
+//! its shortfall, unless the operator lets a call be charged beyond its ceiling: then it takes
+//! what the account can pay beyond it (free credits, subscription first) and what the key's
+//! spending limit still allows ([`Beyond`]), and records the rest. The account never goes below
+//! zero, a key's limit is never passed, and nothing is charged twice.
 
 use crate::credits::{Balance, Credits, Split};
 
@@ -22,10 +24,62 @@ pub(crate) struct Settlement {
     pub(crate) shortfall: Credits,
 }
 
+/// How much a settle may take beyond what its reservation took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Beyond {
+    /// Nothing: the reservation is the most a call is charged (the default).
+    Nothing,
+    /// What the account can pay, within `key_room` when the call's key has a spending limit
+    /// (what that limit still allows in the window the call was reserved in).
+    Free { key_room: Option<Credits> },
+}
+
+impl Beyond {
+    /// For a call whose success says whether it may be charged beyond its reservation, on a key
+    /// with `key_room` left under its limit (`None`: no limit).
+    pub(crate) fn of(allowed: bool, key_room: Option<Credits>) -> Beyond {
+        if allowed {
+            Beyond::Free { key_room }
+        } else {
+            Beyond::Nothing
+        }
+    }
+
+    /// The most a settle may take beyond the reservation.
+    fn cap(self) -> Credits {
+        match self {
+            Beyond::Nothing => Credits::ZERO,
+            Beyond::Free { key_room } => key_room.unwrap_or(Credits::MAX).max(Credits::ZERO),
+        }
+    }
+}
+
 /// Settles a call whose reservation took `taken` and whose cost is `cost` (`None`: the
 /// reservation is the cost, as for a price per call), with `free` what the account can spend
-/// now besides it (no bucket below zero; a subscription whose period ended counts as empty).
-pub(crate) fn decide_settle(taken: Split, cost: Option<Credits>, free: Balance) -> Settlement {
+/// now besides it (no bucket below zero; a subscription whose period ended counts as empty), and
+/// `beyond` how much beyond the reservation it may take at all.
+pub(crate) fn decide_settle(
+    taken: Split,
+    cost: Option<Credits>,
+    free: Balance,
+    beyond: Beyond,
+) -> Settlement {
+    let settled = settle_within(taken, cost, free, beyond);
+    debug_assert_eq!(
+        settled.charged.plus(settled.returned),
+        taken.plus(settled.extra),
+        "what was taken is charged or returned, never lost"
+    );
+    debug_assert!(
+        settled.extra.total() <= beyond.cap()
+            && settled.extra.subscription <= free.subscription.max(Credits::ZERO)
+            && settled.extra.topup <= free.topup.max(Credits::ZERO),
+        "beyond the reservation only what is free and allowed: {settled:?}"
+    );
+    settled
+}
+
+fn settle_within(taken: Split, cost: Option<Credits>, free: Balance, beyond: Beyond) -> Settlement {
     let reserved = taken.total();
     let cost = cost.unwrap_or(reserved).max(Credits::ZERO);
     if cost <= reserved {
@@ -46,8 +100,12 @@ pub(crate) fn decide_settle(taken: Split, cost: Option<Credits>, free: Balance) 
         };
     }
     let over = cost.minus(reserved);
-    let subscription = free.subscription.max(Credits::ZERO).min(over);
-    let topup = free.topup.max(Credits::ZERO).min(over.minus(subscription));
+    let may_take = over.min(beyond.cap());
+    let subscription = free.subscription.max(Credits::ZERO).min(may_take);
+    let topup = free
+        .topup
+        .max(Credits::ZERO)
+        .min(may_take.minus(subscription));
     let extra = Split {
         subscription,
         topup,
@@ -69,7 +127,7 @@ mod tests {
 
     #[test]
     fn a_price_per_call_charges_what_was_reserved() {
-        let settled = decide_settle(split(2, 1), None, balance(50, 50));
+        let settled = decide_settle(split(2, 1), None, balance(50, 50), Beyond::Nothing);
         assert_eq!(settled.charged, split(2, 1));
         assert_eq!(
             (settled.returned, settled.extra),
@@ -82,24 +140,75 @@ mod tests {
     fn a_cost_below_the_reservation_returns_the_rest_top_up_first() {
         // Reserved 5 subscription + 5 top-up, cost 7: subscription is charged first, so the
         // 3 that go back are top-up credits.
-        let settled = decide_settle(split(5, 5), Some(Credits::new(7)), balance(0, 0));
+        let settled = decide_settle(
+            split(5, 5),
+            Some(Credits::new(7)),
+            balance(0, 0),
+            Beyond::Nothing,
+        );
         assert_eq!(settled.charged, split(5, 2));
         assert_eq!(settled.returned, split(0, 3));
         assert_eq!(settled.shortfall, Credits::ZERO);
-        let nothing = decide_settle(split(5, 5), Some(Credits::ZERO), balance(0, 0));
+        let nothing = decide_settle(
+            split(5, 5),
+            Some(Credits::ZERO),
+            balance(0, 0),
+            Beyond::Nothing,
+        );
         assert_eq!(
             (nothing.charged, nothing.returned),
             (split(0, 0), split(5, 5))
         );
     }
 
+    const ANY: Beyond = Beyond::Free { key_room: None };
+
+    #[test]
+    fn a_cost_above_the_reservation_is_charged_the_reservation_by_default() {
+        let settled = decide_settle(
+            split(1, 3),
+            Some(Credits::new(50_000)),
+            balance(100, 100),
+            Beyond::Nothing,
+        );
+        assert_eq!(settled.charged, split(1, 3));
+        assert_eq!(settled.extra, split(0, 0));
+        assert_eq!(settled.returned, split(0, 0));
+        assert_eq!(settled.shortfall, Credits::new(49_996));
+    }
+
+    #[test]
+    fn beyond_the_reservation_a_settle_takes_no_more_than_the_keys_limit_allows() {
+        // The key has 6 credits left under its limit; the account could pay 200.
+        let room = Beyond::Free {
+            key_room: Some(Credits::new(6)),
+        };
+        let settled = decide_settle(
+            split(0, 4),
+            Some(Credits::new(2_000)),
+            balance(100, 100),
+            room,
+        );
+        assert_eq!(settled.extra, split(6, 0));
+        assert_eq!(settled.charged, split(6, 4));
+        assert_eq!(settled.shortfall, Credits::new(1_990));
+        let spent = Beyond::Free {
+            key_room: Some(Credits::ZERO),
+        };
+        let settled = decide_settle(split(0, 4), Some(Credits::new(9)), balance(100, 100), spent);
+        assert_eq!(
+            (settled.charged, settled.shortfall),
+            (split(0, 4), Credits::new(5))
+        );
+    }
+
     #[test]
     fn a_cost_above_the_reservation_takes_free_credits_then_records_the_shortfall() {
-        let settled = decide_settle(split(0, 4), Some(Credits::new(10)), balance(2, 1));
+        let settled = decide_settle(split(0, 4), Some(Credits::new(10)), balance(2, 1), ANY);
         assert_eq!(settled.extra, split(2, 1));
         assert_eq!(settled.charged, split(2, 5));
         assert_eq!(settled.shortfall, Credits::new(3));
-        let covered = decide_settle(split(0, 4), Some(Credits::new(6)), balance(5, 5));
+        let covered = decide_settle(split(0, 4), Some(Credits::new(6)), balance(5, 5), ANY);
         assert_eq!(
             (covered.extra, covered.shortfall),
             (split(2, 0), Credits::ZERO)
@@ -110,17 +219,19 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(10_000))]
 
         /// A settle charges exactly the cost less the shortfall; it returns only what was taken,
-        /// takes beyond it only what is free, and leaves a shortfall only when nothing free is
-        /// left; no amount is below zero.
+        /// takes beyond it only what is free and allowed, and leaves a shortfall only when
+        /// nothing free and allowed is left; no amount is below zero.
         #[test]
         fn a_settle_charges_the_cost_or_all_it_can(
             taken_sub in 0i64..1_000, taken_topup in 0i64..1_000,
             free_sub in 0i64..1_000, free_topup in 0i64..1_000,
             cost in prop::option::of(0i64..4_000),
+            beyond in prop::option::of(prop::option::of(0i64..2_000)),
         ) {
             let taken = split(taken_sub, taken_topup);
             let free = balance(free_sub, free_topup);
-            let s = decide_settle(taken, cost.map(Credits::new), free);
+            let beyond = beyond.map_or(Beyond::Nothing, |room| Beyond::Free { key_room: room.map(Credits::new) });
+            let s = decide_settle(taken, cost.map(Credits::new), free, beyond);
             let cost = cost.unwrap_or(taken_sub + taken_topup);
             for part in [s.charged, s.returned, s.extra] {
                 prop_assert!(part.subscription.get() >= 0 && part.topup.get() >= 0, "{s:?}");
@@ -130,8 +241,10 @@ mod tests {
             // What was taken is charged or returned, never both, never lost.
             prop_assert_eq!(s.charged.plus(s.returned), taken.plus(s.extra));
             prop_assert!(s.extra.subscription.get() <= free_sub && s.extra.topup.get() <= free_topup);
+            prop_assert!(s.extra.total() <= beyond.cap(), "never beyond what is allowed: {s:?}");
             if s.shortfall.get() > 0 {
-                prop_assert_eq!(s.extra, split(free_sub, free_topup));
+                let allowed = beyond.cap().get().min(free_sub + free_topup);
+                prop_assert_eq!(s.extra.total().get(), allowed, "all it may take: {:?}", s);
             }
             if s.returned.total().get() > 0 {
                 prop_assert_eq!(s.extra.total(), Credits::ZERO);

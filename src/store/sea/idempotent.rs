@@ -32,7 +32,7 @@ use super::commit::ledger_ops;
 use super::entity::{api_key, call, idempotent_call};
 use super::held::Holds;
 use super::rows::locked_account;
-use super::writes::{Outcome, OwnedCharge, Write};
+use super::writes::{Outcome, OwnedCharge, Write, abandoned_settles};
 use crate::store::{
     AccountId, CallId, CallStatus, CallSuccess, IdempotencyKey, KeptReply, KeyedCall,
     KeyedDecision, Reservation, ReserveError, StoreError, decide_keyed, window_cutoff,
@@ -115,6 +115,11 @@ pub(super) async fn settle(
     );
     if settled && let Some(reply) = reply {
         keep_reply(&txn, call, reply).await?;
+    }
+    // Its caller gave up on it while it waited: not billed (see `SettleClaim`).
+    if !abandoned_settles(&[&write]).is_empty() {
+        txn.rollback().await?;
+        return Ok(false);
     }
     txn.commit().await?;
     Ok(settled)

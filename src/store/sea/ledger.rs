@@ -2,9 +2,9 @@
 
 use async_trait::async_trait;
 use chrono::Utc;
-use sea_orm::{ColumnTrait, Condition, EntityTrait, QuerySelect};
+use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QuerySelect};
 
-use crate::credits::Balance;
+use crate::credits::{Balance, Credits};
 use crate::store::{
     AccountId, CallFailure, CallId, CallStatus, CallSuccess, ChargeRequest, LeaseId, Ledger,
     Reservation, ReserveError, StoreError,
@@ -90,6 +90,17 @@ impl Ledger for SeaOrmStore {
             .add(call::Column::AccountId.eq(account.0))
             .add(call::Column::RequestId.eq(request_id));
         pending_ids(&self.db, which, call::Column::Id, None).await
+    }
+
+    async fn charged(&self, call: CallId) -> Result<Option<Credits>, StoreError> {
+        let price: Option<i64> = call::Entity::find_by_id(call.0)
+            .select_only()
+            .column(call::Column::Price)
+            .filter(call::Column::Status.eq(CallStatus::Ok.as_str()))
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        Ok(price.map(Credits))
     }
 
     async fn call_status(&self, call: CallId) -> Result<Option<CallStatus>, StoreError> {

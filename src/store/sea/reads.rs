@@ -71,6 +71,7 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
         cache_write_1h_tokens: row.cache_write_1h_tokens,
         reasoning_tokens: row.reasoning_tokens,
         shortfall: Credits(row.shortfall),
+        usage_rejected: row.usage_rejected,
         created_at: row.created_at,
         finished_at: row.finished_at,
         request_id: row.request_id,

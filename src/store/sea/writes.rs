@@ -72,6 +72,38 @@ impl Write {
     }
 }
 
+/// Claims every settle of a batch for its commit (see [`crate::store::SettleClaim`]): the
+/// positions of those whose callers gave up on them first, which the batch must not commit.
+pub(super) fn abandoned_settles(writes: &[&Write]) -> Vec<usize> {
+    writes
+        .iter()
+        .enumerate()
+        .filter(|(_, write)| matches!(write, Write::Settle(_, success) if !success.claim.claim()))
+        .map(|(position, _)| position)
+        .collect()
+}
+
+/// A batch written without the writes at `left_out` (positions in `writes`, in order):
+/// `written` are the others' outcomes, in order; a settle left out finished nothing.
+pub(super) fn with_left_out(
+    count: usize,
+    left_out: &[usize],
+    written: Vec<Outcome>,
+) -> Vec<Outcome> {
+    let mut written = written.into_iter();
+    let outcomes: Vec<Outcome> = (0..count)
+        .map(|position| {
+            if left_out.contains(&position) {
+                Outcome::Finished(false)
+            } else {
+                written.next().expect("an outcome for every write written")
+            }
+        })
+        .collect();
+    debug_assert!(written.next().is_none(), "no outcome without its write");
+    outcomes
+}
+
 /// What one write came to, once its batch is written (and, for the caller to hear it,
 /// committed).
 #[derive(Debug)]

@@ -14,7 +14,7 @@ use crate::events::WebhookEvent;
 use crate::store::rules::alerts::{self, LimitAlert};
 use crate::store::rules::holds;
 use crate::store::rules::reserve::{Limited, Payer, decide_reserve};
-use crate::store::rules::settle::{Settlement, decide_settle};
+use crate::store::rules::settle::{Beyond, Settlement, decide_settle};
 #[cfg(feature = "sqlite")]
 use crate::store::sea::held::HoldChanges;
 use crate::store::sea::held::{HeldCall, Holds};
@@ -22,7 +22,8 @@ use crate::store::sea::writes::{
     AccountRead, KeyChange, KeyRead, Outcome, OwnedCharge, Wanted, Write, unknown_account,
 };
 use crate::store::{
-    AccountId, CallFailure, CallId, CallStatus, CallSuccess, Reservation, ReserveError, StoreError,
+    AccountId, CallFailure, CallId, CallStatus, CallSuccess, KeyId, Reservation, ReserveError,
+    StoreError,
 };
 
 impl Wanted {
@@ -342,7 +343,11 @@ impl<'a> Plan<'a> {
                 Write::Reserve(charge) => plan.reserve(charge),
                 Write::Settle(call, success) => match entries.get_mut(&call.0) {
                     Some(entry) if entry.pending => {
-                        let settled = plan.account(entry.account)?.settle(entry.taken, success);
+                        let room = plan.key_room(entry.key, Credits::ZERO, entry.reserved_at);
+                        let beyond = Beyond::of(success.beyond_reservation, room);
+                        let settled =
+                            plan.account(entry.account)?
+                                .settle(entry.taken, success, beyond);
                         let change = settled.charged.total().get() - entry.taken.total().get();
                         plan.key(entry.key, change, entry.reserved_at);
                         entry.pending = false;
@@ -389,6 +394,19 @@ impl<'a> Plan<'a> {
         }
     }
 
+    /// What key `key`'s limit still allows a call reserved at `reserved_at` to add, beside
+    /// `own` (what the call holds that its key's spending does not count yet) and what the
+    /// key's other calls hold in memory; `None` for a key without a limit.
+    fn key_room(&self, key: i64, own: Credits, reserved_at: DateTime<Utc>) -> Option<Credits> {
+        let state = self.keys.get(&key)?;
+        let allowance = state.read.allowance?;
+        let elsewhere = self
+            .holds
+            .map_or(Credits::ZERO, |holds| holds.on_key(KeyId(key)));
+        let held = Credits(state.held_with(elsewhere).get().saturating_add(own.get()));
+        Some(allowance.room(held, reserved_at, self.now))
+    }
+
     fn account(&mut self, account: i64) -> Result<&mut AccountState, StoreError> {
         self.accounts
             .get_mut(&account)
@@ -414,9 +432,12 @@ impl<'a> Plan<'a> {
         call: i64,
         held: &'a HeldCall,
     ) -> Result<Decision, StoreError> {
-        if let Some(key) = self.keys.get_mut(&held.charge.caller.key.0) {
+        let key_id = held.charge.caller.key.0;
+        if let Some(key) = self.keys.get_mut(&key_id) {
             key.released = Credits(key.released.get() + held.taken.total().get());
         }
+        // Its own hold is not in the key's spending yet: it counts beside the others'.
+        let room = self.key_room(key_id, held.taken.total(), held.reserved_at);
         let state = self.account(held.account.0)?;
         // Free of every hold, this call's too: what it may take beyond what it holds.
         let free = state.free(Utc::now());
@@ -425,7 +446,8 @@ impl<'a> Plan<'a> {
             // A call is charged its cost: what it holds, less what goes back, plus what it
             // could take of the free credits beyond it.
             Write::Settle(_, success) => {
-                let settled = decide_settle(held.taken, success.cost, free);
+                let beyond = Beyond::of(success.beyond_reservation, room);
+                let settled = decide_settle(held.taken, success.cost, free, beyond);
                 match holds::debit_held(state.row, settled.charged) {
                     Some(row) => {
                         state.row = row;
@@ -589,8 +611,8 @@ impl AccountState {
 
     /// Settles a call whose reservation took `taken` from this account's row: the rest of it
     /// goes back, or what the cost needs beyond it is taken from what is free.
-    fn settle(&mut self, taken: Split, success: &CallSuccess) -> Settlement {
-        let settled = decide_settle(taken, success.cost, self.free(Utc::now()));
+    fn settle(&mut self, taken: Split, success: &CallSuccess, beyond: Beyond) -> Settlement {
+        let settled = decide_settle(taken, success.cost, self.free(Utc::now()), beyond);
         self.give_back(settled.returned);
         self.take(settled.extra);
         settled

@@ -24,7 +24,7 @@ use super::ledger_ops::apply_in;
 use crate::store::sea::alerting::{Alerting, EventSettings};
 #[cfg(feature = "sqlite")]
 use crate::store::sea::owned::state::State;
-use crate::store::sea::writes::{Outcome, OwnedCharge, Write};
+use crate::store::sea::writes::{Outcome, OwnedCharge, Write, abandoned_settles, with_left_out};
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
 /// Most ledger writes one transaction carries.
@@ -232,33 +232,49 @@ async fn run(
 }
 
 /// Applies the writes in one transaction, in order, and commits; with `flushed_later`, the
-/// commit does not wait for the disk (`PostgreSQL`'s asynchronous commit): the flusher does.
+/// commit does not wait for the disk (`PostgreSQL`'s asynchronous commit): the flusher does. A
+/// settle whose caller gave up on it while the batch waited (a lock, a silent database) is left
+/// out: the batch is rolled back and written again without it (see
+/// [`crate::store::SettleClaim`]).
 async fn apply(
     db: &DatabaseConnection,
     writes: Vec<&Write>,
     flushed_later: bool,
     alerting: Option<Alerting>,
 ) -> Result<Vec<Outcome>, Failure> {
-    let txn = begin_write(db)
-        .await
-        .map_err(|error| Failure::Statement(error.into()))?;
-    let applied = async {
-        if flushed_later {
-            txn.execute_unprepared("SET LOCAL synchronous_commit TO off")
-                .await?;
-        }
-        apply_in(&txn, &writes, None, alerting).await
-    };
-    match applied.await {
-        Ok(outcomes) => {
-            txn.commit()
-                .await
-                .map_err(|error| Failure::Commit(error.into()))?;
-            Ok(outcomes)
-        }
-        Err(error) => {
-            let _ = txn.rollback().await;
-            Err(Failure::Statement(error))
+    let mut left_out: Vec<usize> = Vec::new();
+    loop {
+        let positions: Vec<usize> = (0..writes.len())
+            .filter(|position| !left_out.contains(position))
+            .collect();
+        let batch: Vec<&Write> = positions.iter().map(|&position| writes[position]).collect();
+        let txn = begin_write(db)
+            .await
+            .map_err(|error| Failure::Statement(error.into()))?;
+        let applied = async {
+            if flushed_later {
+                txn.execute_unprepared("SET LOCAL synchronous_commit TO off")
+                    .await?;
+            }
+            apply_in(&txn, &batch, None, alerting).await
+        };
+        match applied.await {
+            Ok(outcomes) => {
+                let abandoned = abandoned_settles(&batch);
+                if abandoned.is_empty() {
+                    txn.commit()
+                        .await
+                        .map_err(|error| Failure::Commit(error.into()))?;
+                    return Ok(with_left_out(writes.len(), &left_out, outcomes));
+                }
+                let _ = txn.rollback().await;
+                left_out.extend(abandoned.iter().map(|&index| positions[index]));
+                left_out.sort_unstable();
+            }
+            Err(error) => {
+                let _ = txn.rollback().await;
+                return Err(Failure::Statement(error));
+            }
         }
     }
 }

@@ -287,6 +287,7 @@ async fn insert_entries<C: ConnectionTrait>(
         cache_write_1h_tokens: sea_orm::NotSet,
         reasoning_tokens: sea_orm::NotSet,
         shortfall: sea_orm::NotSet,
+        usage_rejected: sea_orm::NotSet,
         created_at: Set(now),
         finished_at: Set(None),
         request_id: Set(entry.charge.request_id.clone()),
@@ -386,7 +387,7 @@ async fn finish_entries<C: ConnectionTrait>(
         .col_expr(call::Column::FinishedAt, Expr::value(now))
         .filter(call::Column::Id.is_in(finished.iter().map(|(id, _)| *id)))
         .filter(call::Column::Status.eq(CallStatus::Pending.as_str()));
-    let columns: [(call::Column, FinishValue); 14] = [
+    let columns: [(call::Column, FinishValue); 15] = [
         (call::Column::Status, |finish| {
             Some(Expr::value(finish.status().as_str()))
         }),
@@ -452,6 +453,13 @@ async fn finish_entries<C: ConnectionTrait>(
             finish
                 .charged()
                 .map(|(_, shortfall)| Expr::value(shortfall.0))
+        }),
+        // Written only where it is so: the column's default says the rest.
+        (call::Column::UsageRejected, |finish| {
+            finish
+                .billed()
+                .filter(|success| success.usage_rejected)
+                .map(|_| Expr::value(true))
         }),
     ];
     for (column, value) in columns {

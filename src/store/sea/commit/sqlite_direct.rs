@@ -40,7 +40,9 @@ use crate::store::sea::accounts::stored_allowance;
 use crate::store::sea::alerting::{Alerting, limit_alert, threshold};
 use crate::store::sea::held::{HoldChanges, Holds, IdBlock};
 use crate::store::sea::owned::state::RowCache;
-use crate::store::sea::writes::{AccountRead, KeyChange, KeyRead, Outcome, Wanted, Write};
+use crate::store::sea::writes::{
+    AccountRead, KeyChange, KeyRead, Outcome, Wanted, Write, abandoned_settles, with_left_out,
+};
 use crate::store::{AccountId, CallStatus, IdempotencyKey, StoreError};
 
 pub(in crate::store::sea) fn store_error(error: rusqlite::Error) -> StoreError {
@@ -134,20 +136,36 @@ pub(in crate::store::sea) type Applied = (
     Vec<KeyChange>,
 );
 
-/// Applies a batch on a file that no store owns: nothing is held in memory.
+/// Applies a batch on a file that no store owns: nothing is held in memory. A settle whose
+/// caller gave up on it while the batch waited for the file's write lock is left out: the batch
+/// is rolled back and written again without it (see [`crate::store::SettleClaim`]).
 pub(in crate::store::sea) fn apply(
     connection: &mut Connection,
     writes: &[&Write],
     alerting: Option<Alerting>,
 ) -> Result<Vec<Outcome>, Failure> {
-    let txn = connection
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|error| Failure::Statement(store_error(error)))?;
-    // On an error the transaction is dropped, which rolls it back.
-    let (outcomes, ..) = apply_in(&txn, writes, None, alerting).map_err(Failure::Statement)?;
-    txn.commit()
-        .map_err(|error| Failure::Commit(store_error(error)))?;
-    Ok(outcomes)
+    let mut left_out: Vec<usize> = Vec::new();
+    loop {
+        let positions: Vec<usize> = (0..writes.len())
+            .filter(|position| !left_out.contains(position))
+            .collect();
+        let batch: Vec<&Write> = positions.iter().map(|&position| writes[position]).collect();
+        let txn = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|error| Failure::Statement(store_error(error)))?;
+        // On an error (or a batch to write again) the transaction is dropped, which rolls it
+        // back.
+        let (outcomes, ..) = apply_in(&txn, &batch, None, alerting).map_err(Failure::Statement)?;
+        let abandoned = abandoned_settles(&batch);
+        if abandoned.is_empty() {
+            txn.commit()
+                .map_err(|error| Failure::Commit(store_error(error)))?;
+            return Ok(with_left_out(writes.len(), &left_out, outcomes));
+        }
+        drop(txn);
+        left_out.extend(abandoned.iter().map(|&index| positions[index]));
+        left_out.sort_unstable();
+    }
 }
 
 pub(in crate::store::sea) fn apply_in(
@@ -460,7 +478,8 @@ const CHARGE_COLUMNS: usize = 12;
 
 /// Binds how an entry ended from parameter `first` on, in this order: `upstream_status,
 /// upstream_channel, upstream_error, input_tokens, output_tokens, cache_read_tokens,
-/// cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall, finished_at`. One
+/// cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall, usage_rejected,
+/// finished_at`. One
 /// place, so finishing an entry in place and inserting an ended hold's entry agree.
 fn bind_finish(
     statement: &mut Statement<'_>,
@@ -483,13 +502,16 @@ fn bind_finish(
         &usage.and_then(|usage| usage.cache_write_1h_tokens),
         &usage.and_then(|usage| usage.reasoning_tokens),
         &shortfall,
+        &finish
+            .billed()
+            .is_some_and(|success| success.usage_rejected),
         &finished_at,
     ];
     bind_from(statement, first, &columns)
 }
 
 /// How many columns [`bind_finish`] binds.
-const FINISH_COLUMNS: usize = 11;
+const FINISH_COLUMNS: usize = 12;
 
 fn bind_from(
     statement: &mut Statement<'_>,
@@ -513,9 +535,9 @@ fn insert_ended_holds(txn: &Transaction<'_>, ended: &[EndedHold<'_>]) -> Result<
              charged_subscription, charged_topup, status, created_at, request_id, instance_id, \
              requested_model, upstream_status, upstream_channel, upstream_error, input_tokens, \
              output_tokens, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, \
-             reasoning_tokens, shortfall, finished_at) \
+             reasoning_tokens, shortfall, usage_rejected, finished_at) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
+             ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
@@ -615,11 +637,11 @@ fn finish_entries(txn: &Transaction<'_>, finished: &[(i64, Finish<'_>)]) -> Resu
              cache_write_tokens = COALESCE(?9, cache_write_tokens), \
              cache_write_1h_tokens = COALESCE(?10, cache_write_1h_tokens), \
              reasoning_tokens = COALESCE(?11, reasoning_tokens), shortfall = ?12, \
-             finished_at = ?13, \
-             charged_subscription = COALESCE(?15, charged_subscription), \
-             charged_topup = COALESCE(?16, charged_topup), \
-             price = COALESCE(?15 + ?16, price) \
-             WHERE id = ?1 AND status = ?14",
+             usage_rejected = ?13, finished_at = ?14, \
+             charged_subscription = COALESCE(?16, charged_subscription), \
+             charged_topup = COALESCE(?17, charged_topup), \
+             price = COALESCE(?16 + ?17, price) \
+             WHERE id = ?1 AND status = ?15",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
@@ -631,8 +653,8 @@ fn finish_entries(txn: &Transaction<'_>, finished: &[(i64, Finish<'_>)]) -> Resu
             bind_finish(statement, 3, finish, &now)?;
             statement.raw_bind_parameter(3 + FINISH_COLUMNS, pending)?;
             let charged = finish.charged().map(|(charged, _)| charged);
-            statement.raw_bind_parameter(15, charged.map(|split| split.subscription.0))?;
-            statement.raw_bind_parameter(16, charged.map(|split| split.topup.0))
+            statement.raw_bind_parameter(16, charged.map(|split| split.subscription.0))?;
+            statement.raw_bind_parameter(17, charged.map(|split| split.topup.0))
         };
         bind(&mut finish_entry).map_err(store_error)?;
         let changed = finish_entry.raw_execute().map_err(store_error)?;

@@ -49,6 +49,8 @@ pub(crate) struct Model {
     pub reasoning_tokens: Option<i64>,
     /// What the cost of a call priced by tokens exceeded what its account could pay.
     pub shortfall: i64,
+    /// Whether the provider's usage report failed the gateway's checks (charged the ceiling).
+    pub usage_rejected: bool,
     /// Reservation time.
     pub created_at: DateTimeUtc,
     /// Settle or refund time.

@@ -10,7 +10,7 @@ use super::rows::escrow_row;
 use super::state::{EndJob, Ending, Escrow, KeyRead, MAX_BATCH, PotKey, Seen};
 use crate::credits::{Balance, Credits, Split};
 use crate::store::rules::holds;
-use crate::store::rules::settle::decide_settle;
+use crate::store::rules::settle::{Beyond, decide_settle};
 use crate::store::sea::commit::batch::Finish;
 use crate::store::sea::held::HeldCall;
 use crate::store::{AccountId, CallId, CallStatus, LeaseId, StoreError};
@@ -295,21 +295,24 @@ pub(super) async fn write_sql(
                charged_subscription, charged_topup, status, upstream_status, upstream_channel, \
                upstream_error, input_tokens, output_tokens, created_at, finished_at, \
                request_id, instance_id, requested_model, cache_read_tokens, \
-               cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall) \
+               cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall, \
+               usage_rejected) \
                SELECT u.id, u.account_id, u.key_id, u.protocol, u.model, u.price, u.cs, u.ct, \
                u.status, u.upstream_status, u.upstream_channel, u.upstream_error, \
                u.input_tokens, u.output_tokens, u.created_at, u.finished_at, u.request_id, \
                u.instance_id, u.requested_model, u.cache_read, u.cache_write, u.cache_write_1h, \
-               u.reasoning, u.shortfall \
+               u.reasoning, u.shortfall, u.usage_rejected \
                FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::text[], \
                $10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::int[], \
                $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::timestamptz[], \
                $20::timestamptz[], $21::text[], $22::bigint[], $23::bool[], $24::text[], \
-               $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[]) \
+               $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[], \
+               $30::bool[]) \
                AS u(id, account_id, key_id, protocol, model, price, cs, ct, status, \
                upstream_status, upstream_channel, upstream_error, input_tokens, \
                output_tokens, created_at, finished_at, request_id, instance_id, debits, \
-               requested_model, cache_read, cache_write, cache_write_1h, reasoning, shortfall) \
+               requested_model, cache_read, cache_write, cache_write_1h, reasoning, shortfall, \
+               usage_rejected) \
                WHERE NOT u.debits OR EXISTS (SELECT 1 FROM debited d \
                  WHERE d.instance_id = u.instance_id AND d.account_id = u.account_id) \
                RETURNING 1 \
@@ -346,6 +349,7 @@ pub(super) async fn write_sql(
         .bind(rows.cache_write_1h_tokens)
         .bind(rows.reasoning_tokens)
         .bind(rows.shortfall)
+        .bind(rows.usage_rejected)
         .fetch_one(db.get_postgres_connection_pool())
         .await
         .map_err(|error| StoreError::Database(Box::new(error)))?;
@@ -400,6 +404,7 @@ pub(super) struct Entries {
     cache_write_1h_tokens: Vec<Option<i64>>,
     reasoning_tokens: Vec<Option<i64>>,
     shortfall: Vec<i64>,
+    usage_rejected: Vec<bool>,
 }
 impl Entries {
     fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
@@ -421,6 +426,8 @@ impl Entries {
         self.subscription.push(charged.subscription.0);
         self.topup.push(charged.topup.0);
         self.shortfall.push(shortfall.0);
+        self.usage_rejected
+            .push(billed.is_some_and(|success| success.usage_rejected));
         let usage = billed.map(|success| success.usage);
         self.cache_read_tokens
             .push(usage.and_then(|usage| usage.cache_read_tokens));
@@ -493,7 +500,9 @@ pub(super) fn decide<'a>(
                     .minus(ended.get(&pot_key).copied().unwrap_or_default());
                 let ends_at = pot.and_then(|pot| pot.period_end);
                 let free = row.free_of(standing).spendable(ends_at, now);
-                let settled = decide_settle(held.taken, success.cost, free);
+                // A key with a spending limit reserves in the database, never here.
+                let beyond = Beyond::of(success.beyond_reservation, None);
+                let settled = decide_settle(held.taken, success.cost, free, beyond);
                 let ending = ended.entry(pot_key).or_default();
                 *ending = ending.plus(held.taken);
                 match holds::debit_held(*row, settled.charged) {

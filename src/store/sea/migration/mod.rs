@@ -23,6 +23,7 @@ mod m20261126_000005_key_limits;
 mod m20261126_000006_webhook_events;
 mod m20261126_000007_alerts;
 mod m20261128_000001_call_status_check;
+mod m20261206_000001_call_usage_rejected;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -53,6 +54,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261126_000006_webhook_events::Migration),
             Box::new(m20261126_000007_alerts::Migration),
             Box::new(m20261128_000001_call_status_check::Migration),
+            Box::new(m20261206_000001_call_usage_rejected::Migration),
         ]
     }
 
