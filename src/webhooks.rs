@@ -5,8 +5,10 @@
 //! [`MAX_ATTEMPTS`] (an operator may retry it by hand). It runs beside the calls, never in
 //! them: a receiver that is down slows no call. The outbox is in the database, so what was not
 //! delivered is delivered after a restart, by whichever instance gets to it first; a delivery
-//! under way when its instance died is taken again once its claim runs out. Delivery is at
-//! least once: a receiver tells a repeat by the event's id.
+//! under way when its instance died is taken again once its claim runs out. Each event is
+//! claimed on its own, for as long as one attempt may take, so that in normal operation
+//! (several instances, a slow receiver) every event is sent once; only an instance that dies
+//! mid-attempt leaves one to be sent again. A receiver tells a repeat by the event's id.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -36,8 +38,15 @@ pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(5);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// How long an attempt may take.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Deliveries taken at a time.
-const BATCH: u64 = 32;
+/// Deliveries attempted in one round, each claimed on its own.
+pub const ROUND: u64 = 32;
+
+/// What one round claimed and delivered.
+#[derive(Debug, Default, Clone, Copy)]
+struct Round {
+    claimed: u64,
+    delivered: usize,
+}
 
 /// Delivers the outbox's events to one endpoint; see the module docs.
 #[derive(Clone)]
@@ -112,34 +121,46 @@ impl WebhookDispatcher {
         self
     }
 
-    /// Delivers what is due now, once; how many were delivered.
+    /// Delivers what is due now, up to a round of [`ROUND`] events; how many were delivered.
     pub async fn deliver_due(&self) -> Result<usize, StoreError> {
+        Ok(self.deliver_round().await?.delivered)
+    }
+
+    /// One round: events claimed and attempted one at a time, so that each claim's hold
+    /// covers the one attempt it is for. A batch claimed under one hold and delivered one by one
+    /// outlived its hold behind a slow receiver, and another instance sent the rest again.
+    async fn deliver_round(&self) -> Result<Round, StoreError> {
         // Held past an attempt's time-out: another instance takes it only if this one died.
         let hold = self.timeout * 2 + Duration::from_secs(1);
-        let due = self
-            .outbox
-            .claim_deliveries(Utc::now(), hold, BATCH)
-            .await?;
-        let mut delivered = 0;
-        for delivery in due {
+        let mut round = Round::default();
+        while round.claimed < ROUND {
+            let Some(delivery) = self
+                .outbox
+                .claim_deliveries(Utc::now(), hold, 1)
+                .await?
+                .pop()
+            else {
+                break;
+            };
+            round.claimed += 1;
             let attempt = self.attempt(&delivery).await;
             if matches!(attempt, Attempted::Delivered { .. }) {
-                delivered += 1;
+                round.delivered += 1;
             } else {
                 tracing::warn!(event = %delivery.event_id, ?attempt, "webhook delivery failed");
             }
             self.outbox.attempted(delivery.id, &attempt).await?;
         }
-        Ok(delivered)
+        Ok(round)
     }
 
     /// Delivers what is due, every poll, until the task is aborted.
     pub fn spawn(self) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             loop {
-                match self.deliver_due().await {
+                match self.deliver_round().await {
                     // More may be waiting: look again at once.
-                    Ok(delivered) if delivered as u64 == BATCH => continue,
+                    Ok(round) if round.claimed == ROUND => continue,
                     Ok(_) => {}
                     Err(error) => tracing::warn!(%error, "webhook outbox unavailable"),
                 }

@@ -35,6 +35,8 @@ pub struct Receiver {
 #[derive(Default)]
 struct ReceiverState {
     down_for: usize,
+    /// How long it takes to answer.
+    delay: Duration,
     seen: usize,
     /// Each accepted body, by event id, with whether its signature was good.
     accepted: Vec<(String, Value, bool)>,
@@ -50,6 +52,8 @@ impl Receiver {
             axum::routing::post(move |headers: HeaderMap, body: Bytes| {
                 let state = state.clone();
                 async move {
+                    let delay = state.lock().unwrap().delay;
+                    tokio::time::sleep(delay).await;
                     let mut state = state.lock().unwrap();
                     state.seen += 1;
                     if state.seen <= state.down_for {
@@ -71,6 +75,11 @@ impl Receiver {
         let url = format!("http://{}/hooks", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         url
+    }
+
+    /// Answers each request after `delay`.
+    pub fn slow(&self, delay: Duration) {
+        self.state.lock().unwrap().delay = delay;
     }
 
     pub fn accepted(&self) -> Vec<(String, Value, bool)> {
@@ -207,6 +216,45 @@ async fn a_receiver_down_for_a_while_then_gets_every_event_once_signed() {
         assert_eq!(delivery.last_status, Some(200));
     }
 }
+
+backends!(
+    /// Two instances on one database and a receiver that takes most of an attempt's time-out
+    /// to answer: each event is sent once (the adversarial run: 20 events, 35 requests, as an
+    /// instance claimed 32 under one hold and the other took the rest again when it ran out).
+    #[multi_thread]
+    async fn two_instances_send_each_event_once_to_a_slow_receiver(db) {
+        let (first, second) = (events_store(&db).await, events_store(&db).await);
+        redeemed_codes(&first, 20).await;
+        let receiver = Receiver::default();
+        receiver.slow(Duration::from_millis(150));
+        let url = receiver.start(0).await;
+        let dispatcher = |store: &Arc<SeaOrmStore>| {
+            WebhookDispatcher::new(store.clone(), url.clone(), SECRET)
+                .unwrap()
+                .timeout(Duration::from_millis(200))
+                .poll_every(Duration::from_millis(10))
+                .spawn()
+        };
+        let running = [dispatcher(&first), dispatcher(&second)];
+        wait_for("every event to be delivered", async || {
+            first
+                .deliveries(Some(DeliveryStatus::Delivered), 100)
+                .await
+                .unwrap()
+                .len()
+                == 20
+        })
+        .await;
+        // Long enough for a hold that ran out to be taken again.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        for task in running {
+            task.abort();
+        }
+        let accepted = receiver.accepted();
+        let ids: std::collections::BTreeSet<_> = accepted.iter().map(|(id, ..)| id).collect();
+        assert_eq!((ids.len(), accepted.len(), receiver.requests()), (20, 20, 20));
+    }
+);
 
 #[tokio::test]
 async fn a_store_without_webhooks_records_no_events() {
