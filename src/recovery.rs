@@ -19,10 +19,15 @@
 //!
 //! **A gateway that lost its lease** (it could not renew it for longer than its time to live,
 //! say the database was unreachable) takes a new one as soon as it can, and logs an error. Its
-//! calls under way were reserved under the old lease, which any instance may have recovered
-//! meanwhile: a call whose reservation was refunded is not billed when it ends (the settle's
-//! status guard finds it refunded), so the client is answered `502` and charged nothing, or, for
-//! a stream already delivered, got it free. Nothing is ever billed twice or refunded twice.
+//! calls under way were reserved under the old lease. It keeps them: its own recovery never
+//! refunds a call under a lease it lost while it lived (on the sea-orm store), so they are
+//! billed or refunded as they end, once the database is back. Another instance's recovery may
+//! have taken them meanwhile, which it cannot tell from a crash: a call whose reservation was
+//! refunded is not billed when it ends (the settle's status guard finds it refunded), so the
+//! client is answered `502` and charged nothing, or, for a stream already delivered, got it
+//! free. The two sides agree on time through the lease's expiry, written with the holder's clock
+//! and read with the reader's (hosts kept in step, as NTP does; a margin covers the rest). Nothing
+//! is ever billed twice or refunded twice.
 //!
 //! [`RefundOnUpstreamErrorLayer::upstream_bound`]: crate::RefundOnUpstreamErrorLayer::upstream_bound
 

@@ -178,6 +178,56 @@ async fn an_ended_lease_is_never_revived_and_its_holder_takes_a_new_one() {
     .await;
 }
 
+/// A gateway unreachable for longer than its lease, then back: its own recovery never
+/// refunds the calls it is still serving under the lease it lost (the adversarial run: its 6
+/// streams in flight refunded by its own recovery, then finished, complete and unbilled). They
+/// are billed when they end. Another instance may still recover them, as before.
+#[tokio::test]
+async fn a_gateway_back_from_an_outage_longer_than_its_lease_keeps_its_own_calls() {
+    each_database(async |db| {
+        let peer = db.second_instance().await;
+        let now = Utc::now();
+        db.store.take_lease(now, TTL).await.unwrap().unwrap();
+        let (key, caller) = caller(db, 100).await;
+        let serving = reserve(db.store.as_ref(), caller).await;
+        let recovered_by_a_peer = reserve(db.store.as_ref(), caller).await;
+        // The database was out of reach past the lease: the renewal finds it ended.
+        assert!(!db.store.renew_lease(after(now, 11), TTL).await.unwrap());
+        db.store.take_lease(Utc::now(), TTL).await.unwrap().unwrap();
+
+        // Its own recovery, as its upkeep runs it when the database is back: nothing.
+        let own = db
+            .store
+            .orphaned_reservations(after(now, 11), 100)
+            .await
+            .unwrap();
+        assert!(
+            own.is_empty(),
+            "its own calls under way were taken: {own:?}"
+        );
+        assert!(
+            recover_orphaned_reservations(db.store.as_ref())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(status(db, &serving).await, CallStatus::Pending);
+
+        // The call it still serves ends: billed.
+        assert!(settle(db, &serving).await);
+        // Another instance's recovery still finds what the lost lease left.
+        let orphaned = peer
+            .store
+            .orphaned_reservations(after(now, 11), 100)
+            .await
+            .unwrap();
+        assert_eq!(orphaned, vec![recovered_by_a_peer.call]);
+        assert_eq!(db.balance(&key).await.total().get(), 100 - 2 * CHAT_PRICE);
+        db.assert_audit_holds().await;
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn two_instances_recovering_at_once_refund_each_reservation_once() {
     const CALLS: usize = 60;

@@ -41,9 +41,21 @@ pub(super) struct HeldLease {
     /// from just before the statement that last set its expiry, its time to live less a margin
     /// (see [`safe_until`]). Past it, no call is reserved under the lease.
     safe_until: Mutex<Option<Instant>>,
+    /// The leases this process held that ended while it lived, by expiry (the database was out
+    /// of reach longer than their time to live): its calls under way under them are its own to
+    /// finish, never its own recovery's to refund (another instance's recovery may).
+    lost: Mutex<Vec<i64>>,
 }
 
 impl HeldLease {
+    /// The leases this process held that ended by expiry while it lived.
+    pub(super) fn lost(&self) -> Vec<i64> {
+        self.lost
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
     /// The lease that reservations record now.
     pub(super) fn current(&self) -> Option<i64> {
         Some(self.id.load(Ordering::Acquire)).filter(|id| *id != NONE)
@@ -238,6 +250,10 @@ pub(super) async fn renew(
         return Ok(true);
     }
     held.drop_lease(id);
+    held.lost
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .push(id);
     Ok(false)
 }
 
@@ -286,15 +302,20 @@ pub(super) async fn end_dead_holders(
 }
 
 /// `pending` entries made under a lease that does not hold at `now`, oldest first (call
-/// [`end_dead_holders`] first, and give back the escrow of ended leases).
+/// [`end_dead_holders`] first, and give back the escrow of ended leases), but for those under
+/// `own`: leases this process held and lost while it lived, whose calls it is still serving.
 pub(super) async fn orphaned(
     db: &DatabaseConnection,
     now: DateTime<Utc>,
     limit: u64,
+    own: &[i64],
 ) -> Result<Vec<CallId>, StoreError> {
-    let which = Condition::all()
+    let mut which = Condition::all()
         .add(call::Column::InstanceId.is_not_null())
         .add(outside_live_leases(now));
+    if !own.is_empty() {
+        which = which.add(call::Column::InstanceId.is_not_in(own.iter().copied()));
+    }
     pending_ids(db, which, call::Column::Id, Some(limit)).await
 }
 

@@ -44,7 +44,9 @@ impl crate::store::Leases for SeaOrmStore {
         // refunded.
         #[cfg(feature = "postgres")]
         super::escrow::give_back_ended(&self.db, now, None).await?;
-        leases::orphaned(&self.db, now, limit).await
+        // Never the calls this process still serves under a lease it lost (an outage longer
+        // than the lease): they settle or refund themselves when they end.
+        leases::orphaned(&self.db, now, limit, &self.lease.lost()).await
     }
 
     async fn forget_ended_leases(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {
