@@ -512,7 +512,7 @@ mod tests {
 
     /// The README's worked example.
     #[test]
-    fn the_readmes_worked_example_costs_4_of_the_5_it_reserved() {
+    fn the_readmes_worked_example_costs_4_of_the_15_it_reserved() {
         let prices = TokenPrices::new(rate(250.0), rate(1_000.0)).with_cache_read(rate(125.0));
         let pricing = Pricing::tokens(prices);
         let usage = TokenUsage {
@@ -523,9 +523,11 @@ mod tests {
             ..TokenUsage::default()
         };
         assert_eq!(pricing.cost(&usage), Credits::new(4));
+        let body = vec![b'a'; 48_000];
+        assert_eq!(input_ceiling_tokens(&body), 49_024);
         assert_eq!(
-            pricing.ceiling(estimated_input_tokens(48_000), 2_000),
-            Credits::new(5)
+            pricing.ceiling(input_ceiling_tokens(&body), 2_000),
+            Credits::new(15)
         );
     }
 

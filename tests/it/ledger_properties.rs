@@ -50,8 +50,10 @@ enum Op {
         /// Whether the settle keeps a reply (as it does for a keyed call).
         reply: bool,
         /// What the call cost, for a call priced by tokens (`None`: its reservation): below
-        /// it, the rest goes back; above it, the account pays what it can beyond it.
+        /// it, the rest goes back; above it, the reservation is charged, or with `beyond` what
+        /// the account can pay and the key's limit allows beyond it.
         cost: Option<i64>,
+        beyond: bool,
     },
     /// Idempotency records past their window are deleted.
     Forget,
@@ -91,7 +93,8 @@ fn ledger_write() -> impl Strategy<Value = Op> {
             price,
             idempotency: None
         }),
-        2 => (0..64usize, cost()).prop_map(|(nth, cost)| Op::Settle { nth, reply: false, cost }),
+        2 => (0..64usize, cost(), any::<bool>())
+            .prop_map(|(nth, cost, beyond)| Op::Settle { nth, reply: false, cost, beyond }),
         2 => (0..64usize).prop_map(|nth| Op::Refund { nth }),
     ]
 }
@@ -109,7 +112,8 @@ fn keyed_write() -> impl Strategy<Value = Op> {
                 idempotency: Some((idem, body)),
             }
         ),
-        2 => (0..64usize, cost()).prop_map(|(nth, cost)| Op::Settle { nth, reply: true, cost }),
+        2 => (0..64usize, cost(), any::<bool>())
+            .prop_map(|(nth, cost, beyond)| Op::Settle { nth, reply: true, cost, beyond }),
     ]
 }
 
@@ -308,7 +312,12 @@ impl<'a> Side<'a> {
             Op::Settle { .. } | Op::Refund { .. } if self.calls.is_empty() => {
                 ("no call yet".to_owned(), None)
             }
-            Op::Settle { nth, reply, cost } => {
+            Op::Settle {
+                nth,
+                reply,
+                cost,
+                beyond,
+            } => {
                 let index = nth % self.calls.len();
                 let call = self.calls[index];
                 let body = format!("{{\"reply\":{index}}}").into();
@@ -318,6 +327,7 @@ impl<'a> Side<'a> {
                         .then(|| KeptReply::new(200, Some("application/json".into()), body))
                         .flatten(),
                     cost: cost.map(Credits::new),
+                    beyond_reservation: beyond,
                     ..CallSuccess::default()
                 };
                 let settled = self.store.settle(call, success).await.unwrap();
@@ -333,6 +343,21 @@ impl<'a> Side<'a> {
                 (format!("refunded {refunded}"), None)
             }
             _ => unreachable!("not a ledger write: {op:?}"),
+        }
+    }
+
+    /// No key spent past its limit (60), and no account holds less than nothing, whatever a
+    /// settle's cost.
+    async fn limits_hold(&self, when: &str) {
+        for [limited, _] in &self.keys {
+            let info = self.store.key_info(limited.0).await.unwrap().unwrap();
+            assert!(info.spent.get() <= 60, "{when}: {info:?}");
+        }
+        for balance in self.balances().await {
+            assert!(
+                balance.subscription.get() >= 0 && balance.topup.get() >= 0,
+                "{when}"
+            );
         }
     }
 
@@ -405,6 +430,7 @@ async fn run_store_against_model(
             "step {step}: {op:?}"
         );
         audit_holds(db, &format!("step {step}: {op:?}")).await;
+        actual.limits_hold(&format!("step {step}: {op:?}")).await;
         // Every write here is valid: none may need the committer's roll-back-and-rerun path,
         // which would hide a batch that decided wrongly behind its one-by-one rerun.
         assert_eq!(
@@ -667,6 +693,7 @@ async fn escrow_settles_a_database_reserved_call_above_its_reservation_from_the_
                 nth: 22,
                 reply: false,
                 cost: Some(3),
+                beyond: false,
             },
         ]),
         Op::Burst(vec![
@@ -682,6 +709,7 @@ async fn escrow_settles_a_database_reserved_call_above_its_reservation_from_the_
                 nth: 57,
                 reply: false,
                 cost: None,
+                beyond: false,
             },
             Op::Reserve {
                 account: 1,
@@ -705,11 +733,13 @@ async fn escrow_settles_a_database_reserved_call_above_its_reservation_from_the_
                 nth: 51,
                 reply: false,
                 cost: None,
+                beyond: false,
             },
             Op::Settle {
                 nth: 57,
                 reply: false,
                 cost: None,
+                beyond: false,
             },
             Op::Reserve {
                 account: 0,
@@ -727,11 +757,13 @@ async fn escrow_settles_a_database_reserved_call_above_its_reservation_from_the_
                 nth: 41,
                 reply: false,
                 cost: Some(28),
+                beyond: false,
             },
             Op::Settle {
                 nth: 46,
                 reply: false,
                 cost: Some(32),
+                beyond: false,
             },
             Op::Reserve {
                 account: 1,

@@ -215,6 +215,18 @@ mod tests {
         );
     }
 
+    /// A count as an adversarial provider may report it: absent, small, large, at the edges of
+    /// an `i64`, below zero.
+    fn reported() -> impl Strategy<Value = Option<i64>> {
+        prop_oneof![
+            2 => Just(None),
+            4 => (0i64..5_000).prop_map(Some),
+            2 => (0i64..2_000_000).prop_map(Some),
+            1 => prop_oneof![Just(i64::MAX), Just(i64::MIN), Just(-1_000i64), Just(1_000_000_000)]
+                .prop_map(Some),
+        ]
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(10_000))]
 
@@ -251,6 +263,73 @@ mod tests {
                 prop_assert!(s.returned.subscription.get() == 0 || s.charged.topup.get() == 0,
                     "subscription is charged before top-up: {s:?}");
             }
+        }
+
+        /// Whatever a client sets (its output limits, `n`, its body) and whatever its provider
+        /// reports (any count, a malformed one), a call is charged at most its reservation, or
+        /// with `beyond` at most what its key's limit and the account's free credits add; never
+        /// below zero; and a report that passes the checks never costs more than the ceiling
+        /// the gateway set from the request.
+        #[test]
+        fn no_client_field_or_usage_report_bends_a_charge(
+            body in 0usize..300_000, media in 0u64..4,
+            limits in prop::collection::vec(prop::option::of(0u64..300_000), 3),
+            n in 1u64..=128, model_max in 1u64..100_000,
+            input in reported(), output in reported(), cached in reported(),
+            written in reported(), reasoning in reported(), malformed in any::<bool>(),
+            rates in prop::array::uniform3(0u64..2_000_000_000),
+            free_sub in 0i64..100_000, free_topup in 0i64..100_000,
+            key_room in prop::option::of(0i64..100_000), beyond in any::<bool>(),
+        ) {
+            use crate::pricing::{MEDIA_PART_TOKENS, Metered, PROVIDER_PROMPT_TOKENS, Pricing, TokenPrices, TokenRate};
+            use crate::protocol::TokenUsage;
+            let [input_rate, output_rate, cache_rate] = rates.map(|rate| TokenRate::per_million(rate as f64 / 1_000.0).unwrap());
+            let prices = TokenPrices::new(input_rate, output_rate).with_cache_read(cache_rate);
+            let pricing = Pricing::tokens(prices);
+            // As the router sets them: a token a byte and a bound a media part; the largest
+            // output limit (else the model's), for each reply.
+            let input_ceiling = body as u64 + media * MEDIA_PART_TOKENS + PROVIDER_PROMPT_TOKENS;
+            let output_ceiling = limits.iter().flatten().max().copied().unwrap_or(model_max) * n;
+            let reserved = pricing.ceiling(input_ceiling, output_ceiling);
+            // The account could pay it (else the call was refused 402, before anything).
+            let taken = split(0, reserved.get());
+            let metered = Metered {
+                pricing,
+                input_estimate: body as u64 / 4,
+                reserved,
+                input_bound: input_ceiling,
+                output_bound: output_ceiling,
+            };
+            let usage = TokenUsage {
+                input_tokens: input,
+                output_tokens: output,
+                cache_read_tokens: cached,
+                cache_write_tokens: written,
+                cache_write_1h_tokens: None,
+                reasoning_tokens: reasoning,
+                estimated: false,
+                malformed,
+            };
+            let charge = metered.charge(&usage);
+            if charge.usage_rejected {
+                prop_assert_eq!(charge.cost, reserved);
+            } else {
+                prop_assert!(charge.cost <= reserved, "a trusted report above the ceiling: {usage:?}");
+            }
+            let room = key_room.map(Credits::new);
+            let free = balance(free_sub, free_topup);
+            let settled = decide_settle(taken, Some(charge.cost), free, Beyond::of(beyond, room));
+            let most = if beyond {
+                reserved.get() + room.map_or(i64::MAX, Credits::get).min(free_sub + free_topup)
+            } else {
+                reserved.get()
+            };
+            prop_assert!(settled.charged.total().get() <= most, "{settled:?}");
+            for part in [settled.charged, settled.returned, settled.extra] {
+                prop_assert!(part.subscription.get() >= 0 && part.topup.get() >= 0, "{settled:?}");
+            }
+            prop_assert!(settled.extra.subscription.get() <= free_sub && settled.extra.topup.get() <= free_topup);
+            prop_assert_eq!(settled.charged.total().get() + settled.shortfall.get(), charge.cost.get());
         }
     }
 }
