@@ -38,6 +38,42 @@ pub const DEFAULT_BACKOFF: Duration = Duration::from_secs(5);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 /// How long an attempt may take.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shortest webhook secret taken.
+pub const MIN_SECRET_CHARS: usize = 16;
+
+/// Host names of cloud instances' metadata services, which hold credentials: never a webhook's.
+const METADATA_HOSTS: [&str; 4] = [
+    "metadata.google.internal",
+    "metadata.goog",
+    "metadata",
+    "instance-data",
+];
+
+/// Why a webhook URL's host is refused: a link-local address (where cloud metadata services
+/// answer, `169.254.169.254` and `fe80::/10`) or a metadata service's name.
+fn refused_host(url: &reqwest::Url) -> Option<&'static str> {
+    const LINK_LOCAL: &str =
+        "the webhook URL must not point at a link-local address (a cloud metadata service)";
+    let host = url.host_str()?;
+    let address = host.trim_start_matches('[').trim_end_matches(']');
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(ip)) if ip.is_link_local() => Some(LINK_LOCAL),
+        Ok(std::net::IpAddr::V6(ip))
+            if (ip.segments()[0] & 0xffc0) == 0xfe80
+                || ip.to_ipv4_mapped().is_some_and(|ip| ip.is_link_local()) =>
+        {
+            Some(LINK_LOCAL)
+        }
+        Ok(_) => None,
+        Err(_) => {
+            let name = host.trim_end_matches('.').to_ascii_lowercase();
+            METADATA_HOSTS
+                .contains(&name.as_str())
+                .then_some("the webhook URL must not point at a cloud metadata service")
+        }
+    }
+}
+
 /// Deliveries attempted in one round, each claimed on its own.
 pub const ROUND: u64 = 32;
 
@@ -83,9 +119,16 @@ impl WebhookDispatcher {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err("the webhook URL must be http:// or https://".into());
         }
+        if let Some(refused) = refused_host(&parsed) {
+            return Err(refused.into());
+        }
         let secret = secret.into();
-        if secret.is_empty() {
-            return Err("the webhook secret must not be empty".into());
+        if secret.chars().count() < MIN_SECRET_CHARS {
+            return Err(format!(
+                "the webhook secret must be at least {MIN_SECRET_CHARS} characters (a signature \
+                 is only as strong as its secret)"
+            )
+            .into());
         }
         Ok(WebhookDispatcher {
             outbox,
@@ -217,6 +260,36 @@ fn backoff(first: Duration, made: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dispatcher(url: &str, secret: &str) -> Result<WebhookDispatcher, tower::BoxError> {
+        WebhookDispatcher::new(Arc::new(crate::MemoryStore::new()), url, secret)
+    }
+
+    #[test]
+    fn a_webhook_is_never_sent_to_a_metadata_service_or_signed_with_a_short_secret() {
+        let secret = "whsec_0123456789abcdef";
+        for url in [
+            "http://169.254.169.254/latest/meta-data/",
+            "http://[fe80::1]/hooks",
+            "http://[::ffff:169.254.169.254]/",
+            "http://metadata.google.internal/computeMetadata/v1/",
+            "http://METADATA.GOOGLE.INTERNAL./",
+            "ftp://billing.example.com/hooks",
+        ] {
+            assert!(dispatcher(url, secret).is_err(), "{url} was taken");
+        }
+        for short in ["", "x", "whsec_short"] {
+            let refused = dispatcher("https://billing.example.com/hooks", short);
+            assert!(refused.is_err(), "{short:?}");
+        }
+        for url in [
+            "https://billing.example.com/hooks",
+            "http://127.0.0.1:9000/hooks",
+            "http://10.0.0.5/h",
+        ] {
+            assert!(dispatcher(url, secret).is_ok(), "{url} was refused");
+        }
+    }
 
     #[test]
     fn the_wait_doubles_up_to_an_hour() {

@@ -861,6 +861,15 @@ async fn serve(store: SeaOrmStore, args: ServeArgs) -> Result<(), Box<dyn std::e
         None => store,
     });
     // Delivers the outbox beside the calls; stopped with the process.
+    if let Some(url) = &args.webhook_url
+        && points_at_itself(url, &args.listen)
+    {
+        return Err(format!(
+            "GATEWAY_WEBHOOK_URL points at this gateway itself ({url}): events would be sent to \
+             its own endpoints"
+        )
+        .into());
+    }
     let _webhooks = match (&args.webhook_url, &args.webhook_secret) {
         (Some(url), Some(secret)) => Some(
             WebhookDispatcher::new(store.clone(), url.clone(), secret.clone())
@@ -1040,5 +1049,25 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = terminate => {},
+    }
+}
+
+/// Whether webhook `url` names the address this gateway listens on (`listen`, `host:port`):
+/// the same port on a loopback, unspecified or the listening host.
+fn points_at_itself(url: &str, listen: &str) -> bool {
+    let (Ok(url), Ok(listen)) = (
+        reqwest::Url::parse(url),
+        listen.parse::<std::net::SocketAddr>(),
+    ) else {
+        return false;
+    };
+    if url.port_or_known_default() != Some(listen.port()) {
+        return false;
+    }
+    let host = url.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback() || ip.is_unspecified() || ip == listen.ip(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
     }
 }

@@ -1069,7 +1069,7 @@ async fn redeem(listen: &str, key: &str, code: &str) {
 async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
     let dir = tempfile::tempdir().unwrap();
     // The receiver leaves its first request unanswered; it accepts the later ones.
-    let (hooks, seen, requests) = webhook_receiver("whsec_process", true).await;
+    let (hooks, seen, requests) = webhook_receiver("whsec_process_0123", true).await;
     let listen = free_address();
     let env = Env {
         vars: vec![
@@ -1083,7 +1083,7 @@ async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
             ("GATEWAY_LISTEN", listen.clone()),
             ("MOCK_UPSTREAM", "1".into()),
             ("GATEWAY_WEBHOOK_URL", hooks),
-            ("GATEWAY_WEBHOOK_SECRET", "whsec_process".into()),
+            ("GATEWAY_WEBHOOK_SECRET", "whsec_process_0123".into()),
             ("GATEWAY_WEBHOOK_TIMEOUT_SECS", "2".into()),
             ("RUST_LOG", "error".into()),
         ],
@@ -1127,7 +1127,7 @@ async fn a_webhook_delivery_cut_by_a_sigkill_is_delivered_after_the_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_low_balance_threshold_and_the_event_types_are_settings() {
     let dir = tempfile::tempdir().unwrap();
-    let (hooks, seen, _) = webhook_receiver("whsec_settings", false).await;
+    let (hooks, seen, _) = webhook_receiver("whsec_settings_012", false).await;
     let listen = free_address();
     let database = dir.path().join("gateway.db");
     let env = Env {
@@ -1139,7 +1139,7 @@ async fn the_low_balance_threshold_and_the_event_types_are_settings() {
             ("GATEWAY_LISTEN", listen.clone()),
             ("MOCK_UPSTREAM", "1".into()),
             ("GATEWAY_WEBHOOK_URL", hooks),
-            ("GATEWAY_WEBHOOK_SECRET", "whsec_settings".into()),
+            ("GATEWAY_WEBHOOK_SECRET", "whsec_settings_012".into()),
             (
                 "GATEWAY_WEBHOOK_EVENTS",
                 "account.balance_low,key.limit_reached".into(),
@@ -1172,4 +1172,67 @@ async fn the_low_balance_threshold_and_the_event_types_are_settings() {
     assert_eq!(event["type"], "account.balance_low");
     assert_eq!(event["data"]["total"], 3);
     assert_eq!(event["data"]["threshold"], 5);
+}
+
+/// A webhook URL that names the gateway's own address, a metadata service or a secret too
+/// short to sign with is refused at start, naming the setting (the adversarial run: all three
+/// were taken).
+#[test]
+fn a_webhook_to_itself_a_metadata_service_or_with_a_short_secret_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen = free_address();
+    let database = format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("gateway.db").display()
+    );
+    let own = format!("http://{listen}/admin/accounts");
+    let cases = [
+        (
+            own.as_str(),
+            "whsec_0123456789abcdef",
+            "this gateway itself",
+        ),
+        (
+            "http://169.254.169.254/latest/",
+            "whsec_0123456789abcdef",
+            "link-local",
+        ),
+        (
+            "https://billing.example.com/hooks",
+            "x",
+            "at least 16 characters",
+        ),
+    ];
+    for (url, secret, said) in cases {
+        let env = Env {
+            vars: vec![
+                ("DATABASE_URL", database.clone()),
+                ("MOCK_UPSTREAM", "1".into()),
+                ("GATEWAY_LISTEN", listen.clone()),
+                ("GATEWAY_WEBHOOK_URL", url.to_owned()),
+                ("GATEWAY_WEBHOOK_SECRET", secret.to_owned()),
+            ],
+        };
+        let mut child = env
+            .command(&["serve"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                child.kill().unwrap();
+                panic!("{url} was taken: the gateway served");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut error = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut error).unwrap();
+        assert!(!status.success(), "{url}");
+        assert!(error.contains(said), "{url}: {error}");
+    }
 }
