@@ -761,3 +761,36 @@ async fn the_admin_api_shows_a_token_priced_calls_tokens_and_charge() {
     );
     assert_eq!(db.balance(&key).await.total().get(), 99);
 }
+
+/// An admin request whose body stalls (a declared length, part of the body) is the client's
+/// time-out, `408`, not the database's `503` with `x-should-retry` (the adversarial run: `503`
+/// after 5 s); nothing is written.
+#[tokio::test]
+async fn an_admin_body_that_stalls_is_408_not_503() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = local_db().await;
+    let gateway = admin_gateway(&db).await;
+    let address = gateway.base.trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let head = format!(
+        "POST /admin/accounts HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {TOKEN}\r\n\
+         content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"name\":"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = vec![0; 4096];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(40), stream.read(&mut answer))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(!answer.contains("x-should-retry"), "{answer}");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let accounts = db.admin().accounts(None, Some(10), None).await.unwrap();
+    assert!(accounts.data.is_empty(), "{accounts:?}");
+}
