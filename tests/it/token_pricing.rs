@@ -794,3 +794,41 @@ async fn a_messages_stream_left_mid_way_pays_the_reported_input_and_the_output_p
     );
     db.assert_audit_holds().await;
 }
+
+/// A key whose spending limit is below a call's ceiling cannot make the call, though its cost
+/// would fit: the ceiling is the most a call may cost, and a key's limit is never passed. The
+/// client that asks for less output makes it (decided in issue 67; docs/api.md says so).
+#[tokio::test]
+async fn a_key_whose_limit_is_below_the_ceiling_asks_for_less_output() {
+    let db = local_db().await;
+    let rig = rig(&db).await;
+    let key = rig.db.funded_key(10_000, 0).await;
+    let caller = rig.db.caller(&key).await;
+    let limit = model_gateway::admin::KeyPatch {
+        limit: Some(Some(model_gateway::call::KeyLimit {
+            credits: model_gateway::Credits::new(200),
+            period: model_gateway::call::LimitPeriod::Day,
+        })),
+        ..Default::default()
+    };
+    rig.db.admin().update_key(caller.key, &limit).await.unwrap();
+    // The model's 1,000 output tokens: 400 credits of ceiling, past the key's 200.
+    let refused = rig
+        .gateway
+        .post_bearer(CHAT, &key, chat("metered-chat", None))
+        .await;
+    assert_eq!(
+        (refused.status, refused.detail()),
+        (402, "API Key 额度已用尽")
+    );
+    assert_eq!(rig.openai.requests(), 0);
+    rig.openai.then(chat_reply(
+        json!({"prompt_tokens": 5, "completion_tokens": 5}),
+    ));
+    let allowed = rig
+        .gateway
+        .post_bearer(CHAT, &key, chat("metered-chat", Some(100)))
+        .await;
+    assert_eq!(allowed.status, 200);
+    assert_eq!(rig.db.balance(&key).await.total().get(), 10_000 - 3);
+}
