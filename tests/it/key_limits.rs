@@ -103,11 +103,8 @@ async fn in_the_memory_store_a_key_stops_at_its_limit_and_a_refund_gives_it_back
     limit_and_refund(Arc::new(MemoryStore::new())).await;
 }
 
-#[tokio::test]
-async fn with_escrow_a_limited_keys_calls_are_held_to_the_limit() {
-    let Some(db) = postgres_db().await else {
-        return;
-    };
+/// A store on `db` in escrow mode, holding a lease.
+async fn escrow_store(db: &TestDb) -> Arc<model_gateway::SeaOrmStore> {
     let store = Arc::new(
         postgres_store(&db.url, db.pg_schema().unwrap())
             .await
@@ -118,7 +115,15 @@ async fn with_escrow_a_limited_keys_calls_are_held_to_the_limit() {
         .take_lease(Utc::now(), std::time::Duration::from_secs(600))
         .await
         .unwrap();
-    limit_and_refund(store).await;
+    store
+}
+
+#[tokio::test]
+async fn with_escrow_a_limited_keys_calls_are_held_to_the_limit() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    limit_and_refund(escrow_store(&db).await).await;
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }
@@ -461,17 +466,7 @@ async fn with_escrow_a_settle_beyond_its_reservation_never_passes_the_keys_limit
     let Some(db) = postgres_db().await else {
         return;
     };
-    let store = Arc::new(
-        postgres_store(&db.url, db.pg_schema().unwrap())
-            .await
-            .with_escrow()
-            .unwrap(),
-    );
-    store
-        .take_lease(Utc::now(), std::time::Duration::from_secs(600))
-        .await
-        .unwrap();
-    a_settle_never_passes_the_keys_limit(store).await;
+    a_settle_never_passes_the_keys_limit(escrow_store(&db).await).await;
     db.assert_audit_holds().await;
     db.drop_schema().await;
 }

@@ -257,6 +257,20 @@ async fn a_call_whose_ceiling_the_account_cannot_cover_is_refused_402_uncharged(
     rig.db.assert_audit_holds().await;
 }
 
+/// Limits `key` to `credits` a day; its caller.
+async fn limit_key(db: &TestDb, key: &str, credits: i64) -> model_gateway::store::Caller {
+    let caller = db.caller(key).await;
+    let limit = model_gateway::admin::KeyPatch {
+        limit: Some(Some(model_gateway::call::KeyLimit {
+            credits: model_gateway::Credits::new(credits),
+            period: model_gateway::call::LimitPeriod::Day,
+        })),
+        ..Default::default()
+    };
+    db.admin().update_key(caller.key, &limit).await.unwrap();
+    caller
+}
+
 /// What a call of `metered-chat` with `body` reserves: its input ceiling at the input price and
 /// `output` tokens at the output price.
 fn chat_ceiling(body: &str, output: i64) -> i64 {
@@ -304,15 +318,7 @@ async fn beyond_the_ceiling_a_call_is_charged_no_more_than_its_keys_limit_allows
     each_database(async |db| {
         let rig = rig_with(db, "charge_beyond_ceiling = true").await;
         let key = rig.db.funded_key(10_000, 0).await;
-        let caller = rig.db.caller(&key).await;
-        let limit = model_gateway::admin::KeyPatch {
-            limit: Some(Some(model_gateway::call::KeyLimit {
-                credits: model_gateway::Credits::new(200),
-                period: model_gateway::call::LimitPeriod::Day,
-            })),
-            ..Default::default()
-        };
-        rig.db.admin().update_key(caller.key, &limit).await.unwrap();
+        let caller = limit_key(rig.db, &key, 200).await;
         // 50,000 input tokens and 100 output: 5,040 credits.
         rig.openai.then(chat_reply(
             json!({"prompt_tokens": 50_000, "completion_tokens": 100}),
@@ -803,15 +809,7 @@ async fn a_key_whose_limit_is_below_the_ceiling_asks_for_less_output() {
     let db = local_db().await;
     let rig = rig(&db).await;
     let key = rig.db.funded_key(10_000, 0).await;
-    let caller = rig.db.caller(&key).await;
-    let limit = model_gateway::admin::KeyPatch {
-        limit: Some(Some(model_gateway::call::KeyLimit {
-            credits: model_gateway::Credits::new(200),
-            period: model_gateway::call::LimitPeriod::Day,
-        })),
-        ..Default::default()
-    };
-    rig.db.admin().update_key(caller.key, &limit).await.unwrap();
+    limit_key(rig.db, &key, 200).await;
     // The model's 1,000 output tokens: 400 credits of ceiling, past the key's 200.
     let refused = rig
         .gateway
