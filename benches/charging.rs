@@ -483,11 +483,27 @@ fn coding_agent_request(custom: bool) -> Vec<u8> {
     .unwrap()
 }
 
+/// A token-priced call's input ceiling (`pricing::input_ceiling_tokens`): a one-line chat
+/// request, and a coding agent's 60 KB turn, which names files in its text and so is scanned
+/// for media parts whole.
+fn input_ceiling(c: &mut Criterion) {
+    use model_gateway::pricing::input_ceiling_tokens;
+    let chat: &[u8] = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
+    c.bench_function("pricing/input ceiling of a one-line chat request", |b| {
+        b.iter(|| std::hint::black_box(input_ceiling_tokens(std::hint::black_box(chat))))
+    });
+    let agent = coding_agent_request(false);
+    c.bench_function("pricing/input ceiling of a coding agent's request", |b| {
+        b.iter(|| std::hint::black_box(input_ceiling_tokens(std::hint::black_box(&agent))))
+    });
+}
+
 criterion_group!(
     benches,
     charging_path,
     stack_overhead,
     stack_stream,
-    responses_translation
+    responses_translation,
+    input_ceiling
 );
 criterion_main!(benches);

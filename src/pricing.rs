@@ -353,6 +353,13 @@ pub const MEDIA_PART_TOKENS: u64 = 8_192;
 /// "image_url":{...}`) counts twice: a ceiling may be high, never low.
 fn media_parts(body: &[u8]) -> u64 {
     use std::sync::LazyLock;
+    // Most requests name no media at all: four quick scans say so before the full one.
+    static KINDS: LazyLock<[memchr::memmem::Finder<'static>; 4]> = LazyLock::new(|| {
+        [b"image".as_slice(), b"file", b"audio", b"document"].map(memchr::memmem::Finder::new)
+    });
+    if !KINDS.iter().any(|kind| kind.find(body).is_some()) {
+        return 0;
+    }
     static PARTS: LazyLock<aho_corasick::AhoCorasick> = LazyLock::new(|| {
         aho_corasick::AhoCorasick::new([
             "\"image\"",
