@@ -52,17 +52,22 @@ pub enum EventType {
     /// An upstream's circuit breaker closed: it answers again.
     #[serde(rename = "upstream.breaker_closed")]
     UpstreamBreakerClosed,
+    /// A call cost more than it was charged (its ceiling, or what the account and the key's
+    /// limit allowed beyond it): the difference is the operator's.
+    #[serde(rename = "call.shortfall")]
+    CallShortfall,
 }
 
 impl EventType {
     /// Every type.
-    pub const ALL: [EventType; 6] = [
+    pub const ALL: [EventType; 7] = [
         EventType::AccountBalanceLow,
         EventType::KeyLimitReached,
         EventType::SubscriptionLapsed,
         EventType::CodeRedeemed,
         EventType::UpstreamBreakerOpened,
         EventType::UpstreamBreakerClosed,
+        EventType::CallShortfall,
     ];
 
     /// The type named `name` on the wire; `None` for an unknown name.
@@ -81,6 +86,7 @@ impl EventType {
             EventType::CodeRedeemed => "code.redeemed",
             EventType::UpstreamBreakerOpened => "upstream.breaker_opened",
             EventType::UpstreamBreakerClosed => "upstream.breaker_closed",
+            EventType::CallShortfall => "call.shortfall",
         }
     }
 }
@@ -127,6 +133,28 @@ impl WebhookEvent {
             "threshold": threshold,
         });
         WebhookEvent::new(EventType::AccountBalanceLow, data, at)
+    }
+
+    /// `call.shortfall`: `call` of `key` of `account` cost `cost` and was charged `charged`
+    /// (`usage_rejected`: on a usage report the gateway did not trust).
+    pub(crate) fn shortfall(
+        caller: crate::call::Caller,
+        call: crate::call::CallId,
+        cost: Credits,
+        charged: Credits,
+        usage_rejected: bool,
+        at: DateTime<Utc>,
+    ) -> WebhookEvent {
+        let data = serde_json::json!({
+            "account": caller.account,
+            "key": caller.key,
+            "call": call.0,
+            "cost": cost,
+            "charged": charged,
+            "shortfall": cost.get() - charged.get(),
+            "usage_rejected": usage_rejected,
+        });
+        WebhookEvent::new(EventType::CallShortfall, data, at)
     }
 
     /// `key.limit_reached`: `key` of `account` has spent `spent` of its `limit` in the window

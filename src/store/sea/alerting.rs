@@ -68,8 +68,10 @@ impl EventSettings {
                 .writes(EventType::AccountBalanceLow)
                 .then(|| Credits(self.low_balance.load(Ordering::Relaxed))),
             limits: self.writes(EventType::KeyLimitReached),
+            shortfalls: self.writes(EventType::CallShortfall),
         };
-        (alerting.low_balance.is_some() || alerting.limits).then_some(alerting)
+        (alerting.low_balance.is_some() || alerting.limits || alerting.shortfalls)
+            .then_some(alerting)
     }
 }
 
@@ -80,6 +82,8 @@ pub(super) struct Alerting {
     pub(super) low_balance: Option<Credits>,
     /// Whether keys reaching their limits are told.
     pub(super) limits: bool,
+    /// Whether calls charged less than they cost are told.
+    pub(super) shortfalls: bool,
 }
 
 /// An account's threshold, from its row's own (`NULL`: the default); `None`: never told.

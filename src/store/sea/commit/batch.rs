@@ -22,8 +22,8 @@ use crate::store::sea::writes::{
     AccountRead, KeyChange, KeyRead, Outcome, OwnedCharge, Wanted, Write, unknown_account,
 };
 use crate::store::{
-    AccountId, CallFailure, CallId, CallStatus, CallSuccess, KeyId, Reservation, ReserveError,
-    StoreError,
+    AccountId, CallFailure, CallId, CallStatus, CallSuccess, Caller, KeyId, Reservation,
+    ReserveError, StoreError,
 };
 
 impl Wanted {
@@ -78,6 +78,8 @@ pub(in crate::store::sea) struct Reads {
     pub(in crate::store::sea) entries: BTreeMap<i64, Entry>,
     pub(in crate::store::sea) accounts: BTreeMap<i64, AccountRead>,
     pub(in crate::store::sea) keys: BTreeMap<i64, KeyRead>,
+    /// Whether a settle that leaves a shortfall is told (`call.shortfall`).
+    pub(in crate::store::sea) tell_shortfalls: bool,
 }
 
 /// A call-log entry that a settle or refund may finish.
@@ -189,6 +191,8 @@ pub(in crate::store::sea) struct Plan<'a> {
     holds: Option<&'a Holds>,
     /// Whether this batch's reservations are held in memory instead of written.
     hold_new: bool,
+    /// Whether a settle that leaves a shortfall is told.
+    tell_shortfalls: bool,
     decisions: Vec<Decision>,
 }
 
@@ -289,6 +293,7 @@ impl<'a> Plan<'a> {
             mut entries,
             accounts,
             keys,
+            tell_shortfalls,
         } = reads;
         let now = Utc::now();
         let keys = keys
@@ -331,6 +336,7 @@ impl<'a> Plan<'a> {
             events: Vec::new(),
             holds,
             hold_new: hold_new && holds.is_some(),
+            tell_shortfalls,
             decisions: Vec::with_capacity(writes.len()),
         };
         for write in writes {
@@ -350,6 +356,11 @@ impl<'a> Plan<'a> {
                                 .settle(entry.taken, success, beyond);
                         let change = settled.charged.total().get() - entry.taken.total().get();
                         plan.key(entry.key, change, entry.reserved_at);
+                        let caller = Caller {
+                            account: AccountId(entry.account),
+                            key: KeyId(entry.key),
+                        };
+                        plan.tell_shortfall(caller, *call, success, &settled);
                         entry.pending = false;
                         plan.finished
                             .push((call.0, Finish::Settled(success, settled)));
@@ -392,6 +403,30 @@ impl<'a> Plan<'a> {
         if let Some(state) = self.keys.get_mut(&key) {
             state.record(amount, reserved_at);
         }
+    }
+
+    /// Tells a settle that charged less than its cost (`call.shortfall`), if such are told.
+    fn tell_shortfall(
+        &mut self,
+        caller: Caller,
+        call: CallId,
+        success: &CallSuccess,
+        settled: &Settlement,
+    ) {
+        if !self.tell_shortfalls || settled.shortfall <= Credits::ZERO {
+            return;
+        }
+        let charged = settled.charged.total();
+        let cost = Credits(charged.get().saturating_add(settled.shortfall.get()));
+        let event = WebhookEvent::shortfall(
+            caller,
+            call,
+            cost,
+            charged,
+            success.usage_rejected,
+            self.now,
+        );
+        self.events.push(event);
     }
 
     /// What key `key`'s limit still allows a call reserved at `reserved_at` to add, beside
@@ -455,6 +490,7 @@ impl<'a> Plan<'a> {
                         // A held call's spending is written to its key when it is billed.
                         let charged = settled.charged.total().get();
                         self.key(held.charge.caller.key.0, charged, held.reserved_at);
+                        self.tell_shortfall(held.charge.caller, CallId(call), success, &settled);
                         (Finish::Settled(success, settled), Decision::Finished(true))
                     }
                     None => (Finish::CreditsGone(success), Decision::Finished(false)),

@@ -58,6 +58,7 @@ pub(in crate::store::sea) async fn apply_in<C: ConnectionTrait>(
         entries,
         accounts,
         keys,
+        tell_shortfalls: alerting.is_some_and(|alerting| alerting.shortfalls),
     };
     let plan = Plan::decide(writes, reads, holds, false)?;
     let ids = insert_entries(txn, &plan.new_entries, ids, plan.now).await?;

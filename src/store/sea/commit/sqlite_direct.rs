@@ -181,6 +181,7 @@ pub(in crate::store::sea) fn apply_in(
         accounts: read_accounts(txn, &wanted, &entries, rows.as_deref_mut(), alerting)?,
         keys: read_keys(txn, &wanted.keys_with(&entries), rows, alerting)?,
         entries,
+        tell_shortfalls: alerting.is_some_and(|alerting| alerting.shortfalls),
     };
     let plan = Plan::decide(writes, reads, holds, true)?;
     let (ids, changes) = match holds {
