@@ -692,6 +692,7 @@ fn audit_line(audit: &AccountAudit) -> serde_json::Value {
         "account": audit.account,
         "granted": sums(audit.granted),
         "charged": sums(audit.charged),
+        "shortfall": exact(audit.shortfall),
         "balance": { "subscription": audit.balance.subscription, "topup": audit.balance.topup },
         "ok": audit.holds(),
         "problem": audit.problem(),

@@ -195,6 +195,9 @@ pub struct AccountAudit {
     pub lapsed: i128,
     /// The stored balance.
     pub balance: Balance,
+    /// What its `ok` calls cost beyond what they were charged (their entries' `shortfall`):
+    /// the operator's loss, outside the books' balance (exact).
+    pub shortfall: i128,
 }
 
 /// Exact sums of credits, per bucket, wider than one balance.

@@ -262,11 +262,13 @@ impl Accounts for MemoryStore {
     async fn audit(&self) -> Result<Vec<AccountAudit>, StoreError> {
         let state = self.lock();
         let mut charged: HashMap<AccountId, Sums> = HashMap::new();
+        let mut short: HashMap<AccountId, i128> = HashMap::new();
         for call in &state.calls {
             if call.status != CallStatus::Refunded {
                 let sums = charged.entry(call.account).or_default();
                 sums.add(Bucket::Subscription, call.charged_subscription);
                 sums.add(Bucket::Topup, call.charged_topup);
+                *short.entry(call.account).or_default() += i128::from(call.shortfall.get());
             }
         }
         Ok(state
@@ -278,6 +280,7 @@ impl Accounts for MemoryStore {
                 lapsed: row.lapsed,
                 charged: charged.get(id).copied().unwrap_or_default(),
                 balance: state.balances.get(id).copied().unwrap_or_default(),
+                shortfall: short.get(id).copied().unwrap_or_default(),
             })
             .collect())
     }

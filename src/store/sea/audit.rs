@@ -38,6 +38,7 @@ impl SeaOrmStore {
                 granted: Sums::default(),
                 charged: Sums::default(),
                 lapsed: 0,
+                shortfall: 0,
             })
             .collect();
         let index = |audits: &[AccountAudit], id: i64| {
@@ -93,13 +94,15 @@ impl SeaOrmStore {
             }
         }
 
-        let charges: Vec<(i64, i64, i64, i64, i64)> = call::Entity::find()
+        let charges: Vec<(i64, i64, i64, i64, i64, i64, i64)> = call::Entity::find()
             .select_only()
             .column(call::Column::AccountId)
             .column_as(sum("charged_subscription", "high"), "subscription_high")
             .column_as(sum("charged_subscription", "low"), "subscription_low")
             .column_as(sum("charged_topup", "high"), "topup_high")
             .column_as(sum("charged_topup", "low"), "topup_low")
+            .column_as(sum("shortfall", "high"), "shortfall_high")
+            .column_as(sum("shortfall", "low"), "shortfall_low")
             .filter(
                 call::Column::Status.is_in([CallStatus::Ok.as_str(), CallStatus::Pending.as_str()]),
             )
@@ -107,7 +110,16 @@ impl SeaOrmStore {
             .into_tuple()
             .all(&txn)
             .await?;
-        for (account, subscription_high, subscription_low, topup_high, topup_low) in charges {
+        for (
+            account,
+            subscription_high,
+            subscription_low,
+            topup_high,
+            topup_low,
+            short_high,
+            short_low,
+        ) in charges
+        {
             let Ok(at) = index(&audits, account) else {
                 return Err(StoreError::msg(format!(
                     "call for missing account {account}"
@@ -117,6 +129,7 @@ impl SeaOrmStore {
                 subscription: exact(subscription_high, subscription_low),
                 topup: exact(topup_high, topup_low),
             };
+            audits[at].shortfall = exact(short_high, short_low);
         }
         let lapses: Vec<(i64, i64, i64)> = subscription_lapse::Entity::find()
             .select_only()
