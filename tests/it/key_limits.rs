@@ -442,11 +442,17 @@ async fn a_settle_never_passes_the_keys_limit<S: Store>(store: Arc<S>) {
     // The audit counts what each account's calls cost beyond their charges, beside its books.
     let audits = store.audit().await.unwrap();
     let short = |account| {
-        let audit = audits.iter().find(|audit| audit.account == account).unwrap();
+        let audit = audits
+            .iter()
+            .find(|audit| audit.account == account)
+            .unwrap();
         assert!(audit.holds(), "{audit:?}");
         audit.shortfall
     };
-    assert_eq!((short(capped.account), short(limited.account)), (1_967, 1_900));
+    assert_eq!(
+        (short(capped.account), short(limited.account)),
+        (1_967, 1_900)
+    );
 }
 
 backends!(
