@@ -83,25 +83,63 @@ pub(super) fn abandoned_settles(writes: &[&Write]) -> Vec<usize> {
         .collect()
 }
 
-/// A batch written without the writes at `left_out` (positions in `writes`, in order):
-/// `written` are the others' outcomes, in order; a settle left out finished nothing.
-pub(super) fn with_left_out(
-    count: usize,
-    left_out: &[usize],
-    written: Vec<Outcome>,
-) -> Vec<Outcome> {
-    let mut written = written.into_iter();
-    let outcomes: Vec<Outcome> = (0..count)
-        .map(|position| {
-            if left_out.contains(&position) {
-                Outcome::Finished(false)
-            } else {
-                written.next().expect("an outcome for every write written")
-            }
-        })
-        .collect();
-    debug_assert!(written.next().is_none(), "no outcome without its write");
-    outcomes
+/// A batch's writes less the settles whose callers gave up on them while it waited (see
+/// [`crate::store::SettleClaim`]): what each try writes, and each write's answer once a try
+/// commits. A try that finds a settle abandoned is rolled back, and the next leaves it out.
+pub(super) struct Unabandoned<'w, 'a> {
+    writes: &'w [&'a Write],
+    left_out: Vec<usize>,
+    /// Positions in `writes` of what the last [`batch`](Self::batch) holds.
+    written: Vec<usize>,
+}
+
+impl<'w, 'a> Unabandoned<'w, 'a> {
+    pub(super) fn new(writes: &'w [&'a Write]) -> Unabandoned<'w, 'a> {
+        Unabandoned {
+            writes,
+            left_out: Vec::new(),
+            written: Vec::new(),
+        }
+    }
+
+    /// The writes to try now.
+    pub(super) fn batch(&mut self) -> Vec<&'a Write> {
+        self.written = (0..self.writes.len())
+            .filter(|position| !self.left_out.contains(position))
+            .collect();
+        self.written
+            .iter()
+            .map(|&position| self.writes[position])
+            .collect()
+    }
+
+    /// Claims the settles of the batch just tried (`batch`): `true` if the try may commit;
+    /// else those abandoned are left out of the next.
+    pub(super) fn claimed(&mut self, batch: &[&Write]) -> bool {
+        let abandoned = abandoned_settles(batch);
+        let written = &self.written;
+        self.left_out
+            .extend(abandoned.iter().map(|&index| written[index]));
+        self.left_out.sort_unstable();
+        abandoned.is_empty()
+    }
+
+    /// Every write's answer, given the committed try's outcomes (in order): a settle left out
+    /// finished nothing.
+    pub(super) fn outcomes(&self, written: Vec<Outcome>) -> Vec<Outcome> {
+        let mut written = written.into_iter();
+        let outcomes: Vec<Outcome> = (0..self.writes.len())
+            .map(|position| {
+                if self.left_out.contains(&position) {
+                    Outcome::Finished(false)
+                } else {
+                    written.next().expect("an outcome for every write written")
+                }
+            })
+            .collect();
+        debug_assert!(written.next().is_none(), "no outcome without its write");
+        outcomes
+    }
 }
 
 /// What one write came to, once its batch is written (and, for the caller to hear it,

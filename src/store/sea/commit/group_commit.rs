@@ -24,7 +24,7 @@ use super::ledger_ops::apply_in;
 use crate::store::sea::alerting::{Alerting, EventSettings};
 #[cfg(feature = "sqlite")]
 use crate::store::sea::owned::state::State;
-use crate::store::sea::writes::{Outcome, OwnedCharge, Write, abandoned_settles, with_left_out};
+use crate::store::sea::writes::{Outcome, OwnedCharge, Unabandoned, Write};
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
 /// Most ledger writes one transaction carries.
@@ -242,12 +242,9 @@ async fn apply(
     flushed_later: bool,
     alerting: Option<Alerting>,
 ) -> Result<Vec<Outcome>, Failure> {
-    let mut left_out: Vec<usize> = Vec::new();
+    let mut tries = Unabandoned::new(&writes);
     loop {
-        let positions: Vec<usize> = (0..writes.len())
-            .filter(|position| !left_out.contains(position))
-            .collect();
-        let batch: Vec<&Write> = positions.iter().map(|&position| writes[position]).collect();
+        let batch = tries.batch();
         let txn = begin_write(db)
             .await
             .map_err(|error| Failure::Statement(error.into()))?;
@@ -259,17 +256,14 @@ async fn apply(
             apply_in(&txn, &batch, None, alerting).await
         };
         match applied.await {
-            Ok(outcomes) => {
-                let abandoned = abandoned_settles(&batch);
-                if abandoned.is_empty() {
-                    txn.commit()
-                        .await
-                        .map_err(|error| Failure::Commit(error.into()))?;
-                    return Ok(with_left_out(writes.len(), &left_out, outcomes));
-                }
+            Ok(outcomes) if tries.claimed(&batch) => {
+                txn.commit()
+                    .await
+                    .map_err(|error| Failure::Commit(error.into()))?;
+                return Ok(tries.outcomes(outcomes));
+            }
+            Ok(_) => {
                 let _ = txn.rollback().await;
-                left_out.extend(abandoned.iter().map(|&index| positions[index]));
-                left_out.sort_unstable();
             }
             Err(error) => {
                 let _ = txn.rollback().await;

@@ -41,7 +41,7 @@ use crate::store::sea::alerting::{Alerting, limit_alert, threshold};
 use crate::store::sea::held::{HoldChanges, Holds, IdBlock};
 use crate::store::sea::owned::state::RowCache;
 use crate::store::sea::writes::{
-    AccountRead, KeyChange, KeyRead, Outcome, Wanted, Write, abandoned_settles, with_left_out,
+    AccountRead, KeyChange, KeyRead, Outcome, Unabandoned, Wanted, Write,
 };
 use crate::store::{AccountId, CallStatus, IdempotencyKey, StoreError};
 
@@ -144,27 +144,19 @@ pub(in crate::store::sea) fn apply(
     writes: &[&Write],
     alerting: Option<Alerting>,
 ) -> Result<Vec<Outcome>, Failure> {
-    let mut left_out: Vec<usize> = Vec::new();
+    let mut tries = Unabandoned::new(writes);
     loop {
-        let positions: Vec<usize> = (0..writes.len())
-            .filter(|position| !left_out.contains(position))
-            .collect();
-        let batch: Vec<&Write> = positions.iter().map(|&position| writes[position]).collect();
+        let batch = tries.batch();
         let txn = connection
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|error| Failure::Statement(store_error(error)))?;
-        // On an error (or a batch to write again) the transaction is dropped, which rolls it
-        // back.
+        // On an error (or a try to write again) the transaction is dropped, which rolls it back.
         let (outcomes, ..) = apply_in(&txn, &batch, None, alerting).map_err(Failure::Statement)?;
-        let abandoned = abandoned_settles(&batch);
-        if abandoned.is_empty() {
+        if tries.claimed(&batch) {
             txn.commit()
                 .map_err(|error| Failure::Commit(store_error(error)))?;
-            return Ok(with_left_out(writes.len(), &left_out, outcomes));
+            return Ok(tries.outcomes(outcomes));
         }
-        drop(txn);
-        left_out.extend(abandoned.iter().map(|&index| positions[index]));
-        left_out.sort_unstable();
     }
 }
 
