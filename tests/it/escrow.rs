@@ -1183,3 +1183,86 @@ async fn a_call_refused_for_credits_a_crashed_instance_holds_gets_them_back_at_o
     }
     db.assert_audit_holds().await;
 }
+
+/// An escrow instance unreachable for longer than its lease, then back: its own recovery
+/// leaves the escrow its calls under way are held against (the adversarial run's finding 8,
+/// under escrow: the lost lease's escrow went back at once, and its calls ended unbilled).
+/// They are billed from it when they end, and the row goes back once it sits idle.
+#[tokio::test]
+async fn an_instance_back_from_an_outage_longer_than_its_lease_bills_its_own_calls() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let now = Utc::now();
+    let instance = escrow_instance_idle_after(&db, now, Duration::from_millis(50)).await;
+    let (key, caller) = funded(&db, 0, 1000).await;
+    let serving = reserve(&instance, caller).await.unwrap();
+    assert_eq!(instance.held_reservations().await, 1);
+    // The database was out of reach past the lease: the renewal finds it ended.
+    let ended = now + chrono::Duration::from_std(TTL).unwrap() + chrono::Duration::seconds(1);
+    assert!(!instance.renew_lease(ended, TTL).await.unwrap());
+    instance.take_lease(Utc::now(), TTL).await.unwrap().unwrap();
+
+    // Its own recovery, as its upkeep runs it when the database is back, and a call refused
+    // for credits (which gives back ended leases' escrow): its own row stays.
+    assert!(
+        instance
+            .orphaned_reservations(ended, 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        stored(&db, caller).await.1.1 > 0,
+        "its escrow was given back"
+    );
+
+    assert!(settle(&instance, &serving).await, "its own call unbilled");
+    let calls = db.calls(&key).await;
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].status, CallStatus::Ok);
+    // Idle, the row goes back.
+    let started = std::time::Instant::now();
+    while stored(&db, caller).await.1 != (0, 0) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(stored(&db, caller).await, ((0, 1000 - PRICE), (0, 0)));
+    db.assert_audit_holds().await;
+}
+
+/// A settle its caller gave up on before the writer of endings claimed it (see `SettleClaim`)
+/// is not written: the call stays held until its caller's refund ends it, unbilled; one the
+/// writer claimed first is billed, whatever its caller does after.
+#[tokio::test]
+async fn a_settle_given_up_before_the_writer_claims_it_is_refunded_whole() {
+    let Some((db, _now, instance, key, caller)) = one_instance(0, 1000).await else {
+        return;
+    };
+    let abandoned = reserve(&instance, caller).await.unwrap();
+    let success = CallSuccess::default();
+    assert!(success.claim.abandon());
+    assert!(!instance.settle(abandoned.call, success).await.unwrap());
+    assert_eq!(instance.held_reservations().await, 1, "still held");
+    assert!(refund(&instance, &abandoned).await);
+
+    let claimed = reserve(&instance, caller).await.unwrap();
+    let success = CallSuccess::default();
+    assert!(
+        instance
+            .settle(claimed.call, success.clone())
+            .await
+            .unwrap()
+    );
+    assert!(!success.claim.abandon(), "billed: the writer claimed it");
+
+    let calls = db.calls(&key).await;
+    assert_eq!(count(&calls, CallStatus::Refunded), 1, "{calls:?}");
+    assert_eq!(count(&calls, CallStatus::Ok), 1, "{calls:?}");
+    instance.release_lease().await.unwrap();
+    assert_eq!(stored(&db, caller).await, ((0, 1000 - PRICE), (0, 0)));
+    db.assert_audit_holds().await;
+}

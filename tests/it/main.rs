@@ -30,7 +30,6 @@ mod integrity;
 mod key_holder;
 mod key_limits;
 mod key_rules;
-#[cfg(any(feature = "postgres", feature = "mysql"))]
 mod late_settle;
 mod leases;
 mod ledger;

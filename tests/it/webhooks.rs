@@ -367,47 +367,82 @@ async fn breakers_opening_and_closing_are_events_and_an_operator_retries_a_deliv
     assert_eq!(missing.status, 404);
 }
 
-backends!(
-    /// A settle that charges less than the call cost (its ceiling, by default) tells the
-    /// operator: a `call.shortfall` event with the cost, the charge and the difference, written
-    /// in the settle's transaction; a settle within its reservation tells nothing.
-    async fn a_call_charged_less_than_it_cost_is_told_as_a_shortfall(db) {
-        let store = events_store(&db).await;
-        let account = store.create_account("metered").await.unwrap();
-        let key = model_gateway::keys::NewApiKey::generate();
-        let key = store.add_key(account, &key).await.unwrap();
-        store
-            .grant(account, Bucket::Topup, Credits::new(100))
-            .await
-            .unwrap();
-        let caller = model_gateway::store::Caller { account, key };
-        let settle = async |cost: i64| {
-            let reserved = reserve_price(store.as_ref(), caller, 5).await.unwrap();
-            let success = model_gateway::store::CallSuccess {
-                upstream_status: 200,
-                cost: Some(Credits::new(cost)),
-                ..Default::default()
-            };
-            assert!(store.settle(reserved.call, success)
-                .await
-                .unwrap());
-            reserved.call
+/// A settle that charges less than the call cost (its ceiling, by default) tells the operator:
+/// a `call.shortfall` event with the cost, the charge and the difference, written in the
+/// settle's transaction; a settle within its reservation tells nothing.
+async fn assert_a_shortfall_is_told(store: Arc<SeaOrmStore>) {
+    let account = store.create_account("metered").await.unwrap();
+    let key = model_gateway::keys::NewApiKey::generate();
+    let key = store.add_key(account, &key).await.unwrap();
+    store
+        .grant(account, Bucket::Topup, Credits::new(10_000))
+        .await
+        .unwrap();
+    let caller = model_gateway::store::Caller { account, key };
+    let settle = async |cost: i64| {
+        let reserved = reserve_price(store.as_ref(), caller, 5).await.unwrap();
+        let success = model_gateway::store::CallSuccess {
+            upstream_status: 200,
+            cost: Some(Credits::new(cost)),
+            ..Default::default()
         };
-        settle(3).await;
-        let short = settle(50).await;
-        let told: Vec<Value> = store
-            .deliveries(None, 100)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|delivery| delivery.kind == "call.shortfall")
-            .map(|delivery| serde_json::from_str(&delivery.body).unwrap())
-            .collect();
-        assert_eq!(told.len(), 1, "{told:?}");
-        let data = &told[0]["data"];
-        assert_eq!(data["call"], short.0);
-        assert_eq!(data["account"], account.0);
-        assert_eq!((&data["cost"], &data["charged"], &data["shortfall"]), (&serde_json::json!(50), &serde_json::json!(5), &serde_json::json!(45)));
-        assert_eq!(store.balance(account).await.unwrap().total(), Credits::new(100 - 3 - 5));
+        assert!(store.settle(reserved.call, success).await.unwrap());
+        reserved.call
+    };
+    settle(3).await;
+    let short = settle(50).await;
+    let told: Vec<Value> = store
+        .deliveries(None, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|delivery| delivery.kind == "call.shortfall")
+        .map(|delivery| serde_json::from_str(&delivery.body).unwrap())
+        .collect();
+    assert_eq!(told.len(), 1, "{told:?}");
+    let data = &told[0]["data"];
+    assert_eq!(data["call"], short.0);
+    assert_eq!(data["account"], account.0);
+    assert_eq!(
+        (&data["cost"], &data["charged"], &data["shortfall"]),
+        (
+            &serde_json::json!(50),
+            &serde_json::json!(5),
+            &serde_json::json!(45)
+        )
+    );
+    assert_eq!(
+        store.balance(account).await.unwrap().total(),
+        Credits::new(10_000 - 3 - 5)
+    );
+}
+
+backends!(
+    async fn a_call_charged_less_than_it_cost_is_told_as_a_shortfall(db) {
+        assert_a_shortfall_is_told(events_store(&db).await).await;
     }
 );
+
+/// The same for a call held in `PostgreSQL` escrow: its event is written in the one statement
+/// that writes its entry and debits the escrow.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_call_held_in_escrow_charged_less_than_it_cost_is_told_as_a_shortfall() {
+    let Some(db) = postgres_db().await else {
+        return;
+    };
+    let store = postgres_store(&db.url, db.pg_schema().unwrap())
+        .await
+        .with_webhook_events()
+        .with_escrow()
+        .unwrap();
+    model_gateway::store::Leases::take_lease(&store, Utc::now(), Duration::from_secs(600))
+        .await
+        .unwrap()
+        .unwrap();
+    let store = Arc::new(store);
+    assert_a_shortfall_is_told(store.clone()).await;
+    assert_eq!(store.held_reservations().await, 0);
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}

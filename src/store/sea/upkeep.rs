@@ -40,13 +40,15 @@ impl crate::store::Leases for SeaOrmStore {
         limit: u64,
     ) -> Result<Vec<CallId>, StoreError> {
         leases::end_dead_holders(&self.db, self.sqlite_file.as_deref(), &self.lease, now).await?;
+        // Never the calls this process still serves under a lease it lost (an outage longer
+        // than the lease), nor the escrow they are held against: they settle or refund
+        // themselves when they end.
+        let own_lost = self.lease.lost();
         // Escrow held under an ended lease goes back to its accounts before its calls are
         // refunded.
         #[cfg(feature = "postgres")]
-        super::escrow::give_back_ended(&self.db, now, None).await?;
-        // Never the calls this process still serves under a lease it lost (an outage longer
-        // than the lease): they settle or refund themselves when they end.
-        leases::orphaned(&self.db, now, limit, &self.lease.lost()).await
+        super::escrow::give_back_ended(&self.db, now, None, &own_lost).await?;
+        leases::orphaned(&self.db, now, limit, &own_lost).await
     }
 
     async fn forget_ended_leases(&self, now: chrono::DateTime<Utc>) -> Result<u64, StoreError> {

@@ -413,20 +413,11 @@ impl<'a> Plan<'a> {
         success: &CallSuccess,
         settled: &Settlement,
     ) {
-        if !self.tell_shortfalls || settled.shortfall <= Credits::ZERO {
+        if !self.tell_shortfalls {
             return;
         }
-        let charged = settled.charged.total();
-        let cost = Credits(charged.get().saturating_add(settled.shortfall.get()));
-        let event = WebhookEvent::shortfall(
-            caller,
-            call,
-            cost,
-            charged,
-            success.usage_rejected,
-            self.now,
-        );
-        self.events.push(event);
+        self.events
+            .extend(shortfall_event(caller, call, success, settled, self.now));
     }
 
     /// What key `key`'s limit still allows a call reserved at `reserved_at` to add, beside
@@ -671,4 +662,28 @@ pub(in crate::store::sea) fn split(subscription: i64, topup: i64) -> Split {
         subscription: Credits(subscription),
         topup: Credits(topup),
     }
+}
+
+/// The `call.shortfall` event of a settle that charged less than its cost; `None` if it charged
+/// all of it.
+pub(in crate::store::sea) fn shortfall_event(
+    caller: Caller,
+    call: CallId,
+    success: &CallSuccess,
+    settled: &Settlement,
+    at: DateTime<Utc>,
+) -> Option<WebhookEvent> {
+    if settled.shortfall <= Credits::ZERO {
+        return None;
+    }
+    let charged = settled.charged.total();
+    let cost = Credits(charged.get().saturating_add(settled.shortfall.get()));
+    Some(WebhookEvent::shortfall(
+        caller,
+        call,
+        cost,
+        charged,
+        success.usage_rejected,
+        at,
+    ))
 }

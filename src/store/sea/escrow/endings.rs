@@ -9,9 +9,11 @@ use tokio::sync::mpsc;
 use super::rows::escrow_row;
 use super::state::{EndJob, Ending, Escrow, KeyRead, MAX_BATCH, PotKey, Seen};
 use crate::credits::{Balance, Credits, Split};
+use crate::events::EventType;
+use crate::store::DeliveryStatus;
 use crate::store::rules::holds;
 use crate::store::rules::settle::{Beyond, decide_settle};
-use crate::store::sea::commit::batch::Finish;
+use crate::store::sea::commit::batch::{Finish, shortfall_event};
 use crate::store::sea::held::HeldCall;
 use crate::store::{AccountId, CallId, CallStatus, LeaseId, StoreError};
 
@@ -126,8 +128,17 @@ pub(super) async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<
     let mut pending: Vec<usize> = (0..jobs.len()).collect();
     let mut rows_read: HashMap<PotKey, Balance> = HashMap::new();
     while !pending.is_empty() {
+        // A settle whose caller gave up on it while it waited (for the writer, or for a batch
+        // before it) is not written: its caller refunds it (see `SettleClaim`). The others are
+        // claimed here, just before the one statement that writes and commits them.
+        pending.retain(|&job| match &jobs[job].ending {
+            Ending::Settle(success) => success.claim.claim(),
+            Ending::Refund(_) => true,
+        });
         let (decided, debits) = decide(escrow, jobs, &pending, &rows_read);
-        let short = match write_sql(&escrow.db, &decided, &debits).await {
+        let tell_shortfalls =
+            (escrow.events.alerting()).is_some_and(|alerting| alerting.shortfalls);
+        let short = match write_sql(&escrow.db, &decided, &debits, tell_shortfalls).await {
             Ok(short) => short,
             Err(error) => {
                 // The statement may have committed with its reply lost, this time or in an
@@ -262,6 +273,7 @@ pub(super) async fn write_sql(
     db: &DatabaseConnection,
     decided: &[Decided<'_>],
     debits: &HashMap<PotKey, Split>,
+    tell_shortfalls: bool,
 ) -> Result<Vec<PotKey>, StoreError> {
     use sea_orm::sqlx;
     if decided.is_empty() {
@@ -277,8 +289,12 @@ pub(super) async fn write_sql(
     }
     let now = Utc::now();
     let mut rows = Entries::default();
+    let mut told = Told::default();
     for decided in decided {
         rows.push(decided, now);
+        if tell_shortfalls {
+            told.push(decided, now);
+        }
     }
     let (debited_leases, debited_accounts, inserted): (Option<Vec<i64>>, Option<Vec<i64>>, i64) =
         sqlx::query_as(
@@ -315,7 +331,13 @@ pub(super) async fn write_sql(
                usage_rejected) \
                WHERE NOT u.debits OR EXISTS (SELECT 1 FROM debited d \
                  WHERE d.instance_id = u.instance_id AND d.account_id = u.account_id) \
-               RETURNING 1 \
+               RETURNING id \
+             ), told AS ( \
+               INSERT INTO mg_webhook_events (event_id, event_type, body, status, attempts, \
+               next_attempt_at, created_at) \
+               SELECT w.event_id, $35, w.body, $36, 0, $34, $34 \
+               FROM unnest($31::bigint[], $32::text[], $33::text[]) AS w(call, event_id, body) \
+               WHERE w.call IN (SELECT id FROM entered) \
              ) \
              SELECT (SELECT array_agg(instance_id) FROM debited), \
              (SELECT array_agg(account_id) FROM debited), (SELECT count(*) FROM entered)",
@@ -350,6 +372,12 @@ pub(super) async fn write_sql(
         .bind(rows.reasoning_tokens)
         .bind(rows.shortfall)
         .bind(rows.usage_rejected)
+        .bind(told.call)
+        .bind(told.event_id)
+        .bind(told.body)
+        .bind(now)
+        .bind(EventType::CallShortfall.as_str())
+        .bind(DeliveryStatus::Pending.as_str())
         .fetch_one(db.get_postgres_connection_pool())
         .await
         .map_err(|error| StoreError::Database(Box::new(error)))?;
@@ -374,6 +402,29 @@ pub(super) async fn write_sql(
         )));
     }
     Ok(short)
+}
+
+/// The `call.shortfall` events of a batch's settles that charged less than they cost, column
+/// by column: each written in the statement that writes its entry, if it does.
+#[derive(Default)]
+struct Told {
+    call: Vec<i64>,
+    event_id: Vec<String>,
+    body: Vec<String>,
+}
+
+impl Told {
+    fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
+        let Finish::Settled(success, settled) = &decided.finish else {
+            return;
+        };
+        let caller = decided.held.charge.caller;
+        if let Some(event) = shortfall_event(caller, decided.call, success, settled, now) {
+            self.call.push(decided.call.0);
+            self.body.push(event.body());
+            self.event_id.push(event.id);
+        }
+    }
 }
 
 /// A batch's entries, column by column.

@@ -207,7 +207,9 @@ impl Escrow {
     /// time.
     async fn recall(&self, ours: PotKey) -> Result<bool, StoreError> {
         let now = Utc::now();
-        if give_back_ended(&self.db, now, Some(ours.account)).await? > 0 {
+        // Never this instance's own rows under a lease it lost: its calls still hold them.
+        let own: Vec<i64> = (self.state().pots.keys()).map(|pot| pot.lease.0).collect();
+        if give_back_ended(&self.db, now, Some(ours.account), &own).await? > 0 {
             return Ok(true);
         }
         let before = self.escrowed_elsewhere(ours, now).await?;

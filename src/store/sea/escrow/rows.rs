@@ -107,16 +107,22 @@ pub(super) async fn write_escrow_row<C: ConnectionTrait>(
 /// lease), each in a transaction of its own. Returns how many rows it gave back. Recovery and a
 /// recall may both run it at once: a row is read again under its lock, and one given back is
 /// found empty.
+///
+/// Never the rows of `own_lost`, the leases this process lost while it lived (an outage longer
+/// than their time to live): its calls held against them are still under way, and settle from
+/// them when they end; the row goes back once it sits idle, as any of its rows does.
 pub(in crate::store::sea) async fn give_back_ended(
     db: &DatabaseConnection,
     now: DateTime<Utc>,
     account: Option<AccountId>,
+    own_lost: &[i64],
 ) -> Result<u64, StoreError> {
     let mut query = escrow::Entity::find()
         .select_only()
         .column(escrow::Column::AccountId)
         .column(escrow::Column::InstanceId)
-        .filter(escrow::Column::InstanceId.not_in_subquery(crate::store::sea::leases::live(now)));
+        .filter(escrow::Column::InstanceId.not_in_subquery(crate::store::sea::leases::live(now)))
+        .filter(escrow::Column::InstanceId.is_not_in(own_lost.iter().copied()));
     if let Some(account) = account {
         query = query.filter(escrow::Column::AccountId.eq(account.0));
     }

@@ -12,7 +12,9 @@ use crate::store::sea::alerting::Alerting;
 use crate::store::sea::commit::jobs::{Failure, Job, Kept, Reply};
 use crate::store::sea::commit::sqlite_direct::{apply_in, data_version, store_error};
 use crate::store::sea::held::HoldChanges;
-use crate::store::sea::writes::{KeyChange, KeyRead, Outcome, OwnedCharge, Wanted, Write};
+use crate::store::sea::writes::{
+    KeyChange, KeyRead, Outcome, OwnedCharge, Unabandoned, Wanted, Write,
+};
 use crate::store::{Reservation, ReserveError, StoreError};
 
 /// Puts a new committer's connection beside the holds, before its thread starts, so that
@@ -146,6 +148,10 @@ struct Written {
     keys: Vec<KeyChange>,
 }
 
+/// Writes the batch in one transaction under the file's write lock. A settle whose caller gave
+/// up on it while the batch waited for the lock (another process writing, a slow disk) is left
+/// out: the try is rolled back and the batch written again without it (see
+/// [`crate::store::SettleClaim`]); its hold stays until the refund its caller queued ends it.
 fn write_beside_holds(
     connection: &mut Connection,
     writes: &[&Write],
@@ -153,34 +159,43 @@ fn write_beside_holds(
     alerting: Option<Alerting>,
 ) -> Result<Written, Failure> {
     let statement = Failure::Statement;
-    let txn = connection
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(|error| statement(store_error(error)))?;
-    // Under the write lock: nobody else commits until this batch does.
-    let version = data_version(&txn).map_err(statement)?;
-    let (holds, mut rows) = {
-        let mut state = shared.lock();
-        state.rows.check(version);
-        state.writing = Some(version);
-        serve_waiting(&mut state);
-        let holds = state.holds.for_batch(writes);
-        let rows = state.rows.part(&Wanted::of(writes, Some(&holds)));
-        (holds, rows)
-    };
-    // On an error the transaction is dropped, which rolls it back.
-    let written = apply_in(&txn, writes, Some((&holds, &mut rows)), alerting);
-    // From its commit on, another connection may commit too: reservations must ask the file.
-    shared.lock().writing = None;
-    let (outcomes, holds, accounts, keys) = written.map_err(statement)?;
-    txn.commit()
-        .map_err(|error| Failure::Commit(store_error(error)))?;
-    Ok(Written {
-        outcomes,
-        holds,
-        rows,
-        accounts,
-        keys,
-    })
+    let mut tries = Unabandoned::new(writes);
+    loop {
+        let batch = tries.batch();
+        let txn = connection
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|error| statement(store_error(error)))?;
+        // Under the write lock: nobody else commits until this batch does.
+        let version = data_version(&txn).map_err(statement)?;
+        let (holds, mut rows) = {
+            let mut state = shared.lock();
+            state.rows.check(version);
+            state.writing = Some(version);
+            serve_waiting(&mut state);
+            let holds = state.holds.for_batch(&batch);
+            let rows = state.rows.part(&Wanted::of(&batch, Some(&holds)));
+            (holds, rows)
+        };
+        // On an error (or a try to write again) the transaction is dropped, which rolls it
+        // back.
+        let written = apply_in(&txn, &batch, Some((&holds, &mut rows)), alerting);
+        // From its commit (or its rollback) on, another connection may commit too:
+        // reservations must ask the file.
+        shared.lock().writing = None;
+        let (outcomes, holds, accounts, keys) = written.map_err(statement)?;
+        if !tries.claimed(&batch) {
+            continue;
+        }
+        txn.commit()
+            .map_err(|error| Failure::Commit(store_error(error)))?;
+        return Ok(Written {
+            outcomes: tries.outcomes(outcomes),
+            holds,
+            rows,
+            accounts,
+            keys,
+        });
+    }
 }
 
 /// Reserves `charge` at once, from the rows the committer last read, if they are still what
