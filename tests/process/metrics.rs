@@ -121,6 +121,7 @@ async fn the_metrics_count_known_traffic() {
     assert!(value("mg_ledger_batch_seconds_count") >= 1.0);
 
     clients_leaving_at_any_moment_leave_the_metrics_equal_to_the_ledger(&metrics, &db).await;
+    the_credits_counted_are_what_the_ledger_charged_and_the_shortfall_apart(&metrics, &db).await;
 }
 
 /// Finding 9 of the fault run: after a storm of clients that hang up at any moment (before the
@@ -218,4 +219,79 @@ async fn clients_leaving_at_any_moment_leave_the_metrics_equal_to_the_ledger(
         count(model_gateway::store::CallStatus::Ok) * CHAT_PRICE as f64
     );
     assert_eq!(read("mg_pending_reservations"), 0.0, "nothing pending");
+}
+
+/// Finding 6 of the adversarial run: `mg_credits_charged_total` counted a call's cost, not what
+/// it was charged (9.22e18 against a ledger of 53,630). A token-priced model's calls: one
+/// within its ceiling, one whose provider reports more input than the ceiling allowed (charged
+/// the ceiling, the rest its shortfall), one with a usage report the gateway does not trust
+/// (charged the ceiling, flagged). The charged counter equals the ledger's charges, the
+/// shortfall counter the entries' shortfalls, `x-gateway-credits` each entry's charge.
+/// (Part of the test above: the recorder is the process's.)
+async fn the_credits_counted_are_what_the_ledger_charged_and_the_shortfall_apart(
+    metrics: &model_gateway::telemetry::PrometheusHandle,
+    db: &TestDb,
+) {
+    const MODEL: &str = "metered-for-metrics";
+    let provider = FakeProvider::start().await;
+    let catalogue = Catalogue::from_toml(&format!(
+        "[[upstreams]]\nname = \"metered\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\n\
+         api_key_env = \"K\"\n\n[[models]]\nname = \"{MODEL}\"\nprotocol = \"chat_completions\"\n\
+         upstream = \"metered\"\nmax_output_tokens = 100\ncontext_window = 1000000\n\
+         [models.tokens]\ninput = 1000000\noutput = 1000000\n",
+        provider.base
+    ))
+    .unwrap();
+    let gateway = http_gateway(db, catalogue).await;
+    let key = db.funded_key(1_000_000, 0).await;
+    let usage = |input: i64, output: i64| {
+        format!(
+            r#"{{"choices":[],"usage":{{"prompt_tokens":{input},"completion_tokens":{output}}}}}"#
+        )
+    };
+    let read = |name: &str| samples(&metrics.render()).get(name).copied().unwrap_or(0.0);
+    let charged = format!("mg_credits_charged_total{{model=\"{MODEL}\"}}");
+    let short = format!("mg_credits_shortfall_total{{model=\"{MODEL}\"}}");
+    let rejected = format!("mg_usage_rejected_total{{model=\"{MODEL}\"}}");
+
+    provider
+        .then(Fault::json(200, &usage(5, 5)))
+        .then(Fault::json(200, &usage(500_000, 5)))
+        .then(Fault::json(200, &usage(-1_000, 5)));
+    let mut told = Vec::new();
+    for _ in 0..3 {
+        let answer = gateway.chat(&key, MODEL).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        let credits = answer.headers["x-gateway-credits"].to_str().unwrap();
+        told.push(credits.parse::<i64>().unwrap());
+    }
+
+    let mut calls = db.calls(&key).await;
+    calls.sort_by_key(|call| call.id.0);
+    let entries: Vec<(i64, i64, bool)> = calls
+        .iter()
+        .map(|call| (call.price.get(), call.shortfall.get(), call.usage_rejected))
+        .collect();
+    assert_eq!(entries.len(), 3, "{calls:?}");
+    assert_eq!(entries[0], (10, 0, false), "within the ceiling: its cost");
+    let ceiling = entries[1].0;
+    assert!(ceiling < 500_005, "charged the ceiling: {entries:?}");
+    assert_eq!(entries[1], (ceiling, 500_005 - ceiling, false));
+    assert_eq!(entries[2].0, ceiling, "an untrusted report: the ceiling");
+    assert!(entries[2].2, "flagged");
+    assert_eq!(
+        told,
+        entries.iter().map(|entry| entry.0).collect::<Vec<_>>(),
+        "x-gateway-credits is each entry's charge"
+    );
+    let ledger: i64 = entries.iter().map(|entry| entry.0).sum();
+    let shortfall: i64 = entries.iter().map(|entry| entry.1).sum();
+    assert_eq!(read(&charged), ledger as f64);
+    assert_eq!(read(&short), shortfall as f64);
+    assert_eq!(read(&rejected), 1.0);
+    assert_eq!(
+        db.balance(&key).await.total().get(),
+        1_000_000 - ledger,
+        "the account paid what the ledger says"
+    );
 }
