@@ -381,6 +381,7 @@ async fn redeem_counted<S: Store>(
                     "subscription_ends_at": ends_at,
                 },
                 "batch": redeemed.batch,
+                "lapsed": redeemed.lapsed,
             }))
             .into_response())
         }

@@ -297,6 +297,9 @@ pub struct GrantView {
     pub balance: BalanceView,
     /// `false` when the same idempotency key had been applied before and nothing moved.
     pub applied: bool,
+    /// What was left of the previous subscription period and lapsed because this grant started
+    /// a new one; zero otherwise.
+    pub lapsed: Credits,
 }
 
 /// A page of the call log.
@@ -568,6 +571,7 @@ impl<S: Store> Admin<S> {
             account,
             balance: BalanceView::of(&after, Utc::now()),
             applied: granted.applied,
+            lapsed: granted.lapsed,
         })
     }
 

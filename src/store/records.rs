@@ -144,6 +144,9 @@ pub struct Granted {
     /// `false` when a grant with the same idempotency key had been applied before and this one
     /// moved nothing.
     pub applied: bool,
+    /// The subscription credits left of the previous period that lapsed because this grant
+    /// started a new one (a renewal replaces, it does not add up); zero otherwise.
+    pub lapsed: Credits,
 }
 
 /// Which call-log entries [`CallLog::calls`](super::CallLog::calls) returns: newest first, older
@@ -331,6 +334,9 @@ pub struct Redeemed {
     pub bucket: Bucket,
     /// The account's balance afterwards.
     pub balance: Balance,
+    /// The subscription credits of the current period that lapsed because the code started a
+    /// new one (see [`Granted::lapsed`]); zero otherwise.
+    pub lapsed: Credits,
 }
 
 /// The reason recorded with the grant a code makes: it names the batch, so that the books say

@@ -193,29 +193,55 @@ async fn grant_reasons(db: &TestDb, account: AccountId) -> Vec<String> {
         .collect()
 }
 
-backends!(
-    async fn a_subscription_code_starts_a_period_from_its_redemption(db) {
-        let admin = db.admin();
-        let codes = NewCodes {
-            bucket: Bucket::Subscription,
-            period_days: Some(30),
-            ..topup_codes(1, 300)
-        };
-        let created = admin.create_codes(&codes).await.unwrap();
-        let account = db.store.create_account("subscriber").await.unwrap();
-        let at = Utc::now();
-        db.store
-            .redeem_code(account, &CodeHash::of(&created.codes[0]).unwrap(), at)
+/// A subscription code starts a period from its redemption; a second one redeemed within it
+/// replaces the period (a renewal does not add up), and says what of the first lapsed
+/// (`lapsed`), so that the key holder is told; a top-up code lapses nothing.
+async fn a_subscription_code_starts_a_period_and_says_what_lapsed<S: Store + 'static>(
+    store: Arc<S>,
+) {
+    let admin = Admin::new(store.clone());
+    let codes = NewCodes {
+        bucket: Bucket::Subscription,
+        period_days: Some(30),
+        ..topup_codes(2, 300)
+    };
+    let created = admin.create_codes(&codes).await.unwrap();
+    let topup = admin.create_codes(&topup_codes(1, 40)).await.unwrap();
+    let account = store.create_account("subscriber").await.unwrap();
+    let at = Utc::now();
+    let redeem = async |code: &str| {
+        (store.redeem_code(account, &CodeHash::of(code).unwrap(), at))
             .await
             .unwrap()
-            .unwrap();
-        let summary = db.store.account(account).await.unwrap().unwrap();
-        assert_eq!(summary.balance.subscription, Credits::new(300));
-        let ends = summary.subscription_ends_at.expect("a period was started");
-        let days = (ends - at).num_seconds() as f64 / 86_400.0;
-        assert!((days - 30.0).abs() < 0.001, "the period is {days} days");
+            .unwrap()
+    };
+    assert_eq!(redeem(&created.codes[0]).await.lapsed, Credits::ZERO);
+    let summary = store.account(account).await.unwrap().unwrap();
+    assert_eq!(summary.balance.subscription, Credits::new(300));
+    let ends = summary.subscription_ends_at.expect("a period was started");
+    let days = (ends - at).num_seconds() as f64 / 86_400.0;
+    assert!((days - 30.0).abs() < 0.001, "the period is {days} days");
+
+    assert_eq!(redeem(&topup.codes[0]).await.lapsed, Credits::ZERO);
+    let renewed = redeem(&created.codes[1]).await;
+    assert_eq!(
+        renewed.lapsed,
+        Credits::new(300),
+        "the first period's credits"
+    );
+    assert_eq!(renewed.balance, balance(300, 40));
+}
+
+backends!(
+    async fn a_subscription_code_starts_a_period_from_its_redemption(db) {
+        a_subscription_code_starts_a_period_and_says_what_lapsed(db.store.clone()).await;
     }
 );
+
+#[tokio::test]
+async fn in_the_memory_store_a_subscription_code_says_what_lapsed() {
+    a_subscription_code_starts_a_period_and_says_what_lapsed(Arc::new(MemoryStore::new())).await;
+}
 
 /// The example gateway in mock mode with the admin API on.
 async fn admin_gateway(db: &TestDb) -> common::Gateway {
@@ -273,6 +299,7 @@ async fn an_operator_sells_a_batch_and_a_key_holder_redeems_a_code() {
     assert_eq!(redeemed.body["balance"]["total"], 45);
     assert_eq!(redeemed.body["balance"]["topup"], 40);
     assert_eq!(db.balance(&key).await, balance(5, 40));
+    assert_eq!(redeemed.body["lapsed"], 0);
 
     let again = redeem(&gateway, &key, &codes[0]).await;
     assert_eq!((again.status, again.detail()), (400, "兑换码无效"));
@@ -321,6 +348,21 @@ async fn an_operator_sells_a_batch_and_a_key_holder_redeems_a_code() {
     assert_eq!(bad.status, 400);
     assert!(bad.detail().contains("bucket"), "{}", bad.detail());
     assert_eq!(db.balance(&key).await, balance(5, 40));
+    db.assert_audit_holds().await;
+
+    // A subscription code starts a new period: the key holder is told what of the current
+    // one lapsed.
+    let monthly = NewCodes {
+        bucket: Bucket::Subscription,
+        period_days: Some(30),
+        ..topup_codes(1, 100)
+    };
+    let monthly = db.admin().create_codes(&monthly).await.unwrap();
+    let renewed = redeem(&gateway, &key, &monthly.codes[0]).await;
+    assert_eq!(renewed.status, 200, "{:?}", renewed.body);
+    assert_eq!(renewed.body["lapsed"], 5);
+    assert_eq!(renewed.body["balance"]["subscription"], 100);
+    assert_eq!(db.balance(&key).await, balance(100, 40));
     db.assert_audit_holds().await;
 }
 

@@ -314,6 +314,7 @@ impl State {
             return Ok(Granted {
                 balance,
                 applied: false,
+                lapsed: Credits::ZERO,
             });
         }
         let ends_at = row.subscription_ends_at;
@@ -335,9 +336,12 @@ impl State {
                 bucket: grant.bucket,
                 amount: grant.amount,
             })?;
-        if new_period {
-            state.lapse(account, ends_at.unwrap_or(grant.at));
-        }
+        let lapsed = if new_period {
+            (state.lapse(account, ends_at.unwrap_or(grant.at)))
+                .map_or(Credits::ZERO, |lapse| lapse.amount)
+        } else {
+            Credits::ZERO
+        };
         state.balances.insert(account, granted);
         let row = state
             .accounts
@@ -354,6 +358,7 @@ impl State {
         Ok(Granted {
             balance: granted,
             applied: true,
+            lapsed,
         })
     }
 }

@@ -110,6 +110,7 @@ impl RedemptionCodes for MemoryStore {
             credits: batch.credits,
             bucket: batch.bucket,
             balance: granted.balance,
+            lapsed: granted.lapsed,
         }))
     }
 }

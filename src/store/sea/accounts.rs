@@ -632,6 +632,7 @@ impl SeaOrmStore {
                 return Ok(Some(Granted {
                     balance,
                     applied: false,
+                    lapsed: Credits::ZERO,
                 }));
             }
         }
@@ -652,16 +653,18 @@ impl SeaOrmStore {
         let new_period = bucket == Bucket::Subscription && (period_end.is_some() || ended);
         // A grant past the largest balance is refused by the guarded update below, and the
         // roll-back undoes the lapse too.
+        let mut lapsed = Credits::ZERO;
         if new_period {
             let end = before.subscription_ends_at.unwrap_or(at);
-            lapse(
+            lapsed = lapse(
                 &txn,
                 &before,
                 end,
                 held.subscription,
                 &self.mode.escrow_held(account),
             )
-            .await?;
+            .await?
+            .map_or(Credits::ZERO, |lapse| lapse.amount);
             account::Entity::update_many()
                 .col_expr(
                     account::Column::SubscriptionEndsAt,
@@ -716,6 +719,7 @@ impl SeaOrmStore {
         Ok(Some(Granted {
             balance,
             applied: true,
+            lapsed,
         }))
     }
 }

@@ -197,6 +197,7 @@ impl RedemptionCodes for SeaOrmStore {
             credits: batch.credits,
             bucket: batch.bucket,
             balance: granted.balance,
+            lapsed: granted.lapsed,
         }))
     }
 }
