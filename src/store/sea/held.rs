@@ -11,6 +11,7 @@ use chrono::{DateTime, Utc};
 use super::writes::OwnedCharge;
 #[cfg(feature = "sqlite")]
 use super::writes::Write;
+use crate::call::LimitPeriod;
 use crate::credits::{Balance, Credits, Split};
 #[cfg(feature = "sqlite")]
 use crate::store::rules;
@@ -34,7 +35,7 @@ pub(super) struct Holds {
     accounts: HashMap<AccountId, Balance>,
     /// What each key's held calls hold, for its spending limit (every key, limited or not:
     /// a limit may be set while its calls are held).
-    keys: HashMap<KeyId, Credits>,
+    keys: HashMap<KeyId, KeyHeld>,
     #[cfg(feature = "sqlite")]
     ids: IdBlock,
     /// The held calls with an idempotency key, by account and key (only a file its store owns
@@ -42,6 +43,43 @@ pub(super) struct Holds {
     /// hashed with std's `SipHash`.
     #[cfg(feature = "sqlite")]
     keyed: HashMap<AccountId, std::collections::HashMap<Arc<str>, CallId>>,
+}
+
+/// What one key's held calls hold: in all, and each with when it was reserved (a spending
+/// limit counts a call in the window it was reserved in, so calls of a window that has ended
+/// do not count against the next).
+#[derive(Debug, Default, Clone)]
+pub(super) struct KeyHeld {
+    total: Credits,
+    calls: Vec<(DateTime<Utc>, Credits)>,
+}
+
+impl KeyHeld {
+    #[cfg(feature = "sqlite")]
+    fn add(&mut self, reserved_at: DateTime<Utc>, taken: Credits) {
+        self.total = Credits(self.total.get() + taken.get());
+        self.calls.push((reserved_at, taken));
+    }
+
+    /// Takes a call off; `true` if none is left.
+    #[cfg(feature = "sqlite")]
+    fn remove(&mut self, reserved_at: DateTime<Utc>, taken: Credits) -> bool {
+        if let Some(at) = (self.calls.iter()).position(|call| *call == (reserved_at, taken)) {
+            self.calls.swap_remove(at);
+            self.total = Credits(self.total.get() - taken.get());
+        }
+        self.calls.is_empty()
+    }
+
+    /// What the calls reserved in `period`'s window of `at` hold.
+    fn in_window(&self, period: LimitPeriod, at: DateTime<Utc>) -> Credits {
+        let window = period.window(at);
+        let earlier: i64 = (self.calls.iter())
+            .filter(|(reserved_at, _)| period.window(*reserved_at) != window)
+            .map(|(_, taken)| taken.get())
+            .sum();
+        Credits(self.total.get() - earlier)
+    }
 }
 
 #[cfg(feature = "sqlite")]
@@ -82,9 +120,22 @@ impl Holds {
         self.accounts.get(&account).copied().unwrap_or_default()
     }
 
-    /// What `key`'s held calls hold, counted against its spending limit.
+    /// What `key`'s held calls hold.
     pub(super) fn on_key(&self, key: KeyId) -> Credits {
-        self.keys.get(&key).copied().unwrap_or(Credits::ZERO)
+        self.keys.get(&key).map_or(Credits::ZERO, |held| held.total)
+    }
+
+    /// What `key`'s held calls reserved in `period`'s window of `at` hold: what counts against
+    /// its spending limit in that window.
+    pub(super) fn on_key_in(&self, key: KeyId, period: LimitPeriod, at: DateTime<Utc>) -> Credits {
+        self.keys
+            .get(&key)
+            .map_or(Credits::ZERO, |held| held.in_window(period, at))
+    }
+
+    #[cfg(feature = "sqlite")]
+    fn key_part(&self, key: KeyId) -> KeyHeld {
+        self.keys.get(&key).cloned().unwrap_or_default()
     }
 
     /// `row`, an account's credits as stored, less what is held on it: what it has to spend.
@@ -148,14 +199,14 @@ impl Holds {
             let account = match write {
                 Write::Reserve(charge) => {
                     let key = charge.caller.key;
-                    part.keys.insert(key, self.on_key(key));
+                    part.keys.insert(key, self.key_part(key));
                     charge.caller.account
                 }
                 Write::Settle(call, _) | Write::Refund(call, _) => match self.calls.get(call) {
                     Some(held) => {
                         part.calls.insert(*call, held.clone());
                         let key = held.charge.caller.key;
-                        part.keys.insert(key, self.on_key(key));
+                        part.keys.insert(key, self.key_part(key));
                         held.account
                     }
                     // A call reserved in the file (a keyed one) whose cost may exceed what it
@@ -194,11 +245,8 @@ impl Holds {
         for (id, held) in changes.added {
             let on = self.accounts.entry(held.account).or_default();
             *on = rules::holds::hold(*on, held.taken);
-            let on_key = self
-                .keys
-                .entry(held.charge.caller.key)
-                .or_insert(Credits::ZERO);
-            *on_key = Credits(on_key.get() + held.taken.total().get());
+            (self.keys.entry(held.charge.caller.key).or_default())
+                .add(held.reserved_at, held.taken.total());
             if let Some(keyed) = &held.charge.keyed {
                 let calls = self.keyed.entry(held.account).or_default();
                 calls.insert(keyed.shared_key(), id);
@@ -218,11 +266,10 @@ impl Holds {
                 }
             }
             let key = held.charge.caller.key;
-            if let Some(on_key) = self.keys.get_mut(&key) {
-                *on_key = Credits(on_key.get() - held.taken.total().get());
-                if *on_key == Credits::ZERO {
-                    self.keys.remove(&key);
-                }
+            if let Some(on_key) = self.keys.get_mut(&key)
+                && on_key.remove(held.reserved_at, held.taken.total())
+            {
+                self.keys.remove(&key);
             }
             if let Some(on) = self.accounts.get_mut(&held.account) {
                 *on = rules::holds::release(*on, held.taken);
@@ -263,4 +310,92 @@ pub(super) fn older_than<'a>(
         overdue.credits += i128::from(held.taken.total().get());
     }
     overdue
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::protocol::Protocol;
+    use crate::store::Caller;
+
+    fn held(key: i64, price: i64, reserved_at: DateTime<Utc>) -> HeldCall {
+        let caller = Caller {
+            account: AccountId(1),
+            key: KeyId(key),
+        };
+        HeldCall {
+            account: caller.account,
+            charge: OwnedCharge {
+                caller,
+                protocol: Protocol::ChatCompletions,
+                model: "m".into(),
+                requested_model: None,
+                price: Credits(price),
+                request_id: None,
+                at: reserved_at,
+                instance: None,
+                keyed: None,
+            },
+            taken: Split {
+                subscription: Credits(price),
+                topup: Credits::ZERO,
+            },
+            reserved_at,
+        }
+    }
+
+    /// The owned file's side of a rollover (issue 67's minor point: a 3-a-day key's three
+    /// calls still running at midnight refused the new day's first three): a key's held calls
+    /// count against its limit in the window they were reserved in, never in the next; all of
+    /// them still count as held on the key and the account.
+    #[test]
+    fn held_calls_count_against_a_limit_in_the_window_they_were_reserved_in() {
+        let before_midnight = Utc.with_ymd_and_hms(2026, 12, 6, 23, 59, 59).unwrap();
+        let after_midnight = before_midnight + chrono::Duration::seconds(2);
+        let mut holds = Holds::default();
+        holds.apply(HoldChanges {
+            added: vec![
+                (CallId(1), held(7, 1, before_midnight)),
+                (CallId(2), held(7, 1, before_midnight)),
+                (CallId(3), held(7, 1, before_midnight)),
+                (CallId(4), held(7, 5, after_midnight)),
+                (CallId(5), held(8, 2, before_midnight)),
+            ],
+            ..HoldChanges::default()
+        });
+        let key = KeyId(7);
+        assert_eq!(holds.on_key(key), Credits(8));
+        assert_eq!(
+            holds.on_key_in(key, LimitPeriod::Day, after_midnight),
+            Credits(5)
+        );
+        assert_eq!(
+            holds.on_key_in(key, LimitPeriod::Day, before_midnight),
+            Credits(3)
+        );
+        assert_eq!(
+            holds.on_key_in(key, LimitPeriod::Month, after_midnight),
+            Credits(8),
+            "one month"
+        );
+        assert_eq!(holds.on(AccountId(1)).total(), Credits(10));
+
+        holds.apply(HoldChanges {
+            ended: vec![CallId(1), CallId(4)],
+            ..HoldChanges::default()
+        });
+        assert_eq!(holds.on_key(key), Credits(2));
+        assert_eq!(
+            holds.on_key_in(key, LimitPeriod::Day, after_midnight),
+            Credits::ZERO
+        );
+        holds.apply(HoldChanges {
+            ended: vec![CallId(2), CallId(3), CallId(5)],
+            ..HoldChanges::default()
+        });
+        assert_eq!(holds.on_key(key), Credits::ZERO);
+        assert!(holds.keys.is_empty(), "no key left behind");
+    }
 }

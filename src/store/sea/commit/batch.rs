@@ -426,9 +426,10 @@ impl<'a> Plan<'a> {
     fn key_room(&self, key: i64, own: Credits, reserved_at: DateTime<Utc>) -> Option<Credits> {
         let state = self.keys.get(&key)?;
         let allowance = state.read.allowance?;
-        let elsewhere = self
-            .holds
-            .map_or(Credits::ZERO, |holds| holds.on_key(KeyId(key)));
+        let period = allowance.limit.period;
+        let elsewhere = (self.holds).map_or(Credits::ZERO, |holds| {
+            holds.on_key_in(KeyId(key), period, reserved_at)
+        });
         let held = Credits(state.held_with(elsewhere).get().saturating_add(own.get()));
         Some(allowance.room(held, reserved_at, self.now))
     }
@@ -499,10 +500,17 @@ impl<'a> Plan<'a> {
         let key = charge.caller.key;
         let read = self.keys.get(&key.0);
         let key_active = read.is_some_and(|state| state.read.active);
-        let held_elsewhere = self.holds.map_or(Credits::ZERO, |holds| holds.on_key(key));
+        // Held calls of a window that has ended count in theirs, not in this one.
+        let held_elsewhere = match (self.holds, read.and_then(|state| state.read.allowance)) {
+            (Some(holds), Some(allowance)) => {
+                holds.on_key_in(key, allowance.limit.period, self.now)
+            }
+            _ => Credits::ZERO,
+        };
         let limited = read.and_then(|state| {
+            let allowance = state.read.allowance?;
             Some(Limited {
-                allowance: state.read.allowance?,
+                allowance,
                 held: state.held_with(held_elsewhere),
                 at: self.now,
             })

@@ -128,9 +128,15 @@ pub(super) async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<
     let mut pending: Vec<usize> = (0..jobs.len()).collect();
     let mut rows_read: HashMap<PotKey, Balance> = HashMap::new();
     while !pending.is_empty() {
-        // A settle whose caller gave up on it while it waited (for the writer, or for a batch
-        // before it) is not written: its caller refunds it (see `SettleClaim`). The others are
-        // claimed here, just before the one statement that writes and commits them.
+        // The connection first (the pool checks it answers): a database out of reach fails
+        // here, before any settle is claimed, and its calls are refused unbilled.
+        let mut connection = (escrow.db.get_postgres_connection_pool())
+            .acquire()
+            .await
+            .map_err(|error| StoreError::Database(Box::new(error)))?;
+        // A settle whose caller gave up on it while it waited (for the writer, a connection,
+        // or a batch before it) is not written: its caller refunds it (see `SettleClaim`). The
+        // others are claimed here, just before the one statement that writes and commits them.
         pending.retain(|&job| match &jobs[job].ending {
             Ending::Settle(success) => success.claim.claim(),
             Ending::Refund(_) => true,
@@ -138,7 +144,9 @@ pub(super) async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<
         let (decided, debits) = decide(escrow, jobs, &pending, &rows_read);
         let tell_shortfalls =
             (escrow.events.alerting()).is_some_and(|alerting| alerting.shortfalls);
-        let short = match write_sql(&escrow.db, &decided, &debits, tell_shortfalls).await {
+        let written = write_sql(&mut connection, &decided, &debits, tell_shortfalls).await;
+        drop(connection);
+        let short = match written {
             Ok(short) => short,
             Err(error) => {
                 // The statement may have committed with its reply lost, this time or in an
@@ -270,7 +278,7 @@ pub(super) async fn written_entries(
 /// of the settles on the rows debited and of every unbilled ending. Returns the pots
 /// found short: neither they nor the entries of their settles were written.
 pub(super) async fn write_sql(
-    db: &DatabaseConnection,
+    connection: &mut sea_orm::sqlx::PgConnection,
     decided: &[Decided<'_>],
     debits: &HashMap<PotKey, Split>,
     tell_shortfalls: bool,
@@ -378,7 +386,7 @@ pub(super) async fn write_sql(
         .bind(now)
         .bind(EventType::CallShortfall.as_str())
         .bind(DeliveryStatus::Pending.as_str())
-        .fetch_one(db.get_postgres_connection_pool())
+        .fetch_one(connection)
         .await
         .map_err(|error| StoreError::Database(Box::new(error)))?;
     let debited: Vec<PotKey> = debited_leases

@@ -299,10 +299,12 @@ fn decide_now(
     // A key or an account not in the cached rows is decided by a batch, which reads them.
     let key = *state.rows.keys.get(&charge.caller.key.0)?;
     let key_active = key.active;
+    let now = chrono::Utc::now();
     let limited = key.allowance.map(|allowance| Limited {
         allowance,
-        held: state.holds.on_key(charge.caller.key),
-        at: chrono::Utc::now(),
+        // Calls of a window that has ended count in theirs, not in this one.
+        held: (state.holds).on_key_in(charge.caller.key, allowance.limit.period, now),
+        at: now,
     });
     let account = charge.caller.account;
     let row = if key_active {
