@@ -14,6 +14,11 @@ pub(super) use crate::store::outcome::Outcome;
 use crate::store::outcome::{finish_later, within};
 use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger, SettleClaim};
 
+/// How long a call whose ledger time-out ran out while a store was committing its settle waits
+/// for that commit to fail for certain ([`SettleClaim::release`]) before it treats the call as
+/// billed: a local file's commit ends in far less; a network database's unanswered one does not.
+const CLAIM_GRACE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// What a call's entry says when its settle could not be written in time: the client got `503`
 /// and no reply, so the call is refunded once the database answers again.
 pub const SETTLE_NOT_WRITTEN: &str = "the settle could not be written in time (the database was \
@@ -248,7 +253,7 @@ impl UnsettledCall {
             }
             // The store claimed the settle for a commit already on its way: the call is
             // billed, so the reply is handed out, and the settle goes on until it is written.
-            None if matches!(later, Later::Refund) && !claim.abandon() => {
+            None if matches!(later, Later::Refund) && !claim.abandon_within(CLAIM_GRACE).await => {
                 tracing::warn!(
                     call = call.0,
                     "the ledger answered late, its commit under way; the reply is handed out and \

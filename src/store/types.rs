@@ -174,6 +174,33 @@ impl SettleClaim {
         self.decide(ABANDONED)
     }
 
+    /// [`abandon`](Self::abandon), waiting up to `grace` for a claim to be
+    /// [`release`](Self::release)d first: a caller whose time ran out while a store was trying
+    /// a commit that fails for certain gives up rather than treat the call as billed.
+    pub async fn abandon_within(&self, grace: std::time::Duration) -> bool {
+        let until = tokio::time::Instant::now() + grace;
+        loop {
+            if self.abandon() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Takes back a claim whose commit failed for certain (nothing was written: a local
+    /// `SQLite` file's commit refused, say), so that the caller may still give up on the
+    /// settle; `false` if it was not claimed. A commit whose outcome is unknown (its answer
+    /// lost on the network) keeps its claim: the call is billed once the settle is written.
+    pub fn release(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.0
+            .compare_exchange(CLAIMED, OPEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     fn decide(&self, to: u8) -> bool {
         use std::sync::atomic::Ordering;
         match self
@@ -440,5 +467,41 @@ impl From<UpstreamError> for CallFailure {
             upstream_status: error.status,
             error: error.message,
         }
+    }
+}
+
+#[cfg(test)]
+mod settle_claim_tests {
+    use std::time::Duration;
+
+    use super::SettleClaim;
+
+    #[test]
+    fn the_first_to_decide_wins_and_a_claim_released_may_still_be_given_up() {
+        let claim = SettleClaim::default();
+        assert!(claim.claim());
+        assert!(claim.claim(), "a second claim agrees");
+        assert!(!claim.abandon(), "claimed: billed");
+        assert!(claim.release());
+        assert!(!claim.release(), "released once");
+        assert!(claim.abandon());
+        assert!(!claim.claim(), "given up: never written");
+    }
+
+    #[tokio::test]
+    async fn a_caller_out_of_time_waits_briefly_for_a_failed_commit_to_give_its_claim_back() {
+        let claim = SettleClaim::default();
+        assert!(claim.claim());
+        assert!(
+            !claim.abandon_within(Duration::from_millis(30)).await,
+            "a commit still under way: billed"
+        );
+        let store = claim.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            store.release();
+        });
+        assert!(claim.abandon_within(Duration::from_secs(5)).await);
+        assert!(!claim.claim());
     }
 }

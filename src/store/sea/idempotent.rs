@@ -121,7 +121,13 @@ pub(super) async fn settle(
         txn.rollback().await?;
         return Ok(false);
     }
-    txn.commit().await?;
+    let local = db.get_database_backend() == sea_orm::DbBackend::Sqlite;
+    txn.commit().await.inspect_err(|_| {
+        // A file's commit that fails wrote nothing: the claim goes back (see `SettleClaim`).
+        if local && let Write::Settle(_, success) = &write {
+            success.claim.release();
+        }
+    })?;
     Ok(settled)
 }
 

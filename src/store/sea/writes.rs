@@ -124,6 +124,18 @@ impl<'w, 'a> Unabandoned<'w, 'a> {
         abandoned.is_empty()
     }
 
+    /// Takes back the claims of the batch just tried, whose commit failed for certain (a local
+    /// file's): their callers may still give up on them (see
+    /// [`crate::store::SettleClaim::release`]).
+    #[cfg(feature = "sqlite")]
+    pub(super) fn release(batch: &[&Write]) {
+        for write in batch {
+            if let Write::Settle(_, success) = write {
+                success.claim.release();
+            }
+        }
+    }
+
     /// Every write's answer, given the committed try's outcomes (in order): a settle left out
     /// finished nothing.
     pub(super) fn outcomes(&self, written: Vec<Outcome>) -> Vec<Outcome> {

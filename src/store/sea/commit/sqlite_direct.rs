@@ -153,8 +153,11 @@ pub(in crate::store::sea) fn apply(
         // On an error (or a try to write again) the transaction is dropped, which rolls it back.
         let (outcomes, ..) = apply_in(&txn, &batch, None, alerting).map_err(Failure::Statement)?;
         if tries.claimed(&batch) {
-            txn.commit()
-                .map_err(|error| Failure::Commit(store_error(error)))?;
+            // A file's commit that fails wrote nothing: the claims go back.
+            txn.commit().map_err(|error| {
+                Unabandoned::release(&batch);
+                Failure::Commit(store_error(error))
+            })?;
             return Ok(tries.outcomes(outcomes));
         }
     }

@@ -134,6 +134,11 @@ pub(super) async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<
             .acquire()
             .await
             .map_err(|error| StoreError::Database(Box::new(error)))?;
+        // A pooled connection the server no longer answers on (cut, or the server silent)
+        // fails here, before any settle is claimed for a statement that could not go out.
+        sea_orm::sqlx::Connection::ping(&mut *connection)
+            .await
+            .map_err(|error| StoreError::Database(Box::new(error)))?;
         // A settle whose caller gave up on it while it waited (for the writer, a connection,
         // or a batch before it) is not written: its caller refunds it (see `SettleClaim`). The
         // others are claimed here, just before the one statement that writes and commits them.
@@ -155,6 +160,14 @@ pub(super) async fn write_batch(escrow: &Escrow, jobs: &[EndJob]) -> Result<Vec<
                     return Err(error);
                 };
                 if written.is_empty() {
+                    // Nothing was written, for certain: the claims go back.
+                    for decided in &decided {
+                        if let Finish::Settled(success, _) | Finish::CreditsGone(success) =
+                            &decided.finish
+                        {
+                            success.claim.release();
+                        }
+                    }
                     return Err(error);
                 }
                 pending = finish_written(escrow, jobs, &decided, &written, &mut answers).await?;

@@ -186,8 +186,11 @@ fn write_beside_holds(
         if !tries.claimed(&batch) {
             continue;
         }
-        txn.commit()
-            .map_err(|error| Failure::Commit(store_error(error)))?;
+        // A file's commit that fails wrote nothing: the claims go back.
+        txn.commit().map_err(|error| {
+            Unabandoned::release(&batch);
+            Failure::Commit(store_error(error))
+        })?;
         return Ok(Written {
             outcomes: tries.outcomes(outcomes),
             holds,
