@@ -18,7 +18,11 @@ use tower_service::Service;
 use crate::call::RoutedCall;
 use crate::store::ResponseOwners;
 
+mod beside;
 mod breaker;
+mod channel;
+mod channels;
+mod failover;
 mod http_client;
 pub(crate) mod mock;
 mod translated;

@@ -1,0 +1,491 @@
+//! One provider endpoint: its client, where each protocol's calls go, the headers it takes,
+//! and one attempt of a call on it (a complete reply read within its limit, or an event stream
+//! handed on once its first event arrived), classified for the failover
+//! ([`AttemptError`]). A Responses call to an upstream that speaks only chat completions is
+//! translated here, both ways.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+
+use super::breaker::CircuitBreaker;
+use super::failover::AttemptError;
+use super::translated::ChatAsResponses;
+use crate::call::{RoutedCall, ServedBy};
+use crate::catalogue::{ModelChannel, ResponsesRoute, UpstreamConfig, UpstreamKind};
+use crate::classify::{complete_reply, is_retryable, retry_after};
+use crate::error::{UpstreamError, excerpt};
+use crate::protocol::responses::{self, Ids, StreamTranslator, Translated};
+use crate::protocol::sse::EventSplitter;
+use crate::protocol::{Protocol, provider_message};
+use crate::reply::{Inner, UpstreamBody};
+
+/// The id of the response a native Responses upstream answered with and keeps, and that
+/// upstream: set on the reply of an attempt asked to read it, for the record of who made it.
+#[derive(Debug, Clone)]
+pub(super) struct ProviderResponseId {
+    pub(super) id: String,
+    pub(super) upstream: String,
+}
+
+/// `anthropic-version` sent when the client sent none.
+pub(super) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// Client headers passed on to the provider, per wire format. Everything else (and in
+/// particular the client's own gateway key) stays at the gateway.
+const OPENAI_PASSED_HEADERS: &[&str] = &[
+    "openai-organization",
+    "openai-project",
+    "openai-beta",
+    "idempotency-key",
+    "traceparent",
+    "tracestate",
+    "x-request-id",
+];
+const ANTHROPIC_PASSED_HEADERS: &[&str] = &[
+    "anthropic-beta",
+    "idempotency-key",
+    "traceparent",
+    "tracestate",
+    "x-request-id",
+];
+
+pub(super) struct Channel {
+    pub(super) config: Arc<UpstreamConfig>,
+    pub(super) client: reqwest::Client,
+    /// The provider key as a header value; `None` when the variable is unset, in which case
+    /// this channel fails without being contacted.
+    pub(super) api_key: Option<HeaderValue>,
+    /// The provider key in clear, only to scrub it from anything the provider echoes back.
+    pub(super) secret: Option<String>,
+    /// Shared with the same upstream's channel in the catalogues after a reload that kept it.
+    pub(super) breaker: Arc<CircuitBreaker>,
+    /// How much of a provider's answer is read at most.
+    pub(super) limits: ReadLimits,
+    /// Where each protocol's calls go, parsed once.
+    pub(super) endpoints: Endpoints,
+}
+
+/// The URL a call of each protocol goes to on one upstream, parsed when the channel is made:
+/// given text, reqwest would parse it again (and check its host name) on every call.
+#[derive(Debug, Clone)]
+pub(super) struct Endpoints([Option<reqwest::Url>; 4]);
+
+impl Endpoints {
+    const PROTOCOLS: [Protocol; 4] = [
+        Protocol::ChatCompletions,
+        Protocol::Messages,
+        Protocol::Embeddings,
+        Protocol::Responses,
+    ];
+
+    pub(super) fn of(config: &UpstreamConfig) -> Endpoints {
+        Endpoints(Self::PROTOCOLS.map(|protocol| reqwest::Url::parse(&url(config, protocol)).ok()))
+    }
+
+    fn get(&self, protocol: Protocol) -> Option<&reqwest::Url> {
+        let at = Self::PROTOCOLS.iter().position(|each| *each == protocol)?;
+        self.0[at].as_ref()
+    }
+}
+
+/// Where a call of `protocol` goes on the upstream `config` (the catalogue checked that it
+/// serves it).
+fn url(config: &UpstreamConfig, protocol: Protocol) -> String {
+    match (config.kind, protocol) {
+        (UpstreamKind::Openai, Protocol::Embeddings) => format!("{}/embeddings", config.base_url),
+        (UpstreamKind::Openai, Protocol::Responses) if !translates(config, protocol) => {
+            format!("{}/responses", config.base_url)
+        }
+        (UpstreamKind::Openai, _) => format!("{}/chat/completions", config.base_url),
+        (UpstreamKind::Anthropic, _) => format!("{}/v1/messages", config.base_url),
+    }
+}
+
+/// Whether a call of `protocol` is translated on its way to the upstream `config` and back: a
+/// Responses call to an upstream that speaks only chat completions.
+fn translates(config: &UpstreamConfig, protocol: Protocol) -> bool {
+    protocol == Protocol::Responses && config.responses == ResponsesRoute::Translate
+}
+
+/// How much of a provider's answer the gateway reads at most, so that a provider sending a
+/// reply or an event without end cannot take the gateway's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ReadLimits {
+    /// A complete reply.
+    pub(super) reply: usize,
+    /// One event of a stream, or its unfinished tail.
+    pub(super) event: usize,
+}
+
+/// Reads a whole reply, at most `max` bytes: a larger one (declared or as it arrives) is an
+/// error, read no further. Most replies arrive in one chunk and are kept without a copy.
+pub(super) async fn read_capped(mut reply: reqwest::Response, max: usize) -> Result<Bytes, String> {
+    let too_large = || format!("the reply is larger than the {max} bytes the gateway reads");
+    if reply
+        .content_length()
+        .is_some_and(|length| length > max as u64)
+    {
+        return Err(too_large());
+    }
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<bytes::BytesMut> = None;
+    let mut length = 0;
+    while let Some(chunk) = reply.chunk().await.map_err(transport_error)? {
+        length += chunk.len();
+        if length > max {
+            return Err(too_large());
+        }
+        match (&mut first, &mut joined) {
+            (None, _) => first = Some(chunk),
+            (Some(head), None) => {
+                let mut both = bytes::BytesMut::with_capacity(length);
+                both.extend_from_slice(head);
+                both.extend_from_slice(&chunk);
+                joined = Some(both);
+            }
+            (Some(_), Some(both)) => both.extend_from_slice(&chunk),
+        }
+    }
+    Ok(joined
+        .map(bytes::BytesMut::freeze)
+        .or(first)
+        .unwrap_or_default())
+}
+
+impl Channel {
+    /// Starts a call of `protocol` to this upstream.
+    fn post(&self, protocol: Protocol) -> reqwest::RequestBuilder {
+        match self.endpoints.get(protocol) {
+            Some(parsed) => self.client.post(parsed.clone()),
+            // A URL that does not parse: reqwest says why when the call is sent.
+            None => self.client.post(url(&self.config, protocol)),
+        }
+    }
+
+    /// Whether a call of `protocol` is translated on its way to this upstream and back.
+    fn translates(&self, protocol: Protocol) -> bool {
+        translates(&self.config, protocol)
+    }
+
+    /// The body sent for a call, and, for a translated Responses call, the translation (whose
+    /// request the reply echoes).
+    fn request_body(
+        &self,
+        channel: &ModelChannel,
+        routed: &RoutedCall,
+        body: &Bytes,
+    ) -> Result<(Bytes, Option<Arc<Translated>>), AttemptError> {
+        if !self.translates(routed.protocol) {
+            let body = routed.upstream_body(body, channel.upstream_model.as_deref());
+            return Ok((body, None));
+        }
+        // The router translated the request to check it; an embedder's own stack may not have,
+        // so a refusal here is the request's fault, never this channel's.
+        let refused = |message: String| {
+            AttemptError::Rejected(UpstreamError {
+                status: None,
+                message: format!("{}: {message}", self.config.name),
+                client_message: Some(message),
+            })
+        };
+        let translation = match routed.translation() {
+            Some(translation) => translation,
+            None => Arc::new(
+                Translated::from_slice(body)
+                    .map_err(|untranslatable| refused(untranslatable.to_string()))?,
+            ),
+        };
+        let model = channel
+            .upstream_model
+            .as_deref()
+            .unwrap_or(&routed.model.name);
+        let chat = translation.chat_body(model);
+        Ok((Bytes::from(chat), Some(translation)))
+    }
+
+    pub(super) fn headers(&self, client_headers: &HeaderMap, api_key: HeaderValue) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let passed = match self.config.kind {
+            UpstreamKind::Openai => {
+                headers.insert(header::AUTHORIZATION, api_key);
+                OPENAI_PASSED_HEADERS
+            }
+            UpstreamKind::Anthropic => {
+                headers.insert(HeaderName::from_static("x-api-key"), api_key);
+                let version = client_headers
+                    .get("anthropic-version")
+                    .cloned()
+                    .unwrap_or(HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION));
+                headers.insert(HeaderName::from_static("anthropic-version"), version);
+                ANTHROPIC_PASSED_HEADERS
+            }
+        };
+        for name in passed {
+            for value in client_headers.get_all(*name) {
+                headers.append(HeaderName::from_static(name), value.clone());
+            }
+        }
+        headers
+    }
+
+    /// A 2xx answer to a streamed call: an event stream is handed on once its first event has
+    /// arrived, so that a provider failing before that is still failed over; anything else is
+    /// this channel's failure.
+    async fn event_stream(
+        &self,
+        reply: reqwest::Response,
+        first_event_within: Duration,
+        translated: Option<&Translated>,
+    ) -> Result<(Response<UpstreamBody>, Bytes), AttemptError> {
+        let status = reply.status();
+        let failed = |message: String| AttemptError::Retryable {
+            status: Some(status.as_u16()),
+            message,
+            retry_after: None,
+        };
+        let content_type = reply.headers().get(header::CONTENT_TYPE).cloned();
+        let is_event_stream = content_type
+            .as_ref()
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.trim_start().starts_with("text/event-stream"));
+        if !is_event_stream {
+            return Err(failed(format!(
+                "answered {status} to a streamed call without an event stream ({content_type:?})"
+            )));
+        }
+        let mut body = http::Response::<reqwest::Body>::from(reply)
+            .into_body()
+            .map_err(|error| UpstreamError::transport(transport_error(error)));
+        let mut received = Vec::new();
+        let mut splitter = EventSplitter::new();
+        let first = async {
+            loop {
+                if let Some(event) = splitter.next_event() {
+                    return Ok(event);
+                }
+                if splitter.pending() > self.limits.event {
+                    return Err(format!(
+                        "the first event passed the {} bytes an event may have",
+                        self.limits.event
+                    ));
+                }
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            splitter.push(&data);
+                            received.push(data);
+                        }
+                    }
+                    Some(Err(error)) => return Err(error.message),
+                    None => return Err("the stream ended before its first event".to_owned()),
+                }
+            }
+        };
+        let first_event = match tokio::time::timeout(first_event_within, first).await {
+            Ok(Ok(event)) => event,
+            Ok(Err(message)) => return Err(failed(self.scrub(message))),
+            Err(_) => return Err(failed("no event before the time-out".to_owned())),
+        };
+        let events = UpstreamBody::events_after(received, body);
+        let events = match translated {
+            Some(request) => {
+                let Inner::Events(chat) = events.into_inner() else {
+                    unreachable!("`events_after` makes an event stream")
+                };
+                let translator = StreamTranslator::new(request, Ids::random());
+                UpstreamBody::events(ChatAsResponses::new(chat, translator, self.limits.event))
+            }
+            None => events,
+        };
+        let mut response = Response::new(events);
+        *response.status_mut() = status;
+        if let Some(content_type) = content_type {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+        }
+        response
+            .extensions_mut()
+            .insert(ServedBy(self.config.name.clone()));
+        Ok((response, first_event))
+    }
+
+    /// Tells the service around the failover the id of the response this upstream keeps, to
+    /// record who made it.
+    fn tell_id<B>(&self, response: &mut Response<B>, id: String) {
+        response.extensions_mut().insert(ProviderResponseId {
+            id,
+            upstream: self.config.name.clone(),
+        });
+    }
+
+    /// Removes the provider key from text the provider sent back.
+    pub(super) fn scrub(&self, text: String) -> String {
+        match &self.secret {
+            Some(secret) if text.contains(secret.as_str()) => {
+                text.replace(secret.as_str(), "[redacted]")
+            }
+            _ => text,
+        }
+    }
+
+    pub(super) async fn attempt(
+        &self,
+        channel: &ModelChannel,
+        routed: &RoutedCall,
+        request: &Request<Bytes>,
+        deadline: Instant,
+        read_id: bool,
+    ) -> Result<Response<UpstreamBody>, AttemptError> {
+        let retryable = |status: Option<u16>, message: String| AttemptError::Retryable {
+            status,
+            message,
+            retry_after: None,
+        };
+        let Some(api_key) = self.api_key.clone() else {
+            return Err(retryable(
+                None,
+                format!(
+                    "provider key variable {} is not set",
+                    self.config.api_key_env
+                ),
+            ));
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let mut sent = self
+            .post(routed.protocol)
+            .headers(self.headers(request.headers(), api_key));
+        // A streamed reply's time limits (deadline, idle time-out) are kept by the billing layer
+        // with one timer, which tells the client why; a reqwest time-out would poll a second
+        // timer for every event. The wait for the answer and its first event is bounded below.
+        if !routed.stream {
+            sent = sent.timeout(remaining.min(self.config.timeout));
+        }
+        let (body, translated) = self.request_body(channel, routed, request.body())?;
+        let sent = sent.body(body).send();
+        let reply = tokio::time::timeout(remaining.min(self.config.timeout), sent)
+            .await
+            .map_err(|_| retryable(None, "timed out waiting for the answer".to_owned()))?
+            .map_err(|error| retryable(None, transport_error(error)))?;
+        let status = reply.status();
+        if routed.stream && status.is_success() {
+            let first_event = remaining.min(self.config.timeout);
+            let (mut response, first) = self
+                .event_stream(reply, first_event, translated.as_deref())
+                .await?;
+            // Its id is in its first event (`response.created`'s `response.id`).
+            if read_id && translated.is_none() {
+                let first = crate::protocol::sse::event_text(&first);
+                let data = crate::protocol::sse::Event::parse(&first).data;
+                if let Some(id) = responses::response_id(data.as_bytes()) {
+                    self.tell_id(&mut response, id);
+                }
+            }
+            return Ok(response);
+        }
+        let reply_headers = reply.headers().clone();
+        let body = read_capped(reply, self.limits.reply)
+            .await
+            .map_err(|message| retryable(Some(status.as_u16()), message))?;
+
+        if status.is_success() {
+            let not_an_object = || {
+                retryable(
+                    Some(status.as_u16()),
+                    format!("answered {status} with a body that is not a JSON object"),
+                )
+            };
+            let (body, usage, id) = match &translated {
+                // Read once, for the response and for its usage.
+                Some(translation) => {
+                    let (response, usage) = responses::response_json_from_chat_bytes(
+                        translation,
+                        &body,
+                        &mut Ids::random(),
+                    )
+                    .map_err(|_| not_an_object())?;
+                    (
+                        Bytes::from(response),
+                        usage.ok_or_else(not_an_object)?,
+                        None,
+                    )
+                }
+                // A native Responses reply whose maker is recorded is read once, for its
+                // usage and its id.
+                None if read_id => {
+                    let (usage, id) =
+                        responses::reply_usage_and_id(&body).ok_or_else(not_an_object)?;
+                    (body, usage, id)
+                }
+                None => {
+                    let usage = complete_reply(status, &body)
+                        .map_err(|error| retryable(error.status, error.message))?;
+                    (body, usage, None)
+                }
+            };
+            let mut response = Response::new(UpstreamBody::complete(body));
+            *response.status_mut() = status;
+            let content_type = reply_headers
+                .get(header::CONTENT_TYPE)
+                .cloned()
+                .unwrap_or(HeaderValue::from_static("application/json"));
+            response
+                .headers_mut()
+                .insert(header::CONTENT_TYPE, content_type);
+            response.extensions_mut().insert(usage);
+            response
+                .extensions_mut()
+                .insert(ServedBy(self.config.name.clone()));
+            if let Some(id) = id {
+                self.tell_id(&mut response, id);
+            }
+            return Ok(response);
+        }
+
+        let message = self.scrub(format!("answered {status}: {}", excerpt(&body)));
+        if is_retryable(status) {
+            return Err(AttemptError::Retryable {
+                status: Some(status.as_u16()),
+                message,
+                retry_after: (status == StatusCode::TOO_MANY_REQUESTS)
+                    .then(|| retry_after(&reply_headers))
+                    .flatten(),
+            });
+        }
+        Err(AttemptError::Rejected(UpstreamError {
+            status: Some(status.as_u16()),
+            message: format!("{}: {message}", self.config.name),
+            client_message: provider_message(&body).map(|text| self.scrub(text)),
+        }))
+    }
+}
+
+/// A transport failure, described without the URL (it may carry credentials in a query), with
+/// its causes (reqwest's own text alone, "error sending request", does not say what failed).
+pub(super) fn transport_error(error: reqwest::Error) -> String {
+    let what = if error.is_timeout() {
+        "timed out"
+    } else if error.is_connect() {
+        "connection failed"
+    } else if error.is_body() || error.is_decode() {
+        "reply body unreadable"
+    } else {
+        "request failed"
+    };
+    let error = error.without_url();
+    let mut text = format!("{what}: {error}");
+    let mut source = std::error::Error::source(&error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
