@@ -121,7 +121,7 @@ impl Holds {
     }
 
     /// What `key`'s held calls hold.
-    #[cfg(any(feature = "sqlite", test))]
+    #[cfg(feature = "sqlite")]
     pub(super) fn on_key(&self, key: KeyId) -> Credits {
         self.keys.get(&key).map_or(Credits::ZERO, |held| held.total)
     }
