@@ -106,6 +106,7 @@ mod macros;
 pub mod access_log;
 pub mod admin;
 pub mod auth;
+mod body_limit;
 pub mod call;
 pub mod catalogue;
 pub mod charge;

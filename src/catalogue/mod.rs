@@ -40,6 +40,7 @@
 
 mod live;
 
+pub use crate::protocol::{ResponsesRoute, UpstreamKind};
 pub use live::{LiveCatalogue, StartOnlySetting};
 
 use foldhash::{HashMap, HashMapExt};
@@ -84,46 +85,6 @@ pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 
 /// Default time an open circuit breaker skips its upstream.
 pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
-
-/// The wire format an upstream speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum UpstreamKind {
-    /// `POST {base_url}/chat/completions` (and `{base_url}/embeddings`) with `Authorization:
-    /// Bearer`.
-    Openai,
-    /// `POST {base_url}/v1/messages` with `x-api-key` and `anthropic-version`.
-    Anthropic,
-}
-
-impl UpstreamKind {
-    /// Whether an upstream of this kind serves `protocol`: `OpenAI`'s chat completions,
-    /// responses (natively or translated) and embeddings, or Anthropic's messages.
-    pub fn serves(self, protocol: Protocol) -> bool {
-        match self {
-            UpstreamKind::Openai => matches!(
-                protocol,
-                Protocol::ChatCompletions | Protocol::Embeddings | Protocol::Responses
-            ),
-            UpstreamKind::Anthropic => protocol == Protocol::Messages,
-        }
-    }
-}
-
-/// How an `OpenAI`-kind upstream serves `POST /v1/responses` (`responses` in its catalogue
-/// entry).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ResponsesRoute {
-    /// The request is translated to chat completions and the reply (or stream) back (see
-    /// [`protocol::responses`](crate::protocol::responses)): works with every
-    /// chat-completions provider. The default.
-    #[default]
-    Translate,
-    /// The provider serves the Responses API itself (`OpenAI`, Azure): the request goes to
-    /// `{base_url}/responses` and the reply comes back byte for byte.
-    Native,
-}
 
 /// One upstream provider endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -460,7 +421,7 @@ impl ModelEntry {
             prices = prices.with_cache_write_1h(rate("cache_write_1h", value)?);
         }
         // Embeddings have no output to reserve for.
-        if self.max_output_tokens.is_none() && self.protocol != Protocol::Embeddings {
+        if self.max_output_tokens.is_none() && self.protocol.dialect().has_output() {
             return Err(CatalogueError::NoOutputCeiling(self.name.clone()));
         }
         Ok(Pricing::base_and_tokens(per_call, prices))
@@ -616,7 +577,7 @@ impl Catalogue {
 
         let mut models = HashMap::new();
         for entry in file.models {
-            if entry.protocol == Protocol::Responses {
+            if entry.protocol.models_protocol() != entry.protocol {
                 return Err(CatalogueError::ResponsesModel(entry.name));
             }
             let pricing = entry.pricing()?;

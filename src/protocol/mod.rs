@@ -4,8 +4,17 @@
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) mod chat_completions;
+pub(crate) mod dialect;
+pub(crate) mod embeddings;
+pub(crate) mod messages;
+pub(crate) mod mock;
 pub mod responses;
 pub(crate) mod sse;
+mod upstream_kind;
+
+use dialect::Dialect;
+pub use upstream_kind::{ResponsesRoute, UpstreamKind};
 
 /// Which API style a call uses; decided by the request path. More may come: match with a `_`
 /// arm.
@@ -24,55 +33,53 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// Every protocol, in the order a path is matched against them.
+    pub(crate) const ALL: [Protocol; 4] = [
+        Protocol::ChatCompletions,
+        Protocol::Messages,
+        Protocol::Embeddings,
+        Protocol::Responses,
+    ];
+
+    /// What this protocol answers for itself; the one `match` that names each protocol's
+    /// folder.
+    pub(crate) fn dialect(self) -> &'static dyn Dialect {
+        match self {
+            Protocol::ChatCompletions => &chat_completions::ChatCompletions,
+            Protocol::Messages => &messages::Messages,
+            Protocol::Embeddings => &embeddings::Embeddings,
+            Protocol::Responses => &responses::Responses,
+        }
+    }
+
     /// The endpoint path clients call.
     pub fn path(self) -> &'static str {
-        match self {
-            Protocol::ChatCompletions => "/v1/chat/completions",
-            Protocol::Messages => "/v1/messages",
-            Protocol::Embeddings => "/v1/embeddings",
-            Protocol::Responses => "/v1/responses",
-        }
+        self.dialect().path()
     }
 
     /// The protocol served at `path`, if any.
     pub fn from_path(path: &str) -> Option<Protocol> {
-        match path {
-            "/v1/chat/completions" => Some(Protocol::ChatCompletions),
-            "/v1/messages" => Some(Protocol::Messages),
-            "/v1/embeddings" => Some(Protocol::Embeddings),
-            "/v1/responses" => Some(Protocol::Responses),
-            _ => None,
-        }
+        Self::ALL
+            .into_iter()
+            .find(|protocol| protocol.dialect().matches(path))
     }
 
     /// The name stored in the call log.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::ChatCompletions => "chat_completions",
-            Protocol::Messages => "messages",
-            Protocol::Embeddings => "embeddings",
-            Protocol::Responses => "responses",
-        }
+        self.dialect().stored_name()
     }
 
     /// The protocol of the catalogue models this endpoint serves: the chat-completions models
     /// also answer `/v1/responses`.
     pub fn models_protocol(self) -> Protocol {
-        match self {
-            Protocol::Responses => Protocol::ChatCompletions,
-            other => other,
-        }
+        self.dialect().models()
     }
 
     /// Parses the stored name.
     pub fn parse(name: &str) -> Option<Protocol> {
-        match name {
-            "chat_completions" => Some(Protocol::ChatCompletions),
-            "messages" => Some(Protocol::Messages),
-            "embeddings" => Some(Protocol::Embeddings),
-            "responses" => Some(Protocol::Responses),
-            _ => None,
-        }
+        Self::ALL
+            .into_iter()
+            .find(|protocol| protocol.as_str() == name)
     }
 }
 

@@ -8,10 +8,11 @@
 use std::borrow::Cow;
 
 use bytes::{Bytes, BytesMut};
-use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
+use super::dialect::Dialect;
 use super::{Protocol, TokenUsage};
 use crate::error::GatewayError;
 
@@ -167,34 +168,67 @@ pub(crate) enum EventKind {
     Other,
 }
 
-/// Reads a protocol's events in order and keeps what billing needs: the usage reported so far,
-/// and, for a call priced by tokens, the output it passed on, counted.
-#[derive(Debug, Clone)]
-pub(crate) struct StreamReader {
-    protocol: Protocol,
+/// What a stream has reported so far, kept by its dialect's
+/// [`read_event`](super::dialect::Dialect::read_event).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StreamState {
     usage: TokenUsage,
     /// The Responses API numbers its events; the next number, for an event the gateway adds.
     next_sequence: u64,
+    /// The last event read was a chat chunk that carries only usage (no choices).
+    usage_only: bool,
+}
+
+impl StreamState {
+    /// Keeps a usage report: a later report of a kind is the whole count so far.
+    pub(crate) fn merge(&mut self, usage: TokenUsage) {
+        self.usage = self.usage.merged(usage);
+    }
+
+    /// Notes an event numbered `sequence`, so that the gateway's own event comes after it.
+    pub(crate) fn numbered(&mut self, sequence: u64) {
+        self.next_sequence = self.next_sequence.max(sequence + 1);
+    }
+
+    /// Marks the event read as one that carries only usage.
+    pub(crate) fn usage_only(&mut self) {
+        self.usage_only = true;
+    }
+}
+
+/// Reads a protocol's events in order and keeps what billing needs: the usage reported so far,
+/// and, for a call priced by tokens, the output it passed on, counted.
+#[derive(Clone)]
+pub(crate) struct StreamReader {
+    dialect: &'static dyn Dialect,
+    state: StreamState,
     /// Output tokens in the content read so far, when counted (see [`counting_output`]).
     ///
     /// [`counting_output`]: Self::counting_output
     counted_output: Option<u64>,
     /// The stream's normal end was read.
     ended: bool,
-    /// The last event read was a chat chunk that carries only usage (no choices).
-    usage_only: bool,
+}
+
+impl std::fmt::Debug for StreamReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamReader")
+            .field("protocol", &self.dialect.protocol())
+            .field("state", &self.state)
+            .field("counted_output", &self.counted_output)
+            .field("ended", &self.ended)
+            .finish()
+    }
 }
 
 impl StreamReader {
     /// A reader for `protocol`'s events.
     pub(crate) fn new(protocol: Protocol) -> StreamReader {
         StreamReader {
-            protocol,
-            usage: TokenUsage::default(),
-            next_sequence: 0,
+            dialect: protocol.dialect(),
+            state: StreamState::default(),
             counted_output: None,
             ended: false,
-            usage_only: false,
         }
     }
 
@@ -208,18 +242,13 @@ impl StreamReader {
     pub(crate) fn read(&mut self, event: &[u8]) -> EventKind {
         let text = event_text(event);
         let event = Event::parse(&text);
-        self.usage_only = false;
-        let kind = match self.protocol {
-            Protocol::Messages => self.read_messages(&event),
-            Protocol::Responses => self.read_responses(&event),
-            // Embeddings never stream; were one to, it would be read as `OpenAI`'s.
-            Protocol::ChatCompletions | Protocol::Embeddings => self.read_chat(&event),
-        };
+        self.state.usage_only = false;
+        let kind = self.dialect.read_event(&event, &mut self.state);
         match kind {
             EventKind::End => self.ended = true,
             EventKind::Content => {
                 if let Some(counted) = &mut self.counted_output {
-                    let text = content_text(self.protocol, &event.data);
+                    let text = content_text(self.dialect, &event.data);
                     *counted += crate::pricing::counted_text_tokens(&text);
                 }
             }
@@ -231,7 +260,7 @@ impl StreamReader {
     /// Whether the last event read was a chat chunk carrying only usage, as a provider sends
     /// when asked for it (`stream_options.include_usage`).
     pub(crate) fn usage_only(&self) -> bool {
-        self.usage_only
+        self.state.usage_only
     }
 
     /// The usage the stream has reported so far. When output is counted: before the stream's
@@ -239,7 +268,7 @@ impl StreamReader {
     /// final count only at the end); at the end, the output counted if none was reported. A
     /// count of the gateway's own is marked [`TokenUsage::estimated`].
     pub(crate) fn usage(&self) -> TokenUsage {
-        let mut usage = self.usage;
+        let mut usage = self.state.usage;
         if let Some(counted) = self.counted_output {
             let counted = i64::try_from(counted).unwrap_or(i64::MAX);
             let use_count = match usage.output_tokens {
@@ -255,206 +284,35 @@ impl StreamReader {
     }
 
     /// The gateway's last event when the provider failed after the stream started: see
-    /// [`error_event`].
+    /// [`Dialect::error_event`]. A stream's events have no `{"detail"}` form, so this is the
+    /// same whichever [`ErrorBody`](crate::error::ErrorBody) the operator chose.
     pub(crate) fn error_event(&self, error: &GatewayError) -> Bytes {
-        error_event(self.protocol, error, self.next_sequence)
-    }
-
-    fn read_responses(&mut self, event: &Event<'_>) -> EventKind {
-        #[derive(Deserialize)]
-        struct Data<'a> {
-            #[serde(rename = "type")]
-            kind: Option<&'a str>,
-            sequence_number: Option<u64>,
-            delta: Option<&'a RawValue>,
-            item: Option<Item<'a>>,
-            response: Option<Response>,
-            message: Option<String>,
-            code: Option<String>,
-        }
-        #[derive(Deserialize)]
-        struct Item<'a> {
-            #[serde(rename = "type")]
-            kind: Option<&'a str>,
-        }
-        #[derive(Deserialize)]
-        struct Response {
-            usage: Option<TokenUsage>,
-            error: Option<ErrorObject>,
-        }
-        let data: Option<Data<'_>> = serde_json::from_str(&event.data).ok();
-        let Some(data) = data else {
-            return EventKind::Other;
-        };
-        let Some(name) = event.name.or(data.kind) else {
-            return EventKind::Other;
-        };
-        // A failure event is not passed on: the gateway's own error event takes its number.
-        if let Some(sequence) = data.sequence_number
-            && !matches!(name, "error" | "response.failed")
-        {
-            self.next_sequence = self.next_sequence.max(sequence + 1);
-        }
-        match name {
-            "response.completed" | "response.incomplete" => {
-                if let Some(usage) = data.response.and_then(|response| response.usage) {
-                    self.merge(usage);
-                }
-                EventKind::End
-            }
-            "response.failed" => EventKind::Error(
-                data.response
-                    .and_then(|response| response.error)
-                    .map_or_else(|| "the response failed".to_owned(), ErrorObject::describe),
-            ),
-            "error" => EventKind::Error(match (data.code, data.message) {
-                (Some(code), Some(message)) => format!("{code}: {message}"),
-                (code, message) => message.or(code).unwrap_or_else(|| event.data.to_string()),
-            }),
-            // A function call opens with its name, as a chat tool call does.
-            "response.output_item.added" => match data.item.and_then(|item| item.kind) {
-                Some("function_call" | "custom_tool_call") => EventKind::Content,
-                _ => EventKind::Other,
-            },
-            name if name.ends_with(".delta") => match data.delta.map(RawValue::get) {
-                None | Some("\"\"" | "null") => EventKind::Other,
-                Some(_) => EventKind::Content,
-            },
-            _ => EventKind::Other,
-        }
-    }
-
-    fn read_messages(&mut self, event: &Event<'_>) -> EventKind {
-        #[derive(Deserialize)]
-        struct Data<'a> {
-            #[serde(rename = "type")]
-            kind: Option<&'a str>,
-            message: Option<Message>,
-            usage: Option<TokenUsage>,
-            error: Option<ErrorObject>,
-            content_block: Option<DeltaHasContent>,
-            delta: Option<DeltaHasContent>,
-        }
-        #[derive(Deserialize)]
-        struct Message {
-            usage: Option<TokenUsage>,
-        }
-        let data: Option<Data<'_>> = serde_json::from_str(&event.data).ok();
-        let name = event.name.or(data.as_ref().and_then(|data| data.kind));
-        let Some(name) = name else {
-            return EventKind::Other;
-        };
-        match name {
-            "message_start" => {
-                if let Some(usage) = data.and_then(|data| data.message?.usage) {
-                    self.merge(usage);
-                }
-                EventKind::Other
-            }
-            "message_delta" => {
-                if let Some(usage) = data.and_then(|data| data.usage) {
-                    self.merge(usage);
-                }
-                EventKind::Other
-            }
-            // A block that opens empty (`"text": ""`) is not content yet; a tool call's opens
-            // with its name.
-            "content_block_start" | "content_block_delta" => {
-                let block = data.and_then(|data| data.content_block.or(data.delta));
-                if block.is_none_or(|block| block.0) {
-                    EventKind::Content
-                } else {
-                    EventKind::Other
-                }
-            }
-            "message_stop" => EventKind::End,
-            "error" => EventKind::Error(
-                data.and_then(|data| data.error)
-                    .map_or_else(|| event.data.to_string(), ErrorObject::describe),
-            ),
-            _ => EventKind::Other,
-        }
-    }
-
-    fn read_chat(&mut self, event: &Event<'_>) -> EventKind {
-        #[derive(Deserialize)]
-        struct Chunk {
-            #[serde(default)]
-            choices: ChoicesHaveContent,
-            usage: Option<TokenUsage>,
-            error: Option<ErrorObject>,
-        }
-        let data = event.data.trim();
-        if data == "[DONE]" {
-            return EventKind::End;
-        }
-        if data.is_empty() {
-            return EventKind::Other;
-        }
-        let Ok(chunk) = serde_json::from_str::<Chunk>(data) else {
-            return EventKind::Other;
-        };
-        if let Some(error) = chunk.error {
-            return EventKind::Error(error.describe());
-        }
-        if let Some(usage) = chunk.usage {
-            self.merge(usage);
-            self.usage_only = chunk.choices.1;
-        }
-        if chunk.choices.0 {
-            EventKind::Content
-        } else {
-            EventKind::Other
-        }
-    }
-
-    fn merge(&mut self, usage: TokenUsage) {
-        self.usage = self.usage.merged(usage);
+        self.dialect.error_event(error, self.state.next_sequence)
     }
 }
 
-/// Whether a chat chunk's `choices` carry content: a `delta` field other than `role` whose
-/// value is not empty (the first chunk usually carries only `role` and an empty `content`).
-/// Read as the chunk is parsed, without building the choices. The second field: there are no
-/// choices (a chunk carrying only usage).
-#[derive(Debug)]
-struct ChoicesHaveContent(bool, bool);
-
-impl Default for ChoicesHaveContent {
-    /// No `choices` at all: no content, no choices.
-    fn default() -> Self {
-        ChoicesHaveContent(false, true)
-    }
+/// A provider's error object in a stream (`{"type": ..., "message": ...}`).
+#[derive(Deserialize)]
+pub(crate) struct ErrorObject {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    message: Option<String>,
 }
 
-impl<'de> Deserialize<'de> for ChoicesHaveContent {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        struct Choice {
-            delta: Option<DeltaHasContent>,
+impl ErrorObject {
+    /// `type: message`, or whichever of them was given.
+    pub(crate) fn describe(self) -> String {
+        match (self.kind, self.message) {
+            (Some(kind), Some(message)) => format!("{kind}: {message}"),
+            (kind, message) => message.or(kind).unwrap_or_default(),
         }
-        struct Choices;
-        impl<'de> Visitor<'de> for Choices {
-            type Value = ChoicesHaveContent;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a list of choices")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut choices: A) -> Result<Self::Value, A::Error> {
-                let (mut content, mut none) = (false, true);
-                while let Some(choice) = choices.next_element::<Choice>()? {
-                    content |= choice.delta.is_some_and(|delta| delta.0);
-                    none = false;
-                }
-                Ok(ChoicesHaveContent(content, none))
-            }
-        }
-        deserializer.deserialize_seq(Choices)
     }
 }
 
 /// Whether a chat choice's `delta`, or a messages block or block delta, carries content: a field
-/// other than `role` and `type` whose value is not empty (see [`ChoicesHaveContent`]).
-struct DeltaHasContent(bool);
+/// other than `role` and `type` whose value is not empty. Read as the event is parsed, without
+/// building the object.
+pub(crate) struct DeltaHasContent(pub(crate) bool);
 
 impl<'de> Deserialize<'de> for DeltaHasContent {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -478,103 +336,29 @@ impl<'de> Deserialize<'de> for DeltaHasContent {
     }
 }
 
-#[derive(Deserialize)]
-struct ErrorObject {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    message: Option<String>,
-}
-
-impl ErrorObject {
-    fn describe(self) -> String {
-        match (self.kind, self.message) {
-            (Some(kind), Some(message)) => format!("{kind}: {message}"),
-            (kind, message) => message.or(kind).unwrap_or_default(),
-        }
-    }
-}
-
-/// The last event the gateway sends when the provider failed after the stream started, in the
-/// protocol's own error shape (with its type for `error`), with the contract's text. A stream's
-/// events have no `{"detail"}` form, so this is the same whichever
-/// [`ErrorBody`](crate::error::ErrorBody) the operator chose.
-///
-/// A Responses stream gets the API's `error` event, numbered `next_sequence`.
-pub(crate) fn error_event(protocol: Protocol, error: &GatewayError, next_sequence: u64) -> Bytes {
-    let detail = error.detail();
-    let event = match protocol {
-        Protocol::Responses => format!(
-            "event: error\ndata: {}\n\n",
-            serde_json::json!({
-                "type": "error",
-                "code": error.openai_type(),
-                "message": detail,
-                "param": null,
-                "sequence_number": next_sequence,
-            })
-        ),
-        Protocol::Messages => format!(
-            "event: error\ndata: {}\n\n",
-            serde_json::json!({
-                "type": "error",
-                "error": { "type": error.anthropic_type(), "message": detail },
-            })
-        ),
-        Protocol::ChatCompletions | Protocol::Embeddings => format!(
-            "data: {}\n\n",
-            serde_json::json!({
-                "error": {
-                    "message": detail,
-                    "type": error.openai_type(),
-                    "code": null,
-                },
-            })
-        ),
-    };
-    Bytes::from(event)
-}
-
 /// The text a content event carries: what a client reads as output (text, reasoning, a
 /// refusal, a tool call's name and arguments or a custom tool's input), joined, for counting
 /// its tokens.
-fn content_text(protocol: Protocol, data: &str) -> String {
+fn content_text(dialect: &dyn Dialect, data: &str) -> String {
     let Ok(event) = serde_json::from_str::<serde_json::Value>(data) else {
         return String::new();
     };
     let mut text = String::new();
-    let mut take = |value: &serde_json::Value| {
-        if let Some(piece) = value.as_str() {
-            text.push_str(piece);
-        }
-    };
-    match protocol {
-        Protocol::Messages => {
-            for block in [&event["delta"], &event["content_block"]] {
-                for field in ["text", "partial_json", "thinking", "name"] {
-                    take(&block[field]);
-                }
-            }
-        }
-        Protocol::Responses => {
-            take(&event["delta"]);
-            take(&event["item"]["name"]);
-        }
-        Protocol::ChatCompletions | Protocol::Embeddings => {
-            for choice in event["choices"].as_array().into_iter().flatten() {
-                let delta = &choice["delta"];
-                for field in ["content", "reasoning_content", "reasoning", "refusal"] {
-                    take(&delta[field]);
-                }
-                for call in delta["tool_calls"].as_array().into_iter().flatten() {
-                    take(&call["function"]["name"]);
-                    take(&call["function"]["arguments"]);
-                    take(&call["custom"]["name"]);
-                    take(&call["custom"]["input"]);
-                }
-            }
-        }
-    }
+    dialect.content_text(&event, &mut text);
     text
+}
+
+/// Appends the string `value` holds, if it is one, to `text`.
+pub(crate) fn take_text(text: &mut String, value: &serde_json::Value) {
+    if let Some(piece) = value.as_str() {
+        text.push_str(piece);
+    }
+}
+
+/// The gateway's last event for `protocol`: see [`Dialect::error_event`].
+#[cfg(test)]
+pub(crate) fn error_event(protocol: Protocol, error: &GatewayError, next_sequence: u64) -> Bytes {
+    protocol.dialect().error_event(error, next_sequence)
 }
 
 #[cfg(test)]

@@ -222,90 +222,6 @@ fn a_body_that_is_not_utf8_is_invalid_json() {
     }
 }
 
-/// A Responses call's fields read from its translation's reading are the fields the envelope
-/// reads, each as written (`input` given alike), and a body that reading does not take is
-/// read as before.
-#[test]
-fn a_responses_envelope_read_with_its_translation_is_the_plain_envelope() {
-    let fields = |envelope: &Envelope<'_>| {
-        [
-            envelope.model,
-            envelope.messages,
-            envelope.max_tokens,
-            envelope.max_completion_tokens,
-            envelope.max_output_tokens,
-            envelope.stream,
-            envelope.stream_options,
-            envelope.previous_response_id,
-        ]
-        .map(|raw| raw.map(|raw| raw.get().to_owned()))
-    };
-    // (body, whether the translation's reading takes it)
-    let cases = [
-        (r#"{"model":"gpt-4o-mini","input":"Hi"}"#, true),
-        (
-            r#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hi"}],"stream":true,"stream_options":{"include_obfuscation":false},"max_output_tokens":50}"#,
-            true,
-        ),
-        (
-            r#" {"model":"gpt-\u006fmini","input":"Hi","stream":null}"#,
-            true,
-        ),
-        (r#"{"model":5,"input":"Hi"}"#, true),
-        // An `input` that is not a string or a list of items is not the translation's.
-        (r#"{"model":"m","input":5,"stream":"yes"}"#, false),
-        (r#"{"model":"m","input":null}"#, true),
-        (
-            r#"{"model":"m","input":[{"role":"user","content":5}]}"#,
-            false,
-        ),
-        (
-            r#"{"model":"m","input":"Hi","previous_response_id":"resp_1"}"#,
-            true,
-        ),
-        (
-            r#"{"model":"m","input":"Hi","previous_response_id":null}"#,
-            true,
-        ),
-        (r#"{"input":"Hi","max_output_tokens":-1}"#, true),
-        (
-            r#"{"model":"m","input":"Hi","tools":[{"type":"web_search"}]}"#,
-            true,
-        ),
-        (r#"{"model":"m","input":"Hi","unknown":1}"#, false),
-        (r#"{"model":"m","messages":[],"input":"Hi"}"#, false),
-        (
-            r#"{"model":"m","input":"Hi","temperature":1,"temperature":2}"#,
-            false,
-        ),
-        (r#"{"model":"m","input":"Hi","instructions":5}"#, false),
-    ];
-    for (body, read) in cases {
-        let plain = envelope(body.as_bytes()).unwrap();
-        let responses = responses_envelope(body.as_bytes()).unwrap();
-        assert_eq!(fields(&responses), fields(&plain), "{body}");
-        // `input` is read into items by the translation's reading: given alike.
-        assert_eq!(
-            responses_input_given(&responses),
-            responses_input_given(&plain),
-            "{body}"
-        );
-        assert_eq!(responses.responses.is_some(), read, "{body}");
-    }
-    for refused in [
-        "not json",
-        "[]",
-        r#"{"model":"m","model":"n","input":"Hi"}"#,
-        "{",
-    ] {
-        assert_eq!(
-            responses_envelope(refused.as_bytes()).err(),
-            envelope(refused.as_bytes()).err(),
-            "{refused}"
-        );
-    }
-}
-
 /// The router reads a Responses request's `store` as the upstream would read it from the body
 /// (whether a native upstream's response is recorded), so the upstream need not read the body
 /// again; a request the router's reading does not take is left to the upstream's.
@@ -329,7 +245,7 @@ fn a_responses_requests_store_is_read_as_the_upstream_reads_it() {
     let mut kept = 0;
     for body in read_by_the_router {
         let routed = route(&catalogue, Protocol::Responses, body.as_bytes(), false).unwrap();
-        let expected = responses::kept_by_provider(body.as_bytes());
+        let expected = crate::protocol::responses::kept_by_provider(body.as_bytes());
         // A body that reads the other way: the answer must be the router's.
         let decoy: &[u8] = if expected {
             br#"{"store":false}"#

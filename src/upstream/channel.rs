@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 
 use super::breaker::CircuitBreaker;
 use super::failover::AttemptError;
 use super::translated::ChatAsResponses;
 use crate::call::{RoutedCall, ServedBy};
-use crate::catalogue::{ModelChannel, ResponsesRoute, UpstreamConfig, UpstreamKind};
+use crate::catalogue::{ModelChannel, UpstreamConfig};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
 use crate::protocol::responses::{self, Ids, StreamTranslator, Translated};
@@ -30,28 +30,6 @@ pub(super) struct ProviderResponseId {
     pub(super) id: String,
     pub(super) upstream: String,
 }
-
-/// `anthropic-version` sent when the client sent none.
-pub(super) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
-
-/// Client headers passed on to the provider, per wire format. Everything else (and in
-/// particular the client's own gateway key) stays at the gateway.
-const OPENAI_PASSED_HEADERS: &[&str] = &[
-    "openai-organization",
-    "openai-project",
-    "openai-beta",
-    "idempotency-key",
-    "traceparent",
-    "tracestate",
-    "x-request-id",
-];
-const ANTHROPIC_PASSED_HEADERS: &[&str] = &[
-    "anthropic-beta",
-    "idempotency-key",
-    "traceparent",
-    "tracestate",
-    "x-request-id",
-];
 
 pub(super) struct Channel {
     pub(super) config: Arc<UpstreamConfig>,
@@ -72,43 +50,37 @@ pub(super) struct Channel {
 /// The URL a call of each protocol goes to on one upstream, parsed when the channel is made:
 /// given text, reqwest would parse it again (and check its host name) on every call.
 #[derive(Debug, Clone)]
-pub(super) struct Endpoints([Option<reqwest::Url>; 4]);
+pub(super) struct Endpoints(Vec<(Protocol, reqwest::Url)>);
 
 impl Endpoints {
-    const PROTOCOLS: [Protocol; 4] = [
-        Protocol::ChatCompletions,
-        Protocol::Messages,
-        Protocol::Embeddings,
-        Protocol::Responses,
-    ];
-
     pub(super) fn of(config: &UpstreamConfig) -> Endpoints {
-        Endpoints(Self::PROTOCOLS.map(|protocol| reqwest::Url::parse(&url(config, protocol)).ok()))
+        let parsed = Protocol::ALL.into_iter().filter_map(|protocol| {
+            let url = reqwest::Url::parse(&url(config, protocol)?).ok()?;
+            Some((protocol, url))
+        });
+        Endpoints(parsed.collect())
     }
 
     fn get(&self, protocol: Protocol) -> Option<&reqwest::Url> {
-        let at = Self::PROTOCOLS.iter().position(|each| *each == protocol)?;
-        self.0[at].as_ref()
+        let at = self.0.iter().position(|(each, _)| *each == protocol)?;
+        Some(&self.0[at].1)
     }
 }
 
-/// Where a call of `protocol` goes on the upstream `config` (the catalogue checked that it
-/// serves it).
-fn url(config: &UpstreamConfig, protocol: Protocol) -> String {
-    match (config.kind, protocol) {
-        (UpstreamKind::Openai, Protocol::Embeddings) => format!("{}/embeddings", config.base_url),
-        (UpstreamKind::Openai, Protocol::Responses) if !translates(config, protocol) => {
-            format!("{}/responses", config.base_url)
-        }
-        (UpstreamKind::Openai, _) => format!("{}/chat/completions", config.base_url),
-        (UpstreamKind::Anthropic, _) => format!("{}/v1/messages", config.base_url),
-    }
+/// Where a call of `protocol` goes on the upstream `config`, as its dialect says; `None` where
+/// the upstream does not serve it (the catalogue checked that it does).
+fn url(config: &UpstreamConfig, protocol: Protocol) -> Option<String> {
+    let route = protocol.dialect().upstream(config.kind, config.responses)?;
+    Some(format!("{}{}", config.base_url, route.path))
 }
 
 /// Whether a call of `protocol` is translated on its way to the upstream `config` and back: a
 /// Responses call to an upstream that speaks only chat completions.
 fn translates(config: &UpstreamConfig, protocol: Protocol) -> bool {
-    protocol == Protocol::Responses && config.responses == ResponsesRoute::Translate
+    protocol
+        .dialect()
+        .upstream(config.kind, config.responses)
+        .is_some_and(|route| route.translated)
 }
 
 /// How much of a provider's answer the gateway reads at most, so that a provider sending a
@@ -162,7 +134,9 @@ impl Channel {
         match self.endpoints.get(protocol) {
             Some(parsed) => self.client.post(parsed.clone()),
             // A URL that does not parse: reqwest says why when the call is sent.
-            None => self.client.post(url(&self.config, protocol)),
+            None => self
+                .client
+                .post(url(&self.config, protocol).unwrap_or_else(|| self.config.base_url.clone())),
         }
     }
 
@@ -207,33 +181,10 @@ impl Channel {
         Ok((Bytes::from(chat), Some(translation)))
     }
 
+    /// The headers of a call: those the upstream's kind takes (see
+    /// [`UpstreamDialect::headers`]).
     pub(super) fn headers(&self, client_headers: &HeaderMap, api_key: HeaderValue) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        let passed = match self.config.kind {
-            UpstreamKind::Openai => {
-                headers.insert(header::AUTHORIZATION, api_key);
-                OPENAI_PASSED_HEADERS
-            }
-            UpstreamKind::Anthropic => {
-                headers.insert(HeaderName::from_static("x-api-key"), api_key);
-                let version = client_headers
-                    .get("anthropic-version")
-                    .cloned()
-                    .unwrap_or(HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION));
-                headers.insert(HeaderName::from_static("anthropic-version"), version);
-                ANTHROPIC_PASSED_HEADERS
-            }
-        };
-        for name in passed {
-            for value in client_headers.get_all(*name) {
-                headers.append(HeaderName::from_static(name), value.clone());
-            }
-        }
-        headers
+        self.config.kind.speaks().headers(client_headers, api_key)
     }
 
     /// A 2xx answer to a streamed call: an event stream is handed on once its first event has

@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::breaker::CircuitBreaker;
 use super::channel::{Channel, Endpoints, ReadLimits};
-use crate::catalogue::{Catalogue, ModelChannel, UpstreamConfig, UpstreamKind};
+use crate::catalogue::{Catalogue, ModelChannel, UpstreamConfig};
 
 /// Where provider keys are read: the name of a variable to its value.
 pub(super) type KeySource = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
@@ -68,10 +68,7 @@ pub(super) fn build_channels(
             continue;
         }
         let api_key = secret.as_deref().and_then(|key| {
-            let value = match config.kind {
-                UpstreamKind::Openai => format!("Bearer {key}"),
-                UpstreamKind::Anthropic => key.to_owned(),
-            };
+            let value = config.kind.speaks().api_key_value(key);
             let mut value = HeaderValue::try_from(value).ok()?;
             value.set_sensitive(true);
             Some(value)

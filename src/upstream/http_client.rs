@@ -28,7 +28,6 @@ use super::failover::{self, Failover, attempt_order};
 use crate::call::{AccountId, Caller, RoutedCall};
 use crate::catalogue::{Catalogue, ModelChannel};
 use crate::error::UpstreamError;
-use crate::protocol::Protocol;
 use crate::reply::UpstreamBody;
 use crate::store::{EventOutbox, ResponseOwner, ResponseOwners};
 /// Calls the providers named in the catalogue.
@@ -144,7 +143,7 @@ fn owner_record<'a>(
     request: &Request<Bytes>,
 ) -> Option<(&'a dyn ResponseOwners, AccountId)> {
     let owners = owners?;
-    if routed.protocol != Protocol::Responses {
+    if !routed.protocol.dialect().provider_keeps_replies() {
         return None;
     }
     let caller = request.extensions().get::<Caller>()?;

@@ -58,11 +58,13 @@
 //! assert_eq!(refused.unwrap_err().field, "tools[0].type");
 //! ```
 
+mod dialect;
 mod reply;
 mod request;
 mod stream;
 mod write;
 
+pub(crate) use dialect::Responses;
 pub(crate) use reply::{ChatReply, Echoed, Usage, write_response};
 pub use reply::{response_from_chat, response_json_from_chat, response_json_from_chat_bytes};
 pub(crate) use request::{ReadRequest, read_request};

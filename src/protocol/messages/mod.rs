@@ -1,0 +1,108 @@
+//! Anthropic's messages: `POST /v1/messages`, at an Anthropic-kind upstream's
+//! `{base_url}/v1/messages` with `x-api-key` and `anthropic-version`.
+
+mod mock;
+mod stream;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use super::chat_completions::{json_headers, pass_headers};
+use super::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamDialect, UpstreamRoute};
+use super::sse::{Event, EventKind, StreamState};
+use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
+use crate::error::GatewayError;
+
+/// Messages' dialect.
+pub(crate) struct Messages;
+
+/// `anthropic-version` sent when the client sent none.
+pub(crate) const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// Client headers an Anthropic-kind provider is passed (besides `anthropic-version`).
+const PASSED_HEADERS: &[&str] = &[
+    "anthropic-beta",
+    "idempotency-key",
+    "traceparent",
+    "tracestate",
+    "x-request-id",
+];
+
+impl Dialect for Messages {
+    fn protocol(&self) -> Protocol {
+        Protocol::Messages
+    }
+
+    fn stored_name(&self) -> &'static str {
+        "messages"
+    }
+
+    fn path(&self) -> &'static str {
+        "/v1/messages"
+    }
+
+    /// `model`, then `messages` a list, then `max_tokens` a whole number above zero, then
+    /// `stream`.
+    fn envelope<'a>(&self, body: &'a [u8], streaming: bool) -> Result<Envelope<'a>, GatewayError> {
+        let fields = Fields::read(body)?;
+        let model = fields.model()?;
+        if !fields.has_messages() {
+            return Err(GatewayError::InvalidMessagesField);
+        }
+        let max_tokens = fields.max_tokens.ok_or(GatewayError::InvalidMaxTokens)?;
+        match serde_json::from_str::<u64>(max_tokens.get()) {
+            Ok(tokens) if tokens > 0 => {}
+            _ => return Err(GatewayError::InvalidMaxTokens),
+        }
+        fields.into_envelope(model, streaming)
+    }
+
+    fn served_by(&self, kind: UpstreamKind) -> bool {
+        kind == UpstreamKind::Anthropic
+    }
+
+    fn upstream(&self, kind: UpstreamKind, _: ResponsesRoute) -> Option<UpstreamRoute> {
+        (kind == UpstreamKind::Anthropic).then_some(UpstreamRoute {
+            path: "/v1/messages",
+            translated: false,
+        })
+    }
+
+    fn read_event(&self, event: &Event<'_>, state: &mut StreamState) -> EventKind {
+        stream::read_event(event, state)
+    }
+
+    fn content_text(&self, event: &serde_json::Value, text: &mut String) {
+        stream::content_text(event, text);
+    }
+
+    fn error_event(&self, error: &GatewayError, _: u64) -> Bytes {
+        stream::error_event(error)
+    }
+
+    fn mock_reply(&self, call: &MockCall<'_>) -> (Bytes, Option<TokenUsage>) {
+        mock::reply(call)
+    }
+
+    fn mock_events(&self, call: &MockCall<'_>) -> Vec<Bytes> {
+        mock::events(call)
+    }
+}
+
+impl UpstreamDialect for Messages {
+    fn api_key_value(&self, key: &str) -> String {
+        key.to_owned()
+    }
+
+    fn headers(&self, client_headers: &HeaderMap, api_key: HeaderValue) -> HeaderMap {
+        let mut headers = json_headers();
+        headers.insert(HeaderName::from_static("x-api-key"), api_key);
+        let version = client_headers
+            .get("anthropic-version")
+            .cloned()
+            .unwrap_or(HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION));
+        headers.insert(HeaderName::from_static("anthropic-version"), version);
+        pass_headers(&mut headers, client_headers, PASSED_HEADERS);
+        headers
+    }
+}

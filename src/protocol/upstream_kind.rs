@@ -1,0 +1,48 @@
+//! The wire format an upstream speaks, named in its catalogue entry, and the dialect that is.
+
+use serde::Deserialize;
+
+use super::Protocol;
+use super::dialect::UpstreamDialect;
+
+/// The wire format an upstream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamKind {
+    /// `POST {base_url}/chat/completions` (and `{base_url}/embeddings`) with `Authorization:
+    /// Bearer`.
+    Openai,
+    /// `POST {base_url}/v1/messages` with `x-api-key` and `anthropic-version`.
+    Anthropic,
+}
+
+impl UpstreamKind {
+    /// Whether an upstream of this kind serves `protocol`: `OpenAI`'s chat completions,
+    /// responses (natively or translated) and embeddings, or Anthropic's messages.
+    pub fn serves(self, protocol: Protocol) -> bool {
+        protocol.dialect().served_by(self)
+    }
+
+    /// The dialect whose headers an upstream of this kind takes.
+    pub(crate) fn speaks(self) -> &'static dyn UpstreamDialect {
+        match self {
+            UpstreamKind::Openai => &super::chat_completions::ChatCompletions,
+            UpstreamKind::Anthropic => &super::messages::Messages,
+        }
+    }
+}
+
+/// How an `OpenAI`-kind upstream serves `POST /v1/responses` (`responses` in its catalogue
+/// entry).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponsesRoute {
+    /// The request is translated to chat completions and the reply (or stream) back (see
+    /// [`protocol::responses`](crate::protocol::responses)): works with every
+    /// chat-completions provider. The default.
+    #[default]
+    Translate,
+    /// The provider serves the Responses API itself (`OpenAI`, Azure): the request goes to
+    /// `{base_url}/responses` and the reply comes back byte for byte.
+    Native,
+}
