@@ -48,10 +48,18 @@
 //!
 //! Dependencies run one way, from the bottom up; a module uses only what is below it:
 //!
-//! 1. Plain types: `credits`, `keys`, `protocol` (the two wire formats: usage, provider error
-//!    messages, and `protocol::sse` for their event streams), `call` (the extensions and ids),
-//!    `error` ([`GatewayError`], [`UpstreamError`](crate::error::UpstreamError)), `classify` (what a provider's answer
-//!    means: billable, retry elsewhere, refused; `Retry-After`), `catalogue`.
+//! 1. Plain types: `credits`, `keys`, `protocol`, `call` (the extensions and ids), `error`
+//!    ([`GatewayError`], [`UpstreamError`](crate::error::UpstreamError)), `classify` (what a
+//!    provider's answer means: billable, retry elsewhere, refused; `Retry-After`),
+//!    `catalogue`. In `protocol`, **one folder per wire protocol**: `chat_completions/`,
+//!    `messages/`, `responses/` (with its translation to chat completions), `embeddings/`;
+//!    each implements the crate's `Dialect` trait (`protocol/dialect.rs`): its route, the
+//!    envelope of its requests (model, stream flag, output limit, what the gateway asks of
+//!    the provider), which upstream kinds serve it and where, the headers an upstream of its
+//!    kind takes, how its stream events read for billing (usage, content, end, error), its
+//!    error event, and the mock's reply. [`Protocol`] is the enum the call log stores; its one
+//!    `match` names each dialect. `protocol::sse` keeps only the event framing, and
+//!    `protocol/mod.rs` the usage every protocol reports ([`TokenUsage`](crate::protocol::TokenUsage)).
 //! 2. Storage: the traits in `store`; `store::rules`, the pure core that every backend and
 //!    charging mode calls (the reservation rule, what a hold takes and gives back, what a call
 //!    may hold of an escrow pot, keyed calls), with no database, runtime or clock inside; and
@@ -65,15 +73,46 @@
 //!    `sqlite` feature) and `escrow/` (`PostgreSQL` only, behind `postgres`); then `store` (the
 //!    [`SeaOrmStore`] façade, which delegates to its mode) and the trait implementations beside
 //!    it (`ledger`, `accounts`, `reads`, `audit`, `upkeep`).
-//! 3. Upstreams: `upstream` ([`MockUpstream`](crate::upstream::MockUpstream), [`HttpUpstream`](crate::upstream::HttpUpstream) with its breaker).
-//! 4. The layers, each in its own module: `auth`, [`rate_limit`], `router`, `charge`, and
+//! 3. Upstreams: `upstream`: [`MockUpstream`](crate::upstream::MockUpstream) (each dialect
+//!    writes its reply) and [`HttpUpstream`](crate::upstream::HttpUpstream), which is a
+//!    channel (`channel.rs`: one provider endpoint, one attempt), a failover
+//!    (`failover.rs`: order, breaker, `Retry-After`, the deadline; tested with fake channels
+//!    and no HTTP client), the channels of each catalogue (`channels.rs`) and the requests
+//!    beside the calls (`beside.rs`: stored responses, `count_tokens`).
+//! 4. The body budget (`body_limit`: size, pauses, deadline and the memory every request
+//!    shares), read by the router and the requests beside the calls.
+//! 5. The layers, each in its own module: `auth`, [`rate_limit`], `router`, `charge`, and
 //!    `refund` (a folder: layer, service, the guard that writes a call's outcome once, the
 //!    streaming body).
-//! 5. The layers every answer passes on its way out: [`request_id`], [`access_log`],
+//! 6. The layers every answer passes on its way out: [`request_id`], [`access_log`],
 //!    [`error_body`]. The stack ([`stack`]) and [`recovery`] (instance leases, the age rule, and [`Upkeep`](crate::recovery::Upkeep),
 //!    which runs them for a serving gateway); [`admin`] (the operator's operations, and their HTTP
 //!    API), [`key_holder`] (the key holders' endpoints), [`Gateway`] (all of it as one axum
 //!    router), [`server`] (the front door) and [`telemetry`] (metrics).
+//!
+//! ## Adding a wire protocol
+//!
+//! A contributor's checklist, for a protocol such as Google's Gemini API:
+//!
+//! 1. A folder `src/protocol/<name>/` whose `mod.rs` implements `Dialect` for a unit struct:
+//!    `path` and `matches` (a protocol that puts the model or the verb in the path matches
+//!    more than one path), `envelope` (check the fields the gateway reads, in the contract's
+//!    order), `metering` where the default's output limit is not enough, `served_by` and
+//!    `upstream` (which upstream kinds serve it, at which path, translated or not),
+//!    `read_event`, `content_text` and `error_event` (its event stream), and `mock_reply` and
+//!    `mock_events`. Keep its stream reading in `stream.rs` and its mock in `mock.rs`, as the
+//!    others do; a translation to another protocol lives with the pair it joins.
+//! 2. One arm in [`Protocol`] (its stored name is what the call log keeps: never rename
+//!    one) and one in `Protocol::dialect`; add it to `Protocol::ALL`.
+//! 3. Where providers speak it natively, an [`UpstreamKind`](crate::catalogue::UpstreamKind)
+//!    arm, the dialect it `speaks` (its headers and key: `UpstreamDialect`), and the
+//!    `served_by` and `upstream` answers of the dialects it serves.
+//! 4. Tests: the dialect's own (envelope refusals, stream reading, the mock's usage read back),
+//!    an integration test through the whole stack on the mock and on a fake provider, and
+//!    the official SDK's test where there is one.
+//!
+//! Nothing else changes: the router, the charge, the refund, the channel and the mock ask the
+//! dialect, and `grep -rn "Protocol::" src | grep -v "^src/protocol/"` stays short.
 //!
 //! The layers' modules are public by topic ([`auth`], [`router`], [`charge`], [`refund`],
 //! [`request_id`], [`upstream`]), each with its service's named `ResponseFuture`; the headline

@@ -1,0 +1,129 @@
+use super::*;
+use crate::protocol::responses::write::keys_of_every_object;
+use serde_json::json;
+
+/// One reading of a chat reply gives the response the `Value` path gives and the usage the
+/// billing layer's own reading gives, whatever the reply holds.
+#[test]
+fn a_reply_read_once_gives_the_value_paths_response_and_the_billing_layers_usage() {
+    let request = Translated::new(json!({ "model": "m", "input": "Hi" })).unwrap();
+    let replies = [
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":4},"completion_tokens_details":{"reasoning_tokens":1}}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":null}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}]}"#,
+        r#"{"created":1,"choices":[{"message":{"content":["odd"]}}],"usage":{"prompt_tokens":3}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":"3"}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":[1,2]}"#,
+        r#"  {"created":1,"usage":{"completion_tokens":5}}"#,
+        // `usage` objects of other shapes: read twice (the billing layer's reading knows
+        // other providers' keys), or once with `OpenAI`'s keys alone.
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":null,"completion_tokens_details":{"reasoning_tokens":null,"accepted_prediction_tokens":0}}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0}}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":7}}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":-3,"completion_tokens":2,"total_tokens":0}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_cache_hit_tokens":4,"prompt_cache_miss_tokens":5}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"input_tokens":9,"output_tokens":2}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"input_tokens":8,"completion_tokens":2}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"cache_read_input_tokens":3,"cache_creation_input_tokens":1}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"completion_tokens":2,"reasoning_tokens":1}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"prompt_tokens":8}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"prompt_tokens_details":{"reasoning_tokens":"x"}}}"#,
+        r#"{"created":1,"choices":[{"message":{"content":"Hi"}}],"usage":{"prompt_tokens":9,"cache_creation":{"ephemeral_5m_input_tokens":"x"}}}"#,
+    ];
+    for reply in replies {
+        let (response, usage) =
+            response_json_from_chat_bytes(&request, reply.as_bytes(), &mut Ids::counting())
+                .unwrap();
+        assert_eq!(
+            usage,
+            crate::protocol::reply_usage(reply.as_bytes()),
+            "{reply}"
+        );
+        let value: Value = serde_json::from_str(reply).unwrap();
+        let expected = response_json_from_chat(&request, &value, &mut Ids::counting());
+        assert_eq!(response, expected, "{reply}");
+    }
+    // Texts with escapes and without (copied between quotes), in every place a text is.
+    for escaped in [
+        &br#"{"created":1,"choices":[{"message":{"content":"caf\u00e9 \"q\"\n\/","reasoning_content":"\u2603","tool_calls":[{"id":"c\u0031","function":{"name":"f","arguments":"{\"a\":\"\\n\"}"}}]}}]}"#[..],
+        "{\"created\":1,\"choices\":[{\"message\":{\"content\":\"café ☃ / \u{7f}\",\"reasoning\":\"r\",\"refusal\":\"no\",\"tool_calls\":[{\"id\":\"c1\",\"function\":{\"name\":\"f\",\"arguments\":\"[]\"}}]}}]}".as_bytes(),
+    ] {
+        let (response, _) =
+            response_json_from_chat_bytes(&request, escaped, &mut Ids::counting()).unwrap();
+        let value: Value = serde_json::from_slice(escaped).unwrap();
+        let expected = response_json_from_chat(&request, &value, &mut Ids::counting());
+        assert_eq!(response, expected, "{}", String::from_utf8_lossy(escaped));
+    }
+    // A text that is not valid JSON (a lone surrogate) is no reply, as `Value` finds it.
+    let broken = br#"{"created":1,"choices":[{"message":{"content":"\ud800"}}]}"#;
+    assert!(serde_json::from_slice::<Value>(broken).is_err());
+    assert!(response_json_from_chat_bytes(&request, broken, &mut Ids::counting()).is_err());
+    // Not an object: a failure, as the billing layer would judge it.
+    let array = br#"[1,"m",[]]"#;
+    let read = response_json_from_chat_bytes(&request, array, &mut Ids::counting());
+    assert!(read.is_ok_and(|(_, usage)| usage.is_none()));
+    assert!(response_json_from_chat_bytes(&request, b"not json", &mut Ids::counting()).is_err());
+}
+
+/// A reply's texts are borrowed from it where they hold no escape, and so copied between
+/// quotes when written; a text with escapes is read, and written through the escaper.
+#[test]
+fn a_replys_texts_without_escapes_are_borrowed_from_it() {
+    let reply = br#"{"choices":[{"message":{"content":"Hi","reasoning_content":"Hm","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"stop"}]}"#;
+    let typed: read::Reply<'_> = serde_json::from_slice(reply).unwrap();
+    let view = typed.view(None);
+    assert!(matches!(view.text, Some(Str::Unescaped("Hi"))));
+    assert!(matches!(view.reasoning, Some(Str::Unescaped("Hm"))));
+    let call = &view.calls[0];
+    assert!(matches!(call.id, Some(Str::Unescaped("c1"))));
+    assert!(matches!(call.name, Str::Unescaped("f")));
+    assert!(matches!(call.arguments, Str::Unescaped("{}")));
+    let escaped = br#"{"choices":[{"message":{"content":"H\u0069 \"q\""}}]}"#;
+    let typed: read::Reply<'_> = serde_json::from_slice(escaped).unwrap();
+    assert!(matches!(typed.view(None).text, Some(Str::Read("Hi \"q\""))));
+}
+
+/// The response is written field by field, so nothing but this test would see a key
+/// written twice: every object of a response with every kind of item, every setting given
+/// and every one left to its default, holds each key once.
+#[test]
+fn a_written_response_holds_each_key_once_in_every_object() {
+    let given = json!({
+        "model": "m", "input": "Hi", "instructions": "Be brief.", "max_output_tokens": 9,
+        "metadata": { "a": "b" }, "parallel_tool_calls": false,
+        "reasoning": { "effort": "low" }, "service_tier": "flex", "temperature": 0.2,
+        "text": { "format": { "type": "json_object" } }, "tool_choice": "none",
+        "tools": [{ "type": "function", "name": "f" }], "top_p": 0.5, "user": "u",
+    });
+    let reply = br#"{"created":1,"model":"m","choices":[{"message":{"content":"Hi","reasoning_content":"Hm.","tool_calls":[{"id":"c1","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
+    // Each request as both readings take it: parsed, and read from its bytes.
+    let requests = [given, json!({ "model": "m", "input": "Hi" })].map(|request| {
+        let bytes = serde_json::to_vec(&request).unwrap();
+        [
+            Translated::new(request).unwrap(),
+            Translated::from_slice(&bytes).unwrap(),
+        ]
+    });
+    for request in requests.iter().flatten() {
+        let (response, _) =
+            response_json_from_chat_bytes(request, reply, &mut Ids::counting()).unwrap();
+        let objects = keys_of_every_object(&response);
+        assert_eq!(objects[0].len(), 25, "{:?}", objects[0]);
+        for keys in &objects {
+            let mut unique = keys.clone();
+            unique.sort();
+            unique.dedup();
+            assert_eq!(unique.len(), keys.len(), "{keys:?}");
+        }
+        let value: Value = serde_json::from_slice(&response).unwrap();
+        let kinds: Vec<_> = value["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| item["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+        assert_eq!(value["incomplete_details"]["reason"], "max_output_tokens");
+    }
+}
