@@ -312,7 +312,7 @@ impl Drop for ReservationUnderWay {
                 // Counted as the ledger has it, like every call that reached the upstream.
                 if let Some(status @ (CallStatus::Ok | CallStatus::Refunded)) = status {
                     let settled = status == CallStatus::Ok;
-                    crate::telemetry::call_ended(&model.name, protocol, settled, credits);
+                    crate::telemetry::call_ended(&model.name, protocol.as_str(), settled, credits);
                 }
             });
         });

@@ -41,8 +41,6 @@ pub fn record_to_installed_recorder() {
     RECORDING.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
-use crate::protocol::Protocol;
-
 /// Installs a Prometheus recorder for this process (once) and returns its handle, whose
 /// `render()` is the text `GET /metrics` answers.
 #[cfg(feature = "metrics")]
@@ -61,14 +59,14 @@ pub fn install_prometheus() -> Result<PrometheusHandle, metrics_exporter_prometh
 }
 
 /// A charged call ended: settled (`ok`, `credits` charged) or refunded (`credits` returned).
-pub(crate) fn call_ended(model: &str, protocol: Protocol, settled: bool, credits: i64) {
+pub(crate) fn call_ended(model: &str, protocol: &'static str, settled: bool, credits: i64) {
     #[cfg(feature = "metrics")]
     if recording() {
         let outcome = if settled { "ok" } else { "refunded" };
         metrics::counter!(
             "mg_calls_total",
             "model" => model.to_owned(),
-            "protocol" => protocol.as_str(),
+            "protocol" => protocol,
             "outcome" => outcome
         )
         .increment(1);

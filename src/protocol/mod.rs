@@ -9,8 +9,10 @@ pub(crate) mod dialect;
 pub(crate) mod embeddings;
 pub(crate) mod messages;
 pub(crate) mod mock;
+pub(crate) mod reader;
 pub mod responses;
 pub(crate) mod sse;
+pub(crate) mod tokens;
 mod upstream_kind;
 
 use dialect::Dialect;
@@ -80,6 +82,16 @@ impl Protocol {
         Self::ALL
             .into_iter()
             .find(|protocol| protocol.as_str() == name)
+    }
+}
+
+impl UpstreamKind {
+    /// The dialect whose headers an upstream of this kind takes.
+    pub(crate) fn speaks(self) -> &'static dyn dialect::UpstreamDialect {
+        match self {
+            UpstreamKind::Openai => &chat_completions::ChatCompletions,
+            UpstreamKind::Anthropic => &messages::Messages,
+        }
     }
 }
 

@@ -3,7 +3,6 @@
 use serde::Deserialize;
 
 use super::Protocol;
-use super::dialect::UpstreamDialect;
 
 /// The wire format an upstream speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -21,14 +20,6 @@ impl UpstreamKind {
     /// responses (natively or translated) and embeddings, or Anthropic's messages.
     pub fn serves(self, protocol: Protocol) -> bool {
         protocol.dialect().served_by(self)
-    }
-
-    /// The dialect whose headers an upstream of this kind takes.
-    pub(crate) fn speaks(self) -> &'static dyn UpstreamDialect {
-        match self {
-            UpstreamKind::Openai => &super::chat_completions::ChatCompletions,
-            UpstreamKind::Anthropic => &super::messages::Messages,
-        }
     }
 }
 

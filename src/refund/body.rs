@@ -35,7 +35,8 @@ use super::guard::{Outcome, UnsettledCall};
 use crate::call::ClientWrites;
 use crate::error::{GatewayError, UpstreamError};
 use crate::protocol::Protocol;
-use crate::protocol::sse::{EventKind, EventSplitter, StreamReader};
+use crate::protocol::reader::StreamReader;
+use crate::protocol::sse::{EventKind, EventSplitter};
 use crate::reply::EventStream;
 use crate::store::{CallFailure, CallSuccess, KeptReply, MAX_KEPT_REPLY_BYTES};
 

@@ -81,7 +81,7 @@ impl Meter {
                 return;
             }
         };
-        crate::telemetry::call_ended(model, self.protocol, settled, self.credits);
+        crate::telemetry::call_ended(model, self.protocol.as_str(), settled, self.credits);
         if settled {
             crate::telemetry::charged_short(model, self.shortfall, self.usage_rejected);
         }
