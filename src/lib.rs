@@ -103,7 +103,7 @@
 //!    `mock_events`. Keep its stream reading in `stream.rs` and its mock in `mock.rs`, as the
 //!    others do; a translation to another protocol lives with the pair it joins.
 //! 2. One arm in [`Protocol`] (its stored name is what the call log keeps: never rename
-//!    one) and one in `Protocol::dialect`; add it to `Protocol::ALL`.
+//!    one) and one in the enum's `dialect` method; add it to the enum's `ALL` list.
 //! 3. Where providers speak it natively, an [`UpstreamKind`](crate::catalogue::UpstreamKind)
 //!    arm, the dialect it `speaks` (its headers and key: `UpstreamDialect`), and the
 //!    `served_by` and `upstream` answers of the dialects it serves.
@@ -112,7 +112,8 @@
 //!    the official SDK's test where there is one.
 //!
 //! Nothing else changes: the router, the charge, the refund, the channel and the mock ask the
-//! dialect, and `grep -rn "Protocol::" src | grep -v "^src/protocol/"` stays short.
+//! dialect, and the arms of the enum named outside `src/protocol/` stay few (the call log's
+//! storage, the path lookup, tests).
 //!
 //! The layers' modules are public by topic ([`auth`], [`router`], [`charge`], [`refund`],
 //! [`request_id`], [`upstream`]), each with its service's named `ResponseFuture`; the headline
