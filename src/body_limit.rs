@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::{Request, header};
+use http::header;
 use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -15,7 +15,6 @@ use tokio::time::Instant;
 use tower::BoxError;
 
 use crate::call::Caller;
-use crate::catalogue::Catalogue;
 use crate::credits::Credits;
 use crate::error::GatewayError;
 use crate::store::Ledger;
@@ -43,8 +42,8 @@ pub(crate) fn declared_length(
 /// pay for `catalogue`'s cheapest model may send only the unfunded size.
 #[cfg(feature = "server")]
 pub(crate) async fn read_beside_calls<B>(
-    request: Request<B>,
-    catalogue: &Catalogue,
+    request: http::Request<B>,
+    catalogue: &crate::catalogue::Catalogue,
     limits: &BodyLimits,
     ledger: Arc<dyn Ledger>,
 ) -> Result<(http::request::Parts, Bytes, Option<BodyPermit>), GatewayError>
