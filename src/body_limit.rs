@@ -178,7 +178,7 @@ impl Received {
     }
 }
 
-/// How request bodies are read by [`ProtocolRouter`].
+/// How request bodies are read by [`ProtocolRouter`](crate::ProtocolRouter).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct BodyLimits {
@@ -192,7 +192,7 @@ pub struct BodyLimits {
     /// clones); `None` for no budget.
     pub budget: Option<BodyBudget>,
     /// Largest body from a caller who cannot pay for any model (see
-    /// [`ProtocolRouterLayer::unfunded_callers_through`]).
+    /// [`ProtocolRouterLayer::unfunded_callers_through`](crate::ProtocolRouterLayer::unfunded_callers_through)).
     pub unfunded_max_bytes: usize,
 }
 

@@ -328,7 +328,7 @@ async fn find_stored_response(
 }
 
 /// Checks a buffered request body and resolves its model, in the order the contract gives:
-/// malformed request (400, as the protocol's [`Dialect`] reads it) before unknown model (404).
+/// malformed request (400, as the protocol's dialect reads it) before unknown model (404).
 /// `stream: true` is refused with 400 unless `streaming` is on.
 pub fn route(
     catalogue: &Catalogue,
