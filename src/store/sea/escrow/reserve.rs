@@ -170,6 +170,8 @@ impl Escrow {
             return Ok(Refill::LeaseEnded);
         };
         refilled.refilled = Some((std::time::Instant::now(), slice_calls));
+        // Taken for a call about to hold on it: not idle, even if a look comes first.
+        refilled.touched = true;
         refilled.row = row;
         refilled.period_end = seen.subscription_ends_at;
         Ok(Refill::Done { seen })
@@ -199,6 +201,7 @@ impl Escrow {
         refilled.writing = false;
         match written {
             Ok(Some((row, seen))) => {
+                refilled.touched = true;
                 refilled.row = row;
                 refilled.period_end = seen.subscription_ends_at;
                 Ok(())
