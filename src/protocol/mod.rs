@@ -173,36 +173,6 @@ impl TokenUsage {
     }
 }
 
-impl TokenUsage {
-    /// The usage a chat reply reports with `OpenAI`'s keys alone: `prompt_tokens`,
-    /// `completion_tokens`, `prompt_tokens_details.cached_tokens` and
-    /// `completion_tokens_details.reasoning_tokens` (for a reply already read; the same as
-    /// reading its `usage` object).
-    pub(crate) fn of_openai_counts(
-        prompt: Option<i64>,
-        completion: Option<i64>,
-        cached: Option<i64>,
-        reasoning: Option<i64>,
-    ) -> TokenUsage {
-        TokenUsage::from(ReportedUsage {
-            input_tokens: prompt.map(Count::of),
-            output_tokens: completion.map(Count::of),
-            input_tokens_details: Some(InputDetails {
-                cached_tokens: cached.map(Count::of),
-            }),
-            output_tokens_details: Some(OutputDetails {
-                reasoning_tokens: reasoning.map(Count::of),
-            }),
-            cache_read_tokens: None,
-            cache_creation_input_tokens: None,
-            cache_creation: None,
-            cache_write_tokens: None,
-            cache_write_1h_tokens: None,
-            reasoning_tokens: None,
-        })
-    }
-}
-
 /// A `usage` object as any protocol spells it (and as [`TokenUsage`] serialises).
 #[derive(Deserialize)]
 struct ReportedUsage {

@@ -6,8 +6,6 @@
 //! writing one cost. Here keys, fixed names that need no escaping, are copied as they are, and
 //! only values (strings from the request or the provider, numbers) go through `serde_json`.
 
-use std::borrow::Cow;
-
 use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -71,14 +69,6 @@ pub(crate) enum Str<'a> {
 }
 
 impl<'a> Str<'a> {
-    /// A string as `serde_json` read it: borrowed where it held no escape.
-    pub(super) fn of_read(text: &'a Cow<'a, str>) -> Str<'a> {
-        match text {
-            Cow::Borrowed(text) => Str::Unescaped(text),
-            Cow::Owned(text) => Str::Read(text),
-        }
-    }
-
     pub(super) fn is_empty(self) -> bool {
         match self {
             Str::Read(text) | Str::Unescaped(text) => text.is_empty(),

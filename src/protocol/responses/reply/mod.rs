@@ -3,7 +3,6 @@
 use std::borrow::Cow;
 use std::sync::LazyLock;
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::write::{Json, ObjectWriter, Str, WriteJson, write_plain};
@@ -530,8 +529,8 @@ pub fn response_json_from_chat(translated: &Translated, reply: &Value, ids: &mut
     write_response(translated.echoed(), &ChatReply::of(reply), ids)
 }
 
-/// [`response_json_from_chat`] for a reply still in its bytes, read once without building a
-/// `Value` (the translating upstream's path), with the usage the reply reports as
+/// [`response_json_from_chat`] for a reply still in its bytes (the translating upstream's
+/// path), with the usage the reply reports as
 /// [`reply_usage`](crate::protocol::reply_usage) reads it: `None` where that finds no JSON
 /// object or cannot read the `usage`, which the billing layer judges a failed call. An error
 /// when `reply` is not JSON.
@@ -556,17 +555,8 @@ pub fn response_json_from_chat_bytes(
     reply: &[u8],
     ids: &mut Ids,
 ) -> Result<(Vec<u8>, Option<TokenUsage>), serde_json::Error> {
-    // `reply_usage` reads only JSON objects (serde would take an array for a struct too).
-    if reply.trim_ascii_start().starts_with(b"{")
-        && let Ok(typed) = crate::protocol::read_json::<read::Reply<'_>>(reply)
-        && let Ok((counts, usage)) = typed.usage()
-    {
-        let view = typed.view(counts);
-        return Ok((write_response(translated.echoed(), &view, ids), usage));
-    }
-    // Odd types somewhere (a number as a string, a list where text was expected): read as the
-    // `Value` path reads them, which takes what it can use and skips the rest.
     let parsed: Value = serde_json::from_slice(reply)?;
+    // The usage is read as a chat call reads it, so that both paths charge one reply alike.
     let usage = crate::protocol::reply_usage(reply);
     Ok((response_json_from_chat(translated, &parsed, ids), usage))
 }
@@ -659,79 +649,6 @@ impl<'a> ChatReply<'a> {
         }
     }
 }
-
-/// A chat reply's or chunk's `usage` read straight from its text: each count an integer or
-/// `null`, as [`usage`] reads them from a `Value` (a count of another type fails the reading).
-#[derive(Deserialize)]
-pub(super) struct ChatUsage {
-    prompt_tokens: Option<i64>,
-    completion_tokens: Option<i64>,
-    total_tokens: Option<i64>,
-    prompt_tokens_details: Option<Details>,
-    completion_tokens_details: Option<Details>,
-}
-
-#[derive(Deserialize)]
-struct Details {
-    cached_tokens: Option<i64>,
-    reasoning_tokens: Option<i64>,
-}
-
-/// A chat `usage` object holding `OpenAI`'s keys alone, as most providers' replies do: the
-/// billing layer's counts then follow from the same reading (see
-/// [`TokenUsage::of_openai_counts`]), and the reply's `usage` is read once.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OpenaiUsage {
-    prompt_tokens: Option<i64>,
-    completion_tokens: Option<i64>,
-    total_tokens: Option<i64>,
-    prompt_tokens_details: Option<Details>,
-    completion_tokens_details: Option<Details>,
-}
-
-impl OpenaiUsage {
-    /// The counts, and the billing layer's usage.
-    fn read(self) -> (ChatUsage, TokenUsage) {
-        let tokens = TokenUsage::of_openai_counts(
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.prompt_tokens_details
-                .as_ref()
-                .and_then(|details| details.cached_tokens),
-            self.completion_tokens_details
-                .as_ref()
-                .and_then(|details| details.reasoning_tokens),
-        );
-        let counts = ChatUsage {
-            prompt_tokens: self.prompt_tokens,
-            completion_tokens: self.completion_tokens,
-            total_tokens: self.total_tokens,
-            prompt_tokens_details: self.prompt_tokens_details,
-            completion_tokens_details: self.completion_tokens_details,
-        };
-        (counts, tokens)
-    }
-}
-
-impl ChatUsage {
-    pub(super) fn counts(&self) -> Usage {
-        let detail = |details: &Option<Details>, pick: fn(&Details) -> Option<i64>| {
-            details.as_ref().and_then(pick).unwrap_or(0)
-        };
-        Usage::new(
-            self.prompt_tokens.unwrap_or(0),
-            self.completion_tokens.unwrap_or(0),
-            self.total_tokens,
-            detail(&self.prompt_tokens_details, |d| d.cached_tokens),
-            detail(&self.completion_tokens_details, |d| d.reasoning_tokens),
-        )
-    }
-}
-
-/// A chat reply read straight from its bytes, for [`ChatReply`]. Strings are `Cow`s: borrowed
-/// unless they hold escapes. A reply's message and a stream chunk's delta are read alike.
-pub(super) mod read;
 
 /// The words of a text, a space between each (`str::split` sets up a searcher that costs more
 /// than the few ids of a response take to scan).

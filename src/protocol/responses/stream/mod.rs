@@ -40,9 +40,6 @@ pub struct StreamTranslator {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     ended: bool,
-    /// Every chunk read as a `Value`, to compare the two readings.
-    #[cfg(test)]
-    value_only: bool,
 }
 
 #[derive(Debug)]
@@ -90,8 +87,6 @@ impl StreamTranslator {
             finish_reason: None,
             usage: None,
             ended: false,
-            #[cfg(test)]
-            value_only: false,
         }
     }
 
@@ -128,31 +123,10 @@ impl StreamTranslator {
             self.finish(out);
             return;
         }
-        // An ordinary chunk is read straight into borrowed fields; one with an error, or with a
-        // field of an odd type, as a `Value`, which reads the same chunk the same way.
-        if data.starts_with('{')
-            && self.reads_typed()
-            && let Ok(typed) = serde_json::from_str::<read::Chunk<'_>>(data)
-            && !typed.has_error()
-        {
-            self.chunk(&typed.view(), out);
-            return;
-        }
         self.value_chunk(data, out);
     }
 
-    #[cfg(not(test))]
-    #[allow(clippy::unused_self)]
-    fn reads_typed(&self) -> bool {
-        true
-    }
-
-    #[cfg(test)]
-    fn reads_typed(&self) -> bool {
-        !self.value_only
-    }
-
-    /// A chunk read as a `Value`: the reading for every chunk the typed reading does not take.
+    /// A chunk, read as a `Value`.
     fn value_chunk(&mut self, data: &str, out: &mut Out) {
         let Ok(chunk) = serde_json::from_str::<Value>(data) else {
             return;
@@ -585,11 +559,6 @@ impl<'a> ChunkView<'a> {
     }
 }
 
-/// A chat chunk read straight from its text, for [`ChunkView`]. Strings are `Cow`s: borrowed
-/// unless they hold escapes. Each field is read as the `Value` reading reads it, or not at all:
-/// a field of another type fails the whole reading, and the chunk is read as a `Value`.
-mod read;
-
 /// Where an event belongs: its item, the item's place in the output, and for an event about
 /// the item's content, the content part's place (an item here has one part).
 fn place(event: &mut ObjectWriter<'_>, id: &str, index: usize, content: bool) {
@@ -680,29 +649,14 @@ mod tests {
         format!("data: {body}\n\n")
     }
 
-    /// Blanks what a `response` takes from the clock when the chunk gives no usable `created`.
-    fn without_clock(events: &str) -> String {
-        const KEY: &str = "\"created_at\":";
-        let mut out = String::new();
-        let mut rest = events;
-        while let Some(at) = rest.find(KEY) {
-            let (before, after) = rest.split_at(at + KEY.len());
-            out.push_str(before);
-            out.push('T');
-            rest = after.trim_start_matches(|c: char| c.is_ascii_digit());
-        }
-        out.push_str(rest);
-        out
-    }
-
-    /// Chunks read straight from their text translate exactly as when read as a `Value`; a
-    /// chunk with an error or a field of an odd type is left to the `Value` reading. Each chunk
-    /// is tried first in its stream and after an ordinary one, before a last chunk and `[DONE]`.
+    /// Every chunk, ordinary or with a field of an odd type (or an error, or not an object), is
+    /// translated into well-formed events: each names itself in its `type`, counts on from
+    /// the one before, and the stream ends once, in a terminal event. Each chunk is tried first
+    /// in its stream and after an ordinary one, before a last chunk and `[DONE]`.
     #[test]
-    fn chunks_read_from_their_text_translate_as_read_into_a_value() {
+    fn ordinary_and_odd_chunks_translate_into_well_formed_events() {
         let ordinary = r#"{"id":"c","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}"#;
-        // Chunks the typed reading takes:
-        let typed = [
+        let ordinary_kinds = [
             ordinary,
             r#"{"choices":[{"delta":{"content":"say \"x\"\n\u00e9 \ud83d\ude00"}}]}"#,
             r#"{"choices":[{"delta":{"content":""}}]}"#,
@@ -724,7 +678,7 @@ mod tests {
             r#"{"choices":[{"delta":null,"finish_reason":"length"}]}"#,
             r#"{"choices":[{"delta":{"content":"x"},"finish_reason":"content_filter"}],"created":9,"model":"other"}"#,
         ];
-        // and chunks it leaves to the `Value` reading.
+        // and chunks with a field of an odd type, an error, or no object at all.
         let odd = [
             r#"{"created":"7","choices":[{"delta":{"content":"x"}}]}"#,
             r#"{"created":7.5,"model":5,"choices":[{"delta":{"content":"x"}}]}"#,
@@ -750,27 +704,39 @@ mod tests {
         ];
         let request = Translated::from_slice(br#"{"model":"m","input":"Hi"}"#).unwrap();
         let last = r#"{"choices":[{"delta":{"content":" there"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#;
-        let cases =
-            (typed.iter().map(|case| (*case, true))).chain(odd.iter().map(|case| (*case, false)));
-        for (case, typed) in cases {
-            let taken = case.starts_with('{')
-                && serde_json::from_str::<read::Chunk<'_>>(case)
-                    .is_ok_and(|chunk| !chunk.has_error());
-            assert_eq!(taken, typed, "{case}");
+        let terminal = [
+            "response.completed",
+            "response.incomplete",
+            "response.failed",
+            "error",
+        ];
+        for case in ordinary_kinds.iter().chain(&odd) {
             for chunks in [[case, last].as_slice(), &[ordinary, case, last]] {
                 let stream: String = chunks
                     .iter()
                     .map(|data| format!("data: {data}\n\n"))
                     .chain(["data: [DONE]\n\n".to_owned()])
                     .collect();
-                let translate = |value_only: bool| {
-                    let mut translator = StreamTranslator::new(&request, Ids::counting());
-                    translator.value_only = value_only;
-                    without_clock(&translator.push(stream.as_bytes()))
-                };
-                let (read, parsed) = (translate(false), translate(true));
-                assert_eq!(read, parsed, "{stream}");
-                assert!(read.starts_with("event: "), "{read}");
+                let mut translator = StreamTranslator::new(&request, Ids::counting());
+                let out = translator.push(stream.as_bytes());
+                assert!(translator.ended(), "{stream}");
+                let events: Vec<(&str, Value)> = out
+                    .split_terminator("\n\n")
+                    .map(|event| {
+                        let (name, data) = event
+                            .strip_prefix("event: ")
+                            .and_then(|event| event.split_once("\ndata: "))
+                            .unwrap_or_else(|| panic!("{event:?} in {out}"));
+                        (name, serde_json::from_str(data).unwrap())
+                    })
+                    .collect();
+                for (at, (name, data)) in events.iter().enumerate() {
+                    assert_eq!(data["type"], *name, "{out}");
+                    assert_eq!(data["sequence_number"], at, "{out}");
+                }
+                let ends = events.iter().filter(|(name, _)| terminal.contains(name));
+                assert_eq!(ends.count(), 1, "{out}");
+                assert!(terminal.contains(&events.last().unwrap().0), "{out}");
             }
         }
     }
