@@ -130,14 +130,23 @@ pub(crate) struct UpstreamRoute {
 pub(crate) struct Envelope<'a> {
     /// Every field read, as the raw JSON text it was written as.
     pub(crate) fields: Fields<'a>,
-    /// `model`, a string (its raw value borrows from the body, which places it there).
-    pub(crate) model: &'a RawValue,
+    /// `model`, a string.
+    pub(crate) model: Model<'a>,
     /// Whether the reply streams.
     pub(crate) stream: bool,
     /// The stored reply the call continues, kept by the provider that made it.
     pub(crate) continues: Option<Cow<'a, str>>,
     /// Whether the request lets the provider keep its reply, where the dialect read it.
     pub(crate) provider_keeps: Option<bool>,
+}
+
+/// A request's `model`, read once.
+#[derive(Debug)]
+pub(crate) struct Model<'a> {
+    /// As written (it borrows from the body, which places it there).
+    pub(crate) raw: &'a RawValue,
+    /// The name it gives.
+    pub(crate) name: Cow<'a, str>,
 }
 
 /// What a call priced by tokens needs of its envelope.
@@ -215,10 +224,10 @@ impl<'a> Fields<'a> {
     }
 
     /// `model`, which must be a string.
-    pub(crate) fn model(&self) -> Result<&'a RawValue, GatewayError> {
+    pub(crate) fn model(&self) -> Result<Model<'a>, GatewayError> {
         let raw = self.model.ok_or(GatewayError::InvalidModelField)?;
-        json_string(raw).ok_or(GatewayError::InvalidModelField)?;
-        Ok(raw)
+        let name = json_string(raw).ok_or(GatewayError::InvalidModelField)?;
+        Ok(Model { raw, name })
     }
 
     /// `stream`: absent, `false` or `null` for a complete reply; `true` only when streaming is
@@ -263,7 +272,7 @@ impl<'a> Fields<'a> {
     /// with `stream` checked last.
     pub(crate) fn into_envelope(
         self,
-        model: &'a RawValue,
+        model: Model<'a>,
         streaming: bool,
     ) -> Result<Envelope<'a>, GatewayError> {
         let stream = self.stream(streaming)?;

@@ -338,13 +338,13 @@ pub fn route(
 ) -> Result<RoutedCall, GatewayError> {
     let dialect = protocol.dialect();
     let envelope = dialect.envelope(body, streaming)?;
-    let model_name = json_string(envelope.model).ok_or(GatewayError::InvalidModelField)?;
+    let model_name = &envelope.model.name;
     let mut routed = resolve(
         catalogue,
         protocol,
         body,
-        envelope.model,
-        &model_name,
+        envelope.model.raw,
+        model_name,
         envelope.stream,
     )?;
     if let Some(keeps) = envelope.provider_keeps {
@@ -369,7 +369,7 @@ pub fn route(
         .channels
         .iter()
         .any(|channel| translated_at(dialect, channel))
-        && let Some(translation) = dialect.translation(&envelope, &model_name, body)
+        && let Some(translation) = dialect.translation(&envelope, model_name, body)
     {
         // Where one of the model's channels translates, the request must translate (checked
         // here, so that an untranslatable request is refused before it is charged, whichever
@@ -417,10 +417,8 @@ pub fn route_model(
     protocol: Protocol,
     body: &[u8],
 ) -> Result<RoutedCall, GatewayError> {
-    let fields = Fields::read(body)?;
-    let model_raw = fields.model()?;
-    let model_name = json_string(model_raw).ok_or(GatewayError::InvalidModelField)?;
-    resolve(catalogue, protocol, body, model_raw, &model_name, false)
+    let model = Fields::read(body)?.model()?;
+    resolve(catalogue, protocol, body, model.raw, &model.name, false)
 }
 
 fn resolve(
