@@ -12,14 +12,16 @@ use sea_orm::{
 
 use super::entity::{account, api_key, call, code, credit_grant, escrow};
 use super::lapses::lapse;
-use super::rows::{balance_of, escrowed, locked_account, moment_value, with_escrowed};
+use super::rows::{
+    balance_of, escrowed, insert_event, locked_account, moment_value, stored_allowance,
+    stored_limit, with_escrowed,
+};
 use super::store::SeaOrmStore;
-use crate::call::{KeyLimit, LimitPeriod};
+use crate::call::KeyLimit;
 use crate::codes::CodeHash;
 use crate::credits::{Bucket, Credits};
 use crate::events::{EventType, WebhookEvent};
 use crate::keys::{KeyHash, NewApiKey};
-use crate::store::rules::allowance::Allowance;
 use crate::store::{
     AccountAudit, AccountId, AccountQuery, AccountSummary, Accounts, BalanceOverflow, CallStatus,
     Grant, Granted, IdempotencyKeyReused, KeyId, KeyInfo, KeyRules, Lapse, StoreError,
@@ -45,14 +47,6 @@ pub(super) fn key_rules(row: &api_key::Model) -> Result<KeyRules, StoreError> {
     })
 }
 
-/// A key's spending limit as its row stores it (`limit_credits`, `limit_period`).
-pub(super) fn stored_limit(credits: Option<i64>, period: Option<&str>) -> Option<KeyLimit> {
-    Some(KeyLimit {
-        credits: Credits(credits?),
-        period: LimitPeriod::parse(period?)?,
-    })
-}
-
 /// `limit_alerted_window` as it is left when a key's limit is set to `limit`: kept if the
 /// limit is the one stored, forgotten otherwise.
 fn same_limit_keeps_alert(limit: Option<KeyLimit>) -> sea_orm::sea_query::SimpleExpr {
@@ -66,20 +60,6 @@ fn same_limit_keeps_alert(limit: Option<KeyLimit>) -> sea_orm::sea_query::Simple
         .case(same, Expr::col(api_key::Column::LimitAlertedWindow))
         .finally(Expr::value(Option::<i64>::None))
         .into()
-}
-
-/// A limited key's allowance as its row stores it.
-pub(super) fn stored_allowance(
-    credits: Option<i64>,
-    period: Option<&str>,
-    spent: i64,
-    window: i64,
-) -> Option<Allowance> {
-    Some(Allowance {
-        limit: stored_limit(credits, period)?,
-        spent,
-        window,
-    })
 }
 
 /// The key as its row stores it; `held` is what its calls held in memory hold (counted as
@@ -495,7 +475,7 @@ impl Accounts for SeaOrmStore {
                     "period_end": lapsed.period_end,
                 });
                 let event = WebhookEvent::new(EventType::SubscriptionLapsed, data, now);
-                super::outbox::insert_event(&txn, &event).await?;
+                insert_event(&txn, &event).await?;
             }
             txn.commit().await?;
             lapses.extend(lapsed);
@@ -644,7 +624,7 @@ impl SeaOrmStore {
                 return Ok(None);
             }
             if self.events.writes(EventType::CodeRedeemed) {
-                super::outbox::insert_event(&txn, redeemed).await?;
+                insert_event(&txn, redeemed).await?;
             }
         }
         // A subscription grant with a period, or into a period that has ended, starts a new

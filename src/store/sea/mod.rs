@@ -61,6 +61,7 @@ mod writes;
 
 use commit::group_commit::Committer;
 pub use commit::group_commit::DEFAULT_MAX_BATCH;
+use commit::group_commit::Writers;
 pub use commit::jobs::GroupCommitStats;
 #[cfg(feature = "sqlite")]
 use commit::jobs::SQLITE_BUSY_TIMEOUT;
@@ -70,7 +71,7 @@ pub use escrow::DEFAULT_ESCROW_IDLE;
 use key_cache::KeyCache;
 pub use migration::Migrator;
 pub use mode::ChargingMode;
-use mode::{Frozen, Mode, Writers};
+use mode::{Frozen, Mode};
 pub use store::SeaOrmStore;
 
 impl From<DbErr> for StoreError {
@@ -431,7 +432,12 @@ fn committer(
     #[cfg(feature = "sqlite")]
     if let Some(file) = sqlite_file {
         let (connection, wal) = commit::sqlite_direct::open(file)?;
-        return Committer::start_direct(connection, wal, max_batch, holds, events.clone());
+        // Beside the holds before any reservation can ask for it.
+        let writer: Box<dyn commit::jobs::BatchWriter> = match &holds {
+            Some(shared) => Box::new(owned::decide::install(shared, connection)),
+            None => Box::new(commit::sqlite_direct::OwnConnection(connection)),
+        };
+        return Committer::start_direct(writer, wal, max_batch, events.clone());
     }
     let _ = (sqlite_file, holds);
     Ok(Committer::start(

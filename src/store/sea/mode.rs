@@ -10,10 +10,8 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use sea_orm::DatabaseConnection;
 
-use super::alerting::Alerting;
-use super::commit::group_commit::Committer;
+use super::commit::group_commit::Writers;
 use super::idempotent;
 use super::writes::OwnedCharge;
 use crate::credits::{Balance, Credits};
@@ -43,14 +41,6 @@ pub(super) type Frozen<'a> = super::owned::Frozen<'a>;
 /// Without the `sqlite` feature no store owns a file, and nothing is ever frozen.
 #[cfg(not(feature = "sqlite"))]
 pub(super) type Frozen<'a> = &'a super::held::Holds;
-
-/// Where the ledger's writes go: the committer and the pool.
-pub(super) struct Writers<'a> {
-    pub(super) committer: &'a Committer,
-    pub(super) db: &'a DatabaseConnection,
-    /// What the ledger's writes outside the committer are told with.
-    pub(super) alerting: Option<Alerting>,
-}
 
 impl Mode {
     /// Which mode this is.

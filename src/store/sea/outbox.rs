@@ -6,40 +6,15 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, EntityTrait, NotSet, QueryFilter, QueryOrder, QuerySelect, Set,
-};
+use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use super::entity::webhook_event;
-use super::rows::moment_value;
+use super::rows::{insert_event, moment_value};
 use super::store::SeaOrmStore;
 use crate::events::WebhookEvent;
 use crate::store::records::{Attempted, Delivery, DeliveryStatus};
 use crate::store::traits::EventOutbox;
 use crate::store::types::StoreError;
-
-/// Inserts `event` into the outbox, pending and due at once, in `db` (a transaction, so that
-/// it is written with what caused it).
-pub(super) async fn insert_event<C: ConnectionTrait>(
-    db: &C,
-    event: &WebhookEvent,
-) -> Result<(), StoreError> {
-    let row = webhook_event::ActiveModel {
-        id: NotSet,
-        event_id: Set(event.id.clone()),
-        event_type: Set(event.kind.as_str().to_owned()),
-        body: Set(event.body()),
-        status: Set(DeliveryStatus::Pending.as_str().to_owned()),
-        attempts: Set(0),
-        next_attempt_at: Set(event.created_at),
-        last_status: Set(None),
-        last_error: Set(None),
-        created_at: Set(event.created_at),
-        delivered_at: Set(None),
-    };
-    webhook_event::Entity::insert(row).exec(db).await?;
-    Ok(())
-}
 
 fn delivery(row: webhook_event::Model) -> Result<Delivery, StoreError> {
     Ok(Delivery {

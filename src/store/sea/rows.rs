@@ -1,15 +1,22 @@
 //! Reading and writing rows the same way on every database: a moment as a value each backend
-//! keeps whole, an account's balance from its row, the row locked. A leaf beside the entities.
+//! keeps whole, an account's balance from its row, the row locked, a key's limit from its row, an
+//! event into the outbox. A leaf beside the entities.
 
 use std::collections::HashMap;
 
 use chrono::Utc;
 use sea_orm::sea_query::IntoCondition;
-use sea_orm::{ColumnTrait, ConnectionTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, EntityTrait, NotSet, QueryFilter, QueryOrder, QuerySelect, Set,
+};
 
-use super::entity::{account, call, escrow};
+use super::entity::{account, call, escrow, webhook_event};
 use super::writes::unknown_account;
+use crate::call::{KeyLimit, LimitPeriod};
 use crate::credits::{Balance, Credits};
+use crate::events::WebhookEvent;
+use crate::store::records::DeliveryStatus;
+use crate::store::rules::allowance::Allowance;
 use crate::store::{AccountId, CallId, CallStatus, StoreError};
 
 /// A moment as a statement value that every backend keeps whole. On `MySQL` it is a plain
@@ -111,4 +118,52 @@ pub(super) async fn pending_ids<C: ConnectionTrait>(
         .all(db)
         .await?;
     Ok(ids.into_iter().map(CallId).collect())
+}
+
+/// A key's spending limit as its row stores it (`limit_credits`, `limit_period`).
+pub(in crate::store::sea) fn stored_limit(
+    credits: Option<i64>,
+    period: Option<&str>,
+) -> Option<KeyLimit> {
+    Some(KeyLimit {
+        credits: Credits(credits?),
+        period: LimitPeriod::parse(period?)?,
+    })
+}
+
+/// A limited key's allowance as its row stores it.
+pub(in crate::store::sea) fn stored_allowance(
+    credits: Option<i64>,
+    period: Option<&str>,
+    spent: i64,
+    window: i64,
+) -> Option<Allowance> {
+    Some(Allowance {
+        limit: stored_limit(credits, period)?,
+        spent,
+        window,
+    })
+}
+
+/// Inserts `event` into the outbox, pending and due at once, in `db` (a transaction, so that
+/// it is written with what caused it).
+pub(in crate::store::sea) async fn insert_event<C: ConnectionTrait>(
+    db: &C,
+    event: &WebhookEvent,
+) -> Result<(), StoreError> {
+    let row = webhook_event::ActiveModel {
+        id: NotSet,
+        event_id: Set(event.id.clone()),
+        event_type: Set(event.kind.as_str().to_owned()),
+        body: Set(event.body()),
+        status: Set(DeliveryStatus::Pending.as_str().to_owned()),
+        attempts: Set(0),
+        next_attempt_at: Set(event.created_at),
+        last_status: Set(None),
+        last_error: Set(None),
+        created_at: Set(event.created_at),
+        delivered_at: Set(None),
+    };
+    webhook_event::Entity::insert(row).exec(db).await?;
+    Ok(())
 }

@@ -18,14 +18,22 @@ use tokio::sync::{mpsc, oneshot};
 use super::batches::Batches;
 use super::flush::{self, Durability, FlushRules, Flusher};
 #[cfg(feature = "sqlite")]
+use super::jobs::BatchWriter;
+#[cfg(feature = "sqlite")]
 use super::jobs::Kept;
 use super::jobs::{Counters, Failure, GroupCommitStats, Job, Reply, begin_write, stopped};
 use super::ledger_ops::apply_in;
 use crate::store::sea::alerting::{Alerting, EventSettings};
-#[cfg(feature = "sqlite")]
-use crate::store::sea::owned::state::State;
 use crate::store::sea::writes::{Outcome, OwnedCharge, Unabandoned, Write};
 use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
+
+/// Where the ledger's writes go: the committer and the pool.
+pub(in crate::store::sea) struct Writers<'a> {
+    pub(in crate::store::sea) committer: &'a Committer,
+    pub(in crate::store::sea) db: &'a DatabaseConnection,
+    /// What the ledger's writes outside the committer are told with.
+    pub(in crate::store::sea) alerting: Option<Alerting>,
+}
 
 /// Most ledger writes one transaction carries.
 pub const DEFAULT_MAX_BATCH: usize = 64;
@@ -64,15 +72,14 @@ impl Committer {
         Committer { jobs, stats }
     }
 
-    /// Starts the committer on a thread of its own, writing through `connection` to a `SQLite`
-    /// file (see [`super::sqlite_direct`]), holding reservations in memory with `holds`. The
-    /// thread ends when the last sender is dropped.
+    /// Starts the committer on a thread of its own, writing to a `SQLite` file through
+    /// `writer` (see `BatchWriter`), with `wal` flushed by a thread beside it. The threads
+    /// end when the last sender is dropped.
     #[cfg(feature = "sqlite")]
     pub(in crate::store::sea) fn start_direct(
-        connection: rusqlite::Connection,
+        writer: Box<dyn BatchWriter>,
         wal: std::fs::File,
         max_batch: usize,
-        holds: Option<Arc<crate::store::sea::owned::state::SharedHolds>>,
         events: Arc<EventSettings>,
     ) -> Result<Committer, StoreError> {
         let (jobs, queue) = mpsc::channel(QUEUE);
@@ -89,17 +96,9 @@ impl Committer {
             "mg-sqlite-flusher",
             Box::new(move || super::sqlite_direct::flush(wal, flusher)),
         )?;
-        // Beside the holds before any reservation can ask for it (see `run_direct`).
-        let own = match &holds {
-            Some(shared) => {
-                crate::store::sea::owned::decide::install(shared, connection);
-                None
-            }
-            None => Some(connection),
-        };
         spawn(
             "mg-sqlite-committer",
-            Box::new(move || run_direct(own, queue, batches, holds, &events)),
+            Box::new(move || run_direct(writer, queue, batches, &events)),
         )?;
         Ok(Committer { jobs, stats })
     }
@@ -184,14 +183,22 @@ impl Committer {
 /// Room for one write in a committer's queue (see [`Committer::slot`]).
 pub(in crate::store::sea) struct Slot(mpsc::OwnedPermit<Job>);
 
+/// Where a write queued under its caller's lock waits its turn to enter the committer's queue
+/// (an owned file's holds: `crate::store::sea::owned`).
+#[cfg(feature = "sqlite")]
+pub(in crate::store::sea) trait Queue {
+    /// Keeps `kept` until its turn.
+    fn queue(&mut self, kept: Kept);
+}
+
 #[cfg(feature = "sqlite")]
 impl Slot {
-    /// Queues `write` while its caller holds the holds' state lock (`state`), so that an
-    /// account's writes on an owned file are decided in the order they took the lock (see
-    /// [`State::queue`]). The caller lets the lock go before waiting for the answer.
+    /// Queues `write` while its caller holds the lock on `state`, so that an account's
+    /// writes on an owned file are decided in the order they took the lock. The caller lets
+    /// the lock go before waiting for the answer.
     pub(in crate::store::sea) fn queue<T, E>(
         self,
-        state: &mut State,
+        state: &mut impl Queue,
         write: Write,
         reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
     ) -> Answer<T, E> {
@@ -274,47 +281,24 @@ async fn apply(
 }
 
 /// The committer's loop on a `SQLite` file, on its own thread: until every sender is gone,
-/// take a batch, write it in one transaction (`super::sqlite_direct`), answer it. With
-/// `holds`, reservations are held in memory (see `crate::store::sea::owned`) and the connection, `own`
-/// otherwise, is kept beside them between batches (`owned::decide::install`).
+/// take a batch, write it in one transaction through `writer`, answer it.
 #[cfg(feature = "sqlite")]
 fn run_direct(
-    mut own: Option<rusqlite::Connection>,
+    mut writer: Box<dyn BatchWriter>,
     mut queue: mpsc::Receiver<Job>,
     mut batches: Batches,
-    holds: Option<Arc<crate::store::sea::owned::state::SharedHolds>>,
     events: &EventSettings,
 ) {
     while batches.next_blocking(&mut queue) {
         let applied = if batches.halted() {
             Err(Failure::Halted)
         } else {
-            let writes = batches.writes();
-            let alerting = events.alerting();
-            match (own.as_mut(), &holds) {
-                (Some(connection), _) => super::sqlite_direct::apply(connection, &writes, alerting),
-                (None, Some(shared)) => {
-                    crate::store::sea::owned::decide::apply_holding(&writes, shared, alerting)
-                }
-                (None, None) => unreachable!("the connection is here or beside the holds"),
-            }
+            writer.apply(&batches.writes(), events.alerting())
         };
         let unclaimed = batches.conclude(applied);
-        match holds.as_deref() {
-            // Held for callers that are gone: no guard will end them, and they moved nothing.
-            Some(shared) if !unclaimed.is_empty() => {
-                let ended = unclaimed;
-                shared
-                    .lock()
-                    .holds
-                    .apply(crate::store::sea::held::HoldChanges {
-                        ended,
-                        ..crate::store::sea::held::HoldChanges::default()
-                    });
-            }
-            Some(_) => {}
-            // On a file no store owns they are in the database: refunded in the next batch.
-            None => batches.refund_unclaimed(unclaimed),
+        if !unclaimed.is_empty() {
+            let rows = writer.end_unclaimed(unclaimed);
+            batches.refund_unclaimed(rows);
         }
     }
 }

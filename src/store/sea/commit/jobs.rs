@@ -13,6 +13,8 @@ use sea_orm::{
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 
+#[cfg(feature = "sqlite")]
+use crate::store::sea::alerting::Alerting;
 use crate::store::sea::writes::{Outcome, Write};
 use crate::store::{CallFailure, CallId, Reservation, ReserveError, StoreError};
 
@@ -191,4 +193,22 @@ pub(in crate::store::sea) async fn begin_write(
         ..TransactionOptions::default()
     })
     .await
+}
+
+/// How a `SQLite` file's committer writes a batch: through a connection of its own
+/// (`super::sqlite_direct::OwnConnection`), or through one kept beside an owned file's holds,
+/// which decides reservations in memory (`crate::store::sea::owned`).
+#[cfg(feature = "sqlite")]
+pub(in crate::store::sea) trait BatchWriter: Send + 'static {
+    /// Writes `writes` in one transaction: each write's outcome, in order.
+    fn apply(
+        &mut self,
+        writes: &[&Write],
+        alerting: Option<Alerting>,
+    ) -> Result<Vec<Outcome>, Failure>;
+
+    /// Ends the reservations whose callers stopped waiting before their batch was answered:
+    /// those this writer holds in memory end here (they moved nothing); the rest, returned,
+    /// are rows, refunded in the next batch.
+    fn end_unclaimed(&mut self, unclaimed: Vec<CallId>) -> Vec<CallId>;
 }

@@ -29,11 +29,11 @@ use sea_orm::{
 
 use super::batch::{Entry, Finish, NewEntry, Plan, Reads, split};
 use crate::credits::{Balance, Credits};
-use crate::store::sea::accounts::stored_allowance;
 use crate::store::sea::alerting::{Alerting, limit_alert, threshold};
 use crate::store::sea::entity::{account, api_key, call};
 use crate::store::sea::held::Holds;
-use crate::store::sea::outbox::insert_event;
+use crate::store::sea::rows::insert_event;
+use crate::store::sea::rows::stored_allowance;
 use crate::store::sea::writes::{AccountRead, KeyChange, KeyRead, Outcome, Wanted, Write};
 use crate::store::{CallStatus, StoreError};
 

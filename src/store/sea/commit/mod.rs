@@ -2,7 +2,8 @@
 //! each (group commit), answered once durable. Every charging mode writes through it; the
 //! shared mode is the committer alone (see `super::mode`).
 //!
-//! From the bottom up: `jobs` (the committer's vocabulary and counters), `batch` (a batch's
+//! From the bottom up: `jobs` (the committer's vocabulary and counters), `row_cache` (the rows
+//! a `SQLite` file's committer keeps between batches), `batch` (a batch's
 //! decisions, against the rules), `ledger_ops` (a batch written through sea-orm) and
 //! `sqlite_direct` (a batch written to a `SQLite` file directly), `batches` and `flush` (answering
 //! once durable), `group_commit` (the committer itself).
@@ -13,5 +14,7 @@ pub(in crate::store::sea) mod flush;
 pub(in crate::store::sea) mod group_commit;
 pub(in crate::store::sea) mod jobs;
 pub(in crate::store::sea) mod ledger_ops;
+#[cfg(feature = "sqlite")]
+pub(in crate::store::sea) mod row_cache;
 #[cfg(feature = "sqlite")]
 pub(in crate::store::sea) mod sqlite_direct;

@@ -31,19 +31,19 @@ use rusqlite::{
 
 use super::batch::{EndedHold, Entry, Finish, NewEntry, Plan, Reads, split};
 use super::flush::Flusher;
-use super::jobs::{Failure, SQLITE_BUSY_TIMEOUT};
+use super::jobs::{BatchWriter, Failure, SQLITE_BUSY_TIMEOUT};
+use super::row_cache::RowCache;
 use crate::credits::{Balance, Credits};
 use crate::events::WebhookEvent;
 use crate::store::records::DeliveryStatus;
 use crate::store::rules::alerts::LimitAlert;
-use crate::store::sea::accounts::stored_allowance;
 use crate::store::sea::alerting::{Alerting, limit_alert, threshold};
 use crate::store::sea::held::{HoldChanges, Holds, IdBlock};
-use crate::store::sea::owned::state::RowCache;
+use crate::store::sea::rows::stored_allowance;
 use crate::store::sea::writes::{
     AccountRead, KeyChange, KeyRead, Outcome, Unabandoned, Wanted, Write,
 };
-use crate::store::{AccountId, CallStatus, IdempotencyKey, StoreError};
+use crate::store::{AccountId, CallId, CallStatus, IdempotencyKey, StoreError};
 
 pub(in crate::store::sea) fn store_error(error: rusqlite::Error) -> StoreError {
     StoreError::Database(Box::new(error))
@@ -135,6 +135,24 @@ pub(in crate::store::sea) type Applied = (
     Vec<(i64, Balance)>,
     Vec<KeyChange>,
 );
+
+/// The committer's own connection to a file that no store owns: every reservation is a row.
+pub(in crate::store::sea) struct OwnConnection(pub(in crate::store::sea) Connection);
+
+impl BatchWriter for OwnConnection {
+    fn apply(
+        &mut self,
+        writes: &[&Write],
+        alerting: Option<Alerting>,
+    ) -> Result<Vec<Outcome>, Failure> {
+        apply(&mut self.0, writes, alerting)
+    }
+
+    /// Rows all: refunded in the next batch.
+    fn end_unclaimed(&mut self, unclaimed: Vec<CallId>) -> Vec<CallId> {
+        unclaimed
+    }
+}
 
 /// Applies a batch on a file that no store owns: nothing is held in memory. A settle whose
 /// caller gave up on it while the batch waited for the file's write lock is left out: the batch
@@ -403,7 +421,7 @@ fn write_keys(txn: &Transaction<'_>, changes: &[KeyChange]) -> Result<(), StoreE
 }
 
 /// Inserts the batch's events into the webhook outbox, pending and due at once, as
-/// `outbox::insert_event` does through sea-orm.
+/// `rows::insert_event` does through sea-orm.
 fn insert_events(txn: &Transaction<'_>, events: &[WebhookEvent]) -> Result<(), StoreError> {
     if events.is_empty() {
         return Ok(());

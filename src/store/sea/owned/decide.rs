@@ -2,29 +2,56 @@
 //! the callers' tasks (see `super`): a batch applied beside the holds, and a reservation held
 //! without one where the rows the committer last read still hold.
 
+use std::sync::Arc;
+
 use rusqlite::{Connection, TransactionBehavior};
 
-use super::state::{RowCache, SharedHolds, State};
+use super::state::{SharedHolds, State};
 use crate::credits::{Balance, Credits};
 use crate::store::rules::alerts;
 use crate::store::rules::reserve::{Limited, Payer, decide_reserve};
 use crate::store::sea::alerting::Alerting;
-use crate::store::sea::commit::jobs::{Failure, Job, Kept, Reply};
+use crate::store::sea::commit::jobs::{BatchWriter, Failure, Job, Kept, Reply};
+use crate::store::sea::commit::row_cache::RowCache;
 use crate::store::sea::commit::sqlite_direct::{apply_in, data_version, store_error};
 use crate::store::sea::held::HoldChanges;
 use crate::store::sea::writes::{
     KeyChange, KeyRead, Outcome, OwnedCharge, Unabandoned, Wanted, Write,
 };
-use crate::store::{Reservation, ReserveError, StoreError};
+use crate::store::{CallId, Reservation, ReserveError, StoreError};
 
 /// Puts a new committer's connection beside the holds, before its thread starts, so that
 /// reservations can be decided at once from the first batch on. The rows cached are
 /// forgotten: they were read through another connection, whose `PRAGMA data_version` counts
-/// apart from this one's.
-pub(in crate::store::sea) fn install(shared: &SharedHolds, connection: Connection) {
+/// apart from this one's. Returns the committer's writer.
+pub(in crate::store::sea) fn install(shared: &Arc<SharedHolds>, connection: Connection) -> Holding {
     let mut state = shared.lock();
     state.connection = Some(connection);
     state.rows.clear();
+    Holding(shared.clone())
+}
+
+/// The committer's writer on an owned file: its connection kept beside the holds (see
+/// [`install`]), each batch applied with [`apply_holding`].
+pub(in crate::store::sea) struct Holding(Arc<SharedHolds>);
+
+impl BatchWriter for Holding {
+    fn apply(
+        &mut self,
+        writes: &[&Write],
+        alerting: Option<Alerting>,
+    ) -> Result<Vec<Outcome>, Failure> {
+        apply_holding(writes, &self.0, alerting)
+    }
+
+    /// Held for callers that are gone: no guard will end them, and they moved nothing.
+    fn end_unclaimed(&mut self, ended: Vec<CallId>) -> Vec<CallId> {
+        self.0.lock().holds.apply(HoldChanges {
+            ended,
+            ..HoldChanges::default()
+        });
+        Vec::new()
+    }
 }
 
 /// Applies a batch beside the holds. The state is locked only in memory: to lend the batch

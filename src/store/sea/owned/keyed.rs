@@ -24,67 +24,23 @@
 //! any database: from the running call, or by a transaction of its own on the pool that reads
 //! and writes the record (`super::super::idempotent`).
 
-use foldhash::HashMap;
-use std::hash::{BuildHasher, RandomState};
-
 use chrono::{DateTime, Utc};
 use sea_orm::{DatabaseConnection, EntityTrait, QuerySelect};
 
 use super::Owned;
 use super::decide;
+use super::records::RecordIndex;
 use super::state::{Frozen, State};
 use crate::store::sea::alerting::Alerting;
+use crate::store::sea::commit::group_commit::Writers;
 use crate::store::sea::commit::jobs::Reply;
 use crate::store::sea::entity::idempotent_call;
 use crate::store::sea::idempotent;
-use crate::store::sea::mode::Writers;
 use crate::store::sea::writes::{OwnedCharge, Write};
 use crate::store::{
     AccountId, CallStatus, IdempotencyKey, KeyedCall, KeyedDecision, Reservation, ReserveError,
     StoreError, decide_keyed,
 };
-
-/// How many records the file holds for each account and key, by a hash of the pair: a key
-/// counted zero times has none (a key sharing a hash with another's record is merely sent to
-/// the database, which reads the record itself).
-#[derive(Debug, Default)]
-pub(in crate::store::sea) struct RecordIndex {
-    counts: HashMap<u64, u32>,
-    hasher: RandomState,
-}
-
-impl RecordIndex {
-    fn slot(&self, account: AccountId, key: &str) -> u64 {
-        self.hasher.hash_one((account.0, key))
-    }
-
-    /// Whether the file may hold a record of `key` for `account`.
-    pub(in crate::store::sea) fn may_have(&self, account: AccountId, key: &str) -> bool {
-        self.counts.contains_key(&self.slot(account, key))
-    }
-
-    /// Counts a record inserted for `key` of `account`.
-    pub(in crate::store::sea) fn add(&mut self, account: AccountId, key: &str) {
-        *self.counts.entry(self.slot(account, key)).or_default() += 1;
-    }
-
-    /// Counts a record of `key` of `account` deleted.
-    fn remove(&mut self, account: AccountId, key: &str) {
-        let slot = self.slot(account, key);
-        if let Some(count) = self.counts.get_mut(&slot) {
-            *count -= 1;
-            if *count == 0 {
-                self.counts.remove(&slot);
-            }
-        }
-    }
-
-    /// How many distinct keys (by hash) have records.
-    #[cfg(test)]
-    pub(in crate::store::sea) fn len(&self) -> usize {
-        self.counts.len()
-    }
-}
 
 /// Reads every record's account and key. Run behind the holds' gate: nothing inserts or
 /// deletes a record meanwhile.
@@ -166,7 +122,7 @@ impl Owned {
                 }
                 // Taken from now until its batch holds the call or refuses it.
                 state.keyed_queued.push((account, key.clone()));
-                Some(slot.queue(&mut state, Write::Reserve(charge.clone()), Reply::Reserve))
+                Some(slot.queue(&mut *state, Write::Reserve(charge.clone()), Reply::Reserve))
             } else {
                 None
             }

@@ -19,15 +19,16 @@
 
 pub(super) mod decide;
 pub(super) mod keyed;
+mod records;
 pub(super) mod state;
 
 use std::path::Path;
 use std::sync::Arc;
 
 use super::commit::group_commit::Committer;
+use super::commit::group_commit::Writers;
 use super::commit::jobs::Reply;
 use super::idempotent;
-use super::mode::Writers;
 use super::writes::{OwnedCharge, Write};
 use crate::credits::Balance;
 use crate::store::{
@@ -110,7 +111,7 @@ impl Owned {
             if let Some(reserved) = decide::reserve_now(&mut state, &charge) {
                 return reserved;
             }
-            slot.queue(&mut state, Write::Reserve(charge), Reply::Reserve)
+            slot.queue(&mut *state, Write::Reserve(charge), Reply::Reserve)
         };
         answer.wait().await
     }
@@ -136,7 +137,7 @@ impl Owned {
                 };
                 Err((success, holds))
             } else {
-                Ok(slot.queue(&mut state, Write::Settle(call, success), Reply::Finish))
+                Ok(slot.queue(&mut *state, Write::Settle(call, success), Reply::Finish))
             }
         };
         match answer {
@@ -158,7 +159,7 @@ impl Owned {
         let answer = {
             let mut state = self.holds.lock();
             let refund = Write::Refund(call, failure.clone());
-            slot.queue(&mut state, refund, Reply::Finish)
+            slot.queue(&mut *state, refund, Reply::Finish)
         };
         answer.wait().await
     }

@@ -3,14 +3,12 @@
 
 use std::collections::VecDeque;
 
-use foldhash::HashMap;
-
 use super::super::held::Holds;
-use super::super::writes::{AccountRead, KeyChange, KeyRead, OwnedCharge, Wanted, Write};
-use crate::credits::Balance;
+use super::super::writes::{OwnedCharge, Write};
 use crate::store::IdempotencyKey;
-use crate::store::rules::alerts::LimitAlert;
+use crate::store::sea::commit::group_commit::Queue;
 use crate::store::sea::commit::jobs::Kept;
+use crate::store::sea::commit::row_cache::RowCache;
 
 /// The holds, shared by the committer's thread, the callers' tasks and the store's pool
 /// transactions that must see them still (a lapse, a keyed reservation, a grant).
@@ -119,7 +117,7 @@ pub(in crate::store::sea) struct State {
     pub(in crate::store::sea) connection: Option<rusqlite::Connection>,
     /// Which idempotency keys have a record in the file, once read (see `super::keyed`):
     /// `None` until the first keyed call that needs the file reads them.
-    pub(in crate::store::sea) records: Option<super::keyed::RecordIndex>,
+    pub(in crate::store::sea) records: Option<super::records::RecordIndex>,
     /// Keyed reservations sent to the committer whose batch has not yet ended, or being
     /// decided in the file (see `super::keyed`): their keys are taken, as by a running call,
     /// until the call is held or refused.
@@ -216,88 +214,8 @@ impl State {
     }
 }
 
-/// Account rows and key states as the committer last read or wrote them, valid while the
-/// committer's connection reports the same `PRAGMA data_version` (which changes when any other
-/// connection commits: a grant, a revocation, a lapse, a keyed call, another process).
-#[derive(Debug, Default)]
-pub(in crate::store::sea) struct RowCache {
-    version: Option<i64>,
-    pub(in crate::store::sea) accounts: HashMap<i64, AccountRead>,
-    /// Whether each key is active, and a limited key's allowance as the file stores it.
-    pub(in crate::store::sea) keys: HashMap<i64, KeyRead>,
-}
-
-impl RowCache {
-    /// Keeps the rows if `version` is the one they were read at; otherwise empties the cache
-    /// for that version. `true` if they were kept.
-    pub(in crate::store::sea) fn check(&mut self, version: i64) -> bool {
-        if self.version == Some(version) {
-            return true;
-        }
-        self.accounts.clear();
-        self.keys.clear();
-        self.version = Some(version);
-        false
-    }
-
-    /// The rows a batch of `wanted` can take from here, copied, at the same version.
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for `sqlite_direct` only
-    pub(in crate::store::sea) fn part(&self, wanted: &Wanted) -> RowCache {
-        let accounts = (wanted.accounts.iter())
-            .filter_map(|id| Some((*id, *self.accounts.get(id)?)))
-            .collect();
-        let keys = (wanted.keys.iter())
-            .filter_map(|id| Some((*id, *self.keys.get(id)?)))
-            .collect();
-        RowCache {
-            version: self.version,
-            accounts,
-            keys,
-        }
-    }
-
-    /// Takes in what a batch read into its [`RowCache::part`], if both are still at the same
-    /// version.
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))] // for `sqlite_direct` only
-    pub(in crate::store::sea) fn merge(&mut self, part: RowCache) {
-        if self.version.is_some() && self.version == part.version {
-            self.accounts.extend(part.accounts);
-            self.keys.extend(part.keys);
-        }
-    }
-
-    /// Forgets every row (after a batch whose outcome is unknown).
-    pub(in crate::store::sea) fn clear(&mut self) {
-        self.version = None;
-        self.accounts.clear();
-        self.keys.clear();
-    }
-
-    /// Applies a committed batch's changes to the limited keys it wrote.
-    pub(in crate::store::sea) fn apply_keys(&mut self, changes: &[KeyChange]) {
-        for change in changes {
-            let Some(read) = self.keys.get_mut(&change.key) else {
-                continue;
-            };
-            if let Some(allowance) = read.allowance.as_mut() {
-                allowance.spent = change.spent;
-                allowance.window = change.window;
-            }
-            if change.told_in.is_some() && read.limit_alert != LimitAlert::Off {
-                read.limit_alert = LimitAlert::Armed {
-                    told_in: change.told_in,
-                };
-            }
-        }
-    }
-
-    /// Applies a committed batch's changes to the rows it read.
-    pub(in crate::store::sea) fn apply(&mut self, changes: &[(i64, Balance)]) {
-        for (id, change) in changes {
-            if let Some(row) = self.accounts.get_mut(id) {
-                row.balance.subscription.0 += change.subscription.0;
-                row.balance.topup.0 += change.topup.0;
-            }
-        }
+impl Queue for State {
+    fn queue(&mut self, kept: Kept) {
+        State::queue(self, kept);
     }
 }
