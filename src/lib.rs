@@ -65,8 +65,10 @@
 //!    may hold of an escrow pot, keyed calls), with no database, runtime or clock inside; and
 //!    the backends `store::memory` and `store::sea`. Inside `store::sea`, from the bottom up:
 //!    the leaves (`entity`, `rows`, `writes`, `held`: the vocabulary, the row helpers and the
-//!    held calls); `commit/`, the committer every mode writes through (`jobs` its vocabulary,
-//!    `batch` decides a batch against the rules, `ledger_ops` and `sqlite_direct` write it
+//!    held calls); `commit/`, the committer every mode writes through, naming none (`jobs` its
+//!    vocabulary, with the `BatchWriter` a `SQLite` file's batches go through: the committer's
+//!    own connection, or the owned file's beside its holds; `batch` decides a batch against
+//!    the rules, `ledger_ops` and `sqlite_direct` write it
 //!    through sqlx or to a `SQLite` file directly, `batches` and `flush` answer once durable,
 //!    `group_commit` runs it); the charging modes above it, each a type in `mode::Mode`:
 //!    shared (the committer alone), `owned/` (a `SQLite` file one gateway owns, behind the

@@ -39,6 +39,7 @@ mod commit;
 mod entity;
 #[cfg(feature = "postgres")]
 mod escrow;
+mod grants;
 // Held calls are kept by the owned file and escrow; the batch decider reads them in any build.
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 mod held;

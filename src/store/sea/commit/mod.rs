@@ -9,6 +9,7 @@
 //! once durable), `group_commit` (the committer itself).
 
 pub(in crate::store::sea) mod batch;
+mod batch_rows;
 pub(in crate::store::sea) mod batches;
 pub(in crate::store::sea) mod flush;
 pub(in crate::store::sea) mod group_commit;
@@ -18,3 +19,5 @@ pub(in crate::store::sea) mod ledger_ops;
 pub(in crate::store::sea) mod row_cache;
 #[cfg(feature = "sqlite")]
 pub(in crate::store::sea) mod sqlite_direct;
+#[cfg(feature = "sqlite")]
+mod sqlite_writes;
