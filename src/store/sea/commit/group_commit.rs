@@ -21,7 +21,7 @@ use super::flush::{self, Durability, FlushRules, Flusher};
 use super::jobs::BatchWriter;
 #[cfg(feature = "sqlite")]
 use super::jobs::Kept;
-use super::jobs::{Counters, Failure, GroupCommitStats, Job, Reply, begin_write, stopped};
+use super::jobs::{Asked, Counters, Failure, GroupCommitStats, Job, begin_write, stopped};
 use super::ledger_ops::apply_in;
 use crate::store::sea::alerting::{Alerting, EventSettings};
 use crate::store::sea::writes::{Outcome, OwnedCharge, Unabandoned, Write};
@@ -120,35 +120,23 @@ impl Committer {
             .store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// Queues a write with its reply channel; the answer comes on the returned receiver.
-    async fn send<T, E>(
-        &self,
-        write: Write,
-        reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
-    ) -> Result<Answer<T, E>, StoreError> {
-        let (answer, answered) = oneshot::channel();
-        let job = Job {
-            write,
-            reply: reply(answer),
-        };
+    /// Queues a write; the answer comes on the returned receiver.
+    async fn send<T, E>(&self, asked: Asked<T, E>) -> Result<Answer<T, E>, StoreError> {
+        let (job, answered) = asked.job();
         self.jobs.send(job).await.map_err(|_| stopped())?;
         Ok(Answer(answered))
     }
 
     /// Queues a write and waits for the answer.
-    async fn submit<T, E: From<StoreError>>(
-        &self,
-        write: Write,
-        reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
-    ) -> Result<T, E> {
-        self.send(write, reply).await?.wait().await
+    async fn submit<T, E: From<StoreError>>(&self, asked: Asked<T, E>) -> Result<T, E> {
+        self.send(asked).await?.wait().await
     }
 
     pub(in crate::store::sea) async fn reserve(
         &self,
         charge: OwnedCharge,
     ) -> Result<Reservation, ReserveError> {
-        self.submit(Write::Reserve(charge), Reply::Reserve).await
+        self.submit(Asked::reserve(charge)).await
     }
 
     #[cfg(feature = "sqlite")]
@@ -165,8 +153,7 @@ impl Committer {
         call: CallId,
         success: CallSuccess,
     ) -> Result<bool, StoreError> {
-        self.submit(Write::Settle(call, success), Reply::Finish)
-            .await
+        self.submit(Asked::settle(call, success)).await
     }
 
     pub(in crate::store::sea) async fn refund(
@@ -174,8 +161,7 @@ impl Committer {
         call: CallId,
         failure: CallFailure,
     ) -> Result<bool, StoreError> {
-        self.submit(Write::Refund(call, failure), Reply::Finish)
-            .await
+        self.submit(Asked::refund(call, failure)).await
     }
 }
 
@@ -199,17 +185,10 @@ impl Slot {
     pub(in crate::store::sea) fn queue<T, E>(
         self,
         state: &mut impl Queue,
-        write: Write,
-        reply: impl FnOnce(oneshot::Sender<Result<T, E>>) -> Reply,
+        asked: Asked<T, E>,
     ) -> Answer<T, E> {
-        let (answer, answered) = oneshot::channel();
-        state.queue(Kept {
-            job: Job {
-                write,
-                reply: reply(answer),
-            },
-            room: self.0,
-        });
+        let (job, answered) = asked.job();
+        state.queue(Kept { job, room: self.0 });
         Answer(answered)
     }
 }

@@ -15,8 +15,8 @@ use tokio::sync::oneshot;
 
 #[cfg(feature = "sqlite")]
 use crate::store::sea::alerting::Alerting;
-use crate::store::sea::writes::{Outcome, Write};
-use crate::store::{CallFailure, CallId, Reservation, ReserveError, StoreError};
+use crate::store::sea::writes::{Outcome, OwnedCharge, Write};
+use crate::store::{CallFailure, CallId, CallSuccess, Reservation, ReserveError, StoreError};
 
 /// A write and where its answer goes.
 #[derive(Debug)]
@@ -38,6 +38,51 @@ pub(in crate::store::sea) struct Kept {
 impl Kept {
     pub(in crate::store::sea) fn send(self) {
         self.room.send(self.job);
+    }
+}
+
+/// A write paired with the answer its caller waits for, by type: a reservation answers with
+/// the reservation, a settle or a refund with whether it ended the call. The committer's
+/// callers queue these, so that no write reaches it with another write's kind of reply.
+pub(in crate::store::sea) struct Asked<T, E> {
+    write: Write,
+    reply: fn(oneshot::Sender<Result<T, E>>) -> Reply,
+}
+
+impl Asked<Reservation, ReserveError> {
+    pub(in crate::store::sea) fn reserve(charge: OwnedCharge) -> Self {
+        Asked {
+            write: Write::Reserve(charge),
+            reply: Reply::Reserve,
+        }
+    }
+}
+
+impl Asked<bool, StoreError> {
+    pub(in crate::store::sea) fn settle(call: CallId, success: CallSuccess) -> Self {
+        Asked {
+            write: Write::Settle(call, success),
+            reply: Reply::Finish,
+        }
+    }
+
+    pub(in crate::store::sea) fn refund(call: CallId, failure: CallFailure) -> Self {
+        Asked {
+            write: Write::Refund(call, failure),
+            reply: Reply::Finish,
+        }
+    }
+}
+
+impl<T, E> Asked<T, E> {
+    /// The job to queue, and where its answer will come.
+    pub(in crate::store::sea) fn job(self) -> (Job, oneshot::Receiver<Result<T, E>>) {
+        let (answer, answered) = oneshot::channel();
+        let job = Job {
+            write: self.write,
+            reply: (self.reply)(answer),
+        };
+        (job, answered)
     }
 }
 

@@ -33,10 +33,10 @@ use super::records::RecordIndex;
 use super::state::{Frozen, State};
 use crate::store::sea::alerting::Alerting;
 use crate::store::sea::commit::group_commit::Writers;
-use crate::store::sea::commit::jobs::Reply;
+use crate::store::sea::commit::jobs::Asked;
 use crate::store::sea::entity::idempotent_call;
 use crate::store::sea::idempotent;
-use crate::store::sea::writes::{OwnedCharge, Write};
+use crate::store::sea::writes::OwnedCharge;
 use crate::store::{
     AccountId, CallStatus, IdempotencyKey, KeyedCall, KeyedDecision, Reservation, ReserveError,
     StoreError, decide_keyed,
@@ -122,7 +122,7 @@ impl Owned {
                 }
                 // Taken from now until its batch holds the call or refuses it.
                 state.keyed_queued.push((account, key.clone()));
-                Some(slot.queue(&mut *state, Write::Reserve(charge.clone()), Reply::Reserve))
+                Some(slot.queue(&mut *state, Asked::reserve(charge.clone())))
             } else {
                 None
             }

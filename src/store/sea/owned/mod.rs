@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use super::commit::group_commit::Committer;
 use super::commit::group_commit::Writers;
-use super::commit::jobs::Reply;
+use super::commit::jobs::Asked;
 use super::idempotent;
 use super::writes::{OwnedCharge, Write};
 use crate::credits::Balance;
@@ -111,7 +111,7 @@ impl Owned {
             if let Some(reserved) = decide::reserve_now(&mut state, &charge) {
                 return reserved;
             }
-            slot.queue(&mut *state, Write::Reserve(charge), Reply::Reserve)
+            slot.queue(&mut *state, Asked::reserve(charge))
         };
         answer.wait().await
     }
@@ -137,7 +137,7 @@ impl Owned {
                 };
                 Err((success, holds))
             } else {
-                Ok(slot.queue(&mut *state, Write::Settle(call, success), Reply::Finish))
+                Ok(slot.queue(&mut *state, Asked::settle(call, success)))
             }
         };
         match answer {
@@ -158,8 +158,8 @@ impl Owned {
         let slot = committer.slot().await?;
         let answer = {
             let mut state = self.holds.lock();
-            let refund = Write::Refund(call, failure.clone());
-            slot.queue(&mut *state, refund, Reply::Finish)
+            let refund = Asked::refund(call, failure.clone());
+            slot.queue(&mut *state, refund)
         };
         answer.wait().await
     }
