@@ -74,7 +74,7 @@
 //!    shared (the committer alone), `owned/` (a `SQLite` file one gateway owns, behind the
 //!    `sqlite` feature) and `escrow/` (`PostgreSQL` only, behind `postgres`); then `store` (the
 //!    [`SeaOrmStore`] façade, which delegates to its mode) and the trait implementations beside
-//!    it (`ledger`, `accounts`, `reads`, `audit`, `upkeep`).
+//!    it (`ledger`, `accounts`, `grants`, `reads`, `audit`, `upkeep`).
 //! 3. Upstreams: `upstream`: [`MockUpstream`](crate::upstream::MockUpstream) (each dialect
 //!    writes its reply) and [`HttpUpstream`](crate::upstream::HttpUpstream), which is a
 //!    channel (`channel.rs`: one provider endpoint, one attempt), a failover
