@@ -30,6 +30,8 @@ pub use sea_orm;
 /// sea-orm's migrations, for [`Migrator`] (`MigratorTrait`).
 pub use sea_orm_migration;
 
+#[cfg(feature = "testing")]
+pub mod conformance;
 mod memory;
 pub(crate) mod outcome;
 mod records;

@@ -337,15 +337,14 @@ pub trait ResponseOwners: Send + Sync + std::fmt::Debug {
 
 /// Redemption codes: batches an operator sells, each code redeemed for credits once.
 ///
-/// The defaults keep none: creating a batch is refused, and every code is unknown.
+/// The defaults keep none: creating a batch answers [`StoreError::Unsupported`], and every code
+/// is unknown.
 #[async_trait]
 pub trait RedemptionCodes: Send + Sync + std::fmt::Debug {
     /// Stores a batch and its codes' hashes; returns it as listed.
     async fn create_code_batch(&self, batch: NewCodeBatch<'_>) -> Result<CodeBatch, StoreError> {
         let _ = batch;
-        Err(StoreError::Invalid(
-            "this store keeps no redemption codes".into(),
-        ))
+        Err(StoreError::Unsupported("redemption codes"))
     }
 
     /// Every batch, newest first, with its used and revoked counts.
@@ -382,7 +381,8 @@ pub trait RedemptionCodes: Send + Sync + std::fmt::Debug {
 /// redemption or a lapse, in that write's transaction), then delivered at least once by a
 /// [`WebhookDispatcher`](crate::webhooks::WebhookDispatcher), surviving restarts.
 ///
-/// The defaults keep nothing: no event is recorded or delivered.
+/// The defaults keep nothing: no event is recorded or delivered, and the list of deliveries
+/// answers [`StoreError::Unsupported`].
 #[async_trait]
 pub trait EventOutbox: Send + Sync + std::fmt::Debug {
     /// Records an event that no ledger write caused (an upstream's breaker), to deliver.
@@ -417,7 +417,7 @@ pub trait EventOutbox: Send + Sync + std::fmt::Debug {
         limit: u64,
     ) -> Result<Vec<Delivery>, StoreError> {
         let _ = (status, limit);
-        Ok(Vec::new())
+        Err(StoreError::Unsupported("webhook events"))
     }
 
     /// Makes delivery `id` pending again, due at `now` (an operator's retry); `None` if there is

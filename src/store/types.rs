@@ -343,6 +343,10 @@ pub enum StoreError {
     /// An argument the store cannot take (a grant that is not positive, an `rpm` too large).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A capability this store does not have (redemption codes, webhook events): the traits'
+    /// defaults answer it, and the conformance suite skips what answers it.
+    #[error("this store has no {0}")]
+    Unsupported(&'static str),
 }
 
 impl StoreError {

@@ -20,6 +20,8 @@ mod alerts;
 mod bad_input;
 mod clients;
 mod codes;
+#[cfg(feature = "testing")]
+mod conformance;
 mod contract;
 mod embeddings;
 mod escrow;
@@ -33,6 +35,7 @@ mod key_rules;
 mod late_settle;
 mod leases;
 mod ledger;
+#[cfg(feature = "testing")]
 mod ledger_properties;
 mod owned_file;
 mod reload;
