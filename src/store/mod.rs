@@ -35,7 +35,7 @@ pub mod conformance;
 mod memory;
 pub(crate) mod outcome;
 mod records;
-pub(crate) mod rules;
+pub mod rules;
 mod sea;
 mod traits;
 mod types;

@@ -38,7 +38,8 @@ pub(super) struct Side<'a> {
     pub(super) store: &'a dyn Store,
     pub(super) accounts: Vec<AccountId>,
     keys: Vec<[(KeyId, NewApiKey); 2]>,
-    calls: Vec<CallId>,
+    /// The calls reserved, each with the index of its key (0: the limited one).
+    calls: Vec<(CallId, usize)>,
     /// The redemption codes, `None` when the store keeps none.
     pub(super) codes: Option<Vec<NewCode>>,
     /// The run's clock, the same on both sides.
@@ -228,7 +229,7 @@ impl<'a> Side<'a> {
     }
 
     /// A reservation, settle or refund: its visible outcome and the call it reserved.
-    async fn write(&self, op: &Op) -> Step<(String, Option<CallId>)> {
+    async fn write(&self, op: &Op) -> Step<(String, Option<(CallId, usize)>)> {
         match *op {
             Op::Reserve {
                 account,
@@ -257,7 +258,7 @@ impl<'a> Side<'a> {
                     Ok(reservation) => {
                         return Ok((
                             format!("reserved {:?}", reservation.taken),
-                            Some(reservation.call),
+                            Some((reservation.call, key)),
                         ));
                     }
                     Err(ReserveError::InsufficientCredits) => "insufficient".to_owned(),
@@ -294,7 +295,7 @@ impl<'a> Side<'a> {
                 };
                 let settled = self
                     .store
-                    .settle(self.calls[index], success)
+                    .settle(self.calls[index].0, success)
                     .await
                     .map_err(|e| failed(Rule::Settle, "settle", e))?;
                 Ok((format!("settled {settled}"), None))
@@ -306,12 +307,51 @@ impl<'a> Side<'a> {
                 };
                 let refunded = self
                     .store
-                    .refund(self.calls[nth % self.calls.len()], &failure)
+                    .refund(self.calls[nth % self.calls.len()].0, &failure)
                     .await
                     .map_err(|e| failed(Rule::Refund, "refund", e))?;
                 Ok((format!("refunded {refunded}"), None))
             }
             _ => unreachable!("not a ledger write: {op:?}"),
+        }
+    }
+
+    /// Whether `op` (or a write of a burst) settles, beyond its reservation, a call made with
+    /// a key that has a spending limit. Asked before `op` is applied.
+    pub(super) fn settles_beyond_on_a_limited_key(&self, op: &Op) -> bool {
+        match op {
+            Op::Settle {
+                nth,
+                cost: Some(_),
+                beyond: true,
+                ..
+            } if !self.calls.is_empty() => self.calls[nth % self.calls.len()].1 == 0,
+            // A burst's own reservations are on either key: count them as limited.
+            Op::Settle {
+                cost: Some(_),
+                beyond: true,
+                ..
+            } => false,
+            Op::Burst(writes) => writes.iter().any(|write| {
+                self.settles_beyond_on_a_limited_key(write)
+                    || matches!(
+                        (
+                            write,
+                            writes
+                                .iter()
+                                .any(|w| matches!(w, Op::Reserve { key: 0, .. }))
+                        ),
+                        (
+                            Op::Settle {
+                                cost: Some(_),
+                                beyond: true,
+                                ..
+                            },
+                            true
+                        )
+                    )
+            }),
+            _ => false,
         }
     }
 

@@ -8,6 +8,7 @@ use super::state::{CodeRow, MemoryStore};
 use crate::call::AccountId;
 use crate::codes::CodeHash;
 use crate::store::records::{CodeBatch, NewCodeBatch, Redeemed, redemption_reason};
+use crate::store::rules::codes::{CodeState, redeemable};
 use crate::store::traits::RedemptionCodes;
 use crate::store::types::{StoreError, check_grant_amount};
 
@@ -89,11 +90,17 @@ impl RedemptionCodes for MemoryStore {
         at: DateTime<Utc>,
     ) -> Result<Option<Redeemed>, StoreError> {
         let mut state = self.lock();
-        let Some(row) = state.codes.get(code).filter(|row| !row.spent) else {
+        let Some(row) = state.codes.get(code) else {
             return Ok(None);
         };
         let batch = state.code_batches[&row.batch].clone();
-        if batch.expires_at.is_some_and(|end| end <= at) {
+        // A revoked code is marked spent here.
+        let terms = CodeState {
+            used: row.spent,
+            revoked: false,
+            expires_at: batch.expires_at,
+        };
+        if !redeemable(terms, at) {
             return Ok(None);
         }
         let reason = redemption_reason(batch.id);

@@ -1,6 +1,7 @@
 //! The in-memory store's state: one mutex-guarded map (see `super`). A leaf that the store's
 //! trait implementations share.
 
+use crate::store::rules::lapse::decide_lapse;
 use std::collections::BTreeMap;
 
 use foldhash::HashMap;
@@ -92,11 +93,12 @@ impl State {
     /// it as lapsed at `period_end`.
     pub(super) fn lapse(&mut self, account: AccountId, period_end: DateTime<Utc>) -> Option<Lapse> {
         let balance = self.balances.get_mut(&account)?;
-        let amount = balance.subscription;
+        // Nothing is held apart here: a reservation took its credits at once.
+        let amount = decide_lapse(balance.subscription, Credits::ZERO, &[]).lapsed;
         if amount <= Credits::ZERO {
             return None;
         }
-        balance.subscription = Credits::ZERO;
+        balance.subscription = balance.subscription.minus(amount);
         self.accounts.get_mut(&account)?.lapsed += i128::from(amount.get());
         Some(Lapse {
             account,

@@ -15,7 +15,7 @@ use crate::credits::Credits;
 
 /// Whether a balance going from `before` to `after` falls below `threshold` (none, or zero:
 /// never told).
-pub(crate) fn falls_below(threshold: Option<Credits>, before: Credits, after: Credits) -> bool {
+pub fn falls_below(threshold: Option<Credits>, before: Credits, after: Credits) -> bool {
     threshold.is_some_and(|threshold| {
         threshold > Credits::ZERO && before >= threshold && after < threshold
     })
@@ -23,18 +23,21 @@ pub(crate) fn falls_below(threshold: Option<Credits>, before: Credits, after: Cr
 
 /// Whether a key's reaching its limit is told, and in which window it last was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LimitAlert {
+pub enum LimitAlert {
     /// Not told (the store writes no events).
     Off,
     /// Told once per window: `told_in` is the last window it was told in.
-    Armed { told_in: Option<i64> },
+    Armed {
+        /// The window it was last told in (see [`LimitPeriod::window`](crate::call::LimitPeriod::window)).
+        told_in: Option<i64>,
+    },
 }
 
 impl LimitAlert {
     /// Whether a reservation of `price` made at `at`, which `allowance` (beside `held`, what the
     /// key's calls hold in memory) now counts, is to be told: it leaves too little for another
     /// call at the same price, in a window not yet told.
-    pub(crate) fn due(
+    pub fn due(
         self,
         allowance: &Allowance,
         held: Credits,
@@ -48,7 +51,7 @@ impl LimitAlert {
     }
 
     /// The same, told at `at`.
-    pub(crate) fn told(self, allowance: &Allowance, at: DateTime<Utc>) -> LimitAlert {
+    pub fn told(self, allowance: &Allowance, at: DateTime<Utc>) -> LimitAlert {
         match self {
             LimitAlert::Off => LimitAlert::Off,
             LimitAlert::Armed { .. } => LimitAlert::Armed {

@@ -10,16 +10,18 @@ use crate::credits::Credits;
 
 /// A limited key's spending, as stored beside the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Allowance {
-    pub(crate) limit: KeyLimit,
+pub struct Allowance {
+    /// The key's limit.
+    pub limit: KeyLimit,
     /// Spent in window `window`: reserved and not given back.
-    pub(crate) spent: i64,
-    pub(crate) window: i64,
+    pub spent: i64,
+    /// The window `spent` counts in (see [`LimitPeriod::window`](crate::call::LimitPeriod::window)).
+    pub window: i64,
 }
 
 impl Allowance {
     /// What counts as spent at `at`: nothing once `at` is past the stored window.
-    pub(crate) fn spent_at(&self, at: DateTime<Utc>) -> i64 {
+    pub fn spent_at(&self, at: DateTime<Utc>) -> i64 {
         if self.limit.period.window(at) == self.window {
             self.spent
         } else {
@@ -29,7 +31,7 @@ impl Allowance {
 
     /// Whether a call reserved at `at` may take `price` more, beside `held` (what the key's
     /// calls held in memory hold, not yet in `spent`).
-    pub(crate) fn admits(&self, held: Credits, price: Credits, at: DateTime<Utc>) -> bool {
+    pub fn admits(&self, held: Credits, price: Credits, at: DateTime<Utc>) -> bool {
         let after =
             i128::from(self.spent_at(at)) + i128::from(held.get()) + i128::from(price.get());
         after <= i128::from(self.limit.credits.get())
@@ -39,12 +41,7 @@ impl Allowance {
     /// beside `held` (what the key's calls hold in memory, not yet in `spent`): what the limit
     /// leaves in the call's window, and nothing once that window has ended (a call is counted in
     /// the window it was reserved in, and an ended window is never reopened).
-    pub(crate) fn room(
-        &self,
-        held: Credits,
-        reserved_at: DateTime<Utc>,
-        now: DateTime<Utc>,
-    ) -> Credits {
+    pub fn room(&self, held: Credits, reserved_at: DateTime<Utc>, now: DateTime<Utc>) -> Credits {
         let window = self.limit.period.window(reserved_at);
         if window != self.limit.period.window(now) {
             return Credits::ZERO;
@@ -63,7 +60,7 @@ impl Allowance {
     /// Adds `amount` (less than zero: gives it back) for a call reserved at `reserved_at`: in
     /// its window if that is the current one (a later window starts it afresh); an ended
     /// window's call changes nothing. Never below zero.
-    pub(crate) fn record(&mut self, amount: i64, reserved_at: DateTime<Utc>) {
+    pub fn record(&mut self, amount: i64, reserved_at: DateTime<Utc>) {
         let window = self.limit.period.window(reserved_at);
         if window > self.window {
             self.window = window;

@@ -8,13 +8,13 @@
 use crate::credits::{Balance, Split};
 
 /// The balance with a refunded call's credits back in the buckets they came from.
-pub(crate) fn give_back(balance: Balance, taken: Split) -> Balance {
+pub fn give_back(balance: Balance, taken: Split) -> Balance {
     debug_assert!(is_split(taken), "a reservation took {taken:?}");
     balance.plus(taken)
 }
 
 /// The balance once a reservation takes its credits from it at once.
-pub(crate) fn take(balance: Balance, taken: Split) -> Balance {
+pub fn take(balance: Balance, taken: Split) -> Balance {
     let left = balance.minus(taken);
     debug_assert!(
         left.subscription.get() >= 0 && left.topup.get() >= 0,
@@ -24,13 +24,13 @@ pub(crate) fn take(balance: Balance, taken: Split) -> Balance {
 }
 
 /// What is held with one more call's credits.
-pub(crate) fn hold(held: Balance, taken: Split) -> Balance {
+pub fn hold(held: Balance, taken: Split) -> Balance {
     debug_assert!(is_split(taken), "a reservation took {taken:?}");
     held.plus(taken)
 }
 
 /// What is held once a held call ends, settled or refunded.
-pub(crate) fn release(held: Balance, taken: Split) -> Balance {
+pub fn release(held: Balance, taken: Split) -> Balance {
     let left = held.minus(taken);
     debug_assert!(
         left.subscription.get() >= 0 && left.topup.get() >= 0,
@@ -41,7 +41,7 @@ pub(crate) fn release(held: Balance, taken: Split) -> Balance {
 
 /// The balance once a held call's settle debits it: `None` when a bucket would go below zero
 /// (another writer, a lapse, took the credits), and the call then ends unbilled.
-pub(crate) fn debit_held(balance: Balance, taken: Split) -> Option<Balance> {
+pub fn debit_held(balance: Balance, taken: Split) -> Option<Balance> {
     debug_assert!(is_split(taken), "a reservation took {taken:?}");
     let after = balance.minus(taken);
     (after.subscription.get() >= 0 && after.topup.get() >= 0).then_some(after)
@@ -50,7 +50,7 @@ pub(crate) fn debit_held(balance: Balance, taken: Split) -> Option<Balance> {
 /// Whether what is held on each account (or pot) is the sum of its held calls' credits:
 /// `held` lists each account's hold, `calls` each held call's account and credits.
 #[cfg(any(feature = "sqlite", feature = "postgres", test))]
-pub(crate) fn sums_agree<K: Ord + Copy>(
+pub fn sums_agree<K: Ord + Copy>(
     held: impl IntoIterator<Item = (K, Balance)>,
     calls: impl IntoIterator<Item = (K, Split)>,
 ) -> bool {

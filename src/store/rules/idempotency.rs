@@ -36,16 +36,20 @@ pub const DEFAULT_IDEMPOTENCY_WINDOW: std::time::Duration =
 
 /// A keyed call's record as a store reads it, under the account's lock.
 #[derive(Debug, Clone)]
-pub(crate) struct KeyedCall {
-    pub(crate) fingerprint: String,
-    pub(crate) status: CallStatus,
-    pub(crate) created_at: DateTime<Utc>,
-    pub(crate) reply: Option<KeptReply>,
+pub struct KeyedCall {
+    /// The request's fingerprint (an [`IdempotencyKey`]'s).
+    pub fingerprint: String,
+    /// Its call's status.
+    pub status: CallStatus,
+    /// When the record was made.
+    pub created_at: DateTime<Utc>,
+    /// The reply kept with its settle, if any.
+    pub reply: Option<KeptReply>,
 }
 
 /// What a keyed reservation does, given the record under its key.
 #[derive(Debug)]
-pub(crate) enum KeyedDecision {
+pub enum KeyedDecision {
     /// Reserve as usual, and insert the record or point it at the new call.
     Reserve,
     /// Answer without reserving.
@@ -55,17 +59,14 @@ pub(crate) enum KeyedDecision {
 /// A record made at or before this moment is past `window` at `now`; `None` when none can be
 /// (a window reaching before the earliest time). The one statement of "past its window", for
 /// the rule below and for forgetting records.
-pub(crate) fn window_cutoff(
-    now: DateTime<Utc>,
-    window: std::time::Duration,
-) -> Option<DateTime<Utc>> {
+pub fn window_cutoff(now: DateTime<Utc>, window: std::time::Duration) -> Option<DateTime<Utc>> {
     chrono::Duration::from_std(window)
         .ok()
         .and_then(|window| now.checked_sub_signed(window))
 }
 
 /// The rule of the table in the module docs.
-pub(crate) fn decide(
+pub fn decide(
     found: Option<KeyedCall>,
     key: &IdempotencyKey,
     now: DateTime<Utc>,

@@ -12,27 +12,27 @@ use crate::store::types::{ReserveError, unknown_account};
 
 /// What a reservation sees of the account that pays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Payer {
+pub struct Payer {
     /// The balance as the store keeps it (the row, or an escrow pot).
-    pub(crate) balance: Balance,
+    pub balance: Balance,
     /// What calls under way hold of it and it has not yet been charged (zero where a
     /// reservation takes its credits from the balance at once).
-    pub(crate) held: Balance,
+    pub held: Balance,
     /// When the subscription period ends, if it does.
-    pub(crate) subscription_ends_at: Option<DateTime<Utc>>,
+    pub subscription_ends_at: Option<DateTime<Utc>>,
 }
 
 impl Payer {
     /// What it may spend at `at`: its balance free of what is held, without subscription
     /// credits whose period has ended.
-    pub(crate) fn free(&self, at: DateTime<Utc>) -> Balance {
+    pub fn free(&self, at: DateTime<Utc>) -> Balance {
         self.balance
             .free_of(self.held)
             .spendable(self.subscription_ends_at, at)
     }
 
     /// A balance that reservations take from at once: nothing held beside it.
-    pub(crate) fn unheld(balance: Balance, subscription_ends_at: Option<DateTime<Utc>>) -> Payer {
+    pub fn unheld(balance: Balance, subscription_ends_at: Option<DateTime<Utc>>) -> Payer {
         Payer {
             balance,
             held: Balance::default(),
@@ -43,7 +43,7 @@ impl Payer {
 
 /// Why a reservation is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// The caller's key is revoked or unknown.
     KeyRevoked,
     /// No such account.
@@ -56,7 +56,7 @@ pub(crate) enum Refusal {
 
 impl Refusal {
     /// The error a store answers with, for `account`.
-    pub(crate) fn into_error(self, account: AccountId) -> ReserveError {
+    pub fn into_error(self, account: AccountId) -> ReserveError {
         match self {
             Refusal::KeyRevoked => ReserveError::KeyRevoked,
             Refusal::UnknownAccount => unknown_account(account).into(),
@@ -70,16 +70,19 @@ impl Refusal {
 /// calls held in memory hold beside it, and when the reservation is recorded (its entry's
 /// `created_at`: the window it counts in, then and when it is refunded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Limited {
-    pub(crate) allowance: Allowance,
-    pub(crate) held: Credits,
-    pub(crate) at: DateTime<Utc>,
+pub struct Limited {
+    /// The allowance as stored.
+    pub allowance: Allowance,
+    /// What the key's calls held in memory hold beside it.
+    pub held: Credits,
+    /// When the reservation is recorded.
+    pub at: DateTime<Utc>,
 }
 
 /// Decides a reservation of `price` made at `at` by a caller whose key is `key_active` (and
 /// `limited`, if it has a spending limit), paid by `payer` (`None`: no such account): what it
 /// takes of each bucket, or why it is refused.
-pub(crate) fn decide_reserve(
+pub fn decide_reserve(
     key_active: bool,
     limited: Option<Limited>,
     payer: Option<Payer>,

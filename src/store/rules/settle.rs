@@ -13,31 +13,34 @@ use crate::credits::{Balance, Credits, Split};
 
 /// What a settle moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Settlement {
+pub struct Settlement {
     /// What the call is charged, bucket by bucket (what the entry records).
-    pub(crate) charged: Split,
+    pub charged: Split,
     /// What goes back of what the reservation took (its cost was below the reservation).
-    pub(crate) returned: Split,
+    pub returned: Split,
     /// What is taken beyond the reservation (its cost was above it), from free credits.
-    pub(crate) extra: Split,
+    pub extra: Split,
     /// What the account could not pay of the cost.
-    pub(crate) shortfall: Credits,
+    pub shortfall: Credits,
 }
 
 /// How much a settle may take beyond what its reservation took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Beyond {
+pub enum Beyond {
     /// Nothing: the reservation is the most a call is charged (the default).
     Nothing,
     /// What the account can pay, within `key_room` when the call's key has a spending limit
     /// (what that limit still allows in the window the call was reserved in).
-    Free { key_room: Option<Credits> },
+    Free {
+        /// Within this, for a key with a spending limit.
+        key_room: Option<Credits>,
+    },
 }
 
 impl Beyond {
     /// For a call whose success says whether it may be charged beyond its reservation, on a key
     /// with `key_room` left under its limit (`None`: no limit).
-    pub(crate) fn of(allowed: bool, key_room: Option<Credits>) -> Beyond {
+    pub fn of(allowed: bool, key_room: Option<Credits>) -> Beyond {
         if allowed {
             Beyond::Free { key_room }
         } else {
@@ -58,7 +61,7 @@ impl Beyond {
 /// reservation is the cost, as for a price per call), with `free` what the account can spend
 /// now besides it (no bucket below zero; a subscription whose period ended counts as empty), and
 /// `beyond` how much beyond the reservation it may take at all.
-pub(crate) fn decide_settle(
+pub fn decide_settle(
     taken: Split,
     cost: Option<Credits>,
     free: Balance,

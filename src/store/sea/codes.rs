@@ -19,6 +19,7 @@ use crate::codes::CodeHash;
 use crate::credits::{Bucket, Credits};
 use crate::events::{EventType, WebhookEvent};
 use crate::store::records::{CodeBatch, NewCodeBatch, Redeemed, redemption_reason};
+use crate::store::rules::codes::{CodeState, redeemable};
 use crate::store::traits::RedemptionCodes;
 use crate::store::types::{StoreError, check_grant_amount};
 
@@ -166,16 +167,18 @@ impl RedemptionCodes for SeaOrmStore {
         else {
             return Ok(None);
         };
-        if row.redeemed_at.is_some() || row.revoked_at.is_some() {
-            return Ok(None);
-        }
         let Some(batch) = code_batch::Entity::find_by_id(row.batch_id)
             .one(&self.db)
             .await?
         else {
             return Ok(None);
         };
-        if batch.expires_at.is_some_and(|end| end <= at) {
+        let terms = CodeState {
+            used: row.redeemed_at.is_some(),
+            revoked: row.revoked_at.is_some(),
+            expires_at: batch.expires_at,
+        };
+        if !redeemable(terms, at) {
             return Ok(None);
         }
         let batch = listed(batch, None)?;

@@ -10,6 +10,7 @@ use sea_orm::{
 
 use super::entity::{account, escrow, subscription_lapse};
 use crate::credits::Credits;
+use crate::store::rules::lapse::{PotSubscription, decide_lapse};
 use crate::store::{AccountId, Lapse, LeaseId, StoreError};
 
 /// Takes out what is left of a locked account's subscription credits, if anything, recording
@@ -25,39 +26,34 @@ pub(super) async fn lapse<C: ConnectionTrait>(
     held: Credits,
     escrow_held: &[(LeaseId, Credits)],
 ) -> Result<Option<Lapse>, StoreError> {
-    let from_row = Ord::max(Credits(row.subscription_credits).minus(held).get(), 0);
     let escrowed: Vec<escrow::Model> = escrow::Entity::find()
         .filter(escrow::Column::AccountId.eq(row.id))
         .filter(escrow::Column::SubscriptionCredits.gt(0))
         .lock_exclusive()
         .all(txn)
         .await?;
-    // Each escrow row keeps what the lapsing store's calls hold on it.
-    let kept: Vec<(i64, i64)> = escrowed
+    let pots: Vec<PotSubscription> = escrowed
         .iter()
-        .map(|escrowed| {
-            let held = escrow_held
+        .map(|escrowed| PotSubscription {
+            in_pot: Credits(escrowed.subscription_credits),
+            held_here: escrow_held
                 .iter()
                 .find(|(lease, _)| lease.0 == escrowed.instance_id)
-                .map_or(0, |(_, held)| held.0);
-            (
-                escrowed.instance_id,
-                Ord::min(escrowed.subscription_credits, held),
-            )
+                .map_or(Credits::ZERO, |(_, held)| *held),
         })
         .collect();
-    let from_escrow: i64 = escrowed
-        .iter()
-        .map(|row| row.subscription_credits)
-        .sum::<i64>()
-        - kept.iter().map(|(_, kept)| kept).sum::<i64>();
-    let left = from_row + from_escrow;
+    let plan = decide_lapse(Credits(row.subscription_credits), held, &pots);
+    let left = plan.lapsed.get();
     if left <= 0 {
         return Ok(None);
     }
-    if from_row > 0 {
+    if plan.from_row > Credits::ZERO {
+        let kept_in_row = row.subscription_credits - plan.from_row.get();
         let emptied = account::Entity::update_many()
-            .col_expr(account::Column::SubscriptionCredits, Expr::value(held.0))
+            .col_expr(
+                account::Column::SubscriptionCredits,
+                Expr::value(kept_in_row),
+            )
             .filter(account::Column::Id.eq(row.id))
             .filter(account::Column::SubscriptionCredits.eq(row.subscription_credits))
             .exec(txn)
@@ -69,11 +65,11 @@ pub(super) async fn lapse<C: ConnectionTrait>(
             )));
         }
     }
-    for (lease, kept) in kept {
+    for (pot, kept) in escrowed.iter().zip(plan.kept) {
         escrow::Entity::update_many()
-            .col_expr(escrow::Column::SubscriptionCredits, Expr::value(kept))
+            .col_expr(escrow::Column::SubscriptionCredits, Expr::value(kept.get()))
             .filter(escrow::Column::AccountId.eq(row.id))
-            .filter(escrow::Column::InstanceId.eq(lease))
+            .filter(escrow::Column::InstanceId.eq(pot.instance_id))
             .exec(txn)
             .await?;
     }

@@ -12,10 +12,11 @@ use tokio::sync::oneshot;
 
 use super::rows::{escrow_row, write_escrow_row};
 use super::state::{
-    ESCROW_FROM_CALLS, Escrow, ID_BLOCK, KeyRead, MAX_SLICE_CALLS, PotKey, REFILLED_SOON, Refill,
-    SLICE_CALLS, SLICE_SHARE, Seen, Short, stopped, what_to_hold,
+    Escrow, ID_BLOCK, KeyRead, MAX_SLICE_CALLS, PotKey, REFILLED_SOON, Refill, SLICE_CALLS, Seen,
+    Short, stopped, what_to_hold,
 };
-use crate::credits::{Balance, Credits, Split};
+use crate::credits::{Balance, Credits};
+use crate::store::rules::escrow::{Slice, refill};
 use crate::store::rules::holds;
 use crate::store::sea::alerting::threshold;
 use crate::store::sea::commit::group_commit::Committer;
@@ -245,27 +246,7 @@ impl Escrow {
         // it only through a reservation in the database, whose batch tells it.
         let keep = threshold(self.events.alerting(), row.low_balance_credits)
             .map_or(0, |threshold| threshold.0);
-        let want = match slice {
-            // A slice, or at most an eighth of what is there; nothing from an account running
-            // low.
-            Slice::Calls { price, calls } => {
-                if spendable.total().0 >= price.0.saturating_mul(ESCROW_FROM_CALLS) {
-                    Ord::min(
-                        price.0.saturating_mul(calls),
-                        spendable.total().0 / SLICE_SHARE,
-                    )
-                    .min((spendable.total().0 - keep).max(0))
-                } else {
-                    0
-                }
-            }
-            Slice::Exactly(amount) => Ord::min(amount.0, spendable.total().0),
-        };
-        let from_subscription = Ord::min(spendable.subscription.0, want);
-        let take = Split {
-            subscription: Credits(from_subscription),
-            topup: Credits(Ord::min(spendable.topup.0, want - from_subscription)),
-        };
+        let take = refill(spendable, Credits(keep), slice);
         let left = pool.minus(take);
         let escrowed = stored.less(free).plus(take);
         account::Entity::update_many()
@@ -353,12 +334,4 @@ impl Escrow {
         }
         reserved
     }
-}
-
-/// What a refill takes into the escrow.
-enum Slice {
-    /// Some calls' worth at `price`.
-    Calls { price: Credits, calls: i64 },
-    /// What a settle needs beyond what its call holds.
-    Exactly(Credits),
 }

@@ -30,17 +30,6 @@ pub(super) const MAX_SLICE_CALLS: i64 = 1024;
 /// See [`MAX_SLICE_CALLS`].
 pub(super) const REFILLED_SOON: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// A slice is never more than this share of what the account has to spend (1/8), so that other
-/// instances find some, and so that what an instance holds when the account runs low is small.
-pub(super) const SLICE_SHARE: i64 = 8;
-
-/// How many calls' worth an account must have to spend (in its row and this instance's free
-/// escrow) for a refill to take a slice. Below that its calls are reserved in the database,
-/// where every instance sees the same credits, so that an account running low is refused only
-/// when it cannot pay, save for what other instances still have in escrow (what each took at
-/// its last refill, at most an eighth of what the account had then).
-pub(super) const ESCROW_FROM_CALLS: i64 = 256;
-
 /// How long a reservation refused for credits that other instances hold in escrow waits for
 /// them to give back what they have free (see [`Escrow::recall`]).
 pub(super) const RECALL_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
