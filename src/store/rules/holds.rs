@@ -5,7 +5,10 @@
 //! balance (an owned file, escrow), and a settle debits them from the balance while a refund
 //! moves nothing. What a settle charges is [`super::settle`]'s.
 
-use crate::credits::{Balance, Split};
+use chrono::{DateTime, Utc};
+
+use crate::call::LimitPeriod;
+use crate::credits::{Balance, Credits, Split};
 
 /// The balance with a refunded call's credits back in the buckets they came from.
 pub fn give_back(balance: Balance, taken: Split) -> Balance {
@@ -67,6 +70,61 @@ pub fn sums_agree<K: Ord + Copy>(
     held == sums
 }
 
+/// What one key's held calls hold: in all, and each with when it was reserved (a spending
+/// limit counts a call in the window it was reserved in, so calls of a window that has ended
+/// do not count against the next). A store that holds reservations apart from the balance
+/// keeps one for each key with calls under way, and adds what they hold to the key's stored
+/// spending when it decides a reservation ([`reserve::Limited::held`](super::reserve::Limited::held)).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct KeyHolds {
+    total: Credits,
+    calls: Vec<(DateTime<Utc>, Credits)>,
+}
+
+impl KeyHolds {
+    /// Holds a call of `taken` credits reserved at `reserved_at`.
+    pub fn add(&mut self, reserved_at: DateTime<Utc>, taken: Credits) {
+        debug_assert!(taken >= Credits::ZERO, "a call holds {taken:?}");
+        self.total = Credits::new(self.total.get() + taken.get());
+        self.calls.push((reserved_at, taken));
+        debug_assert!(self.sums_agree(), "{self:?}");
+    }
+
+    /// Takes an ended call off; `true` if none is left. A call never held takes nothing off.
+    pub fn remove(&mut self, reserved_at: DateTime<Utc>, taken: Credits) -> bool {
+        if let Some(at) = (self.calls.iter()).position(|call| *call == (reserved_at, taken)) {
+            self.calls.swap_remove(at);
+            self.total = Credits::new(self.total.get() - taken.get());
+        }
+        debug_assert!(self.sums_agree(), "{self:?}");
+        self.calls.is_empty()
+    }
+
+    /// What the calls reserved in `period`'s window of `at` hold.
+    pub fn in_window(&self, period: LimitPeriod, at: DateTime<Utc>) -> Credits {
+        let window = period.window(at);
+        let earlier: i64 = (self.calls.iter())
+            .filter(|(reserved_at, _)| period.window(*reserved_at) != window)
+            .map(|(_, taken)| taken.get())
+            .sum();
+        let held = Credits::new(self.total.get() - earlier);
+        debug_assert!(
+            held >= Credits::ZERO && held <= self.total,
+            "a window holds {held:?} of {self:?}"
+        );
+        held
+    }
+
+    /// What all the key's held calls hold.
+    pub fn total(&self) -> Credits {
+        self.total
+    }
+
+    fn sums_agree(&self) -> bool {
+        self.total.get() == self.calls.iter().map(|(_, taken)| taken.get()).sum::<i64>()
+    }
+}
+
 /// Whether `split` is what a reservation can take: no part below zero.
 fn is_split(split: Split) -> bool {
     split.subscription.get() >= 0 && split.topup.get() >= 0
@@ -103,8 +161,58 @@ mod tests {
         assert_eq!(debit_held(balance(5, 2), split(0, 3)), None);
     }
 
+    fn at(day: i64) -> DateTime<Utc> {
+        use chrono::TimeZone;
+        Utc.with_ymd_and_hms(2030, 1, 1, 12, 0, 0).unwrap() + chrono::Duration::days(day)
+    }
+
+    #[test]
+    fn a_keys_held_calls_count_in_the_window_they_were_reserved_in() {
+        let mut key = KeyHolds::default();
+        key.add(at(0), Credits::new(5));
+        key.add(at(1), Credits::new(7));
+        assert_eq!(key.total(), Credits::new(12));
+        assert_eq!(key.in_window(LimitPeriod::Day, at(1)), Credits::new(7));
+        assert_eq!(key.in_window(LimitPeriod::None, at(1)), Credits::new(12));
+        assert!(!key.remove(at(0), Credits::new(5)));
+        assert_eq!(key.in_window(LimitPeriod::Day, at(0)), Credits::ZERO);
+        // A call never held takes nothing off.
+        assert!(!key.remove(at(3), Credits::new(7)));
+        assert_eq!(key.total(), Credits::new(7));
+        assert!(key.remove(at(1), Credits::new(7)));
+        assert_eq!(key.total(), Credits::ZERO);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(10_000))]
+
+        /// What a key's calls hold is the sum of those still held; a window holds no more than
+        /// all of them and no less than nothing; the windows of one period add up to the total.
+        #[test]
+        fn a_keys_holds_are_the_sum_of_its_calls_still_held(
+            calls in prop::collection::vec((0i64..4, 0i64..1_000), 0..20),
+            ended in prop::collection::vec(any::<bool>(), 20),
+        ) {
+            let mut key = KeyHolds::default();
+            for (day, taken) in &calls {
+                key.add(at(*day), Credits::new(*taken));
+            }
+            let mut left = 0;
+            for ((day, taken), end) in calls.iter().zip(&ended) {
+                if *end {
+                    key.remove(at(*day), Credits::new(*taken));
+                } else {
+                    left += taken;
+                }
+            }
+            prop_assert_eq!(key.total(), Credits::new(left));
+            let by_day: i64 = (0..4).map(|day| key.in_window(LimitPeriod::Day, at(day)).get()).sum();
+            prop_assert_eq!(by_day, left);
+            for day in 0..4 {
+                let held = key.in_window(LimitPeriod::Day, at(day));
+                prop_assert!(held >= Credits::ZERO && held <= key.total());
+            }
+        }
 
         /// Holding calls and releasing each once leaves nothing held; what is held at any moment
         /// is the sum of the calls still held.

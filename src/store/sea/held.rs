@@ -15,6 +15,7 @@ use crate::call::LimitPeriod;
 use crate::credits::{Balance, Credits, Split};
 #[cfg(feature = "sqlite")]
 use crate::store::rules;
+use crate::store::rules::holds::KeyHolds;
 use crate::store::{AccountId, CallId, KeyId};
 
 /// A call whose credits are held in memory.
@@ -35,7 +36,7 @@ pub(super) struct Holds {
     accounts: HashMap<AccountId, Balance>,
     /// What each key's held calls hold, for its spending limit (every key, limited or not:
     /// a limit may be set while its calls are held).
-    keys: HashMap<KeyId, KeyHeld>,
+    keys: HashMap<KeyId, KeyHolds>,
     #[cfg(feature = "sqlite")]
     ids: IdBlock,
     /// The held calls with an idempotency key, by account and key (only a file its store owns
@@ -43,43 +44,6 @@ pub(super) struct Holds {
     /// hashed with std's `SipHash`.
     #[cfg(feature = "sqlite")]
     keyed: HashMap<AccountId, std::collections::HashMap<Arc<str>, CallId>>,
-}
-
-/// What one key's held calls hold: in all, and each with when it was reserved (a spending
-/// limit counts a call in the window it was reserved in, so calls of a window that has ended
-/// do not count against the next).
-#[derive(Debug, Default, Clone)]
-pub(super) struct KeyHeld {
-    total: Credits,
-    calls: Vec<(DateTime<Utc>, Credits)>,
-}
-
-impl KeyHeld {
-    #[cfg(feature = "sqlite")]
-    fn add(&mut self, reserved_at: DateTime<Utc>, taken: Credits) {
-        self.total = Credits(self.total.get() + taken.get());
-        self.calls.push((reserved_at, taken));
-    }
-
-    /// Takes a call off; `true` if none is left.
-    #[cfg(feature = "sqlite")]
-    fn remove(&mut self, reserved_at: DateTime<Utc>, taken: Credits) -> bool {
-        if let Some(at) = (self.calls.iter()).position(|call| *call == (reserved_at, taken)) {
-            self.calls.swap_remove(at);
-            self.total = Credits(self.total.get() - taken.get());
-        }
-        self.calls.is_empty()
-    }
-
-    /// What the calls reserved in `period`'s window of `at` hold.
-    fn in_window(&self, period: LimitPeriod, at: DateTime<Utc>) -> Credits {
-        let window = period.window(at);
-        let earlier: i64 = (self.calls.iter())
-            .filter(|(reserved_at, _)| period.window(*reserved_at) != window)
-            .map(|(_, taken)| taken.get())
-            .sum();
-        Credits(self.total.get() - earlier)
-    }
 }
 
 #[cfg(feature = "sqlite")]
@@ -123,7 +87,7 @@ impl Holds {
     /// What `key`'s held calls hold.
     #[cfg(feature = "sqlite")]
     pub(super) fn on_key(&self, key: KeyId) -> Credits {
-        self.keys.get(&key).map_or(Credits::ZERO, |held| held.total)
+        self.keys.get(&key).map_or(Credits::ZERO, KeyHolds::total)
     }
 
     /// What `key`'s held calls reserved in `period`'s window of `at` hold: what counts against
@@ -135,7 +99,7 @@ impl Holds {
     }
 
     #[cfg(feature = "sqlite")]
-    fn key_part(&self, key: KeyId) -> KeyHeld {
+    fn key_part(&self, key: KeyId) -> KeyHolds {
         self.keys.get(&key).cloned().unwrap_or_default()
     }
 
