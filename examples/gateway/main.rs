@@ -148,7 +148,7 @@ struct ServeArgs {
     mock: bool,
     /// Serve `stream: true` as server-sent events (default: the catalogue's `streaming`, off);
     /// when set, this wins over the catalogue.
-    #[arg(long, env = "GATEWAY_STREAMING", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(long, env = "GATEWAY_STREAMING", value_name = "1|0", hide_possible_values = true, value_parser = clap::builder::FalseyValueParser::new())]
     streaming: Option<bool>,
     /// Refusals' bodies: `detail` (exactly `{"detail": ...}`, as specified) or `compatible`
     /// (also the client protocol's own error object, which the OpenAI SDKs read; default: the
