@@ -75,24 +75,22 @@ impl StreamReader {
         self.state.usage_only
     }
 
-    /// The usage the stream has reported so far. When output is counted: before the stream's
-    /// end, the larger of the output reported and the output counted (a provider reports its
-    /// final count only at the end); at the end, the output counted if none was reported. A
-    /// count of the gateway's own is marked [`TokenUsage::estimated`].
-    pub(crate) fn usage(&self) -> TokenUsage {
-        let mut usage = self.state.usage;
-        if let Some(counted) = self.counted_output {
-            let counted = i64::try_from(counted).unwrap_or(i64::MAX);
-            let use_count = match usage.output_tokens {
-                None => true,
-                Some(reported) => !self.ended && counted > reported,
-            };
-            if use_count {
-                usage.output_tokens = Some(counted);
-                usage.estimated = true;
-            }
-        }
-        usage
+    /// The usage the stream has reported so far, as the provider reported it. What is charged
+    /// when the output was not reported is the store's rule (`store::rules::usage`), from this,
+    /// [`counted_output`](Self::counted_output) and [`ended`](Self::ended).
+    pub(crate) fn reported(&self) -> TokenUsage {
+        self.state.usage
+    }
+
+    /// Output tokens in the content read so far, when counted (see
+    /// [`counting_output`](Self::counting_output)).
+    pub(crate) fn counted_output(&self) -> Option<u64> {
+        self.counted_output
+    }
+
+    /// Whether the stream's normal end was read.
+    pub(crate) fn ended(&self) -> bool {
+        self.ended
     }
 
     /// The gateway's last event when the provider failed after the stream started: see
@@ -157,7 +155,7 @@ mod tests {
             EventKind::End
         );
         assert_eq!(
-            reader.usage(),
+            reader.reported(),
             TokenUsage {
                 input_tokens: Some(25),
                 output_tokens: Some(15),
@@ -206,7 +204,7 @@ mod tests {
         assert_eq!(reader.read(tool), EventKind::Content);
         let usage = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":3,\"total_tokens\":12}}\n\n";
         assert_eq!(reader.read(usage), EventKind::Other);
-        assert_eq!(reader.usage().output_tokens, Some(3));
+        assert_eq!(reader.reported().output_tokens, Some(3));
         assert_eq!(reader.read(b"data: [DONE]\n\n"), EventKind::End);
         let error =
             b"data: {\"error\":{\"message\":\"server overloaded\",\"type\":\"server_error\"}}\n\n";
@@ -235,9 +233,9 @@ mod tests {
             .map(crate::protocol::tokens::counted_text_tokens)
             .iter()
             .sum::<u64>();
-        let usage = reader.usage();
-        assert_eq!(usage.output_tokens, Some(i64::try_from(expected).unwrap()));
-        assert!(usage.estimated);
+        assert_eq!(reader.counted_output(), Some(expected));
+        assert_eq!(reader.reported().output_tokens, None, "nothing reported");
+        assert!(!reader.ended());
     }
 
     #[test]
@@ -285,7 +283,7 @@ mod tests {
             EventKind::End
         );
         assert_eq!(
-            reader.usage(),
+            reader.reported(),
             TokenUsage {
                 input_tokens: Some(7),
                 output_tokens: Some(2),

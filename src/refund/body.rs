@@ -35,9 +35,11 @@ use super::guard::{Outcome, UnsettledCall};
 use crate::call::ClientWrites;
 use crate::error::{GatewayError, UpstreamError};
 use crate::protocol::Protocol;
+use crate::protocol::TokenUsage;
 use crate::protocol::reader::StreamReader;
 use crate::protocol::sse::{EventKind, EventSplitter};
 use crate::reply::EventStream;
+use crate::store::rules::usage::{Counted, unreported};
 use crate::store::{CallFailure, CallSuccess, KeptReply, MAX_KEPT_REPLY_BYTES};
 
 /// What a refund records when the client left a stream before any content reached it.
@@ -283,7 +285,7 @@ impl BilledStream {
                     if let Ok(data) = frame.into_data()
                         && let Some((events, content)) = self.take_events(&data)
                     {
-                        let usage = content.then(|| self.reader.usage());
+                        let usage = content.then(|| self.usage());
                         self.call.lock().delivery.handed(usage);
                         return Poll::Ready(Some(events));
                     }
@@ -384,9 +386,19 @@ impl BilledStream {
             .map(|events| (events, content))
     }
 
+    /// What the stream is charged for so far: the usage reported, completed with the output
+    /// counted where the provider's count is missing (the store's rule).
+    fn usage(&self) -> TokenUsage {
+        let counted = Counted {
+            output: self.reader.counted_output(),
+            ended: self.reader.ended(),
+        };
+        unreported(self.reader.reported(), counted)
+    }
+
     fn success_so_far(&self) -> CallSuccess {
         CallSuccess {
-            usage: self.reader.usage(),
+            usage: self.usage(),
             ..self.success.clone()
         }
     }

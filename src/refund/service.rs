@@ -22,6 +22,7 @@ use crate::pricing::{Metered, estimated_text_tokens};
 use crate::protocol::Protocol;
 use crate::protocol::TokenUsage;
 use crate::reply::{EventStream, Inner, UpstreamBody};
+use crate::store::rules::usage::{Counted, unreported};
 use crate::store::{CallFailure, CallSuccess, KeptReply, Ledger};
 
 /// Middleware around the upstream that turns its outcome into a settle or a refund.
@@ -193,11 +194,13 @@ where
                 };
             match judge(outcome) {
                 Ok(Judged::Complete(mut reply, mut success)) => {
-                    if unsettled.is_metered() && success.usage.output_tokens.is_none() {
-                        // No output reported: what the reply holds, counted roughly.
-                        success.usage.output_tokens =
-                            i64::try_from(estimated_text_tokens(reply.body().len())).ok();
-                        success.usage.estimated = true;
+                    if unsettled.is_metered() {
+                        // Output not reported: what the reply holds, counted roughly.
+                        let counted = Counted {
+                            output: Some(estimated_text_tokens(reply.body().len())),
+                            ended: true,
+                        };
+                        success.usage = unreported(success.usage, counted);
                     }
                     if keep_reply {
                         success.reply = kept(&reply);

@@ -13,7 +13,8 @@
 //! - [`escrow`]: what a call may hold of an escrow pot;
 //! - [`idempotency`]: what a call with an idempotency key gets;
 //! - [`codes`]: whether a redemption code may be redeemed;
-//! - [`lapse`]: what an ended subscription period's lapse takes.
+//! - [`lapse`]: what an ended subscription period's lapse takes;
+//! - [`usage`]: what a call that did not report its output is charged for.
 
 pub mod alerts;
 pub mod allowance;
@@ -25,6 +26,7 @@ pub mod idempotency;
 pub mod lapse;
 pub mod reserve;
 pub mod settle;
+pub mod usage;
 
 /// Values the rules' tests are written in.
 #[cfg(test)]
