@@ -164,12 +164,13 @@ impl<'a> Side<'a> {
                 Ok(format!("lapsed {lapsed:?}"))
             }
             Op::Forget => {
-                let forgotten = self
-                    .store
+                // How many is not compared: the store may hold other runs' records (a database
+                // shared between sequences). What was forgotten shows in the keyed calls after.
+                self.store
                     .forget_idempotent_calls(self.now)
                     .await
                     .map_err(|e| failed(Rule::Idempotency, "forget_idempotent_calls", e))?;
-                Ok(format!("forgot {forgotten}"))
+                Ok("forgot".to_owned())
             }
             Op::Revoke { account, key } => {
                 let hash = self.keys[*account][*key].1.hash();

@@ -218,7 +218,12 @@ impl Job {
     }
 }
 
+/// A write answered with another kind's outcome: never, as a batch answers each write from its
+/// own decision, in order (`Batch::outcomes`); a debug build stops at once.
 fn wrong_kind() -> StoreError {
+    if cfg!(debug_assertions) {
+        panic!("a write answered with an outcome of another kind");
+    }
     StoreError::msg("internal: an outcome of the wrong kind")
 }
 
