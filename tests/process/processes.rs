@@ -636,8 +636,18 @@ async fn credit_commands_past_the_largest_balance_fail_clearly_and_write_nothing
         )],
     };
     let max = i64::MAX.to_string();
-    let (created, out) = env.run(&["keys", "create", "--subscription", &max, "--topup", "1"]);
-    assert!(!created, "{out}");
+    // Its error read here rather than passed to the test's own stderr, where a passing run
+    // showed it as a stray `error:` line.
+    let refused = env
+        .command(&["keys", "create", "--subscription", &max, "--topup", "1"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        error.contains("largest value a balance can hold"),
+        "{error}"
+    );
     let (created, out) = env.run(&["keys", "create", "--topup", &max]);
     assert!(created, "{out}");
     let key = out.lines().last().unwrap().to_owned();
