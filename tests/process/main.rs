@@ -11,6 +11,8 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+#[cfg(feature = "sqlite")]
+mod docs;
 mod metrics;
 #[cfg(feature = "sqlite")]
 mod processes;
