@@ -712,6 +712,39 @@ async fn after_a_lapse_and_a_new_period_calls_are_billed_from_the_new_periods_cr
     db.assert_audit_holds().await;
 }
 
+/// A renewal granted by another instance to the same period end lapses what was left, this
+/// instance's escrowed subscription credits too, and leaves the period as it was: the escrow
+/// sees the lapse, and its next call is billed from the renewal, not held on the credits the
+/// lapse took (it went unbilled before the escrow compared lapses, not period ends alone).
+#[tokio::test]
+async fn after_a_renewal_to_the_same_period_end_calls_are_billed_from_the_renewal() {
+    let Some((db, now, instance, key, caller)) = one_instance(0, 0).await else {
+        return;
+    };
+    let period_end = grant_period(&db, caller, now, 1000).await;
+    let first = reserve(&instance, caller).await.unwrap();
+    assert!(settle(&instance, &first).await);
+    assert!(
+        stored(&db, caller).await.1.0 > 0,
+        "subscription credits in escrow"
+    );
+    let renewal = Grant {
+        period_end: Some(period_end),
+        ..Grant::plain(Bucket::Subscription, Credits::new(500))
+    };
+    let granted = db.store.grant_once(caller.account, renewal).await.unwrap();
+    assert_eq!(granted.lapsed, Credits::new(1000 - PRICE));
+    assert_eq!(stored(&db, caller).await, ((500, 0), (0, 0)));
+    for _ in 0..3 {
+        let next = reserve(&instance, caller).await.unwrap();
+        assert_eq!(next.taken.subscription, Credits::new(PRICE));
+        assert!(settle(&instance, &next).await, "billed from the renewal");
+    }
+    assert_eq!(db.balance(&key).await, balance(500 - 3 * PRICE, 0));
+    assert_eq!(count(&db.calls(&key).await, CallStatus::Ok), 4);
+    db.assert_audit_holds().await;
+}
+
 #[tokio::test]
 async fn calls_held_while_a_keyed_call_gives_the_escrow_back_are_all_billed() {
     let Some((db, _, instance, key, caller)) = one_instance(20_000, 0).await else {

@@ -118,7 +118,6 @@ async fn postgres_agrees_with_the_model_on_any_sequence() {
 /// read and endings for a batch, so writes submitted together may end in any order. At the end
 /// of each the lease is released, giving the escrow back, and both still agree.
 #[tokio::test(flavor = "current_thread")]
-#[ignore = "escrow bug: see escrow_bills_a_call_reserved_after_a_renewal_to_the_same_period_end"]
 async fn postgres_with_escrow_agrees_with_the_model_on_any_sequence() {
     let Some(db) = postgres_db().await else {
         return;
@@ -417,180 +416,72 @@ async fn escrow_settles_a_database_reserved_call_above_its_reservation_from_the_
 
 /// A sequence the conformance run found on 2026-12-07 (CI, then every time locally): a
 /// subscription granted twice with the same period end and no tick between (the second a
-/// renewal, which lapses what was left of the first), then a call reserved and settled; escrow
-/// answers `settled false` (the call ends unbilled) where the model bills it. The pot's check for
-/// a lapse compares period ends, which a renewal to the same end does not change, so the call is
-/// held against escrowed subscription credits the lapse took. Ignored until escrow is fixed, with
-/// the property run below: a known bug, not a flake.
+/// renewal, which lapses what was left of the first), then a call reserved and settled. Escrow
+/// answered `settled false` (the call ended unbilled) where the model bills it: the pot looked
+/// for a lapse by comparing period ends, which a renewal to the same end does not change, and
+/// held the call against escrowed subscription credits the lapse took. It now compares the
+/// account's last lapse as well.
 #[tokio::test(flavor = "current_thread")]
-#[ignore = "escrow bug: a renewal to the same period end leaves a pot's lapsed credits held (see its doc)"]
 async fn escrow_bills_a_call_reserved_after_a_renewal_to_the_same_period_end() {
     let Some(db) = postgres_db().await else {
         return;
     };
-    use Op::*;
+    use Op::{Burst, Refund, Revoke};
+    let reserve = |account, key, price| Op::Reserve {
+        account,
+        key,
+        price,
+        idempotency: None,
+    };
+    let grant = |account, subscription, amount, period| Op::Grant {
+        account,
+        subscription,
+        amount,
+        period,
+    };
+    let settle = |nth, cost, beyond| Op::Settle {
+        nth,
+        reply: false,
+        cost,
+        beyond,
+    };
     let steps: Vec<Op> = vec![
-        Grant {
-            account: 1,
-            subscription: false,
-            amount: 2000,
-            period: None,
-        },
-        Burst(vec![
-            Reserve {
-                account: 1,
-                key: 0,
-                price: 1,
-                idempotency: None,
-            },
-            Reserve {
-                account: 1,
-                key: 0,
-                price: 1,
-                idempotency: None,
-            },
-        ]),
-        Reserve {
-            account: 1,
-            key: 0,
-            price: 1,
-            idempotency: None,
-        },
-        Reserve {
+        grant(1, false, 2000, None),
+        Burst(vec![reserve(1, 0, 1), reserve(1, 0, 1)]),
+        reserve(1, 0, 1),
+        Op::Reserve {
             account: 1,
             key: 0,
             price: 1,
             idempotency: Some((0, 0)),
         },
-        Grant {
-            account: 0,
-            subscription: false,
-            amount: 200,
-            period: None,
-        },
-        Grant {
-            account: 1,
-            subscription: true,
-            amount: 200,
-            period: Some(18),
-        },
+        grant(0, false, 200, None),
+        grant(1, true, 200, Some(18)),
         Revoke { account: 1, key: 0 },
-        Reserve {
-            account: 0,
-            key: 0,
-            price: 1,
-            idempotency: None,
-        },
-        Reserve {
-            account: 0,
-            key: 0,
-            price: 1,
-            idempotency: None,
-        },
+        reserve(0, 0, 1),
+        reserve(0, 0, 1),
         Burst(vec![
-            Reserve {
-                account: 0,
-                key: 1,
-                price: 1,
-                idempotency: None,
-            },
-            Reserve {
-                account: 0,
-                key: 0,
-                price: 1,
-                idempotency: None,
-            },
-            Reserve {
-                account: 0,
-                key: 1,
-                price: 1,
-                idempotency: None,
-            },
-            Reserve {
-                account: 0,
-                key: 0,
-                price: 1,
-                idempotency: None,
-            },
-            Reserve {
-                account: 0,
-                key: 0,
-                price: 1,
-                idempotency: None,
-            },
-            Reserve {
-                account: 0,
-                key: 0,
-                price: 1,
-                idempotency: None,
-            },
-            Reserve {
-                account: 0,
-                key: 0,
-                price: 1,
-                idempotency: None,
-            },
+            reserve(0, 1, 1),
+            reserve(0, 0, 1),
+            reserve(0, 1, 1),
+            reserve(0, 0, 1),
+            reserve(0, 0, 1),
+            reserve(0, 0, 1),
+            reserve(0, 0, 1),
         ]),
-        Reserve {
-            account: 1,
-            key: 1,
-            price: 1,
-            idempotency: None,
-        },
+        reserve(1, 1, 1),
+        Burst(vec![reserve(0, 0, 1), reserve(0, 0, 1)]),
+        // The renewal: the same period end as the grant before.
+        grant(1, true, 200, Some(18)),
+        reserve(1, 1, 2),
         Burst(vec![
-            Reserve {
-                account: 0,
-                key: 0,
-                price: 1,
-                idempotency: None,
-            },
-            Reserve {
-                account: 0,
-                key: 0,
-                price: 1,
-                idempotency: None,
-            },
-        ]),
-        Grant {
-            account: 1,
-            subscription: true,
-            amount: 200,
-            period: Some(18),
-        },
-        Reserve {
-            account: 1,
-            key: 1,
-            price: 2,
-            idempotency: None,
-        },
-        Burst(vec![
-            Settle {
-                nth: 16,
-                reply: false,
-                cost: None,
-                beyond: false,
-            },
-            Settle {
-                nth: 62,
-                reply: false,
-                cost: Some(8),
-                beyond: true,
-            },
+            settle(16, None, false),
+            settle(62, Some(8), true),
             Refund { nth: 7 },
             Refund { nth: 44 },
-            Reserve {
-                account: 1,
-                key: 1,
-                price: 14,
-                idempotency: None,
-            },
+            reserve(1, 1, 14),
             Refund { nth: 59 },
-            Settle {
-                nth: 9,
-                reply: false,
-                cost: None,
-                beyond: true,
-            },
+            settle(9, None, true),
         ]),
     ];
     suite(1)

@@ -17,6 +17,8 @@ pub struct Pot {
     pub writing: bool,
     /// The account's subscription period when the pot was last refilled.
     pub period_end: Option<DateTime<Utc>>,
+    /// The id of the account's last lapse when the pot was last refilled (0: none).
+    pub last_lapse: i64,
 }
 
 /// What the account's own row says, read when the call arrived.
@@ -26,6 +28,8 @@ pub struct AccountRow {
     pub subscription: Credits,
     /// When the account's subscription period ends.
     pub subscription_ends_at: Option<DateTime<Utc>>,
+    /// The id of the account's last lapse (0: none).
+    pub last_lapse: i64,
 }
 
 /// What a call of `price` made at `at` holds of `pot`, or `None` when the pot cannot pay it now
@@ -43,7 +47,8 @@ pub fn decide_pot_hold(
         return None;
     }
     let period = account.subscription_ends_at;
-    if pot.row.subscription > Credits::ZERO && period != pot.period_end {
+    let lapsed_since = period != pot.period_end || account.last_lapse > pot.last_lapse;
+    if pot.row.subscription > Credits::ZERO && lapsed_since {
         return None;
     }
     let payer = Payer {
@@ -139,6 +144,7 @@ mod tests {
         AccountRow {
             subscription: Credits::new(subscription),
             subscription_ends_at: None,
+            last_lapse: 0,
         }
     }
 
@@ -178,8 +184,51 @@ mod tests {
         let renewed = AccountRow {
             subscription: Credits::ZERO,
             subscription_ends_at: Some(now + Duration::days(31)),
+            last_lapse: 0,
         };
         assert_eq!(decide_pot_hold(pot, renewed, now, Credits::new(1)), None);
+    }
+
+    /// A renewal to the same period end lapses what was left, the pot's subscription credits
+    /// too: the period alone does not show it, the lapse does.
+    #[test]
+    fn subscription_credits_a_renewal_lapsed_are_not_spent() {
+        let now = Utc::now();
+        let end = Some(now + Duration::days(1));
+        let pot = Pot {
+            row: balance(10, 5),
+            period_end: end,
+            last_lapse: 3,
+            ..Pot::default()
+        };
+        let renewed = AccountRow {
+            subscription: Credits::new(100),
+            subscription_ends_at: end,
+            last_lapse: 4,
+        };
+        assert_eq!(decide_pot_hold(pot, renewed, now, Credits::new(1)), None);
+        // The lapse the pot's refill saw, or an older one: the pot pays.
+        let seen = AccountRow {
+            last_lapse: 3,
+            ..renewed
+        };
+        assert_eq!(
+            decide_pot_hold(pot, seen, now, Credits::new(1)),
+            Some(split(1, 0))
+        );
+        // Top-up credits alone are never lapsed.
+        let topup_only = Pot {
+            row: balance(0, 5),
+            ..pot
+        };
+        let drained = AccountRow {
+            subscription: Credits::ZERO,
+            ..renewed
+        };
+        assert_eq!(
+            decide_pot_hold(topup_only, drained, now, Credits::new(1)),
+            Some(split(0, 1))
+        );
     }
 
     proptest! {

@@ -44,7 +44,9 @@ pub(super) async fn active_keys(
         .collect::<Vec<_>>()
         .join(",");
     let sql = "SELECT k.id, a.subscription_credits, a.subscription_ends_at, \
-               k.limit_credits IS NOT NULL \
+               k.limit_credits IS NOT NULL, \
+               COALESCE((SELECT max(l.id) FROM mg_subscription_lapses l \
+                         WHERE l.account_id = a.id), 0) \
                FROM mg_api_keys k JOIN mg_accounts a ON a.id = k.account_id \
                WHERE k.id = ANY($1::bigint[]) AND k.revoked_at IS NULL";
     let rows = db
@@ -63,6 +65,7 @@ pub(super) async fn active_keys(
                 row_subscription: row.try_get_by_index(1)?,
                 subscription_ends_at: row.try_get_by_index(2)?,
                 limited: row.try_get_by_index(3)?,
+                last_lapse: row.try_get_by_index(4)?,
             },
         );
     }

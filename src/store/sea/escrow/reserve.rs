@@ -20,7 +20,7 @@ use crate::store::rules::escrow::{Slice, refill};
 use crate::store::rules::holds;
 use crate::store::sea::alerting::threshold;
 use crate::store::sea::commit::group_commit::Committer;
-use crate::store::sea::entity::{account, instance};
+use crate::store::sea::entity::{account, instance, subscription_lapse};
 use crate::store::sea::held::HeldCall;
 use crate::store::sea::rows::balance_of;
 use crate::store::sea::writes::{OwnedCharge, unknown_account};
@@ -175,6 +175,7 @@ impl Escrow {
         refilled.touched = true;
         refilled.row = row;
         refilled.period_end = seen.subscription_ends_at;
+        refilled.last_lapse = seen.last_lapse;
         Ok(Refill::Done { seen })
     }
 
@@ -205,6 +206,7 @@ impl Escrow {
                 refilled.touched = true;
                 refilled.row = row;
                 refilled.period_end = seen.subscription_ends_at;
+                refilled.last_lapse = seen.last_lapse;
                 Ok(())
             }
             // The lease ended: the settle pays from what the escrow holds.
@@ -237,6 +239,16 @@ impl Escrow {
             txn.rollback().await?;
             return Ok(None);
         }
+        // Lapses write under the account's lock, held here: this is the last until commit.
+        let last_lapse = subscription_lapse::Entity::find()
+            .select_only()
+            .column_as(subscription_lapse::Column::Id.max(), "last")
+            .filter(subscription_lapse::Column::AccountId.eq(pot.account.0))
+            .into_tuple::<Option<i64>>()
+            .one(&txn)
+            .await?
+            .flatten()
+            .unwrap_or(0);
         let stored = escrow_row(&txn, pot).await?;
         // What no held call counts on goes back to the row, then a new slice is taken from it.
         let free = stored.free_of(held);
@@ -263,6 +275,7 @@ impl Escrow {
         let seen = Seen {
             row_subscription: left.subscription.0,
             subscription_ends_at: row.subscription_ends_at,
+            last_lapse,
             // Read before the refill: a limited key never reaches it.
             limited: false,
         };

@@ -76,6 +76,10 @@ pub(super) struct Pot {
     /// is in another (a lapse took what the escrow had of the old one), its subscription
     /// credits here are not spent before a refill reads the row again.
     pub(super) period_end: Option<DateTime<Utc>>,
+    /// The id of the account's last lapse when the escrow was last refilled: a lapse since
+    /// (a renewal to the same period end lapses what was left, and leaves the period as it
+    /// was) took the escrow's subscription credits too, save what its held calls hold.
+    pub(super) last_lapse: i64,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +116,8 @@ pub(super) struct Seen {
     /// Subscription credits in the account's row.
     pub(super) row_subscription: i64,
     pub(super) subscription_ends_at: Option<DateTime<Utc>>,
+    /// The id of the account's last lapse (0: none).
+    pub(super) last_lapse: i64,
     /// The key has a spending limit: its calls are reserved in the database, whose write
     /// checks the limit for every instance at once, not against escrow.
     pub(super) limited: bool,
@@ -253,10 +259,12 @@ pub(super) fn what_to_hold(
         held: pot.held,
         writing: pot.writing,
         period_end: pot.period_end,
+        last_lapse: pot.last_lapse,
     };
     let account = rules::escrow::AccountRow {
         subscription: Credits(seen.row_subscription),
         subscription_ends_at: seen.subscription_ends_at,
+        last_lapse: seen.last_lapse,
     };
     rules::escrow::decide_pot_hold(pot, account, charge.at, charge.price).ok_or(Short::Credits)
 }
