@@ -215,7 +215,8 @@ pub struct Metered {
     pub output_bound: u64,
 }
 
-/// What a metered call is charged, and whether its provider's report was trusted.
+/// What a metered call is charged, and whether its provider's report was trusted (see
+/// [`store::rules::usage::charge`](crate::store::rules::usage::charge)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charge {
     /// What the usage costs (or the ceiling, for a report that failed the checks).
@@ -274,36 +275,6 @@ impl Metered {
             return Err(Implausible::Output);
         }
         Ok(())
-    }
-
-    /// What a call that reported `usage` is charged. Input the provider did not report is the
-    /// estimate; output it did not report is what the gateway counted
-    /// ([`TokenUsage::estimated`]), and a charge that rests on the gateway's own counts is
-    /// never more than the reservation. A report that fails [`check`](Self::check) is charged
-    /// the reservation, the call's ceiling, and marked rejected. A cost above the reservation is
-    /// the settle's to bound ([`CallSuccess::beyond_reservation`](crate::store::CallSuccess::beyond_reservation)).
-    pub fn charge(&self, usage: &TokenUsage) -> Charge {
-        if self.check(usage).is_err() {
-            return Charge {
-                cost: self.reserved,
-                usage_rejected: true,
-            };
-        }
-        let mut usage = *usage;
-        if usage.all_input_tokens().is_none() {
-            usage.input_tokens = Some(i64::try_from(self.input_estimate).unwrap_or(i64::MAX));
-            usage.estimated = true;
-        }
-        let cost = self.pricing.cost(&usage);
-        let cost = if usage.estimated {
-            cost.min(self.reserved)
-        } else {
-            cost
-        };
-        Charge {
-            cost,
-            usage_rejected: false,
-        }
     }
 }
 
@@ -521,80 +492,6 @@ mod tests {
         assert_eq!(estimated_input_tokens(1), 1);
         assert_eq!(estimated_input_tokens(8), 2);
         assert_eq!(estimated_input_tokens(9), 3);
-    }
-
-    fn metered(reserved: i64) -> Metered {
-        Metered {
-            pricing: Pricing::tokens(TokenPrices::new(rate(1_000.0), rate(2_000.0))),
-            input_estimate: 1_000,
-            reserved: Credits::new(reserved),
-            input_bound: 100_000,
-            output_bound: 10_000,
-        }
-    }
-
-    fn cost(metered: &Metered, usage: &TokenUsage) -> Credits {
-        let charge = metered.charge(usage);
-        assert!(!charge.usage_rejected, "{usage:?} was rejected");
-        charge.cost
-    }
-
-    #[test]
-    fn input_not_reported_is_the_estimate_and_an_estimated_charge_stays_within_the_reservation() {
-        let metered = metered(5);
-        // Reported in full: the exact cost, above the reservation if it is (the settle bounds it).
-        assert_eq!(cost(&metered, &usage(1_000, 2_000)), Credits::new(5));
-        assert_eq!(cost(&metered, &usage(3_000, 3_000)), Credits::new(9));
-        // No input reported: the estimate (1 credit) plus the output.
-        let output_only = TokenUsage {
-            output_tokens: Some(1_000),
-            ..TokenUsage::default()
-        };
-        assert_eq!(cost(&metered, &output_only), Credits::new(3));
-        // Counted by the gateway, never above the reservation.
-        let counted = TokenUsage {
-            output_tokens: Some(100_000),
-            estimated: true,
-            ..usage(10, 0)
-        };
-        assert_eq!(cost(&metered, &counted), Credits::new(5));
-        let nothing = TokenUsage::default();
-        assert_eq!(
-            cost(&metered, &nothing),
-            Credits::new(1),
-            "never zero: the input was sent"
-        );
-    }
-
-    #[test]
-    fn an_implausible_report_is_charged_the_ceiling_and_marked_rejected() {
-        let metered = metered(35);
-        let rejected = |usage: TokenUsage| {
-            let charge = metered.charge(&usage);
-            assert!(charge.usage_rejected, "{usage:?} was trusted");
-            assert_eq!(charge.cost, Credits::new(35), "{usage:?}");
-        };
-        // Beyond the input the call could send, or the output it allowed.
-        rejected(usage(100_001, 10));
-        rejected(usage(10, 10_001));
-        rejected(usage(i64::MAX, 0));
-        rejected(TokenUsage {
-            cache_read_tokens: Some(1_000_000),
-            ..usage(10, 10)
-        });
-        // Below zero, or more reasoning than output.
-        rejected(usage(-1_000, 10));
-        rejected(TokenUsage {
-            reasoning_tokens: Some(11),
-            ..usage(10, 10)
-        });
-        // A count that was no count (a float or a string, read as `malformed`).
-        rejected(TokenUsage {
-            malformed: true,
-            ..usage(10, 10)
-        });
-        // At the bounds, trusted.
-        assert_eq!(cost(&metered, &usage(100_000, 10_000)), Credits::new(120));
     }
 
     #[test]

@@ -137,7 +137,7 @@ pub struct TokenUsage {
     /// Whether the provider's report held a count that is no count at all (below zero, not a
     /// whole number, not a number, beyond what fits) or cached input beyond the input it
     /// is part of. Such a count is left out (`None`), and the report is not trusted: see
-    /// [`Metered::charge`](crate::pricing::Metered::charge).
+    /// [`store::rules::usage::charge`](crate::store::rules::usage::charge).
     #[serde(skip)]
     pub malformed: bool,
 }

@@ -12,6 +12,7 @@ use crate::pricing::Metered;
 use crate::protocol::Protocol;
 pub(super) use crate::store::outcome::Outcome;
 use crate::store::outcome::{finish_later, within};
+use crate::store::rules;
 use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger, SettleClaim};
 
 /// How long a call whose ledger time-out ran out while a store was committing its settle waits
@@ -129,7 +130,7 @@ impl UnsettledCall {
     }
 
     /// The call is of a model priced by tokens: each settle is charged what its usage costs
-    /// (see [`Metered::charge`]), not what the reservation holds; beyond the reservation only
+    /// (see [`rules::usage::charge`]), not what the reservation holds; beyond the reservation only
     /// if `beyond_reservation`.
     pub(super) fn metered(
         mut self,
@@ -156,7 +157,7 @@ impl UnsettledCall {
     /// reservation, unless the call may be charged beyond it.
     fn priced(&mut self, mut success: CallSuccess) -> CallSuccess {
         if let Some(metered) = &self.metered {
-            let charge = metered.charge(&success.usage);
+            let charge = rules::usage::charge(metered, &success.usage);
             success.cost = Some(charge.cost);
             success.usage_rejected = charge.usage_rejected;
             success.beyond_reservation = self.beyond_reservation;

@@ -313,7 +313,7 @@ mod tests {
                 estimated: false,
                 malformed,
             };
-            let charge = metered.charge(&usage);
+            let charge = super::super::usage::charge(&metered, &usage);
             if charge.usage_rejected {
                 prop_assert_eq!(charge.cost, reserved);
             } else {
