@@ -421,15 +421,18 @@ impl Conformance {
             ));
         }
         let (got, want) = (actual.call_logs().await?, expected.call_logs().await?);
-        if got != want {
+        if got.lines != want.lines {
             return Err(Violation::new(
                 Rule::CallLog,
-                format!("the store's call log is {got:?}; the model's, {want:?}"),
+                format!(
+                    "the store's call log is {:?}; the model's, {:?}",
+                    got.lines, want.lines
+                ),
             ));
         }
         actual.audit_holds().await?;
         if settings.events
-            && let Some(why) = events_agree(&actual).await?
+            && let Some(why) = events_agree(&actual, got.shortfalls).await?
         {
             skipped.push(why);
         }
@@ -473,7 +476,7 @@ fn balance_rule(op: &Op, limited: bool) -> Rule {
 
 /// Whether the store's outbox says what happened to the run's accounts; `Some(why)` when it
 /// keeps no events.
-async fn events_agree(side: &Side<'_>) -> Result<Option<String>, Violation> {
+async fn events_agree(side: &Side<'_>, shortfalls: [u32; 2]) -> Result<Option<String>, Violation> {
     let deliveries = match side
         .store
         .deliveries(None::<DeliveryStatus>, 1_000_000)
@@ -492,7 +495,6 @@ async fn events_agree(side: &Side<'_>) -> Result<Option<String>, Violation> {
             ));
         }
     };
-    let shortfalls = side.shortfalls().await?;
     for (index, account) in side.accounts.iter().enumerate() {
         let count = |kind: &str| {
             deliveries

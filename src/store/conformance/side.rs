@@ -318,40 +318,32 @@ impl<'a> Side<'a> {
     }
 
     /// Whether `op` (or a write of a burst) settles, beyond its reservation, a call made with
-    /// a key that has a spending limit. Asked before `op` is applied.
+    /// a key that has a spending limit (key 0), or may: in a burst, a settle may target a call
+    /// the burst itself reserves on key 0. Asked before `op` is applied.
     pub(super) fn settles_beyond_on_a_limited_key(&self, op: &Op) -> bool {
+        let beyond = |op: &Op| {
+            matches!(
+                op,
+                Op::Settle {
+                    cost: Some(_),
+                    beyond: true,
+                    ..
+                }
+            )
+        };
         match op {
-            Op::Settle {
-                nth,
-                cost: Some(_),
-                beyond: true,
-                ..
-            } if !self.calls.is_empty() => self.calls[nth % self.calls.len()].1 == 0,
-            // A burst's own reservations are on either key: count them as limited.
-            Op::Settle {
-                cost: Some(_),
-                beyond: true,
-                ..
-            } => false,
-            Op::Burst(writes) => writes.iter().any(|write| {
-                self.settles_beyond_on_a_limited_key(write)
-                    || matches!(
-                        (
-                            write,
-                            writes
-                                .iter()
-                                .any(|w| matches!(w, Op::Reserve { key: 0, .. }))
-                        ),
-                        (
-                            Op::Settle {
-                                cost: Some(_),
-                                beyond: true,
-                                ..
-                            },
-                            true
-                        )
-                    )
-            }),
+            Op::Settle { nth, .. } if beyond(op) && !self.calls.is_empty() => {
+                self.calls[nth % self.calls.len()].1 == 0
+            }
+            Op::Burst(writes) => {
+                let reserves_limited = writes
+                    .iter()
+                    .any(|write| matches!(write, Op::Reserve { key: 0, .. }));
+                writes.iter().any(|write| {
+                    self.settles_beyond_on_a_limited_key(write)
+                        || (beyond(write) && reserves_limited)
+                })
+            }
             _ => false,
         }
     }
@@ -385,10 +377,11 @@ impl<'a> Side<'a> {
 
     /// Every account's finished calls: protocol, price, status, what each bucket paid and what
     /// the account could not, sorted. (Pending calls and the order are left out: a store may
-    /// hold reservations in memory and log a call when it ends.)
-    pub(super) async fn call_logs(&self) -> Step<Vec<Vec<String>>> {
-        let mut logs = Vec::new();
-        for account in &self.accounts {
+    /// hold reservations in memory and log a call when it ends.) And how many calls each
+    /// account could not pay in full.
+    pub(super) async fn call_logs(&self) -> Step<CallLogs> {
+        let mut logs = CallLogs::default();
+        for (side, account) in self.accounts.iter().enumerate() {
             let calls = self
                 .store
                 .calls_before(*account, None, 10_000)
@@ -410,28 +403,15 @@ impl<'a> Side<'a> {
                 })
                 .collect();
             log.sort();
-            logs.push(log);
-        }
-        Ok(logs)
-    }
-
-    /// Per account, how many of its finished calls the account could not pay in full.
-    pub(super) async fn shortfalls(&self) -> Step<[u32; 2]> {
-        let mut counts = [0; 2];
-        for (side, account) in self.accounts.iter().enumerate() {
-            let calls = self
-                .store
-                .calls_before(*account, None, 10_000)
-                .await
-                .map_err(|e| failed(Rule::CallLog, "calls_before", e))?;
-            counts[side] = calls
+            logs.lines.push(log);
+            logs.shortfalls[side] = calls
                 .iter()
                 .filter(|call| call.shortfall > Credits::ZERO)
                 .count()
                 .try_into()
                 .unwrap_or(u32::MAX);
         }
-        Ok(counts)
+        Ok(logs)
     }
 
     pub(super) async fn balances(&self) -> Step<Vec<Balance>> {
@@ -507,4 +487,13 @@ async fn make_codes(
         }
     }
     Ok(Some(codes))
+}
+
+/// A side's call logs at the end of a run.
+#[derive(Debug, Default)]
+pub(super) struct CallLogs {
+    /// Per account, its finished calls as lines, sorted (batched writes may land in any order).
+    pub(super) lines: Vec<Vec<String>>,
+    /// Per account, how many of its calls it could not pay in full.
+    pub(super) shortfalls: [u32; 2],
 }
