@@ -170,6 +170,10 @@ pub enum GatewayError {
     /// The path is not one of the gateway's endpoints.
     #[error("no such endpoint")]
     UnknownPath,
+    /// The path is an endpoint of a feature this build leaves out (the console and the admin
+    /// API without `api`): answered 404 as an unknown path, saying which feature.
+    #[error("an endpoint of the `{0}` feature, which this build leaves out")]
+    NotInThisBuild(&'static str),
     /// The endpoints accept `POST` only.
     #[error("method not allowed on this path")]
     MethodNotAllowed,
@@ -290,6 +294,11 @@ impl GatewayError {
             Self::Busy => "服务繁忙, 请稍后重试".into(),
             Self::InvalidQuery => "查询参数无效".into(),
             Self::UnknownPath => "接口不存在".into(),
+            Self::NotInThisBuild(feature) => format!(
+                "接口不存在: this endpoint needs the `{feature}` feature (cargo run --release \
+                 --features {feature} --example gateway)"
+            )
+            .into(),
             Self::MethodNotAllowed => "不支持的请求方法".into(),
             Self::ModelNotFound => "模型不存在".into(),
             Self::ResponseNotFound => "响应不存在".into(),
@@ -341,9 +350,10 @@ impl GatewayError {
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Busy => StatusCode::SERVICE_UNAVAILABLE,
-            Self::UnknownPath | Self::ModelNotFound | Self::ResponseNotFound => {
-                StatusCode::NOT_FOUND
-            }
+            Self::UnknownPath
+            | Self::NotInThisBuild(_)
+            | Self::ModelNotFound
+            | Self::ResponseNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::InsufficientCredits | Self::KeyLimitReached => StatusCode::PAYMENT_REQUIRED,
             Self::UpstreamUnavailable | Self::UpstreamRejected(_) => StatusCode::BAD_GATEWAY,
@@ -389,7 +399,7 @@ impl GatewayError {
             Self::RequestTimeout => "request_timeout",
             Self::Busy => "busy",
             Self::InvalidQuery => "invalid_query",
-            Self::UnknownPath => "unknown_path",
+            Self::UnknownPath | Self::NotInThisBuild(_) => "unknown_path",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::ModelNotFound => "model_not_found",
             Self::ResponseNotFound => "response_not_found",

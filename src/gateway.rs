@@ -171,6 +171,8 @@ impl<S: Store + 'static> Gateway<S> {
         ));
         #[cfg(not(feature = "api"))]
         let _ = self.reloader;
+        #[cfg(not(feature = "api"))]
+        let rest = rest.merge(operator_apis_left_out());
         // Outermost last: the request id, then the access line, then refusals' bodies.
         let rest = rest
             .fallback(|| async { GatewayError::UnknownPath.into_response::<Body>() })
@@ -179,6 +181,18 @@ impl<S: Store + 'static> Gateway<S> {
             .layer(RequestIdLayer::new());
         calls.merge(rest)
     }
+}
+
+/// In a build without `api`: the console's and the admin API's paths, each answering that the
+/// feature is left out (a newcomer who opens `/console/` learns how to build it).
+#[cfg_attr(feature = "api", allow(dead_code))]
+fn operator_apis_left_out() -> Router {
+    let left_out = || async { GatewayError::NotInThisBuild("api").into_response::<Body>() };
+    Router::new()
+        .route("/console", axum::routing::any(left_out))
+        .route("/console/", axum::routing::any(left_out))
+        .route("/console/{*rest}", axum::routing::any(left_out))
+        .route("/admin/{*rest}", axum::routing::any(left_out))
 }
 
 /// The console, and the admin API (with `/metrics` when `metrics` is set) for `token`'s holder.
@@ -202,4 +216,33 @@ fn operator_apis<S: Store + 'static>(
         }
     }
     router
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// What a build without `api` answers on the console's and the admin API's paths (mounted
+    /// only there; tested in every build).
+    #[tokio::test]
+    async fn the_operator_apis_left_out_say_which_feature_they_need() {
+        for path in [
+            "/console",
+            "/console/",
+            "/console/index.html",
+            "/admin/accounts",
+        ] {
+            let request = http::Request::get(path).body(Body::empty()).unwrap();
+            let response = operator_apis_left_out().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), http::StatusCode::NOT_FOUND, "{path}");
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let detail = body["detail"].as_str().unwrap();
+            assert!(detail.starts_with("接口不存在"), "{detail}");
+            assert!(detail.contains("--features api"), "{path}: {detail}");
+        }
+    }
 }

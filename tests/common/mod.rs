@@ -96,14 +96,85 @@ async fn sqlite_db_with(make: impl FnOnce(SeaOrmStore) -> SeaOrmStore) -> TestDb
 
 /// A test database URL from `variable`, or `None` to skip. Under CI the variable must be set:
 /// a database test silently skipped in CI would be a check that cannot fail.
-fn database_url(variable: &str) -> Option<String> {
+fn database_url(variable: &'static str) -> Option<String> {
     match std::env::var(variable) {
         Ok(url) if !url.is_empty() => Some(url),
         _ if std::env::var_os("CI").is_some() => panic!("{variable} must be set when CI is set"),
         _ => {
             eprintln!("{variable} is not set; skipping this database's part");
+            skipped::record(variable);
             None
         }
+    }
+}
+
+/// The tests that skipped a database's part, said once the test binary is done: a run without
+/// the URLs passes those tests, and its summary would not show they did not run.
+mod skipped {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    static SKIPPED: Mutex<BTreeSet<(&'static str, String)>> = Mutex::new(BTreeSet::new());
+
+    /// The running test (libtest names each test's thread after it) skipped `variable`'s part.
+    pub(super) fn record(variable: &'static str) {
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("a test on the main thread")
+            .to_owned();
+        SKIPPED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert((variable, test));
+    }
+
+    /// What a run that skipped database parts prints at its end.
+    fn summary() -> Option<String> {
+        let skipped = SKIPPED
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if skipped.is_empty() {
+            return None;
+        }
+        let tests: BTreeSet<&str> = skipped.iter().map(|(_, test)| test.as_str()).collect();
+        let variables: BTreeSet<&str> = skipped.iter().map(|(variable, _)| *variable).collect();
+        let names = tests.iter().copied().collect::<Vec<_>>().join(", ");
+        let unset = variables.into_iter().collect::<Vec<_>>().join(" and ");
+        Some(format!(
+            "\nnote: {} tests passed without running their PostgreSQL or MariaDB part ({unset} not \
+             set): {names}.\nRun them with a database at each URL (each test makes its own schema \
+             or database), e.g. TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
+             TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test cargo test --all-features; `bash \
+             .ci/run` starts both servers and runs everything.\n",
+            tests.len()
+        ))
+    }
+
+    /// At exit, after libtest's own summary. Rust's standard streams may be shut down by then,
+    /// so the note is written to descriptor 2 directly.
+    #[ctor::dtor]
+    unsafe fn print_summary() {
+        use std::io::Write;
+        use std::os::fd::FromRawFd;
+        if let Some(summary) = summary() {
+            // SAFETY: descriptor 2 is open for the process's life; `ManuallyDrop` leaves it open.
+            let mut stderr = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(2) });
+            let _ = stderr.write_all(summary.as_bytes());
+        }
+    }
+}
+
+/// A connection to the database server at `variable`'s URL, or a panic that says what to fix
+/// (the server down, the database in the URL missing, the user refused).
+async fn connect_test_server(variable: &str, url: &str) -> sea_orm::DatabaseConnection {
+    match Database::connect(url).await {
+        Ok(connection) => connection,
+        Err(error) => panic!(
+            "{variable}={url}: cannot connect ({error}). The tests need a running server and an \
+             existing database in the URL, in which each test makes its own schema or database: \
+             create it (`createdb -U postgres test`, or `CREATE DATABASE test` in MariaDB), or \
+             point the variable at one that exists (`bash .ci/run` starts both servers)."
+        ),
     }
 }
 
@@ -172,7 +243,7 @@ pub async fn mysql_db() -> Option<TestDb> {
 pub async fn empty_mysql_database() -> Option<(String, String, String)> {
     let server = mysql_url()?;
     let database = unique_name();
-    let admin = Database::connect(&server).await.unwrap();
+    let admin = connect_test_server("TEST_MYSQL_URL", &server).await;
     admin
         .execute_unprepared(&format!("CREATE DATABASE {database}"))
         .await
@@ -196,7 +267,7 @@ pub async fn empty_mysql_database() -> Option<(String, String, String)> {
 pub async fn postgres_db() -> Option<TestDb> {
     let url = postgres_url()?;
     let schema = unique_name();
-    let admin = Database::connect(&url).await.unwrap();
+    let admin = connect_test_server("TEST_POSTGRES_URL", &url).await;
     admin
         .execute_unprepared(&format!("CREATE SCHEMA {schema}"))
         .await
