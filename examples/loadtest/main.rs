@@ -2,20 +2,15 @@
 //!
 //! 1. the floor: an axum server that parses the body and returns the same mock reply, with
 //!    none of our layers;
-//! 2. the durable floor: the floor, but each request's reply waits until a record of a call-log
-//!    entry's size is on disk, written and `fdatasync`ed in batches by one thread (what any
-//!    gateway that puts a call on disk before answering pays at the least);
-//! 3. the skeleton: the floor on the gateway's own server (`model_gateway::server`), plus the
+//! 2. the skeleton: the floor on the gateway's own server (`model_gateway::server`), plus the
 //!    least any gateway must do per call: the key's SHA-256 looked up, the balance taken from
 //!    atomically, a call-log entry pushed, a request id on the answer. No layers, none of the
 //!    gateway's other rules: what a gateway with no cost beyond that work could reach here;
-//!    then the same with each reply waiting for a journal record, as the durable floor's;
-//! 4. the full example gateway (all four layers, behind `model_gateway::server` as the example
+//! 3. the full example gateway (all four layers, behind `model_gateway::server` as the example
 //!    serves them) in mock mode on the in-memory store: what HTTP and the layers cost without a
-//!    database; then the same with each reply waiting for such a record (the most a gateway
-//!    with a durable ledger could reach here);
-//! 5. the same on a `SQLite` file (WAL), shared and owned;
-//! 6. the same on `PostgreSQL`, when `TEST_POSTGRES_URL` is set (a schema of its own);
+//!    database;
+//! 4. the same on a `SQLite` file (WAL), shared and owned;
+//! 5. the same on `PostgreSQL`, when `TEST_POSTGRES_URL` is set (a schema of its own);
 //!
 //! each driven with the same HTTP load (keep-alive connections, one hot account) at
 //! concurrency 1, 16 and 64. Prints requests per second, p50 and p99 latency, each gateway's
@@ -83,7 +78,6 @@ mod targets;
 mod tokens;
 
 use drive::{Figures, drive, ms, print_figures, print_ledger};
-use journal::Journal;
 use model_gateway::SeaOrmStore;
 use sea_orm::ConnectionTrait;
 use targets::{floor, gateway, memory_gateway, ok_entries, owned_store, skeleton};
@@ -132,11 +126,8 @@ async fn main() {
     let sqlite_url = format!("sqlite://{}?mode=rwc", dir.path().join("load.db").display());
     let mut targets = vec![
         floor(None).await,
-        floor(Some(Journal::create(&dir.path().join("floor.journal")))).await,
-        skeleton(None).await,
-        skeleton(Some(Journal::create(&dir.path().join("skeleton.journal")))).await,
-        memory_gateway(None).await,
-        memory_gateway(Some(Journal::create(&dir.path().join("gateway.journal")))).await,
+        skeleton().await,
+        memory_gateway().await,
         gateway(
             "gateway, SQLite",
             SeaOrmStore::connect(&sqlite_url).await.unwrap(),

@@ -126,7 +126,7 @@ pub async fn run() {
     let targets = [
         floor(None).await,
         floor(Some(Journal::create(&dir.path().join("floor.journal")))).await,
-        memory_gateway(None).await,
+        memory_gateway().await,
         gateway("gateway, SQLite owned", owned_store(dir.path()).await).await,
     ];
     println!(

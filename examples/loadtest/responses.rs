@@ -94,7 +94,7 @@ async fn bare(mock: &Target) -> Target {
 
 pub async fn run(requests: u64, rounds: usize) {
     let provider = provider().await;
-    let mut mock = memory_gateway(None).await;
+    let mut mock = memory_gateway().await;
     mock.name = "mock";
     let translated = gateway_over("translated", &provider, "translate").await;
     let native = gateway_over("native", &provider, "native").await;

@@ -129,17 +129,11 @@ pub async fn floor(journal: Option<Journal>) -> Target {
 /// account's balance atomically (402 when there is none), the call's entry pushed on a log, a
 /// request id on the answer. None of the gateway's layers and none of its other rules (key
 /// limits, rate limits, refunds, the access line, error bodies): the gap between it and the
-/// in-memory gateway is what those cost. With a journal, each answer also waits for a record
-/// of its entry, as the durable floor's does: what a gateway whose ledger cost nothing but its
-/// durable write could reach beside the durable floor.
-pub async fn skeleton(journal: Option<Journal>) -> Target {
+/// in-memory gateway is what those cost.
+pub async fn skeleton() -> Target {
     use sha2::Digest;
     use std::sync::atomic::{AtomicI64, Ordering};
-    let name = if journal.is_some() {
-        "skeleton + journal"
-    } else {
-        "skeleton (key, balance, log)"
-    };
+    let name = "skeleton (key, balance, log)";
     let key = NewApiKey::generate().reveal().to_owned();
     let digest = |key: &[u8]| -> [u8; 32] { sha2::Sha256::digest(key).into() };
     let keys = Arc::new(std::collections::HashMap::from([(
@@ -153,7 +147,6 @@ pub async fn skeleton(journal: Option<Journal>) -> Target {
     let handler = move |headers: http::HeaderMap, body: Bytes| {
         let (catalogue, mock) = (catalogue.clone(), mock.clone());
         let (keys, balance, log) = (keys.clone(), balance.clone(), log.clone());
-        let journal = journal.clone();
         async move {
             let refused = |status: http::StatusCode| {
                 let mut refusal = http::Response::new(axum::body::Body::empty());
@@ -177,9 +170,6 @@ pub async fn skeleton(journal: Option<Journal>) -> Target {
             let model = routed.model.name.clone();
             let mut reply = mock_reply(mock, routed, body);
             log.lock().unwrap().push((account, model));
-            if let Some(journal) = journal {
-                journal.record().await;
-            }
             let id = model_gateway::call::RequestId::generate();
             reply.headers_mut().insert(
                 model_gateway::request_id::REQUEST_ID_HEADER,
@@ -197,29 +187,11 @@ pub async fn skeleton(journal: Option<Journal>) -> Target {
     }
 }
 
-/// The full gateway on the in-memory store. It keeps no call log to check afterwards. With a
-/// journal, each reply waits for a record of it (the in-memory gateway made durable at the
-/// least cost: what the best ledger on this machine's disk could reach).
-pub async fn memory_gateway(journal: Option<Journal>) -> Target {
+/// The full gateway on the in-memory store. It keeps no call log to check afterwards.
+pub async fn memory_gateway() -> Target {
     let (router, key) = memory_router(Catalogue::demo(), Upstream::Mock(MockUpstream::new())).await;
-    let (name, router) = match journal {
-        None => ("gateway, in-memory", router),
-        Some(journal) => (
-            "gateway, in-memory+journal",
-            router.layer(axum::middleware::from_fn(
-                move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    let journal = journal.clone();
-                    async move {
-                        let reply = next.run(request).await;
-                        journal.record().await;
-                        reply
-                    }
-                },
-            )),
-        ),
-    };
     Target {
-        name,
+        name: "gateway, in-memory",
         base: serve_gateway(router).await,
         key: Some(key),
         store: None,

@@ -117,11 +117,15 @@ mod skipped {
     static SKIPPED: Mutex<BTreeSet<(&'static str, String)>> = Mutex::new(BTreeSet::new());
 
     /// The running test (libtest names each test's thread after it) skipped `variable`'s part.
+    /// Code outside a test (the load test shares this module) records nothing.
     pub(super) fn record(variable: &'static str) {
-        let test = std::thread::current()
+        let Some(test) = std::thread::current()
             .name()
-            .unwrap_or("a test on the main thread")
-            .to_owned();
+            .filter(|name| *name != "main")
+            .map(str::to_owned)
+        else {
+            return;
+        };
         SKIPPED
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
