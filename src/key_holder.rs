@@ -149,6 +149,7 @@ fn openai_model(model: &ModelRoute) -> Value {
         "protocol": model.protocol,
         "price": model.pricing.per_call,
         "aliases": model.aliases,
+        "endpoints": model.endpoints,
     });
     with_token_prices(item, model)
 }
@@ -163,6 +164,7 @@ fn anthropic_model(model: &ModelRoute) -> Value {
         "protocol": model.protocol,
         "price": model.pricing.per_call,
         "aliases": model.aliases,
+        "endpoints": model.endpoints,
     });
     with_token_prices(item, model)
 }

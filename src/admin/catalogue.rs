@@ -33,6 +33,7 @@ pub fn catalogue_view(catalogue: &Catalogue) -> Value {
                 "protocol": model.protocol,
                 "price": model.pricing.per_call,
                 "aliases": model.aliases,
+                "endpoints": model.endpoints,
                 "channels": channels,
             });
             if let Some(tokens) = model.pricing.tokens {

@@ -121,8 +121,13 @@ pub struct ModelRoute {
     /// Other names clients may call it by (a provider's dated id, a client's default name): a
     /// call by an alias is a call of this model, billed and logged under [`name`](Self::name).
     pub aliases: Vec<String>,
-    /// The endpoint it is served on.
+    /// The protocol its upstreams speak for it (`chat_completions`, `messages`, `embeddings`).
     pub protocol: Protocol,
+    /// The endpoints it answers on, by their protocol; a call on any other is `404 模型不存在`.
+    /// The catalogue's `endpoints`, else what [`Protocol`] serves it by default: a
+    /// `chat_completions` model on chat completions and Responses, a `messages` model on
+    /// messages, an embeddings model on embeddings.
+    pub endpoints: Vec<Protocol>,
     /// What a successful call is charged: a price per call, token prices, or both.
     pub pricing: Pricing,
     /// The most output a call of a token-priced model is reserved for when the client sets no
@@ -317,6 +322,25 @@ pub enum CatalogueError {
         /// Its upstream.
         upstream: String,
     },
+    /// A model whose `endpoints` is an empty list.
+    #[error(
+        "invalid model catalogue: model `{0}` lists no `endpoints`; leave the setting out for its protocol's"
+    )]
+    NoEndpoint(String),
+    /// An endpoint in a model's `endpoints` that none of its upstreams can serve.
+    #[error(
+        "invalid model catalogue: model `{model}` lists endpoint `{endpoint}`, which none of its upstreams ({upstreams}) can serve for a {protocol} model"
+    )]
+    EndpointNotServed {
+        /// The model.
+        model: String,
+        /// The endpoint, by its protocol's name.
+        endpoint: &'static str,
+        /// The model's protocol.
+        protocol: &'static str,
+        /// Its upstreams, named.
+        upstreams: String,
+    },
 }
 
 #[derive(Deserialize)]
@@ -363,6 +387,7 @@ struct ModelEntry {
     #[serde(default)]
     aliases: Vec<String>,
     protocol: Protocol,
+    endpoints: Option<Vec<Protocol>>,
     price: Option<i64>,
     tokens: Option<TokensEntry>,
     max_output_tokens: Option<u32>,
@@ -594,6 +619,7 @@ impl Catalogue {
                 )));
             }
             let channels = model_channels(&entry, &upstreams)?;
+            let endpoints = model_endpoints(&entry, &channels)?;
             if models.contains_key(&entry.name) {
                 return Err(CatalogueError::DuplicateModel(entry.name));
             }
@@ -601,6 +627,7 @@ impl Catalogue {
                 name: entry.name.clone(),
                 aliases: entry.aliases.clone(),
                 protocol: entry.protocol,
+                endpoints,
                 pricing,
                 max_output_tokens: entry.max_output_tokens,
                 context_window: entry.context_window,
@@ -851,6 +878,47 @@ fn model_channels(
     }
     channels.sort_by_key(|channel| channel.priority);
     Ok(channels)
+}
+
+/// The endpoints a model answers on: its `endpoints`, each served by at least one of its
+/// channels (a call on it goes to a channel that serves it), or by default those whose
+/// models are of its protocol.
+fn model_endpoints(
+    entry: &ModelEntry,
+    channels: &[ModelChannel],
+) -> Result<Vec<Protocol>, CatalogueError> {
+    let Some(listed) = &entry.endpoints else {
+        return Ok(Protocol::ALL
+            .into_iter()
+            .filter(|endpoint| endpoint.models_protocol() == entry.protocol)
+            .collect());
+    };
+    if listed.is_empty() {
+        return Err(CatalogueError::NoEndpoint(entry.name.clone()));
+    }
+    let mut endpoints: Vec<Protocol> = Vec::with_capacity(listed.len());
+    for &endpoint in listed {
+        let served = endpoint.models_protocol() == entry.protocol
+            && channels
+                .iter()
+                .any(|channel| endpoint.dialect().served_by(channel.upstream.kind));
+        if !served {
+            return Err(CatalogueError::EndpointNotServed {
+                model: entry.name.clone(),
+                endpoint: endpoint.as_str(),
+                protocol: entry.protocol.as_str(),
+                upstreams: channels
+                    .iter()
+                    .map(|channel| format!("`{}`", channel.upstream.name))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        if !endpoints.contains(&endpoint) {
+            endpoints.push(endpoint);
+        }
+    }
+    Ok(endpoints)
 }
 
 #[cfg(test)]

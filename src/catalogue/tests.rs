@@ -533,3 +533,70 @@ fn a_token_priced_model_needs_an_output_ceiling_unless_it_embeds() {
     )
     .expect("an embeddings model reserves no output");
 }
+
+#[test]
+fn a_models_endpoints_default_to_its_protocols() {
+    let demo = Catalogue::demo();
+    let endpoints = |name: &str| demo.model(name).unwrap().endpoints.clone();
+    assert_eq!(
+        endpoints("gpt-4o-mini"),
+        [Protocol::ChatCompletions, Protocol::Responses]
+    );
+    assert_eq!(endpoints("claude-haiku-4-5"), [Protocol::Messages]);
+    assert_eq!(endpoints("text-embedding-3-small"), [Protocol::Embeddings]);
+}
+
+#[test]
+fn a_model_answers_on_the_endpoints_it_lists() {
+    let catalogue = with_model(
+        r#"name = "chat-only"
+        protocol = "chat_completions"
+        endpoints = ["chat_completions", "chat_completions"]
+        price = 1
+        upstream = "openai""#,
+    )
+    .unwrap();
+    let model = catalogue.model("chat-only").unwrap();
+    assert_eq!(model.endpoints, [Protocol::ChatCompletions]);
+}
+
+#[test]
+fn an_endpoint_no_upstream_serves_is_refused_naming_both() {
+    let refused = with_model(
+        r#"name = "gpt-on-messages"
+        protocol = "chat_completions"
+        endpoints = ["chat_completions", "messages"]
+        price = 1
+        upstream = "openai""#,
+    )
+    .unwrap_err();
+    let message = refused.to_string();
+    assert!(
+        matches!(refused, CatalogueError::EndpointNotServed { .. }),
+        "{message}"
+    );
+    assert!(
+        message.contains("`gpt-on-messages`")
+            && message.contains("`messages`")
+            && message.contains("`openai`"),
+        "{message}"
+    );
+    let none = with_model(
+        r#"name = "nowhere"
+        protocol = "chat_completions"
+        endpoints = []
+        price = 1
+        upstream = "openai""#,
+    )
+    .unwrap_err();
+    assert!(matches!(none, CatalogueError::NoEndpoint(_)), "{none}");
+    let unknown = with_model(
+        r#"name = "typo"
+        protocol = "chat_completions"
+        endpoints = ["chat"]
+        price = 1
+        upstream = "openai""#,
+    )
+    .unwrap_err();
+    assert!(unknown.to_string().contains("chat"), "{unknown}");
+}

@@ -431,7 +431,7 @@ fn resolve(
 ) -> Result<RoutedCall, GatewayError> {
     let model = catalogue
         .model(model_name)
-        .filter(|model| model.protocol == protocol.models_protocol())
+        .filter(|model| model.endpoints.contains(&protocol))
         .ok_or(GatewayError::ModelNotFound)?;
     let alias = (model.name != model_name).then(|| Arc::from(model_name));
     // The raw value borrows from `body`, so its position in `body` is where the model sits.

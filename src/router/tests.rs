@@ -118,6 +118,34 @@ fn a_model_of_the_other_protocol_is_not_found_on_either_endpoint() {
 }
 
 #[test]
+fn a_model_is_not_found_on_an_endpoint_it_does_not_list() {
+    let catalogue = Catalogue::from_toml(
+        r#"
+        [[upstreams]]
+        name = "openai"
+        kind = "openai"
+        base_url = "http://127.0.0.1:9/v1"
+        api_key_env = "OPENAI_API_KEY"
+
+        [[models]]
+        name = "chat-only"
+        protocol = "chat_completions"
+        endpoints = ["chat_completions"]
+        price = 1
+        upstream = "openai"
+        "#,
+    )
+    .unwrap();
+    let chat = br#"{"model":"chat-only","messages":[]}"#;
+    assert!(route(&catalogue, Protocol::ChatCompletions, chat, false).is_ok());
+    let responses = br#"{"model":"chat-only","input":"hi"}"#;
+    assert_eq!(
+        route(&catalogue, Protocol::Responses, responses, false).unwrap_err(),
+        GatewayError::ModelNotFound
+    );
+}
+
+#[test]
 fn malformed_is_reported_before_an_unknown_model() {
     let body = r#"{"model":"no-such-model","messages":[],"stream":true}"#;
     assert_eq!(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::fake_provider::{FakeProvider, Fault};
 use common::*;
 use model_gateway::{
-    Catalogue, Upstream, catalogue::DEMO_CATALOGUE, error::ErrorBody,
+    Catalogue, Credits, Upstream, catalogue::DEMO_CATALOGUE, error::ErrorBody,
     router::DEFAULT_MAX_BODY_BYTES, upstream::MockUpstream,
 };
 use serde_json::{Value, json};
@@ -422,7 +422,38 @@ async fn models_are_listed_by_catalogue_name_with_their_aliases() {
         assert_eq!(haiku["aliases"], json!(["claude-haiku-4-5-20251001"]));
         let chat = items.iter().find(|item| item["id"] == CHAT_MODEL).unwrap();
         assert_eq!(chat["aliases"], json!([]));
+        assert_eq!(haiku["endpoints"], json!(["messages"]));
+        assert_eq!(chat["endpoints"], json!(["chat_completions", "responses"]));
         let one = seen(get("/v1/models/claude-haiku-4-5-20251001", anthropic)).await;
         assert_eq!((one.status, &one.body["id"]), (200, &json!(MESSAGES_MODEL)));
     }
+}
+
+/// A model whose `endpoints` leave out Responses is not found there (404, nothing charged, no
+/// entry), and answers on the endpoint it lists.
+#[tokio::test]
+async fn a_model_answers_only_on_the_endpoints_it_lists() {
+    let db = local_db().await;
+    let catalogue = Catalogue::from_toml(&format!(
+        "{DEMO_CATALOGUE}\n[[models]]\nname = \"chat-only\"\nprotocol = \"chat_completions\"\n\
+         endpoints = [\"chat_completions\"]\nprice = 1\nupstream = \"openai\"\n"
+    ))
+    .unwrap();
+    let gateway = start_gateway(
+        &db,
+        catalogue,
+        Upstream::Mock(MockUpstream::new()),
+        DEFAULT_MAX_BODY_BYTES,
+    )
+    .await;
+    let key = db.funded_key(0, 10).await;
+    let body = json!({ "model": "chat-only", "input": "hi" }).to_string();
+    let refused = gateway.post_bearer("/v1/responses", &key, body).await;
+    assert_eq!(refused.status, 404);
+    assert_eq!(refused.body, json!({ "detail": "模型不存在" }));
+    assert_eq!(db.balance(&key).await.total(), Credits::new(10));
+    assert!(db.calls(&key).await.is_empty());
+    let answered = gateway.chat(&key, "chat-only").await;
+    assert_eq!(answered.status, 200, "{:?}", answered.body);
+    assert_eq!(db.balance(&key).await.total(), Credits::new(9));
 }
