@@ -40,7 +40,7 @@
 
 mod live;
 
-pub use crate::protocol::{ResponsesRoute, UpstreamKind};
+pub use crate::protocol::{BuiltinTools, ResponsesRoute, UpstreamKind};
 pub use live::{LiveCatalogue, StartOnlySetting};
 
 use foldhash::{HashMap, HashMapExt};
@@ -111,6 +111,8 @@ pub struct UpstreamConfig {
     pub breaker_cooldown: Duration,
     /// How it serves `/v1/responses` (`OpenAI` kind only; ignored for Anthropic).
     pub responses: ResponsesRoute,
+    /// What a call it translates does with built-in tools.
+    pub builtin_tools: BuiltinTools,
 }
 
 /// One model clients can call.
@@ -378,6 +380,8 @@ struct UpstreamEntry {
     breaker_failures: Option<u32>,
     breaker_cooldown_secs: Option<u64>,
     responses: Option<ResponsesRoute>,
+    #[serde(default)]
+    builtin_tools: BuiltinTools,
 }
 
 #[derive(Deserialize)]
@@ -592,6 +596,7 @@ impl Catalogue {
                     }
                     (_, route) => route.unwrap_or_default(),
                 },
+                builtin_tools: entry.builtin_tools,
                 name: name.clone(),
             };
             if upstreams.contains_key(&name) {

@@ -604,7 +604,11 @@ fn an_endpoint_no_upstream_serves_is_refused_naming_both() {
 #[test]
 fn the_demo_catalogue_serves_claude_codes_default_model_names() {
     let demo = Catalogue::demo();
-    for name in ["claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-4-5-20251001"] {
+    for name in [
+        "claude-opus-5-5",
+        "claude-sonnet-5-5",
+        "claude-haiku-4-5-20251001",
+    ] {
         let model = demo.model(name).unwrap_or_else(|| panic!("{name}"));
         assert!(model.endpoints.contains(&Protocol::Messages), "{name}");
     }

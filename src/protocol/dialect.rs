@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::sse::{Event, EventKind, StreamState};
-use super::upstream_kind::{ResponsesRoute, UpstreamKind};
+use super::upstream_kind::{BuiltinTools, ResponsesRoute, UpstreamKind};
 use super::{Protocol, TokenUsage, json_string, responses};
 use crate::error::GatewayError;
 
@@ -61,14 +61,16 @@ pub(crate) trait Dialect: Sync {
     }
 
     /// The request translated for an upstream that does not speak this protocol, where such
-    /// an upstream is `translated_at` (`None` when this protocol is never translated).
+    /// an upstream is `translated_at` (`None` when this protocol is never translated), its
+    /// built-in tools dropped or refused as `builtin` says.
     fn translation(
         &self,
         envelope: &Envelope<'_>,
         model_name: &str,
         body: &[u8],
+        builtin: BuiltinTools,
     ) -> Option<Result<responses::Translated, GatewayError>> {
-        let _ = (envelope, model_name, body);
+        let _ = (envelope, model_name, body, builtin);
         None
     }
 

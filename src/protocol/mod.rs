@@ -16,7 +16,7 @@ pub(crate) mod tokens;
 mod upstream_kind;
 
 use dialect::Dialect;
-pub use upstream_kind::{ResponsesRoute, UpstreamKind};
+pub use upstream_kind::{BuiltinTools, ResponsesRoute, UpstreamKind};
 
 /// Which API style a call uses; decided by the request path. More may come: match with a `_`
 /// arm.

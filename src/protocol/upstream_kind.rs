@@ -37,3 +37,19 @@ pub enum ResponsesRoute {
     /// `{base_url}/responses` and the reply comes back byte for byte.
     Native,
 }
+
+/// What an upstream that translates a call does with the tools that run inside a provider's
+/// own API and have no equivalent on the protocol it speaks (the Responses API's built-in
+/// tools: web search, file search, code interpreter, computer use, image generation, MCP and
+/// the like): `builtin_tools` in its catalogue entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BuiltinTools {
+    /// Left out of the translated request, and named in the reply's
+    /// `x-gateway-dropped-tools` header (never silently): the call goes on without them. The
+    /// default, since agents such as Codex send one by default.
+    #[default]
+    Drop,
+    /// Refused: `400`, naming the tool, before anything is charged.
+    Refuse,
+}

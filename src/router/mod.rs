@@ -54,7 +54,7 @@ use crate::call::{AccessEntry, Caller, IdempotencyKey, KeyRules, RoutedCall};
 use crate::catalogue::{Catalogue, LiveCatalogue, ModelChannel};
 use crate::error::GatewayError;
 use crate::protocol::dialect::{Dialect, Fields, UsageAsk};
-use crate::protocol::{Protocol, json_string};
+use crate::protocol::{BuiltinTools, Protocol, json_string};
 use crate::store::{Ledger, ResponseOwners};
 
 #[cfg(feature = "server")]
@@ -212,11 +212,40 @@ where
                 streaming,
             };
             match read_and_route(request, settings).await {
-                Ok(request) => inner.call(request).await,
+                Ok(request) => {
+                    let dropped = dropped_tools(&request);
+                    let mut response = inner.call(request).await?;
+                    if let Some(dropped) = dropped {
+                        response.headers_mut().insert(DROPPED_TOOLS_HEADER, dropped);
+                    }
+                    Ok(response)
+                }
                 Err(refusal) => Ok(refusal.into_response()),
             }
         })
     }
+}
+
+/// The response header that names the tools a translated call left out (see
+/// [`BuiltinTools::Drop`]), by type, comma-separated.
+pub const DROPPED_TOOLS_HEADER: &str = "x-gateway-dropped-tools";
+
+/// The [`DROPPED_TOOLS_HEADER`] of a routed `request`, if its translation dropped tools.
+fn dropped_tools(request: &Request<Bytes>) -> Option<http::HeaderValue> {
+    let translation = request.extensions().get::<RoutedCall>()?.translation()?;
+    let dropped = translation.dropped_tools();
+    if dropped.is_empty() {
+        return None;
+    }
+    tracing::info!(dropped = ?dropped, "tools left out of a translated call");
+    // Tool types and names are the client's JSON strings: any that a header cannot carry is
+    // left out of it (the log line has them all).
+    let names: Vec<&str> = dropped
+        .iter()
+        .map(String::as_str)
+        .filter(|name| http::HeaderValue::from_str(name).is_ok() && !name.contains(','))
+        .collect();
+    http::HeaderValue::from_str(&names.join(", ")).ok()
 }
 
 /// What [`read_and_route`] reads against.
@@ -364,12 +393,8 @@ pub fn route(
             });
         }
         routed.continues = Some(Arc::from(id.as_ref()));
-    } else if routed
-        .model
-        .channels
-        .iter()
-        .any(|channel| translated_at(dialect, channel))
-        && let Some(translation) = dialect.translation(&envelope, model_name, body)
+    } else if let Some(builtin) = builtin_tools(dialect, &routed.model.channels)
+        && let Some(translation) = dialect.translation(&envelope, model_name, body, builtin)
     {
         // Where one of the model's channels translates, the request must translate (checked
         // here, so that an untranslatable request is refused before it is charged, whichever
@@ -389,6 +414,20 @@ pub fn route(
         }
     }
     Ok(routed)
+}
+
+/// What the translation of a call of `dialect` does with built-in tools, where one of
+/// `channels` translates it (`None` where none does): refused if one of those channels refuses
+/// them, so that which channel serves a call never changes whether it is accepted.
+fn builtin_tools(dialect: &dyn Dialect, channels: &[ModelChannel]) -> Option<BuiltinTools> {
+    channels
+        .iter()
+        .filter(|channel| translated_at(dialect, channel))
+        .map(|channel| channel.upstream.builtin_tools)
+        .reduce(|one, other| match (one, other) {
+            (BuiltinTools::Drop, BuiltinTools::Drop) => BuiltinTools::Drop,
+            _ => BuiltinTools::Refuse,
+        })
 }
 
 /// Whether `channel`'s upstream translates a call of `dialect` on its way.

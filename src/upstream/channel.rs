@@ -169,7 +169,7 @@ impl Channel {
         let translation = match routed.translation() {
             Some(translation) => translation,
             None => Arc::new(
-                Translated::from_slice(body)
+                Translated::from_slice_with(body, self.config.builtin_tools)
                     .map_err(|untranslatable| refused(untranslatable.to_string()))?,
             ),
         };

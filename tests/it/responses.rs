@@ -337,13 +337,15 @@ async fn refusals_come_before_any_charge_in_the_contracts_order() {
     );
     let unknown = post(&key, responses_body("no-such-model", false)).await;
     assert_eq!(unknown.status, 404);
-    // What a translating upstream cannot do: 400 naming the field.
-    let web_search =
-        json!({ "model": CHAT_MODEL, "input": "x", "tools": [{ "type": "web_search" }] });
-    let refused = post(&key, web_search).await;
+    // What a translating upstream cannot do: 400 naming the field (a built-in tool itself is
+    // dropped, see `built_in_tools_are_dropped_and_named_or_refused_before_any_charge`; a
+    // choice that forces one cannot be).
+    let forced = json!({ "model": CHAT_MODEL, "input": "x", "tools": [{ "type": "web_search" }],
+                         "tool_choice": { "type": "web_search" } });
+    let refused = post(&key, forced).await;
     assert_eq!(refused.status, 400);
     assert!(
-        refused.detail().contains("tools[0].type"),
+        refused.detail().contains("tool_choice"),
         "{}",
         refused.detail()
     );
@@ -583,6 +585,92 @@ async fn a_failed_responses_call_fails_over_across_both_kinds_and_is_refunded_wh
     );
     assert_eq!(db.calls(&key).await[0].status, CallStatus::Refunded);
     assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
+    db.assert_audit_holds().await;
+}
+
+/// Codex's default request: a function tool, a namespace of tools and web search.
+fn with_built_in_tools() -> Value {
+    json!({
+        "model": CHAT_MODEL,
+        "input": "Hello",
+        "tools": [
+            { "type": "function", "name": "shell", "parameters": { "type": "object" } },
+            { "type": "namespace", "name": "multi_agent_v1", "tools": [] },
+            { "type": "web_search", "external_web_access": false },
+        ],
+    })
+}
+
+/// By default a translating upstream drops built-in tools: the call goes on without them
+/// (mock mode too, which Codex's default request used to leave at a 400), billed once, and the
+/// reply names them in `x-gateway-dropped-tools`. An upstream set to refuse them refuses the
+/// call, naming the first, before any charge, whichever other channel would drop them.
+#[tokio::test]
+async fn built_in_tools_are_dropped_and_named_or_refused_before_any_charge() {
+    let db = local_db().await;
+    let key = db.funded_key(10, 0).await;
+    let mock = mock_gateway(&db).await;
+    let answer = post_responses(&mock, &key, &with_built_in_tools()).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.headers["x-gateway-dropped-tools"],
+        "namespace:multi_agent_v1, web_search"
+    );
+    assert_eq!(db.balance(&key).await, balance(10 - CHAT_PRICE, 0));
+
+    let (dropping, refusing) = (FakeProvider::start().await, FakeProvider::start().await);
+    dropping.always(Fault::json(200, CHAT_REPLY));
+    let upstream = |name: &str, provider: &FakeProvider, builtin: &str| {
+        format!(
+            "[[upstreams]]\nname = \"{name}\"\nkind = \"openai\"\nbase_url = \"{}/v1\"\n\
+             api_key_env = \"K\"\nbuiltin_tools = \"{builtin}\"\n",
+            provider.base
+        )
+    };
+    let model = |upstreams: &str| {
+        format!(
+            "[[models]]\nname = \"{CHAT_MODEL}\"\nprotocol = \"chat_completions\"\n\
+             price = {CHAT_PRICE}\nupstreams = [{upstreams}]\n"
+        )
+    };
+    let dropping_only = Catalogue::from_toml(&format!(
+        "{}{}",
+        upstream("drops", &dropping, "drop"),
+        model("\"drops\"")
+    ))
+    .unwrap();
+    let gateway = http_gateway(&db, dropping_only).await;
+    let answer = post_responses(&gateway, &key, &with_built_in_tools()).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.headers["x-gateway-dropped-tools"],
+        "namespace:multi_agent_v1, web_search"
+    );
+    let sent: Value = serde_json::from_slice(&dropping.last().body).unwrap();
+    assert_eq!(sent["tools"].as_array().unwrap().len(), 1, "{sent}");
+    assert_eq!(sent["tools"][0]["function"]["name"], "shell");
+    assert_eq!(db.balance(&key).await, balance(10 - 2 * CHAT_PRICE, 0));
+
+    let both = Catalogue::from_toml(&format!(
+        "{}{}{}",
+        upstream("drops", &dropping, "drop"),
+        upstream("refuses", &refusing, "refuse"),
+        model("\"drops\", \"refuses\"")
+    ))
+    .unwrap();
+    let gateway = http_gateway(&db, both).await;
+    let requests = dropping.requests();
+    let refused = post_responses(&gateway, &key, &with_built_in_tools()).await;
+    assert_eq!(refused.status, 400);
+    assert!(
+        refused.detail().contains("tools[1].type"),
+        "{}",
+        refused.body
+    );
+    assert!(refused.headers.get("x-gateway-dropped-tools").is_none());
+    assert_eq!((dropping.requests(), refusing.requests()), (requests, 0));
+    assert_eq!(db.balance(&key).await, balance(10 - 2 * CHAT_PRICE, 0));
+    assert_eq!(db.calls(&key).await.len(), 2);
     db.assert_audit_holds().await;
 }
 

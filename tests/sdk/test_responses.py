@@ -106,8 +106,14 @@ def test_responses_refusals_raise_the_sdks_errors_uncharged(mock_gateway):
     key = mock_gateway.new_key(subscription=1)
     client = openai_client(mock_gateway, key)
     with pytest.raises(openai.BadRequestError) as raised:
-        client.responses.create(model=CHAT_MODEL, input="x", tools=[{"type": "web_search"}])
-    assert "tools[0].type" in raised.value.body["detail"]
+        # A built-in tool is dropped by a translating upstream; a choice that forces it cannot be.
+        client.responses.create(
+            model=CHAT_MODEL,
+            input="x",
+            tools=[{"type": "web_search"}],
+            tool_choice={"type": "web_search"},
+        )
+    assert "tool_choice" in raised.value.body["detail"]
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="claude-haiku-4-5", input="x")
     with pytest.raises(openai.APIStatusError) as raised:

@@ -12,7 +12,9 @@ use crate::protocol::chat_completions::chat_events;
 use crate::protocol::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamRoute};
 use crate::protocol::mock::{MOCK_OUTPUT_TOKENS, MOCK_REPLY_TEXT, counted, tokens, unix_now};
 use crate::protocol::sse::{ErrorObject, Event, EventKind, StreamState, take_text};
-use crate::protocol::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind, json_string};
+use crate::protocol::{
+    BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind, json_string,
+};
 
 /// The Responses API's dialect.
 pub(crate) struct Responses;
@@ -67,10 +69,11 @@ impl Dialect for Responses {
         envelope: &Envelope<'_>,
         model_name: &str,
         body: &[u8],
+        builtin: BuiltinTools,
     ) -> Option<Result<Translated, GatewayError>> {
         let translation = match &envelope.fields.responses {
-            Some(read) => Translated::from_read(read, model_name, body),
-            None => Translated::from_slice(body),
+            Some(read) => Translated::from_read(read, model_name, body, builtin),
+            None => Translated::from_slice_with(body, builtin),
         };
         Some(translation.map_err(|refused| {
             // Not JSON after all: the envelope's reading skips what it does not read, so a

@@ -5,7 +5,8 @@
 // `apply_patch`. Under the names of its own models (`gpt-5.5`, ...) Codex sends `apply_patch`
 // as a custom tool (free-form input under a Lark grammar), which translates to a chat
 // completions custom tool. Codex's built-in web search and its namespaced multi-agent tools,
-// which translate to nothing, are switched off, as the README tells Codex users to do.
+// which translate to nothing, are switched off, except in the run with the minimal provider
+// config, where the gateway drops them (named in `x-gateway-dropped-tools`).
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -100,7 +101,9 @@ after(async () => {
 /// `codex exec` with `prompt` against `gateway`, in a fresh home and working directory, the
 /// sandbox off (the working directory is a temporary one) so that `apply_patch` writes there.
 /// Run without blocking, so that the fake provider in this process can answer.
-function codex(gateway, key, model, prompt) {
+/// With `minimal`, the provider configured with the least a user writes (no switches for web
+/// search or the multi-agent tools, which the gateway then drops and names).
+function codex(gateway, key, model, prompt, { minimal = false } = {}) {
   const home = mkdtempSync(join(dir, "home-"));
   const work = mkdtempSync(join(dir, "work-"));
   const settings = [
@@ -110,9 +113,10 @@ function codex(gateway, key, model, prompt) {
     'model_providers.mg.env_key="MODEL_GATEWAY_KEY"',
     'model_providers.mg.wire_api="responses"',
     `model=${model}`,
-    "web_search=disabled",
   ];
-  const args = ["exec", "--skip-git-repo-check", "--disable", "multi_agent", "--dangerously-bypass-approvals-and-sandbox", "-C", work];
+  if (!minimal) settings.push("web_search=disabled");
+  const args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "-C", work];
+  if (!minimal) args.push("--disable", "multi_agent");
   for (const setting of settings) args.push("-c", setting);
   args.push(prompt);
   const child = spawn(CODEX, args, {
@@ -138,6 +142,15 @@ for (const model of ["gpt-4o-mini", AGENT_MODEL]) {
     assert.equal(mock.balance(key).total, 10 - PRICE);
   });
 }
+
+test("the coding-agent CLI with the minimal provider config runs a turn, its built-in tools dropped", async () => {
+  const key = mock.newKey(10);
+  const run = await codex(mock, key, AGENT_MODEL, "Say hello.", { minimal: true });
+  assert.equal(run.status, 0, run.stderr);
+  assert.equal(run.stdout.trim(), MOCK_TEXT);
+  assert.deepEqual(mock.logs(key).map((c) => [c.protocol, c.status]), [["responses", "ok"]]);
+  assert.equal(mock.balance(key).total, 10 - PRICE);
+});
 
 test("the coding-agent CLI edits a file with its custom apply_patch tool through a translated upstream", async () => {
   const key = translated.newKey(10);

@@ -8,6 +8,7 @@ use serde_json::{Map, Value, json};
 
 use super::reply::{Echoed, Given};
 use super::write::WriteJson;
+use crate::protocol::BuiltinTools;
 
 /// A field of a Responses request that chat completions cannot express. Refused with 400
 /// rather than dropped, so that a client never gets a reply to a different question than the
@@ -48,12 +49,23 @@ pub struct Translated {
     /// The chat request's fields after its `model`, from a comma to the closing brace.
     chat: Vec<u8>,
     echoed: Echoed,
+    /// The tools left out (see [`BuiltinTools::Drop`]), by type (a namespace as
+    /// `namespace:{name}`), in the request's order.
+    dropped: Vec<String>,
 }
 
 impl Translated {
-    /// Translates a parsed `request`, or names the field that does not translate.
+    /// Translates a parsed `request`, or names the field that does not translate (built-in
+    /// tools among them).
     pub fn new(request: Value) -> Result<Translated, Untranslatable> {
-        let Value::Object(mut chat) = chat_request(&request, "")? else {
+        Translated::new_with(request, BuiltinTools::Refuse)
+    }
+
+    /// [`Translated::new`], with the request's built-in tools dropped or refused as
+    /// `builtin` says.
+    pub fn new_with(request: Value, builtin: BuiltinTools) -> Result<Translated, Untranslatable> {
+        let (chat, dropped) = translate_value(&request, "", builtin)?;
+        let Value::Object(mut chat) = chat else {
             unreachable!("a chat request is an object");
         };
         chat.remove("model");
@@ -63,41 +75,72 @@ impl Translated {
         Ok(Translated {
             chat,
             echoed: Given::of(&request).echoed(request["model"].as_str()),
+            dropped,
         })
     }
 
     /// Translates a request from its bytes, or names the field that does not translate (a
-    /// body that is not JSON names none). A request as clients send it is read without building
-    /// a `serde_json::Value`, what it passes on (texts, tool schemas, settings) copied as the
-    /// client wrote it; anything unusual is read as [`Translated::new`] reads it.
+    /// body that is not JSON names none; built-in tools are refused). A request as clients
+    /// send it is read without building a `serde_json::Value`, what it passes on (texts, tool
+    /// schemas, settings) copied as the client wrote it; anything unusual is read as
+    /// [`Translated::new`] reads it.
     pub fn from_slice(request: &[u8]) -> Result<Translated, Untranslatable> {
-        if let Some((chat, echoed)) = read::translate(request) {
-            return Ok(Translated { chat, echoed });
-        }
-        Translated::from_value_reading(request)
+        Translated::from_slice_with(request, BuiltinTools::Refuse)
     }
 
-    /// [`Translated::from_slice`] for a `request` already read from `body` (by the router,
-    /// which reads a Responses call's fields from the same reading, and its `model` as
+    /// [`Translated::from_slice`], with the request's built-in tools dropped or refused as
+    /// `builtin` says.
+    pub fn from_slice_with(
+        request: &[u8],
+        builtin: BuiltinTools,
+    ) -> Result<Translated, Untranslatable> {
+        if let Some((chat, echoed)) = read::translate(request) {
+            return Ok(Translated {
+                chat,
+                echoed,
+                dropped: Vec::new(),
+            });
+        }
+        Translated::from_value_reading(request, builtin)
+    }
+
+    /// [`Translated::from_slice_with`] for a `request` already read from `body` (by the
+    /// router, which reads a Responses call's fields from the same reading, and its `model` as
     /// `model`).
     pub(crate) fn from_read(
         request: &ReadRequest<'_>,
         model: &str,
         body: &[u8],
+        builtin: BuiltinTools,
     ) -> Result<Translated, Untranslatable> {
         if let Some((chat, echoed)) = read::translate_read(request, Some(model), body.len()) {
-            return Ok(Translated { chat, echoed });
+            return Ok(Translated {
+                chat,
+                echoed,
+                dropped: Vec::new(),
+            });
         }
-        Translated::from_value_reading(body)
+        Translated::from_value_reading(body, builtin)
     }
 
-    /// `request` read into a `Value` and translated from it.
-    fn from_value_reading(request: &[u8]) -> Result<Translated, Untranslatable> {
+    /// `request` read into a `Value` and translated from it. (A request with a built-in tool
+    /// is always read this way: the reading from bytes translates function and custom tools
+    /// only.)
+    fn from_value_reading(
+        request: &[u8],
+        builtin: BuiltinTools,
+    ) -> Result<Translated, Untranslatable> {
         let request = serde_json::from_slice(request).map_err(|_| Untranslatable {
             field: String::new(),
             reason: "the request is not JSON",
         })?;
-        Translated::new(request)
+        Translated::new_with(request, builtin)
+    }
+
+    /// The tools the translation left out (see [`BuiltinTools::Drop`]), by type (a
+    /// namespace of tools as `namespace:{name}`), in the request's order.
+    pub fn dropped_tools(&self) -> &[String] {
+        &self.dropped
     }
 
     /// The chat-completions request calling `model`, serialised.
@@ -137,8 +180,19 @@ const HINTS: &[&str] = &[
 
 /// The chat-completions request for a Responses `request`, calling `model`. Every field is
 /// either translated, copied (same meaning), dropped as a hint that changes nothing a
-/// chat-completions provider does (see the crate's README), or refused.
+/// chat-completions provider does (see the crate's README), or refused (built-in tools too).
 pub fn chat_request(request: &Value, model: &str) -> Result<Value, Untranslatable> {
+    translate_value(request, model, BuiltinTools::Refuse).map(|(chat, _)| chat)
+}
+
+/// [`chat_request`], with built-in tools dropped or refused as `builtin` says; the dropped
+/// ones named beside it.
+fn translate_value(
+    request: &Value,
+    model: &str,
+    builtin: BuiltinTools,
+) -> Result<(Value, Vec<String>), Untranslatable> {
+    let mut dropped = Vec::new();
     let Some(fields) = request.as_object() else {
         return refuse("", "the request is not a JSON object");
     };
@@ -190,7 +244,7 @@ pub fn chat_request(request: &Value, model: &str) -> Result<Value, Untranslatabl
                 }
             }
             "tools" => {
-                if let Some(tools) = tools(value)? {
+                if let Some(tools) = tools(value, builtin, &mut dropped)? {
                     chat.insert("tools".into(), tools);
                 }
             }
@@ -253,7 +307,7 @@ pub fn chat_request(request: &Value, model: &str) -> Result<Value, Untranslatabl
             other => return refuse(other, "chat completions has no such field"),
         }
     }
-    Ok(Value::Object(chat))
+    Ok((Value::Object(chat), dropped))
 }
 
 /// Where in the request a field is (`input[2]`, `input[2].content[0]`), written out only for a
@@ -469,8 +523,13 @@ fn content_part(part: &Value, at: At<'_>, system: bool) -> Result<Value, Untrans
 
 /// Function and custom (free-form input) tools in chat completions' form; built-in tools (web
 /// search, file search, code interpreter, computer use, MCP, ...) run inside `OpenAI`'s
-/// Responses API and are refused.
-fn tools(value: &Value) -> Result<Option<Value>, Untranslatable> {
+/// Responses API, and are dropped (named in `dropped`) or refused as `builtin` says, as are
+/// namespaces of tools for now.
+fn tools(
+    value: &Value,
+    builtin: BuiltinTools,
+    dropped: &mut Vec<String>,
+) -> Result<Option<Value>, Untranslatable> {
     let list = match value {
         Value::Null => return Ok(None),
         Value::Array(list) => list,
@@ -478,8 +537,15 @@ fn tools(value: &Value) -> Result<Option<Value>, Untranslatable> {
     };
     let mut tools = Vec::with_capacity(list.len());
     for (index, tool) in list.iter().enumerate() {
-        let kind = match tool["type"].as_str() {
-            Some(kind @ ("function" | "custom")) => kind,
+        let kind = match (tool["type"].as_str(), builtin) {
+            (Some(kind @ ("function" | "custom")), _) => kind,
+            (Some(kind), BuiltinTools::Drop) => {
+                dropped.push(match (kind, tool["name"].as_str()) {
+                    ("namespace", Some(name)) => format!("namespace:{name}"),
+                    _ => kind.to_owned(),
+                });
+                continue;
+            }
             _ => {
                 return refuse(
                     format!("tools[{index}].type"),

@@ -447,3 +447,46 @@ fn a_raw_string_is_refused_as_reading_it_is() {
         }
     }
 }
+
+/// Codex's default request: a function tool, a namespace of function tools and web search.
+/// Dropped, each is named and the rest translates as without it; refused (and by default,
+/// for an embedder's own `Translated::from_slice`), the first is named.
+#[test]
+fn built_in_tools_are_dropped_and_named_or_refused() {
+    use crate::protocol::BuiltinTools;
+    let with = json!({
+        "model": "m",
+        "input": "Hi",
+        "tools": [
+            { "type": "function", "name": "shell", "parameters": { "type": "object" } },
+            { "type": "namespace", "name": "multi_agent_v1", "tools": [
+                { "type": "function", "name": "spawn_agent", "parameters": { "type": "object" } }
+            ] },
+            { "type": "web_search", "external_web_access": false },
+        ],
+    });
+    let body = serde_json::to_vec(&with).unwrap();
+    let dropped = Translated::from_slice_with(&body, BuiltinTools::Drop).unwrap();
+    assert_eq!(
+        dropped.dropped_tools(),
+        ["namespace:multi_agent_v1", "web_search"]
+    );
+    let without = json!({
+        "model": "m",
+        "input": "Hi",
+        "tools": [{ "type": "function", "name": "shell", "parameters": { "type": "object" } }],
+    });
+    assert_eq!(
+        outcome(Ok(dropped)).unwrap().0,
+        outcome(Translated::new(without)).unwrap().0
+    );
+    for refused in [
+        Translated::from_slice_with(&body, BuiltinTools::Refuse),
+        Translated::from_slice(&body),
+        Translated::new(with),
+    ] {
+        assert_eq!(refused.unwrap_err().field, "tools[1].type");
+    }
+    let plain = Translated::from_slice_with(br#"{"model":"m","input":"Hi"}"#, BuiltinTools::Drop);
+    assert!(plain.unwrap().dropped_tools().is_empty());
+}
