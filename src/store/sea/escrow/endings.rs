@@ -1,4 +1,5 @@
-//! The key reader and the writer of endings: the two tasks beside an instance's escrow.
+//! The writer of endings: the task beside an instance's escrow that bills and refunds its
+//! held calls (the key reader is in `reserve`).
 
 use std::collections::HashMap;
 
@@ -7,7 +8,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use tokio::sync::mpsc;
 
 use super::rows::escrow_row;
-use super::state::{EndJob, Ending, Escrow, KeyRead, MAX_BATCH, PotKey, Seen};
+use super::state::{EndJob, Ending, Escrow, MAX_BATCH, PotKey};
 use crate::credits::{Balance, Credits, Split};
 use crate::events::EventType;
 use crate::store::DeliveryStatus;
@@ -16,61 +17,6 @@ use crate::store::rules::settle::{Beyond, decide_settle};
 use crate::store::sea::commit::batch::{Finish, shortfall_event};
 use crate::store::sea::held::HeldCall;
 use crate::store::{AccountId, CallId, CallStatus, LeaseId, StoreError};
-
-/// The key reader: each read answers every reservation that was waiting when it began.
-pub(super) async fn read_keys(db: DatabaseConnection, mut queue: mpsc::Receiver<KeyRead>) {
-    let mut waiting = Vec::with_capacity(MAX_BATCH);
-    while queue.recv_many(&mut waiting, MAX_BATCH).await > 0 {
-        let mut keys: Vec<i64> = waiting.iter().map(|read| read.key).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let read = active_keys(&db, &keys).await;
-        for KeyRead { key, answer } in waiting.drain(..) {
-            let _ = answer.send(match &read {
-                Ok(seen) => Ok(seen.get(&key).copied()),
-                Err(error) => Err(StoreError::msg(format!("reading keys: {error}"))),
-            });
-        }
-    }
-}
-
-pub(super) async fn active_keys(
-    db: &DatabaseConnection,
-    keys: &[i64],
-) -> Result<HashMap<i64, Seen>, StoreError> {
-    let list = keys
-        .iter()
-        .map(i64::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    let sql = "SELECT k.id, a.subscription_credits, a.subscription_ends_at, \
-               k.limit_credits IS NOT NULL, \
-               COALESCE((SELECT max(l.id) FROM mg_subscription_lapses l \
-                         WHERE l.account_id = a.id), 0) \
-               FROM mg_api_keys k JOIN mg_accounts a ON a.id = k.account_id \
-               WHERE k.id = ANY($1::bigint[]) AND k.revoked_at IS NULL";
-    let rows = db
-        .query_all_raw(Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            sql,
-            [format!("{{{list}}}").into()],
-        ))
-        .await?;
-    let mut seen = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let key: i64 = row.try_get_by_index(0)?;
-        seen.insert(
-            key,
-            Seen {
-                row_subscription: row.try_get_by_index(1)?,
-                subscription_ends_at: row.try_get_by_index(2)?,
-                limited: row.try_get_by_index(3)?,
-                last_lapse: row.try_get_by_index(4)?,
-            },
-        );
-    }
-    Ok(seen)
-}
 
 /// The writer of endings: each batch inserts its entries, finished, and debits the escrow
 /// rows of its settles, in one transaction.

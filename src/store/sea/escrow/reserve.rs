@@ -1,19 +1,22 @@
-//! Holding a call against the escrow: at once where the pot can pay, after a refill where it
-//! cannot, and in the database where the account has too little for escrow.
+//! Holding a call against the escrow: the key reader, then at once where the pot can pay,
+//! after a refill where it cannot, and in the database where the account has too little for
+//! escrow.
+
+use std::collections::HashMap;
 
 use chrono::Utc;
 
 use sea_orm::sea_query::{Expr, LockType};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement,
-    TransactionTrait,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter,
+    QuerySelect, Statement, TransactionTrait,
 };
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::rows::{escrow_row, write_escrow_row};
 use super::state::{
-    Escrow, ID_BLOCK, KeyRead, MAX_SLICE_CALLS, PotKey, REFILLED_SOON, Refill, SLICE_CALLS, Seen,
-    Short, stopped, what_to_hold,
+    Escrow, ID_BLOCK, KeyRead, MAX_BATCH, MAX_SLICE_CALLS, PotKey, REFILLED_SOON, Refill,
+    SLICE_CALLS, Seen, Short, stopped, what_to_hold,
 };
 use crate::credits::{Balance, Credits};
 use crate::store::rules::escrow::{Slice, refill};
@@ -347,4 +350,59 @@ impl Escrow {
         }
         reserved
     }
+}
+
+/// The key reader: each read answers every reservation that was waiting when it began.
+pub(super) async fn read_keys(db: DatabaseConnection, mut queue: mpsc::Receiver<KeyRead>) {
+    let mut waiting = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut waiting, MAX_BATCH).await > 0 {
+        let mut keys: Vec<i64> = waiting.iter().map(|read| read.key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let read = active_keys(&db, &keys).await;
+        for KeyRead { key, answer } in waiting.drain(..) {
+            let _ = answer.send(match &read {
+                Ok(seen) => Ok(seen.get(&key).copied()),
+                Err(error) => Err(StoreError::msg(format!("reading keys: {error}"))),
+            });
+        }
+    }
+}
+
+pub(super) async fn active_keys(
+    db: &DatabaseConnection,
+    keys: &[i64],
+) -> Result<HashMap<i64, Seen>, StoreError> {
+    let list = keys
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let sql = "SELECT k.id, a.subscription_credits, a.subscription_ends_at, \
+               k.limit_credits IS NOT NULL, \
+               COALESCE((SELECT max(l.id) FROM mg_subscription_lapses l \
+                         WHERE l.account_id = a.id), 0) \
+               FROM mg_api_keys k JOIN mg_accounts a ON a.id = k.account_id \
+               WHERE k.id = ANY($1::bigint[]) AND k.revoked_at IS NULL";
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            sql,
+            [format!("{{{list}}}").into()],
+        ))
+        .await?;
+    let mut seen = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let key: i64 = row.try_get_by_index(0)?;
+        seen.insert(
+            key,
+            Seen {
+                row_subscription: row.try_get_by_index(1)?,
+                subscription_ends_at: row.try_get_by_index(2)?,
+                limited: row.try_get_by_index(3)?,
+                last_lapse: row.try_get_by_index(4)?,
+            },
+        );
+    }
+    Ok(seen)
 }
