@@ -212,8 +212,7 @@ where
                 streaming,
             };
             match read_and_route(request, settings).await {
-                Ok(request) => {
-                    let dropped = dropped_tools(&request);
+                Ok((request, dropped)) => {
                     let mut response = inner.call(request).await?;
                     if let Some(dropped) = dropped {
                         response.headers_mut().insert(DROPPED_TOOLS_HEADER, dropped);
@@ -230,9 +229,9 @@ where
 /// [`BuiltinTools::Drop`]), by type, comma-separated.
 pub const DROPPED_TOOLS_HEADER: &str = "x-gateway-dropped-tools";
 
-/// The [`DROPPED_TOOLS_HEADER`] of a routed `request`, if its translation dropped tools.
-fn dropped_tools(request: &Request<Bytes>) -> Option<http::HeaderValue> {
-    let translation = request.extensions().get::<RoutedCall>()?.translation()?;
+/// The [`DROPPED_TOOLS_HEADER`] of a `routed` call, if its translation dropped tools.
+fn dropped_tools(routed: &RoutedCall) -> Option<http::HeaderValue> {
+    let translation = routed.translation()?;
     let dropped = translation.dropped_tools();
     if dropped.is_empty() {
         return None;
@@ -257,10 +256,12 @@ struct Settings<'a> {
     streaming: bool,
 }
 
+/// Reads and routes a call: the request for the service inside, and the header that names the
+/// tools its translation dropped, if any.
 async fn read_and_route<B>(
     request: Request<B>,
     settings: Settings<'_>,
-) -> Result<Request<Bytes>, GatewayError>
+) -> Result<(Request<Bytes>, Option<http::HeaderValue>), GatewayError>
 where
     B: Body,
     B::Error: Into<BoxError>,
@@ -310,11 +311,12 @@ where
         let upstream = find_stored_response(owners, caller, &routed, &id).await?;
         routed.upstream = Some(upstream);
     }
+    let dropped = dropped_tools(&routed);
     parts.extensions.insert(routed);
     if let Some(permit) = permit {
         parts.extensions.insert(permit);
     }
-    Ok(Request::from_parts(parts, body))
+    Ok((Request::from_parts(parts, body), dropped))
 }
 
 /// The upstream that keeps the stored response `id` that a call of `routed` continues: it must

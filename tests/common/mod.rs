@@ -585,9 +585,14 @@ pub async fn assert_the_rules_of_every_call(path: &str, body: &Value, price: i64
 
 /// The example gateway in mock mode with the demo catalogue.
 pub async fn start_mock_gateway(db: &TestDb) -> Gateway {
+    start_mock_gateway_with(db, Catalogue::demo()).await
+}
+
+/// The gateway in mock mode serving `catalogue`.
+pub async fn start_mock_gateway_with(db: &TestDb, catalogue: Catalogue) -> Gateway {
     start_gateway(
         db,
-        Catalogue::demo(),
+        catalogue,
         Upstream::Mock(MockUpstream::new()),
         DEFAULT_MAX_BODY_BYTES,
     )

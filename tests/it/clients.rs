@@ -244,13 +244,7 @@ async fn the_catalogue_can_turn_compatible_bodies_on_and_operators_paths_keep_de
     let db = local_db().await;
     let catalogue =
         Catalogue::from_toml(&format!("error_body = \"compatible\"\n{DEMO_CATALOGUE}")).unwrap();
-    let gateway = start_gateway(
-        &db,
-        catalogue,
-        Upstream::Mock(MockUpstream::new()),
-        DEFAULT_MAX_BODY_BYTES,
-    )
-    .await;
+    let gateway = start_mock_gateway_with(&db, catalogue).await;
     let refused = seen(post(&gateway, CHAT, "sk-mg-wrong", &chat_body(CHAT_MODEL))).await;
     assert_eq!(refused.body["error"]["type"], "authentication_error");
     // Outside /v1/ (probes, the admin API, the console) scripts read `detail` alone.
@@ -439,13 +433,7 @@ async fn a_model_answers_only_on_the_endpoints_it_lists() {
          endpoints = [\"chat_completions\"]\nprice = 1\nupstream = \"openai\"\n"
     ))
     .unwrap();
-    let gateway = start_gateway(
-        &db,
-        catalogue,
-        Upstream::Mock(MockUpstream::new()),
-        DEFAULT_MAX_BODY_BYTES,
-    )
-    .await;
+    let gateway = start_mock_gateway_with(&db, catalogue).await;
     let key = db.funded_key(0, 10).await;
     let body = json!({ "model": "chat-only", "input": "hi" }).to_string();
     let refused = gateway.post_bearer("/v1/responses", &key, body).await;

@@ -25,6 +25,13 @@ impl Env {
         command
     }
 
+    /// Runs a command that must fail: its stderr.
+    fn refused(&self, args: &[&str]) -> String {
+        let output = self.command(args).output().unwrap();
+        assert!(!output.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
     fn run(&self, args: &[&str]) -> (bool, String) {
         let output = self
             .command(args)
@@ -638,12 +645,7 @@ async fn credit_commands_past_the_largest_balance_fail_clearly_and_write_nothing
     let max = i64::MAX.to_string();
     // Its error read here rather than passed to the test's own stderr, where a passing run
     // showed it as a stray `error:` line.
-    let refused = env
-        .command(&["keys", "create", "--subscription", &max, "--topup", "1"])
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    let error = String::from_utf8_lossy(&refused.stderr);
+    let error = env.refused(&["keys", "create", "--subscription", &max, "--topup", "1"]);
     assert!(
         error.contains("largest value a balance can hold"),
         "{error}"
@@ -652,12 +654,7 @@ async fn credit_commands_past_the_largest_balance_fail_clearly_and_write_nothing
     assert!(created, "{out}");
     let key = out.lines().last().unwrap().to_owned();
     for args in [["--topup", "1"], ["--subscription", "1"]] {
-        let output = env
-            .command(&["credits", "add", "--key", &key, args[0], args[1]])
-            .output()
-            .unwrap();
-        assert!(!output.status.success());
-        let error = String::from_utf8_lossy(&output.stderr);
+        let error = env.refused(&["credits", "add", "--key", &key, args[0], args[1]]);
         assert!(
             error.contains("largest value a balance can hold"),
             "{error}"
