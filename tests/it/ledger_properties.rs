@@ -94,6 +94,50 @@ async fn an_owned_sqlite_file_agrees_with_the_model_on_any_sequence() {
     made.none_rolled_back();
 }
 
+/// A sequence the conformance run found on 2026-12-07 (CI): on an owned file, three calls of a
+/// key limited to 20 credits held (one with an idempotency key), then the keyed one settled at
+/// 19 beyond its reservation: the key may take 17 more (20, less the three held), not 18.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "current_thread")]
+async fn an_owned_file_bounds_a_keyed_settle_beyond_by_what_plain_calls_hold_on_the_key() {
+    use Op::{Grant, Reserve, Settle};
+    let reserve = |idempotency| Reserve {
+        account: 1,
+        key: 0,
+        price: 1,
+        idempotency,
+    };
+    let steps = vec![
+        Grant {
+            account: 1,
+            subscription: false,
+            amount: 31,
+            period: None,
+        },
+        reserve(None),
+        reserve(Some((0, 0))),
+        reserve(None),
+        Settle {
+            nth: 55,
+            reply: true,
+            cost: Some(19),
+            beyond: true,
+        },
+    ];
+    let made = Made::default();
+    suite(1)
+        .replay(
+            || {
+                let made = made.clone();
+                async move { made.keep(owned_sqlite_db().await) }
+            },
+            &steps,
+        )
+        .await
+        .unwrap_or_else(|violation| panic!("{violation}"));
+    made.none_rolled_back();
+}
+
 /// One schema for the run: each sequence makes accounts of its own.
 #[tokio::test(flavor = "current_thread")]
 async fn postgres_agrees_with_the_model_on_any_sequence() {

@@ -175,12 +175,15 @@ impl Holds {
                         held.account
                     }
                     // A call reserved in the file (a keyed one) whose cost may exceed what it
-                    // took: its account, not known before its entry is read, may pay beyond it
-                    // only what the calls held on it leave free.
+                    // took: its account and key, not known before its entry is read, may pay
+                    // beyond it only what the calls held on them leave free, and within what
+                    // the key's limit leaves beside them.
                     None => {
                         if matches!(write, Write::Settle(_, success) if success.cost.is_some()) {
                             part.accounts
                                 .extend(self.accounts.iter().map(|(id, on)| (*id, *on)));
+                            part.keys
+                                .extend(self.keys.iter().map(|(id, on)| (*id, on.clone())));
                         }
                         continue;
                     }
