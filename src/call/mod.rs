@@ -28,7 +28,7 @@ use serde::Serialize;
 use crate::catalogue::ModelRoute;
 use crate::credits::{Credits, Split};
 use crate::protocol::Protocol;
-use crate::protocol::responses::Translated;
+use crate::protocol::translation::Translation;
 
 mod access;
 mod limit;
@@ -129,9 +129,9 @@ pub struct RoutedCall {
     /// The stored response a Responses call continues (`previous_response_id`), until the
     /// router has found who made it.
     pub(crate) continues: Option<Arc<str>>,
-    /// The Responses request and its translation, as the router made them to check that it
-    /// translates, so that the upstream sends them without doing it again.
-    translation: Option<Arc<Translated>>,
+    /// The request's translation for a provider of another dialect, as the router made it to
+    /// check that it translates, so that the upstream sends it without doing it again.
+    translation: Option<Arc<Translation>>,
     /// Whether a Responses request lets the provider keep its response (`store` not `false`),
     /// as the router read it; `None` when it did not (see
     /// [`kept_by_provider`](Self::kept_by_provider)).
@@ -228,9 +228,9 @@ impl RoutedCall {
         }
     }
 
-    /// The Responses request and its chat-completions translation, when the router made them
-    /// (a Responses call on a model with a translating channel), from the request's body.
-    pub(crate) fn translation(&self) -> Option<Arc<Translated>> {
+    /// The request's translation, when the router made it (a call on a model with a channel
+    /// that translates it), from the request's body.
+    pub(crate) fn translation(&self) -> Option<Arc<Translation>> {
         self.translation.clone()
     }
 
@@ -248,7 +248,7 @@ impl RoutedCall {
     }
 
     /// Keeps the request's translation (see [`translation`](Self::translation)).
-    pub(crate) fn keep_translation(&mut self, translation: Translated) {
+    pub(crate) fn keep_translation(&mut self, translation: Translation) {
         self.translation = Some(Arc::new(translation));
     }
 

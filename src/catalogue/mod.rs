@@ -903,10 +903,9 @@ fn model_endpoints(
     }
     let mut endpoints: Vec<Protocol> = Vec::with_capacity(listed.len());
     for &endpoint in listed {
-        let served = endpoint.models_protocol() == entry.protocol
-            && channels
-                .iter()
-                .any(|channel| endpoint.dialect().served_by(channel.upstream.kind));
+        let served = channels
+            .iter()
+            .any(|channel| endpoint.dialect().served_by(channel.upstream.kind));
         if !served {
             return Err(CatalogueError::EndpointNotServed {
                 model: entry.name.clone(),

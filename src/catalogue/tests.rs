@@ -117,10 +117,35 @@ fn an_unknown_field_is_refused_by_name() {
 }
 
 #[test]
-fn a_messages_model_on_an_openai_upstream_is_refused() {
-    let error =
+fn a_messages_model_on_an_openai_upstream_answers_on_messages_translated() {
+    let catalogue =
         with_model("name = \"claude\"\nprotocol = \"messages\"\nprice = 1\nupstream = \"openai\"")
-            .unwrap_err();
+            .unwrap();
+    let model = catalogue.model("claude").unwrap();
+    assert_eq!(model.endpoints, [Protocol::Messages]);
+    let route = Protocol::Messages
+        .dialect()
+        .upstream(UpstreamKind::Openai, ResponsesRoute::Translate)
+        .unwrap();
+    assert_eq!((route.path, route.translated), ("/chat/completions", true));
+}
+
+#[test]
+fn an_embeddings_model_on_an_anthropic_upstream_is_refused() {
+    let error = Catalogue::from_toml(
+        r#"
+        [[upstreams]]
+        name = "anthropic"
+        kind = "anthropic"
+        base_url = "https://api.anthropic.com"
+        api_key_env = "ANTHROPIC_API_KEY"
+        [[models]]
+        name = "embed"
+        protocol = "embeddings"
+        price = 1
+        upstream = "anthropic""#,
+    )
+    .unwrap_err();
     assert!(
         matches!(error, CatalogueError::ProtocolMismatch { .. }),
         "{error}"
@@ -562,12 +587,32 @@ fn a_model_answers_on_the_endpoints_it_lists() {
 
 #[test]
 fn an_endpoint_no_upstream_serves_is_refused_naming_both() {
-    let refused = with_model(
+    let translated = with_model(
         r#"name = "gpt-on-messages"
         protocol = "chat_completions"
         endpoints = ["chat_completions", "messages"]
         price = 1
         upstream = "openai""#,
+    )
+    .unwrap();
+    let model = translated.model("gpt-on-messages").unwrap();
+    assert_eq!(
+        model.endpoints,
+        [Protocol::ChatCompletions, Protocol::Messages]
+    );
+    let refused = Catalogue::from_toml(
+        r#"
+        [[upstreams]]
+        name = "anthropic"
+        kind = "anthropic"
+        base_url = "https://api.anthropic.com"
+        api_key_env = "ANTHROPIC_API_KEY"
+        [[models]]
+        name = "claude-on-embeddings"
+        protocol = "messages"
+        endpoints = ["messages", "embeddings"]
+        price = 1
+        upstream = "anthropic""#,
     )
     .unwrap_err();
     let message = refused.to_string();
@@ -576,9 +621,9 @@ fn an_endpoint_no_upstream_serves_is_refused_naming_both() {
         "{message}"
     );
     assert!(
-        message.contains("`gpt-on-messages`")
-            && message.contains("`messages`")
-            && message.contains("`openai`"),
+        message.contains("`claude-on-embeddings`")
+            && message.contains("`embeddings`")
+            && message.contains("`anthropic`"),
         "{message}"
     );
     let none = with_model(

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::sse::{Event, EventKind, StreamState};
+use super::translation::Translation;
 use super::upstream_kind::{BuiltinTools, ResponsesRoute, UpstreamKind};
 use super::{Protocol, TokenUsage, json_string, responses};
 use crate::error::GatewayError;
@@ -69,7 +70,7 @@ pub(crate) trait Dialect: Sync {
         model_name: &str,
         body: &[u8],
         builtin: BuiltinTools,
-    ) -> Option<Result<responses::Translated, GatewayError>> {
+    ) -> Option<Result<Translation, GatewayError>> {
         let _ = (envelope, model_name, body, builtin);
         None
     }
@@ -302,5 +303,5 @@ pub(crate) struct MockCall<'a> {
     /// Whether the gateway asked the stream's usage on the client's behalf.
     pub(crate) gateway_asks_usage: bool,
     /// The request's translation, when the router made it.
-    pub(crate) translation: Option<&'a responses::Translated>,
+    pub(crate) translation: Option<&'a Translation>,
 }

@@ -7,15 +7,17 @@ use serde::{Deserialize, Serialize};
 pub(crate) mod chat_completions;
 pub(crate) mod dialect;
 pub(crate) mod embeddings;
-pub(crate) mod messages;
+pub mod messages;
 pub(crate) mod mock;
 pub(crate) mod reader;
 pub mod responses;
 pub(crate) mod sse;
 pub(crate) mod tokens;
+pub(crate) mod translation;
 mod upstream_kind;
 
 use dialect::Dialect;
+pub use translation::Untranslatable;
 pub use upstream_kind::{BuiltinTools, ResponsesRoute, UpstreamKind};
 
 /// Which API style a call uses; decided by the request path. More may come: match with a `_`

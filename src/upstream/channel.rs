@@ -13,15 +13,18 @@ use http_body_util::BodyExt;
 
 use super::breaker::CircuitBreaker;
 use super::failover::AttemptError;
-use super::translated::ChatAsResponses;
+use super::translated::TranslatedStream;
 use crate::call::{RoutedCall, ServedBy};
 use crate::catalogue::{ModelChannel, UpstreamConfig};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
-use crate::protocol::responses::{self, Ids, StreamTranslator, Translated};
+use crate::pricing::estimated_text_tokens;
+use crate::protocol::responses;
 use crate::protocol::sse::EventSplitter;
+use crate::protocol::translation::Translation;
 use crate::protocol::{Protocol, provider_message};
 use crate::reply::{Inner, UpstreamBody};
+use crate::store::rules::usage::{Counted, unreported};
 
 /// The id of the response a native Responses upstream answered with and keeps, and that
 /// upstream: set on the reply of an attempt asked to read it, for the record of who made it.
@@ -145,14 +148,14 @@ impl Channel {
         translates(&self.config, protocol)
     }
 
-    /// The body sent for a call, and, for a translated Responses call, the translation (whose
-    /// request the reply echoes).
+    /// The body sent for a call, and, for a translated call, the translation (which reads the
+    /// reply back).
     fn request_body(
         &self,
         channel: &ModelChannel,
         routed: &RoutedCall,
         body: &Bytes,
-    ) -> Result<(Bytes, Option<Arc<Translated>>), AttemptError> {
+    ) -> Result<(Bytes, Option<Arc<Translation>>), AttemptError> {
         if !self.translates(routed.protocol) {
             let body = routed.upstream_body(body, channel.upstream_model.as_deref());
             return Ok((body, None));
@@ -168,16 +171,24 @@ impl Channel {
         };
         let translation = match routed.translation() {
             Some(translation) => translation,
-            None => Arc::new(
-                Translated::from_slice_with(body, self.config.builtin_tools)
-                    .map_err(|untranslatable| refused(untranslatable.to_string()))?,
-            ),
+            None => {
+                let builtin = self.config.builtin_tools;
+                let translation = match routed.protocol {
+                    Protocol::Messages => {
+                        crate::protocol::messages::MessagesAsChat::from_slice_with(body, builtin)
+                            .map(Translation::Messages)
+                    }
+                    _ => responses::Translated::from_slice_with(body, builtin)
+                        .map(Translation::Responses),
+                };
+                Arc::new(translation.map_err(|untranslatable| refused(untranslatable.to_string()))?)
+            }
         };
         let model = channel
             .upstream_model
             .as_deref()
             .unwrap_or(&routed.model.name);
-        let chat = translation.chat_body(model);
+        let chat = translation.upstream_body(model);
         Ok((Bytes::from(chat), Some(translation)))
     }
 
@@ -194,7 +205,7 @@ impl Channel {
         &self,
         reply: reqwest::Response,
         first_event_within: Duration,
-        translated: Option<&Translated>,
+        translated: Option<&Translation>,
     ) -> Result<(Response<UpstreamBody>, Bytes), AttemptError> {
         let status = reply.status();
         let failed = |message: String| AttemptError::Retryable {
@@ -247,12 +258,12 @@ impl Channel {
         };
         let events = UpstreamBody::events_after(received, body);
         let events = match translated {
-            Some(request) => {
+            Some(translation) => {
                 let Inner::Events(chat) = events.into_inner() else {
                     unreachable!("`events_after` makes an event stream")
                 };
-                let translator = StreamTranslator::new(request, Ids::random());
-                UpstreamBody::events(ChatAsResponses::new(chat, translator, self.limits.event))
+                let translator = translation.stream();
+                UpstreamBody::events(TranslatedStream::new(chat, translator, self.limits.event))
             }
             None => events,
         };
@@ -357,17 +368,19 @@ impl Channel {
             let (body, usage, id) = match &translated {
                 // Read once, for the response and for its usage.
                 Some(translation) => {
-                    let (response, usage) = responses::response_json_from_chat_bytes(
-                        translation,
-                        &body,
-                        &mut Ids::random(),
-                    )
-                    .map_err(|_| not_an_object())?;
-                    (
-                        Bytes::from(response),
-                        usage.ok_or_else(not_an_object)?,
-                        None,
-                    )
+                    let (reply, usage) = translation.reply(&body).map_err(|()| not_an_object())?;
+                    let mut usage = usage.ok_or_else(not_an_object)?;
+                    if routed.model.pricing.is_metered() {
+                        // Output the provider did not report is counted from its own reply,
+                        // as for an untranslated call (the translated reply is longer or
+                        // shorter), so that it costs the same by either endpoint.
+                        let counted = Counted {
+                            output: Some(estimated_text_tokens(body.len())),
+                            ended: true,
+                        };
+                        usage = unreported(usage, counted);
+                    }
+                    (reply, usage, None)
                 }
                 // A native Responses reply whose maker is recorded is read once, for its
                 // usage and its id.

@@ -1,5 +1,5 @@
-//! A chat-completions event stream read as the Responses API's, for the Responses calls of an
-//! upstream that translates (see [`protocol::responses`](crate::protocol::responses)).
+//! A provider's event stream read as the client's dialect, for the calls an upstream
+//! translates (see [`protocol::translation`](crate::protocol::translation)).
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -8,21 +8,21 @@ use bytes::Bytes;
 use http_body::{Body, Frame};
 
 use crate::error::UpstreamError;
-use crate::protocol::responses::StreamTranslator;
+use crate::protocol::translation::StreamTranslation;
 use crate::reply::EventStream;
 
-/// The provider's chat stream in, the Responses events out, as each chat event completes.
-pub(super) struct ChatAsResponses {
+/// The provider's stream in, the client's events out, as each provider event completes.
+pub(super) struct TranslatedStream {
     chat: EventStream,
-    translator: StreamTranslator,
+    translator: StreamTranslation,
     /// The largest chat event held unfinished: a provider sending one without end would
     /// otherwise take the gateway's memory here, before the billing layer sees anything.
     max_event: usize,
 }
 
-impl ChatAsResponses {
-    pub(super) fn new(chat: EventStream, translator: StreamTranslator, max_event: usize) -> Self {
-        ChatAsResponses {
+impl TranslatedStream {
+    pub(super) fn new(chat: EventStream, translator: StreamTranslation, max_event: usize) -> Self {
+        TranslatedStream {
             chat,
             translator,
             max_event,
@@ -30,7 +30,7 @@ impl ChatAsResponses {
     }
 }
 
-impl Body for ChatAsResponses {
+impl Body for TranslatedStream {
     type Data = Bytes;
     type Error = UpstreamError;
 

@@ -43,6 +43,7 @@ mod responses;
 mod streaming;
 mod subscriptions;
 mod token_pricing;
+mod translation;
 mod upstream;
 mod usage;
 mod webhooks;

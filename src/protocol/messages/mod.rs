@@ -1,8 +1,13 @@
 //! Anthropic's messages: `POST /v1/messages`, at an Anthropic-kind upstream's
-//! `{base_url}/v1/messages` with `x-api-key` and `anthropic-version`.
+//! `{base_url}/v1/messages` with `x-api-key` and `anthropic-version`, or translated to chat
+//! completions for an `OpenAI`-kind upstream (see [`MessagesAsChat`]).
 
+mod chat;
 mod mock;
 mod stream;
+
+pub(crate) use chat::message_id;
+pub use chat::{ChatToMessages, MessagesAsChat, NotAChatReply};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -10,7 +15,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use super::chat_completions::{json_headers, pass_headers};
 use super::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamDialect, UpstreamRoute};
 use super::sse::{Event, EventKind, StreamState};
-use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
+use super::translation::Translation;
+use super::{BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
 
 /// Messages' dialect.
@@ -57,14 +63,36 @@ impl Dialect for Messages {
         fields.into_envelope(model, streaming)
     }
 
-    fn served_by(&self, kind: UpstreamKind) -> bool {
-        kind == UpstreamKind::Anthropic
+    fn translation(
+        &self,
+        _: &Envelope<'_>,
+        _: &str,
+        body: &[u8],
+        builtin: BuiltinTools,
+    ) -> Option<Result<Translation, GatewayError>> {
+        Some(
+            MessagesAsChat::from_slice_with(body, builtin)
+                .map(Translation::Messages)
+                .map_err(GatewayError::from),
+        )
+    }
+
+    /// Natively by Anthropic-kind upstreams, translated to chat completions by `OpenAI`-kind
+    /// ones.
+    fn served_by(&self, _: UpstreamKind) -> bool {
+        true
     }
 
     fn upstream(&self, kind: UpstreamKind, _: ResponsesRoute) -> Option<UpstreamRoute> {
-        (kind == UpstreamKind::Anthropic).then_some(UpstreamRoute {
-            path: "/v1/messages",
-            translated: false,
+        Some(match kind {
+            UpstreamKind::Anthropic => UpstreamRoute {
+                path: "/v1/messages",
+                translated: false,
+            },
+            UpstreamKind::Openai => UpstreamRoute {
+                path: "/chat/completions",
+                translated: true,
+            },
         })
     }
 

@@ -12,6 +12,7 @@ use crate::protocol::chat_completions::chat_events;
 use crate::protocol::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamRoute};
 use crate::protocol::mock::{MOCK_OUTPUT_TOKENS, MOCK_REPLY_TEXT, counted, tokens, unix_now};
 use crate::protocol::sse::{ErrorObject, Event, EventKind, StreamState, take_text};
+use crate::protocol::translation::Translation;
 use crate::protocol::{
     BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind, json_string,
 };
@@ -70,12 +71,12 @@ impl Dialect for Responses {
         model_name: &str,
         body: &[u8],
         builtin: BuiltinTools,
-    ) -> Option<Result<Translated, GatewayError>> {
+    ) -> Option<Result<Translation, GatewayError>> {
         let translation = match &envelope.fields.responses {
             Some(read) => Translated::from_read(read, model_name, body, builtin),
             None => Translated::from_slice_with(body, builtin),
         };
-        Some(translation.map_err(|refused| {
+        Some(translation.map(Translation::Responses).map_err(|refused| {
             // Not JSON after all: the envelope's reading skips what it does not read, so a
             // number out of range, say, is found only here.
             if refused.field.is_empty() {
@@ -136,8 +137,8 @@ impl Dialect for Responses {
     fn mock_reply(&self, call: &MockCall<'_>) -> (Bytes, Option<TokenUsage>) {
         let parsed;
         let echoed = match call.translation {
-            Some(translation) => translation.echoed(),
-            None => {
+            Some(Translation::Responses(translation)) => translation.echoed(),
+            _ => {
                 parsed = Echoed::of_request(call.body);
                 &parsed
             }

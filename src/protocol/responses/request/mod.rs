@@ -9,25 +9,8 @@ use serde_json::{Map, Value, json};
 use super::reply::{Echoed, Given};
 use super::write::WriteJson;
 use crate::protocol::BuiltinTools;
-
-/// A field of a Responses request that chat completions cannot express. Refused with 400
-/// rather than dropped, so that a client never gets a reply to a different question than the
-/// one it asked.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{field}` cannot be translated to chat completions: {reason}")]
-pub struct Untranslatable {
-    /// The field, as a path into the request (`tools[0].type`, `input[2]`).
-    pub field: String,
-    /// Why (English, for logs and the detail).
-    pub reason: &'static str,
-}
-
-fn refuse<T>(field: impl Into<String>, reason: &'static str) -> Result<T, Untranslatable> {
-    Err(Untranslatable {
-        field: field.into(),
-        reason,
-    })
-}
+pub use crate::protocol::translation::Untranslatable;
+use crate::protocol::translation::refuse;
 
 /// A Responses request's chat-completions translation, made once (by the router, which checks
 /// it) and sent to each channel under that channel's name for the model, with what the reply

@@ -1,0 +1,561 @@
+//! A messages call on a model whose provider speaks only chat completions, over real HTTP:
+//! translated both ways (a complete reply and a stream), refused before any charge where it
+//! has no equivalent, refunded on every way a stream fails, billed once when a client leaves
+//! after content, and charged the same credits as the same model's chat call for the same
+//! provider usage, whatever shape that usage has.
+
+use crate::common;
+use crate::streaming::{Streamed, finished_call, stream};
+
+use std::time::Duration;
+
+use common::fake_provider::{FakeProvider, Fault, StreamEnd};
+use common::*;
+use model_gateway::{Catalogue, Protocol, refund::CLIENT_LEFT_BEFORE_CONTENT, store::CallStatus};
+use serde_json::{Value, json};
+
+/// A chat-completions model answering on messages too.
+const MODEL: &str = "gpt-on-messages";
+const PRICE: i64 = 2;
+/// The same provider behind a model priced by tokens.
+const METERED: &str = "metered-on-messages";
+
+fn catalogue(provider: &FakeProvider, settings: &str) -> Catalogue {
+    Catalogue::from_toml(&format!(
+        r#"
+        streaming = true
+        {settings}
+
+        [[upstreams]]
+        name = "chat-only"
+        kind = "openai"
+        base_url = "{}/v1"
+        api_key_env = "K"
+
+        [[models]]
+        name = "{MODEL}"
+        protocol = "chat_completions"
+        endpoints = ["chat_completions", "messages"]
+        price = {PRICE}
+        upstream = "chat-only"
+        upstream_model = "deepseek-chat"
+
+        [[models]]
+        name = "{METERED}"
+        protocol = "chat_completions"
+        endpoints = ["chat_completions", "messages"]
+        upstream = "chat-only"
+        max_output_tokens = 1000
+        context_window = 100000
+        [models.tokens]
+        input = 100000
+        output = 400000
+        cache_read = 50000
+        cache_write = 125000
+        "#,
+        provider.base
+    ))
+    .unwrap()
+}
+
+const CHAT_REPLY: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"deepseek-chat","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":21,"completion_tokens":9,"total_tokens":30}}"#;
+
+const ROLE: &str =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+const DELTA: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+const FINISH: &str =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2,\"total_tokens\":9}}\n\n";
+const DONE: &str = "data: [DONE]\n\n";
+
+fn messages(model: &str, stream: bool) -> Value {
+    json!({
+        "model": model, "max_tokens": 64, "stream": stream,
+        "system": "Use tools.",
+        "messages": [{ "role": "user", "content": "Paris?" }],
+        "tools": [{ "name": "get_weather", "input_schema": { "type": "object" } }],
+    })
+}
+
+#[tokio::test]
+async fn a_messages_call_on_a_chat_provider_is_translated_both_ways_and_billed_once() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+
+    provider.then(Fault::json(200, CHAT_REPLY));
+    let answer = gateway
+        .post_x_api_key(MESSAGES, &key, messages(MODEL, false).to_string())
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let seen = provider.last();
+    assert_eq!(seen.target, "/v1/chat/completions");
+    assert_eq!(seen.header("authorization"), Some("Bearer sk-provider"));
+    let chat: Value = serde_json::from_slice(&seen.body).unwrap();
+    assert_eq!(chat["model"], "deepseek-chat");
+    assert_eq!(
+        chat["messages"][0],
+        json!({ "role": "system", "content": "Use tools." })
+    );
+    assert_eq!(chat["tools"][0]["function"]["name"], "get_weather");
+    let message = &answer.body;
+    assert_eq!(
+        (message["type"].as_str(), message["model"].as_str()),
+        (Some("message"), Some(MODEL))
+    );
+    assert!(message["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(
+        message["content"][0],
+        json!({ "type": "tool_use", "id": "call_1", "name": "get_weather", "input": { "city": "Paris" } })
+    );
+    assert_eq!(message["stop_reason"], "tool_use");
+    assert_eq!(
+        message["usage"],
+        json!({ "input_tokens": 21, "output_tokens": 9 })
+    );
+    let [entry] = db.calls(&key).await.try_into().unwrap();
+    assert_eq!(
+        (entry.protocol, entry.status, entry.channel.as_deref()),
+        (Protocol::Messages, CallStatus::Ok, Some("chat-only"))
+    );
+    assert_eq!(
+        (entry.input_tokens, entry.output_tokens),
+        (Some(21), Some(9))
+    );
+    assert_eq!(db.balance(&key).await, balance(10 - PRICE, 0));
+}
+
+/// The `event:` names of a stream, in order.
+fn names(received: &Streamed) -> Vec<String> {
+    received
+        .text()
+        .split_terminator("\n\n")
+        .filter_map(|event| event.strip_prefix("event: ")?.split('\n').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_chat_stream_arrives_as_anthropics_events_and_is_billed_once() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    provider.then(
+        Fault::sse([ROLE, DELTA, ": keep-alive\n\n", DELTA, FINISH, USAGE, DONE])
+            .spaced(Duration::from_millis(5)),
+    );
+    let received = stream(&gateway, MESSAGES, &key, messages(MODEL, true)).await;
+    assert_eq!(received.status, 200);
+    let chat: Value = serde_json::from_slice(&provider.last().body).unwrap();
+    assert_eq!(chat["stream_options"], json!({ "include_usage": true }));
+    assert_eq!(received.joined_text(), "HiHi");
+    assert_eq!(
+        names(&received),
+        [
+            "message_start",
+            "ping",
+            "content_block_start",
+            "content_block_delta",
+            "ping",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    let delta = &received.data()[7];
+    assert_eq!(delta["usage"]["output_tokens"], 2);
+    assert_eq!(delta["delta"]["stop_reason"], "end_turn");
+    let entry = finished_call(&db, &key).await;
+    assert_eq!(
+        (entry.status, entry.input_tokens, entry.output_tokens),
+        (CallStatus::Ok, Some(7), Some(2))
+    );
+    assert_eq!(db.balance(&key).await, balance(10 - PRICE, 0));
+}
+
+#[tokio::test]
+async fn what_has_no_chat_equivalent_is_refused_before_any_charge_and_built_in_tools_are_named() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+
+    let mut body = messages(MODEL, false);
+    body["top_k"] = json!(5);
+    let answer = gateway
+        .post_x_api_key(MESSAGES, &key, body.to_string())
+        .await;
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert!(answer.detail().contains("top_k"), "{}", answer.detail());
+
+    // Anthropic's own tools are dropped by default, and named.
+    let mut body = messages(MODEL, false);
+    body["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({ "type": "web_search_20250305", "name": "web_search" }));
+    provider.then(Fault::json(200, CHAT_REPLY));
+    let answer = gateway
+        .post_x_api_key(MESSAGES, &key, body.to_string())
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(
+        answer.headers["x-gateway-dropped-tools"],
+        "web_search_20250305"
+    );
+    let chat: Value = serde_json::from_slice(&provider.last().body).unwrap();
+    assert_eq!(chat["tools"].as_array().unwrap().len(), 1);
+
+    assert_eq!(provider.requests(), 1, "the refused call never reached it");
+    assert_eq!(db.calls(&key).await.len(), 1);
+    assert_eq!(db.balance(&key).await, balance(10 - PRICE, 0));
+}
+
+#[tokio::test]
+async fn a_provider_failure_is_a_502_in_the_contracts_shape_and_refunded() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    provider.then(Fault::json(500, r#"{"error":{"message":"boom"}}"#));
+    let answer = gateway
+        .post_x_api_key(MESSAGES, &key, messages(MODEL, false).to_string())
+        .await;
+    assert_eq!(
+        (answer.status, answer.body.clone()),
+        (502, json!({ "detail": "上游服务暂时不可用" }))
+    );
+    // A reply that is not a chat completion is the provider's failure too.
+    provider.then(Fault::json(200, r#"{"unexpected":true}"#));
+    let answer = gateway
+        .post_x_api_key(MESSAGES, &key, messages(MODEL, false).to_string())
+        .await;
+    assert_eq!(answer.status, 502, "{answer:?}");
+    let calls = db.calls(&key).await;
+    assert!(
+        calls.iter().all(|call| call.status == CallStatus::Refunded),
+        "{calls:?}"
+    );
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+}
+
+/// The gateway's error event in Anthropic's shape ends the stream.
+fn assert_ends_with_the_gateways_error_event(received: &Streamed) {
+    let last = received.data().pop().unwrap();
+    assert_eq!(
+        (last["type"].as_str(), last["error"]["message"].as_str()),
+        (Some("error"), Some("上游服务暂时不可用")),
+        "{}",
+        received.text()
+    );
+    assert_eq!(names(received).last().map(String::as_str), Some("error"));
+}
+
+/// A translated stream cut, failed by the provider, or ended without `[DONE]` after content:
+/// the client gets the gateway's error event in Anthropic's shape, and the call is refunded.
+async fn assert_failed_translated_streams_are_refunded(db: TestDb) {
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    let body = messages(MODEL, true);
+
+    provider.then(Fault::sse([ROLE, DELTA, "data: {\"choi"]).ending(StreamEnd::Cut));
+    let received = stream(&gateway, MESSAGES, &key, body.clone()).await;
+    assert_eq!(received.joined_text(), "Hi");
+    assert_ends_with_the_gateways_error_event(&received);
+    let error = "data: {\"error\":{\"message\":\"The server had an error\"}}\n\n";
+    provider.then(Fault::sse([ROLE, DELTA, error]).ending(StreamEnd::Hang));
+    let received = stream(&gateway, MESSAGES, &key, body.clone()).await;
+    assert!(!received.text().contains("The server had an error"));
+    assert_ends_with_the_gateways_error_event(&received);
+    provider.then(Fault::sse([ROLE, DELTA, FINISH]));
+    let received = stream(&gateway, MESSAGES, &key, body).await;
+    assert!(!received.text().contains("message_stop"));
+
+    let calls = db.calls(&key).await;
+    assert_eq!(calls.len(), 3);
+    assert!(
+        calls.iter().all(|call| call.status == CallStatus::Refunded),
+        "{calls:?}"
+    );
+    assert!(
+        calls[1]
+            .upstream_error
+            .as_deref()
+            .unwrap()
+            .contains("The server had an error")
+    );
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+backends!(
+    async fn failed_translated_streams_are_refunded(db) {
+        assert_failed_translated_streams_are_refunded(db).await;
+    }
+);
+
+/// A client that leaves a translated stream: billed once content reached it, refunded before.
+async fn assert_a_client_leaving_a_translated_stream_is_billed_only_after_content(db: TestDb) {
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    let tool_call = "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"\"}}]}}]}\n\n";
+    for (events, wanted, billed) in [
+        (vec![ROLE], "event: ping", false),
+        (vec![ROLE, DELTA], "text_delta", true),
+        (vec![ROLE, tool_call], "tool_use", true),
+    ] {
+        let hung_up = provider.hung_up();
+        provider.then(Fault::sse(events.clone()).ending(StreamEnd::Hang));
+        let mut response = gateway
+            .client
+            .post(format!("{}{MESSAGES}", gateway.base))
+            .bearer_auth(&key)
+            .json(&messages(MODEL, true))
+            .send()
+            .await
+            .unwrap();
+        let mut received = String::new();
+        while !received.contains(wanted) {
+            let chunk = response.chunk().await.unwrap().unwrap();
+            received.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        drop(response);
+        assert!(
+            provider
+                .wait_hung_up(hung_up + 1, Duration::from_secs(5))
+                .await
+        );
+        let entry = finished_call(&db, &key).await;
+        if billed {
+            assert_eq!(entry.status, CallStatus::Ok, "{events:?}");
+        } else {
+            assert_eq!(
+                (entry.status, entry.upstream_error.as_deref()),
+                (CallStatus::Refunded, Some(CLIENT_LEFT_BEFORE_CONTENT)),
+                "{events:?}"
+            );
+        }
+    }
+    assert_eq!(db.balance(&key).await, balance(10 - 2 * PRICE, 0));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+backends!(
+    async fn a_client_leaving_a_translated_stream_is_billed_only_after_content(db) {
+        assert_a_client_leaving_a_translated_stream_is_billed_only_after_content(db).await;
+    }
+);
+
+// --- The same credits whichever endpoint -------------------------------------------------------
+
+/// A chat body and a messages body asking the same, the chat one padded with spaces to the
+/// messages one's length: where a provider reports no input, both are charged the estimate
+/// from the request's size, which is then the same.
+/// The question is long enough for the usages below to fit within the call's reservation.
+fn same_size_bodies(stream: bool) -> (String, String) {
+    let question = "Hello there. ".repeat(1_000);
+    let messages = json!({
+        "model": METERED, "max_tokens": 100, "stream": stream,
+        "messages": [{ "role": "user", "content": question }],
+    })
+    .to_string();
+    let mut chat = json!({
+        "model": METERED, "max_tokens": 100, "stream": stream,
+        "messages": [{ "role": "user", "content": question }],
+    })
+    .to_string();
+    assert!(chat.len() <= messages.len());
+    chat.pop();
+    chat.push_str(&" ".repeat(messages.len() - chat.len() - 1));
+    chat.push('}');
+    assert_eq!(chat.len(), messages.len());
+    (chat, messages)
+}
+
+fn chat_reply(usage: Option<Value>) -> String {
+    let mut reply = json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{ "index": 0, "message": { "role": "assistant", "content": "Hello there, friend" }, "finish_reason": "stop" }],
+    });
+    if let Some(usage) = usage {
+        reply["usage"] = usage;
+    }
+    reply.to_string()
+}
+
+fn chat_stream(usage: Option<Value>) -> Vec<String> {
+    let mut events = vec![
+        ROLE.to_owned(),
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello there, \"}}]}\n\n"
+            .to_owned(),
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"friend\"}}]}\n\n".to_owned(),
+        FINISH.to_owned(),
+    ];
+    if let Some(usage) = usage {
+        events.push(format!(
+            "data: {}\n\n",
+            json!({ "choices": [], "usage": usage })
+        ));
+    }
+    events.push(DONE.to_owned());
+    events
+}
+
+/// What a call cost and what its entry recorded of each kind of token.
+fn billed(entry: &model_gateway::store::CallRecord) -> [Option<i64>; 7] {
+    [
+        Some(entry.price.get()),
+        entry.input_tokens,
+        entry.output_tokens,
+        entry.cache_read_tokens,
+        entry.cache_write_tokens,
+        entry.cache_write_1h_tokens,
+        entry.reasoning_tokens,
+    ]
+}
+
+/// For each shape a chat provider's usage takes (cached input and reasoning; cache writes;
+/// counts that are no counts; none at all), complete and streamed (its usage only at the end),
+/// the messages call is charged exactly what the chat call is, and its entry records the same
+/// tokens. The peers' bugs this rules out: cached tokens counted twice when `OpenAI` usage is
+/// mapped to Anthropic's shape (`LiteLLM` #38176), translated streams metered at zero (otari
+/// #256), a missing usage billed as zero tokens.
+#[tokio::test]
+async fn the_same_provider_usage_costs_the_same_credits_by_either_endpoint() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "")).await;
+    let key = db.funded_key(100_000, 0).await;
+    let shapes = [
+        (
+            "cached input and reasoning",
+            Some(json!({
+                "prompt_tokens": 3000, "completion_tokens": 40, "total_tokens": 3040,
+                "prompt_tokens_details": { "cached_tokens": 2500 },
+                "completion_tokens_details": { "reasoning_tokens": 25 },
+            })),
+        ),
+        (
+            "cache writes beside cache reads",
+            Some(json!({
+                "prompt_tokens": 900, "completion_tokens": 12,
+                "prompt_tokens_details": { "cached_tokens": 300 },
+                "cache_creation_input_tokens": 400,
+            })),
+        ),
+        (
+            "a count that is no count",
+            Some(json!({ "prompt_tokens": "many", "completion_tokens": 12 })),
+        ),
+        ("no usage at all", None),
+    ];
+    let mut charged = Vec::new();
+    for (shape, usage) in shapes {
+        for streamed in [false, true] {
+            let (chat_body, messages_body) = same_size_bodies(streamed);
+            let mut entries = Vec::new();
+            for (path, body) in [(CHAT, chat_body), (MESSAGES, messages_body)] {
+                let fault = if streamed {
+                    Fault::sse(chat_stream(usage.clone()))
+                } else {
+                    Fault::json(200, &chat_reply(usage.clone()))
+                };
+                provider.then(fault);
+                let answer = gateway.post_bearer(path, &key, body).await;
+                assert_eq!(answer.status, 200, "{shape} {path}: {answer:?}");
+                let entry = finished_call(&db, &key).await;
+                assert_eq!(entry.status, CallStatus::Ok, "{shape} {path}");
+                entries.push(billed(&entry));
+            }
+            assert_eq!(
+                entries[0], entries[1],
+                "{shape}, streamed {streamed}: [credits, input, output, cache read, 5m write, 1h write, reasoning]"
+            );
+            charged.push((shape, streamed, entries[0][0]));
+        }
+    }
+    // The shapes cost what their usage says (each kind at its rate, rounded up once): not all
+    // alike, and none free.
+    let cost = |shape: &str, streamed: bool| {
+        charged
+            .iter()
+            .find(|(name, s, _)| *name == shape && *s == streamed)
+            .unwrap()
+            .2
+            .unwrap()
+    };
+    // 500 input at 0.1, 2500 cache reads at 0.05, 40 output at 0.4 credits per token.
+    assert_eq!(cost("cached input and reasoning", false), 50 + 125 + 16);
+    // 600 input (the cache writes reported beside `prompt_tokens`, as the chat endpoint reads
+    // them), 300 cache reads, 400 cache writes at 0.125, 12 output: 129.8, rounded up.
+    assert_eq!(cost("cache writes beside cache reads", true), 130);
+    // The reservation: the input the request can hold and 100 output tokens, at their rates.
+    assert!(cost("a count that is no count", false) > 191);
+    assert!(cost("no usage at all", true) > 0);
+    let balance_now = db.balance(&key).await;
+    let spent: i64 = charged.iter().map(|(_, _, cost)| 2 * cost.unwrap()).sum();
+    assert_eq!(balance_now, balance(100_000 - spent, 0));
+}
+
+/// Every rule of every call holds on a translated call, the budgets first (a peer skipped them
+/// on its translated endpoint, otari #256): a key's spending limit stops it, its model rule
+/// refuses it, an idempotency key replays it uncharged, its request id reaches the provider.
+#[tokio::test]
+async fn a_translated_call_keeps_every_rule_of_every_call() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "")).await;
+    let key = db.funded_key(100, 0).await;
+    let id = db.caller(&key).await.key;
+    let admin = model_gateway::admin::Admin::new(db.store.clone());
+    let limit = model_gateway::admin::KeyPatch {
+        limit: Some(Some(model_gateway::call::KeyLimit {
+            credits: model_gateway::Credits::new(PRICE + 1),
+            period: model_gateway::call::LimitPeriod::Day,
+        })),
+        ..model_gateway::admin::KeyPatch::default()
+    };
+    admin.update_key(id, &limit).await.unwrap();
+    let keyed = |idem: &'static str| {
+        gateway
+            .client
+            .post(format!("{}{MESSAGES}", gateway.base))
+            .header("x-api-key", &key)
+            .header("content-type", "application/json")
+            .header("x-request-id", format!("req-{idem}"))
+            .header("idempotency-key", idem)
+            .body(messages(MODEL, false).to_string())
+    };
+    provider.always(Fault::json(200, CHAT_REPLY));
+    let first = gateway.send(keyed("one")).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(provider.last().header("x-request-id"), Some("req-one"));
+    let again = gateway.send(keyed("one")).await;
+    assert_eq!(again.bytes, first.bytes, "replayed, ids and all");
+    assert_eq!(provider.requests(), 1);
+    let over = gateway.send(keyed("two")).await;
+    assert_eq!(
+        (over.status, over.detail()),
+        (402, "API Key 额度已用尽"),
+        "the limit holds on the translated endpoint"
+    );
+    let only_claude = model_gateway::admin::KeyPatch {
+        models: Some(Some(vec![MESSAGES_MODEL.into()])),
+        limit: Some(None),
+        ..model_gateway::admin::KeyPatch::default()
+    };
+    admin.update_key(id, &only_claude).await.unwrap();
+    let refused = gateway.send(keyed("three")).await;
+    assert_eq!(refused.status, 403, "{refused:?}");
+    assert_eq!(provider.requests(), 1);
+    assert_eq!(db.calls(&key).await.len(), 1);
+    assert_eq!(db.balance(&key).await, balance(100 - PRICE, 0));
+    db.assert_audit_holds().await;
+}
