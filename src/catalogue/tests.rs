@@ -657,4 +657,8 @@ fn the_demo_catalogue_serves_claude_codes_default_model_names() {
         let model = demo.model(name).unwrap_or_else(|| panic!("{name}"));
         assert!(model.endpoints.contains(&Protocol::Messages), "{name}");
     }
+    // A chat model answering on messages, translated by its chat-completions upstream.
+    let chat = demo.model("deepseek-chat").unwrap();
+    assert!(chat.endpoints.contains(&Protocol::Messages));
+    assert_eq!(chat.channels[0].upstream.kind, UpstreamKind::Openai);
 }
