@@ -5,14 +5,15 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Response, header};
+use http::{HeaderMap, Method, Response, StatusCode, header};
 
 use super::channel::{Channel, read_capped, transport_error};
 use super::failover::attempt_order;
 use super::http_client::HttpUpstream;
 use crate::call::RoutedCall;
-use crate::catalogue::UpstreamKind;
-use crate::error::UpstreamError;
+use crate::catalogue::{BuiltinTools, UpstreamKind};
+use crate::error::{GatewayError, UpstreamError};
+use crate::protocol::messages::{MessagesAsChat, local_input_tokens};
 
 impl HttpUpstream {
     /// Passes a request about a stored response (`GET`/`DELETE /v1/responses/{id}`,
@@ -36,8 +37,10 @@ impl HttpUpstream {
     }
 
     /// Counts the tokens of a messages request at the model's first channel that is up (an
-    /// Anthropic-style upstream), and answers as the provider answered. Not a call: nothing is
-    /// retried elsewhere, and the breaker is not fed.
+    /// Anthropic-style upstream), and answers as the provider answered; a model without one
+    /// (its messages calls translated to chat completions) has them counted by the gateway
+    /// ([`local_input_tokens`]). Not a call: nothing is retried elsewhere, and the breaker is
+    /// not fed.
     pub async fn count_tokens(
         &self,
         routed: &RoutedCall,
@@ -56,8 +59,10 @@ impl HttpUpstream {
                     .is_some_and(|ch| ch.config.kind == UpstreamKind::Anthropic)
             })
             // Channels whose breaker admits come first, in their order.
-            .min_by_key(|c| !channels[&c.upstream.name].breaker.admits(now))
-            .ok_or_else(|| UpstreamError::transport("no Anthropic-style channel for this model"))?;
+            .min_by_key(|c| !channels[&c.upstream.name].breaker.admits(now));
+        let Some(pick) = pick else {
+            return Ok(counted_here(body));
+        };
         let channel = &channels[&pick.upstream.name];
         let url = format!("{}/v1/messages/count_tokens", channel.config.base_url);
         let body = routed.upstream_body(body, pick.upstream_model.as_deref());
@@ -116,4 +121,26 @@ impl Channel {
         }
         Ok(response)
     }
+}
+
+/// The answer to `count_tokens` for a messages request no provider of its model counts: the
+/// gateway's count of its translation, or `400` naming what does not translate.
+fn counted_here(body: &[u8]) -> Response<Bytes> {
+    let (status, answer) = match MessagesAsChat::from_slice_with(body, BuiltinTools::Drop) {
+        Ok(translated) => (
+            StatusCode::OK,
+            serde_json::json!({ "input_tokens": local_input_tokens(&translated) }),
+        ),
+        Err(untranslatable) => (
+            StatusCode::BAD_REQUEST,
+            serde_json::json!({ "detail": GatewayError::from(untranslatable).detail() }),
+        ),
+    };
+    let mut response = Response::new(Bytes::from(answer.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
 }

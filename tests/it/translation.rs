@@ -559,3 +559,40 @@ async fn a_translated_call_keeps_every_rule_of_every_call() {
     assert_eq!(db.balance(&key).await, balance(100 - PRICE, 0));
     db.assert_audit_holds().await;
 }
+
+/// `count_tokens` for a model no Anthropic provider serves is counted by the gateway (the
+/// provider is never asked), grows with the request, and refuses what does not translate.
+#[tokio::test]
+async fn count_tokens_of_a_translated_model_is_counted_locally() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    let count = async |body: Value| {
+        gateway
+            .post_x_api_key("/v1/messages/count_tokens", &key, body.to_string())
+            .await
+    };
+    let short = count(messages(MODEL, false)).await;
+    assert_eq!(short.status, 200, "{short:?}");
+    let short = short.body["input_tokens"].as_u64().unwrap();
+    let mut longer = messages(MODEL, false);
+    longer["messages"][0]["content"] = json!("Paris? ".repeat(100));
+    let longer = count(longer).await.body["input_tokens"].as_u64().unwrap();
+    assert!(short > 0 && longer > short + 90, "{short} then {longer}");
+    let mut image = messages(MODEL, false);
+    image["messages"][0]["content"] = json!([
+        { "type": "image", "source": { "type": "url", "url": "https://example.com/a.png" } },
+        { "type": "text", "text": "Paris?" },
+    ]);
+    let image = count(image).await.body["input_tokens"].as_u64().unwrap();
+    assert!(image >= short + 1_600, "{image}");
+    let mut refused = messages(MODEL, false);
+    refused["top_k"] = json!(3);
+    let refused = count(refused).await;
+    assert_eq!(refused.status, 400);
+    assert!(refused.detail().contains("top_k"));
+    assert_eq!(provider.requests(), 0);
+    assert!(db.calls(&key).await.is_empty(), "free, as counting is");
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+}

@@ -7,7 +7,7 @@ mod mock;
 mod stream;
 
 pub(crate) use chat::message_id;
-pub use chat::{ChatToMessages, MessagesAsChat, NotAChatReply};
+pub use chat::{ChatToMessages, MessagesAsChat, NotAChatReply, local_input_tokens};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};

@@ -51,6 +51,7 @@
 //! assert_eq!(message["usage"]["cache_read_input_tokens"], 4);
 //! ```
 
+mod count;
 mod reply;
 mod request;
 mod stream;
@@ -59,6 +60,7 @@ mod tests;
 
 use serde_json::{Map, Value};
 
+pub use count::local_input_tokens;
 pub use stream::ChatToMessages;
 
 use crate::protocol::translation::Untranslatable;
