@@ -15,6 +15,7 @@ import Anthropic from "@anthropic-ai/sdk";
 import { MOCK_TEXT, startGateway } from "./gateway.mjs";
 
 const TOOL_INPUT = { location: "Paris, France", unit: "celsius" };
+const ANSWER = "It is 18°C and cloudy in Paris.";
 
 /// A provider that streams a call of `get_weather` with TOOL_INPUT, its arguments in pieces.
 function startFakeProvider() {
@@ -41,11 +42,35 @@ function startFakeProvider() {
     ];
     return events.map(([name, data]) => `event: ${name}\ndata: ${JSON.stringify(data)}\n\n`);
   };
+  // Once the request carries the tool's result, the chat model answers ANSWER.
+  const answer = (stream) => {
+    const base = { id: "chatcmpl-fake2", object: "chat.completion.chunk", created: 1732000000, model: "m" };
+    const usage = { prompt_tokens: 80, completion_tokens: 10, total_tokens: 90 };
+    if (!stream) {
+      const message = { role: "assistant", content: ANSWER };
+      return [JSON.stringify({ ...base, object: "chat.completion", choices: [{ index: 0, message, finish_reason: "stop" }], usage })];
+    }
+    const chunk = (delta, finish = null) => ({ ...base, choices: [{ index: 0, delta, finish_reason: finish }] });
+    const events = [chunk({ role: "assistant", content: "" }), chunk({ content: ANSWER.slice(0, 7) }), chunk({ content: ANSWER.slice(7) }), chunk({}, "stop"), { ...base, choices: [], usage }];
+    return events.map((e) => `data: ${JSON.stringify(e)}\n\n`).concat(["data: [DONE]\n\n"]);
+  };
   const server = createServer((request, response) => {
-    request.resume();
+    let body = "";
+    request.on("data", (chunk) => (body += chunk));
     request.on("end", () => {
+      const asked = JSON.parse(body || "{}");
+      const isChat = request.url.endsWith("/chat/completions");
+      const answered = (asked.messages ?? []).some((m) => m.role === "tool");
+      if (isChat && !asked.stream) {
+        const events = answered ? answer(false) : null;
+        const call = { id: "call_fake", type: "function", function: { name: "get_weather", arguments: text } };
+        const reply = events?.[0] ?? JSON.stringify({ id: "chatcmpl-fake", object: "chat.completion", created: 1, model: "m", choices: [{ index: 0, message: { role: "assistant", content: null, tool_calls: [call] }, finish_reason: "tool_calls" }], usage: { prompt_tokens: 50, completion_tokens: 20, total_tokens: 70 } });
+        response.writeHead(200, { "content-type": "application/json" });
+        return response.end(reply);
+      }
       response.writeHead(200, { "content-type": "text/event-stream" });
-      for (const event of request.url.endsWith("/chat/completions") ? chat() : messages()) response.write(event);
+      const events = isChat ? (answered ? answer(true) : chat()) : messages();
+      for (const event of events) response.write(event);
       response.end();
     });
   });
@@ -84,6 +109,12 @@ name = "claude-haiku-4-5"
 protocol = "messages"
 price = 3
 upstream = "fake-anthropic"
+[[models]]
+name = "chat-on-messages"
+protocol = "chat_completions"
+endpoints = ["chat_completions", "messages"]
+price = 2
+upstream = "fake-openai"
 `,
   );
   provider = await startGateway({ MOCK_UPSTREAM: "0", GATEWAY_MODELS: catalogue, FAKE_PROVIDER_KEY: "sk-fake" });
@@ -188,6 +219,33 @@ test("streamed tool use arrives intact through both SDKs", async () => {
   assert.deepEqual(provider.logs(key).map((e) => e.status), ["ok", "ok"]);
   assert.equal(provider.balance(key).total, 95);
 });
+
+for (const how of ["create", "stream"]) {
+  test(`the Anthropic SDK's messages.${how} runs a tool round trip on a chat-completions model, translated`, async () => {
+    const key = provider.newKey(100);
+    const client = anthropic(provider, key);
+    const tools = [{ name: "get_weather", input_schema: { type: "object" } }];
+    const ask = (messages) => {
+      const request = { model: "chat-on-messages", max_tokens: 256, tools, messages };
+      return how === "create" ? client.messages.create(request) : client.messages.stream(request).finalMessage();
+    };
+    const question = [{ role: "user", content: "Weather in Paris?" }];
+    const first = await ask(question);
+    const [toolUse] = first.content;
+    assert.deepEqual([toolUse.type, toolUse.name, toolUse.input], ["tool_use", "get_weather", TOOL_INPUT]);
+    assert.equal(first.stop_reason, "tool_use");
+    const second = await ask([
+      ...question,
+      { role: "assistant", content: first.content },
+      { role: "user", content: [{ type: "tool_result", tool_use_id: toolUse.id, content: "18°C, cloudy" }] },
+    ]);
+    assert.equal(second.content[0].text, ANSWER);
+    assert.equal(second.stop_reason, "end_turn");
+    assert.deepEqual([second.usage.input_tokens, second.usage.output_tokens], [80, 10]);
+    assert.deepEqual(provider.logs(key).map((e) => [e.protocol, e.status]), [["messages", "ok"], ["messages", "ok"]]);
+    assert.equal(provider.balance(key).total, 96);
+  });
+}
 
 test("both SDKs list and retrieve models", async () => {
   const key = mock.newKey(10);

@@ -18,8 +18,10 @@
 //!   `tool` as a named function, `none`), `disable_parallel_tool_use` as
 //!   `parallel_tool_calls: false`; `max_tokens`, `temperature`, `top_p`; `stop_sequences` as
 //!   `stop`; `thinking` with a budget as `reasoning_effort`; `metadata.user_id` as `user`;
-//!   `stream` (the usage always asked: the call is billed by it); `service_tier` is a hint and
-//!   dropped;
+//!   `output_config.effort` as `reasoning_effort` and `output_config.format` (a JSON schema) as
+//!   `response_format`; system messages among the turns (Claude Code sends one) as system
+//!   messages; `stream` (the usage always asked: the call is billed by it); `service_tier` and
+//!   `context_management` are hints for Anthropic's servers and dropped;
 //! - back: reasoning (`reasoning_content`, or `reasoning`) as a `thinking` block, text as a
 //!   `text` block, tool calls as `tool_use` blocks; `finish_reason` as `stop_reason` (`stop` as
 //!   `end_turn`, `length` as `max_tokens`, `tool_calls` as `tool_use`, `content_filter` as

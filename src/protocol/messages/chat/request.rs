@@ -20,6 +20,8 @@ const KNOWN: &[&str] = &[
     "thinking",
     "metadata",
     "service_tier",
+    "output_config",
+    "context_management",
 ];
 
 /// The chat-completions request (without `model`) for the messages `request`, and the
@@ -92,6 +94,9 @@ pub(super) fn chat_request(
     {
         chat.insert("reasoning_effort".into(), Value::from(effort));
     }
+    if let Some(config) = fields.get("output_config").filter(|value| !value.is_null()) {
+        output_config(config, &mut chat)?;
+    }
     if let Some(metadata) = fields.get("metadata").filter(|value| !value.is_null()) {
         let Value::Object(metadata) = metadata else {
             return refuse("metadata", "must be an object");
@@ -139,6 +144,18 @@ fn turn_messages(turn: &Value, path: &str, out: &mut Vec<Value>) -> Result<(), U
             Ok(())
         }
         (Some("user"), Value::Array(blocks)) => user_blocks(blocks, path, out),
+        // A system message among the turns (as Claude Code sends its environment).
+        (Some("system"), content) => {
+            let text = system_text(content).map_err(|refused| Untranslatable {
+                field: format!(
+                    "{path}.content{}",
+                    refused.field.trim_start_matches("system")
+                ),
+                reason: refused.reason,
+            })?;
+            out.push(json!({ "role": "system", "content": text }));
+            Ok(())
+        }
         (Some("assistant"), Value::Array(blocks)) => {
             out.push(assistant_message(blocks, path)?);
             Ok(())
@@ -147,7 +164,10 @@ fn turn_messages(turn: &Value, path: &str, out: &mut Vec<Value>) -> Result<(), U
             format!("{path}.content"),
             "must be a string or a list of blocks",
         ),
-        _ => refuse(format!("{path}.role"), "must be `user` or `assistant`"),
+        _ => refuse(
+            format!("{path}.role"),
+            "must be `user`, `assistant` or `system`",
+        ),
     }
 }
 
@@ -406,4 +426,49 @@ fn reasoning_effort(thinking: &Value) -> Result<Option<&'static str>, Untranslat
         Some("disabled" | "adaptive") => Ok(None),
         _ => refuse("thinking.type", "must be enabled, disabled or adaptive"),
     }
+}
+
+/// `output_config`: its `effort` as `reasoning_effort` (`max` as `high`, the most chat
+/// completions takes), its `format` (a JSON schema) as `response_format`.
+fn output_config(config: &Value, chat: &mut Map<String, Value>) -> Result<(), Untranslatable> {
+    let Value::Object(config) = config else {
+        return refuse("output_config", "must be an object");
+    };
+    for (key, value) in config {
+        match key.as_str() {
+            "effort" => {
+                let effort = match value.as_str() {
+                    Some(effort @ ("low" | "medium" | "high")) => effort,
+                    Some("max") => "high",
+                    _ => return refuse("output_config.effort", "must be low, medium, high or max"),
+                };
+                chat.insert("reasoning_effort".into(), Value::from(effort));
+            }
+            "format" if value.is_null() => {}
+            "format" => {
+                let (Some("json_schema"), Some(schema)) =
+                    (value["type"].as_str(), value.get("schema"))
+                else {
+                    return refuse(
+                        "output_config.format",
+                        "only a json_schema format translates",
+                    );
+                };
+                chat.insert(
+                    "response_format".into(),
+                    json!({
+                        "type": "json_schema",
+                        "json_schema": { "name": "output", "schema": schema, "strict": true },
+                    }),
+                );
+            }
+            other => {
+                return refuse(
+                    format!("output_config.{other}"),
+                    "this field has no equivalent in chat completions",
+                );
+            }
+        }
+    }
+    Ok(())
 }

@@ -148,8 +148,16 @@ fn what_has_no_equivalent_is_refused_by_name() {
             "thinking.budget_tokens",
         ),
         (
-            json!({ "messages": [{ "role": "system", "content": "x" }] }),
+            json!({ "messages": [{ "role": "tool", "content": "x" }] }),
             "messages[0].role",
+        ),
+        (
+            json!({ "messages": [{ "role": "system", "content": [{ "type": "image" }] }] }),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({ "output_config": { "task_budget": 3 } }),
+            "output_config.task_budget",
         ),
     ];
     for (extra, field) in cases {
@@ -221,6 +229,20 @@ fn tool_choice_and_thinking_map_to_their_chat_settings() {
     assert_eq!(
         [budget(1024), budget(4096), budget(16384)],
         [json!("low"), json!("medium"), json!("high")]
+    );
+    let claude_code = with(json!({
+        "thinking": { "type": "adaptive", "display": "omitted" },
+        "output_config": { "effort": "max" },
+        "context_management": { "edits": [{ "type": "clear_thinking_20251015", "keep": "all" }] },
+    }));
+    assert_eq!(claude_code["reasoning_effort"], "high");
+    assert!(claude_code.get("context_management").is_none());
+    let schema = json!({ "type": "object", "properties": { "a": { "type": "string" } } });
+    let structured =
+        with(json!({ "output_config": { "format": { "type": "json_schema", "schema": schema } } }));
+    assert_eq!(
+        structured["response_format"]["json_schema"]["schema"],
+        schema
     );
     let disabled = with(json!({ "thinking": { "type": "disabled" } }));
     assert!(disabled.get("reasoning_effort").is_none());
