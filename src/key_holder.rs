@@ -529,6 +529,9 @@ async fn count_tokens<S: Store + 'static>(
         Ok(routed) => routed,
         Err(refusal) => return refuse(refusal),
     };
+    if let Err(refusal) = crate::router::check_translates(&routed, &body) {
+        return refuse(refusal);
+    }
     // Free, but only for a key that could pay for a call of the model: a key without credits
     // gets no free line to the provider (its requests per minute limit the rest).
     let balance =

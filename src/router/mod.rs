@@ -462,6 +462,24 @@ pub fn route_model(
     resolve(catalogue, protocol, body, model.raw, &model.name, false)
 }
 
+/// Checks that a request beside the calls (`count_tokens`) for `routed`'s model would
+/// translate where one of the model's channels translates its calls: a field that does not is
+/// refused as a call's is (`400` naming it).
+pub fn check_translates(routed: &RoutedCall, body: &[u8]) -> Result<(), GatewayError> {
+    let dialect = routed.protocol.dialect();
+    let Some(builtin) = builtin_tools(dialect, &routed.model.channels) else {
+        return Ok(());
+    };
+    let fields = Fields::read(body)?;
+    let model = fields.model()?;
+    let name = model.name.clone();
+    let envelope = fields.into_envelope(model, true)?;
+    match dialect.translation(&envelope, &name, body, builtin) {
+        Some(Err(refused)) => Err(refused),
+        _ => Ok(()),
+    }
+}
+
 fn resolve(
     catalogue: &Catalogue,
     protocol: Protocol,

@@ -596,3 +596,60 @@ async fn count_tokens_of_a_translated_model_is_counted_locally() {
     assert!(db.calls(&key).await.is_empty(), "free, as counting is");
     assert_eq!(db.balance(&key).await, balance(10, 0));
 }
+
+/// A messages client on a translated call reads refusals in Anthropic's shape where the
+/// operator asks for compatible bodies, the `detail` text the same: a field that does not
+/// translate (also when counting tokens), and the provider's failure.
+#[tokio::test]
+async fn a_translated_calls_errors_are_in_the_clients_protocol() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "error_body = \"compatible\"")).await;
+    let key = db.funded_key(10, 0).await;
+    let mut body = messages(MODEL, false);
+    body["top_k"] = json!(5);
+    for path in [MESSAGES, "/v1/messages/count_tokens"] {
+        let refused = gateway.post_x_api_key(path, &key, body.to_string()).await;
+        assert_eq!(refused.status, 400, "{path}");
+        let detail = refused.detail().to_owned();
+        assert!(detail.contains("top_k"), "{detail}");
+        assert_eq!(
+            (
+                refused.body["type"].as_str(),
+                refused.body["error"]["message"].as_str()
+            ),
+            (Some("error"), Some(detail.as_str())),
+            "{path}: {:?}",
+            refused.body
+        );
+        assert_eq!(refused.body["error"]["type"], "invalid_request_error");
+    }
+    provider.then(Fault::json(500, r#"{"error":{"message":"boom"}}"#));
+    let failed = gateway
+        .post_x_api_key(MESSAGES, &key, messages(MODEL, false).to_string())
+        .await;
+    assert_eq!(failed.status, 502);
+    assert_eq!(failed.detail(), "上游服务暂时不可用");
+    assert_eq!(failed.body["type"], "error");
+    assert_eq!(failed.body["error"]["message"], "上游服务暂时不可用");
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+}
+
+/// A translated stream whose provider goes quiet past the idle time-out after content: the
+/// client gets the gateway's error event in Anthropic's shape, and the call is refunded.
+#[tokio::test]
+async fn a_translated_stream_quiet_past_its_idle_time_out_is_refunded() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, catalogue(&provider, "stream_idle_timeout_secs = 1")).await;
+    let key = db.funded_key(10, 0).await;
+    provider.then(Fault::sse([ROLE, DELTA]).ending(StreamEnd::Hang));
+    let started = std::time::Instant::now();
+    let received = stream(&gateway, MESSAGES, &key, messages(MODEL, true)).await;
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(received.joined_text(), "Hi");
+    assert_ends_with_the_gateways_error_event(&received);
+    let entry = db.calls(&key).await.remove(0);
+    assert_eq!(entry.status, CallStatus::Refunded);
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+}
