@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use model_gateway::store::GroupCommitStats;
 
-use crate::targets::{BODY, METERED_BODY, RESPONSES_BODY, Target};
+use crate::targets::{BODY, MESSAGES_BODY, METERED_BODY, RESPONSES_BODY, Target};
 
 #[derive(Clone, Copy)]
 pub struct Figures {
@@ -35,6 +35,8 @@ pub enum Load {
     Calls,
     /// The same paid call on `POST /v1/responses`, answered 200.
     Responses,
+    /// The same paid call on `POST /v1/messages`, answered 200.
+    Messages,
     /// The same paid call of a token-priced model ([`METERED_BODY`]), answered 200.
     Metered,
     /// Requests the gateway refuses, in turn: a wrong key (401), a body that is not JSON (400),
@@ -144,6 +146,7 @@ pub async fn drive(target: &Target, concurrency: usize, requests: u64) -> Figure
 pub async fn drive_load(target: &Target, concurrency: usize, requests: u64, load: Load) -> Figures {
     let (path, body) = match load {
         Load::Responses => ("/v1/responses", RESPONSES_BODY),
+        Load::Messages => ("/v1/messages", MESSAGES_BODY),
         Load::Metered => ("/v1/chat/completions", METERED_BODY),
         Load::Calls | Load::Refusals => ("/v1/chat/completions", BODY),
     };

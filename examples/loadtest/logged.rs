@@ -92,6 +92,7 @@ fn name(load: Load) -> &'static str {
     match load {
         Load::Calls => "calls",
         Load::Responses => "responses",
+        Load::Messages => "messages",
         Load::Metered => "metered",
         Load::Refusals => "refusals",
     }

@@ -36,6 +36,9 @@ cache_read = 7.5
 pub const RESPONSES_BODY: &str =
     r#"{"model":"gpt-4o-mini","input":[{"role":"user","content":"Hello, how are you today?"}]}"#;
 
+/// [`BODY`]'s question as a messages request.
+pub const MESSAGES_BODY: &str = r#"{"model":"gpt-4o-mini","max_tokens":256,"messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
+
 pub struct Target {
     pub name: &'static str,
     pub base: String,

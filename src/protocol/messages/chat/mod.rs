@@ -118,27 +118,25 @@ impl MessagesAsChat {
 
     /// The chat-completions request calling `model`, serialised.
     pub fn chat_body(&self, model: &str) -> Vec<u8> {
-        let mut chat = Map::with_capacity(self.chat.len() + 1);
-        chat.insert("model".into(), Value::from(model));
-        chat.extend(
-            self.chat
-                .iter()
-                .map(|(key, value)| (key.clone(), value.clone())),
-        );
-        serde_json::to_vec(&Value::Object(chat)).expect("a JSON value serialises")
+        // Written field by field after `model`, rather than cloned into a map with it.
+        let mut body = Vec::with_capacity(256);
+        body.extend_from_slice(b"{\"model\":");
+        serde_json::to_writer(&mut body, model).expect("a string serialises");
+        for (key, value) in &self.chat {
+            body.push(b',');
+            serde_json::to_writer(&mut body, key).expect("a string serialises");
+            body.push(b':');
+            serde_json::to_writer(&mut body, value).expect("a JSON value serialises");
+        }
+        body.push(b'}');
+        body
     }
 
     /// The `message` for the chat completion `reply`, named `id`, and the gateway's reading
     /// of its usage, read as a chat call reads it (so that both ways charge one reply alike);
     /// `Err` when `reply` is not a chat completion.
     pub fn reply(&self, reply: &[u8], id: &str) -> Result<(Vec<u8>, TokenUsage), NotAChatReply> {
-        let usage = crate::protocol::reply_usage(reply).ok_or(NotAChatReply)?;
-        let parsed: Value = serde_json::from_slice(reply).map_err(|_| NotAChatReply)?;
-        let message = reply::message_from_chat(&parsed, &self.model, id).ok_or(NotAChatReply)?;
-        Ok((
-            serde_json::to_vec(&message).expect("a JSON value serialises"),
-            usage,
-        ))
+        reply::message_from_chat(reply, &self.model, id).ok_or(NotAChatReply)
     }
 
     /// A translator for the chat stream answering this request, its message named `id`.

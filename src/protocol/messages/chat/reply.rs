@@ -1,52 +1,187 @@
 //! A chat completion as a messages reply, and chat completions' usage in Anthropic's names.
+//!
+//! The reply is read once, borrowed (no `Value` is built), and the message written from what
+//! was read: this is on the path of every translated call.
 
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use crate::protocol::TokenUsage;
 
-/// The `message` for the chat completion `reply` to a request for `model`; `None` when `reply`
-/// is not a chat completion.
-pub(super) fn message_from_chat(reply: &Value, model: &str, id: &str) -> Option<Value> {
-    let choice = reply.get("choices")?.as_array()?.first()?;
-    let message = &choice["message"];
-    let mut content = Vec::new();
-    if let Some(thinking) = reasoning_of(message) {
-        content.push(json!({ "type": "thinking", "thinking": thinking, "signature": "" }));
-    }
-    if let Some(text) = message["content"].as_str().filter(|text| !text.is_empty()) {
-        content.push(json!({ "type": "text", "text": text }));
-    }
-    if let Some(refusal) = message["refusal"].as_str().filter(|text| !text.is_empty()) {
-        content.push(json!({ "type": "text", "text": refusal }));
-    }
-    for call in message["tool_calls"].as_array().into_iter().flatten() {
-        let function = &call["function"];
-        content.push(json!({
-            "type": "tool_use",
-            "id": call["id"].as_str().unwrap_or_default(),
-            "name": function["name"].as_str().unwrap_or_default(),
-            "input": tool_input(function["arguments"].as_str().unwrap_or_default()),
-        }));
-    }
-    let usage = match reply.get("usage").filter(|usage| usage.is_object()) {
-        Some(chat) => anthropic_usage(chat).0,
-        // No counts: the gateway estimates them, as for an untranslated reply without usage.
-        None => json!({ "input_tokens": null, "output_tokens": null }),
-    };
-    let message = json!({
-        "id": id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": stop_reason(choice["finish_reason"].as_str()),
-        "stop_sequence": null,
-        "usage": usage,
-    });
-    Some(message)
+/// What the translation reads of a chat completion.
+#[derive(Deserialize)]
+struct ChatReply<'a> {
+    #[serde(borrow)]
+    choices: Vec<Choice<'a>>,
+    #[serde(borrow, default)]
+    usage: Option<&'a RawValue>,
 }
 
-/// The reasoning a reasoning model returned beside its reply, where providers put it.
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(borrow, default)]
+    message: Option<ChatMessage<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Lenient<'a>>,
+}
+
+#[derive(Deserialize, Default)]
+struct ChatMessage<'a> {
+    #[serde(borrow, default)]
+    content: Option<Lenient<'a>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Lenient<'a>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Lenient<'a>>,
+    #[serde(borrow, default)]
+    refusal: Option<Lenient<'a>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<ToolCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCall<'a> {
+    #[serde(borrow, default)]
+    id: Option<Lenient<'a>>,
+    #[serde(borrow, default)]
+    function: Option<Function<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Function<'a> {
+    #[serde(borrow, default)]
+    name: Option<Lenient<'a>>,
+    #[serde(borrow, default)]
+    arguments: Option<Lenient<'a>>,
+}
+
+/// A field that should be a string: its text, or nothing when it is anything else (a reply
+/// with an odd field translates without it rather than failing).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Lenient<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Other(serde::de::IgnoredAny),
+}
+
+fn text<'s>(field: Option<&'s Lenient<'_>>) -> Option<&'s str> {
+    match field? {
+        Lenient::Text(text) => Some(text),
+        Lenient::Other(_) => None,
+    }
+}
+
+/// A content block of the message written back.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block<'a> {
+    Thinking {
+        thinking: &'a str,
+        signature: &'static str,
+    },
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Input<'a>,
+    },
+}
+
+/// A tool call's `input`: the provider's arguments as they are, when they are a JSON object.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Input<'a> {
+    Object(&'a RawValue),
+    Value(Value),
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: Vec<Block<'a>>,
+    stop_reason: &'static str,
+    stop_sequence: Option<()>,
+    usage: Value,
+}
+
+/// The `message` for the chat completion `reply` to a request for `model`, and the gateway's
+/// reading of its usage (as a chat call reads it, so that both ways charge one reply alike);
+/// `None` when `reply` is not a chat completion.
+pub(super) fn message_from_chat(
+    reply: &[u8],
+    model: &str,
+    id: &str,
+) -> Option<(Vec<u8>, TokenUsage)> {
+    if reply.trim_ascii_start().first() != Some(&b'{') {
+        return None;
+    }
+    let read: ChatReply<'_> = crate::protocol::read_json(reply).ok()?;
+    let (usage, counted) = match read.usage.filter(|usage| usage.get() != "null") {
+        Some(raw) => {
+            let counted: TokenUsage = serde_json::from_str(raw.get()).ok()?;
+            let chat = || serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+            (written_usage(counted, chat), counted)
+        }
+        // No counts: the gateway estimates them, as for an untranslated reply without usage.
+        None => (
+            json!({ "input_tokens": null, "output_tokens": null }),
+            TokenUsage::default(),
+        ),
+    };
+    let choice = read.choices.first()?;
+    let empty = ChatMessage::default();
+    let message = choice.message.as_ref().unwrap_or(&empty);
+    let mut content = Vec::new();
+    let reasoning = text(message.reasoning_content.as_ref())
+        .or(text(message.reasoning.as_ref()))
+        .filter(|text| !text.is_empty());
+    if let Some(thinking) = reasoning {
+        content.push(Block::Thinking {
+            thinking,
+            signature: "",
+        });
+    }
+    for said in [&message.content, &message.refusal] {
+        if let Some(text) = text(said.as_ref()).filter(|text| !text.is_empty()) {
+            content.push(Block::Text { text });
+        }
+    }
+    for call in message.tool_calls.iter().flatten() {
+        let function = call.function.as_ref();
+        let arguments = text(function.and_then(|f| f.arguments.as_ref())).unwrap_or_default();
+        content.push(Block::ToolUse {
+            id: text(call.id.as_ref()).unwrap_or_default(),
+            name: text(function.and_then(|f| f.name.as_ref())).unwrap_or_default(),
+            input: tool_input_raw(arguments),
+        });
+    }
+    let message = Message {
+        id,
+        kind: "message",
+        role: "assistant",
+        model,
+        content,
+        stop_reason: stop_reason(text(choice.finish_reason.as_ref())),
+        stop_sequence: None,
+        usage,
+    };
+    Some((
+        serde_json::to_vec(&message).expect("a message serialises"),
+        counted,
+    ))
+}
+
+/// The reasoning a reasoning model returned beside its reply (in a stream's delta), where
+/// providers put it.
 pub(super) fn reasoning_of(message: &Value) -> Option<&str> {
     ["reasoning_content", "reasoning"]
         .into_iter()
@@ -54,15 +189,15 @@ pub(super) fn reasoning_of(message: &Value) -> Option<&str> {
         .filter(|text| !text.is_empty())
 }
 
-/// A tool call's arguments as the `input` object: parsed, or, when the provider wrote
-/// something that is not a JSON object, kept as text under `_raw` so nothing is lost.
-pub(super) fn tool_input(arguments: &str) -> Value {
+/// A tool call's arguments as the `input` object: as written, when they are a JSON object;
+/// `{}` when empty; else kept as text under `_raw`, so nothing is lost.
+fn tool_input_raw(arguments: &str) -> Input<'_> {
     if arguments.trim().is_empty() {
-        return json!({});
+        return Input::Value(json!({}));
     }
-    match serde_json::from_str::<Value>(arguments) {
-        Ok(input @ Value::Object(_)) => input,
-        _ => json!({ "_raw": arguments }),
+    match serde_json::from_str::<&RawValue>(arguments) {
+        Ok(raw) if raw.get().starts_with('{') => Input::Object(raw),
+        _ => Input::Value(json!({ "_raw": arguments })),
     }
 }
 
@@ -76,19 +211,25 @@ pub(super) fn stop_reason(finish: Option<&str>) -> &'static str {
     }
 }
 
-/// Chat completions' `usage` in Anthropic's names, and the gateway's reading of it, which
-/// the translated usage reads back as exactly: input outside the cache (`OpenAI` counts cached
-/// input inside `prompt_tokens`), cache reads, cache writes of each duration, output, and the
-/// reasoning among the output (as `output_tokens_details.reasoning_tokens`, which Anthropic's
-/// usage has no name for). A report with a count that is no count is passed on in its own
-/// names, so that it is read back as the same report, not trusted.
+/// Chat completions' `usage` in Anthropic's names, and the gateway's reading of it (see
+/// [`written_usage`]).
 pub(super) fn anthropic_usage(chat: &Value) -> (Value, TokenUsage) {
     let read: TokenUsage = serde_json::from_value(chat.clone()).unwrap_or(TokenUsage {
         malformed: true,
         ..TokenUsage::default()
     });
+    (written_usage(read, || chat.clone()), read)
+}
+
+/// The usage `read` from chat completions' `chat` in Anthropic's names, which the gateway
+/// reads back as exactly `read`: input outside the cache (`OpenAI` counts cached input inside
+/// `prompt_tokens`), cache reads, cache writes of each duration, output, and the reasoning
+/// among the output (as `output_tokens_details.reasoning_tokens`, which Anthropic's usage has
+/// no name for). A report with a count that is no count is passed on in its own names, so
+/// that it is read back as the same report, not trusted.
+fn written_usage(read: TokenUsage, chat: impl FnOnce() -> Value) -> Value {
     if read.malformed {
-        return (chat.clone(), read);
+        return chat();
     }
     // Only the counts reported: a count of 0 where there was none would be billed as 0
     // rather than estimated.
@@ -119,5 +260,5 @@ pub(super) fn anthropic_usage(chat: &Value) -> (Value, TokenUsage) {
             json!({ "reasoning_tokens": reasoning }),
         );
     }
-    (Value::Object(usage), read)
+    Value::Object(usage)
 }
