@@ -151,3 +151,31 @@ where
         }
     }
 }
+
+/// The usage a translated stream's provider reported so far, as the provider's own dialect
+/// reads it: what the stream is billed by, rather than the usage its translation writes for the
+/// client (which the client's dialect may not spell exactly: a count the provider gave as no
+/// count, a kind the client's protocol has no name for). Set by the upstream that translates,
+/// handed to the billing layer in the response's extensions.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ProviderUsage(
+    std::sync::Arc<std::sync::Mutex<Option<crate::protocol::TokenUsage>>>,
+);
+
+impl ProviderUsage {
+    /// Records what the provider has reported so far.
+    pub(crate) fn set(&self, usage: crate::protocol::TokenUsage) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(usage);
+    }
+
+    /// What the provider has reported so far, once it has read an event.
+    pub(crate) fn get(&self) -> Option<crate::protocol::TokenUsage> {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -12,8 +12,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::sse::{Event, EventKind, StreamState};
-use super::translation::Translation;
-use super::upstream_kind::{BuiltinTools, ResponsesRoute, UpstreamKind};
+use super::translation::{Needs, Translation};
+use super::upstream_kind::{ResponsesRoute, UpstreamKind};
 use super::{Protocol, TokenUsage, json_string, responses};
 use crate::error::GatewayError;
 
@@ -61,17 +61,17 @@ pub(crate) trait Dialect: Sync {
         })
     }
 
-    /// The request translated for an upstream that does not speak this protocol, where such
-    /// an upstream is `translated_at` (`None` when this protocol is never translated), its
-    /// built-in tools dropped or refused as `builtin` says.
+    /// The request translated for the upstreams that do not speak this protocol, as `needs`
+    /// says (`None` when none is needed, or this protocol is never translated), built-in tools
+    /// dropped or refused as each kind of upstream says.
     fn translation(
         &self,
         envelope: &Envelope<'_>,
         model_name: &str,
         body: &[u8],
-        builtin: BuiltinTools,
+        needs: Needs,
     ) -> Option<Result<Translation, GatewayError>> {
-        let _ = (envelope, model_name, body, builtin);
+        let _ = (envelope, model_name, body, needs);
         None
     }
 

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) mod chat_completions;
+pub mod chat_completions;
 pub(crate) mod dialect;
 pub(crate) mod embeddings;
 pub mod messages;

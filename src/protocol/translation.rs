@@ -1,15 +1,20 @@
 //! A call translated between two dialects on its way to a provider and back: the request made
 //! once by the router (which checks that it translates, before any charge), the provider's
 //! reply and stream read back into the client's dialect. One translation per pair of
-//! dialects, each in the folder of the dialect the client speaks
-//! ([`responses`](super::responses) and [`messages`](super::messages) in terms of chat
-//! completions).
+//! dialects, each in the folder of the dialect the client speaks, composed where needed:
+//!
+//! | The client speaks | To a chat-completions provider | To an Anthropic provider |
+//! |---|---|---|
+//! | chat completions | as it is | [`ChatAsMessages`] |
+//! | Responses | [`responses::Translated`] | [`responses::Translated`], then [`ChatAsMessages`] |
+//! | messages | [`MessagesAsChat`] | as it is |
 
 use bytes::Bytes;
 
-use super::TokenUsage;
+use super::chat_completions::messages::{ChatAsMessages, MessagesToChat, completion_id};
 use super::messages::{ChatToMessages, MessagesAsChat};
 use super::responses::{self, Ids, StreamTranslator};
+use super::{BuiltinTools, TokenUsage, UpstreamKind};
 
 /// A field of a request that the provider's dialect cannot express. Refused with 400 rather
 /// than dropped, so that a client never gets a reply to a different question than the one it
@@ -33,43 +38,137 @@ pub(crate) fn refuse<T>(
     })
 }
 
-/// A request's translation for a chat-completions provider.
+/// What a call's translations must be made for: the built-in tools rule of the
+/// chat-completions channels that translate it and of the Anthropic ones (`None` where no
+/// channel of that kind translates it), and the model's output limit (Anthropic requires one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Needs {
+    pub(crate) to_chat: Option<BuiltinTools>,
+    pub(crate) to_messages: Option<BuiltinTools>,
+    pub(crate) max_output_tokens: Option<u64>,
+}
+
+impl Needs {
+    /// Whether any translation is needed.
+    pub(crate) fn any(&self) -> bool {
+        self.to_chat.is_some() || self.to_messages.is_some()
+    }
+
+    /// What an upstream of `kind` that translates needs, with `builtin` its rule.
+    pub(crate) fn for_kind(
+        kind: UpstreamKind,
+        builtin: BuiltinTools,
+        max_output_tokens: Option<u64>,
+    ) -> Needs {
+        match kind {
+            UpstreamKind::Openai => Needs {
+                to_chat: Some(builtin),
+                to_messages: None,
+                max_output_tokens,
+            },
+            UpstreamKind::Anthropic => Needs {
+                to_chat: None,
+                to_messages: Some(builtin),
+                max_output_tokens,
+            },
+        }
+    }
+}
+
+/// A Responses or messages request in chat-completions terms.
 #[derive(Debug)]
-pub(crate) enum Translation {
+pub(crate) enum ToChat {
     /// A Responses request.
     Responses(responses::Translated),
     /// A messages request.
     Messages(MessagesAsChat),
 }
 
+/// A request's translations: for the chat-completions providers, and for the Anthropic ones.
+#[derive(Debug, Default)]
+pub(crate) struct Translation {
+    /// The request in chat-completions terms (a Responses or messages request).
+    pub(crate) chat: Option<ToChat>,
+    /// The request in messages terms (a chat request, or a Responses request through its chat
+    /// terms).
+    pub(crate) messages: Option<ChatAsMessages>,
+}
+
 impl Translation {
-    /// The tools the translation left out, by type, in the request's order.
-    pub(crate) fn dropped_tools(&self) -> &[String] {
-        match self {
-            Translation::Responses(translated) => translated.dropped_tools(),
-            Translation::Messages(translated) => translated.dropped_tools(),
+    /// The Responses request's chat translation, if this is one.
+    pub(crate) fn responses(&self) -> Option<&responses::Translated> {
+        match &self.chat {
+            Some(ToChat::Responses(translated)) => Some(translated),
+            _ => None,
         }
     }
 
-    /// The request the provider is sent, calling `model`.
-    pub(crate) fn upstream_body(&self, model: &str) -> Vec<u8> {
-        match self {
-            Translation::Responses(translated) => translated.chat_body(model),
-            Translation::Messages(translated) => translated.chat_body(model),
+    /// The tools the translations left out, by type, in the request's order.
+    pub(crate) fn dropped_tools(&self) -> Vec<&str> {
+        let chat = match &self.chat {
+            Some(ToChat::Responses(translated)) => translated.dropped_tools(),
+            Some(ToChat::Messages(translated)) => translated.dropped_tools(),
+            None => &[],
+        };
+        let messages = self
+            .messages
+            .as_ref()
+            .map_or(&[][..], ChatAsMessages::dropped_tools);
+        let mut dropped: Vec<&str> = chat.iter().map(String::as_str).collect();
+        for tool in messages {
+            if !dropped.contains(&tool.as_str()) {
+                dropped.push(tool);
+            }
+        }
+        dropped
+    }
+
+    /// The request an upstream of `kind` is sent, calling `model`; `None` when this
+    /// translation has none for it.
+    pub(crate) fn upstream_body(&self, kind: UpstreamKind, model: &str) -> Option<Vec<u8>> {
+        match kind {
+            UpstreamKind::Openai => match self.chat.as_ref()? {
+                ToChat::Responses(translated) => Some(translated.chat_body(model)),
+                ToChat::Messages(translated) => Some(translated.chat_body(model)),
+            },
+            UpstreamKind::Anthropic => Some(self.messages.as_ref()?.messages_body(model)),
         }
     }
 
-    /// The provider's complete `reply` in the client's dialect, with the gateway's reading of
-    /// its usage; `Err` when the reply is not one of the provider's dialect.
-    pub(crate) fn reply(&self, reply: &[u8]) -> Result<(Bytes, Option<TokenUsage>), ()> {
-        match self {
-            Translation::Responses(translated) => {
+    /// The complete `reply` of an upstream of `kind` in the client's dialect, with the
+    /// gateway's reading of its usage; `Err` when the reply is not one of that upstream's
+    /// dialect.
+    pub(crate) fn reply(
+        &self,
+        kind: UpstreamKind,
+        reply: &[u8],
+    ) -> Result<(Bytes, Option<TokenUsage>), ()> {
+        match kind {
+            UpstreamKind::Openai => self.reply_from_chat(reply),
+            UpstreamKind::Anthropic => {
+                let messages = self.messages.as_ref().ok_or(())?;
+                let (chat, usage) = messages
+                    .reply(reply, completion_id(), unix_now())
+                    .map_err(|_| ())?;
+                match &self.chat {
+                    // A Responses call: the chat completion on to a response, its usage the
+                    // message's, read once.
+                    Some(_) => Ok((self.reply_from_chat(&chat)?.0, Some(usage))),
+                    None => Ok((Bytes::from(chat), Some(usage))),
+                }
+            }
+        }
+    }
+
+    fn reply_from_chat(&self, reply: &[u8]) -> Result<(Bytes, Option<TokenUsage>), ()> {
+        match self.chat.as_ref().ok_or(())? {
+            ToChat::Responses(translated) => {
                 let (response, usage) =
                     responses::response_json_from_chat_bytes(translated, reply, &mut Ids::random())
                         .map_err(|_| ())?;
                 Ok((Bytes::from(response), usage))
             }
-            Translation::Messages(translated) => {
+            ToChat::Messages(translated) => {
                 let (message, usage) = translated
                     .reply(reply, &super::messages::message_id())
                     .map_err(|_| ())?;
@@ -78,43 +177,79 @@ impl Translation {
         }
     }
 
-    /// A translator of the provider's event stream into the client's dialect.
-    pub(crate) fn stream(&self) -> StreamTranslation {
-        match self {
-            Translation::Responses(translated) => StreamTranslation::Responses(Box::new(
-                StreamTranslator::new(translated, Ids::random()),
-            )),
-            Translation::Messages(translated) => StreamTranslation::Messages(Box::new(
-                translated.stream(super::messages::message_id()),
-            )),
+    /// A translator of the event stream of an upstream of `kind` into the client's dialect.
+    pub(crate) fn stream(&self, kind: UpstreamKind) -> StreamTranslation {
+        let from_chat = || -> Option<Box<ChatStream>> {
+            Some(Box::new(match self.chat.as_ref()? {
+                ToChat::Responses(translated) => {
+                    ChatStream::Responses(StreamTranslator::new(translated, Ids::random()))
+                }
+                ToChat::Messages(translated) => {
+                    ChatStream::Messages(translated.stream(super::messages::message_id()))
+                }
+            }))
+        };
+        match kind {
+            UpstreamKind::Openai => StreamTranslation {
+                from_messages: None,
+                from_chat: from_chat(),
+            },
+            UpstreamKind::Anthropic => StreamTranslation {
+                from_messages: self
+                    .messages
+                    .as_ref()
+                    .map(|messages| Box::new(messages.stream(completion_id(), unix_now()))),
+                from_chat: from_chat(),
+            },
         }
     }
 }
 
-/// A provider's event stream being translated into the client's dialect.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
+/// A chat stream read as the client's dialect.
 #[derive(Debug)]
-pub(crate) enum StreamTranslation {
-    /// Into the Responses API's events.
-    Responses(Box<StreamTranslator>),
-    /// Into Anthropic's messages events.
-    Messages(Box<ChatToMessages>),
+enum ChatStream {
+    Responses(StreamTranslator),
+    Messages(ChatToMessages),
+}
+
+/// A provider's event stream being translated into the client's dialect: a messages stream
+/// into chat chunks first, where the provider speaks messages; chat chunks into the client's
+/// events, where the client does not speak chat completions.
+#[derive(Debug)]
+pub(crate) struct StreamTranslation {
+    from_messages: Option<Box<MessagesToChat>>,
+    from_chat: Option<Box<ChatStream>>,
 }
 
 impl StreamTranslation {
     /// Takes bytes of the provider's stream (cut anywhere) and returns the events they
     /// complete in the client's dialect.
     pub(crate) fn push(&mut self, chunk: &[u8]) -> String {
-        match self {
-            StreamTranslation::Responses(translator) => translator.push(chunk),
-            StreamTranslation::Messages(translator) => translator.push(chunk),
+        let chat = match &mut self.from_messages {
+            Some(translator) => std::borrow::Cow::Owned(translator.push(chunk).into_bytes()),
+            None => std::borrow::Cow::Borrowed(chunk),
+        };
+        match self.from_chat.as_deref_mut() {
+            Some(ChatStream::Responses(translator)) => translator.push(&chat),
+            Some(ChatStream::Messages(translator)) => translator.push(&chat),
+            None => String::from_utf8(chat.into_owned()).expect("chunks are written as text"),
         }
     }
 
     /// Bytes received that do not make a complete event yet.
     pub(crate) fn pending(&self) -> usize {
-        match self {
-            StreamTranslation::Responses(translator) => translator.pending(),
-            StreamTranslation::Messages(translator) => translator.pending(),
-        }
+        let first = self.from_messages.as_ref().map_or(0, |t| t.pending());
+        let then = match self.from_chat.as_deref() {
+            Some(ChatStream::Responses(translator)) => translator.pending(),
+            Some(ChatStream::Messages(translator)) => translator.pending(),
+            None => 0,
+        };
+        first + then
     }
 }

@@ -16,6 +16,14 @@ pub enum UpstreamKind {
 }
 
 impl UpstreamKind {
+    /// The protocol an upstream of this kind speaks for conversations.
+    pub(crate) fn protocol(self) -> Protocol {
+        match self {
+            UpstreamKind::Openai => Protocol::ChatCompletions,
+            UpstreamKind::Anthropic => Protocol::Messages,
+        }
+    }
+
     /// Whether an upstream of this kind serves `protocol`: `OpenAI`'s chat completions,
     /// responses (natively or translated) and embeddings, or Anthropic's messages.
     pub fn serves(self, protocol: Protocol) -> bool {

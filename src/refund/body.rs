@@ -38,7 +38,7 @@ use crate::protocol::Protocol;
 use crate::protocol::TokenUsage;
 use crate::protocol::reader::StreamReader;
 use crate::protocol::sse::{EventKind, EventSplitter};
-use crate::reply::EventStream;
+use crate::reply::{EventStream, ProviderUsage};
 use crate::store::rules::usage::{Counted, unreported};
 use crate::store::{CallFailure, CallSuccess, KeptReply, MAX_KEPT_REPLY_BYTES};
 
@@ -157,6 +157,9 @@ pub(super) struct BilledStream {
     /// Chunks carrying only usage are not passed on: the gateway asked for them, not the
     /// client (see [`RoutedCall::gateway_asks_usage`](crate::RoutedCall::gateway_asks_usage)).
     hide_usage_chunks: bool,
+    /// A translated stream's usage as its provider reported it, which the stream is billed by
+    /// instead of the usage its translation wrote for the client.
+    provider_usage: Option<ProviderUsage>,
 }
 
 impl BilledStream {
@@ -203,7 +206,14 @@ impl BilledStream {
             done: false,
             kept: None,
             hide_usage_chunks: false,
+            provider_usage: None,
         }
+    }
+
+    /// Bills the stream by `usage`, its provider's report read in the provider's own dialect
+    /// (a translated stream).
+    pub(super) fn bill_by(&mut self, usage: ProviderUsage) {
+        self.provider_usage = Some(usage);
     }
 
     /// Leaves out the chunks that carry only usage (the gateway asked for them).
@@ -393,7 +403,12 @@ impl BilledStream {
             output: self.reader.counted_output(),
             ended: self.reader.ended(),
         };
-        unreported(self.reader.reported(), counted)
+        let reported = self
+            .provider_usage
+            .as_ref()
+            .and_then(ProviderUsage::get)
+            .unwrap_or_else(|| self.reader.reported());
+        unreported(reported, counted)
     }
 
     fn success_so_far(&self) -> CallSuccess {

@@ -21,7 +21,7 @@ use crate::error::{GatewayError, UpstreamError};
 use crate::pricing::{Metered, estimated_text_tokens};
 use crate::protocol::Protocol;
 use crate::protocol::TokenUsage;
-use crate::reply::{EventStream, Inner, UpstreamBody};
+use crate::reply::{EventStream, Inner, ProviderUsage, UpstreamBody};
 use crate::store::rules::usage::{Counted, unreported};
 use crate::store::{CallFailure, CallSuccess, KeptReply, Ledger};
 
@@ -232,8 +232,12 @@ where
                     if let Some(access) = &access {
                         access.stream_follows();
                     }
+                    let provider_usage = parts.extensions.remove::<ProviderUsage>();
                     let mut stream =
                         BilledStream::new(events, protocol, unsettled, success, limits, writes);
+                    if let Some(usage) = provider_usage {
+                        stream.bill_by(usage);
+                    }
                     if keep_reply {
                         stream.keep_reply();
                     }

@@ -54,7 +54,8 @@ use crate::call::{AccessEntry, Caller, IdempotencyKey, KeyRules, RoutedCall};
 use crate::catalogue::{Catalogue, LiveCatalogue, ModelChannel};
 use crate::error::GatewayError;
 use crate::protocol::dialect::{Dialect, Fields, UsageAsk};
-use crate::protocol::{BuiltinTools, Protocol, json_string};
+use crate::protocol::translation::Needs;
+use crate::protocol::{BuiltinTools, Protocol, UpstreamKind, json_string};
 use crate::store::{Ledger, ResponseOwners};
 
 #[cfg(feature = "server")]
@@ -241,7 +242,7 @@ fn dropped_tools(routed: &RoutedCall) -> Option<http::HeaderValue> {
     // left out of it (the log line has them all).
     let names: Vec<&str> = dropped
         .iter()
-        .map(String::as_str)
+        .copied()
         .filter(|name| http::HeaderValue::from_str(name).is_ok() && !name.contains(','))
         .collect();
     http::HeaderValue::from_str(&names.join(", ")).ok()
@@ -395,13 +396,25 @@ pub fn route(
             });
         }
         routed.continues = Some(Arc::from(id.as_ref()));
-    } else if let Some(builtin) = builtin_tools(dialect, &routed.model.channels)
-        && let Some(translation) = dialect.translation(&envelope, model_name, body, builtin)
+    } else if let Some(translation) =
+        dialect.translation(&envelope, model_name, body, needs(dialect, &routed))
     {
         // Where one of the model's channels translates, the request must translate (checked
         // here, so that an untranslatable request is refused before it is charged, whichever
         // channel would have served it).
-        routed.keep_translation(translation?);
+        let translation = translation?;
+        // A chat stream translated from messages is billed by the usage chunk the translation
+        // writes: hidden from a client that did not ask for it, as when the gateway asks a
+        // provider for it.
+        let from_messages = translation.messages.is_some() && translation.chat.is_none();
+        routed.keep_translation(translation);
+        if from_messages && envelope.stream {
+            match dialect.metering(&envelope, body)?.usage {
+                UsageAsk::Asked => {}
+                UsageAsk::GatewayAsks => routed.gateway_asks_usage = true,
+                UsageAsk::OverClientsOptions => routed.ask_usage_over_clients_options(),
+            }
+        }
     }
     if routed.model.pricing.is_metered() {
         routed.input_estimate = crate::pricing::estimated_input_tokens(body.len());
@@ -418,18 +431,28 @@ pub fn route(
     Ok(routed)
 }
 
-/// What the translation of a call of `dialect` does with built-in tools, where one of
-/// `channels` translates it (`None` where none does): refused if one of those channels refuses
-/// them, so that which channel serves a call never changes whether it is accepted.
-fn builtin_tools(dialect: &dyn Dialect, channels: &[ModelChannel]) -> Option<BuiltinTools> {
-    channels
-        .iter()
-        .filter(|channel| translated_at(dialect, channel))
-        .map(|channel| channel.upstream.builtin_tools)
-        .reduce(|one, other| match (one, other) {
-            (BuiltinTools::Drop, BuiltinTools::Drop) => BuiltinTools::Drop,
-            _ => BuiltinTools::Refuse,
-        })
+/// What the translations of a call of `dialect` on `routed`'s model must be made for: for
+/// each kind of upstream among its channels that translates the call, what it does with
+/// built-in tools (refused if one of those channels refuses them, so that which channel serves
+/// a call never changes whether it is accepted).
+fn needs(dialect: &dyn Dialect, routed: &RoutedCall) -> Needs {
+    let rule = |kind: UpstreamKind| {
+        routed
+            .model
+            .channels
+            .iter()
+            .filter(|channel| channel.upstream.kind == kind && translated_at(dialect, channel))
+            .map(|channel| channel.upstream.builtin_tools)
+            .reduce(|one, other| match (one, other) {
+                (BuiltinTools::Drop, BuiltinTools::Drop) => BuiltinTools::Drop,
+                _ => BuiltinTools::Refuse,
+            })
+    };
+    Needs {
+        to_chat: rule(UpstreamKind::Openai),
+        to_messages: rule(UpstreamKind::Anthropic),
+        max_output_tokens: routed.model.max_output_tokens.map(u64::from),
+    }
 }
 
 /// Whether `channel`'s upstream translates a call of `dialect` on its way.
@@ -467,14 +490,15 @@ pub fn route_model(
 /// refused as a call's is (`400` naming it).
 pub fn check_translates(routed: &RoutedCall, body: &[u8]) -> Result<(), GatewayError> {
     let dialect = routed.protocol.dialect();
-    let Some(builtin) = builtin_tools(dialect, &routed.model.channels) else {
+    let needs = needs(dialect, routed);
+    if !needs.any() {
         return Ok(());
-    };
+    }
     let fields = Fields::read(body)?;
     let model = fields.model()?;
     let name = model.name.clone();
     let envelope = fields.into_envelope(model, true)?;
-    match dialect.translation(&envelope, &name, body, builtin) {
+    match dialect.translation(&envelope, &name, body, needs) {
         Some(Err(refused)) => Err(refused),
         _ => Ok(()),
     }

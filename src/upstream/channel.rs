@@ -21,9 +21,9 @@ use crate::error::{UpstreamError, excerpt};
 use crate::pricing::estimated_text_tokens;
 use crate::protocol::responses;
 use crate::protocol::sse::EventSplitter;
-use crate::protocol::translation::Translation;
+use crate::protocol::translation::{Needs, Translation};
 use crate::protocol::{Protocol, provider_message};
-use crate::reply::{Inner, UpstreamBody};
+use crate::reply::{Inner, ProviderUsage, UpstreamBody};
 use crate::store::rules::usage::{Counted, unreported};
 
 /// The id of the response a native Responses upstream answered with and keeps, and that
@@ -169,27 +169,28 @@ impl Channel {
                 client_message: Some(message),
             })
         };
+        let kind = self.config.kind;
         let translation = match routed.translation() {
             Some(translation) => translation,
             None => {
-                let builtin = self.config.builtin_tools;
-                let translation = match routed.protocol {
-                    Protocol::Messages => {
-                        crate::protocol::messages::MessagesAsChat::from_slice_with(body, builtin)
-                            .map(Translation::Messages)
-                    }
-                    _ => responses::Translated::from_slice_with(body, builtin)
-                        .map(Translation::Responses),
-                };
-                Arc::new(translation.map_err(|untranslatable| refused(untranslatable.to_string()))?)
+                let needs = Needs::for_kind(
+                    kind,
+                    self.config.builtin_tools,
+                    routed.model.max_output_tokens.map(u64::from),
+                );
+                let translated = translate(routed.protocol, body, needs)
+                    .ok_or_else(|| refused("this call does not translate here".to_owned()))?;
+                Arc::new(translated.map_err(|error| refused(error.detail().into_owned()))?)
             }
         };
         let model = channel
             .upstream_model
             .as_deref()
             .unwrap_or(&routed.model.name);
-        let chat = translation.upstream_body(model);
-        Ok((Bytes::from(chat), Some(translation)))
+        let sent = translation
+            .upstream_body(kind, model)
+            .ok_or_else(|| refused("this call does not translate here".to_owned()))?;
+        Ok((Bytes::from(sent), Some(translation)))
     }
 
     /// The headers of a call: those the upstream's kind takes (see
@@ -257,13 +258,23 @@ impl Channel {
             Err(_) => return Err(failed("no event before the time-out".to_owned())),
         };
         let events = UpstreamBody::events_after(received, body);
+        let mut provider_usage = None;
         let events = match translated {
             Some(translation) => {
                 let Inner::Events(chat) = events.into_inner() else {
                     unreachable!("`events_after` makes an event stream")
                 };
-                let translator = translation.stream();
-                UpstreamBody::events(TranslatedStream::new(chat, translator, self.limits.event))
+                let kind = self.config.kind;
+                let usage = ProviderUsage::default();
+                provider_usage = Some(usage.clone());
+                let translated = TranslatedStream::new(
+                    chat,
+                    translation.stream(kind),
+                    kind.protocol(),
+                    usage,
+                    self.limits.event,
+                );
+                UpstreamBody::events(translated)
             }
             None => events,
         };
@@ -277,6 +288,9 @@ impl Channel {
         response
             .extensions_mut()
             .insert(ServedBy(self.config.name.clone()));
+        if let Some(usage) = provider_usage {
+            response.extensions_mut().insert(usage);
+        }
         Ok((response, first_event))
     }
 
@@ -368,7 +382,9 @@ impl Channel {
             let (body, usage, id) = match &translated {
                 // Read once, for the response and for its usage.
                 Some(translation) => {
-                    let (reply, usage) = translation.reply(&body).map_err(|()| not_an_object())?;
+                    let (reply, usage) = translation
+                        .reply(self.config.kind, &body)
+                        .map_err(|()| not_an_object())?;
                     let mut usage = usage.ok_or_else(not_an_object)?;
                     if routed.model.pricing.is_metered() {
                         // Output the provider did not report is counted from its own reply,
@@ -452,4 +468,21 @@ pub(super) fn transport_error(error: reqwest::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// The translation of a call of `protocol` with `body` that `needs` says, as the router would
+/// have made it (for an embedder's stack without the router); `None` where `protocol` is not
+/// translated so.
+fn translate(
+    protocol: Protocol,
+    body: &[u8],
+    needs: Needs,
+) -> Option<Result<Translation, crate::error::GatewayError>> {
+    let fields = crate::protocol::dialect::Fields::read(body).ok()?;
+    let model = fields.model().ok()?;
+    let name = model.name.clone().into_owned();
+    let envelope = fields.into_envelope(model, true).ok()?;
+    protocol
+        .dialect()
+        .translation(&envelope, &name, body, needs)
 }

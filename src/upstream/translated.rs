@@ -8,23 +8,41 @@ use bytes::Bytes;
 use http_body::{Body, Frame};
 
 use crate::error::UpstreamError;
+use crate::protocol::Protocol;
+use crate::protocol::reader::StreamReader;
+use crate::protocol::sse::EventSplitter;
 use crate::protocol::translation::StreamTranslation;
-use crate::reply::EventStream;
+use crate::reply::{EventStream, ProviderUsage};
 
-/// The provider's stream in, the client's events out, as each provider event completes.
+/// The provider's stream in, the client's events out, as each provider event completes; the
+/// provider's usage read as its own dialect reads it, for the billing layer.
 pub(super) struct TranslatedStream {
     chat: EventStream,
     translator: StreamTranslation,
+    splitter: EventSplitter,
+    provider: StreamReader,
+    usage: ProviderUsage,
     /// The largest chat event held unfinished: a provider sending one without end would
     /// otherwise take the gateway's memory here, before the billing layer sees anything.
     max_event: usize,
 }
 
 impl TranslatedStream {
-    pub(super) fn new(chat: EventStream, translator: StreamTranslation, max_event: usize) -> Self {
+    /// `chat`, the stream of a provider speaking `provider`, translated by `translator`; what
+    /// the provider reports of its usage kept in `usage`.
+    pub(super) fn new(
+        chat: EventStream,
+        translator: StreamTranslation,
+        provider: Protocol,
+        usage: ProviderUsage,
+        max_event: usize,
+    ) -> Self {
         TranslatedStream {
             chat,
             translator,
+            splitter: EventSplitter::new(),
+            provider: StreamReader::new(provider),
+            usage,
             max_event,
         }
     }
@@ -46,6 +64,12 @@ impl Body for TranslatedStream {
             let Ok(data) = frame?.into_data() else {
                 continue;
             };
+            // The provider's usage first, so that it is in when the client's last event goes.
+            this.splitter.push(&data);
+            while let Some(event) = this.splitter.next_event() {
+                this.provider.read(&event);
+            }
+            this.usage.set(this.provider.reported());
             let events = this.translator.push(&data);
             if this.translator.pending() > this.max_event {
                 return Poll::Ready(Some(Err(UpstreamError::transport(format!(

@@ -43,7 +43,7 @@ fn catalogue(provider: &FakeProvider, settings: &str) -> Catalogue {
         [[models]]
         name = "{METERED}"
         protocol = "chat_completions"
-        endpoints = ["chat_completions", "messages"]
+        endpoints = ["chat_completions", "messages", "responses"]
         upstream = "chat-only"
         max_output_tokens = 1000
         context_window = 100000
@@ -457,6 +457,7 @@ async fn the_same_provider_usage_costs_the_same_credits_by_either_endpoint() {
         ("no usage at all", None),
     ];
     let mut charged = Vec::new();
+    let mut responses_spent = 0;
     for (shape, usage) in shapes {
         for streamed in [false, true] {
             let (chat_body, messages_body) = same_size_bodies(streamed);
@@ -479,6 +480,40 @@ async fn the_same_provider_usage_costs_the_same_credits_by_either_endpoint() {
                 "{shape}, streamed {streamed}: [credits, input, output, cache read, 5m write, 1h write, reasoning]"
             );
             charged.push((shape, streamed, entries[0][0]));
+            // The Responses call, translated to chat completions too: the same tokens and, but
+            // where the charge rests on the request (a Responses request is shorter), the same
+            // credits. Its streams were billed by the usage the translation wrote for the
+            // client, which turned a count that is no count into 0 (charged as no input).
+            let responses = json!({
+                "model": METERED, "max_output_tokens": 100, "stream": streamed,
+                "input": "Hello there. ".repeat(1_000),
+            });
+            provider.then(if streamed {
+                Fault::sse(chat_stream(usage.clone()))
+            } else {
+                Fault::json(200, &chat_reply(usage.clone()))
+            });
+            let answer = gateway
+                .post_bearer("/v1/responses", &key, responses.to_string())
+                .await;
+            assert_eq!(answer.status, 200, "{shape} responses: {answer:?}");
+            let entry = finished_call(&db, &key).await;
+            assert_eq!(
+                entry.usage_rejected,
+                shape == "a count that is no count",
+                "{shape}, streamed {streamed}, responses"
+            );
+            let by_responses = billed(&entry);
+            if matches!(shape, "no usage at all" | "a count that is no count") {
+                assert_eq!(
+                    by_responses[1..],
+                    entries[0][1..],
+                    "{shape}, streamed {streamed}"
+                );
+            } else {
+                assert_eq!(by_responses, entries[0], "{shape}, streamed {streamed}");
+            }
+            responses_spent += by_responses[0].unwrap();
         }
     }
     // The shapes cost what their usage says (each kind at its rate, rounded up once): not all
@@ -501,7 +536,7 @@ async fn the_same_provider_usage_costs_the_same_credits_by_either_endpoint() {
     assert!(cost("no usage at all", true) > 0);
     let balance_now = db.balance(&key).await;
     let spent: i64 = charged.iter().map(|(_, _, cost)| 2 * cost.unwrap()).sum();
-    assert_eq!(balance_now, balance(100_000 - spent, 0));
+    assert_eq!(balance_now, balance(100_000 - spent - responses_spent, 0));
 }
 
 /// Every rule of every call holds on a translated call, the budgets first (a peer skipped them
@@ -652,4 +687,416 @@ async fn a_translated_stream_quiet_past_its_idle_time_out_is_refunded() {
     let entry = db.calls(&key).await.remove(0);
     assert_eq!(entry.status, CallStatus::Refunded);
     assert_eq!(db.balance(&key).await, balance(10, 0));
+}
+
+// --- OpenAI clients on an Anthropic model --------------------------------------------------------
+
+/// A Claude model answering on chat completions and Responses too, served by an Anthropic
+/// provider, priced per call and by tokens.
+const CLAUDE: &str = "claude-on-chat";
+const CLAUDE_PRICE: i64 = 3;
+const METERED_CLAUDE: &str = "metered-claude-on-chat";
+
+fn claude_catalogue(provider: &FakeProvider, settings: &str) -> Catalogue {
+    Catalogue::from_toml(&format!(
+        r#"
+        streaming = true
+        {settings}
+
+        [[upstreams]]
+        name = "messages-only"
+        kind = "anthropic"
+        base_url = "{}"
+        api_key_env = "K"
+
+        [[models]]
+        name = "{CLAUDE}"
+        protocol = "messages"
+        endpoints = ["messages", "chat_completions", "responses"]
+        price = {CLAUDE_PRICE}
+        upstream = "messages-only"
+        upstream_model = "claude-sonnet-5-5"
+        max_output_tokens = 2048
+
+        [[models]]
+        name = "{METERED_CLAUDE}"
+        protocol = "messages"
+        endpoints = ["messages", "chat_completions", "responses"]
+        upstream = "messages-only"
+        max_output_tokens = 1000
+        context_window = 100000
+        [models.tokens]
+        input = 100000
+        output = 500000
+        cache_read = 10000
+        cache_write = 125000
+        cache_write_1h = 200000
+        "#,
+        provider.base
+    ))
+    .unwrap()
+}
+
+const MESSAGE_REPLY: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-5-5","content":[{"type":"text","text":"Checking."},{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}],"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":21,"cache_read_input_tokens":4,"output_tokens":9}}"#;
+
+fn anthropic_event(name: &str, data: Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+fn message_events(usage_at_start: Value, usage_at_end: Value) -> Vec<String> {
+    vec![
+        anthropic_event(
+            "message_start",
+            json!({ "type": "message_start", "message": { "id": "msg_s", "type": "message", "role": "assistant", "model": "claude-sonnet-5-5", "content": [], "stop_reason": null, "stop_sequence": null, "usage": usage_at_start } }),
+        ),
+        anthropic_event(
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": 0, "content_block": { "type": "text", "text": "" } }),
+        ),
+        anthropic_event("ping", json!({ "type": "ping" })),
+        anthropic_event(
+            "content_block_delta",
+            json!({ "type": "content_block_delta", "index": 0, "delta": { "type": "text_delta", "text": "Hello there, " } }),
+        ),
+        anthropic_event(
+            "content_block_delta",
+            json!({ "type": "content_block_delta", "index": 0, "delta": { "type": "text_delta", "text": "friend" } }),
+        ),
+        anthropic_event(
+            "content_block_stop",
+            json!({ "type": "content_block_stop", "index": 0 }),
+        ),
+        anthropic_event(
+            "message_delta",
+            json!({ "type": "message_delta", "delta": { "stop_reason": "end_turn", "stop_sequence": null }, "usage": usage_at_end }),
+        ),
+        anthropic_event("message_stop", json!({ "type": "message_stop" })),
+    ]
+}
+
+fn chat_question(model: &str, stream: bool) -> Value {
+    json!({
+        "model": model, "stream": stream,
+        "messages": [{ "role": "system", "content": "Use tools." }, { "role": "user", "content": "Paris?" }],
+        "tools": [{ "type": "function", "function": { "name": "get_weather", "parameters": { "type": "object" } } }],
+    })
+}
+
+#[tokio::test]
+async fn a_chat_call_on_an_anthropic_provider_is_translated_both_ways_and_billed_once() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, claude_catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+
+    provider.then(Fault::json(200, MESSAGE_REPLY));
+    let answer = gateway
+        .post_bearer(CHAT, &key, chat_question(CLAUDE, false).to_string())
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let seen = provider.last();
+    assert_eq!(seen.target, "/v1/messages");
+    assert_eq!(seen.header("x-api-key"), Some("sk-provider"));
+    assert_eq!(seen.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(seen.header("authorization"), None);
+    let sent: Value = serde_json::from_slice(&seen.body).unwrap();
+    assert_eq!(sent["model"], "claude-sonnet-5-5");
+    assert_eq!(sent["max_tokens"], 2048, "the model's max_output_tokens");
+    assert_eq!(
+        sent["system"],
+        json!([{ "type": "text", "text": "Use tools." }])
+    );
+    assert_eq!(sent["tools"][0]["name"], "get_weather");
+    let completion = &answer.body;
+    assert_eq!(completion["object"], "chat.completion");
+    assert_eq!(completion["model"], CLAUDE);
+    assert!(completion["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let message = &completion["choices"][0]["message"];
+    assert_eq!(message["content"], "Checking.");
+    assert_eq!(
+        message["tool_calls"][0],
+        json!({ "id": "toolu_1", "type": "function", "function": { "name": "get_weather", "arguments": "{\"city\":\"Paris\"}" } })
+    );
+    assert_eq!(completion["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(
+        completion["usage"],
+        json!({ "prompt_tokens": 25, "completion_tokens": 9, "total_tokens": 34, "prompt_tokens_details": { "cached_tokens": 4 } })
+    );
+    let [entry] = db.calls(&key).await.try_into().unwrap();
+    assert_eq!(
+        (entry.protocol, entry.status, entry.channel.as_deref()),
+        (
+            Protocol::ChatCompletions,
+            CallStatus::Ok,
+            Some("messages-only")
+        )
+    );
+    assert_eq!(
+        (
+            entry.input_tokens,
+            entry.cache_read_tokens,
+            entry.output_tokens
+        ),
+        (Some(21), Some(4), Some(9))
+    );
+    assert_eq!(db.balance(&key).await, balance(10 - CLAUDE_PRICE, 0));
+}
+
+#[tokio::test]
+async fn a_messages_stream_arrives_as_chat_chunks_its_usage_shown_only_when_asked() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, claude_catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    let events = || {
+        message_events(
+            json!({ "input_tokens": 12, "output_tokens": 1 }),
+            json!({ "output_tokens": 5 }),
+        )
+    };
+    for asks in [false, true] {
+        provider.then(Fault::sse(events()).spaced(Duration::from_millis(2)));
+        let mut body = chat_question(CLAUDE, true);
+        if asks {
+            body["stream_options"] = json!({ "include_usage": true });
+        }
+        let received = stream(&gateway, CHAT, &key, body).await;
+        assert_eq!(received.status, 200);
+        assert_eq!(received.joined_text(), "Hello there, friend");
+        assert!(received.text().ends_with("data: [DONE]\n\n"));
+        let data = received.data();
+        let finish = data
+            .iter()
+            .find_map(|chunk| chunk["choices"][0]["finish_reason"].as_str());
+        assert_eq!(finish, Some("stop"));
+        let usage = data.iter().find(|chunk| chunk["usage"].is_object());
+        assert_eq!(usage.is_some(), asks, "{}", received.text());
+        if let Some(usage) = usage {
+            assert_eq!(
+                usage["usage"],
+                json!({ "prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17 })
+            );
+        }
+        let entry = finished_call(&db, &key).await;
+        assert_eq!(
+            (entry.status, entry.input_tokens, entry.output_tokens),
+            (CallStatus::Ok, Some(12), Some(5)),
+            "the usage is recorded whether the client asked for it or not"
+        );
+    }
+    assert_eq!(db.balance(&key).await, balance(10 - 2 * CLAUDE_PRICE, 0));
+}
+
+#[tokio::test]
+async fn a_responses_call_on_an_anthropic_provider_goes_through_chat_completions_both_ways() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, claude_catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    provider.then(Fault::json(200, MESSAGE_REPLY));
+    let body = json!({
+        "model": CLAUDE, "instructions": "Use tools.", "input": "Paris?",
+        "tools": [{ "type": "function", "name": "get_weather", "parameters": { "type": "object" } }],
+    });
+    let answer = gateway
+        .post_bearer("/v1/responses", &key, body.to_string())
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let sent: Value = serde_json::from_slice(&provider.last().body).unwrap();
+    assert_eq!(provider.last().target, "/v1/messages");
+    assert_eq!(
+        sent["system"],
+        json!([{ "type": "text", "text": "Use tools." }])
+    );
+    assert_eq!(
+        sent["tools"][0]["input_schema"],
+        json!({ "type": "object" })
+    );
+    let response = &answer.body;
+    assert_eq!(response["object"], "response");
+    assert_eq!(response["output"][0]["content"][0]["text"], "Checking.");
+    let call = &response["output"][1];
+    assert_eq!(
+        (
+            call["type"].as_str(),
+            call["call_id"].as_str(),
+            call["arguments"].as_str()
+        ),
+        (
+            Some("function_call"),
+            Some("toolu_1"),
+            Some("{\"city\":\"Paris\"}")
+        )
+    );
+    assert_eq!(
+        response["usage"]["input_tokens_details"]["cached_tokens"],
+        4
+    );
+
+    provider.then(Fault::sse(message_events(
+        json!({ "input_tokens": 12, "output_tokens": 1 }),
+        json!({ "output_tokens": 5 }),
+    )));
+    let mut body = body;
+    body["stream"] = json!(true);
+    let received = stream(&gateway, "/v1/responses", &key, body).await;
+    let text: String = received
+        .data()
+        .iter()
+        .filter(|event| event["type"] == "response.output_text.delta")
+        .map(|event| event["delta"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(text, "Hello there, friend");
+    let last = received.data().pop().unwrap();
+    assert_eq!(last["type"], "response.completed");
+    assert_eq!(last["response"]["usage"]["output_tokens"], 5);
+    let calls = db.calls(&key).await;
+    assert!(
+        calls
+            .iter()
+            .all(|call| call.protocol == Protocol::Responses && call.status == CallStatus::Ok)
+    );
+    assert_eq!(db.balance(&key).await, balance(10 - 2 * CLAUDE_PRICE, 0));
+}
+
+/// A chat stream from an Anthropic provider cut, failed by the provider, or ended without
+/// `message_stop`, after content: the client gets the gateway's error chunk, and the call is
+/// refunded.
+async fn assert_failed_streams_from_anthropic_are_refunded(db: TestDb) {
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, claude_catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    let body = chat_question(CLAUDE, true);
+    let events = message_events(json!({ "input_tokens": 3 }), json!({ "output_tokens": 2 }));
+    let error = anthropic_event(
+        "error",
+        json!({ "type": "error", "error": { "type": "overloaded_error", "message": "Overloaded" } }),
+    );
+    let cases = [
+        Fault::sse(
+            events[..4]
+                .iter()
+                .chain(["event: content_blo".to_owned()].iter()),
+        )
+        .ending(StreamEnd::Cut),
+        Fault::sse(events[..4].iter().chain([error].iter())).ending(StreamEnd::Hang),
+        Fault::sse(&events[..7]),
+    ];
+    for fault in cases {
+        provider.then(fault);
+        let received = stream(&gateway, CHAT, &key, body.clone()).await;
+        assert!(received.joined_text().starts_with("Hello there, "));
+        assert!(!received.text().contains("[DONE]"), "{}", received.text());
+    }
+    let calls = db.calls(&key).await;
+    assert_eq!(calls.len(), 3);
+    assert!(
+        calls.iter().all(|call| call.status == CallStatus::Refunded),
+        "{calls:?}"
+    );
+    assert!(
+        calls[1]
+            .upstream_error
+            .as_deref()
+            .unwrap()
+            .contains("Overloaded")
+    );
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+backends!(
+    async fn failed_streams_from_anthropic_are_refunded(db) {
+        assert_failed_streams_from_anthropic_are_refunded(db).await;
+    }
+);
+
+/// For each shape an Anthropic provider's usage takes (cache reads and both cache writes; the
+/// total of the writes only; a count that is no count; none at all), complete and streamed
+/// (the output counted only at its end), the chat call and the Responses call are charged
+/// exactly what the messages call is, and their entries record the same tokens.
+#[tokio::test]
+async fn the_same_anthropic_usage_costs_the_same_credits_by_every_endpoint() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, claude_catalogue(&provider, "")).await;
+    let key = db.funded_key(100_000, 0).await;
+    let question = "Hello there. ".repeat(1_000);
+    let shapes = [
+        (
+            "cache reads and both writes",
+            Some(
+                json!({ "input_tokens": 500, "cache_read_input_tokens": 2000, "cache_creation_input_tokens": 300, "cache_creation": { "ephemeral_5m_input_tokens": 100, "ephemeral_1h_input_tokens": 200 }, "output_tokens": 40 }),
+            ),
+        ),
+        (
+            "the total of the writes only",
+            Some(
+                json!({ "input_tokens": 200, "cache_creation_input_tokens": 400, "output_tokens": 12 }),
+            ),
+        ),
+        (
+            "a count that is no count",
+            Some(json!({ "input_tokens": "many", "output_tokens": 12 })),
+        ),
+        ("no usage at all", None),
+    ];
+    for (shape, usage) in shapes {
+        for streamed in [false, true] {
+            let mut entries = Vec::new();
+            for path in [MESSAGES, CHAT, "/v1/responses"] {
+                let body = match path {
+                    MESSAGES => {
+                        json!({ "model": METERED_CLAUDE, "max_tokens": 100, "stream": streamed, "messages": [{ "role": "user", "content": question }] })
+                    }
+                    CHAT => {
+                        json!({ "model": METERED_CLAUDE, "max_tokens": 100, "stream": streamed, "messages": [{ "role": "user", "content": question }] })
+                    }
+                    _ => {
+                        json!({ "model": METERED_CLAUDE, "max_output_tokens": 100, "stream": streamed, "input": question })
+                    }
+                };
+                let fault = if streamed {
+                    let (start, end) = match &usage {
+                        Some(usage) => (json!({}), usage.clone()),
+                        None => (json!({}), json!({})),
+                    };
+                    Fault::sse(message_events(start, end))
+                } else {
+                    let mut reply = json!({ "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [{ "type": "text", "text": "Hello there, friend" }], "stop_reason": "end_turn", "stop_sequence": null });
+                    if let Some(usage) = &usage {
+                        reply["usage"] = usage.clone();
+                    }
+                    Fault::json(200, &reply.to_string())
+                };
+                provider.then(fault);
+                let answer = gateway.post_bearer(path, &key, body.to_string()).await;
+                assert_eq!(answer.status, 200, "{shape} {path}: {answer:?}");
+                let entry = finished_call(&db, &key).await;
+                assert_eq!(entry.status, CallStatus::Ok, "{shape} {path}");
+                entries.push((path, billed(&entry)));
+            }
+            let (_, by_messages) = entries[0];
+            for (path, billed) in &entries[1..] {
+                let rests_on_the_request =
+                    matches!(shape, "no usage at all" | "a count that is no count");
+                if rests_on_the_request && *path != CHAT {
+                    // Charged the estimate of the request's input, or its ceiling, from the
+                    // request the client sent: a Responses request is shorter than the
+                    // messages one (the chat one is as long). The tokens are the same.
+                    assert_eq!(
+                        billed[1..],
+                        by_messages[1..],
+                        "{shape}, streamed {streamed}, {path}"
+                    );
+                } else {
+                    assert_eq!(
+                        *billed, by_messages,
+                        "{shape}, streamed {streamed}, {path}: [credits, input, output, cache read, 5m write, 1h write, reasoning]"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! `OpenAI`'s chat completions: `POST /v1/chat/completions`, at an `OpenAI`-kind upstream's
 //! `{base_url}/chat/completions` with `Authorization: Bearer`.
 
+pub mod messages;
 mod mock;
 mod stream;
 
@@ -13,6 +14,7 @@ use super::dialect::{
     Dialect, Envelope, Fields, Metering, MockCall, UpstreamDialect, UpstreamRoute, UsageAsk,
 };
 use super::sse::{Event, EventKind, StreamState};
+use super::translation::{Needs, Translation};
 use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
 
@@ -82,14 +84,39 @@ impl Dialect for ChatCompletions {
         })
     }
 
-    fn served_by(&self, kind: UpstreamKind) -> bool {
-        kind == UpstreamKind::Openai
+    fn translation(
+        &self,
+        _: &Envelope<'_>,
+        _: &str,
+        body: &[u8],
+        needs: Needs,
+    ) -> Option<Result<Translation, GatewayError>> {
+        let builtin = needs.to_messages?;
+        Some(
+            messages::ChatAsMessages::from_slice_with(body, builtin, needs.max_output_tokens)
+                .map(|messages| Translation {
+                    chat: None,
+                    messages: Some(messages),
+                })
+                .map_err(GatewayError::from),
+        )
+    }
+
+    /// Natively by `OpenAI`-kind upstreams, translated to messages by Anthropic-kind ones.
+    fn served_by(&self, _: UpstreamKind) -> bool {
+        true
     }
 
     fn upstream(&self, kind: UpstreamKind, _: ResponsesRoute) -> Option<UpstreamRoute> {
-        (kind == UpstreamKind::Openai).then_some(UpstreamRoute {
-            path: "/chat/completions",
-            translated: false,
+        Some(match kind {
+            UpstreamKind::Openai => UpstreamRoute {
+                path: "/chat/completions",
+                translated: false,
+            },
+            UpstreamKind::Anthropic => UpstreamRoute {
+                path: "/v1/messages",
+                translated: true,
+            },
         })
     }
 

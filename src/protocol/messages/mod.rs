@@ -15,8 +15,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use super::chat_completions::{json_headers, pass_headers};
 use super::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamDialect, UpstreamRoute};
 use super::sse::{Event, EventKind, StreamState};
-use super::translation::Translation;
-use super::{BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
+use super::translation::{Needs, ToChat, Translation};
+use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
 
 /// Messages' dialect.
@@ -68,11 +68,15 @@ impl Dialect for Messages {
         _: &Envelope<'_>,
         _: &str,
         body: &[u8],
-        builtin: BuiltinTools,
+        needs: Needs,
     ) -> Option<Result<Translation, GatewayError>> {
+        let builtin = needs.to_chat?;
         Some(
             MessagesAsChat::from_slice_with(body, builtin)
-                .map(Translation::Messages)
+                .map(|chat| Translation {
+                    chat: Some(ToChat::Messages(chat)),
+                    messages: None,
+                })
                 .map_err(GatewayError::from),
         )
     }

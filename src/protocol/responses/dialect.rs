@@ -9,10 +9,11 @@ use serde_json::value::RawValue;
 use super::{ChatReply, Echoed, Ids, Str, StreamTranslator, Translated, Usage, write_response};
 use crate::error::GatewayError;
 use crate::protocol::chat_completions::chat_events;
+use crate::protocol::chat_completions::messages::ChatAsMessages;
 use crate::protocol::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamRoute};
 use crate::protocol::mock::{MOCK_OUTPUT_TOKENS, MOCK_REPLY_TEXT, counted, tokens, unix_now};
 use crate::protocol::sse::{ErrorObject, Event, EventKind, StreamState, take_text};
-use crate::protocol::translation::Translation;
+use crate::protocol::translation::{Needs, ToChat, Translation, Untranslatable};
 use crate::protocol::{
     BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind, json_string,
 };
@@ -65,18 +66,27 @@ impl Dialect for Responses {
         Ok(envelope)
     }
 
+    /// Translated to chat completions for both kinds of translating upstream (an Anthropic
+    /// one takes that translation on to messages).
     fn translation(
         &self,
         envelope: &Envelope<'_>,
         model_name: &str,
         body: &[u8],
-        builtin: BuiltinTools,
+        needs: Needs,
     ) -> Option<Result<Translation, GatewayError>> {
-        let translation = match &envelope.fields.responses {
+        let builtin = match (needs.to_chat, needs.to_messages) {
+            (None, None) => return None,
+            (Some(BuiltinTools::Drop) | None, Some(BuiltinTools::Drop) | None) => {
+                BuiltinTools::Drop
+            }
+            _ => BuiltinTools::Refuse,
+        };
+        let translated = match &envelope.fields.responses {
             Some(read) => Translated::from_read(read, model_name, body, builtin),
             None => Translated::from_slice_with(body, builtin),
         };
-        Some(translation.map(Translation::Responses).map_err(|refused| {
+        let refused = |refused: Untranslatable| {
             // Not JSON after all: the envelope's reading skips what it does not read, so a
             // number out of range, say, is found only here.
             if refused.field.is_empty() {
@@ -84,20 +94,44 @@ impl Dialect for Responses {
             } else {
                 refused.into()
             }
+        };
+        let translated = match translated {
+            Ok(translated) => translated,
+            Err(untranslatable) => return Some(Err(refused(untranslatable))),
+        };
+        let messages = match needs.to_messages {
+            Some(builtin) => {
+                let chat = translated.chat_body(model_name);
+                match ChatAsMessages::from_slice_with(&chat, builtin, needs.max_output_tokens) {
+                    Ok(messages) => Some(messages),
+                    Err(untranslatable) => return Some(Err(refused(untranslatable))),
+                }
+            }
+            None => None,
+        };
+        Some(Ok(Translation {
+            chat: Some(ToChat::Responses(translated)),
+            messages,
         }))
     }
 
-    fn served_by(&self, kind: UpstreamKind) -> bool {
-        kind == UpstreamKind::Openai
+    /// Natively or translated by `OpenAI`-kind upstreams, translated (through chat
+    /// completions) by Anthropic-kind ones.
+    fn served_by(&self, _: UpstreamKind) -> bool {
+        true
     }
 
     fn upstream(&self, kind: UpstreamKind, responses: ResponsesRoute) -> Option<UpstreamRoute> {
-        (kind == UpstreamKind::Openai).then_some(match responses {
-            ResponsesRoute::Native => UpstreamRoute {
+        Some(match (kind, responses) {
+            (UpstreamKind::Anthropic, _) => UpstreamRoute {
+                path: "/v1/messages",
+                translated: true,
+            },
+            (UpstreamKind::Openai, ResponsesRoute::Native) => UpstreamRoute {
                 path: "/responses",
                 translated: false,
             },
-            ResponsesRoute::Translate => UpstreamRoute {
+            (UpstreamKind::Openai, ResponsesRoute::Translate) => UpstreamRoute {
                 path: "/chat/completions",
                 translated: true,
             },
@@ -137,7 +171,9 @@ impl Dialect for Responses {
     fn mock_reply(&self, call: &MockCall<'_>) -> (Bytes, Option<TokenUsage>) {
         let parsed;
         let echoed = match call.translation {
-            Some(Translation::Responses(translation)) => translation.echoed(),
+            Some(translation) if translation.responses().is_some() => {
+                translation.responses().expect("checked").echoed()
+            }
             _ => {
                 parsed = Echoed::of_request(call.body);
                 &parsed
