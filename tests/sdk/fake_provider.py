@@ -1,11 +1,13 @@
 """A fake LLM provider that calls a tool in each protocol's format, for the SDK tests.
 
 It answers `POST /v1/chat/completions` (OpenAI), `POST /v1/responses` (OpenAI's Responses API) and
-`POST /v1/messages` (Anthropic). The model calls `get_weather` with TOOL_INPUT, its arguments cut
+`POST /v1/messages` (Anthropic), each only in its own format (a gateway that reaches one of them
+for another protocol's client translates). The model calls `get_weather` with TOOL_INPUT, its arguments cut
 into several deltas when streamed, as the providers send them; once the request carries the tool's
-result (a `tool` message, or a `function_call_output` item), it answers FINAL_TEXT instead. A chat
+result (a `tool` message, a `tool_result` block, or a `function_call_output` item), it answers
+FINAL_TEXT instead. A chat
 request that offers a custom tool (free-form input) gets a call of that tool with PATCH instead.
-A chat or Responses request without `stream: true` gets a complete JSON reply.
+A request without `stream: true` gets a complete JSON reply.
 """
 
 import itertools
@@ -168,10 +170,47 @@ def responses_events(answered):
     )
 
 
+def messages_reply(answered):
+    """A complete message: the tool call, or once answered FINAL_TEXT."""
+    if answered:
+        content, stop, usage = [{"type": "text", "text": FINAL_TEXT}], "end_turn", {"input_tokens": 80, "output_tokens": 10}
+    else:
+        content = [{"type": "tool_use", "id": "toolu_fake", "name": "get_weather", "input": TOOL_INPUT}]
+        stop, usage = "tool_use", {"input_tokens": 50, "output_tokens": 20}
+    return {"id": "msg_fake", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
+            "content": content, "stop_reason": stop, "stop_sequence": None, "usage": usage}
+
+
+def messages_text_events():
+    events = [
+        ("message_start", {"type": "message_start", "message": {
+            "id": "msg_fake2", "type": "message", "role": "assistant", "model": "claude-haiku-4-5",
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 80, "output_tokens": 1}}}),
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    ]
+    for piece in _text_pieces():
+        events.append(("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                               "delta": {"type": "text_delta", "text": piece}}))
+    events += [
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                           "usage": {"output_tokens": 10}}),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
+
+
 def _answered(request):
-    """Whether the request carries the tool's result."""
+    """Whether the request carries the tool's result (a `tool` message, a `tool_result` block, or
+    a `function_call_output` item)."""
     if isinstance(request.get("messages"), list):
-        return any(isinstance(m, dict) and m.get("role") == "tool" for m in request["messages"])
+        def has_result(m):
+            content = m.get("content")
+            blocks = content if isinstance(content, list) else []
+            return m.get("role") == "tool" or any(
+                isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks)
+        return any(isinstance(m, dict) and has_result(m) for m in request["messages"])
     items = request.get("input")
     return isinstance(items, list) and any(
         isinstance(i, dict) and i.get("type") == "function_call_output" for i in items
@@ -198,7 +237,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._json(responses_reply(answered))
             body = responses_events(answered)
         else:
-            body = messages_events()
+            if not stream:
+                return self._json(messages_reply(answered))
+            body = messages_text_events() if answered else messages_events()
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("connection", "close")
