@@ -5,8 +5,10 @@
 // `apply_patch`. Under the names of its own models (`gpt-5.5`, ...) Codex sends `apply_patch`
 // as a custom tool (free-form input under a Lark grammar), which translates to a chat
 // completions custom tool. Codex's built-in web search and its namespaced multi-agent tools,
-// which translate to nothing, are switched off, except in the run with the minimal provider
-// config, where the gateway drops them (named in `x-gateway-dropped-tools`).
+// which translate to nothing, are switched off, except in the runs with the minimal provider
+// config, where the gateway drops them (named in `x-gateway-dropped-tools`): those run a shell
+// command (`exec_command`, a function tool under a model name Codex does not know) on a
+// translated chat model and on a model whose provider speaks only Anthropic's messages.
 
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
@@ -24,6 +26,8 @@ const AGENT_MODEL = "gpt-5.5";
 const PRICE = 2;
 const PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+Hello from the gateway, 世界\n*** End Patch\n";
 const FINAL_TEXT = "Added hello.txt.";
+// The shell command the fake models run with Codex's `exec_command`.
+const SHELL_COMMAND = "echo 'Hello from the agent, 世界' > greeting.txt";
 
 /// A chat-completions provider whose model calls the custom tool `apply_patch` with PATCH, its
 /// input streamed in pieces, then, once the request carries the tool's output, answers
@@ -44,9 +48,14 @@ function startFakeProvider() {
         events.push(chunk({ role: "assistant", content: "" }));
         for (const piece of pieces(FINAL_TEXT, 5)) events.push(chunk({ content: piece }));
         events.push(chunk({}, "stop"));
-      } else {
+      } else if ((asked.tools ?? []).some((tool) => tool.type === "custom")) {
         events.push(chunk({ role: "assistant", content: null, tool_calls: [{ index: 0, id: "call_patch", type: "custom", custom: { name: "apply_patch", input: "" } }] }));
         for (const piece of pieces(PATCH, 9)) events.push(chunk({ tool_calls: [{ index: 0, custom: { input: piece } }] }));
+        events.push(chunk({}, "tool_calls"));
+      } else {
+        // A model Codex does not know gets its shell as a function tool.
+        events.push(chunk({ role: "assistant", content: null, tool_calls: [{ index: 0, id: "call_shell", type: "function", function: { name: "exec_command", arguments: "" } }] }));
+        for (const piece of pieces(JSON.stringify({ cmd: SHELL_COMMAND }), 9)) events.push(chunk({ tool_calls: [{ index: 0, function: { arguments: piece } }] }));
         events.push(chunk({}, "tool_calls"));
       }
       events.push({ ...base, choices: [], usage: { prompt_tokens: 900, completion_tokens: 30, total_tokens: 930 } });
@@ -58,7 +67,46 @@ function startFakeProvider() {
   return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve({ server, seen })));
 }
 
-let mock, translated, fake, dir;
+/// An Anthropic provider (messages only) whose model runs Codex's `exec_command` with
+/// SHELL_COMMAND, its input streamed in pieces, then, once the request carries the tool's
+/// result, answers FINAL_TEXT. Records each request.
+function startFakeAnthropic() {
+  const seen = [];
+  const server = createServer((request, response) => {
+    let body = "";
+    request.on("data", (chunk) => (body += chunk));
+    request.on("end", () => {
+      const asked = JSON.parse(body || "{}");
+      seen.push({ path: request.url, body: asked });
+      const answered = (asked.messages ?? []).some(
+        (m) => Array.isArray(m.content) && m.content.some((block) => block.type === "tool_result"),
+      );
+      const events = [["message_start", { type: "message_start", message: { id: "msg_fake", type: "message", role: "assistant", model: "claude", content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 900, cache_read_input_tokens: 100, output_tokens: 1 } } }]];
+      let stop;
+      if (answered) {
+        events.push(["content_block_start", { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } }]);
+        for (const piece of pieces(FINAL_TEXT, 5)) events.push(["content_block_delta", { type: "content_block_delta", index: 0, delta: { type: "text_delta", text: piece } }]);
+        stop = "end_turn";
+      } else {
+        events.push(["content_block_start", { type: "content_block_start", index: 0, content_block: { type: "tool_use", id: "toolu_shell", name: "exec_command", input: {} } }]);
+        for (const piece of pieces(JSON.stringify({ cmd: SHELL_COMMAND }), 9)) events.push(["content_block_delta", { type: "content_block_delta", index: 0, delta: { type: "input_json_delta", partial_json: piece } }]);
+        stop = "tool_use";
+      }
+      events.push(["content_block_stop", { type: "content_block_stop", index: 0 }]);
+      events.push(["message_delta", { type: "message_delta", delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: 30 } }]);
+      events.push(["message_stop", { type: "message_stop" }]);
+      response.writeHead(200, { "content-type": "text/event-stream" });
+      for (const [name, data] of events) response.write(`event: ${name}\ndata: ${JSON.stringify(data)}\n\n`);
+      response.end();
+    });
+  });
+  return new Promise((resolve) => server.listen(0, "127.0.0.1", () => resolve({ server, seen })));
+}
+
+const CLAUDE_MODEL = "claude-for-codex";
+// A chat model Codex does not know: its shell is a function tool, `exec_command`.
+const CHAT_MODEL = "chat-for-codex";
+let mock, translated, fake, dir, anthropicFake, onClaude;
 
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), "mg-codex-"));
@@ -81,20 +129,42 @@ name = "${AGENT_MODEL}"
 protocol = "chat_completions"
 price = ${PRICE}
 upstream = "agents"
+[[models]]
+name = "${CHAT_MODEL}"
+protocol = "chat_completions"
+price = ${PRICE}
+upstream = "agents"
 `;
   writeFileSync(join(dir, "mock.toml"), catalogue("http://127.0.0.1:9/v1"));
   writeFileSync(join(dir, "fake.toml"), catalogue(`http://127.0.0.1:${fake.server.address().port}/v1`));
   mock = await startGateway({ GATEWAY_MODELS: join(dir, "mock.toml"), FAKE_PROVIDER_KEY: "sk-fake" });
+  anthropicFake = await startFakeAnthropic();
+  writeFileSync(join(dir, "claude.toml"), `streaming = true
+[[upstreams]]
+name = "messages-only"
+kind = "anthropic"
+base_url = "http://127.0.0.1:${anthropicFake.server.address().port}"
+api_key_env = "FAKE_PROVIDER_KEY"
+[[models]]
+name = "${CLAUDE_MODEL}"
+protocol = "messages"
+endpoints = ["messages", "responses"]
+price = ${PRICE}
+max_output_tokens = 4096
+upstream = "messages-only"
+`);
+  onClaude = await startGateway({ MOCK_UPSTREAM: "0", GATEWAY_MODELS: join(dir, "claude.toml"), FAKE_PROVIDER_KEY: "sk-fake" });
   translated = await startGateway({ MOCK_UPSTREAM: "0", GATEWAY_MODELS: join(dir, "fake.toml"), FAKE_PROVIDER_KEY: "sk-fake" });
 });
 
 after(async () => {
-  for (const gateway of [mock, translated]) {
+  for (const gateway of [mock, translated, onClaude]) {
     await gateway.stop();
     assert.match(gateway.audit(), /audit passed/);
     rmSync(gateway.dir, { recursive: true, force: true });
   }
   fake.server.close();
+  anthropicFake.server.close();
   rmSync(dir, { recursive: true, force: true });
 });
 
@@ -185,4 +255,38 @@ test("the coding-agent CLI reports the gateway's refusal and nothing is charged"
   assert.notEqual(run.status, 0);
   assert.match(run.stderr, /积分不足/);
   assert.deepEqual(mock.logs(key), []);
+});
+
+test("the coding-agent CLI with the minimal provider config runs a shell command on an Anthropic model, translated", async () => {
+  const key = onClaude.newKey(10);
+  anthropicFake.seen.length = 0;
+  const run = await codex(onClaude, key, CLAUDE_MODEL, "Write greeting.txt.", { minimal: true });
+  assert.equal(run.status, 0, run.stderr);
+  assert.equal(run.stdout.trim(), FINAL_TEXT);
+  assert.equal(readFileSync(join(run.work, "greeting.txt"), "utf8"), "Hello from the agent, 世界\n");
+  // The provider was asked Anthropic's messages, with Codex's function tools (its web search and
+  // its namespace of tools left out), and got the command's output back as a tool result.
+  assert.equal(anthropicFake.seen.length, 2);
+  assert.ok(anthropicFake.seen.every((asked) => asked.path === "/v1/messages" && asked.body.stream === true));
+  const tools = anthropicFake.seen[0].body.tools.map((tool) => tool.name);
+  assert.ok(tools.includes("exec_command"), tools.join(", "));
+  const result = anthropicFake.seen[1].body.messages.at(-1).content.find((block) => block.type === "tool_result");
+  assert.equal(result.tool_use_id, "toolu_shell");
+  const calls = onClaude.logs(key);
+  assert.deepEqual(calls.map((c) => [c.protocol, c.status]), [["responses", "ok"], ["responses", "ok"]]);
+  assert.equal(onClaude.balance(key).total, 10 - 2 * PRICE);
+});
+
+test("the coding-agent CLI with the minimal provider config runs a shell command on a translated chat model", async () => {
+  const key = translated.newKey(10);
+  fake.seen.length = 0;
+  const run = await codex(translated, key, CHAT_MODEL, "Write greeting.txt.", { minimal: true });
+  assert.equal(run.status, 0, run.stderr);
+  assert.equal(run.stdout.trim(), FINAL_TEXT);
+  assert.equal(readFileSync(join(run.work, "greeting.txt"), "utf8"), "Hello from the agent, 世界\n");
+  assert.equal(fake.seen.length, 2);
+  const output = fake.seen[1].messages.find((m) => m.role === "tool");
+  assert.equal(output.tool_call_id, "call_shell");
+  assert.deepEqual(translated.logs(key).map((c) => [c.protocol, c.status]), [["responses", "ok"], ["responses", "ok"]]);
+  assert.equal(translated.balance(key).total, 10 - 2 * PRICE);
 });
