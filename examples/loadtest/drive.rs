@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use model_gateway::store::GroupCommitStats;
 
-use crate::targets::{BODY, MESSAGES_BODY, METERED_BODY, RESPONSES_BODY, Target};
+use crate::targets::{BODY, CLAUDE_CHAT_BODY, MESSAGES_BODY, METERED_BODY, RESPONSES_BODY, Target};
 
 #[derive(Clone, Copy)]
 pub struct Figures {
@@ -37,6 +37,8 @@ pub enum Load {
     Responses,
     /// The same paid call on `POST /v1/messages`, answered 200.
     Messages,
+    /// The same paid chat call of a model served by an Anthropic provider, answered 200.
+    ChatToMessages,
     /// The same paid call of a token-priced model ([`METERED_BODY`]), answered 200.
     Metered,
     /// Requests the gateway refuses, in turn: a wrong key (401), a body that is not JSON (400),
@@ -147,6 +149,7 @@ pub async fn drive_load(target: &Target, concurrency: usize, requests: u64, load
     let (path, body) = match load {
         Load::Responses => ("/v1/responses", RESPONSES_BODY),
         Load::Messages => ("/v1/messages", MESSAGES_BODY),
+        Load::ChatToMessages => ("/v1/chat/completions", CLAUDE_CHAT_BODY),
         Load::Metered => ("/v1/chat/completions", METERED_BODY),
         Load::Calls | Load::Refusals => ("/v1/chat/completions", BODY),
     };

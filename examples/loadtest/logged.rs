@@ -93,6 +93,7 @@ fn name(load: Load) -> &'static str {
         Load::Calls => "calls",
         Load::Responses => "responses",
         Load::Messages => "messages",
+        Load::ChatToMessages => "chat to messages",
         Load::Metered => "metered",
         Load::Refusals => "refusals",
     }

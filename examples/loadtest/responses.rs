@@ -1,4 +1,5 @@
-//! `POST /v1/responses` (and, through the translating upstream, `POST /v1/messages`) beside
+//! `POST /v1/responses` (and, through the translating upstreams, `POST /v1/messages` to a chat
+//! provider and `POST /v1/chat/completions` to an Anthropic one) beside
 //! `POST /v1/chat/completions`, the same question through the same
 //! gateway (the four layers on the in-memory store, so that the two differ only in the
 //! protocol): in mock mode; through a translating upstream (a chat-completions provider in
@@ -26,8 +27,11 @@ const CHAT_REPLY: &str = r#"{"id":"chatcmpl-load","object":"chat.completion","cr
 /// What the provider answers every Responses call with, as `OpenAI` answers one.
 const RESPONSES_REPLY: &str = r#"{"id":"resp_load","object":"response","created_at":1741476542,"status":"completed","error":null,"incomplete_details":null,"instructions":null,"max_output_tokens":null,"model":"gpt-4o-mini","output":[{"id":"msg_load","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","text":"This is a fixed reply from the load test's provider.","annotations":[]}]}],"parallel_tool_calls":true,"previous_response_id":null,"reasoning":{"effort":null,"summary":null},"store":true,"temperature":1.0,"text":{"format":{"type":"text"}},"tool_choice":"auto","tools":[],"top_p":1.0,"truncation":"disabled","usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":0},"output_tokens":11,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":23},"user":null,"metadata":{}}"#;
 
-/// A provider that answers [`CHAT_REPLY`] to chat completions and [`RESPONSES_REPLY`] to the
-/// Responses API, at once.
+/// What the provider answers every messages call with, as Anthropic answers one.
+const MESSAGE_REPLY: &str = r#"{"id":"msg_load","type":"message","role":"assistant","model":"claude-load","content":[{"type":"text","text":"This is a fixed reply from the load test's provider."}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":11}}"#;
+
+/// A provider that answers [`CHAT_REPLY`] to chat completions, [`RESPONSES_REPLY`] to the
+/// Responses API and [`MESSAGE_REPLY`] to Anthropic's messages, at once.
 async fn provider() -> String {
     let fixed = |reply: &'static str| {
         move || async move { ([(http::header::CONTENT_TYPE, "application/json")], reply) }
@@ -37,7 +41,8 @@ async fn provider() -> String {
             "/v1/chat/completions",
             axum::routing::post(fixed(CHAT_REPLY)),
         )
-        .route("/v1/responses", axum::routing::post(fixed(RESPONSES_REPLY)));
+        .route("/v1/responses", axum::routing::post(fixed(RESPONSES_REPLY)))
+        .route("/v1/messages", axum::routing::post(fixed(MESSAGE_REPLY)));
     serve(router).await
 }
 
@@ -48,7 +53,10 @@ async fn gateway_over(name: &'static str, provider: &str, responses: &str) -> Ta
         "[[upstreams]]\nname = \"load-provider\"\nkind = \"openai\"\nbase_url = \"{provider}/v1\"\n\
          api_key_env = \"K\"\nresponses = \"{responses}\"\n\
          [[models]]\nname = \"gpt-4o-mini\"\nprotocol = \"chat_completions\"\nprice = 1\nupstream = \"load-provider\"\n\
-         endpoints = [\"chat_completions\", \"responses\", \"messages\"]\n"
+         endpoints = [\"chat_completions\", \"responses\", \"messages\"]\n\
+         [[upstreams]]\nname = \"load-anthropic\"\nkind = \"anthropic\"\nbase_url = \"{provider}\"\napi_key_env = \"K\"\n\
+         [[models]]\nname = \"claude-load\"\nprotocol = \"messages\"\nprice = 1\nupstream = \"load-anthropic\"\n\
+         max_output_tokens = 1024\nendpoints = [\"messages\", \"chat_completions\"]\n"
     ))
     .unwrap();
     memory_gateway_over_http(name, catalogue).await
@@ -119,6 +127,7 @@ pub async fn run(requests: u64, rounds: usize) {
         (Load::Calls, "chat"),
         (Load::Responses, "responses"),
         (Load::Messages, "messages"),
+        (Load::ChatToMessages, "chat>msgs"),
         (Load::Calls, "chat again"),
     ]
     .into_iter()
@@ -133,7 +142,10 @@ pub async fn run(requests: u64, rounds: usize) {
             let loads: Vec<_> = loads
                 .iter()
                 .copied()
-                .filter(|(load, _)| *load != Load::Messages || target.name == "translated")
+                .filter(|(load, _)| {
+                    !matches!(load, Load::Messages | Load::ChatToMessages)
+                        || target.name == "translated"
+                })
                 .collect();
             if kept(target.name) {
                 compare_loads(target, concurrency, requests, rounds, &loads).await;

@@ -39,6 +39,10 @@ pub const RESPONSES_BODY: &str =
 /// [`BODY`]'s question as a messages request.
 pub const MESSAGES_BODY: &str = r#"{"model":"gpt-4o-mini","max_tokens":256,"messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
 
+/// [`BODY`]'s question to a model served by an Anthropic provider.
+pub const CLAUDE_CHAT_BODY: &str =
+    r#"{"model":"claude-load","messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
+
 pub struct Target {
     pub name: &'static str,
     pub base: String,
