@@ -169,6 +169,7 @@ where
             let asked = (caller, request_id.clone());
             let reserving =
                 ReservationUnderWay::new(ledger.clone(), counted_as, asked, async move {
+                    let dropped = routed.dropped_tools();
                     let charge = ChargeRequest {
                         at: chrono::Utc::now(),
                         caller,
@@ -178,6 +179,7 @@ where
                         price: routed.reservation(),
                         request_id: request_id.as_ref().map(RequestId::as_str),
                         idempotency: idempotency.as_ref(),
+                        dropped_tools: dropped.as_deref(),
                     };
                     ledger.reserve(charge).await
                 });

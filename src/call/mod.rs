@@ -234,6 +234,18 @@ impl RoutedCall {
         self.translation.clone()
     }
 
+    /// The tools the call's translation left out, comma-separated (a name holding a comma left
+    /// out), if any: what the call log keeps.
+    pub fn dropped_tools(&self) -> Option<String> {
+        let translation = self.translation.as_ref()?;
+        let names: Vec<&str> = translation
+            .dropped_tools()
+            .into_iter()
+            .filter(|name| !name.contains(','))
+            .collect();
+        (!names.is_empty()).then(|| names.join(", "))
+    }
+
     /// Whether the Responses request `body` (this call's) lets the provider keep its response:
     /// as the router read it, or else read from `body`.
     pub(crate) fn kept_by_provider(&self, body: &[u8]) -> bool {
@@ -449,6 +461,12 @@ impl ClientWrites {
 /// read by [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) for the call log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedBy(pub String);
+
+/// The protocol the upstream that served a call spoke: another than the call's endpoint when it
+/// translated the call. Response extension added by [`HttpUpstream`](crate::upstream::HttpUpstream)
+/// beside [`ServedBy`]; the call log keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spoke(pub Protocol);
 
 /// The id of one request: the client's own `x-request-id` when it sent a sane one, else a new
 /// one. Request extension added by [`RequestIdLayer`](crate::request_id::RequestIdLayer); the answer

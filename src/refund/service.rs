@@ -15,7 +15,9 @@ use tower_service::Service;
 use super::body::{BilledStream, ResponseBody, StreamLimits};
 use super::guard::{Meter, UnsettledCall};
 use super::layer::RefundOnUpstreamErrorLayer;
-use crate::call::{AccessEntry, ClientWrites, IdempotencyKey, Reservation, RoutedCall, ServedBy};
+use crate::call::{
+    AccessEntry, ClientWrites, IdempotencyKey, Reservation, RoutedCall, ServedBy, Spoke,
+};
 use crate::classify::complete_reply;
 use crate::error::{GatewayError, UpstreamError};
 use crate::pricing::{Metered, estimated_text_tokens};
@@ -349,10 +351,12 @@ fn judge(
     let (mut parts, body) = outcome.map_err(failed)?.into_parts();
     let status = parts.status;
     let channel = parts.extensions.remove::<ServedBy>().map(|served| served.0);
+    let upstream_protocol = parts.extensions.remove::<Spoke>().map(|spoke| spoke.0);
     let success = |usage| CallSuccess {
         upstream_status: status.as_u16(),
         usage,
         channel,
+        upstream_protocol,
         cost: None,
         reply: None,
         beyond_reservation: false,

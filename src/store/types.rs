@@ -69,6 +69,9 @@ pub struct ChargeRequest<'a> {
     /// The call's idempotency key, if the client sent one: at most one call per account and
     /// key is billed (see [`Ledger::reserve`](crate::store::Ledger::reserve)).
     pub idempotency: Option<&'a IdempotencyKey>,
+    /// The tools a translated call's translation left out, comma-separated (as the reply's
+    /// `x-gateway-dropped-tools` header names them); kept in the call log.
+    pub dropped_tools: Option<&'a str>,
 }
 
 impl<'a> ChargeRequest<'a> {
@@ -84,7 +87,14 @@ impl<'a> ChargeRequest<'a> {
             request_id: None,
             at: Utc::now(),
             idempotency: None,
+            dropped_tools: None,
         }
+    }
+
+    /// The tools a translated call's translation left out, comma-separated.
+    pub fn with_dropped_tools(mut self, dropped_tools: Option<&'a str>) -> Self {
+        self.dropped_tools = dropped_tools;
+        self
     }
 
     /// The request's id (`x-request-id`), kept in the call log.
@@ -121,6 +131,9 @@ pub struct CallSuccess {
     pub usage: TokenUsage,
     /// The catalogue upstream (channel) that served the call, when the upstream says.
     pub channel: Option<String>,
+    /// The protocol that channel spoke (another than the endpoint's when it translated the
+    /// call), when the upstream says.
+    pub upstream_protocol: Option<Protocol>,
     /// What the call cost, for a model priced by tokens; `None` charges what the reservation
     /// took (a price per call). A cost below the reservation returns the rest in the settle's
     /// write; one above it is charged the reservation, and the entry records the rest as
@@ -293,6 +306,11 @@ pub struct CallRecord {
     pub upstream_status: Option<u16>,
     /// The upstream (channel) that served the call.
     pub channel: Option<String>,
+    /// The protocol that channel spoke: another than [`protocol`](Self::protocol) when it
+    /// translated the call.
+    pub upstream_protocol: Option<Protocol>,
+    /// The tools the call's translation left out, comma-separated.
+    pub dropped_tools: Option<String>,
     /// Upstream failure, for refunded calls: each channel's failure in the order tried.
     pub upstream_error: Option<String>,
     /// Input tokens reported by the upstream, neither read from nor written to a cache.

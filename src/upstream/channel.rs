@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use super::breaker::CircuitBreaker;
 use super::failover::AttemptError;
 use super::translated::TranslatedStream;
-use crate::call::{RoutedCall, ServedBy};
+use crate::call::{RoutedCall, ServedBy, Spoke};
 use crate::catalogue::{ModelChannel, UpstreamConfig};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
@@ -346,6 +346,11 @@ impl Channel {
             sent = sent.timeout(remaining.min(self.config.timeout));
         }
         let (body, translated) = self.request_body(channel, routed, request.body())?;
+        // The protocol this provider is asked in, for the call log.
+        let spoke = match translated {
+            Some(_) => self.config.kind.protocol(),
+            None => routed.protocol,
+        };
         let sent = sent.body(body).send();
         let reply = tokio::time::timeout(remaining.min(self.config.timeout), sent)
             .await
@@ -357,6 +362,7 @@ impl Channel {
             let (mut response, first) = self
                 .event_stream(reply, first_event, translated.as_deref())
                 .await?;
+            response.extensions_mut().insert(Spoke(spoke));
             // Its id is in its first event (`response.created`'s `response.id`).
             if read_id && translated.is_none() {
                 let first = crate::protocol::sse::event_text(&first);
@@ -424,6 +430,7 @@ impl Channel {
             response
                 .extensions_mut()
                 .insert(ServedBy(self.config.name.clone()));
+            response.extensions_mut().insert(Spoke(spoke));
             if let Some(id) = id {
                 self.tell_id(&mut response, id);
             }

@@ -1047,14 +1047,18 @@ async fn the_call_status_rule_is_checked_without_a_temporary_btree() {
     );
 
     // Back to the definition before, which builds the b-tree: what the test is there to catch.
-    // The migration after it (`usage_rejected`) goes down too, and its column is put back by
-    // hand so that the store writes as it does today.
-    model_gateway::store::Migrator::down(connection, Some(2))
+    // The migrations after it (`usage_rejected`, then a translated call's record) go down too,
+    // and their columns are put back by hand so that the store writes as it does today.
+    model_gateway::store::Migrator::down(connection, Some(3))
         .await
         .unwrap();
-    let later_column =
-        "ALTER TABLE mg_calls ADD COLUMN usage_rejected boolean NOT NULL DEFAULT false";
-    connection.execute_unprepared(later_column).await.unwrap();
+    for later_column in [
+        "ALTER TABLE mg_calls ADD COLUMN usage_rejected boolean NOT NULL DEFAULT false",
+        "ALTER TABLE mg_calls ADD COLUMN dropped_tools text NULL",
+        "ALTER TABLE mg_calls ADD COLUMN upstream_protocol varchar(32) NULL",
+    ] {
+        connection.execute_unprepared(later_column).await.unwrap();
+    }
     let (ephemeral, table) = schema().await;
     assert!(ephemeral && table.contains(list), "{table}");
     // Calls of every status written under the old definition.
@@ -1073,10 +1077,12 @@ async fn the_call_status_rule_is_checked_without_a_temporary_btree() {
         ["ok", "refunded", "pending"]
     );
 
-    connection
-        .execute_unprepared("ALTER TABLE mg_calls DROP COLUMN usage_rejected")
-        .await
-        .unwrap();
+    for later_column in ["usage_rejected", "dropped_tools", "upstream_protocol"] {
+        connection
+            .execute_unprepared(&format!("ALTER TABLE mg_calls DROP COLUMN {later_column}"))
+            .await
+            .unwrap();
+    }
     model_gateway::store::Migrator::up(connection, None)
         .await
         .unwrap();

@@ -119,6 +119,8 @@ async fn a_messages_call_on_a_chat_provider_is_translated_both_ways_and_billed_o
         (entry.protocol, entry.status, entry.channel.as_deref()),
         (Protocol::Messages, CallStatus::Ok, Some("chat-only"))
     );
+    assert_eq!(entry.upstream_protocol, Some(Protocol::ChatCompletions));
+    assert_eq!(entry.dropped_tools, None);
     assert_eq!(
         (entry.input_tokens, entry.output_tokens),
         (Some(21), Some(9))
@@ -208,6 +210,8 @@ async fn what_has_no_chat_equivalent_is_refused_before_any_charge_and_built_in_t
     );
     let chat: Value = serde_json::from_slice(&provider.last().body).unwrap();
     assert_eq!(chat["tools"].as_array().unwrap().len(), 1);
+    let [entry] = db.calls(&key).await.try_into().unwrap();
+    assert_eq!(entry.dropped_tools.as_deref(), Some("web_search_20250305"));
 
     assert_eq!(provider.requests(), 1, "the refused call never reached it");
     assert_eq!(db.calls(&key).await.len(), 1);
@@ -334,6 +338,7 @@ async fn assert_a_client_leaving_a_translated_stream_is_billed_only_after_conten
         let entry = finished_call(&db, &key).await;
         if billed {
             assert_eq!(entry.status, CallStatus::Ok, "{events:?}");
+            assert_eq!(entry.upstream_protocol, Some(Protocol::ChatCompletions));
         } else {
             assert_eq!(
                 (entry.status, entry.upstream_error.as_deref()),
@@ -831,6 +836,7 @@ async fn a_chat_call_on_an_anthropic_provider_is_translated_both_ways_and_billed
             Some("messages-only")
         )
     );
+    assert_eq!(entry.upstream_protocol, Some(Protocol::Messages));
     assert_eq!(
         (
             entry.input_tokens,

@@ -254,7 +254,9 @@ impl<'a> Side<'a> {
                     Credits::new(price),
                 )
                 .at(self.now)
-                .with_idempotency(idempotency.as_ref());
+                .with_idempotency(idempotency.as_ref())
+                // Some calls translated with tools left out, kept in the call log.
+                .with_dropped_tools((price % 3 == 0).then_some("web_search, namespace:n"));
                 let seen = match self.store.reserve(request).await {
                     Ok(reservation) => {
                         return Ok((
@@ -292,6 +294,8 @@ impl<'a> Side<'a> {
                         .flatten(),
                     cost: cost.map(Credits::new),
                     beyond_reservation: beyond,
+                    // Some served by a channel that spoke another protocol.
+                    upstream_protocol: index.is_multiple_of(2).then_some(Protocol::Messages),
                     ..CallSuccess::default()
                 };
                 let settled = self
@@ -392,13 +396,15 @@ impl<'a> Side<'a> {
                 .filter(|call| call.status != CallStatus::Pending)
                 .map(|call| {
                     format!(
-                        "{} {} {:?} {}+{} short {}",
+                        "{} {} {:?} {}+{} short {} dropped {:?} spoke {:?}",
                         call.protocol.as_str(),
                         call.price,
                         call.status,
                         call.charged_subscription,
                         call.charged_topup,
-                        call.shortfall
+                        call.shortfall,
+                        call.dropped_tools,
+                        call.upstream_protocol,
                     )
                 })
                 .collect();

@@ -119,6 +119,8 @@ impl Ledger for MemoryStore {
             status: CallStatus::Pending,
             upstream_status: None,
             channel: None,
+            upstream_protocol: None,
+            dropped_tools: request.dropped_tools.map(str::to_owned),
             upstream_error: None,
             input_tokens: None,
             output_tokens: None,
@@ -191,6 +193,7 @@ impl Ledger for MemoryStore {
         record.status = CallStatus::Ok;
         record.upstream_status = Some(success.upstream_status);
         record.channel = success.channel;
+        record.upstream_protocol = success.upstream_protocol;
         let usage = success.usage;
         record.input_tokens = usage.input_tokens;
         record.output_tokens = usage.output_tokens;

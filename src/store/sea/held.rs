@@ -300,6 +300,7 @@ mod tests {
                 protocol: Protocol::ChatCompletions,
                 model: "m".into(),
                 requested_model: None,
+                dropped_tools: None,
                 price: Credits(price),
                 request_id: None,
                 at: reserved_at,

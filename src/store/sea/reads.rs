@@ -63,6 +63,8 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
         status,
         upstream_status: row.upstream_status.and_then(|s| u16::try_from(s).ok()),
         channel: row.upstream_channel,
+        upstream_protocol: row.upstream_protocol.as_deref().and_then(Protocol::parse),
+        dropped_tools: row.dropped_tools,
         upstream_error: row.upstream_error,
         input_tokens: row.input_tokens,
         output_tokens: row.output_tokens,

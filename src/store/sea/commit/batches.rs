@@ -186,6 +186,7 @@ mod tests {
             protocol: Protocol::ChatCompletions,
             model: "m".into(),
             requested_model: None,
+            dropped_tools: None,
             price: Credits(1),
             request_id: None,
             at: chrono::Utc::now(),

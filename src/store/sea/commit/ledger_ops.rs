@@ -293,6 +293,8 @@ async fn insert_entries<C: ConnectionTrait>(
         finished_at: Set(None),
         request_id: Set(entry.charge.request_id.clone()),
         instance_id: Set(entry.charge.instance.map(|lease| lease.0)),
+        dropped_tools: Set(entry.charge.dropped_tools.clone()),
+        upstream_protocol: sea_orm::NotSet,
     };
     let Some(mut ids) = ids else {
         // No way to know a multi-row insert's ids here: one insert per entry.
@@ -388,7 +390,7 @@ async fn finish_entries<C: ConnectionTrait>(
         .col_expr(call::Column::FinishedAt, Expr::value(now))
         .filter(call::Column::Id.is_in(finished.iter().map(|(id, _)| *id)))
         .filter(call::Column::Status.eq(CallStatus::Pending.as_str()));
-    let columns: [(call::Column, FinishValue); 15] = [
+    let columns: [(call::Column, FinishValue); 16] = [
         (call::Column::Status, |finish| {
             Some(Expr::value(finish.status().as_str()))
         }),
@@ -399,6 +401,11 @@ async fn finish_entries<C: ConnectionTrait>(
             finish
                 .billed()
                 .map(|success| Expr::value(success.channel.clone()))
+        }),
+        (call::Column::UpstreamProtocol, |finish| {
+            finish.billed().map(|success| {
+                Expr::value(success.upstream_protocol.map(|protocol| protocol.as_str()))
+            })
         }),
         (call::Column::UpstreamError, |finish| {
             finish.error().map(|error| Expr::value(error.to_owned()))

@@ -9,6 +9,7 @@ use rusqlite::{Statement, Transaction};
 use super::batch::{EndedHold, Finish, NewEntry};
 use crate::credits::Balance;
 use crate::events::WebhookEvent;
+use crate::protocol::Protocol;
 use crate::store::records::DeliveryStatus;
 use crate::store::sea::writes::KeyChange;
 use crate::store::{AccountId, CallStatus, IdempotencyKey, StoreError};
@@ -80,8 +81,8 @@ pub(super) fn timestamp_now() -> String {
 
 /// Binds an entry's charge columns from parameter `first` on, in this order: `account_id,
 /// key_id, protocol, model, price, charged_subscription, charged_topup, status, created_at,
-/// request_id, instance_id, requested_model`. One place, so the statements that insert entries
-/// agree.
+/// request_id, instance_id, requested_model, dropped_tools`. One place, so the statements that
+/// insert entries agree.
 pub(super) fn bind_charge(
     statement: &mut Statement<'_>,
     first: usize,
@@ -104,18 +105,19 @@ pub(super) fn bind_charge(
         &charge.request_id,
         &charge.instance.map(|lease| lease.0),
         &charge.requested_model,
+        &charge.dropped_tools,
     ];
     bind_from(statement, first, &columns)
 }
 
 /// How many columns [`bind_charge`] binds.
-pub(super) const CHARGE_COLUMNS: usize = 12;
+pub(super) const CHARGE_COLUMNS: usize = 13;
 
 /// Binds how an entry ended from parameter `first` on, in this order: `upstream_status,
 /// upstream_channel, upstream_error, input_tokens, output_tokens, cache_read_tokens,
 /// cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall, usage_rejected,
-/// finished_at`. One
-/// place, so finishing an entry in place and inserting an ended hold's entry agree.
+/// finished_at, upstream_protocol`. One place, so finishing an entry in place and inserting an
+/// ended hold's entry agree.
 pub(super) fn bind_finish(
     statement: &mut Statement<'_>,
     first: usize,
@@ -141,12 +143,16 @@ pub(super) fn bind_finish(
             .billed()
             .is_some_and(|success| success.usage_rejected),
         &finished_at,
+        &finish
+            .billed()
+            .and_then(|success| success.upstream_protocol)
+            .map(Protocol::as_str),
     ];
     bind_from(statement, first, &columns)
 }
 
 /// How many columns [`bind_finish`] binds.
-pub(super) const FINISH_COLUMNS: usize = 12;
+pub(super) const FINISH_COLUMNS: usize = 13;
 
 pub(super) fn bind_from(
     statement: &mut Statement<'_>,
@@ -171,11 +177,12 @@ pub(super) fn insert_ended_holds(
         .prepare_cached(
             "INSERT INTO mg_calls (id, account_id, key_id, protocol, model, price, \
              charged_subscription, charged_topup, status, created_at, request_id, instance_id, \
-             requested_model, upstream_status, upstream_channel, upstream_error, input_tokens, \
-             output_tokens, cache_read_tokens, cache_write_tokens, cache_write_1h_tokens, \
-             reasoning_tokens, shortfall, usage_rejected, finished_at) \
+             requested_model, dropped_tools, upstream_status, upstream_channel, upstream_error, \
+             input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
+             cache_write_1h_tokens, reasoning_tokens, shortfall, usage_rejected, finished_at, \
+             upstream_protocol) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
+             ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
@@ -249,8 +256,8 @@ pub(super) fn insert_entries(
         .prepare_cached(
             "INSERT INTO mg_calls (account_id, key_id, protocol, model, price, \
              charged_subscription, charged_topup, status, created_at, request_id, instance_id, \
-             requested_model) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+             requested_model, dropped_tools) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
         )
         .map_err(store_error)?;
     let now = timestamp(reserved_at);
@@ -279,10 +286,11 @@ pub(super) fn finish_entries(
              cache_write_1h_tokens = COALESCE(?10, cache_write_1h_tokens), \
              reasoning_tokens = COALESCE(?11, reasoning_tokens), shortfall = ?12, \
              usage_rejected = ?13, finished_at = ?14, \
-             charged_subscription = COALESCE(?16, charged_subscription), \
-             charged_topup = COALESCE(?17, charged_topup), \
-             price = COALESCE(?16 + ?17, price) \
-             WHERE id = ?1 AND status = ?15",
+             upstream_protocol = COALESCE(?15, upstream_protocol), \
+             charged_subscription = COALESCE(?17, charged_subscription), \
+             charged_topup = COALESCE(?18, charged_topup), \
+             price = COALESCE(?17 + ?18, price) \
+             WHERE id = ?1 AND status = ?16",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
@@ -294,8 +302,11 @@ pub(super) fn finish_entries(
             bind_finish(statement, 3, finish, &now)?;
             statement.raw_bind_parameter(3 + FINISH_COLUMNS, pending)?;
             let charged = finish.charged().map(|(charged, _)| charged);
-            statement.raw_bind_parameter(16, charged.map(|split| split.subscription.0))?;
-            statement.raw_bind_parameter(17, charged.map(|split| split.topup.0))
+            statement.raw_bind_parameter(
+                4 + FINISH_COLUMNS,
+                charged.map(|split| split.subscription.0),
+            )?;
+            statement.raw_bind_parameter(5 + FINISH_COLUMNS, charged.map(|split| split.topup.0))
         };
         bind(&mut finish_entry).map_err(store_error)?;
         let changed = finish_entry.raw_execute().map_err(store_error)?;

@@ -59,6 +59,10 @@ pub(crate) struct Model {
     pub request_id: Option<String>,
     /// The lease of the gateway instance that made the reservation (`mg_instances`).
     pub instance_id: Option<i64>,
+    /// The tools a translated call's translation left out, comma-separated.
+    pub dropped_tools: Option<String>,
+    /// The protocol the channel that served the call spoke, when the upstream said.
+    pub upstream_protocol: Option<String>,
 }
 
 /// No relations are navigated through the ORM.

@@ -282,31 +282,31 @@ pub(super) async fn write_sql(
                upstream_error, input_tokens, output_tokens, created_at, finished_at, \
                request_id, instance_id, requested_model, cache_read_tokens, \
                cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall, \
-               usage_rejected) \
+               usage_rejected, dropped_tools, upstream_protocol) \
                SELECT u.id, u.account_id, u.key_id, u.protocol, u.model, u.price, u.cs, u.ct, \
                u.status, u.upstream_status, u.upstream_channel, u.upstream_error, \
                u.input_tokens, u.output_tokens, u.created_at, u.finished_at, u.request_id, \
                u.instance_id, u.requested_model, u.cache_read, u.cache_write, u.cache_write_1h, \
-               u.reasoning, u.shortfall, u.usage_rejected \
+               u.reasoning, u.shortfall, u.usage_rejected, u.dropped_tools, u.upstream_protocol \
                FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::text[], \
                $10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::int[], \
                $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::timestamptz[], \
                $20::timestamptz[], $21::text[], $22::bigint[], $23::bool[], $24::text[], \
                $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[], \
-               $30::bool[]) \
+               $30::bool[], $31::text[], $32::text[]) \
                AS u(id, account_id, key_id, protocol, model, price, cs, ct, status, \
                upstream_status, upstream_channel, upstream_error, input_tokens, \
                output_tokens, created_at, finished_at, request_id, instance_id, debits, \
                requested_model, cache_read, cache_write, cache_write_1h, reasoning, shortfall, \
-               usage_rejected) \
+               usage_rejected, dropped_tools, upstream_protocol) \
                WHERE NOT u.debits OR EXISTS (SELECT 1 FROM debited d \
                  WHERE d.instance_id = u.instance_id AND d.account_id = u.account_id) \
                RETURNING id \
              ), told AS ( \
                INSERT INTO mg_webhook_events (event_id, event_type, body, status, attempts, \
                next_attempt_at, created_at) \
-               SELECT w.event_id, $35, w.body, $36, 0, $34, $34 \
-               FROM unnest($31::bigint[], $32::text[], $33::text[]) AS w(call, event_id, body) \
+               SELECT w.event_id, $37, w.body, $38, 0, $36, $36 \
+               FROM unnest($33::bigint[], $34::text[], $35::text[]) AS w(call, event_id, body) \
                WHERE w.call IN (SELECT id FROM entered) \
              ) \
              SELECT (SELECT array_agg(instance_id) FROM debited), \
@@ -342,6 +342,8 @@ pub(super) async fn write_sql(
         .bind(rows.reasoning_tokens)
         .bind(rows.shortfall)
         .bind(rows.usage_rejected)
+        .bind(rows.dropped_tools)
+        .bind(rows.upstream_protocol)
         .bind(told.call)
         .bind(told.event_id)
         .bind(told.body)
@@ -426,6 +428,8 @@ pub(super) struct Entries {
     reasoning_tokens: Vec<Option<i64>>,
     shortfall: Vec<i64>,
     usage_rejected: Vec<bool>,
+    dropped_tools: Vec<Option<String>>,
+    upstream_protocol: Vec<Option<&'static str>>,
 }
 impl Entries {
     fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
@@ -475,6 +479,12 @@ impl Entries {
         self.debits.push(decided.debits());
         self.requested_model
             .push(held.charge.requested_model.clone());
+        self.dropped_tools.push(held.charge.dropped_tools.clone());
+        self.upstream_protocol.push(
+            billed
+                .and_then(|success| success.upstream_protocol)
+                .map(crate::protocol::Protocol::as_str),
+        );
     }
 }
 

@@ -24,6 +24,7 @@ mod m20261126_000006_webhook_events;
 mod m20261126_000007_alerts;
 mod m20261128_000001_call_status_check;
 mod m20261206_000001_call_usage_rejected;
+mod m20261207_000001_call_translation;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -55,6 +56,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261126_000007_alerts::Migration),
             Box::new(m20261128_000001_call_status_check::Migration),
             Box::new(m20261206_000001_call_usage_rejected::Migration),
+            Box::new(m20261207_000001_call_translation::Migration),
         ]
     }
 
