@@ -20,6 +20,9 @@
 //!   and an `allowed_tools` choice (chat completions nests its mode and tools one level deeper);
 //!   back, custom tool calls as `custom_tool_call` items (streamed as
 //!   `response.custom_tool_call_input.delta` and `.done`);
+//! - a namespace of function tools (as Codex groups its multi-agent tools): each tool as a
+//!   function tool named `{namespace}__{name}`, an earlier call of one (with its `namespace`)
+//!   under that name, and a call back as a `function_call` item with `name` and `namespace`;
 //! - function `tools`, `tool_choice`, `parallel_tool_calls`; `max_output_tokens` as
 //!   `max_tokens`; `temperature`, `top_p`, `user`, `service_tier` as they are; `text.format` as
 //!   `response_format`; `reasoning.effort` as `reasoning_effort`; `top_logprobs`;
@@ -67,7 +70,7 @@ mod write;
 pub(crate) use dialect::Responses;
 pub(crate) use reply::{ChatReply, Echoed, Usage, write_response};
 pub use reply::{response_from_chat, response_json_from_chat, response_json_from_chat_bytes};
-pub(crate) use request::{ReadRequest, read_request};
+pub(crate) use request::{Namespaced, ReadRequest, read_request};
 pub use request::{Translated, Untranslatable, chat_request};
 pub use stream::StreamTranslator;
 pub(crate) use write::Str;

@@ -4,9 +4,10 @@
 // reached by translation (`responses = "translate"`), whose model edits a file with Codex's
 // `apply_patch`. Under the names of its own models (`gpt-5.5`, ...) Codex sends `apply_patch`
 // as a custom tool (free-form input under a Lark grammar), which translates to a chat
-// completions custom tool. Codex's built-in web search and its namespaced multi-agent tools,
-// which translate to nothing, are switched off, except in the runs with the minimal provider
-// config, where the gateway drops them (named in `x-gateway-dropped-tools`): those run a shell
+// completions custom tool. Codex's built-in web search, which translates to nothing, and its
+// namespaced multi-agent tools are switched off, except in the runs with the minimal provider
+// config, where the gateway drops web search (named in `x-gateway-dropped-tools`) and offers
+// the namespaced tools under flat names (one of them run through a translated model): those run a shell
 // command (`exec_command`, a function tool under a model name Codex does not know) on a
 // translated chat model and on a model whose provider speaks only Anthropic's messages.
 
@@ -48,6 +49,11 @@ function startFakeProvider() {
         events.push(chunk({ role: "assistant", content: "" }));
         for (const piece of pieces(FINAL_TEXT, 5)) events.push(chunk({ content: piece }));
         events.push(chunk({}, "stop"));
+      } else if (JSON.stringify(asked.messages ?? []).includes("Close an agent")) {
+        // One of Codex's namespaced multi-agent tools, under the flat name it was offered by.
+        const call = { index: 0, id: "call_ns", type: "function", function: { name: "multi_agent_v1__close_agent", arguments: JSON.stringify({ target: "nobody" }) } };
+        events.push(chunk({ role: "assistant", content: null, tool_calls: [call] }));
+        events.push(chunk({}, "tool_calls"));
       } else if ((asked.tools ?? []).some((tool) => tool.type === "custom")) {
         events.push(chunk({ role: "assistant", content: null, tool_calls: [{ index: 0, id: "call_patch", type: "custom", custom: { name: "apply_patch", input: "" } }] }));
         for (const piece of pieces(PATCH, 9)) events.push(chunk({ tool_calls: [{ index: 0, custom: { input: piece } }] }));
@@ -288,5 +294,23 @@ test("the coding-agent CLI with the minimal provider config runs a shell command
   const output = fake.seen[1].messages.find((m) => m.role === "tool");
   assert.equal(output.tool_call_id, "call_shell");
   assert.deepEqual(translated.logs(key).map((c) => [c.protocol, c.status]), [["responses", "ok"], ["responses", "ok"]]);
+  assert.equal(translated.balance(key).total, 10 - 2 * PRICE);
+});
+
+test("the coding-agent CLI runs one of its namespaced tools through a translated chat model", async () => {
+  const key = translated.newKey(10);
+  fake.seen.length = 0;
+  const run = await codex(translated, key, CHAT_MODEL, "Close an agent.", { minimal: true });
+  assert.equal(run.status, 0, run.stderr);
+  // Offered flat, called flat, the call came back to Codex in its namespace: Codex ran the tool
+  // (which found no such agent) rather than answering "unsupported call".
+  const offered = fake.seen[0].tools.map((tool) => tool.function?.name);
+  assert.ok(offered.includes("multi_agent_v1__close_agent"), offered.join(", "));
+  const output = fake.seen[1].messages.find((m) => m.role === "tool");
+  assert.equal(output.tool_call_id, "call_ns");
+  assert.doesNotMatch(output.content, /unsupported call/);
+  assert.match(output.content, /nobody/);
+  const call = fake.seen[1].messages.find((m) => m.role === "assistant" && m.tool_calls)?.tool_calls[0];
+  assert.equal(call.function.name, "multi_agent_v1__close_agent", "the call went back flat");
   assert.equal(translated.balance(key).total, 10 - 2 * PRICE);
 });

@@ -421,6 +421,8 @@ pub(super) enum OutputItem<'a> {
         call_id: Str<'a>,
         name: Str<'a>,
         arguments: Str<'a>,
+        /// A namespaced tool's namespace.
+        namespace: Option<&'a str>,
     },
 }
 
@@ -458,6 +460,7 @@ impl WriteJson for OutputItem<'_> {
                 call_id,
                 name,
                 arguments,
+                namespace,
             } => {
                 let (kind, text) = if *custom {
                     (r#""custom_tool_call""#, "input")
@@ -470,6 +473,9 @@ impl WriteJson for OutputItem<'_> {
                 item.field("status", status);
                 item.write("call_id", call_id);
                 item.write("name", name);
+                if let Some(namespace) = namespace {
+                    item.field("namespace", namespace);
+                }
                 item.write(text, arguments);
                 item.close();
             }
@@ -526,7 +532,18 @@ pub fn response_from_chat(translated: &Translated, reply: &Value, ids: &mut Ids)
 
 /// [`response_from_chat`], serialised: what a translating upstream answers with.
 pub fn response_json_from_chat(translated: &Translated, reply: &Value, ids: &mut Ids) -> Vec<u8> {
-    write_response(translated.echoed(), &ChatReply::of(reply), ids)
+    let mut read = ChatReply::of(reply);
+    // A namespaced tool's call comes back under its name, in its namespace.
+    for call in &mut read.calls {
+        let flat = match call.name {
+            Str::Read(text) | Str::Unescaped(text) => text,
+        };
+        if let Some((namespace, name)) = translated.unflatten(flat) {
+            call.namespace = Some(namespace);
+            call.name = Str::Read(name);
+        }
+    }
+    write_response(translated.echoed(), &read, ids)
 }
 
 /// [`response_json_from_chat`] for a reply still in its bytes (the translating upstream's
@@ -583,6 +600,8 @@ pub(crate) struct ToolCall<'a> {
     pub custom: bool,
     pub name: Str<'a>,
     pub arguments: Str<'a>,
+    /// The namespace of a namespaced tool's call (its flat name read back).
+    pub namespace: Option<&'a str>,
 }
 
 /// Whether a chat tool call (or a stream's first piece of one) is a custom tool's: its `type`
@@ -641,6 +660,7 @@ impl<'a> ChatReply<'a> {
                         custom,
                         name: Str::Read(name.unwrap_or_default()),
                         arguments: Str::Read(arguments.unwrap_or(if custom { "" } else { "{}" })),
+                        namespace: None,
                     }
                 })
                 .collect(),
@@ -727,6 +747,7 @@ pub(crate) fn write_response(echoed: &Echoed, reply: &ChatReply<'_>, ids: &mut I
             call_id: call.id.unwrap_or(Str::Read(item_id)),
             name: call.name,
             arguments: call.arguments,
+            namespace: call.namespace,
         });
     }
     let status = Status::finished(reply.finish_reason);

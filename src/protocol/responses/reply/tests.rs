@@ -124,3 +124,71 @@ fn a_written_response_holds_each_key_once_in_every_object() {
         assert_eq!(value["incomplete_details"]["reason"], "max_output_tokens");
     }
 }
+
+/// A namespaced tool (Codex's multi-agent tools) reaches chat completions as a function tool
+/// under its flat name; its call comes back, complete and streamed, under its own name in its
+/// namespace (`{"name": "spawn_agent", "namespace": "multi_agent_v1"}`, which is how Codex
+/// takes one: a flat name is an "unsupported call" to it), and goes out again flat.
+#[test]
+fn a_namespaced_tools_call_comes_back_in_its_namespace() {
+    let request = json!({
+        "model": "m",
+        "input": [
+            { "role": "user", "content": "Spawn one." },
+            { "type": "function_call", "call_id": "call_0", "name": "spawn_agent",
+              "namespace": "multi_agent_v1", "arguments": "{}" },
+            { "type": "function_call_output", "call_id": "call_0", "output": "spawned" },
+        ],
+        "tools": [{ "type": "namespace", "name": "multi_agent_v1", "description": "Agents.",
+                    "tools": [{ "type": "function", "name": "spawn_agent", "parameters": { "type": "object" } }] }],
+    });
+    for translated in [
+        Translated::new(request.clone()).unwrap(),
+        Translated::from_slice(&serde_json::to_vec(&request).unwrap()).unwrap(),
+    ] {
+        let chat: Value = serde_json::from_slice(&translated.chat_body("m")).unwrap();
+        assert_eq!(
+            chat["tools"][0]["function"]["name"],
+            "multi_agent_v1__spawn_agent"
+        );
+        assert_eq!(
+            chat["messages"][1]["tool_calls"][0]["function"]["name"], "multi_agent_v1__spawn_agent",
+            "an earlier call goes out flat"
+        );
+        let reply = json!({
+            "choices": [{ "index": 0, "finish_reason": "tool_calls", "message": { "role": "assistant",
+                "tool_calls": [{ "id": "call_1", "type": "function",
+                    "function": { "name": "multi_agent_v1__spawn_agent", "arguments": "{\"task\":\"x\"}" } }] } }],
+        });
+        let response = response_from_chat(&translated, &reply, &mut Ids::counting());
+        let call = &response["output"][0];
+        assert_eq!(
+            (call["name"].as_str(), call["namespace"].as_str()),
+            (Some("spawn_agent"), Some("multi_agent_v1"))
+        );
+        let stream = [
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"multi_agent_v1__spawn_agent","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#,
+        ]
+        .iter()
+        .map(|data| format!("data: {data}\n\n"))
+        .chain(["data: [DONE]\n\n".to_owned()])
+        .collect::<String>();
+        let events =
+            crate::protocol::responses::StreamTranslator::new(&translated, Ids::counting())
+                .push(stream.as_bytes());
+        let items: Vec<Value> = events
+            .split_terminator("\n\n")
+            .filter_map(|event| serde_json::from_str::<Value>(event.split_once("data: ")?.1).ok())
+            .filter(|event| event["item"]["type"] == "function_call")
+            .map(|event| event["item"].clone())
+            .collect();
+        assert_eq!(items.len(), 2, "added and done: {events}");
+        for item in items {
+            assert_eq!(
+                (item["name"].as_str(), item["namespace"].as_str()),
+                (Some("spawn_agent"), Some("multi_agent_v1"))
+            );
+        }
+    }
+}

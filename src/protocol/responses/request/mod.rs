@@ -32,9 +32,30 @@ pub struct Translated {
     /// The chat request's fields after its `model`, from a comma to the closing brace.
     chat: Vec<u8>,
     echoed: Echoed,
-    /// The tools left out (see [`BuiltinTools::Drop`]), by type (a namespace as
-    /// `namespace:{name}`), in the request's order.
+    /// The tools left out (see [`BuiltinTools::Drop`]), by type, in the request's order.
     dropped: Vec<String>,
+    /// The tools of a namespace of tools, offered to chat completions under a flat name.
+    namespaced: Vec<Namespaced>,
+}
+
+/// A tool of a namespace of tools (as Codex groups its multi-agent tools), which chat
+/// completions offers under one flat name: `{namespace}__{name}`, as Codex itself flattens one
+/// where a namespace cannot be kept. A call of the flat name comes back as a call of the tool
+/// in its namespace (`name` and `namespace`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Namespaced {
+    pub(crate) flat: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+}
+
+/// A namespaced tool's flat name.
+fn flat_name(namespace: &str, name: &str) -> String {
+    format!(
+        "{}__{}",
+        namespace.trim_end_matches('_'),
+        name.trim_start_matches('_')
+    )
 }
 
 impl Translated {
@@ -47,7 +68,7 @@ impl Translated {
     /// [`Translated::new`], with the request's built-in tools dropped or refused as
     /// `builtin` says.
     pub fn new_with(request: Value, builtin: BuiltinTools) -> Result<Translated, Untranslatable> {
-        let (chat, dropped) = translate_value(&request, "", builtin)?;
+        let (chat, dropped, namespaced) = translate_value(&request, "", builtin)?;
         let Value::Object(mut chat) = chat else {
             unreachable!("a chat request is an object");
         };
@@ -59,6 +80,7 @@ impl Translated {
             chat,
             echoed: Given::of(&request).echoed(request["model"].as_str()),
             dropped,
+            namespaced,
         })
     }
 
@@ -82,6 +104,7 @@ impl Translated {
                 chat,
                 echoed,
                 dropped: Vec::new(),
+                namespaced: Vec::new(),
             });
         }
         Translated::from_value_reading(request, builtin)
@@ -101,6 +124,7 @@ impl Translated {
                 chat,
                 echoed,
                 dropped: Vec::new(),
+                namespaced: Vec::new(),
             });
         }
         Translated::from_value_reading(body, builtin)
@@ -120,10 +144,24 @@ impl Translated {
         Translated::new_with(request, builtin)
     }
 
-    /// The tools the translation left out (see [`BuiltinTools::Drop`]), by type (a
-    /// namespace of tools as `namespace:{name}`), in the request's order.
+    /// The tools the translation left out (see [`BuiltinTools::Drop`]), by type, in the
+    /// request's order.
     pub fn dropped_tools(&self) -> &[String] {
         &self.dropped
+    }
+
+    /// The namespaced tools offered to chat completions under flat names.
+    pub(crate) fn namespaced(&self) -> &[Namespaced] {
+        &self.namespaced
+    }
+
+    /// The namespace and name of the namespaced tool offered to chat completions as `flat`,
+    /// if it is one.
+    pub(crate) fn unflatten(&self, flat: &str) -> Option<(&str, &str)> {
+        self.namespaced
+            .iter()
+            .find(|tool| tool.flat == flat)
+            .map(|tool| (tool.namespace.as_str(), tool.name.as_str()))
     }
 
     /// The chat-completions request calling `model`, serialised.
@@ -165,7 +203,7 @@ const HINTS: &[&str] = &[
 /// either translated, copied (same meaning), dropped as a hint that changes nothing a
 /// chat-completions provider does (see the crate's README), or refused (built-in tools too).
 pub fn chat_request(request: &Value, model: &str) -> Result<Value, Untranslatable> {
-    translate_value(request, model, BuiltinTools::Refuse).map(|(chat, _)| chat)
+    translate_value(request, model, BuiltinTools::Refuse).map(|(chat, _, _)| chat)
 }
 
 /// [`chat_request`], with built-in tools dropped or refused as `builtin` says; the dropped
@@ -174,8 +212,9 @@ fn translate_value(
     request: &Value,
     model: &str,
     builtin: BuiltinTools,
-) -> Result<(Value, Vec<String>), Untranslatable> {
+) -> Result<(Value, Vec<String>, Vec<Namespaced>), Untranslatable> {
     let mut dropped = Vec::new();
+    let mut namespaced = Vec::new();
     let Some(fields) = request.as_object() else {
         return refuse("", "the request is not a JSON object");
     };
@@ -227,7 +266,7 @@ fn translate_value(
                 }
             }
             "tools" => {
-                if let Some(tools) = tools(value, builtin, &mut dropped)? {
+                if let Some(tools) = tools(value, builtin, &mut dropped, &mut namespaced)? {
                     chat.insert("tools".into(), tools);
                 }
             }
@@ -290,7 +329,7 @@ fn translate_value(
             other => return refuse(other, "chat completions has no such field"),
         }
     }
-    Ok((Value::Object(chat), dropped))
+    Ok((Value::Object(chat), dropped, namespaced))
 }
 
 /// Where in the request a field is (`input[2]`, `input[2].content[0]`), written out only for a
@@ -322,6 +361,9 @@ fn input_item(item: &Value, at: At<'_>, messages: &mut Vec<Value>) -> Result<(),
             let (Some(call_id), Some(name)) = (text("call_id"), text("name")) else {
                 return refuse(at.to_string(), "a tool call needs `call_id` and `name`");
             };
+            // A call of a namespaced tool, under the flat name it was offered by.
+            let flat = text("namespace").map(|namespace| flat_name(namespace, name));
+            let name = flat.as_deref().unwrap_or(name);
             let call = if kind == "function_call" {
                 json!({
                     "id": call_id,
@@ -504,14 +546,58 @@ fn content_part(part: &Value, at: At<'_>, system: bool) -> Result<Value, Untrans
     }
 }
 
-/// Function and custom (free-form input) tools in chat completions' form; built-in tools (web
+/// The function tools of a namespace of tools (`tools[index]`) in chat completions' form,
+/// each under its flat name, kept in `namespaced`.
+fn namespace_tools(
+    tool: &Value,
+    index: usize,
+    namespaced: &mut Vec<Namespaced>,
+) -> Result<Vec<Value>, Untranslatable> {
+    let Some(namespace) = tool["name"].as_str() else {
+        return refuse(format!("tools[{index}].name"), "a namespace needs a name");
+    };
+    let Some(inner) = tool["tools"].as_array() else {
+        return refuse(
+            format!("tools[{index}].tools"),
+            "a namespace lists its tools",
+        );
+    };
+    let mut tools = Vec::with_capacity(inner.len());
+    for (at, function) in inner.iter().enumerate() {
+        let (Some("function"), Some(name)) = (function["type"].as_str(), function["name"].as_str())
+        else {
+            return refuse(
+                format!("tools[{index}].tools[{at}]"),
+                "only function tools of a namespace translate",
+            );
+        };
+        let flat = flat_name(namespace, name);
+        let mut spec = Map::new();
+        spec.insert("name".into(), Value::from(flat.as_str()));
+        for field in ["description", "parameters", "strict"] {
+            if let Some(value) = function.get(field).filter(|value| !value.is_null()) {
+                spec.insert(field.into(), value.clone());
+            }
+        }
+        tools.push(json!({ "type": "function", "function": spec }));
+        namespaced.push(Namespaced {
+            flat,
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        });
+    }
+    Ok(tools)
+}
+
+/// Function and custom (free-form input) tools in chat completions' form, and the function
+/// tools of a namespace under their flat names (kept in `namespaced`); built-in tools (web
 /// search, file search, code interpreter, computer use, MCP, ...) run inside `OpenAI`'s
-/// Responses API, and are dropped (named in `dropped`) or refused as `builtin` says, as are
-/// namespaces of tools for now.
+/// Responses API, and are dropped (named in `dropped`) or refused as `builtin` says.
 fn tools(
     value: &Value,
     builtin: BuiltinTools,
     dropped: &mut Vec<String>,
+    namespaced: &mut Vec<Namespaced>,
 ) -> Result<Option<Value>, Untranslatable> {
     let list = match value {
         Value::Null => return Ok(None),
@@ -522,11 +608,12 @@ fn tools(
     for (index, tool) in list.iter().enumerate() {
         let kind = match (tool["type"].as_str(), builtin) {
             (Some(kind @ ("function" | "custom")), _) => kind,
+            (Some("namespace"), _) => {
+                tools.extend(namespace_tools(tool, index, namespaced)?);
+                continue;
+            }
             (Some(kind), BuiltinTools::Drop) => {
-                dropped.push(match (kind, tool["name"].as_str()) {
-                    ("namespace", Some(name)) => format!("namespace:{name}"),
-                    _ => kind.to_owned(),
-                });
+                dropped.push(kind.to_owned());
                 continue;
             }
             _ => {

@@ -8,7 +8,7 @@ use super::reply::{
     Echoed, Head, OutputItem, Part, Status, Usage, call_item_prefix, call_of_value, reasoning_of,
 };
 use super::write::{ObjectWriter, Str};
-use super::{Ids, Translated};
+use super::{Ids, Namespaced, Translated};
 use crate::protocol::sse::{Event, EventSplitter, event_text};
 
 /// Translates a chat-completions stream, as its bytes arrive, into the Responses event
@@ -40,6 +40,8 @@ pub struct StreamTranslator {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     ended: bool,
+    /// The namespaced tools the request offered under flat names.
+    namespaced: Vec<Namespaced>,
 }
 
 #[derive(Debug)]
@@ -63,13 +65,17 @@ enum Item {
         name: String,
         arguments: String,
         open: bool,
+        /// A namespaced tool's namespace.
+        namespace: Option<String>,
     },
 }
 
 impl StreamTranslator {
     /// A translator for the chat stream that answers the `translated` request.
     pub fn new(translated: &Translated, ids: Ids) -> StreamTranslator {
-        StreamTranslator::repeating(translated.echoed().clone(), ids)
+        let mut translator = StreamTranslator::repeating(translated.echoed().clone(), ids);
+        translator.namespaced = translated.namespaced().to_vec();
+        translator
     }
 
     /// A translator whose `response` objects repeat `echoed`.
@@ -87,6 +93,7 @@ impl StreamTranslator {
             finish_reason: None,
             usage: None,
             ended: false,
+            namespaced: Vec::new(),
         }
     }
 
@@ -318,7 +325,13 @@ impl StreamTranslator {
                     || format!("call_{}", &id[prefix.len() + 1..]),
                     str::to_owned,
                 );
-                let name = call.name.unwrap_or_default().to_owned();
+                // A namespaced tool's call, under its name in its namespace.
+                let flat = call.name.unwrap_or_default();
+                let (namespace, name) = match self.namespaced.iter().find(|tool| tool.flat == flat)
+                {
+                    Some(tool) => (Some(tool.namespace.clone()), tool.name.clone()),
+                    None => (None, flat.to_owned()),
+                };
                 let index = self.items.len();
                 let item = OutputItem::FunctionCall {
                     id: &id,
@@ -327,6 +340,7 @@ impl StreamTranslator {
                     call_id: Str::Read(&call_id),
                     name: Str::Read(&name),
                     arguments: Str::Read(""),
+                    namespace: namespace.as_deref(),
                 };
                 item_added(&mut self.sequence, out, index, &item);
                 self.items.push(Item::Call {
@@ -336,6 +350,7 @@ impl StreamTranslator {
                     name,
                     arguments: String::new(),
                     open: true,
+                    namespace,
                 });
                 self.calls.push((chat_index, index));
                 index
@@ -625,6 +640,7 @@ impl Item {
                 call_id,
                 name,
                 arguments,
+                namespace,
                 ..
             } => OutputItem::FunctionCall {
                 id,
@@ -633,6 +649,7 @@ impl Item {
                 call_id: Str::Read(call_id),
                 name: Str::Read(name),
                 arguments: Str::Read(arguments),
+                namespace: namespace.as_deref(),
             },
         }
     }

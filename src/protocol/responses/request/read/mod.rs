@@ -130,6 +130,8 @@ struct Item<'a> {
     input: Option<RawStr<'a>>,
     #[serde(borrow)]
     output: Option<RawTextOr<'a, Part<'a>>>,
+    /// A call of a namespaced tool's namespace: read as a `Value` (its name is flattened).
+    namespace: Option<serde::de::IgnoredAny>,
 }
 
 /// A content part (of a message, or of a function call's output).
@@ -520,6 +522,9 @@ fn messages<'r>(
         match (item.kind.as_deref(), item.role.as_deref()) {
             (Some("message") | None, Some(role)) => messages.push(message(item, role)?),
             (Some(kind @ ("function_call" | "custom_tool_call")), _) => {
+                if item.namespace.is_some() {
+                    return None;
+                }
                 let custom = kind == "custom_tool_call";
                 let call = Call {
                     id: item.call_id?,

@@ -449,8 +449,9 @@ fn a_raw_string_is_refused_as_reading_it_is() {
 }
 
 /// Codex's default request: a function tool, a namespace of function tools and web search.
-/// Dropped, each is named and the rest translates as without it; refused (and by default,
-/// for an embedder's own `Translated::from_slice`), the first is named.
+/// Web search dropped, it is named, and the rest translates as without it, the namespace's
+/// tools under flat names; refused (and by default, for an embedder's own
+/// `Translated::from_slice`), it is named.
 #[test]
 fn built_in_tools_are_dropped_and_named_or_refused() {
     use crate::protocol::BuiltinTools;
@@ -467,14 +468,18 @@ fn built_in_tools_are_dropped_and_named_or_refused() {
     });
     let body = serde_json::to_vec(&with).unwrap();
     let dropped = Translated::from_slice_with(&body, BuiltinTools::Drop).unwrap();
+    assert_eq!(dropped.dropped_tools(), ["web_search"]);
     assert_eq!(
-        dropped.dropped_tools(),
-        ["namespace:multi_agent_v1", "web_search"]
+        dropped.unflatten("multi_agent_v1__spawn_agent"),
+        Some(("multi_agent_v1", "spawn_agent"))
     );
     let without = json!({
         "model": "m",
         "input": "Hi",
-        "tools": [{ "type": "function", "name": "shell", "parameters": { "type": "object" } }],
+        "tools": [
+            { "type": "function", "name": "shell", "parameters": { "type": "object" } },
+            { "type": "function", "name": "multi_agent_v1__spawn_agent", "parameters": { "type": "object" } },
+        ],
     });
     assert_eq!(
         outcome(Ok(dropped)).unwrap().0,
@@ -485,7 +490,7 @@ fn built_in_tools_are_dropped_and_named_or_refused() {
         Translated::from_slice(&body),
         Translated::new(with),
     ] {
-        assert_eq!(refused.unwrap_err().field, "tools[1].type");
+        assert_eq!(refused.unwrap_err().field, "tools[2].type");
     }
     let plain = Translated::from_slice_with(br#"{"model":"m","input":"Hi"}"#, BuiltinTools::Drop);
     assert!(plain.unwrap().dropped_tools().is_empty());
