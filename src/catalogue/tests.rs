@@ -657,6 +657,14 @@ fn the_demo_catalogue_serves_claude_codes_default_model_names() {
         let model = demo.model(name).unwrap_or_else(|| panic!("{name}"));
         assert!(model.endpoints.contains(&Protocol::Messages), "{name}");
     }
+    // A Claude model the OpenAI clients can call too, translated by its Anthropic upstream.
+    let claude = demo.model("claude-sonnet-5-5").unwrap();
+    assert!(claude.endpoints.contains(&Protocol::Responses));
+    assert!(claude.endpoints.contains(&Protocol::ChatCompletions));
+    assert_eq!(claude.channels[0].upstream.kind, UpstreamKind::Anthropic);
+    // Codex's default model name, on the Responses API.
+    let codex = demo.model("gpt-6.2-sol").unwrap();
+    assert!(codex.endpoints.contains(&Protocol::Responses));
     // A chat model answering on messages, translated by its chat-completions upstream.
     let chat = demo.model("deepseek-chat").unwrap();
     assert!(chat.endpoints.contains(&Protocol::Messages));

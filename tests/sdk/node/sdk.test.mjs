@@ -68,6 +68,34 @@ function startFakeProvider() {
         response.writeHead(200, { "content-type": "application/json" });
         return response.end(reply);
       }
+      const answeredMessages = (asked.messages ?? []).some(
+        (m) => Array.isArray(m.content) && m.content.some((block) => block.type === "tool_result"),
+      );
+      if (!isChat && answeredMessages) {
+        // The Anthropic model's answer once the request carries the tool's result.
+        const usage = { input_tokens: 80, output_tokens: 10 };
+        if (!asked.stream) {
+          response.writeHead(200, { "content-type": "application/json" });
+          return response.end(JSON.stringify({ id: "msg_fake2", type: "message", role: "assistant", model: "m", content: [{ type: "text", text: ANSWER }], stop_reason: "end_turn", stop_sequence: null, usage }));
+        }
+        const events = [
+          ["message_start", { type: "message_start", message: { id: "msg_fake2", type: "message", role: "assistant", model: "m", content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 80, output_tokens: 1 } } }],
+          ["content_block_start", { type: "content_block_start", index: 0, content_block: { type: "text", text: "" } }],
+          ["content_block_delta", { type: "content_block_delta", index: 0, delta: { type: "text_delta", text: ANSWER.slice(0, 7) } }],
+          ["content_block_delta", { type: "content_block_delta", index: 0, delta: { type: "text_delta", text: ANSWER.slice(7) } }],
+          ["content_block_stop", { type: "content_block_stop", index: 0 }],
+          ["message_delta", { type: "message_delta", delta: { stop_reason: "end_turn", stop_sequence: null }, usage: { output_tokens: 10 } }],
+          ["message_stop", { type: "message_stop" }],
+        ];
+        response.writeHead(200, { "content-type": "text/event-stream" });
+        for (const [name, data] of events) response.write(`event: ${name}\ndata: ${JSON.stringify(data)}\n\n`);
+        return response.end();
+      }
+      if (!isChat && !asked.stream) {
+        const toolUse = { type: "tool_use", id: "toolu_fake", name: "get_weather", input: TOOL_INPUT };
+        response.writeHead(200, { "content-type": "application/json" });
+        return response.end(JSON.stringify({ id: "msg_fake", type: "message", role: "assistant", model: "m", content: [toolUse], stop_reason: "tool_use", stop_sequence: null, usage: { input_tokens: 50, output_tokens: 20 } }));
+      }
       response.writeHead(200, { "content-type": "text/event-stream" });
       const events = isChat ? (answered ? answer(true) : chat()) : messages();
       for (const event of events) response.write(event);
@@ -108,6 +136,13 @@ upstream = "fake-openai"
 name = "claude-haiku-4-5"
 protocol = "messages"
 price = 3
+upstream = "fake-anthropic"
+[[models]]
+name = "claude-on-openai-clients"
+protocol = "messages"
+endpoints = ["messages", "chat_completions", "responses"]
+price = 3
+max_output_tokens = 1024
 upstream = "fake-anthropic"
 [[models]]
 name = "chat-on-messages"
@@ -244,6 +279,47 @@ for (const how of ["create", "stream"]) {
     assert.deepEqual([second.usage.input_tokens, second.usage.output_tokens], [80, 10]);
     assert.deepEqual(provider.logs(key).map((e) => [e.protocol, e.status]), [["messages", "ok"], ["messages", "ok"]]);
     assert.equal(provider.balance(key).total, 96);
+  });
+}
+
+for (const how of ["create", "stream"]) {
+  test(`the OpenAI SDK's chat completions (${how}) run a tool round trip on an Anthropic model, translated`, async () => {
+    const key = provider.newKey(100);
+    const client = openai(provider, key);
+    const tools = [{ type: "function", function: { name: "get_weather", parameters: { type: "object" } } }];
+    const ask = async (messages) => {
+      const request = { model: "claude-on-openai-clients", messages, tools };
+      if (how === "create") return (await client.chat.completions.create(request)).choices[0];
+      return (await client.chat.completions.stream(request).finalChatCompletion()).choices[0];
+    };
+    const question = [{ role: "user", content: "Weather in Paris?" }];
+    const first = await ask(question);
+    assert.equal(first.finish_reason, "tool_calls");
+    const [call] = first.message.tool_calls;
+    assert.deepEqual([call.function.name, JSON.parse(call.function.arguments)], ["get_weather", TOOL_INPUT]);
+    const second = await ask([...question, first.message, { role: "tool", tool_call_id: call.id, content: "18°C, cloudy" }]);
+    assert.equal(second.message.content, ANSWER);
+    assert.deepEqual(provider.logs(key).map((e) => [e.protocol, e.status]), [["chat_completions", "ok"], ["chat_completions", "ok"]]);
+    assert.equal(provider.balance(key).total, 94);
+  });
+
+  test(`the OpenAI SDK's responses (${how}) run a tool round trip on an Anthropic model, translated`, async () => {
+    const key = provider.newKey(100);
+    const client = openai(provider, key);
+    const tools = [{ type: "function", name: "get_weather", parameters: { type: "object" } }];
+    const ask = async (input) => {
+      const request = { model: "claude-on-openai-clients", input, tools };
+      if (how === "create") return client.responses.create(request);
+      return client.responses.stream(request).finalResponse();
+    };
+    const question = [{ role: "user", content: "Weather in Paris?" }];
+    const first = await ask(question);
+    const call = first.output.find((item) => item.type === "function_call");
+    assert.deepEqual([call.name, JSON.parse(call.arguments)], ["get_weather", TOOL_INPUT]);
+    const second = await ask([...question, call, { type: "function_call_output", call_id: call.call_id, output: "18°C, cloudy" }]);
+    assert.equal(second.output_text, ANSWER);
+    assert.deepEqual(provider.logs(key).map((e) => [e.protocol, e.status]), [["responses", "ok"], ["responses", "ok"]]);
+    assert.equal(provider.balance(key).total, 94);
   });
 }
 
