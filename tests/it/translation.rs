@@ -1106,3 +1106,57 @@ async fn the_same_anthropic_usage_costs_the_same_credits_by_every_endpoint() {
         }
     }
 }
+
+/// A client that leaves a chat stream translated from an Anthropic provider: billed once
+/// content reached it, refunded before.
+async fn assert_a_client_leaving_a_stream_from_anthropic_is_billed_only_after_content(db: TestDb) {
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, claude_catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    let events = message_events(json!({ "input_tokens": 3 }), json!({ "output_tokens": 2 }));
+    for (sent, wanted, billed) in [
+        (2, "\"role\":\"assistant\"", false),
+        (4, "Hello there", true),
+    ] {
+        let hung_up = provider.hung_up();
+        provider.then(Fault::sse(events[..sent].iter()).ending(StreamEnd::Hang));
+        let mut response = gateway
+            .client
+            .post(format!("{}{CHAT}", gateway.base))
+            .bearer_auth(&key)
+            .json(&chat_question(CLAUDE, true))
+            .send()
+            .await
+            .unwrap();
+        let mut received = String::new();
+        while !received.contains(wanted) {
+            let chunk = response.chunk().await.unwrap().unwrap();
+            received.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        drop(response);
+        assert!(
+            provider
+                .wait_hung_up(hung_up + 1, Duration::from_secs(5))
+                .await
+        );
+        let entry = finished_call(&db, &key).await;
+        if billed {
+            assert_eq!(entry.status, CallStatus::Ok);
+            assert_eq!(entry.upstream_protocol, Some(Protocol::Messages));
+        } else {
+            assert_eq!(
+                (entry.status, entry.upstream_error.as_deref()),
+                (CallStatus::Refunded, Some(CLIENT_LEFT_BEFORE_CONTENT))
+            );
+        }
+    }
+    assert_eq!(db.balance(&key).await, balance(10 - CLAUDE_PRICE, 0));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+backends!(
+    async fn a_client_leaving_a_stream_from_anthropic_is_billed_only_after_content(db) {
+        assert_a_client_leaving_a_stream_from_anthropic_is_billed_only_after_content(db).await;
+    }
+);

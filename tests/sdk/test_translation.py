@@ -91,6 +91,9 @@ def test_anthropic_sdk_runs_a_tool_round_trip_on_a_chat_completions_model(chat_o
     entries = chat_only_gateway.logs(key)
     assert [(e["protocol"], e["status"]) for e in entries] == [("messages", "ok")] * 2
     assert sorted(e["output_tokens"] for e in entries) == [10, 20]
+    # Each logged as the call it was, on the endpoint the client called.
+    for entry in entries:
+        assert any(f"call={entry['id']} " in line for line in chat_only_gateway.access_lines("/v1/messages", 200))
     assert chat_only_gateway.balance(key)["total"] == 10 - 2 * PRICE
 
 
