@@ -15,7 +15,7 @@ const PER_MESSAGE: u64 = 4;
 
 /// The input tokens of the messages request `translated` is the translation of: its text
 /// counted with the gateway's tokenizer (see
-/// [`counted_text_tokens`]), each image as [`IMAGE_TOKENS`], a file from its size, and the tool
+/// [`counted_text_tokens`]), each image as 1,600 tokens, a file from its size, and the tool
 /// definitions and calls from their JSON. An estimate: each provider's tokenizer differs.
 pub fn local_input_tokens(translated: &MessagesAsChat) -> u64 {
     let mut tokens = 0u64;
