@@ -10,6 +10,7 @@
 //! | messages | [`MessagesAsChat`] | as it is |
 
 use bytes::Bytes;
+use serde_json::{Map, Value};
 
 use super::chat_completions::messages::{ChatAsMessages, MessagesToChat, completion_id};
 use super::messages::{ChatToMessages, MessagesAsChat};
@@ -36,6 +37,44 @@ pub(crate) fn refuse<T>(
         field: field.into(),
         reason,
     })
+}
+
+/// The cache writes of `read`, where it reported any, in Anthropic's names (the only provider
+/// that reports them, in two durations): `cache_creation_input_tokens` and its split, which
+/// the gateway reads back as the same counts whatever protocol's usage they stand in.
+pub(crate) fn write_cache_writes(read: &TokenUsage, usage: &mut Map<String, Value>) {
+    if read.cache_write_tokens.is_none() && read.cache_write_1h_tokens.is_none() {
+        return;
+    }
+    let total = read
+        .cache_write_tokens
+        .unwrap_or(0)
+        .saturating_add(read.cache_write_1h_tokens.unwrap_or(0));
+    usage.insert("cache_creation_input_tokens".into(), Value::from(total));
+    let mut split = Map::new();
+    if let Some(tokens) = read.cache_write_tokens {
+        split.insert("ephemeral_5m_input_tokens".into(), Value::from(tokens));
+    }
+    if let Some(tokens) = read.cache_write_1h_tokens {
+        split.insert("ephemeral_1h_input_tokens".into(), Value::from(tokens));
+    }
+    usage.insert("cache_creation".into(), Value::Object(split));
+}
+
+/// A request of a translation's `fields` calling `model`, serialised: `model` first, then each
+/// field as it is (written field by field, rather than cloned into a map with `model`).
+pub(crate) fn body_with_model(model: &str, fields: &Map<String, Value>) -> Vec<u8> {
+    let mut body = Vec::with_capacity(256);
+    body.extend_from_slice(b"{\"model\":");
+    serde_json::to_writer(&mut body, model).expect("a string serialises");
+    for (key, value) in fields {
+        body.push(b',');
+        serde_json::to_writer(&mut body, key).expect("a string serialises");
+        body.push(b':');
+        serde_json::to_writer(&mut body, value).expect("a JSON value serialises");
+    }
+    body.push(b'}');
+    body
 }
 
 /// What a call's translations must be made for: the built-in tools rule of the
@@ -252,4 +291,27 @@ impl StreamTranslation {
         };
         first + then
     }
+}
+
+/// The translation corpora's cases (`tests/corpus/{folder}`), by file name, in name order.
+#[cfg(test)]
+pub(crate) fn corpus(folder: &str) -> Vec<(String, Value)> {
+    let dir = format!("{}/tests/corpus/{folder}", env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("the corpus folder")
+        .map(|entry| entry.expect("a corpus file").path())
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|path| {
+            let name = path
+                .file_name()
+                .expect("a file name")
+                .to_string_lossy()
+                .into_owned();
+            let case = std::fs::read(path).expect("a readable case");
+            (name, serde_json::from_slice(&case).expect("a JSON case"))
+        })
+        .collect()
 }

@@ -279,22 +279,58 @@ async fn assert_failed_translated_streams_are_refunded(db: TestDb) {
     let received = stream(&gateway, MESSAGES, &key, body).await;
     assert!(!received.text().contains("message_stop"));
 
-    let calls = db.calls(&key).await;
+    assert_three_failed_streams_refunded(db, &key, "The server had an error").await;
+}
+
+/// The account of `key` made three calls whose streams failed, the second by the provider's
+/// error `error`: each refunded, its credits back, the books balanced.
+async fn assert_three_failed_streams_refunded(db: TestDb, key: &str, error: &str) {
+    let calls = db.calls(key).await;
     assert_eq!(calls.len(), 3);
     assert!(
         calls.iter().all(|call| call.status == CallStatus::Refunded),
         "{calls:?}"
     );
-    assert!(
-        calls[1]
-            .upstream_error
-            .as_deref()
-            .unwrap()
-            .contains("The server had an error")
-    );
-    assert_eq!(db.balance(&key).await, balance(10, 0));
+    assert!(calls[1].upstream_error.as_deref().unwrap().contains(error));
+    assert_eq!(db.balance(key).await, balance(10, 0));
     db.assert_audit_holds().await;
     db.drop_schema().await;
+}
+
+/// A client that calls `path` with `body` while the provider sends `events` and then nothing:
+/// it reads until `wanted` arrives and leaves, and the provider's stream is dropped; the call
+/// it made, once finished.
+async fn leave_when(
+    gateway: &Gateway,
+    provider: &FakeProvider,
+    db: &TestDb,
+    key: &str,
+    (path, body): (&str, &Value),
+    events: Fault,
+    wanted: &str,
+) -> model_gateway::store::CallRecord {
+    let hung_up = provider.hung_up();
+    provider.then(events.ending(StreamEnd::Hang));
+    let mut response = gateway
+        .client
+        .post(format!("{}{path}", gateway.base))
+        .bearer_auth(key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let mut received = String::new();
+    while !received.contains(wanted) {
+        let chunk = response.chunk().await.unwrap().unwrap();
+        received.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    drop(response);
+    assert!(
+        provider
+            .wait_hung_up(hung_up + 1, Duration::from_secs(5))
+            .await
+    );
+    finished_call(db, key).await
 }
 
 backends!(
@@ -314,28 +350,18 @@ async fn assert_a_client_leaving_a_translated_stream_is_billed_only_after_conten
         (vec![ROLE, DELTA], "text_delta", true),
         (vec![ROLE, tool_call], "tool_use", true),
     ] {
-        let hung_up = provider.hung_up();
-        provider.then(Fault::sse(events.clone()).ending(StreamEnd::Hang));
-        let mut response = gateway
-            .client
-            .post(format!("{}{MESSAGES}", gateway.base))
-            .bearer_auth(&key)
-            .json(&messages(MODEL, true))
-            .send()
-            .await
-            .unwrap();
-        let mut received = String::new();
-        while !received.contains(wanted) {
-            let chunk = response.chunk().await.unwrap().unwrap();
-            received.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
-        drop(response);
-        assert!(
-            provider
-                .wait_hung_up(hung_up + 1, Duration::from_secs(5))
-                .await
-        );
-        let entry = finished_call(&db, &key).await;
+        let body = messages(MODEL, true);
+        let fault = Fault::sse(events.clone());
+        let entry = leave_when(
+            &gateway,
+            &provider,
+            &db,
+            &key,
+            (MESSAGES, &body),
+            fault,
+            wanted,
+        )
+        .await;
         if billed {
             assert_eq!(entry.status, CallStatus::Ok, "{events:?}");
             assert_eq!(entry.upstream_protocol, Some(Protocol::ChatCompletions));
@@ -994,22 +1020,7 @@ async fn assert_failed_streams_from_anthropic_are_refunded(db: TestDb) {
         assert!(received.joined_text().starts_with("Hello there, "));
         assert!(!received.text().contains("[DONE]"), "{}", received.text());
     }
-    let calls = db.calls(&key).await;
-    assert_eq!(calls.len(), 3);
-    assert!(
-        calls.iter().all(|call| call.status == CallStatus::Refunded),
-        "{calls:?}"
-    );
-    assert!(
-        calls[1]
-            .upstream_error
-            .as_deref()
-            .unwrap()
-            .contains("Overloaded")
-    );
-    assert_eq!(db.balance(&key).await, balance(10, 0));
-    db.assert_audit_holds().await;
-    db.drop_schema().await;
+    assert_three_failed_streams_refunded(db, &key, "Overloaded").await;
 }
 
 backends!(
@@ -1118,28 +1129,9 @@ async fn assert_a_client_leaving_a_stream_from_anthropic_is_billed_only_after_co
         (2, "\"role\":\"assistant\"", false),
         (4, "Hello there", true),
     ] {
-        let hung_up = provider.hung_up();
-        provider.then(Fault::sse(events[..sent].iter()).ending(StreamEnd::Hang));
-        let mut response = gateway
-            .client
-            .post(format!("{}{CHAT}", gateway.base))
-            .bearer_auth(&key)
-            .json(&chat_question(CLAUDE, true))
-            .send()
-            .await
-            .unwrap();
-        let mut received = String::new();
-        while !received.contains(wanted) {
-            let chunk = response.chunk().await.unwrap().unwrap();
-            received.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
-        drop(response);
-        assert!(
-            provider
-                .wait_hung_up(hung_up + 1, Duration::from_secs(5))
-                .await
-        );
-        let entry = finished_call(&db, &key).await;
+        let body = chat_question(CLAUDE, true);
+        let fault = Fault::sse(events[..sent].iter());
+        let entry = leave_when(&gateway, &provider, &db, &key, (CHAT, &body), fault, wanted).await;
         if billed {
             assert_eq!(entry.status, CallStatus::Ok);
             assert_eq!(entry.upstream_protocol, Some(Protocol::Messages));

@@ -96,17 +96,7 @@ impl ChatAsMessages {
 
     /// The messages request calling `model`, serialised.
     pub fn messages_body(&self, model: &str) -> Vec<u8> {
-        let mut body = Vec::with_capacity(256);
-        body.extend_from_slice(b"{\"model\":");
-        serde_json::to_writer(&mut body, model).expect("a string serialises");
-        for (key, value) in &self.messages {
-            body.push(b',');
-            serde_json::to_writer(&mut body, key).expect("a string serialises");
-            body.push(b':');
-            serde_json::to_writer(&mut body, value).expect("a JSON value serialises");
-        }
-        body.push(b'}');
-        body
+        crate::protocol::translation::body_with_model(model, &self.messages)
     }
 
     /// The chat completion for the message `reply`, named `id`, made at `created` (Unix

@@ -9,23 +9,7 @@ use super::reply::chat_usage;
 use super::*;
 
 fn corpus() -> Vec<(String, Value)> {
-    let dir = format!(
-        "{}/tests/corpus/chat_as_messages",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .collect();
-    files.sort();
-    files
-        .into_iter()
-        .map(|path| {
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let case = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-            (name, case)
-        })
-        .collect()
+    crate::protocol::translation::corpus("chat_as_messages")
 }
 
 fn translated(case: &Value) -> ChatAsMessages {

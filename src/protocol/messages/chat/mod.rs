@@ -118,18 +118,7 @@ impl MessagesAsChat {
 
     /// The chat-completions request calling `model`, serialised.
     pub fn chat_body(&self, model: &str) -> Vec<u8> {
-        // Written field by field after `model`, rather than cloned into a map with it.
-        let mut body = Vec::with_capacity(256);
-        body.extend_from_slice(b"{\"model\":");
-        serde_json::to_writer(&mut body, model).expect("a string serialises");
-        for (key, value) in &self.chat {
-            body.push(b',');
-            serde_json::to_writer(&mut body, key).expect("a string serialises");
-            body.push(b':');
-            serde_json::to_writer(&mut body, value).expect("a JSON value serialises");
-        }
-        body.push(b'}');
-        body
+        crate::protocol::translation::body_with_model(model, &self.chat)
     }
 
     /// The `message` for the chat completion `reply`, named `id`, and the gateway's reading

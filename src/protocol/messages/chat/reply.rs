@@ -235,21 +235,7 @@ fn written_usage(read: TokenUsage, chat: impl FnOnce() -> Value) -> Value {
     // rather than estimated.
     let mut usage = Map::new();
     usage.insert("input_tokens".into(), json!(read.input_tokens));
-    if read.cache_write_tokens.is_some() || read.cache_write_1h_tokens.is_some() {
-        let total = read
-            .cache_write_tokens
-            .unwrap_or(0)
-            .saturating_add(read.cache_write_1h_tokens.unwrap_or(0));
-        usage.insert("cache_creation_input_tokens".into(), Value::from(total));
-        let mut split = Map::new();
-        if let Some(tokens) = read.cache_write_tokens {
-            split.insert("ephemeral_5m_input_tokens".into(), Value::from(tokens));
-        }
-        if let Some(tokens) = read.cache_write_1h_tokens {
-            split.insert("ephemeral_1h_input_tokens".into(), Value::from(tokens));
-        }
-        usage.insert("cache_creation".into(), Value::Object(split));
-    }
+    crate::protocol::translation::write_cache_writes(&read, &mut usage);
     if let Some(tokens) = read.cache_read_tokens {
         usage.insert("cache_read_input_tokens".into(), Value::from(tokens));
     }

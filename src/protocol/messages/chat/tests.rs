@@ -9,23 +9,7 @@ use super::reply::anthropic_usage;
 use super::*;
 
 fn corpus() -> Vec<(String, Value)> {
-    let dir = format!(
-        "{}/tests/corpus/messages_as_chat",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .collect();
-    files.sort();
-    files
-        .into_iter()
-        .map(|path| {
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let case = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-            (name, case)
-        })
-        .collect()
+    crate::protocol::translation::corpus("messages_as_chat")
 }
 
 fn translated(request: &Value) -> MessagesAsChat {
