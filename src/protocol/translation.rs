@@ -315,3 +315,33 @@ pub(crate) fn corpus(folder: &str) -> Vec<(String, Value)> {
         })
         .collect()
 }
+
+/// Usage reports as providers may write them, for the translations' property tests.
+#[cfg(test)]
+pub(crate) mod usage_counts {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value, json};
+
+    /// A count as a provider may write one: absent, a number, or something that is no count.
+    pub(crate) fn count() -> impl Strategy<Value = Option<Value>> {
+        prop_oneof![
+            3 => Just(None),
+            6 => (0i64..1_000_000).prop_map(|n| Some(json!(n))),
+            1 => prop_oneof![
+                Just(json!(-3)),
+                Just(json!(1.5)),
+                Just(json!("12")),
+                Just(json!(null)),
+                Just(json!(u64::MAX)),
+            ]
+            .prop_map(Some),
+        ]
+    }
+
+    /// `value` under `key`, where there is one.
+    pub(crate) fn put(object: &mut Map<String, Value>, key: &str, value: Option<Value>) {
+        if let Some(value) = value {
+            object.insert(key.into(), value);
+        }
+    }
+}

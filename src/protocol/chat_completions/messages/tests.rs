@@ -191,26 +191,7 @@ fn reasoning_effort_is_a_thinking_budget_below_the_output_limit() {
     assert_eq!(with("minimal", 32000), Value::Null);
 }
 
-/// A count as a provider may write one: a number, or something that is no count.
-fn count() -> impl Strategy<Value = Option<Value>> {
-    prop_oneof![
-        3 => Just(None),
-        6 => (0i64..1_000_000).prop_map(|n| Some(json!(n))),
-        1 => prop_oneof![
-            Just(json!(-3)),
-            Just(json!(1.5)),
-            Just(json!("12")),
-            Just(json!(null)),
-        ]
-        .prop_map(Some),
-    ]
-}
-
-fn put(object: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
-    if let Some(value) = value {
-        object.insert(key.into(), value);
-    }
-}
+use crate::protocol::translation::usage_counts::{count, put};
 
 proptest! {
     /// Whatever an Anthropic provider reports (input outside the cache, cache reads, writes of

@@ -233,27 +233,7 @@ fn tool_choice_and_thinking_map_to_their_chat_settings() {
     assert!(with(json!({})).get("stream_options").is_none());
 }
 
-/// A count as a provider may write one: a number, or something that is no count.
-fn count() -> impl Strategy<Value = Option<Value>> {
-    prop_oneof![
-        3 => Just(None),
-        6 => (0i64..1_000_000).prop_map(|n| Some(json!(n))),
-        1 => prop_oneof![
-            Just(json!(-3)),
-            Just(json!(1.5)),
-            Just(json!("12")),
-            Just(json!(null)),
-            Just(json!(u64::MAX)),
-        ]
-        .prop_map(Some),
-    ]
-}
-
-fn put(object: &mut serde_json::Map<String, Value>, key: &str, value: Option<Value>) {
-    if let Some(value) = value {
-        object.insert(key.into(), value);
-    }
-}
+use crate::protocol::translation::usage_counts::{count, put};
 
 proptest! {
     /// Whatever a chat provider reports (cached input inside the prompt, cache writes,
