@@ -12,7 +12,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::sse::{Event, EventKind, StreamState};
-use super::translation::{Needs, Translation};
+use super::translate::Needs;
+use super::translation::Translation;
 use super::upstream_kind::{ResponsesRoute, UpstreamKind};
 use super::{Protocol, TokenUsage, json_string, responses};
 use crate::error::GatewayError;

@@ -13,11 +13,12 @@ pub(crate) mod reader;
 pub mod responses;
 pub(crate) mod sse;
 pub(crate) mod tokens;
+pub(crate) mod translate;
 pub(crate) mod translation;
 mod upstream_kind;
 
 use dialect::Dialect;
-pub use translation::Untranslatable;
+pub use translate::Untranslatable;
 pub use upstream_kind::{BuiltinTools, ResponsesRoute, UpstreamKind};
 
 /// Which API style a call uses; decided by the request path. More may come: match with a `_`

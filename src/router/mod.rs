@@ -54,7 +54,7 @@ use crate::call::{AccessEntry, Caller, IdempotencyKey, KeyRules, RoutedCall};
 use crate::catalogue::{Catalogue, LiveCatalogue, ModelChannel};
 use crate::error::GatewayError;
 use crate::protocol::dialect::{Dialect, Fields, UsageAsk};
-use crate::protocol::translation::Needs;
+use crate::protocol::translate::Needs;
 use crate::protocol::{BuiltinTools, Protocol, UpstreamKind, json_string};
 use crate::store::{Ledger, ResponseOwners};
 

@@ -14,7 +14,8 @@ use super::dialect::{
     Dialect, Envelope, Fields, Metering, MockCall, UpstreamDialect, UpstreamRoute, UsageAsk,
 };
 use super::sse::{Event, EventKind, StreamState};
-use super::translation::{Needs, Translation};
+use super::translate::Needs;
+use super::translation::Translation;
 use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
 

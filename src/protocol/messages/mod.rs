@@ -2,11 +2,10 @@
 //! `{base_url}/v1/messages` with `x-api-key` and `anthropic-version`, or translated to chat
 //! completions for an `OpenAI`-kind upstream (see [`MessagesAsChat`]).
 
-mod chat;
+pub(crate) mod chat;
 mod mock;
 mod stream;
 
-pub(crate) use chat::message_id;
 pub use chat::{ChatToMessages, MessagesAsChat, NotAChatReply, local_input_tokens};
 
 use bytes::Bytes;
@@ -15,7 +14,8 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use super::chat_completions::{json_headers, pass_headers};
 use super::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamDialect, UpstreamRoute};
 use super::sse::{Event, EventKind, StreamState};
-use super::translation::{Needs, ToChat, Translation};
+use super::translate::Needs;
+use super::translation::{ToChat, Translation};
 use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
 

@@ -13,7 +13,8 @@ use crate::protocol::chat_completions::messages::ChatAsMessages;
 use crate::protocol::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamRoute};
 use crate::protocol::mock::{MOCK_OUTPUT_TOKENS, MOCK_REPLY_TEXT, counted, tokens, unix_now};
 use crate::protocol::sse::{ErrorObject, Event, EventKind, StreamState, take_text};
-use crate::protocol::translation::{Needs, ToChat, Translation, Untranslatable};
+use crate::protocol::translate::{Needs, Untranslatable};
+use crate::protocol::translation::{ToChat, Translation};
 use crate::protocol::{
     BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind, json_string,
 };

@@ -41,7 +41,7 @@ use serde_json::{Map, Value};
 
 pub use stream::MessagesToChat;
 
-use crate::protocol::translation::Untranslatable;
+use crate::protocol::translate::Untranslatable;
 use crate::protocol::{BuiltinTools, TokenUsage};
 
 /// A chat-completions request's messages translation, made once (by the router, which checks
@@ -96,7 +96,7 @@ impl ChatAsMessages {
 
     /// The messages request calling `model`, serialised.
     pub fn messages_body(&self, model: &str) -> Vec<u8> {
-        crate::protocol::translation::body_with_model(model, &self.messages)
+        crate::protocol::translate::body_with_model(model, &self.messages)
     }
 
     /// The chat completion for the message `reply`, named `id`, made at `created` (Unix

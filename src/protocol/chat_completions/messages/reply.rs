@@ -203,6 +203,6 @@ pub(super) fn chat_usage(read: TokenUsage, anthropic: impl FnOnce() -> Value) ->
             json!({ "reasoning_tokens": reasoning }),
         );
     }
-    crate::protocol::translation::write_cache_writes(&read, &mut usage);
+    crate::protocol::translate::write_cache_writes(&read, &mut usage);
     Value::Object(usage)
 }

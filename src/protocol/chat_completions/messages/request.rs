@@ -3,7 +3,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::protocol::BuiltinTools;
-use crate::protocol::translation::{Untranslatable, refuse};
+use crate::protocol::translate::{Untranslatable, refuse};
 
 /// Hints an Anthropic provider has no use for: dropped.
 const DROPPED: &[&str] = &[

@@ -9,7 +9,7 @@ use super::reply::chat_usage;
 use super::*;
 
 fn corpus() -> Vec<(String, Value)> {
-    crate::protocol::translation::corpus("chat_as_messages")
+    crate::protocol::translate::corpus("chat_as_messages")
 }
 
 fn translated(case: &Value) -> ChatAsMessages {
@@ -191,7 +191,7 @@ fn reasoning_effort_is_a_thinking_budget_below_the_output_limit() {
     assert_eq!(with("minimal", 32000), Value::Null);
 }
 
-use crate::protocol::translation::usage_counts::{count, put};
+use crate::protocol::translate::usage_counts::{count, put};
 
 proptest! {
     /// Whatever an Anthropic provider reports (input outside the cache, cache reads, writes of

@@ -65,7 +65,7 @@ use serde_json::{Map, Value};
 pub use count::local_input_tokens;
 pub use stream::ChatToMessages;
 
-use crate::protocol::translation::Untranslatable;
+use crate::protocol::translate::Untranslatable;
 use crate::protocol::{BuiltinTools, TokenUsage};
 
 /// A messages request's chat-completions translation, made once (by the router, which checks
@@ -118,7 +118,7 @@ impl MessagesAsChat {
 
     /// The chat-completions request calling `model`, serialised.
     pub fn chat_body(&self, model: &str) -> Vec<u8> {
-        crate::protocol::translation::body_with_model(model, &self.chat)
+        crate::protocol::translate::body_with_model(model, &self.chat)
     }
 
     /// The `message` for the chat completion `reply`, named `id`, and the gateway's reading

@@ -235,7 +235,7 @@ fn written_usage(read: TokenUsage, chat: impl FnOnce() -> Value) -> Value {
     // rather than estimated.
     let mut usage = Map::new();
     usage.insert("input_tokens".into(), json!(read.input_tokens));
-    crate::protocol::translation::write_cache_writes(&read, &mut usage);
+    crate::protocol::translate::write_cache_writes(&read, &mut usage);
     if let Some(tokens) = read.cache_read_tokens {
         usage.insert("cache_read_input_tokens".into(), Value::from(tokens));
     }

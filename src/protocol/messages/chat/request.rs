@@ -3,7 +3,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::protocol::BuiltinTools;
-use crate::protocol::translation::{Untranslatable, refuse};
+use crate::protocol::translate::{Untranslatable, refuse};
 
 /// The fields of a messages request this translation knows; any other is refused by name.
 const KNOWN: &[&str] = &[

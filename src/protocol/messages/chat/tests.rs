@@ -9,7 +9,7 @@ use super::reply::anthropic_usage;
 use super::*;
 
 fn corpus() -> Vec<(String, Value)> {
-    crate::protocol::translation::corpus("messages_as_chat")
+    crate::protocol::translate::corpus("messages_as_chat")
 }
 
 fn translated(request: &Value) -> MessagesAsChat {
@@ -233,7 +233,7 @@ fn tool_choice_and_thinking_map_to_their_chat_settings() {
     assert!(with(json!({})).get("stream_options").is_none());
 }
 
-use crate::protocol::translation::usage_counts::{count, put};
+use crate::protocol::translate::usage_counts::{count, put};
 
 proptest! {
     /// Whatever a chat provider reports (cached input inside the prompt, cache writes,

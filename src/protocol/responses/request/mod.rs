@@ -9,8 +9,8 @@ use serde_json::{Map, Value, json};
 use super::reply::{Echoed, Given};
 use super::write::WriteJson;
 use crate::protocol::BuiltinTools;
-pub use crate::protocol::translation::Untranslatable;
-use crate::protocol::translation::refuse;
+pub use crate::protocol::translate::Untranslatable;
+use crate::protocol::translate::refuse;
 
 /// A Responses request's chat-completions translation, made once (by the router, which checks
 /// it) and sent to each channel under that channel's name for the model, with what the reply
