@@ -24,8 +24,10 @@
 //!   `context_management` are hints for Anthropic's servers and dropped;
 //! - back: reasoning (`reasoning_content`, or `reasoning`) as a `thinking` block, text as a
 //!   `text` block, tool calls as `tool_use` blocks; `finish_reason` as `stop_reason` (`stop` as
-//!   `end_turn`, `length` as `max_tokens`, `tool_calls` as `tool_use`, `content_filter` as
-//!   `refusal`); usage in Anthropic's names (see [`ChatToMessages`] for streams);
+//!   `end_turn`, or as `stop_sequence` with the sequence where the server names the one it
+//!   matched, as vLLM does in `stop_reason`; `length` as `max_tokens`, `tool_calls` as
+//!   `tool_use`, `content_filter` as `refusal`); usage in Anthropic's names (see
+//!   [`ChatToMessages`] for streams);
 //! - refused with the field's name: `top_k`, `container`, `mcp_servers`, and any other field
 //!   chat completions has no equivalent for; blocks other than the above; Anthropic's own tools
 //!   (a tool with a `type`, such as `web_search_20250305`), unless the upstream drops them

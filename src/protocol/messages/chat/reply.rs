@@ -26,6 +26,10 @@ struct Choice<'a> {
     message: Option<ChatMessage<'a>>,
     #[serde(borrow, default)]
     finish_reason: Option<Lenient<'a>>,
+    /// The stop sequence that ended the reply, where the server says (vLLM and the servers
+    /// that follow it: `stop_reason`, the matched string; a token id otherwise).
+    #[serde(borrow, default)]
+    stop_reason: Option<Lenient<'a>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -109,7 +113,7 @@ struct Message<'a> {
     model: &'a str,
     content: Vec<Block<'a>>,
     stop_reason: &'static str,
-    stop_sequence: Option<()>,
+    stop_sequence: Option<&'a str>,
     usage: Value,
 }
 
@@ -164,14 +168,18 @@ pub(super) fn message_from_chat(
             input: tool_input_raw(arguments),
         });
     }
+    let matched = stop_sequence(
+        text(choice.finish_reason.as_ref()),
+        text(choice.stop_reason.as_ref()),
+    );
     let message = Message {
         id,
         kind: "message",
         role: "assistant",
         model,
         content,
-        stop_reason: stop_reason(text(choice.finish_reason.as_ref())),
-        stop_sequence: None,
+        stop_reason: stop_reason(text(choice.finish_reason.as_ref()), matched),
+        stop_sequence: matched,
         usage,
     };
     Some((
@@ -201,8 +209,18 @@ fn tool_input_raw(arguments: &str) -> Input<'_> {
     }
 }
 
-/// Chat completions' `finish_reason` as a `stop_reason`.
-pub(super) fn stop_reason(finish: Option<&str>) -> &'static str {
+/// The stop sequence a reply that finished with `stop` ended on, where the server named it
+/// (`stop_reason`, vLLM's; chat completions itself does not say).
+pub(super) fn stop_sequence<'a>(finish: Option<&str>, matched: Option<&'a str>) -> Option<&'a str> {
+    matched.filter(|_| finish == Some("stop"))
+}
+
+/// Chat completions' `finish_reason` as a `stop_reason`: `stop_sequence` when the server named
+/// the stop sequence that `matched`.
+pub(super) fn stop_reason(finish: Option<&str>, matched: Option<&str>) -> &'static str {
+    if matched.is_some() {
+        return "stop_sequence";
+    }
     match finish {
         Some("length") => "max_tokens",
         Some("tool_calls" | "function_call") => "tool_use",

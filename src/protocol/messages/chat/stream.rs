@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::reply::{anthropic_usage, reasoning_of, stop_reason};
+use super::reply::{anthropic_usage, reasoning_of, stop_reason, stop_sequence};
 use crate::protocol::sse::{Event, EventSplitter, event_text};
 
 /// The block open in the messages stream.
@@ -37,6 +37,8 @@ pub struct ChatToMessages {
     /// Tool calls (by chat index) whose block was stopped.
     closed_tools: Vec<u64>,
     finish: Option<String>,
+    /// The stop sequence the reply ended on, where the server named it (vLLM's `stop_reason`).
+    matched: Option<String>,
     usage: Option<Value>,
     ended: bool,
 }
@@ -53,6 +55,7 @@ impl ChatToMessages {
             blocks: 0,
             closed_tools: Vec::new(),
             finish: None,
+            matched: None,
             usage: None,
             ended: false,
         }
@@ -91,7 +94,8 @@ impl ChatToMessages {
         if data == "[DONE]" {
             self.start(out);
             self.close(out);
-            let stop = stop_reason(self.finish.as_deref());
+            let matched = stop_sequence(self.finish.as_deref(), self.matched.as_deref());
+            let stop = stop_reason(self.finish.as_deref(), matched);
             let usage = match &self.usage {
                 Some(chat) => anthropic_usage(chat).0,
                 None => json!({ "input_tokens": null, "output_tokens": null }),
@@ -101,7 +105,7 @@ impl ChatToMessages {
                 "message_delta",
                 &json!({
                     "type": "message_delta",
-                    "delta": { "stop_reason": stop, "stop_sequence": null },
+                    "delta": { "stop_reason": stop, "stop_sequence": matched },
                     "usage": usage,
                 }),
             );
@@ -173,6 +177,7 @@ impl ChatToMessages {
         }
         if let Some(finish) = choice["finish_reason"].as_str() {
             self.finish = Some(finish.to_owned());
+            self.matched = choice["stop_reason"].as_str().map(str::to_owned);
             self.close(out);
         }
     }

@@ -44,7 +44,7 @@ fn the_corpus_requests_translate_to_the_chat_requests_written_for_them() {
         assert_eq!(&chat, expected, "{name}");
         checked += 1;
     }
-    assert_eq!(checked, 5);
+    assert_eq!(checked, 6);
 }
 
 #[test]
@@ -73,7 +73,7 @@ fn the_corpus_chat_replies_translate_to_the_messages_written_for_them() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 3);
+    assert_eq!(checked, 4);
 }
 
 /// Each corpus stream gives its events, whole and cut at every byte.
@@ -102,7 +102,7 @@ fn the_corpus_chat_streams_translate_to_the_events_written_for_them_cut_anywhere
         }
         checked += 1;
     }
-    assert_eq!(checked, 4);
+    assert_eq!(checked, 5);
 }
 
 #[test]
