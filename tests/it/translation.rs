@@ -1152,3 +1152,40 @@ backends!(
         assert_a_client_leaving_a_stream_from_anthropic_is_billed_only_after_content(db).await;
     }
 );
+
+/// An OpenAI client on a model whose provider speaks only messages reads refusals in
+/// `OpenAI`'s shape where the operator asks for compatible bodies, the `detail` text the same: a
+/// field that does not translate (refused before any charge), and the provider's failure.
+#[tokio::test]
+async fn an_openai_clients_translated_call_errors_in_openais_shape() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(
+        &db,
+        claude_catalogue(&provider, "error_body = \"compatible\""),
+    )
+    .await;
+    let key = db.funded_key(10, 0).await;
+    let mut body = chat_question(CLAUDE, false);
+    body["seed"] = json!(7);
+    let refused = gateway.post_bearer(CHAT, &key, body.to_string()).await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    let detail = refused.detail().to_owned();
+    assert!(detail.contains("seed"), "{detail}");
+    assert_eq!(refused.body["error"]["message"], detail.as_str());
+    assert_eq!(refused.body["error"]["type"], "invalid_request_error");
+    assert!(refused.body.get("type").is_none(), "not Anthropic's shape");
+    assert_eq!(provider.requests(), 0);
+
+    provider.then(Fault::json(
+        529,
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+    ));
+    let failed = gateway
+        .post_bearer(CHAT, &key, chat_question(CLAUDE, false).to_string())
+        .await;
+    assert_eq!(failed.status, 502, "{failed:?}");
+    assert_eq!(failed.detail(), "上游服务暂时不可用");
+    assert_eq!(failed.body["error"]["message"], "上游服务暂时不可用");
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+}
