@@ -1,6 +1,7 @@
 //! [`ApiKeyAuth`]: who is calling.
 //!
-//! Takes the key from `Authorization: Bearer KEY` or `x-api-key: KEY`, looks up its SHA-256
+//! Takes the key from `Authorization: Bearer KEY`, `x-api-key: KEY` or `x-goog-api-key: KEY`
+//! (and, on the Gemini API's paths, from `?key=KEY`), looks up its SHA-256
 //! through a [`KeyStore`], and adds the [`Caller`](crate::store::Caller) and [`KeyRules`](crate::call::KeyRules)
 //! request extensions. A missing, unknown, revoked or expired key is answered
 //! `401 {"detail":"无效的 API Key"}` and goes no further.
@@ -113,7 +114,8 @@ impl<S> ApiKeyAuth<S> {
     }
 }
 
-/// The key a client presented: `Authorization: Bearer KEY`, else `x-api-key: KEY`.
+/// The key a client presented: `Authorization: Bearer KEY`, else `x-api-key: KEY`, else
+/// `x-goog-api-key: KEY` (Google's clients).
 pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
     let bearer = headers
         .get(header::AUTHORIZATION)
@@ -122,10 +124,30 @@ pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
             let (scheme, key) = value.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then_some(key.trim())
         });
+    let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
     bearer
-        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .or_else(|| header("x-api-key"))
+        .or_else(|| header("x-goog-api-key"))
         .map(str::trim)
         .filter(|key| !key.is_empty())
+}
+
+/// The key of a `request`: [`presented_key`], else, on the Gemini API's paths, its `key` query
+/// parameter (percent-decoded), as Google's clients may send it: only there, so that no other
+/// endpoint invites a key into URLs (and the logs of whatever proxies them). The gateway's own
+/// logs write the path alone.
+pub fn request_key<B>(request: &Request<B>) -> Option<std::borrow::Cow<'_, str>> {
+    if let Some(key) = presented_key(request.headers()) {
+        return Some(key.into());
+    }
+    let uri = request.uri();
+    if !crate::protocol::gemini::is_gemini_path(uri.path()) {
+        return None;
+    }
+    form_urlencoded::parse(uri.query()?.as_bytes())
+        .find(|(name, _)| name == "key")
+        .map(|(_, key)| key)
+        .filter(|key| !key.trim().is_empty())
 }
 
 crate::macros::response_future! {
@@ -149,7 +171,7 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        let presented = presented_key(request.headers()).map(KeyHash::of);
+        let presented = request_key(&request).map(|key| KeyHash::of(key.trim()));
         let keys = self.keys.clone();
         let timeout = self.timeout;
         let mut inner = crate::macros::take_ready(&mut self.inner);
@@ -165,9 +187,9 @@ where
             match looked_up {
                 Ok(Some(active)) if !active.rules.expired_now() => {
                     if let Some(access) = request.extensions().get::<AccessEntry>()
-                        && let Some(key) = presented_key(request.headers())
+                        && let Some(key) = request_key(&request)
                     {
-                        access.key(key);
+                        access.key(key.trim());
                     }
                     request.extensions_mut().insert(active.caller);
                     request.extensions_mut().insert(active.rules);

@@ -84,14 +84,24 @@ pub enum ErrorShape {
     OpenAi,
     /// `{"type": "error", "error": {"type", "message"}}`: Anthropic's.
     Anthropic,
+    /// `{"error": {"code", "message", "status"}}`: Google's, read by the Gemini SDKs and CLI.
+    Google,
 }
 
 impl ErrorShape {
     /// The shape a request to `path` with these headers reads: Anthropic's on `/v1/messages`
     /// and below it, and for a request that says `anthropic-version` (the Anthropic SDKs
     /// always do, on `/v1/models` too); `OpenAI`'s on the other `/v1/` paths. `None` outside
-    /// `/v1/` (the probes, the admin API, the console): their scripts read `detail`.
+    /// `/v1/` (the probes, the admin API, the console): their scripts read `detail`. Google's
+    /// on the Gemini API's paths: under `/v1beta/`, and a model's verb under `/v1/models/`.
     pub fn of_request(path: &str, headers: &HeaderMap) -> Option<ErrorShape> {
+        // The Gemini API's paths (see `protocol::gemini::is_gemini_path`, above this module).
+        let gemini_verb = path
+            .strip_prefix("/v1/models/")
+            .is_some_and(|target| target.contains(':'));
+        if path.starts_with("/v1beta/") || gemini_verb {
+            return Some(ErrorShape::Google);
+        }
         let api = path.strip_prefix("/v1/")?;
         if api == "messages"
             || api.starts_with("messages/")
@@ -498,9 +508,26 @@ impl GatewayError {
         }
     }
 
+    /// Google's `status` name for this error's HTTP status, as its error objects give it.
+    pub fn google_status(&self) -> &'static str {
+        match self.status().as_u16() {
+            400 | 405 | 413 | 422 | 431 => "INVALID_ARGUMENT",
+            401 => "UNAUTHENTICATED",
+            402 | 429 => "RESOURCE_EXHAUSTED",
+            403 => "PERMISSION_DENIED",
+            404 => "NOT_FOUND",
+            409 => "ABORTED",
+            408 | 504 => "DEADLINE_EXCEEDED",
+            500 => "INTERNAL",
+            502 | 503 => "UNAVAILABLE",
+            _ => "UNKNOWN",
+        }
+    }
+
     /// The body [`ErrorBody::Compatible`] gives: `detail`, and the same text in `shape`'s
     /// error object: `{"detail", "error": {"message", "type", "code", "param"}}` for `OpenAI`'s,
-    /// `{"detail", "type": "error", "error": {"type", "message"}}` for Anthropic's.
+    /// `{"detail", "type": "error", "error": {"type", "message"}}` for Anthropic's,
+    /// `{"detail", "error": {"code", "message", "status"}}` for Google's.
     pub fn compatible_body(&self, shape: ErrorShape) -> Bytes {
         let detail = self.detail();
         let body = match shape {
@@ -517,6 +544,14 @@ impl GatewayError {
                 "detail": detail,
                 "type": "error",
                 "error": { "type": self.anthropic_type(), "message": detail },
+            }),
+            ErrorShape::Google => serde_json::json!({
+                "detail": detail,
+                "error": {
+                    "code": self.status().as_u16(),
+                    "message": detail,
+                    "status": self.google_status(),
+                },
             }),
         };
         Bytes::from(body.to_string())

@@ -1,5 +1,6 @@
 //! [`Gateway`]: the whole HTTP surface of a gateway as one axum [`Router`], for a server to
-//! serve: the call endpoints (chat completions, responses, embeddings, messages) through the
+//! serve: the call endpoints (chat completions, responses, embeddings, messages, the Gemini
+//! API's `:generateContent` and `:streamGenerateContent`) through the
 //! [`stack`](crate::stack), the key holders'
 //! endpoints and probes ([`key_holder`](crate::key_holder)), and a JSON 404 for the rest, every
 //! answer with an `x-request-id` (and `request-id`), every request with one access-log line
@@ -28,6 +29,7 @@ use crate::admin::{self, Admin, AdminToken};
 use crate::catalogue::LiveCatalogue;
 use crate::error::{ErrorBody, GatewayError};
 use crate::error_body::ErrorBodyLayer;
+use crate::protocol::Protocol;
 use crate::rate_limit::RateLimiter;
 use crate::reload::CatalogueReloader;
 use crate::request_id::RequestIdLayer;
@@ -153,7 +155,7 @@ impl<S: Store + 'static> Gateway<S> {
             .route_service("/v1/chat/completions", stack.clone())
             .route_service("/v1/messages", stack.clone())
             .route_service("/v1/embeddings", stack.clone())
-            .route_service("/v1/responses", stack);
+            .route_service("/v1/responses", stack.clone());
         let rest = crate::key_holder::router_with_body_limits(
             self.store.clone(),
             self.catalogue.clone(),
@@ -179,8 +181,31 @@ impl<S: Store + 'static> Gateway<S> {
             .layer(ErrorBodyLayer::new(error_body))
             .layer(AccessLogLayer::new())
             .layer(RequestIdLayer::new());
-        calls.merge(rest)
+        with_gemini_calls(calls.merge(rest), stack)
     }
+}
+
+/// `router` with the Gemini API's calls, which name the model (and the verb) in the path
+/// (`/v1beta/models/{model}:generateContent`, `:streamGenerateContent`, and the same under
+/// `/v1/models/`: whatever the method, the stack refuses all but `POST`), sent to the
+/// `stack`; the other requests on those paths (a model, `:countTokens`) stay the router's.
+fn with_gemini_calls(router: Router, stack: crate::GatewayStack<Upstream>) -> Router {
+    use tower::ServiceExt;
+    let service = tower::service_fn(move |request: axum::extract::Request| {
+        let is_call = Protocol::from_path(request.uri().path()) == Some(Protocol::Gemini);
+        let (stack, router) = (stack.clone(), router.clone());
+        async move {
+            if is_call {
+                stack
+                    .oneshot(request)
+                    .await
+                    .map(axum::response::IntoResponse::into_response)
+            } else {
+                router.oneshot(request).await
+            }
+        }
+    });
+    Router::new().fallback_service(service)
 }
 
 /// In a build without `api`: the console's and the admin API's paths, each answering that the

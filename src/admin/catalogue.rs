@@ -52,6 +52,7 @@ pub fn catalogue_view(catalogue: &Catalogue) -> Value {
                 "kind": match upstream.kind {
                     UpstreamKind::Openai => "openai",
                     UpstreamKind::Anthropic => "anthropic",
+                    UpstreamKind::Gemini => "gemini",
                 },
                 "base_url": upstream.base_url,
                 "api_key_env": upstream.api_key_env,

@@ -219,10 +219,10 @@ impl RoutedCall {
         model: Arc<ModelRoute>,
         alias: Option<Arc<str>>,
         stream: bool,
-        span: Range<usize>,
+        span: Option<Range<usize>>,
     ) -> RoutedCall {
         RoutedCall {
-            model_span: Some(span),
+            model_span: span,
             alias,
             ..RoutedCall::new(protocol, model, stream)
         }
@@ -288,6 +288,9 @@ impl RoutedCall {
     }
 
     fn renamed_body(&self, body: &Bytes, upstream_model: Option<&str>) -> Bytes {
+        if !self.protocol.dialect().model_in_body() {
+            return body.clone();
+        }
         let by_alias = self.alias.is_some().then_some(self.model.name.as_str());
         let Some(upstream_model) = upstream_model.or(by_alias) else {
             return body.clone();
@@ -535,7 +538,7 @@ mod tests {
             model(),
             None,
             false,
-            start..start + 13,
+            Some(start..start + 13),
         );
         assert_eq!(
             routed.upstream_body(&body, Some("gpt-4o-mini-2024")),

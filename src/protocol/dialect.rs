@@ -52,6 +52,32 @@ pub(crate) trait Dialect: Sync {
     /// unless `streaming` is on.
     fn envelope<'a>(&self, body: &'a [u8], streaming: bool) -> Result<Envelope<'a>, GatewayError>;
 
+    /// The envelope of a request `body` sent to `path`: for a protocol that names the model
+    /// or the stream in the path, read from both; else the body's [`envelope`](Self::envelope).
+    fn envelope_at<'a>(
+        &self,
+        path: &'a str,
+        body: &'a [u8],
+        streaming: bool,
+    ) -> Result<Envelope<'a>, GatewayError> {
+        let _ = path;
+        self.envelope(body, streaming)
+    }
+
+    /// Whether a request names its model in its body (renamed there for a channel); a protocol
+    /// that names it in the path says `false`, and its body goes to the provider untouched.
+    fn model_in_body(&self) -> bool {
+        true
+    }
+
+    /// The path, after the upstream's base URL, of a call on `model` where this protocol puts
+    /// the model in the path (`route` being [`UpstreamRoute::path`]); `None` where the route is
+    /// the whole path.
+    fn upstream_call_path(&self, route: &str, model: &str, stream: bool) -> Option<String> {
+        let _ = (route, model, stream);
+        None
+    }
+
     /// What a call priced by tokens needs from its envelope: the output it may bring and
     /// whether the gateway asks a stream's usage of the provider.
     fn metering(&self, envelope: &Envelope<'_>, body: &[u8]) -> Result<Metering, GatewayError> {
@@ -88,6 +114,25 @@ pub(crate) trait Dialect: Sync {
     /// owners are then recorded).
     fn provider_keeps_replies(&self) -> bool {
         false
+    }
+
+    /// Where an upstream of `kind` counts the tokens of this protocol's request on `model`
+    /// (after its base URL); `None` where it does not (the gateway then counts).
+    fn count_tokens_path(&self, kind: UpstreamKind, model: &str) -> Option<String> {
+        let _ = (kind, model);
+        None
+    }
+
+    /// The gateway's own count of a request's input tokens (when no provider counts them), or
+    /// `400` naming what cannot be counted.
+    fn counted_here(&self, body: &[u8]) -> Result<u64, GatewayError> {
+        let _ = body;
+        Err(GatewayError::UnknownPath)
+    }
+
+    /// A token count in this protocol's answer to a count request.
+    fn count_reply(&self, tokens: u64) -> serde_json::Value {
+        serde_json::json!({ "input_tokens": tokens })
     }
 
     /// Reads one stream event for billing, keeping its usage in `state`.
@@ -147,8 +192,9 @@ pub(crate) struct Envelope<'a> {
 /// A request's `model`, read once.
 #[derive(Debug)]
 pub(crate) struct Model<'a> {
-    /// As written (it borrows from the body, which places it there).
-    pub(crate) raw: &'a RawValue,
+    /// As written (it borrows from the body, which places it there); `None` where the path
+    /// names the model.
+    pub(crate) raw: Option<&'a RawValue>,
     /// The name it gives.
     pub(crate) name: Cow<'a, str>,
 }
@@ -231,7 +277,10 @@ impl<'a> Fields<'a> {
     pub(crate) fn model(&self) -> Result<Model<'a>, GatewayError> {
         let raw = self.model.ok_or(GatewayError::InvalidModelField)?;
         let name = json_string(raw).ok_or(GatewayError::InvalidModelField)?;
-        Ok(Model { raw, name })
+        Ok(Model {
+            raw: Some(raw),
+            name,
+        })
     }
 
     /// `stream`: absent, `false` or `null` for a complete reply; `true` only when streaming is

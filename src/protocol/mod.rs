@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 pub mod chat_completions;
 pub(crate) mod dialect;
 pub(crate) mod embeddings;
+pub(crate) mod gemini;
 pub mod messages;
 pub(crate) mod mock;
 pub(crate) mod reader;
@@ -35,15 +36,19 @@ pub enum Protocol {
     Embeddings,
     /// `OpenAI` responses: `POST /v1/responses`, served by the chat-completions models.
     Responses,
+    /// Google's Gemini API: `POST /v1beta/models/{model}:generateContent` and
+    /// `:streamGenerateContent`.
+    Gemini,
 }
 
 impl Protocol {
     /// Every protocol, in the order a path is matched against them.
-    pub(crate) const ALL: [Protocol; 4] = [
+    pub(crate) const ALL: [Protocol; 5] = [
         Protocol::ChatCompletions,
         Protocol::Messages,
         Protocol::Embeddings,
         Protocol::Responses,
+        Protocol::Gemini,
     ];
 
     /// What this protocol answers for itself; the one `match` that names each protocol's
@@ -54,6 +59,7 @@ impl Protocol {
             Protocol::Messages => &messages::Messages,
             Protocol::Embeddings => &embeddings::Embeddings,
             Protocol::Responses => &responses::Responses,
+            Protocol::Gemini => &gemini::Gemini,
         }
     }
 
@@ -94,6 +100,7 @@ impl UpstreamKind {
         match self {
             UpstreamKind::Openai => &chat_completions::ChatCompletions,
             UpstreamKind::Anthropic => &messages::Messages,
+            UpstreamKind::Gemini => &gemini::Gemini,
         }
     }
 }
@@ -108,7 +115,10 @@ impl UpstreamKind {
 ///   `output_tokens_details.reasoning_tokens`, counted the same way;
 /// - Anthropic messages: `input_tokens` (no cached tokens inside it), `cache_read_input_tokens`,
 ///   `cache_creation_input_tokens` with its split `cache_creation.ephemeral_5m_input_tokens` and
-///   `ephemeral_1h_input_tokens`, `output_tokens`.
+///   `ephemeral_1h_input_tokens`, `output_tokens`;
+/// - Gemini: `usageMetadata`'s `promptTokenCount` (cached tokens inside it, in
+///   `cachedContentTokenCount`) and `toolUsePromptTokenCount` (outside it), `candidatesTokenCount`
+///   and `thoughtsTokenCount` (reasoning, outside it: added to the output).
 ///
 /// Cached input reported inside the input count is moved out of it, so
 /// [`input_tokens`](Self::input_tokens) is the input that was neither read from nor written to
@@ -375,18 +385,25 @@ pub(crate) fn read_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> serde_json::R
     }
 }
 
-/// Token usage from a reply of either protocol; `None` if the body is not a JSON object.
+/// Token usage from a reply of any protocol; `None` if the body is not a JSON object.
 pub fn reply_usage(body: &[u8]) -> Option<TokenUsage> {
     #[derive(Deserialize)]
     struct Reply {
         #[serde(default)]
         usage: Option<TokenUsage>,
+        #[serde(default, rename = "usageMetadata")]
+        usage_metadata: Option<gemini::usage::UsageMetadata>,
     }
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
     let reply: Reply = read_json(body).ok()?;
-    Some(reply.usage.unwrap_or_default())
+    Some(
+        reply
+            .usage
+            .or(reply.usage_metadata.map(TokenUsage::from))
+            .unwrap_or_default(),
+    )
 }
 
 /// Longest provider message passed on to a client.

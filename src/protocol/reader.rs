@@ -57,7 +57,14 @@ impl StreamReader {
         self.state.usage_only = false;
         let kind = self.dialect.read_event(&event, &mut self.state);
         match kind {
-            EventKind::End => self.ended = true,
+            // The Gemini API's last chunk ends the stream and carries the last of the text.
+            EventKind::End => {
+                self.ended = true;
+                if let Some(counted) = &mut self.counted_output {
+                    let text = content_text(self.dialect, &event.data);
+                    *counted += super::tokens::counted_text_tokens(&text);
+                }
+            }
             EventKind::Content => {
                 if let Some(counted) = &mut self.counted_output {
                     let text = content_text(self.dialect, &event.data);

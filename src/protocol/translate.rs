@@ -100,6 +100,12 @@ impl Needs {
                 to_messages: Some(builtin),
                 max_output_tokens,
             },
+            // No translation to the Gemini API yet.
+            UpstreamKind::Gemini => Needs {
+                to_chat: None,
+                to_messages: None,
+                max_output_tokens,
+            },
         }
     }
 }

@@ -73,6 +73,7 @@ impl Translation {
                 ToChat::Messages(translated) => Some(translated.chat_body(model)),
             },
             UpstreamKind::Anthropic => Some(self.messages.as_ref()?.messages_body(model)),
+            UpstreamKind::Gemini => None,
         }
     }
 
@@ -98,6 +99,7 @@ impl Translation {
                     None => Ok((Bytes::from(chat), Some(usage))),
                 }
             }
+            UpstreamKind::Gemini => Err(()),
         }
     }
 
@@ -139,6 +141,10 @@ impl Translation {
                     .as_ref()
                     .map(|messages| Box::new(messages.stream(completion_id(), unix_now()))),
                 from_chat: from_chat(),
+            },
+            UpstreamKind::Gemini => StreamTranslation {
+                from_messages: None,
+                from_chat: None,
             },
         }
     }

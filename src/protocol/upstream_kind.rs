@@ -13,6 +13,9 @@ pub enum UpstreamKind {
     Openai,
     /// `POST {base_url}/v1/messages` with `x-api-key` and `anthropic-version`.
     Anthropic,
+    /// Google's Gemini API: `POST {base_url}/v1beta/models/{model}:generateContent` (and
+    /// `:streamGenerateContent?alt=sse`) with `x-goog-api-key`.
+    Gemini,
 }
 
 impl UpstreamKind {
@@ -21,6 +24,7 @@ impl UpstreamKind {
         match self {
             UpstreamKind::Openai => Protocol::ChatCompletions,
             UpstreamKind::Anthropic => Protocol::Messages,
+            UpstreamKind::Gemini => Protocol::Gemini,
         }
     }
 

@@ -55,7 +55,7 @@ use crate::catalogue::{Catalogue, LiveCatalogue, ModelChannel};
 use crate::error::GatewayError;
 use crate::protocol::dialect::{Dialect, Fields, UsageAsk};
 use crate::protocol::translate::Needs;
-use crate::protocol::{BuiltinTools, Protocol, UpstreamKind, json_string};
+use crate::protocol::{BuiltinTools, Protocol, UpstreamKind};
 use crate::store::{Ledger, ResponseOwners};
 
 #[cfg(feature = "server")]
@@ -291,9 +291,10 @@ where
         parts.extensions.insert(key);
     }
     let access = parts.extensions.get::<AccessEntry>();
-    let routed = route(catalogue, protocol, &body, streaming).inspect_err(|refusal| {
+    let path = parts.uri.path();
+    let routed = route_at(catalogue, protocol, path, &body, streaming).inspect_err(|refusal| {
         if let (Some(access), GatewayError::ModelNotFound) = (access, refusal)
-            && let Some(name) = model_name(&body)
+            && let Some(name) = model_name(protocol, path, &body)
         {
             access.unknown_model(&name);
         }
@@ -368,8 +369,20 @@ pub fn route(
     body: &[u8],
     streaming: bool,
 ) -> Result<RoutedCall, GatewayError> {
+    route_at(catalogue, protocol, protocol.path(), body, streaming)
+}
+
+/// [`route`] for a request sent to `path`, where a protocol that names the model (or the
+/// stream) in its path reads them (the Gemini API's `/v1beta/models/{model}:generateContent`).
+pub fn route_at(
+    catalogue: &Catalogue,
+    protocol: Protocol,
+    path: &str,
+    body: &[u8],
+    streaming: bool,
+) -> Result<RoutedCall, GatewayError> {
     let dialect = protocol.dialect();
-    let envelope = dialect.envelope(body, streaming)?;
+    let envelope = dialect.envelope_at(path, body, streaming)?;
     let model_name = &envelope.model.name;
     let mut routed = resolve(
         catalogue,
@@ -485,6 +498,17 @@ pub fn route_model(
     resolve(catalogue, protocol, body, model.raw, &model.name, false)
 }
 
+/// Resolves the model a Gemini request beside the calls names in its `path`
+/// (`/v1beta/models/{model}:countTokens`, `GET /v1beta/models/{model}`): one the catalogue
+/// serves on the Gemini API (`404` otherwise).
+pub fn route_named(
+    catalogue: &Catalogue,
+    protocol: Protocol,
+    model_name: &str,
+) -> Result<RoutedCall, GatewayError> {
+    resolve(catalogue, protocol, &[], None, model_name, false)
+}
+
 /// Checks that a request beside the calls (`count_tokens`) for `routed`'s model would
 /// translate where one of the model's channels translates its calls: a field that does not is
 /// refused as a call's is (`400` naming it).
@@ -508,7 +532,7 @@ fn resolve(
     catalogue: &Catalogue,
     protocol: Protocol,
     body: &[u8],
-    model_raw: &RawValue,
+    model_raw: Option<&RawValue>,
     model_name: &str,
     stream: bool,
 ) -> Result<RoutedCall, GatewayError> {
@@ -518,21 +542,24 @@ fn resolve(
         .ok_or(GatewayError::ModelNotFound)?;
     let alias = (model.name != model_name).then(|| Arc::from(model_name));
     // The raw value borrows from `body`, so its position in `body` is where the model sits.
-    let start = model_raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    let span = model_raw.map(|raw| {
+        let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+        start..start + raw.get().len()
+    });
     Ok(RoutedCall::from_body(
         protocol,
         model.clone(),
         alias,
         stream,
-        start..start + model_raw.get().len(),
+        span,
     ))
 }
 
-/// The `model` a body names, if it is a JSON object with a string `model` (for the access log
-/// of a model not found).
-fn model_name(body: &[u8]) -> Option<String> {
-    let raw = Fields::read(body).ok()?.model?;
-    json_string(raw).map(std::borrow::Cow::into_owned)
+/// The `model` a call names, in its body or, where the protocol says so, in its `path` (for
+/// the access log of a model not found).
+fn model_name(protocol: Protocol, path: &str, body: &[u8]) -> Option<String> {
+    let envelope = protocol.dialect().envelope_at(path, body, true).ok()?;
+    Some(envelope.model.name.into_owned())
 }
 
 #[cfg(test)]

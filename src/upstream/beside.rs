@@ -1,5 +1,5 @@
 //! Requests beside the calls, passed to one channel as they are: a stored response's reads
-//! and deletes, and counting a messages request's tokens. Not calls: nothing is charged,
+//! and deletes, and counting a request's tokens. Not calls: nothing is charged,
 //! nothing is retried elsewhere, and no breaker is fed.
 
 use std::time::Instant;
@@ -11,9 +11,8 @@ use super::channel::{Channel, read_capped, transport_error};
 use super::failover::attempt_order;
 use super::http_client::HttpUpstream;
 use crate::call::RoutedCall;
-use crate::catalogue::{BuiltinTools, UpstreamKind};
-use crate::error::{GatewayError, UpstreamError};
-use crate::protocol::messages::{MessagesAsChat, local_input_tokens};
+use crate::catalogue::ModelChannel;
+use crate::error::UpstreamError;
 
 impl HttpUpstream {
     /// Passes a request about a stored response (`GET`/`DELETE /v1/responses/{id}`,
@@ -36,11 +35,11 @@ impl HttpUpstream {
         channel.beside(method, url, client_headers, None).await
     }
 
-    /// Counts the tokens of a messages request at the model's first channel that is up (an
-    /// Anthropic-style upstream), and answers as the provider answered; a model without one
-    /// (its messages calls translated to chat completions) has them counted by the gateway
-    /// ([`local_input_tokens`]). Not a call: nothing is retried elsewhere, and the breaker is
-    /// not fed.
+    /// Counts the tokens of a request (messages, or Gemini's) at the model's first channel
+    /// that is up and counts them (an upstream that speaks the request's protocol), and
+    /// answers as the provider answered; a model without one (its calls translated) has them
+    /// counted by the gateway ([`local_input_tokens`](crate::protocol::messages::local_input_tokens)
+    /// for messages). Not a call: nothing is retried elsewhere, and the breaker is not fed.
     pub async fn count_tokens(
         &self,
         routed: &RoutedCall,
@@ -49,22 +48,24 @@ impl HttpUpstream {
     ) -> Result<Response<Bytes>, UpstreamError> {
         let now = Instant::now();
         let channels = self.current();
+        let dialect = routed.protocol.dialect();
         let order = attempt_order(&routed.model.channels);
+        let path_at = |pick: &ModelChannel| {
+            let channel = channels.get(&pick.upstream.name)?;
+            let model = pick.upstream_model.as_deref().unwrap_or(&routed.model.name);
+            dialect.count_tokens_path(channel.config.kind, model)
+        };
         let pick = order
             .iter()
             .copied()
-            .filter(|c| {
-                channels
-                    .get(&c.upstream.name)
-                    .is_some_and(|ch| ch.config.kind == UpstreamKind::Anthropic)
-            })
+            .filter(|pick| path_at(pick).is_some())
             // Channels whose breaker admits come first, in their order.
             .min_by_key(|c| !channels[&c.upstream.name].breaker.admits(now));
-        let Some(pick) = pick else {
-            return Ok(counted_here(body));
+        let Some((pick, path)) = pick.and_then(|pick| Some((pick, path_at(pick)?))) else {
+            return Ok(counted_here(routed, body));
         };
         let channel = &channels[&pick.upstream.name];
-        let url = format!("{}/v1/messages/count_tokens", channel.config.base_url);
+        let url = format!("{}{path}", channel.config.base_url);
         let body = routed.upstream_body(body, pick.upstream_model.as_deref());
         (channel.beside(Method::POST, url, client_headers, Some(body))).await
     }
@@ -123,17 +124,15 @@ impl Channel {
     }
 }
 
-/// The answer to `count_tokens` for a messages request no provider of its model counts: the
-/// gateway's count of its translation, or `400` naming what does not translate.
-fn counted_here(body: &[u8]) -> Response<Bytes> {
-    let (status, answer) = match MessagesAsChat::from_slice_with(body, BuiltinTools::Drop) {
-        Ok(translated) => (
-            StatusCode::OK,
-            serde_json::json!({ "input_tokens": local_input_tokens(&translated) }),
-        ),
-        Err(untranslatable) => (
-            StatusCode::BAD_REQUEST,
-            serde_json::json!({ "detail": GatewayError::from(untranslatable).detail() }),
+/// The answer to a count request no provider of its model counts: the gateway's count, or
+/// `400` naming what cannot be counted.
+fn counted_here(routed: &RoutedCall, body: &[u8]) -> Response<Bytes> {
+    let dialect = routed.protocol.dialect();
+    let (status, answer) = match dialect.counted_here(body) {
+        Ok(tokens) => (StatusCode::OK, dialect.count_reply(tokens)),
+        Err(refused) => (
+            refused.status(),
+            serde_json::json!({ "detail": refused.detail() }),
         ),
     };
     let mut response = Response::new(Bytes::from(answer.to_string()));

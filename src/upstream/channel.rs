@@ -133,8 +133,21 @@ pub(super) async fn read_capped(mut reply: reqwest::Response, max: usize) -> Res
 }
 
 impl Channel {
-    /// Starts a call of `protocol` to this upstream.
-    fn post(&self, protocol: Protocol) -> reqwest::RequestBuilder {
+    /// Starts a call of `routed` (on `channel`) to this upstream: at the route its dialect
+    /// gives, with the model (the channel's name for it) and the stream in the path where
+    /// the dialect puts them there.
+    fn post(&self, channel: &ModelChannel, routed: &RoutedCall) -> reqwest::RequestBuilder {
+        let protocol = routed.protocol;
+        let dialect = protocol.dialect();
+        if let Some(route) = dialect.upstream(self.config.kind, self.config.responses) {
+            let model = channel
+                .upstream_model
+                .as_deref()
+                .unwrap_or(&routed.model.name);
+            if let Some(path) = dialect.upstream_call_path(route.path, model, routed.stream) {
+                return self.client.post(format!("{}{path}", self.config.base_url));
+            }
+        }
         match self.endpoints.get(protocol) {
             Some(parsed) => self.client.post(parsed.clone()),
             // A URL that does not parse: reqwest says why when the call is sent.
@@ -338,7 +351,7 @@ impl Channel {
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let mut sent = self
-            .post(routed.protocol)
+            .post(channel, routed)
             .headers(self.headers(request.headers(), api_key));
         // A streamed reply's time limits (deadline, idle time-out) are kept by the billing layer
         // with one timer, which tells the client why; a reqwest time-out would poll a second

@@ -58,7 +58,8 @@ impl Upstream {
         }
     }
 
-    /// Counts the tokens of a messages request, as `POST /v1/messages/count_tokens` does: at
+    /// Counts the tokens of a messages or Gemini request, as `POST /v1/messages/count_tokens`
+    /// and `:countTokens` do: at
     /// the provider, or, for the mock, a plausible estimate (a token per four bytes of the
     /// body). Free: it is not a call.
     pub async fn count_tokens(
@@ -69,9 +70,9 @@ impl Upstream {
     ) -> Result<Response<Bytes>, UpstreamError> {
         match self {
             Upstream::Mock(_) => {
-                let estimate = (body.len() / 4).max(1);
-                let mut response =
-                    Response::new(Bytes::from(format!("{{\"input_tokens\":{estimate}}}")));
+                let estimate = (body.len() / 4).max(1) as u64;
+                let answer = routed.protocol.dialect().count_reply(estimate);
+                let mut response = Response::new(Bytes::from(answer.to_string()));
                 response.headers_mut().insert(
                     http::header::CONTENT_TYPE,
                     http::HeaderValue::from_static("application/json"),

@@ -1,7 +1,8 @@
 """A fake LLM provider that calls a tool in each protocol's format, for the SDK tests.
 
-It answers `POST /v1/chat/completions` (OpenAI), `POST /v1/responses` (OpenAI's Responses API) and
-`POST /v1/messages` (Anthropic), each only in its own format (a gateway that reaches one of them
+It answers `POST /v1/chat/completions` (OpenAI), `POST /v1/responses` (OpenAI's Responses API),
+`POST /v1/messages` (Anthropic) and `POST /v1beta/models/{model}:generateContent`,
+`:streamGenerateContent?alt=sse` and `:countTokens` (Google's Gemini API), each only in its own format (a gateway that reaches one of them
 for another protocol's client translates). The model calls `get_weather` with TOOL_INPUT, its arguments cut
 into several deltas when streamed, as the providers send them; once the request carries the tool's
 result (a `tool` message, a `tool_result` block, or a `function_call_output` item), it answers
@@ -201,6 +202,53 @@ def messages_text_events():
     return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
 
 
+# What the fake Gemini reports: 20 of the 50 prompt tokens read from a cache, 5 thinking tokens
+# beside the 10 of the candidates.
+GEMINI_USAGE = {"promptTokenCount": 50, "cachedContentTokenCount": 20, "candidatesTokenCount": 10,
+                "thoughtsTokenCount": 5, "totalTokenCount": 65}
+
+
+def _gemini_response(parts, finish=None, usage=None):
+    candidate = {"content": {"role": "model", "parts": parts}, "index": 0}
+    if finish:
+        candidate["finishReason"] = finish
+    reply = {"candidates": [candidate], "modelVersion": "gemini-fake", "responseId": "fake-gemini"}
+    if usage:
+        reply["usageMetadata"] = usage
+    return reply
+
+
+def gemini_reply(answered):
+    """A complete `GenerateContentResponse`: the function call, or once answered FINAL_TEXT."""
+    if answered:
+        return _gemini_response([{"text": FINAL_TEXT}], "STOP", GEMINI_USAGE)
+    call = {"functionCall": {"name": "get_weather", "args": TOOL_INPUT}}
+    return _gemini_response([call], "STOP", GEMINI_USAGE)
+
+
+def gemini_events(answered):
+    """Google's server-sent events: whole responses, the last with its finish reason and usage
+    (each carries the prompt's count, as Google's do)."""
+    running = {"promptTokenCount": 50}
+    if answered:
+        pieces = _text_pieces()
+        chunks = [_gemini_response([{"text": piece}], usage=running) for piece in pieces[:-1]]
+        chunks.append(_gemini_response([{"text": pieces[-1]}], "STOP", GEMINI_USAGE))
+    else:
+        call = {"functionCall": {"name": "get_weather", "args": TOOL_INPUT}}
+        chunks = [_gemini_response([call], "STOP", GEMINI_USAGE)]
+    return "".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks)
+
+
+def _gemini_answered(request):
+    """Whether the Gemini request carries a function's response."""
+    return any(
+        isinstance(part, dict) and "functionResponse" in part
+        for content in request.get("contents") or []
+        for part in content.get("parts") or []
+    )
+
+
 def _answered(request):
     """Whether the request carries the tool's result (a `tool` message, a `tool_result` block, or
     a `function_call_output` item)."""
@@ -221,10 +269,15 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # Every request's path and body, in order, for the tests to look at.
     seen = []
+    # The key each Gemini request was sent with.
+    gemini_keys = []
 
     def do_POST(self):
         request = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
         _Handler.seen.append((self.path, request))
+        if self.path.startswith("/v1beta/models/"):
+            _Handler.gemini_keys.append(self.headers.get("x-goog-api-key"))
+            return self._gemini(request)
         answered = _answered(request)
         stream = request.get("stream") is True
         if self.path.endswith("/chat/completions"):
@@ -240,15 +293,28 @@ class _Handler(BaseHTTPRequestHandler):
             if not stream:
                 return self._json(messages_reply(answered))
             body = messages_text_events() if answered else messages_events()
+        self._events(body.split("\n\n")[:-1], "\n\n")
+
+    def _events(self, events, end):
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("connection", "close")
         self.end_headers()
         # One event per write, as a provider sends them.
-        for event in body.split("\n\n")[:-1]:
-            self.wfile.write((event + "\n\n").encode())
+        for event in events:
+            self.wfile.write((event + end).encode())
             self.wfile.flush()
         self.close_connection = True
+
+    def _gemini(self, request):
+        verb = self.path.split("?")[0].rsplit(":", 1)[-1]
+        if verb == "countTokens":
+            return self._json({"totalTokens": 42})
+        answered = _gemini_answered(request)
+        if verb == "generateContent":
+            return self._json(gemini_reply(answered))
+        assert verb == "streamGenerateContent" and self.path.endswith("?alt=sse"), self.path
+        self._events(gemini_events(answered).split("\r\n\r\n")[:-1], "\r\n\r\n")
 
     def do_GET(self):
         # A stored response, as a native Responses provider keeps it.
@@ -283,3 +349,8 @@ def start():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def gemini_keys():
+    """The `x-goog-api-key` of every Gemini request received so far."""
+    return list(_Handler.gemini_keys)

@@ -103,22 +103,24 @@ impl Dialect for ChatCompletions {
         )
     }
 
-    /// Natively by `OpenAI`-kind upstreams, translated to messages by Anthropic-kind ones.
-    fn served_by(&self, _: UpstreamKind) -> bool {
-        true
+    /// Natively by `OpenAI`-kind upstreams, translated to messages by Anthropic-kind ones (not
+    /// yet by Gemini-kind ones).
+    fn served_by(&self, kind: UpstreamKind) -> bool {
+        self.upstream(kind, ResponsesRoute::default()).is_some()
     }
 
     fn upstream(&self, kind: UpstreamKind, _: ResponsesRoute) -> Option<UpstreamRoute> {
-        Some(match kind {
-            UpstreamKind::Openai => UpstreamRoute {
+        match kind {
+            UpstreamKind::Openai => Some(UpstreamRoute {
                 path: "/chat/completions",
                 translated: false,
-            },
-            UpstreamKind::Anthropic => UpstreamRoute {
+            }),
+            UpstreamKind::Anthropic => Some(UpstreamRoute {
                 path: "/v1/messages",
                 translated: true,
-            },
-        })
+            }),
+            UpstreamKind::Gemini => None,
+        }
     }
 
     fn read_event(&self, event: &Event<'_>, state: &mut StreamState) -> EventKind {

@@ -16,7 +16,7 @@ use super::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamDialect, Upstr
 use super::sse::{Event, EventKind, StreamState};
 use super::translate::Needs;
 use super::translation::{ToChat, Translation};
-use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
+use super::{BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
 
 /// Messages' dialect.
@@ -82,22 +82,33 @@ impl Dialect for Messages {
     }
 
     /// Natively by Anthropic-kind upstreams, translated to chat completions by `OpenAI`-kind
-    /// ones.
-    fn served_by(&self, _: UpstreamKind) -> bool {
-        true
+    /// ones (not yet by Gemini-kind ones).
+    fn served_by(&self, kind: UpstreamKind) -> bool {
+        self.upstream(kind, ResponsesRoute::default()).is_some()
     }
 
     fn upstream(&self, kind: UpstreamKind, _: ResponsesRoute) -> Option<UpstreamRoute> {
-        Some(match kind {
-            UpstreamKind::Anthropic => UpstreamRoute {
+        match kind {
+            UpstreamKind::Anthropic => Some(UpstreamRoute {
                 path: "/v1/messages",
                 translated: false,
-            },
-            UpstreamKind::Openai => UpstreamRoute {
+            }),
+            UpstreamKind::Openai => Some(UpstreamRoute {
                 path: "/chat/completions",
                 translated: true,
-            },
-        })
+            }),
+            UpstreamKind::Gemini => None,
+        }
+    }
+
+    fn count_tokens_path(&self, kind: UpstreamKind, _: &str) -> Option<String> {
+        (kind == UpstreamKind::Anthropic).then(|| "/v1/messages/count_tokens".to_owned())
+    }
+
+    /// The count of its translation to chat completions (see [`chat::local_input_tokens`]).
+    fn counted_here(&self, body: &[u8]) -> Result<u64, GatewayError> {
+        let translated = chat::MessagesAsChat::from_slice_with(body, BuiltinTools::Drop)?;
+        Ok(chat::local_input_tokens(&translated))
     }
 
     fn read_event(&self, event: &Event<'_>, state: &mut StreamState) -> EventKind {

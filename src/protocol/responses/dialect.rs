@@ -117,26 +117,27 @@ impl Dialect for Responses {
     }
 
     /// Natively or translated by `OpenAI`-kind upstreams, translated (through chat
-    /// completions) by Anthropic-kind ones.
-    fn served_by(&self, _: UpstreamKind) -> bool {
-        true
+    /// completions) by Anthropic-kind ones (not yet by Gemini-kind ones).
+    fn served_by(&self, kind: UpstreamKind) -> bool {
+        self.upstream(kind, ResponsesRoute::default()).is_some()
     }
 
     fn upstream(&self, kind: UpstreamKind, responses: ResponsesRoute) -> Option<UpstreamRoute> {
-        Some(match (kind, responses) {
-            (UpstreamKind::Anthropic, _) => UpstreamRoute {
+        match (kind, responses) {
+            (UpstreamKind::Anthropic, _) => Some(UpstreamRoute {
                 path: "/v1/messages",
                 translated: true,
-            },
-            (UpstreamKind::Openai, ResponsesRoute::Native) => UpstreamRoute {
+            }),
+            (UpstreamKind::Openai, ResponsesRoute::Native) => Some(UpstreamRoute {
                 path: "/responses",
                 translated: false,
-            },
-            (UpstreamKind::Openai, ResponsesRoute::Translate) => UpstreamRoute {
+            }),
+            (UpstreamKind::Openai, ResponsesRoute::Translate) => Some(UpstreamRoute {
                 path: "/chat/completions",
                 translated: true,
-            },
-        })
+            }),
+            (UpstreamKind::Gemini, _) => None,
+        }
     }
 
     fn provider_keeps_replies(&self) -> bool {

@@ -12,12 +12,15 @@
 //! | `GET`, `DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET /v1/responses/{id}/input_items` | yes | passed to the native Responses upstream that keeps the response, when the key's account made it (as recorded when it was made); else `404 响应不存在`, the same for an unknown id and another account's; free, no call-log entry |
 //! | `POST /v1/redeem` | yes | `{"code"}`: redeems a redemption code for the key's account: `{"credits", "bucket", "balance", "batch"}`; `400 兑换码无效` for a code that is unknown, used, expired or revoked alike; after [`FAILED_REDEMPTIONS_PER_KEY`] failures of a key or [`FAILED_REDEMPTIONS_PER_ADDRESS`] from one client address in a minute, `429` until the minute ends |
 //! | `POST /v1/messages/count_tokens` | yes | the provider's token count for a messages request (the mock estimates); free, no call-log entry |
+//! | `GET /v1beta/models`, `GET /v1beta/models/{model}`, `POST /v1beta/models/{model}:countTokens` | yes | the Gemini API's: see [`gemini`] (its calls are the stack's) |
 //! | `GET /health` | no | 200 while the process runs (the database is not touched) |
 //! | `GET /ready` | no | 200 when the database answers (and a `SQLite` file takes a write), else `503 {"detail"}` |
 //! | `GET /`, `HEAD /` | no | 200 |
 //!
 //! Nothing here is charged or written to the call log (a redemption is recorded as a grant). Errors are `{"detail": ...}` like the
 //! rest of the gateway.
+
+pub mod gemini;
 
 use std::sync::Arc;
 
@@ -83,13 +86,7 @@ pub fn router_with_body_limits<S: Store + 'static>(
     limiter: RateLimiter,
     body: BodyLimits,
 ) -> Router {
-    let shared = Arc::new(Shared {
-        store: store.clone(),
-        catalogue: catalogue.into(),
-        upstream,
-        body,
-        limiter: limiter.clone(),
-    });
+    let shared = shared(store.clone(), catalogue, upstream, limiter.clone(), body);
     // Bounded like the ledger's part of a call; `count_tokens` waits for its provider instead.
     let reads = Router::new()
         .route("/v1/models", get(list_models::<S>))
@@ -109,6 +106,7 @@ pub fn router_with_body_limits<S: Store + 'static>(
         )
         .route("/v1/responses/{id}/cancel", post(stored_response::<S>))
         .route("/v1/responses/{id}/input_items", get(stored_response::<S>))
+        .merge(gemini::routes::<S>())
         .method_not_allowed_fallback(method_not_allowed)
         .route_layer(RateLimitLayer::new(limiter))
         .route_layer(ApiKeyAuthLayer::new(store))
@@ -126,6 +124,22 @@ pub fn router_with_body_limits<S: Store + 'static>(
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared);
     with_key.merge(probes)
+}
+
+fn shared<S>(
+    store: Arc<S>,
+    catalogue: impl Into<LiveCatalogue>,
+    upstream: Upstream,
+    limiter: RateLimiter,
+    body: BodyLimits,
+) -> Arc<Shared<S>> {
+    Arc::new(Shared {
+        store,
+        catalogue: catalogue.into(),
+        upstream,
+        body,
+        limiter,
+    })
 }
 
 /// 405 with a detail; axum adds the `Allow` header of the route.
@@ -204,9 +218,13 @@ async fn list_models<S>(
     State(shared): State<Arc<Shared<S>>>,
     Extension(rules): Extension<KeyRules>,
     headers: HeaderMap,
+    uri: Uri,
     page: Result<Query<ModelPage>, QueryRejection>,
 ) -> Response {
     let catalogue = shared.catalogue.current();
+    if gemini::asked_by_google(&headers, &uri) {
+        return gemini::model_list(&catalogue, &rules, &uri);
+    }
     let models = sorted_models(&catalogue, &rules);
     if !wants_anthropic(&headers) {
         let data: Vec<Value> = models.iter().map(|model| openai_model(model)).collect();
@@ -250,10 +268,14 @@ async fn one_model<S>(
     State(shared): State<Arc<Shared<S>>>,
     Extension(rules): Extension<KeyRules>,
     headers: HeaderMap,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> Response {
     // A model the key may not call is not there for it; an alias finds its model.
     let catalogue = shared.catalogue.current();
+    if gemini::asked_by_google(&headers, &uri) {
+        return gemini::one(&catalogue, &rules, &id);
+    }
     let model = catalogue.model(&id);
     match model.filter(|model| rules.allows(&model.name)) {
         Some(model) if wants_anthropic(&headers) => {
