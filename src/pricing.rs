@@ -320,15 +320,23 @@ pub const PROVIDER_PROMPT_TOKENS: u64 = 1_024;
 /// its provider's report is then charged up to the ceiling.
 pub const MEDIA_PART_TOKENS: u64 = 8_192;
 
-/// The image, audio and file parts of a request, in any protocol's spelling: the type names
+/// The image, audio and file parts of a request, in any protocol's spelling (Gemini's
+/// `inlineData` and `fileData` too): the type names
 /// and keys as whole quoted strings (a quote inside a JSON string is escaped, so these bytes
 /// never stand inside one). A part that names its kind twice (`"type":"image_url",
 /// "image_url":{...}`) counts twice: a ceiling may be high, never low.
 fn media_parts(body: &[u8]) -> u64 {
     use std::sync::LazyLock;
     // Most requests name no media at all: four quick scans say so before the full one.
-    static KINDS: LazyLock<[memchr::memmem::Finder<'static>; 4]> = LazyLock::new(|| {
-        [b"image".as_slice(), b"file", b"audio", b"document"].map(memchr::memmem::Finder::new)
+    static KINDS: LazyLock<[memchr::memmem::Finder<'static>; 5]> = LazyLock::new(|| {
+        [
+            b"image".as_slice(),
+            b"file",
+            b"audio",
+            b"document",
+            b"inline",
+        ]
+        .map(memchr::memmem::Finder::new)
     });
     if !KINDS.iter().any(|kind| kind.find(body).is_some()) {
         return 0;
@@ -342,6 +350,11 @@ fn media_parts(body: &[u8]) -> u64 {
             "\"input_file\"",
             "\"input_audio\"",
             "\"document\"",
+            // Gemini's parts, as its REST API and its SDKs spell them.
+            "\"inlineData\"",
+            "\"inline_data\"",
+            "\"fileData\"",
+            "\"file_data\"",
         ])
         .expect("fixed patterns build")
     });
@@ -513,6 +526,12 @@ mod tests {
         assert_eq!(
             input_ceiling_tokens(claude),
             claude.len() as u64 + 2 * MEDIA_PART_TOKENS + added
+        );
+        // Gemini's parts name no media type the others would: a PDF inline, a video by URI.
+        let gemini = br#"{"contents":[{"parts":[{"inlineData":{"mimeType":"application/pdf","data":"JVBE"}},{"fileData":{"fileUri":"gs://b/v.mp4"}}]}]}"#;
+        assert_eq!(
+            input_ceiling_tokens(gemini),
+            gemini.len() as u64 + 2 * MEDIA_PART_TOKENS + added
         );
     }
 

@@ -27,6 +27,7 @@ mod embeddings;
 mod escrow;
 #[cfg(feature = "sqlite")]
 mod front_door;
+mod gemini;
 mod idempotency;
 mod integrity;
 mod key_holder;

@@ -37,9 +37,11 @@ impl Streamed {
         String::from_utf8(self.bytes()).unwrap()
     }
 
-    /// The `data:` payloads that are JSON, in order.
+    /// The `data:` payloads that are JSON, in order (lines ended by `\n` or, as Google's are,
+    /// `\r\n`).
     pub(crate) fn data(&self) -> Vec<Value> {
         self.text()
+            .replace("\r\n", "\n")
             .split("\n\n")
             .filter_map(|event| {
                 let data = event.lines().find_map(|line| line.strip_prefix("data: "))?;

@@ -1,0 +1,320 @@
+//! Google's Gemini API through the example gateway over real HTTP: the rules of every call on
+//! its paths, its keys (`x-goog-api-key`, `?key=`), a Gemini-kind provider reached byte for byte
+//! and charged what its `usageMetadata` says, its failures refunded with a `502` in Google's
+//! error shape, and every way a Gemini stream can end, billed or refunded exactly once on
+//! `SQLite`, `PostgreSQL` and `MariaDB`.
+
+use crate::common;
+use crate::streaming::{finished_call, leave_after, stream};
+
+use common::fake_provider::{FakeProvider, Fault, StreamEnd};
+use common::*;
+use model_gateway::Catalogue;
+use model_gateway::refund::CLIENT_LEFT_BEFORE_CONTENT;
+use model_gateway::store::CallStatus;
+use serde_json::{Value, json};
+
+/// The demo's Gemini model priced per call.
+const MOCK_MODEL: &str = "gemini-3.5-flash-lite";
+const MOCK_PRICE: i64 = 1;
+
+/// The model at the fake provider, priced per call, and its name there.
+const MODEL: &str = "gemini-fake";
+const PRICE: i64 = 3;
+const UPSTREAM_MODEL: &str = "gemini-2.5-flash";
+/// A token-priced one: an input token 1 credit, a cached one 0.1, an output token 2.
+const TOKEN_MODEL: &str = "gemini-tokens";
+
+fn call_path(model: &str) -> String {
+    format!("/v1beta/models/{model}:generateContent")
+}
+
+fn stream_path(model: &str) -> String {
+    format!("/v1beta/models/{model}:streamGenerateContent?alt=sse")
+}
+
+fn body() -> Value {
+    json!({ "contents": [{ "role": "user", "parts": [{ "text": "Hello" }] }] })
+}
+
+/// A streaming catalogue with the Gemini models at `provider`, and `settings` on top.
+fn provider_catalogue(provider: &FakeProvider, settings: &str) -> Catalogue {
+    Catalogue::from_toml(&format!(
+        "streaming = true\n{settings}\n\
+         [[upstreams]]\nname = \"google\"\nkind = \"gemini\"\nbase_url = \"{base}\"\napi_key_env = \"K\"\n\
+         [[models]]\nname = \"{MODEL}\"\nprotocol = \"gemini\"\nprice = {PRICE}\n\
+         upstreams = [{{ name = \"google\", upstream_model = \"{UPSTREAM_MODEL}\" }}]\n\
+         [[models]]\nname = \"{TOKEN_MODEL}\"\nprotocol = \"gemini\"\nupstream = \"google\"\nmax_output_tokens = 100\n\
+         [models.tokens]\ninput = 1000000\noutput = 2000000\ncache_read = 100000\n",
+        base = provider.base
+    ))
+    .unwrap()
+}
+
+/// Google's reply: `text`, finished, with 50 prompt tokens (20 of them cached), 10 candidate
+/// and 5 thinking tokens, written as Google writes it (camelCase, the usage last).
+const REPLY: &str = r#"{"candidates": [{"content": {"parts": [{"text": "Hi there"}],"role": "model"},"finishReason": "STOP","index": 0}],"usageMetadata": {"promptTokenCount": 50,"cachedContentTokenCount": 20,"candidatesTokenCount": 10,"thoughtsTokenCount": 5,"totalTokenCount": 65},"modelVersion": "gemini-2.5-flash","responseId": "abc"}"#;
+/// What [`REPLY`]'s usage costs on the token-priced model: 30 + 2 + 30.
+const REPLY_CREDITS: i64 = 62;
+
+const CHUNK_TEXT: &str = "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"Hi\"}],\"role\": \"model\"},\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 50,\"cachedContentTokenCount\": 20}}\r\n\r\n";
+const CHUNK_EMPTY: &str = "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"\"}],\"role\": \"model\"},\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 50}}\r\n\r\n";
+const CHUNK_LAST: &str = "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \" there\"}],\"role\": \"model\"},\"finishReason\": \"STOP\",\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 50,\"cachedContentTokenCount\": 20,\"candidatesTokenCount\": 10,\"thoughtsTokenCount\": 5,\"totalTokenCount\": 65}}\r\n\r\n";
+const CHUNK_ERROR: &str = "data: {\"error\": {\"code\": 503,\"message\": \"The model is overloaded.\",\"status\": \"UNAVAILABLE\"}}\r\n\r\n";
+
+#[tokio::test]
+async fn the_rules_of_every_call_hold_on_the_gemini_api() {
+    assert_the_rules_of_every_call(&call_path(MOCK_MODEL), &body(), MOCK_PRICE).await;
+}
+
+#[tokio::test]
+async fn a_gemini_client_presents_its_key_as_googles_clients_do() {
+    let db = local_db().await;
+    let gateway = start_mock_gateway(&db).await;
+    let key = db.funded_key(10, 0).await;
+    let post = |path: String| {
+        gateway
+            .client
+            .post(format!("{}{path}", gateway.base))
+            .header("content-type", "application/json")
+            .body(body().to_string())
+    };
+    let by_header = gateway
+        .send(post(call_path(MOCK_MODEL)).header("x-goog-api-key", &key))
+        .await;
+    assert_eq!(by_header.status, 200, "{by_header:?}");
+    let reply: Value = serde_json::from_slice(&by_header.bytes).unwrap();
+    assert_eq!(reply["candidates"][0]["finishReason"], "STOP");
+    let by_query = gateway
+        .send(post(format!("{}?key={key}", call_path(MOCK_MODEL))))
+        .await;
+    assert_eq!(by_query.status, 200);
+    // Google's newer SDKs call the API's `v1`.
+    let on_v1 = gateway
+        .send(post(format!(
+            "/v1/models/{MOCK_MODEL}:generateContent?key={key}"
+        )))
+        .await;
+    assert_eq!(on_v1.status, 200, "{on_v1:?}");
+    // A key in the query is the Gemini API's only: the other endpoints do not read it.
+    let chat = gateway
+        .send(
+            gateway
+                .client
+                .post(format!("{}/v1/chat/completions?key={key}", gateway.base))
+                .json(&json!({ "model": CHAT_MODEL, "messages": [{ "role": "user", "content": "Hi" }] })),
+        )
+        .await;
+    assert_eq!((chat.status, chat.detail()), (401, "无效的 API Key"));
+    let calls = db.calls(&key).await;
+    assert_eq!(calls.len(), 3);
+    assert!(calls.iter().all(|call| call.protocol.as_str() == "gemini"));
+    assert_eq!(db.balance(&key).await, balance(10 - 3 * MOCK_PRICE, 0));
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn a_model_is_on_the_gemini_api_only_when_it_serves_it() {
+    let db = local_db().await;
+    let gateway = start_mock_gateway(&db).await;
+    let key = db.funded_key(10, 0).await;
+    let chat_model = gateway
+        .post_bearer(&call_path(CHAT_MODEL), &key, body().to_string())
+        .await;
+    assert_eq!(
+        (chat_model.status, chat_model.detail()),
+        (404, "模型不存在")
+    );
+    let on_chat = gateway.chat(&key, MOCK_MODEL).await;
+    assert_eq!((on_chat.status, on_chat.detail()), (404, "模型不存在"));
+    let no_contents = gateway
+        .post_bearer(&call_path(MOCK_MODEL), &key, r#"{"contents":"Hi"}"#)
+        .await;
+    assert_eq!(no_contents.status, 400);
+    assert!(no_contents.detail().contains("contents"), "{no_contents:?}");
+    // Streaming is off in the demo catalogue.
+    let streamed = gateway
+        .post_bearer(&stream_path(MOCK_MODEL), &key, body().to_string())
+        .await;
+    assert_eq!(streamed.status, 400);
+    let get = gateway
+        .send(
+            gateway
+                .client
+                .get(format!("{}{}", gateway.base, call_path(MOCK_MODEL)))
+                .bearer_auth(&key),
+        )
+        .await;
+    assert_eq!(get.status, 405);
+    assert!(db.calls(&key).await.is_empty());
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+}
+
+#[tokio::test]
+async fn a_gemini_provider_gets_the_request_and_the_client_its_reply_byte_for_byte() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, provider_catalogue(&provider, "")).await;
+    let key = db.funded_key(0, 10_000).await;
+    // Spaced and ordered as the client wrote it: passed as it is.
+    let sent = r#"{ "contents": [{"role":"user","parts":[{"text":"Hello"}]}], "generationConfig": {"thinkingConfig": {"thinkingBudget": 128}} }"#;
+    provider.then(Fault::json(200, REPLY));
+    let answer = gateway
+        .send(
+            gateway
+                .client
+                .post(format!("{}{}", gateway.base, call_path(MODEL)))
+                .header("x-goog-api-key", &key)
+                .header("content-type", "application/json")
+                .body(sent),
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.bytes, REPLY.as_bytes());
+    let seen = provider.last();
+    assert_eq!(
+        seen.target,
+        format!("/v1beta/models/{UPSTREAM_MODEL}:generateContent")
+    );
+    assert_eq!(seen.body, sent.as_bytes());
+    assert_eq!(seen.header("x-goog-api-key"), Some("sk-provider"));
+    assert_eq!(seen.header("authorization"), None);
+    let entry = db.calls(&key).await.remove(0);
+    assert_eq!(entry.price.get(), PRICE);
+    assert_eq!(entry.channel.as_deref(), Some("google"));
+
+    // Priced by tokens: each kind once, as `usageMetadata` counts them.
+    provider.then(Fault::json(200, REPLY));
+    let priced = gateway
+        .post_bearer(&call_path(TOKEN_MODEL), &key, body().to_string())
+        .await;
+    assert_eq!(priced.status, 200);
+    let entry = db.calls(&key).await.remove(0);
+    assert_eq!(
+        (
+            entry.input_tokens,
+            entry.cache_read_tokens,
+            entry.output_tokens
+        ),
+        (Some(30), Some(20), Some(15))
+    );
+    assert_eq!(entry.price.get(), REPLY_CREDITS);
+    assert_eq!(
+        db.balance(&key).await,
+        balance(0, 10_000 - PRICE - REPLY_CREDITS)
+    );
+    db.assert_audit_holds().await;
+}
+
+#[tokio::test]
+async fn a_gemini_providers_failure_is_refunded_with_a_502_in_googles_shape() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let catalogue = provider_catalogue(&provider, "error_body = \"compatible\"");
+    let gateway = http_gateway(&db, catalogue).await;
+    let key = db.funded_key(10, 0).await;
+    let internal = r#"{"error": {"code": 500, "message": "Internal error encountered.", "status": "INTERNAL"}}"#;
+    provider.always(Fault::json(500, internal));
+    let failed = gateway
+        .post_bearer(&call_path(MODEL), &key, body().to_string())
+        .await;
+    assert_eq!(failed.status, 502);
+    let answer: Value = serde_json::from_slice(&failed.bytes).unwrap();
+    assert_eq!(
+        answer,
+        json!({
+            "detail": "上游服务暂时不可用",
+            "error": { "code": 502, "message": "上游服务暂时不可用", "status": "UNAVAILABLE" },
+        })
+    );
+    let entry = db.calls(&key).await.remove(0);
+    assert_eq!(entry.status, CallStatus::Refunded);
+    assert!(
+        entry.upstream_error.as_deref().unwrap().contains("500"),
+        "{entry:?}"
+    );
+    assert_eq!(db.balance(&key).await, balance(10, 0));
+    db.assert_audit_holds().await;
+}
+
+/// Every way a Gemini stream ends: finished (charged what its last `usageMetadata` says), cut,
+/// an error object, the client leaving before and after content; each written once.
+async fn assert_every_gemini_stream_ending_writes_one_outcome(db: TestDb) {
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, provider_catalogue(&provider, "")).await;
+    let key = db.funded_key(0, 10_000).await;
+    let mut spent = 0;
+
+    provider.then(Fault::sse([CHUNK_EMPTY, CHUNK_TEXT, CHUNK_LAST]));
+    let finished = stream(&gateway, &stream_path(TOKEN_MODEL), &key, body()).await;
+    assert_eq!(finished.status, 200);
+    assert_eq!(
+        finished.text(),
+        format!("{CHUNK_EMPTY}{CHUNK_TEXT}{CHUNK_LAST}")
+    );
+    let seen = provider.last();
+    assert_eq!(
+        seen.target,
+        format!("/v1beta/models/{TOKEN_MODEL}:streamGenerateContent?alt=sse")
+    );
+    let entry = finished_call(&db, &key).await;
+    assert_eq!(
+        (entry.status, entry.price.get()),
+        (CallStatus::Ok, REPLY_CREDITS)
+    );
+    spent += REPLY_CREDITS;
+
+    provider.then(Fault::sse([CHUNK_TEXT]).ending(StreamEnd::Cut));
+    let cut = stream(&gateway, &stream_path(MODEL), &key, body()).await;
+    let last = cut.data().pop().unwrap();
+    assert_eq!(last["error"]["status"], "UNAVAILABLE", "{}", cut.text());
+    assert_eq!(last["error"]["message"], "上游服务暂时不可用");
+    assert_eq!(finished_call(&db, &key).await.status, CallStatus::Refunded);
+
+    provider.then(Fault::sse([CHUNK_TEXT, CHUNK_ERROR]).ending(StreamEnd::Hang));
+    let errored = stream(&gateway, &stream_path(MODEL), &key, body()).await;
+    assert!(!errored.text().contains("overloaded"), "{}", errored.text());
+    let entry = finished_call(&db, &key).await;
+    assert_eq!(entry.status, CallStatus::Refunded);
+    assert!(
+        entry
+            .upstream_error
+            .as_deref()
+            .unwrap()
+            .contains("UNAVAILABLE: The model is overloaded."),
+        "{entry:?}"
+    );
+
+    for (events, billed) in [(vec![CHUNK_EMPTY], false), (vec![CHUNK_TEXT], true)] {
+        leave_after(
+            &gateway,
+            &provider,
+            &stream_path(MODEL),
+            &key,
+            body(),
+            &events,
+        )
+        .await;
+        let entry = finished_call(&db, &key).await;
+        if billed {
+            assert_eq!(entry.status, CallStatus::Ok);
+            spent += PRICE;
+        } else {
+            assert_eq!(entry.status, CallStatus::Refunded);
+            assert_eq!(
+                entry.upstream_error.as_deref(),
+                Some(CLIENT_LEFT_BEFORE_CONTENT)
+            );
+        }
+    }
+    assert_eq!(db.calls(&key).await.len(), 5);
+    assert_eq!(db.balance(&key).await, balance(0, 10_000 - spent));
+    db.assert_audit_holds().await;
+    db.drop_schema().await;
+}
+
+backends!(
+    async fn every_gemini_stream_ending_writes_one_outcome(db) {
+        assert_every_gemini_stream_ending_writes_one_outcome(db).await;
+    }
+);
