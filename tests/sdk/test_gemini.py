@@ -5,6 +5,9 @@ function call round trip, complete and streamed, the request passed as it came a
 charged what the provider's `usageMetadata` says).
 """
 
+import json
+import urllib.request
+
 import fake_provider
 import pytest
 from google import genai
@@ -69,6 +72,21 @@ def test_count_tokens_and_the_model_list_are_free(gateway):
     assert gemini.models.get(model=MOCK_MODEL).name == f"models/{MOCK_MODEL}"
     assert gateway.balance(key)["total"] == 10
     assert gateway.logs(key) == []
+
+
+def test_a_key_in_the_query_string_is_served_and_never_logged(gateway):
+    """Google's REST examples send `?key=`: served, and the teardown checks no key reached the log."""
+    key = gateway.new_key(subscription=10)
+    body = json.dumps({"contents": [{"parts": [{"text": "Hello"}]}]}).encode()
+    url = f"{gateway.base}/v1beta/models/{MOCK_MODEL}:generateContent?key={key}"
+    request = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request) as answer:
+        reply = json.load(answer)
+    assert reply["candidates"][0]["content"]["parts"][0]["text"] == MOCK_TEXT
+    assert gateway.balance(key)["total"] == 10 - MOCK_PRICE
+    # The access log names the path, never the query.
+    [line] = gateway.access_lines(f"/v1beta/models/{MOCK_MODEL}:generateContent", 200)[-1:]
+    assert "key=" not in line
 
 
 def test_refusals_carry_the_gateways_text_in_googles_error_object(gateway):
