@@ -84,9 +84,10 @@ def test_a_key_in_the_query_string_is_served_and_never_logged(gateway):
         reply = json.load(answer)
     assert reply["candidates"][0]["content"]["parts"][0]["text"] == MOCK_TEXT
     assert gateway.balance(key)["total"] == 10 - MOCK_PRICE
-    # The access log names the path, never the query.
+    # The access log names the path, never the query, and the key by its prefix.
     [line] = gateway.access_lines(f"/v1beta/models/{MOCK_MODEL}:generateContent", 200)[-1:]
-    assert "key=" not in line
+    assert "?" not in line and key not in line
+    assert f'key="{key[:12]}"' in line
 
 
 def test_refusals_carry_the_gateways_text_in_googles_error_object(gateway):
