@@ -29,7 +29,10 @@ use crate::admin::{self, Admin, AdminToken};
 use crate::catalogue::LiveCatalogue;
 use crate::error::{ErrorBody, GatewayError};
 use crate::error_body::ErrorBodyLayer;
-use crate::protocol::Protocol;
+use crate::protocol::gemini::{
+    self,
+    framing::{JsonArrayFraming, asks_server_sent_events},
+};
 use crate::rate_limit::RateLimiter;
 use crate::reload::CatalogueReloader;
 use crate::request_id::RequestIdLayer;
@@ -192,20 +195,93 @@ impl<S: Store + 'static> Gateway<S> {
 fn with_gemini_calls(router: Router, stack: crate::GatewayStack<Upstream>) -> Router {
     use tower::ServiceExt;
     let service = tower::service_fn(move |request: axum::extract::Request| {
-        let is_call = Protocol::from_path(request.uri().path()) == Some(Protocol::Gemini);
+        let uri = request.uri();
+        let call = gemini::path_call(uri.path());
+        let is_call = call.is_some();
+        let as_array =
+            call.is_some_and(|call| call.stream) && !asks_server_sent_events(uri.query());
         let (stack, router) = (stack.clone(), router.clone());
         async move {
-            if is_call {
-                stack
-                    .oneshot(request)
-                    .await
-                    .map(axum::response::IntoResponse::into_response)
-            } else {
-                router.oneshot(request).await
+            if !is_call {
+                return router.oneshot(request).await;
             }
+            let response = stack.oneshot(request).await?;
+            let response = axum::response::IntoResponse::into_response(response);
+            Ok(if as_array {
+                json_array_stream(response)
+            } else {
+                response
+            })
         }
     });
     Router::new().fallback_service(service)
+}
+
+/// A Gemini event stream answered as Google's JSON array (see [`JsonArrayFraming`]) to a client
+/// that did not ask `alt=sse`; any other answer (a refusal) as it is.
+fn json_array_stream(response: axum::response::Response) -> axum::response::Response {
+    let is_events = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/event-stream"));
+    if !response.status().is_success() || !is_events {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    parts.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    let framed = JsonArrayBody {
+        inner: body,
+        framing: JsonArrayFraming::new(),
+        finished: false,
+    };
+    axum::response::Response::from_parts(parts, Body::new(framed))
+}
+
+/// A body of events, framed as one JSON array as it streams.
+struct JsonArrayBody {
+    inner: Body,
+    framing: JsonArrayFraming,
+    finished: bool,
+}
+
+impl http_body::Body for JsonArrayBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        loop {
+            if this.finished {
+                return Poll::Ready(None);
+            }
+            match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
+                Poll::Ready(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    let framed = this.framing.push(&data);
+                    if !framed.is_empty() {
+                        return Poll::Ready(Some(Ok(http_body::Frame::data(framed))));
+                    }
+                }
+                Poll::Ready(None) => {
+                    this.finished = true;
+                    let end = this.framing.finish();
+                    return Poll::Ready(Some(Ok(http_body::Frame::data(end))));
+                }
+            }
+        }
+    }
 }
 
 /// In a build without `api`: the console's and the admin API's paths, each answering that the

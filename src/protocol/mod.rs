@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 pub mod chat_completions;
 pub(crate) mod dialect;
 pub(crate) mod embeddings;
-pub(crate) mod gemini;
+pub mod gemini;
 pub mod messages;
 pub(crate) mod mock;
 pub(crate) mod reader;

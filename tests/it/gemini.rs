@@ -318,3 +318,53 @@ backends!(
         assert_every_gemini_stream_ending_writes_one_outcome(db).await;
     }
 );
+
+/// Without `alt=sse`, Google answers a stream as one JSON array of its responses: so does the
+/// gateway, billing it as the events it reads (a mid-way failure the array's last element).
+#[tokio::test]
+async fn a_stream_without_alt_sse_is_one_json_array() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, provider_catalogue(&provider, "")).await;
+    let key = db.funded_key(0, 10_000).await;
+    let path = format!("/v1beta/models/{TOKEN_MODEL}:streamGenerateContent");
+
+    provider.then(Fault::sse([CHUNK_EMPTY, CHUNK_TEXT, CHUNK_LAST]));
+    let answered = stream(&gateway, &path, &key, body()).await;
+    assert_eq!(answered.status, 200);
+    assert_eq!(answered.content_type(), "application/json");
+    let array: Value = serde_json::from_str(&answered.text()).unwrap();
+    let texts: Vec<&str> = array
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|response| {
+            response["candidates"][0]["content"]["parts"][0]["text"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(texts, ["", "Hi", " there"]);
+    assert_eq!(array[2]["usageMetadata"]["thoughtsTokenCount"], 5);
+    // The provider is asked for events all the same.
+    assert!(
+        provider
+            .last()
+            .target
+            .ends_with(":streamGenerateContent?alt=sse")
+    );
+    let entry = finished_call(&db, &key).await;
+    assert_eq!(
+        (entry.status, entry.price.get()),
+        (CallStatus::Ok, REPLY_CREDITS)
+    );
+
+    provider.then(Fault::sse([CHUNK_TEXT]).ending(StreamEnd::Cut));
+    let cut = stream(&gateway, &path, &key, body()).await;
+    let array: Value = serde_json::from_str(&cut.text()).unwrap();
+    assert_eq!(array.as_array().unwrap().len(), 2, "{array}");
+    assert_eq!(array[1]["error"]["status"], "UNAVAILABLE");
+    assert_eq!(finished_call(&db, &key).await.status, CallStatus::Refunded);
+    assert_eq!(db.balance(&key).await, balance(0, 10_000 - REPLY_CREDITS));
+    db.assert_audit_holds().await;
+}

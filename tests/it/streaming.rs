@@ -33,6 +33,10 @@ impl Streamed {
             .collect()
     }
 
+    pub(crate) fn content_type(&self) -> &str {
+        &self.content_type
+    }
+
     pub(crate) fn text(&self) -> String {
         String::from_utf8(self.bytes()).unwrap()
     }

@@ -4,6 +4,7 @@
 //! `:streamGenerateContent?alt=sse` with `x-goog-api-key`, the request and the reply passed byte
 //! for byte. Usage is Google's `usageMetadata` (read in [`usage`]).
 
+pub mod framing;
 mod mock;
 mod stream;
 pub(crate) mod usage;
