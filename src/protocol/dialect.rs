@@ -70,10 +70,14 @@ pub(crate) trait Dialect: Sync {
         true
     }
 
-    /// The path, after the upstream's base URL, of a call on `model` where this protocol puts
-    /// the model in the path (`route` being [`UpstreamRoute::path`]); `None` where the route is
-    /// the whole path.
-    fn upstream_call_path(&self, route: &str, model: &str, stream: bool) -> Option<String> {
+    /// The path, after the upstream's base URL, of a call on `model` at `route` where this
+    /// protocol puts the model in the path; `None` where the route's path is the whole path.
+    fn upstream_call_path(
+        &self,
+        route: UpstreamRoute,
+        model: &str,
+        stream: bool,
+    ) -> Option<String> {
         let _ = (route, model, stream);
         None
     }

@@ -8,21 +8,25 @@
 //! | chat completions | as it is | [`ChatAsMessages`] |
 //! | Responses | [`responses::Translated`] | [`responses::Translated`], then [`ChatAsMessages`] |
 //! | messages | [`MessagesAsChat`] | as it is |
+//! | Gemini | [`GeminiAsChat`] | [`GeminiAsChat`], then [`ChatAsMessages`] |
 
 use bytes::Bytes;
 
 use super::chat_completions::messages::{ChatAsMessages, MessagesToChat, completion_id};
+use super::gemini::chat::{ChatToGemini, GeminiAsChat};
 use super::messages::chat::{ChatToMessages, MessagesAsChat, message_id};
 use super::responses::{self, Ids, StreamTranslator};
 use super::{TokenUsage, UpstreamKind};
 
-/// A Responses or messages request in chat-completions terms.
+/// A Responses, messages or Gemini request in chat-completions terms.
 #[derive(Debug)]
 pub(crate) enum ToChat {
     /// A Responses request.
     Responses(responses::Translated),
     /// A messages request.
     Messages(MessagesAsChat),
+    /// A Gemini request.
+    Gemini(GeminiAsChat),
 }
 
 /// A request's translations: for the chat-completions providers, and for the Anthropic ones.
@@ -49,6 +53,7 @@ impl Translation {
         let chat = match &self.chat {
             Some(ToChat::Responses(translated)) => translated.dropped_tools(),
             Some(ToChat::Messages(translated)) => translated.dropped_tools(),
+            Some(ToChat::Gemini(translated)) => translated.dropped_tools(),
             None => &[],
         };
         let messages = self
@@ -71,6 +76,7 @@ impl Translation {
             UpstreamKind::Openai => match self.chat.as_ref()? {
                 ToChat::Responses(translated) => Some(translated.chat_body(model)),
                 ToChat::Messages(translated) => Some(translated.chat_body(model)),
+                ToChat::Gemini(translated) => Some(translated.chat_body(model)),
             },
             UpstreamKind::Anthropic => Some(self.messages.as_ref()?.messages_body(model)),
             UpstreamKind::Gemini => None,
@@ -115,6 +121,10 @@ impl Translation {
                 let (message, usage) = translated.reply(reply, &message_id()).map_err(|_| ())?;
                 Ok((Bytes::from(message), Some(usage)))
             }
+            ToChat::Gemini(translated) => {
+                let (response, usage) = translated.reply(reply).ok_or(())?;
+                Ok((Bytes::from(response), Some(usage)))
+            }
         }
     }
 
@@ -128,6 +138,7 @@ impl Translation {
                 ToChat::Messages(translated) => {
                     ChatStream::Messages(translated.stream(message_id()))
                 }
+                ToChat::Gemini(translated) => ChatStream::Gemini(translated.stream()),
             }))
         };
         match kind {
@@ -161,6 +172,7 @@ fn unix_now() -> u64 {
 enum ChatStream {
     Responses(StreamTranslator),
     Messages(ChatToMessages),
+    Gemini(ChatToGemini),
 }
 
 /// A provider's event stream being translated into the client's dialect: a messages stream
@@ -183,6 +195,7 @@ impl StreamTranslation {
         match self.from_chat.as_deref_mut() {
             Some(ChatStream::Responses(translator)) => translator.push(&chat),
             Some(ChatStream::Messages(translator)) => translator.push(&chat),
+            Some(ChatStream::Gemini(translator)) => translator.push(&chat),
             None => String::from_utf8(chat.into_owned()).expect("chunks are written as text"),
         }
     }
@@ -193,6 +206,7 @@ impl StreamTranslation {
         let then = match self.from_chat.as_deref() {
             Some(ChatStream::Responses(translator)) => translator.pending(),
             Some(ChatStream::Messages(translator)) => translator.pending(),
+            Some(ChatStream::Gemini(translator)) => translator.pending(),
             None => 0,
         };
         first + then

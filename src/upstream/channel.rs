@@ -144,7 +144,7 @@ impl Channel {
                 .upstream_model
                 .as_deref()
                 .unwrap_or(&routed.model.name);
-            if let Some(path) = dialect.upstream_call_path(route.path, model, routed.stream) {
+            if let Some(path) = dialect.upstream_call_path(route, model, routed.stream) {
                 return self.client.post(format!("{}{path}", self.config.base_url));
             }
         }

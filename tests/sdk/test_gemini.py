@@ -194,3 +194,77 @@ def test_count_tokens_is_the_providers_count(gemini_gateway):
     assert counted.total_tokens == 42
     assert fake_provider.seen()[-1][0] == "/v1beta/models/gemini-2.5-flash:countTokens"
     assert gemini_gateway.balance(key)["total"] == 10
+
+
+# --- A fake chat-completions provider, reached by translation -----------------------------------
+
+CHAT_MODEL, CHAT_PRICE = "chat-for-gemini", 2
+
+
+@pytest.fixture(scope="module")
+def translating_gateway(tmp_path_factory):
+    """The gateway in front of a fake provider that is asked only chat completions."""
+    provider, base = fake_provider.start()
+    catalogue = tmp_path_factory.mktemp("catalogue") / "models.toml"
+    catalogue.write_text(
+        "streaming = true\n"
+        f'[[upstreams]]\nname = "chat-only"\nkind = "openai"\nbase_url = "{base}/v1"\napi_key_env = "FAKE_PROVIDER_KEY"\n'
+        f'[[models]]\nname = "{CHAT_MODEL}"\nprotocol = "chat_completions"\nendpoints = ["chat_completions", "gemini"]\n'
+        f'price = {CHAT_PRICE}\nupstream = "chat-only"\n'
+    )
+    yield from start_gateway(
+        tmp_path_factory, MOCK_UPSTREAM="0", GATEWAY_MODELS=str(catalogue), FAKE_PROVIDER_KEY="sk-fake"
+    )
+    provider.shutdown()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_function_call_round_trip_on_a_chat_completions_model(translating_gateway, stream):
+    key = translating_gateway.new_key(subscription=10)
+    gemini = client(translating_gateway, key)
+    question = [types.Content(role="user", parts=[types.Part(text="Weather in Paris?")])]
+    parts, _ = ask(gemini, question, stream, model=CHAT_MODEL)
+    [call] = [part.function_call for part in parts if part.function_call]
+    assert (call.name, call.args) == ("get_weather", fake_provider.TOOL_INPUT)
+    path, sent = fake_provider.seen()[-1]
+    assert path == "/v1/chat/completions"
+    assert sent["model"] == CHAT_MODEL
+    assert sent["messages"] == [{"role": "user", "content": "Weather in Paris?"}]
+    assert sent["tools"][0]["function"]["name"] == "get_weather"
+    assert sent["tools"][0]["function"]["parameters"]["type"] == "object"
+    answered = question + [
+        types.Content(role="model", parts=[types.Part(function_call=call)]),
+        types.Content(
+            role="user",
+            parts=[types.Part(function_response=types.FunctionResponse(id=call.id, name=call.name, response=WEATHER_REPORT))],
+        ),
+    ]
+    parts, usage = ask(gemini, answered, stream, model=CHAT_MODEL)
+    assert "".join(part.text for part in parts if part.text) == fake_provider.FINAL_TEXT
+    assert usage.prompt_token_count == 80
+    _, sent = fake_provider.seen()[-1]
+    tool_message = sent["messages"][-1]
+    assert tool_message["role"] == "tool"
+    assert tool_message["tool_call_id"] == sent["messages"][-2]["tool_calls"][0]["id"]
+    assert json.loads(tool_message["content"]) == WEATHER_REPORT
+    assert translating_gateway.balance(key)["total"] == 10 - 2 * CHAT_PRICE
+    entries = translating_gateway.logs(key)
+    assert [(entry["status"], entry["protocol"]) for entry in entries] == [("ok", "gemini")] * 2
+
+
+def test_count_tokens_on_a_chat_completions_model_is_counted_by_the_gateway(translating_gateway):
+    key = translating_gateway.new_key(subscription=10)
+    gemini = client(translating_gateway, key)
+    counted = gemini.models.count_tokens(model=CHAT_MODEL, contents="Hello there, how are you today?")
+    assert 0 < counted.total_tokens < 50
+    assert translating_gateway.balance(key)["total"] == 10
+
+
+def test_a_google_builtin_tool_is_dropped_and_named(translating_gateway):
+    key = translating_gateway.new_key(subscription=10)
+    gemini = client(translating_gateway, key)
+    config = types.GenerateContentConfig(tools=[types.Tool(google_search=types.GoogleSearch())])
+    reply = gemini.models.generate_content(model=CHAT_MODEL, contents="Weather in Paris?", config=config)
+    assert reply.sdk_http_response.headers["x-gateway-dropped-tools"] == "googleSearch"
+    _, sent = fake_provider.seen()[-1]
+    assert "tools" not in sent

@@ -4,6 +4,7 @@
 //! `:streamGenerateContent?alt=sse` with `x-goog-api-key`, the request and the reply passed byte
 //! for byte. Usage is Google's `usageMetadata` (read in [`usage`]).
 
+pub mod chat;
 pub mod framing;
 mod mock;
 mod stream;
@@ -14,12 +15,15 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::chat_completions::messages::ChatAsMessages;
 use super::chat_completions::{json_headers, pass_headers};
 use super::dialect::{
     Dialect, Envelope, Fields, Metering, MockCall, Model, UpstreamDialect, UpstreamRoute,
 };
 use super::sse::{Event, EventKind, StreamState};
-use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
+use super::translate::Needs;
+use super::translation::{ToChat, Translation};
+use super::{BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
 
 /// The Gemini API's dialect.
@@ -198,26 +202,81 @@ impl Dialect for Gemini {
         })
     }
 
-    /// Natively by Gemini-kind upstreams only.
-    fn served_by(&self, kind: UpstreamKind) -> bool {
-        kind == UpstreamKind::Gemini
+    /// Translated to chat completions for both kinds of translating upstream (an Anthropic
+    /// one takes that translation on to messages).
+    fn translation(
+        &self,
+        envelope: &Envelope<'_>,
+        model_name: &str,
+        body: &[u8],
+        needs: Needs,
+    ) -> Option<Result<Translation, GatewayError>> {
+        let builtin = match (needs.to_chat, needs.to_messages) {
+            (None, None) => return None,
+            (Some(BuiltinTools::Drop) | None, Some(BuiltinTools::Drop) | None) => {
+                BuiltinTools::Drop
+            }
+            _ => BuiltinTools::Refuse,
+        };
+        let translated =
+            match chat::GeminiAsChat::from_slice_with(body, model_name, envelope.stream, builtin) {
+                Ok(translated) => translated,
+                Err(untranslatable) => return Some(Err(untranslatable.into())),
+            };
+        let messages = match needs.to_messages {
+            Some(builtin) => {
+                let chat = translated.chat_body(model_name);
+                match ChatAsMessages::from_slice_with(&chat, builtin, needs.max_output_tokens) {
+                    Ok(messages) => Some(messages),
+                    Err(untranslatable) => return Some(Err(untranslatable.into())),
+                }
+            }
+            None => None,
+        };
+        Some(Ok(Translation {
+            chat: Some(ToChat::Gemini(translated)),
+            messages,
+        }))
+    }
+
+    /// Natively by Gemini-kind upstreams; translated to chat completions by `OpenAI`-kind ones,
+    /// and through them to messages by Anthropic-kind ones.
+    fn served_by(&self, _: UpstreamKind) -> bool {
+        true
     }
 
     fn upstream(&self, kind: UpstreamKind, _: ResponsesRoute) -> Option<UpstreamRoute> {
-        (kind == UpstreamKind::Gemini).then_some(UpstreamRoute {
-            path: MODELS_PATH,
-            translated: false,
+        Some(match kind {
+            UpstreamKind::Gemini => UpstreamRoute {
+                path: MODELS_PATH,
+                translated: false,
+            },
+            UpstreamKind::Openai => UpstreamRoute {
+                path: "/chat/completions",
+                translated: true,
+            },
+            UpstreamKind::Anthropic => UpstreamRoute {
+                path: "/v1/messages",
+                translated: true,
+            },
         })
     }
 
     /// `{route}/{model}:generateContent`, or `:streamGenerateContent?alt=sse` (the provider's
-    /// stream as server-sent events, whatever framing the client asked for).
-    fn upstream_call_path(&self, route: &str, model: &str, stream: bool) -> Option<String> {
-        Some(if stream {
-            format!("{route}/{model}:streamGenerateContent?alt=sse")
-        } else {
-            format!("{route}/{model}:generateContent")
-        })
+    /// stream as server-sent events, whatever framing the client asked for), at a Gemini
+    /// upstream; a translated call goes to its route as it is.
+    fn upstream_call_path(
+        &self,
+        route: UpstreamRoute,
+        model: &str,
+        stream: bool,
+    ) -> Option<String> {
+        let path = route.path;
+        match (route.translated, stream) {
+            (true, _) => None,
+            (false, true) => Some(format!("{path}/{model}:streamGenerateContent?alt=sse")),
+            (false, false) => Some(format!("{path}/{model}:generateContent")),
+        }
     }
 
     fn count_tokens_path(&self, kind: UpstreamKind, model: &str) -> Option<String> {
