@@ -368,3 +368,244 @@ async fn a_stream_without_alt_sse_is_one_json_array() {
     assert_eq!(db.balance(&key).await, balance(0, 10_000 - REPLY_CREDITS));
     db.assert_audit_holds().await;
 }
+
+// --- Gemini clients on the other protocols' models, translated -----------------------------
+
+/// A token-priced model whose provider speaks chat completions, and one whose provider speaks
+/// Anthropic's messages, both answering on the Gemini API too.
+const CHAT_METERED: &str = "chat-for-gemini";
+const MESSAGES_METERED: &str = "claude-for-gemini";
+
+fn translating_catalogue(provider: &FakeProvider) -> Catalogue {
+    Catalogue::from_toml(&format!(
+        r#"
+        streaming = true
+
+        [[upstreams]]
+        name = "chat-only"
+        kind = "openai"
+        base_url = "{base}/v1"
+        api_key_env = "K"
+
+        [[upstreams]]
+        name = "messages-only"
+        kind = "anthropic"
+        base_url = "{base}"
+        api_key_env = "K"
+
+        [[models]]
+        name = "{CHAT_METERED}"
+        protocol = "chat_completions"
+        endpoints = ["chat_completions", "gemini"]
+        upstream = "chat-only"
+        max_output_tokens = 1000
+        context_window = 100000
+        [models.tokens]
+        input = 100000
+        output = 400000
+        cache_read = 50000
+
+        [[models]]
+        name = "{MESSAGES_METERED}"
+        protocol = "messages"
+        endpoints = ["messages", "gemini"]
+        upstream = "messages-only"
+        max_output_tokens = 1000
+        context_window = 100000
+        [models.tokens]
+        input = 100000
+        output = 400000
+        cache_read = 50000
+        cache_write = 125000
+        "#,
+        base = provider.base
+    ))
+    .unwrap()
+}
+
+fn chat_completion(usage: &Value) -> String {
+    json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{ "index": 0, "message": { "role": "assistant", "content": "Hello there, friend" }, "finish_reason": "stop" }],
+        "usage": usage,
+    })
+    .to_string()
+}
+
+fn chat_events(usage: &Value) -> Vec<String> {
+    vec![
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n".into(),
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello there, friend\"}}]}\n\n".into(),
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n".into(),
+        format!("data: {}\n\n", json!({ "choices": [], "usage": usage })),
+        "data: [DONE]\n\n".into(),
+    ]
+}
+
+/// What a call cost and what its entry recorded of each kind of token.
+fn billed(entry: &model_gateway::store::CallRecord) -> [Option<i64>; 5] {
+    [
+        Some(entry.price.get()),
+        entry.input_tokens,
+        entry.output_tokens,
+        entry.cache_read_tokens,
+        entry.reasoning_tokens,
+    ]
+}
+
+/// For each shape a chat provider's usage takes, complete and streamed, the Gemini call is
+/// charged exactly what the chat call is, and its entry records the same tokens.
+#[tokio::test]
+async fn the_same_chat_usage_costs_the_same_credits_by_the_gemini_api() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, translating_catalogue(&provider)).await;
+    let key = db.funded_key(100_000, 0).await;
+    let shapes = [
+        json!({ "prompt_tokens": 3000, "completion_tokens": 40,
+                "prompt_tokens_details": { "cached_tokens": 2500 },
+                "completion_tokens_details": { "reasoning_tokens": 25 } }),
+        json!({ "prompt_tokens": 900, "completion_tokens": 12 }),
+    ];
+    let question = "Hello there. ".repeat(100);
+    for usage in &shapes {
+        for streamed in [false, true] {
+            let mut entries = Vec::new();
+            let chat = json!({ "model": CHAT_METERED, "max_tokens": 100, "stream": streamed,
+                               "messages": [{ "role": "user", "content": question }] });
+            let gemini = json!({ "contents": [{ "role": "user", "parts": [{ "text": question }] }],
+                                 "generationConfig": { "maxOutputTokens": 100 } });
+            let gemini_path = if streamed {
+                stream_path(CHAT_METERED)
+            } else {
+                call_path(CHAT_METERED)
+            };
+            for (path, body) in [
+                ("/v1/chat/completions".to_owned(), chat),
+                (gemini_path, gemini),
+            ] {
+                provider.then(if streamed {
+                    Fault::sse(chat_events(usage))
+                } else {
+                    Fault::json(200, &chat_completion(usage))
+                });
+                let answer = gateway.post_bearer(&path, &key, body.to_string()).await;
+                assert_eq!(answer.status, 200, "{usage} {path}: {answer:?}");
+                let entry = finished_call(&db, &key).await;
+                assert_eq!(entry.status, CallStatus::Ok, "{usage} {path}");
+                entries.push(billed(&entry));
+            }
+            assert_eq!(entries[0], entries[1], "{usage}, streamed {streamed}");
+            assert!(entries[0][0].unwrap() > 0);
+        }
+    }
+    // The Gemini client's reply carries the same usage, in Google's names.
+    provider.then(Fault::json(200, &chat_completion(&shapes[0])));
+    let answer = gateway
+        .post_bearer(&call_path(CHAT_METERED), &key, body().to_string())
+        .await;
+    let reply: Value = serde_json::from_slice(&answer.bytes).unwrap();
+    assert_eq!(
+        reply["usageMetadata"],
+        json!({ "promptTokenCount": 3000, "cachedContentTokenCount": 2500,
+                "candidatesTokenCount": 15, "thoughtsTokenCount": 25, "totalTokenCount": 3040 })
+    );
+    db.assert_audit_holds().await;
+}
+
+const MESSAGE: &str = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[{"type":"tool_use","id":"toolu_1","name":"weather","input":{"city":"Paris"}}],"stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":50,"cache_read_input_tokens":400,"output_tokens":20}}"#;
+
+const MESSAGE_EVENTS: [&str; 6] = [
+    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude\",\"usage\":{\"input_tokens\":50,\"cache_read_input_tokens\":400,\"output_tokens\":1}}}\n\n",
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Sunny\"}}\n\n",
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":20}}\n\n",
+    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+];
+
+/// A Gemini client on a model whose provider speaks Anthropic's messages: translated through
+/// chat completions both ways, complete and streamed, billed as the messages call is; a field
+/// with no equivalent refused before any charge.
+#[tokio::test]
+async fn a_gemini_client_reaches_an_anthropic_model_through_the_translations() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, translating_catalogue(&provider)).await;
+    let key = db.funded_key(100_000, 0).await;
+    let request = json!({
+        "systemInstruction": { "parts": [{ "text": "Use tools." }] },
+        "contents": [{ "role": "user", "parts": [{ "text": "Paris?" }] }],
+        "tools": [{ "functionDeclarations": [{ "name": "weather",
+            "parameters": { "type": "OBJECT", "properties": { "city": { "type": "STRING" } } } }] }],
+        "generationConfig": { "maxOutputTokens": 64 },
+    });
+    provider.then(Fault::json(200, MESSAGE));
+    let answer = gateway
+        .post_bearer(&call_path(MESSAGES_METERED), &key, request.to_string())
+        .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let sent: Value = serde_json::from_slice(&provider.last().body).unwrap();
+    assert_eq!(provider.last().target, "/v1/messages");
+    assert_eq!(sent["system"], json!([{ "type": "text", "text": "Use tools." }]));
+    assert_eq!(sent["max_tokens"], 64);
+    assert_eq!(
+        sent["tools"][0]["input_schema"],
+        json!({ "type": "object", "properties": { "city": { "type": "string" } } })
+    );
+    let reply: Value = serde_json::from_slice(&answer.bytes).unwrap();
+    assert_eq!(
+        reply["candidates"][0]["content"]["parts"][0]["functionCall"],
+        json!({ "id": "toolu_1", "name": "weather", "args": { "city": "Paris" } })
+    );
+    assert_eq!(reply["usageMetadata"]["cachedContentTokenCount"], 400);
+    let gemini = billed(&finished_call(&db, &key).await);
+
+    // The same provider usage through the messages endpoint costs the same.
+    provider.then(Fault::json(200, MESSAGE));
+    let native = json!({ "model": MESSAGES_METERED, "max_tokens": 64,
+                         "messages": [{ "role": "user", "content": "Paris?" }] });
+    let answer = gateway
+        .post_bearer("/v1/messages", &key, native.to_string())
+        .await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(billed(&finished_call(&db, &key).await), gemini);
+
+    provider.then(Fault::sse(MESSAGE_EVENTS));
+    let streamed = stream(
+        &gateway,
+        &stream_path(MESSAGES_METERED),
+        &key,
+        request.clone(),
+    )
+    .await;
+    let responses = streamed.data();
+    assert_eq!(
+        responses[0]["candidates"][0]["content"]["parts"][0]["text"],
+        "Sunny",
+        "{}",
+        streamed.text()
+    );
+    let last = responses.last().unwrap();
+    assert_eq!(last["candidates"][0]["finishReason"], "STOP");
+    assert_eq!(last["usageMetadata"]["promptTokenCount"], 450);
+    let entry = finished_call(&db, &key).await;
+    assert_eq!(entry.status, CallStatus::Ok);
+    assert_eq!(billed(&entry), gemini);
+
+    // No equivalent: refused, naming the field, before anything is charged.
+    let spent = db.balance(&key).await;
+    let calls = db.calls(&key).await.len();
+    let refused = gateway
+        .post_bearer(
+            &call_path(MESSAGES_METERED),
+            &key,
+            json!({ "contents": [], "cachedContent": "cachedContents/1" }).to_string(),
+        )
+        .await;
+    assert_eq!(refused.status, 400);
+    assert!(refused.detail().contains("cachedContent"), "{refused:?}");
+    assert_eq!(db.balance(&key).await, spent);
+    assert_eq!(db.calls(&key).await.len(), calls);
+    db.assert_audit_holds().await;
+}
