@@ -70,18 +70,6 @@ pub(crate) trait Dialect: Sync {
         true
     }
 
-    /// The path, after the upstream's base URL, of a call on `model` at `route` where this
-    /// protocol puts the model in the path; `None` where the route's path is the whole path.
-    fn upstream_call_path(
-        &self,
-        route: UpstreamRoute,
-        model: &str,
-        stream: bool,
-    ) -> Option<String> {
-        let _ = (route, model, stream);
-        None
-    }
-
     /// What a call priced by tokens needs from its envelope: the output it may bring and
     /// whether the gateway asks a stream's usage of the provider.
     fn metering(&self, envelope: &Envelope<'_>, body: &[u8]) -> Result<Metering, GatewayError> {
@@ -168,6 +156,14 @@ pub(crate) trait UpstreamDialect: Sync {
     /// this provider takes (everything else, the client's own gateway key first, stays at
     /// the gateway).
     fn headers(&self, client_headers: &HeaderMap, api_key: HeaderValue) -> HeaderMap;
+
+    /// The path, after the upstream's base URL, of a call on `model` at the route `path`, where
+    /// this protocol names the model (and the stream) in the path; `None` where the route is
+    /// the whole path.
+    fn call_path(&self, path: &str, model: &str, stream: bool) -> Option<String> {
+        let _ = (path, model, stream);
+        None
+    }
 }
 
 /// Where an upstream takes a protocol's calls.

@@ -68,19 +68,34 @@ pub(crate) fn body_with_model(model: &str, fields: &Map<String, Value>) -> Vec<u
 }
 
 /// What a call's translations must be made for: the built-in tools rule of the
-/// chat-completions channels that translate it and of the Anthropic ones (`None` where no
-/// channel of that kind translates it), and the model's output limit (Anthropic requires one).
+/// chat-completions channels that translate it, of the Anthropic ones and of the Gemini ones
+/// (`None` where no channel of that kind translates it), and the model's output limit
+/// (Anthropic requires one).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Needs {
     pub(crate) to_chat: Option<BuiltinTools>,
     pub(crate) to_messages: Option<BuiltinTools>,
+    pub(crate) to_gemini: Option<BuiltinTools>,
     pub(crate) max_output_tokens: Option<u64>,
 }
 
 impl Needs {
     /// Whether any translation is needed.
     pub(crate) fn any(&self) -> bool {
-        self.to_chat.is_some() || self.to_messages.is_some()
+        self.to_chat.is_some() || self.to_messages.is_some() || self.to_gemini.is_some()
+    }
+
+    /// The built-in tools rule of a request translated to chat completions on its way to any
+    /// of the upstreams `self` names (refused where one of them refuses, so that which channel
+    /// serves a call never changes whether it is accepted); `None` where none translates.
+    pub(crate) fn strictest_for_chat(&self) -> Option<BuiltinTools> {
+        [self.to_chat, self.to_messages, self.to_gemini]
+            .into_iter()
+            .flatten()
+            .reduce(|one, other| match (one, other) {
+                (BuiltinTools::Drop, BuiltinTools::Drop) => BuiltinTools::Drop,
+                _ => BuiltinTools::Refuse,
+            })
     }
 
     /// What an upstream of `kind` that translates needs, with `builtin` its rule.
@@ -89,24 +104,16 @@ impl Needs {
         builtin: BuiltinTools,
         max_output_tokens: Option<u64>,
     ) -> Needs {
+        let mut needs = Needs {
+            max_output_tokens,
+            ..Needs::default()
+        };
         match kind {
-            UpstreamKind::Openai => Needs {
-                to_chat: Some(builtin),
-                to_messages: None,
-                max_output_tokens,
-            },
-            UpstreamKind::Anthropic => Needs {
-                to_chat: None,
-                to_messages: Some(builtin),
-                max_output_tokens,
-            },
-            // No translation to the Gemini API yet.
-            UpstreamKind::Gemini => Needs {
-                to_chat: None,
-                to_messages: None,
-                max_output_tokens,
-            },
+            UpstreamKind::Openai => needs.to_chat = Some(builtin),
+            UpstreamKind::Anthropic => needs.to_messages = Some(builtin),
+            UpstreamKind::Gemini => needs.to_gemini = Some(builtin),
         }
+        needs
     }
 }
 

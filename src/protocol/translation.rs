@@ -3,19 +3,21 @@
 //! reply and stream read back into the client's dialect. One translation per pair of
 //! dialects, each in the folder of the dialect the client speaks, composed where needed:
 //!
-//! | The client speaks | To a chat-completions provider | To an Anthropic provider |
-//! |---|---|---|
-//! | chat completions | as it is | [`ChatAsMessages`] |
-//! | Responses | [`responses::Translated`] | [`responses::Translated`], then [`ChatAsMessages`] |
-//! | messages | [`MessagesAsChat`] | as it is |
-//! | Gemini | [`GeminiAsChat`] | [`GeminiAsChat`], then [`ChatAsMessages`] |
+//! | The client speaks | To a chat-completions provider | To an Anthropic provider | To a Gemini provider |
+//! |---|---|---|---|
+//! | chat completions | as it is | [`ChatAsMessages`] | [`ChatAsGemini`] |
+//! | Responses | [`responses::Translated`] | [`responses::Translated`], then [`ChatAsMessages`] | [`responses::Translated`], then [`ChatAsGemini`] |
+//! | messages | [`MessagesAsChat`] | as it is | [`MessagesAsChat`], then [`ChatAsGemini`] |
+//! | Gemini | [`GeminiAsChat`] | [`GeminiAsChat`], then [`ChatAsMessages`] | as it is |
 
 use bytes::Bytes;
 
+use super::chat_completions::gemini::{ChatAsGemini, GeminiToChat};
 use super::chat_completions::messages::{ChatAsMessages, MessagesToChat, completion_id};
 use super::gemini::chat::{ChatToGemini, GeminiAsChat};
 use super::messages::chat::{ChatToMessages, MessagesAsChat, message_id};
 use super::responses::{self, Ids, StreamTranslator};
+use super::translate::{Needs, Untranslatable};
 use super::{TokenUsage, UpstreamKind};
 
 /// A Responses, messages or Gemini request in chat-completions terms.
@@ -29,6 +31,17 @@ pub(crate) enum ToChat {
     Gemini(GeminiAsChat),
 }
 
+impl ToChat {
+    /// The chat-completions request calling `model`, serialised.
+    pub(crate) fn chat_body(&self, model: &str) -> Vec<u8> {
+        match self {
+            ToChat::Responses(translated) => translated.chat_body(model),
+            ToChat::Messages(translated) => translated.chat_body(model),
+            ToChat::Gemini(translated) => translated.chat_body(model),
+        }
+    }
+}
+
 /// A request's translations: for the chat-completions providers, and for the Anthropic ones.
 #[derive(Debug, Default)]
 pub(crate) struct Translation {
@@ -37,9 +50,45 @@ pub(crate) struct Translation {
     /// The request in messages terms (a chat request, or a Responses request through its chat
     /// terms).
     pub(crate) messages: Option<ChatAsMessages>,
+    /// The request in the Gemini API's terms (a chat request, or a Responses or messages
+    /// request through its chat terms).
+    pub(crate) gemini: Option<ChatAsGemini>,
 }
 
 impl Translation {
+    /// A request translated to chat completions as `chat`, with the translations onward from
+    /// its chat terms (calling `model`) that `needs` asks for: to messages, and to the Gemini
+    /// API.
+    pub(crate) fn through_chat(
+        chat: ToChat,
+        model: &str,
+        needs: Needs,
+    ) -> Result<Translation, Untranslatable> {
+        let chat_body = || chat.chat_body(model);
+        let max_tokens = needs.max_output_tokens;
+        let messages = match needs.to_messages {
+            Some(builtin) => Some(ChatAsMessages::from_slice_with(
+                &chat_body(),
+                builtin,
+                max_tokens,
+            )?),
+            None => None,
+        };
+        let gemini = match needs.to_gemini {
+            Some(builtin) => Some(ChatAsGemini::from_slice_with(
+                &chat_body(),
+                builtin,
+                max_tokens,
+            )?),
+            None => None,
+        };
+        Ok(Translation {
+            chat: Some(chat),
+            messages,
+            gemini,
+        })
+    }
+
     /// The Responses request's chat translation, if this is one.
     pub(crate) fn responses(&self) -> Option<&responses::Translated> {
         match &self.chat {
@@ -60,8 +109,12 @@ impl Translation {
             .messages
             .as_ref()
             .map_or(&[][..], ChatAsMessages::dropped_tools);
+        let gemini = self
+            .gemini
+            .as_ref()
+            .map_or(&[][..], ChatAsGemini::dropped_tools);
         let mut dropped: Vec<&str> = chat.iter().map(String::as_str).collect();
-        for tool in messages {
+        for tool in messages.iter().chain(gemini) {
             if !dropped.contains(&tool.as_str()) {
                 dropped.push(tool);
             }
@@ -73,13 +126,10 @@ impl Translation {
     /// translation has none for it.
     pub(crate) fn upstream_body(&self, kind: UpstreamKind, model: &str) -> Option<Vec<u8>> {
         match kind {
-            UpstreamKind::Openai => match self.chat.as_ref()? {
-                ToChat::Responses(translated) => Some(translated.chat_body(model)),
-                ToChat::Messages(translated) => Some(translated.chat_body(model)),
-                ToChat::Gemini(translated) => Some(translated.chat_body(model)),
-            },
+            UpstreamKind::Openai => Some(self.chat.as_ref()?.chat_body(model)),
             UpstreamKind::Anthropic => Some(self.messages.as_ref()?.messages_body(model)),
-            UpstreamKind::Gemini => None,
+            // The model is in the call's path.
+            UpstreamKind::Gemini => Some(self.gemini.as_ref()?.gemini_body()),
         }
     }
 
@@ -105,7 +155,18 @@ impl Translation {
                     None => Ok((Bytes::from(chat), Some(usage))),
                 }
             }
-            UpstreamKind::Gemini => Err(()),
+            UpstreamKind::Gemini => {
+                let gemini = self.gemini.as_ref().ok_or(())?;
+                let (chat, usage) = gemini
+                    .reply(reply, completion_id(), unix_now())
+                    .map_err(|_| ())?;
+                match &self.chat {
+                    // A Responses or messages call: the chat completion on to its dialect, its
+                    // usage Google's, read once.
+                    Some(_) => Ok((self.reply_from_chat(&chat)?.0, Some(usage))),
+                    None => Ok((Bytes::from(chat), Some(usage))),
+                }
+            }
         }
     }
 
@@ -144,6 +205,7 @@ impl Translation {
         match kind {
             UpstreamKind::Openai => StreamTranslation {
                 from_messages: None,
+                from_gemini: None,
                 from_chat: from_chat(),
             },
             UpstreamKind::Anthropic => StreamTranslation {
@@ -151,11 +213,16 @@ impl Translation {
                     .messages
                     .as_ref()
                     .map(|messages| Box::new(messages.stream(completion_id(), unix_now()))),
+                from_gemini: None,
                 from_chat: from_chat(),
             },
             UpstreamKind::Gemini => StreamTranslation {
                 from_messages: None,
-                from_chat: None,
+                from_gemini: self
+                    .gemini
+                    .as_ref()
+                    .map(|gemini| Box::new(gemini.stream(completion_id(), unix_now()))),
+                from_chat: from_chat(),
             },
         }
     }
@@ -176,11 +243,12 @@ enum ChatStream {
 }
 
 /// A provider's event stream being translated into the client's dialect: a messages stream
-/// into chat chunks first, where the provider speaks messages; chat chunks into the client's
+/// (or Google's) into chat chunks first, where the provider speaks messages (or Gemini's); chat chunks into the client's
 /// events, where the client does not speak chat completions.
 #[derive(Debug)]
 pub(crate) struct StreamTranslation {
     from_messages: Option<Box<MessagesToChat>>,
+    from_gemini: Option<Box<GeminiToChat>>,
     from_chat: Option<Box<ChatStream>>,
 }
 
@@ -188,9 +256,12 @@ impl StreamTranslation {
     /// Takes bytes of the provider's stream (cut anywhere) and returns the events they
     /// complete in the client's dialect.
     pub(crate) fn push(&mut self, chunk: &[u8]) -> String {
-        let chat = match &mut self.from_messages {
-            Some(translator) => std::borrow::Cow::Owned(translator.push(chunk).into_bytes()),
-            None => std::borrow::Cow::Borrowed(chunk),
+        let chat = match (&mut self.from_messages, &mut self.from_gemini) {
+            (Some(translator), _) => std::borrow::Cow::Owned(translator.push(chunk).into_bytes()),
+            (None, Some(translator)) => {
+                std::borrow::Cow::Owned(translator.push(chunk).into_bytes())
+            }
+            (None, None) => std::borrow::Cow::Borrowed(chunk),
         };
         match self.from_chat.as_deref_mut() {
             Some(ChatStream::Responses(translator)) => translator.push(&chat),
@@ -202,7 +273,8 @@ impl StreamTranslation {
 
     /// Bytes received that do not make a complete event yet.
     pub(crate) fn pending(&self) -> usize {
-        let first = self.from_messages.as_ref().map_or(0, |t| t.pending());
+        let first = self.from_messages.as_ref().map_or(0, |t| t.pending())
+            + self.from_gemini.as_ref().map_or(0, |t| t.pending());
         let then = match self.from_chat.as_deref() {
             Some(ChatStream::Responses(translator)) => translator.pending(),
             Some(ChatStream::Messages(translator)) => translator.pending(),

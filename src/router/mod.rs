@@ -416,12 +416,13 @@ pub fn route_at(
         // here, so that an untranslatable request is refused before it is charged, whichever
         // channel would have served it).
         let translation = translation?;
-        // A chat stream translated from messages is billed by the usage chunk the translation
-        // writes: hidden from a client that did not ask for it, as when the gateway asks a
-        // provider for it.
-        let from_messages = translation.messages.is_some() && translation.chat.is_none();
+        // A chat stream translated from messages or Google's events carries the usage chunk
+        // the translation writes: hidden from a client that did not ask for it, as when the
+        // gateway asks a provider for it.
+        let from_provider = (translation.messages.is_some() || translation.gemini.is_some())
+            && translation.chat.is_none();
         routed.keep_translation(translation);
-        if from_messages && envelope.stream {
+        if from_provider && envelope.stream {
             match dialect.metering(&envelope, body)?.usage {
                 UsageAsk::Asked => {}
                 UsageAsk::GatewayAsks => routed.gateway_asks_usage = true,
@@ -464,6 +465,7 @@ fn needs(dialect: &dyn Dialect, routed: &RoutedCall) -> Needs {
     Needs {
         to_chat: rule(UpstreamKind::Openai),
         to_messages: rule(UpstreamKind::Anthropic),
+        to_gemini: rule(UpstreamKind::Gemini),
         max_output_tokens: routed.model.max_output_tokens.map(u64::from),
     }
 }

@@ -133,18 +133,21 @@ pub(super) async fn read_capped(mut reply: reqwest::Response, max: usize) -> Res
 }
 
 impl Channel {
-    /// Starts a call of `routed` (on `channel`) to this upstream: at the route its dialect
-    /// gives, with the model (the channel's name for it) and the stream in the path where
-    /// the dialect puts them there.
+    /// Starts a call of `routed` (on `channel`) to this upstream: at the route the call's
+    /// dialect gives, with the model (the channel's name for it) and the stream in the path
+    /// where the upstream's protocol puts them there (the Gemini API's).
     fn post(&self, channel: &ModelChannel, routed: &RoutedCall) -> reqwest::RequestBuilder {
         let protocol = routed.protocol;
-        let dialect = protocol.dialect();
-        if let Some(route) = dialect.upstream(self.config.kind, self.config.responses) {
+        let route = protocol
+            .dialect()
+            .upstream(self.config.kind, self.config.responses);
+        if let Some(route) = route {
             let model = channel
                 .upstream_model
                 .as_deref()
                 .unwrap_or(&routed.model.name);
-            if let Some(path) = dialect.upstream_call_path(route, model, routed.stream) {
+            let speaks = self.config.kind.speaks();
+            if let Some(path) = speaks.call_path(route.path, model, routed.stream) {
                 return self.client.post(format!("{}{path}", self.config.base_url));
             }
         }

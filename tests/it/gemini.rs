@@ -547,7 +547,10 @@ async fn a_gemini_client_reaches_an_anthropic_model_through_the_translations() {
     assert_eq!(answer.status, 200, "{answer:?}");
     let sent: Value = serde_json::from_slice(&provider.last().body).unwrap();
     assert_eq!(provider.last().target, "/v1/messages");
-    assert_eq!(sent["system"], json!([{ "type": "text", "text": "Use tools." }]));
+    assert_eq!(
+        sent["system"],
+        json!([{ "type": "text", "text": "Use tools." }])
+    );
     assert_eq!(sent["max_tokens"], 64);
     assert_eq!(
         sent["tools"][0]["input_schema"],

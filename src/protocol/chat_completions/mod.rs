@@ -1,6 +1,7 @@
 //! `OpenAI`'s chat completions: `POST /v1/chat/completions`, at an `OpenAI`-kind upstream's
 //! `{base_url}/chat/completions` with `Authorization: Bearer`.
 
+pub mod gemini;
 pub mod messages;
 mod mock;
 mod stream;
@@ -14,7 +15,7 @@ use super::dialect::{
     Dialect, Envelope, Fields, Metering, MockCall, UpstreamDialect, UpstreamRoute, UsageAsk,
 };
 use super::sse::{Event, EventKind, StreamState};
-use super::translate::Needs;
+use super::translate::{Needs, Untranslatable};
 use super::translation::Translation;
 use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
@@ -92,21 +93,29 @@ impl Dialect for ChatCompletions {
         body: &[u8],
         needs: Needs,
     ) -> Option<Result<Translation, GatewayError>> {
-        let builtin = needs.to_messages?;
-        Some(
+        if needs.to_messages.is_none() && needs.to_gemini.is_none() {
+            return None;
+        }
+        let messages = needs.to_messages.map(|builtin| {
             messages::ChatAsMessages::from_slice_with(body, builtin, needs.max_output_tokens)
-                .map(|messages| Translation {
-                    chat: None,
-                    messages: Some(messages),
-                })
-                .map_err(GatewayError::from),
-        )
+        });
+        let gemini = needs.to_gemini.map(|builtin| {
+            gemini::ChatAsGemini::from_slice_with(body, builtin, needs.max_output_tokens)
+        });
+        let translated = (|| {
+            Ok(Translation {
+                chat: None,
+                messages: messages.transpose()?,
+                gemini: gemini.transpose()?,
+            })
+        })();
+        Some(translated.map_err(|untranslatable: Untranslatable| untranslatable.into()))
     }
 
-    /// Natively by `OpenAI`-kind upstreams, translated to messages by Anthropic-kind ones (not
-    /// yet by Gemini-kind ones).
-    fn served_by(&self, kind: UpstreamKind) -> bool {
-        self.upstream(kind, ResponsesRoute::default()).is_some()
+    /// Natively by `OpenAI`-kind upstreams, translated to messages by Anthropic-kind ones and
+    /// to the Gemini API by Gemini-kind ones.
+    fn served_by(&self, _: UpstreamKind) -> bool {
+        true
     }
 
     fn upstream(&self, kind: UpstreamKind, _: ResponsesRoute) -> Option<UpstreamRoute> {
@@ -119,7 +128,10 @@ impl Dialect for ChatCompletions {
                 path: "/v1/messages",
                 translated: true,
             }),
-            UpstreamKind::Gemini => None,
+            UpstreamKind::Gemini => Some(UpstreamRoute {
+                path: super::gemini::MODELS_PATH,
+                translated: true,
+            }),
         }
     }
 

@@ -15,7 +15,6 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::chat_completions::messages::ChatAsMessages;
 use super::chat_completions::{json_headers, pass_headers};
 use super::dialect::{
     Dialect, Envelope, Fields, Metering, MockCall, Model, UpstreamDialect, UpstreamRoute,
@@ -23,7 +22,7 @@ use super::dialect::{
 use super::sse::{Event, EventKind, StreamState};
 use super::translate::Needs;
 use super::translation::{ToChat, Translation};
-use super::{BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
+use super::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
 
 /// The Gemini API's dialect.
@@ -211,32 +210,18 @@ impl Dialect for Gemini {
         body: &[u8],
         needs: Needs,
     ) -> Option<Result<Translation, GatewayError>> {
-        let builtin = match (needs.to_chat, needs.to_messages) {
-            (None, None) => return None,
-            (Some(BuiltinTools::Drop) | None, Some(BuiltinTools::Drop) | None) => {
-                BuiltinTools::Drop
-            }
-            _ => BuiltinTools::Refuse,
+        // Never on to the Gemini API: a Gemini upstream takes the request as it is.
+        let onward = Needs {
+            to_gemini: None,
+            ..needs
         };
+        let builtin = onward.strictest_for_chat()?;
         let translated =
-            match chat::GeminiAsChat::from_slice_with(body, model_name, envelope.stream, builtin) {
-                Ok(translated) => translated,
-                Err(untranslatable) => return Some(Err(untranslatable.into())),
-            };
-        let messages = match needs.to_messages {
-            Some(builtin) => {
-                let chat = translated.chat_body(model_name);
-                match ChatAsMessages::from_slice_with(&chat, builtin, needs.max_output_tokens) {
-                    Ok(messages) => Some(messages),
-                    Err(untranslatable) => return Some(Err(untranslatable.into())),
-                }
-            }
-            None => None,
-        };
-        Some(Ok(Translation {
-            chat: Some(ToChat::Gemini(translated)),
-            messages,
-        }))
+            chat::GeminiAsChat::from_slice_with(body, model_name, envelope.stream, builtin)
+                .and_then(|chat| {
+                    Translation::through_chat(ToChat::Gemini(chat), model_name, onward)
+                });
+        Some(translated.map_err(GatewayError::from))
     }
 
     /// Natively by Gemini-kind upstreams; translated to chat completions by `OpenAI`-kind ones,
@@ -260,23 +245,6 @@ impl Dialect for Gemini {
                 translated: true,
             },
         })
-    }
-
-    /// `{route}/{model}:generateContent`, or `:streamGenerateContent?alt=sse` (the provider's
-    /// stream as server-sent events, whatever framing the client asked for), at a Gemini
-    /// upstream; a translated call goes to its route as it is.
-    fn upstream_call_path(
-        &self,
-        route: UpstreamRoute,
-        model: &str,
-        stream: bool,
-    ) -> Option<String> {
-        let path = route.path;
-        match (route.translated, stream) {
-            (true, _) => None,
-            (false, true) => Some(format!("{path}/{model}:streamGenerateContent?alt=sse")),
-            (false, false) => Some(format!("{path}/{model}:generateContent")),
-        }
     }
 
     fn count_tokens_path(&self, kind: UpstreamKind, model: &str) -> Option<String> {
@@ -345,6 +313,16 @@ impl UpstreamDialect for Gemini {
         headers.insert(HeaderName::from_static("x-goog-api-key"), api_key);
         pass_headers(&mut headers, client_headers, PASSED_HEADERS);
         headers
+    }
+
+    /// `{path}/{model}:generateContent`, or `:streamGenerateContent?alt=sse` (the provider's
+    /// stream as server-sent events, whatever framing the client asked for).
+    fn call_path(&self, path: &str, model: &str, stream: bool) -> Option<String> {
+        Some(if stream {
+            format!("{path}/{model}:streamGenerateContent?alt=sse")
+        } else {
+            format!("{path}/{model}:generateContent")
+        })
     }
 }
 

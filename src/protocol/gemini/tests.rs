@@ -199,23 +199,27 @@ fn metering_reads_the_output_limit_for_each_candidate() {
 
 #[test]
 fn a_call_goes_to_the_upstreams_path_for_its_model_and_verb() {
-    let native = Gemini
-        .upstream(UpstreamKind::Gemini, ResponsesRoute::default())
-        .expect("a route");
     assert_eq!(
-        Gemini.upstream_call_path(native, "gemini-2.5-flash", false),
+        Gemini.call_path(MODELS_PATH, "gemini-2.5-flash", false),
         Some("/v1beta/models/gemini-2.5-flash:generateContent".to_owned())
     );
     assert_eq!(
-        Gemini.upstream_call_path(native, "g", true),
+        Gemini.call_path(MODELS_PATH, "g", true),
         Some("/v1beta/models/g:streamGenerateContent?alt=sse".to_owned())
     );
-    // Translated: to the chat upstream's route as it is.
-    let chat = Gemini
-        .upstream(UpstreamKind::Openai, ResponsesRoute::default())
-        .expect("a route");
-    assert!(chat.translated);
-    assert_eq!(Gemini.upstream_call_path(chat, "g", true), None);
+    // Whatever the client speaks, a Gemini upstream takes its calls under the models' path.
+    for protocol in Protocol::ALL {
+        let route = protocol
+            .dialect()
+            .upstream(UpstreamKind::Gemini, ResponsesRoute::default());
+        if protocol != Protocol::Embeddings {
+            assert_eq!(
+                route.map(|route| route.path),
+                Some(MODELS_PATH),
+                "{protocol:?}"
+            );
+        }
+    }
     assert_eq!(
         Gemini.count_tokens_path(UpstreamKind::Gemini, "g"),
         Some("/v1beta/models/g:countTokens".to_owned())

@@ -66,25 +66,25 @@ impl Dialect for Messages {
     fn translation(
         &self,
         _: &Envelope<'_>,
-        _: &str,
+        model_name: &str,
         body: &[u8],
         needs: Needs,
     ) -> Option<Result<Translation, GatewayError>> {
-        let builtin = needs.to_chat?;
-        Some(
-            MessagesAsChat::from_slice_with(body, builtin)
-                .map(|chat| Translation {
-                    chat: Some(ToChat::Messages(chat)),
-                    messages: None,
-                })
-                .map_err(GatewayError::from),
-        )
+        let builtin = needs.strictest_for_chat()?;
+        // Never on to messages: an Anthropic upstream takes the request as it is.
+        let onward = Needs {
+            to_messages: None,
+            ..needs
+        };
+        let translated = MessagesAsChat::from_slice_with(body, builtin)
+            .and_then(|chat| Translation::through_chat(ToChat::Messages(chat), model_name, onward));
+        Some(translated.map_err(GatewayError::from))
     }
 
     /// Natively by Anthropic-kind upstreams, translated to chat completions by `OpenAI`-kind
-    /// ones (not yet by Gemini-kind ones).
-    fn served_by(&self, kind: UpstreamKind) -> bool {
-        self.upstream(kind, ResponsesRoute::default()).is_some()
+    /// ones, and through them to the Gemini API by Gemini-kind ones.
+    fn served_by(&self, _: UpstreamKind) -> bool {
+        true
     }
 
     fn upstream(&self, kind: UpstreamKind, _: ResponsesRoute) -> Option<UpstreamRoute> {
@@ -97,7 +97,10 @@ impl Dialect for Messages {
                 path: "/chat/completions",
                 translated: true,
             }),
-            UpstreamKind::Gemini => None,
+            UpstreamKind::Gemini => Some(UpstreamRoute {
+                path: super::gemini::MODELS_PATH,
+                translated: true,
+            }),
         }
     }
 

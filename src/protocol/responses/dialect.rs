@@ -9,15 +9,12 @@ use serde_json::value::RawValue;
 use super::{ChatReply, Echoed, Ids, Str, StreamTranslator, Translated, Usage, write_response};
 use crate::error::GatewayError;
 use crate::protocol::chat_completions::chat_events;
-use crate::protocol::chat_completions::messages::ChatAsMessages;
 use crate::protocol::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamRoute};
 use crate::protocol::mock::{MOCK_OUTPUT_TOKENS, MOCK_REPLY_TEXT, counted, tokens, unix_now};
 use crate::protocol::sse::{ErrorObject, Event, EventKind, StreamState, take_text};
-use crate::protocol::translate::{Needs, Untranslatable};
+use crate::protocol::translate::Needs;
 use crate::protocol::translation::{ToChat, Translation};
-use crate::protocol::{
-    BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind, json_string,
-};
+use crate::protocol::{Protocol, ResponsesRoute, TokenUsage, UpstreamKind, json_string};
 
 /// The Responses API's dialect.
 pub(crate) struct Responses;
@@ -76,18 +73,15 @@ impl Dialect for Responses {
         body: &[u8],
         needs: Needs,
     ) -> Option<Result<Translation, GatewayError>> {
-        let builtin = match (needs.to_chat, needs.to_messages) {
-            (None, None) => return None,
-            (Some(BuiltinTools::Drop) | None, Some(BuiltinTools::Drop) | None) => {
-                BuiltinTools::Drop
-            }
-            _ => BuiltinTools::Refuse,
-        };
+        let builtin = needs.strictest_for_chat()?;
         let translated = match &envelope.fields.responses {
             Some(read) => Translated::from_read(read, model_name, body, builtin),
             None => Translated::from_slice_with(body, builtin),
         };
-        let refused = |refused: Untranslatable| {
+        let translated = translated.and_then(|translated| {
+            Translation::through_chat(ToChat::Responses(translated), model_name, needs)
+        });
+        Some(translated.map_err(|refused| {
             // Not JSON after all: the envelope's reading skips what it does not read, so a
             // number out of range, say, is found only here.
             if refused.field.is_empty() {
@@ -95,31 +89,13 @@ impl Dialect for Responses {
             } else {
                 refused.into()
             }
-        };
-        let translated = match translated {
-            Ok(translated) => translated,
-            Err(untranslatable) => return Some(Err(refused(untranslatable))),
-        };
-        let messages = match needs.to_messages {
-            Some(builtin) => {
-                let chat = translated.chat_body(model_name);
-                match ChatAsMessages::from_slice_with(&chat, builtin, needs.max_output_tokens) {
-                    Ok(messages) => Some(messages),
-                    Err(untranslatable) => return Some(Err(refused(untranslatable))),
-                }
-            }
-            None => None,
-        };
-        Some(Ok(Translation {
-            chat: Some(ToChat::Responses(translated)),
-            messages,
         }))
     }
 
     /// Natively or translated by `OpenAI`-kind upstreams, translated (through chat
-    /// completions) by Anthropic-kind ones (not yet by Gemini-kind ones).
-    fn served_by(&self, kind: UpstreamKind) -> bool {
-        self.upstream(kind, ResponsesRoute::default()).is_some()
+    /// completions) by Anthropic-kind and Gemini-kind ones.
+    fn served_by(&self, _: UpstreamKind) -> bool {
+        true
     }
 
     fn upstream(&self, kind: UpstreamKind, responses: ResponsesRoute) -> Option<UpstreamRoute> {
@@ -136,7 +112,10 @@ impl Dialect for Responses {
                 path: "/chat/completions",
                 translated: true,
             }),
-            (UpstreamKind::Gemini, _) => None,
+            (UpstreamKind::Gemini, _) => Some(UpstreamRoute {
+                path: crate::protocol::gemini::MODELS_PATH,
+                translated: true,
+            }),
         }
     }
 

@@ -39,6 +39,7 @@ mod tests;
 
 use serde_json::{Map, Value};
 
+pub(in crate::protocol::chat_completions) use reply::chat_usage;
 pub use stream::MessagesToChat;
 
 use crate::protocol::translate::Untranslatable;

@@ -165,7 +165,10 @@ pub(super) fn finish_reason(stop: Option<&str>) -> &'static str {
 /// in Anthropic's names (`cache_creation_input_tokens` and its split), `completion_tokens` the
 /// output. A report with a count that is no count is passed on in its own names, so that it is
 /// read back as the same report, not trusted.
-pub(super) fn chat_usage(read: TokenUsage, anthropic: impl FnOnce() -> Value) -> Value {
+pub(in crate::protocol::chat_completions) fn chat_usage(
+    read: TokenUsage,
+    anthropic: impl FnOnce() -> Value,
+) -> Value {
     if read.malformed {
         return anthropic();
     }
