@@ -8,7 +8,9 @@ charged what the provider's `usageMetadata` says).
 import json
 import urllib.request
 
+import anthropic
 import fake_provider
+import openai
 import pytest
 from google import genai
 from google.genai import errors, types
@@ -112,6 +114,7 @@ def test_refusals_carry_the_gateways_text_in_googles_error_object(gateway):
 # --- A fake Gemini provider, reached natively -------------------------------------------------
 
 NATIVE_MODEL = "gemini-native"
+EVERY_CLIENT_MODEL = "gemini-for-every-client"
 TOKEN_MODEL = "gemini-tokens"
 # Credits per million tokens: an input token costs 1, a cached one 0.1, an output token 2.
 # The fake's usage (50 prompt tokens, 20 of them cached; 10 candidates and 5 thinking tokens)
@@ -130,6 +133,8 @@ def gemini_gateway(tmp_path_factory):
         'upstreams = [{ name = "google", upstream_model = "gemini-2.5-flash" }]\n'
         f'[[models]]\nname = "{TOKEN_MODEL}"\nprotocol = "gemini"\nupstream = "google"\nmax_output_tokens = 1000\n'
         "[models.tokens]\ninput = 1000000\noutput = 2000000\ncache_read = 100000\n"
+        f'[[models]]\nname = "{EVERY_CLIENT_MODEL}"\nprotocol = "gemini"\nprice = 2\nupstream = "google"\n'
+        'endpoints = ["gemini", "chat_completions", "responses", "messages"]\n'
     )
     yield from start_gateway(
         tmp_path_factory, MOCK_UPSTREAM="0", GATEWAY_MODELS=str(catalogue), FAKE_GEMINI_KEY="sk-fake-gemini"
@@ -268,3 +273,110 @@ def test_a_google_builtin_tool_is_dropped_and_named(translating_gateway):
     assert reply.sdk_http_response.headers["x-gateway-dropped-tools"] == "googleSearch"
     _, sent = fake_provider.seen()[-1]
     assert "tools" not in sent
+
+
+# --- The OpenAI and Anthropic SDKs on a Gemini model, translated --------------------------------
+
+OPENAI_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather at a location",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}, "unit": {"type": "string"}}},
+    },
+}
+ANTHROPIC_WEATHER = {
+    "name": "get_weather",
+    "description": "The current weather at a location",
+    "input_schema": OPENAI_WEATHER["function"]["parameters"],
+}
+
+
+def last_gemini_request():
+    path, body = fake_provider.seen()[-1]
+    assert path.startswith(f"/v1beta/models/{EVERY_CLIENT_MODEL}:"), path
+    return path, body
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_sdk_runs_a_tool_round_trip_on_a_gemini_model(gemini_gateway, stream):
+    key = gemini_gateway.new_key(subscription=10)
+    chat = openai.OpenAI(base_url=f"{gemini_gateway.base}/v1", api_key=key, max_retries=0)
+
+    def ask(messages):
+        if not stream:
+            return chat.chat.completions.create(model=EVERY_CLIENT_MODEL, messages=messages, tools=[OPENAI_WEATHER]).choices[0]
+        with chat.chat.completions.stream(model=EVERY_CLIENT_MODEL, messages=messages, tools=[OPENAI_WEATHER]) as events:
+            return events.get_final_completion().choices[0]
+
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    first = ask(question)
+    assert first.finish_reason == "tool_calls"
+    [call] = first.message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", fake_provider.TOOL_INPUT)
+    path, sent = last_gemini_request()
+    assert path.endswith(":streamGenerateContent?alt=sse" if stream else ":generateContent")
+    assert sent["contents"] == [{"role": "user", "parts": [{"text": "Weather in Paris?"}]}]
+    assert sent["tools"][0]["functionDeclarations"][0]["parametersJsonSchema"] == OPENAI_WEATHER["function"]["parameters"]
+    answered = question + [
+        first.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps(WEATHER_REPORT)},
+    ]
+    second = ask(answered)
+    assert second.message.content == fake_provider.FINAL_TEXT
+    _, sent = last_gemini_request()
+    assert sent["contents"][-1] == {
+        "role": "user",
+        "parts": [{"functionResponse": {"name": "get_weather", "response": WEATHER_REPORT}}],
+    }
+    assert gemini_gateway.balance(key)["total"] == 10 - 2 * 2
+    entries = gemini_gateway.logs(key)
+    assert [(e["status"], e["protocol"]) for e in entries] == [("ok", "chat_completions")] * 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_sdk_runs_a_tool_round_trip_on_a_gemini_model(gemini_gateway, stream):
+    key = gemini_gateway.new_key(subscription=10)
+    claude = anthropic.Anthropic(base_url=gemini_gateway.base, api_key=key, max_retries=0)
+
+    def ask(messages):
+        arguments = {"model": EVERY_CLIENT_MODEL, "max_tokens": 256, "messages": messages, "tools": [ANTHROPIC_WEATHER]}
+        if not stream:
+            return claude.messages.create(**arguments)
+        with claude.messages.stream(**arguments) as events:
+            return events.get_final_message()
+
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    first = ask(question)
+    assert first.stop_reason == "tool_use"
+    [tool_use] = [block for block in first.content if block.type == "tool_use"]
+    assert (tool_use.name, tool_use.input) == ("get_weather", fake_provider.TOOL_INPUT)
+    _, sent = last_gemini_request()
+    assert sent["generationConfig"]["maxOutputTokens"] == 256
+    answered = question + [
+        {"role": "assistant", "content": [tool_use.model_dump(exclude_none=True)]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "18°C, cloudy"}]},
+    ]
+    second = ask(answered)
+    assert second.content[0].text == fake_provider.FINAL_TEXT
+    assert second.usage.input_tokens == 30 and second.usage.cache_read_input_tokens == 20
+    assert gemini_gateway.balance(key)["total"] == 10 - 2 * 2
+    entries = gemini_gateway.logs(key)
+    assert [(e["status"], e["protocol"]) for e in entries] == [("ok", "messages")] * 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_responses_reach_a_gemini_model(gemini_gateway, stream):
+    key = gemini_gateway.new_key(subscription=10)
+    client_ = openai.OpenAI(base_url=f"{gemini_gateway.base}/v1", api_key=key, max_retries=0)
+    tool = {"type": "function", "name": "get_weather", "parameters": OPENAI_WEATHER["function"]["parameters"]}
+    if stream:
+        with client_.responses.stream(model=EVERY_CLIENT_MODEL, input="Weather in Paris?", tools=[tool]) as events:
+            response = events.get_final_response()
+    else:
+        response = client_.responses.create(model=EVERY_CLIENT_MODEL, input="Weather in Paris?", tools=[tool])
+    [call] = [item for item in response.output if item.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", fake_provider.TOOL_INPUT)
+    assert gemini_gateway.balance(key)["total"] == 10 - 2
+    [entry] = gemini_gateway.logs(key)
+    assert (entry["status"], entry["protocol"]) == ("ok", "responses")
