@@ -612,3 +612,155 @@ async fn a_gemini_client_reaches_an_anthropic_model_through_the_translations() {
     assert_eq!(db.calls(&key).await.len(), calls);
     db.assert_audit_holds().await;
 }
+
+// --- Every client on a Gemini model: the same usage, the same credits ------------------------
+
+/// A token-priced Gemini model every client may call.
+const EVERY_CLIENT: &str = "gemini-for-every-client";
+
+fn every_client_catalogue(provider: &FakeProvider) -> Catalogue {
+    Catalogue::from_toml(&format!(
+        "streaming = true\n\
+         [[upstreams]]\nname = \"google\"\nkind = \"gemini\"\nbase_url = \"{base}\"\napi_key_env = \"K\"\n\
+         [[models]]\nname = \"{EVERY_CLIENT}\"\nprotocol = \"gemini\"\nupstream = \"google\"\n\
+         endpoints = [\"gemini\", \"chat_completions\", \"responses\", \"messages\"]\n\
+         max_output_tokens = 1000\ncontext_window = 100000\n\
+         [models.tokens]\ninput = 100000\noutput = 400000\ncache_read = 50000\n",
+        base = provider.base
+    ))
+    .unwrap()
+}
+
+/// A call on `EVERY_CLIENT` by each client, complete or streamed: its path and body. The
+/// question is long enough for the usages below to fit within each call's reservation (which
+/// rests on the request's size, so that it differs by client).
+fn every_client_calls(streamed: bool) -> [(String, Value); 4] {
+    let question = "Hello there. ".repeat(1_000);
+    let gemini_path = if streamed {
+        stream_path(EVERY_CLIENT)
+    } else {
+        call_path(EVERY_CLIENT)
+    };
+    [
+        (
+            gemini_path,
+            json!({ "contents": [{ "role": "user", "parts": [{ "text": question }] }],
+                    "generationConfig": { "maxOutputTokens": 100 } }),
+        ),
+        (
+            "/v1/chat/completions".into(),
+            json!({ "model": EVERY_CLIENT, "max_tokens": 100, "stream": streamed,
+                    "messages": [{ "role": "user", "content": question }] }),
+        ),
+        (
+            "/v1/messages".into(),
+            json!({ "model": EVERY_CLIENT, "max_tokens": 100, "stream": streamed,
+                    "messages": [{ "role": "user", "content": question }] }),
+        ),
+        (
+            "/v1/responses".into(),
+            json!({ "model": EVERY_CLIENT, "max_output_tokens": 100, "stream": streamed,
+                    "input": question }),
+        ),
+    ]
+}
+
+fn gemini_reply(usage: &Value) -> String {
+    json!({
+        "candidates": [{ "content": { "role": "model", "parts": [{ "text": "Hello there, friend" }] },
+                         "finishReason": "STOP", "index": 0 }],
+        "usageMetadata": usage,
+    })
+    .to_string()
+}
+
+fn gemini_events(usage: &Value) -> Vec<String> {
+    let chunk = |text: &str, last: bool| {
+        let mut response = json!({
+            "candidates": [{ "content": { "role": "model", "parts": [{ "text": text }] }, "index": 0 }],
+        });
+        if last {
+            response["candidates"][0]["finishReason"] = json!("STOP");
+            response["usageMetadata"] = usage.clone();
+        }
+        format!("data: {response}\r\n\r\n")
+    };
+    vec![chunk("Hello there, ", false), chunk("friend", true)]
+}
+
+/// For each shape Google's usage takes (cached input and thoughts; tool-use prompt tokens;
+/// plain; a count that is no count), complete and streamed, a call on a Gemini model records
+/// the same tokens and is charged the same credits whichever client made it: Google's own,
+/// chat completions, messages or Responses (translated both ways).
+#[tokio::test]
+async fn the_same_gemini_usage_costs_the_same_credits_on_every_endpoint() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, every_client_catalogue(&provider)).await;
+    let key = db.funded_key(1_000_000, 0).await;
+    let shapes = [
+        (
+            "cached input and thoughts",
+            json!({ "promptTokenCount": 3000, "cachedContentTokenCount": 2500,
+                    "candidatesTokenCount": 15, "thoughtsTokenCount": 25, "totalTokenCount": 3040 }),
+        ),
+        (
+            "tool-use prompt tokens",
+            json!({ "promptTokenCount": 900, "toolUsePromptTokenCount": 40,
+                    "candidatesTokenCount": 12, "totalTokenCount": 952 }),
+        ),
+        (
+            "plain",
+            json!({ "promptTokenCount": 7, "candidatesTokenCount": 3 }),
+        ),
+        (
+            "a count that is no count",
+            json!({ "promptTokenCount": "many", "candidatesTokenCount": 3 }),
+        ),
+    ];
+    for (shape, usage) in &shapes {
+        for streamed in [false, true] {
+            let mut entries = Vec::new();
+            for (path, body) in every_client_calls(streamed) {
+                provider.then(if streamed {
+                    Fault::sse(gemini_events(usage))
+                } else {
+                    Fault::json(200, &gemini_reply(usage))
+                });
+                let answer = gateway.post_bearer(&path, &key, body.to_string()).await;
+                assert_eq!(answer.status, 200, "{shape} {path}: {answer:?}");
+                assert!(
+                    provider
+                        .last()
+                        .target
+                        .starts_with(&format!("/v1beta/models/{EVERY_CLIENT}:")),
+                    "{path}: {}",
+                    provider.last().target
+                );
+                let entry = finished_call(&db, &key).await;
+                assert_eq!(entry.status, CallStatus::Ok, "{shape} {path}");
+                assert_eq!(
+                    entry.usage_rejected,
+                    *shape == "a count that is no count",
+                    "{shape} {path}"
+                );
+                entries.push((path, billed(&entry)));
+            }
+            let (_, native) = &entries[0];
+            for (path, billed) in &entries[1..] {
+                if *shape == "a count that is no count" {
+                    // Charged the call's ceiling, which rests on the request's size: the
+                    // tokens recorded alike.
+                    assert_eq!(
+                        billed[1..],
+                        native[1..],
+                        "{shape}, streamed {streamed}, {path}"
+                    );
+                } else {
+                    assert_eq!(billed, native, "{shape}, streamed {streamed}, {path}");
+                }
+            }
+        }
+    }
+    db.assert_audit_holds().await;
+}
