@@ -217,3 +217,88 @@ fn googles_stream_is_chat_chunks_ending_with_the_usage_and_done() {
         "data: {\"error\":{\"message\":\"overloaded\",\"type\":\"UNAVAILABLE\"}}\n\n"
     );
 }
+
+// --- The corpus (`tests/corpus/chat_as_gemini`, expected outputs written by hand) -------------
+
+fn corpus() -> Vec<(String, Value)> {
+    crate::protocol::translate::corpus("chat_as_gemini")
+}
+
+fn of_case(case: &Value) -> ChatAsGemini {
+    let request = serde_json::to_vec(&case["request"]).expect("JSON");
+    ChatAsGemini::from_slice_with(&request, BuiltinTools::Refuse, None).expect("translates")
+}
+
+const CREATED: u64 = 1_741_476_800;
+
+#[test]
+fn the_corpus_requests_translate_to_the_gemini_requests_written_for_them() {
+    let mut checked = 0;
+    for (name, case) in corpus() {
+        let Some(expected) = case.get("gemini_request") else {
+            continue;
+        };
+        let gemini: Value = serde_json::from_slice(&of_case(&case).gemini_body()).expect("JSON");
+        assert_eq!(&gemini, expected, "{name}");
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}
+
+#[test]
+fn the_corpus_gemini_replies_translate_to_the_completions_written_for_them() {
+    let mut checked = 0;
+    for (name, case) in corpus() {
+        let (Some(reply), Some(expected)) = (case.get("gemini_reply"), case.get("completion"))
+        else {
+            continue;
+        };
+        let reply = serde_json::to_vec(reply).expect("JSON");
+        let (completion, usage) = of_case(&case)
+            .reply(&reply, "chatcmpl-1".into(), CREATED)
+            .expect("a response");
+        let completion: Value = serde_json::from_slice(&completion).expect("JSON");
+        assert_eq!(&completion, expected, "{name}");
+        assert_eq!(Some(usage), reply_usage(&reply), "{name}");
+        let written = serde_json::to_vec(&completion).expect("JSON");
+        assert_eq!(Some(usage), reply_usage(&written), "{name}");
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}
+
+#[test]
+fn the_corpus_gemini_streams_translate_to_the_chunks_written_for_them_cut_anywhere() {
+    let mut checked = 0;
+    for (name, case) in corpus() {
+        let (Some(stream), Some(expected)) = (case.get("gemini_stream"), case.get("chunks")) else {
+            continue;
+        };
+        let stream: String = stream
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|event| format!("{}\r\n\r\n", event.as_str().expect("an event")))
+            .collect();
+        let translated = of_case(&case);
+        let text = translated
+            .stream("chatcmpl-1".into(), CREATED)
+            .push(stream.as_bytes());
+        let chunks: Vec<Value> = text
+            .split_terminator("\n\n")
+            .map(|event| {
+                let data = event.strip_prefix("data: ").expect("data");
+                serde_json::from_str(data).unwrap_or_else(|_| Value::from(data))
+            })
+            .collect();
+        assert_eq!(&Value::Array(chunks), expected, "{name}");
+        for cut in 0..=stream.len() {
+            let mut translator = translated.stream("chatcmpl-1".into(), CREATED);
+            let mut pieces = translator.push(&stream.as_bytes()[..cut]);
+            pieces.push_str(&translator.push(&stream.as_bytes()[cut..]));
+            assert_eq!(pieces, text, "{name} cut at {cut}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}

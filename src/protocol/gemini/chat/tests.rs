@@ -348,3 +348,90 @@ fn the_translated_stream_reads_as_a_gemini_stream() {
         (Some(3), Some(1))
     );
 }
+
+// --- The corpus (`tests/corpus/gemini_as_chat`, expected outputs written by hand) -------------
+
+fn corpus() -> Vec<(String, Value)> {
+    crate::protocol::translate::corpus("gemini_as_chat")
+}
+
+fn of_case(case: &Value) -> GeminiAsChat {
+    let request = serde_json::to_vec(&case["request"]).expect("JSON");
+    let model = case["model"].as_str().expect("a model");
+    let stream = case["stream"] == Value::Bool(true);
+    GeminiAsChat::from_slice_with(&request, model, stream, BuiltinTools::Refuse)
+        .expect("translates")
+}
+
+#[test]
+fn the_corpus_requests_translate_to_the_chat_requests_written_for_them() {
+    let mut checked = 0;
+    for (name, case) in corpus() {
+        let Some(expected) = case.get("chat_request") else {
+            continue;
+        };
+        let upstream_model = expected["model"].as_str().expect("a model");
+        let chat: Value =
+            serde_json::from_slice(&of_case(&case).chat_body(upstream_model)).expect("JSON");
+        assert_eq!(&chat, expected, "{name}");
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
+}
+
+#[test]
+fn the_corpus_chat_replies_translate_to_the_responses_written_for_them() {
+    let mut checked = 0;
+    for (name, case) in corpus() {
+        let (Some(reply), Some(expected)) = (case.get("chat_reply"), case.get("response")) else {
+            continue;
+        };
+        let reply = serde_json::to_vec(reply).expect("JSON");
+        let (response, usage) = of_case(&case).reply(&reply).expect("a chat completion");
+        let response: Value = serde_json::from_slice(&response).expect("JSON");
+        assert_eq!(&response, expected, "{name}");
+        // Billed as the chat call, and the client's response reads back as it.
+        assert_eq!(Some(usage), crate::protocol::reply_usage(&reply), "{name}");
+        let written = serde_json::to_vec(&response).expect("JSON");
+        assert_eq!(
+            Some(usage),
+            crate::protocol::reply_usage(&written),
+            "{name}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}
+
+#[test]
+fn the_corpus_chat_streams_translate_to_the_events_written_for_them_cut_anywhere() {
+    let mut checked = 0;
+    for (name, case) in corpus() {
+        let (Some(stream), Some(expected)) = (case.get("chat_stream"), case.get("events")) else {
+            continue;
+        };
+        let stream: String = stream
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|event| format!("{}\n\n", event.as_str().expect("an event")))
+            .collect();
+        let translated = of_case(&case);
+        let text = translated.stream().push(stream.as_bytes());
+        let events: Vec<Value> = text
+            .split_terminator("\r\n\r\n")
+            .map(|event| {
+                serde_json::from_str(event.strip_prefix("data: ").expect("data")).expect("JSON")
+            })
+            .collect();
+        assert_eq!(&Value::Array(events), expected, "{name}");
+        for cut in 0..=stream.len() {
+            let mut translator = translated.stream();
+            let mut pieces = translator.push(&stream.as_bytes()[..cut]);
+            pieces.push_str(&translator.push(&stream.as_bytes()[cut..]));
+            assert_eq!(pieces, text, "{name} cut at {cut}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}
