@@ -5,7 +5,7 @@
 //! `SQLite`, `PostgreSQL` and `MariaDB`.
 
 use crate::common;
-use crate::streaming::{finished_call, leave_after, stream};
+use crate::streaming::{corpus, cut_every, finished_call, leave_after, stream};
 
 use common::fake_provider::{FakeProvider, Fault, StreamEnd};
 use common::*;
@@ -762,5 +762,57 @@ async fn the_same_gemini_usage_costs_the_same_credits_on_every_endpoint() {
             }
         }
     }
+    db.assert_audit_holds().await;
+}
+
+/// Google's recorded streams (`tests/corpus/streams/gemini`: thoughts with cached input, a
+/// function call with tool-use prompt tokens, multi-byte text) reach the client byte for byte
+/// however the provider cuts them, and as the JSON array of their responses without `alt=sse`;
+/// each call records the tokens its last `usageMetadata` gives.
+#[tokio::test]
+async fn recorded_gemini_streams_reach_the_client_byte_for_byte_or_as_one_array() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, provider_catalogue(&provider, "")).await;
+    let key = db.funded_key(0, 1_000).await;
+    let expected_tokens = |name: &str| match name {
+        "function_call.sse" => (Some(8046), None, Some(31)),
+        "thoughts_cached.sse" => (Some(186), Some(1024), Some(17)),
+        "unicode.sse" => (Some(9), None, Some(6)),
+        other => panic!("a case without its tokens: {other}"),
+    };
+    let mut cases = 0;
+    for (name, recorded) in corpus("gemini") {
+        for size in [recorded.len(), 7, 1] {
+            provider.then(Fault::sse(cut_every(&recorded, size)));
+            let received = stream(&gateway, &stream_path(MODEL), &key, body()).await;
+            assert_eq!(received.status, 200, "{name}");
+            assert_eq!(received.bytes(), recorded, "{name} cut every {size} bytes");
+            let entry = finished_call(&db, &key).await;
+            assert_eq!(entry.status, CallStatus::Ok, "{name}");
+            assert_eq!(
+                (
+                    entry.input_tokens,
+                    entry.cache_read_tokens,
+                    entry.output_tokens
+                ),
+                expected_tokens(&name),
+                "{name}"
+            );
+        }
+        provider.then(Fault::sse(cut_every(&recorded, 5)));
+        let path = format!("/v1beta/models/{MODEL}:streamGenerateContent");
+        let array = stream(&gateway, &path, &key, body()).await;
+        let array: Vec<Value> = serde_json::from_str(&array.text()).unwrap();
+        let events: Vec<Value> = String::from_utf8(recorded.clone())
+            .unwrap()
+            .split_terminator("\r\n\r\n")
+            .map(|event| serde_json::from_str(event.strip_prefix("data: ").unwrap()).unwrap())
+            .collect();
+        assert_eq!(array, events, "{name}");
+        cases += 1;
+    }
+    assert_eq!(cases, 3);
+    assert_eq!(db.balance(&key).await, balance(0, 1_000 - 12 * PRICE));
     db.assert_audit_holds().await;
 }

@@ -26,7 +26,7 @@ pub(crate) struct Streamed {
 }
 
 impl Streamed {
-    fn bytes(&self) -> Vec<u8> {
+    pub(crate) fn bytes(&self) -> Vec<u8> {
         self.chunks
             .iter()
             .flat_map(|(_, chunk)| chunk.to_vec())
@@ -220,7 +220,7 @@ pub(crate) async fn finished_call(db: &TestDb, key: &str) -> CallRecord {
     }
 }
 
-fn corpus(protocol: &str) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn corpus(protocol: &str) -> Vec<(String, Vec<u8>)> {
     let dir = format!(
         "{}/tests/corpus/streams/{protocol}",
         env!("CARGO_MANIFEST_DIR")
@@ -240,7 +240,7 @@ fn corpus(protocol: &str) -> Vec<(String, Vec<u8>)> {
 }
 
 /// `bytes` cut every `size` bytes, whatever that splits (UTF-8 characters, line endings).
-fn cut_every(bytes: &[u8], size: usize) -> Vec<Vec<u8>> {
+pub(crate) fn cut_every(bytes: &[u8], size: usize) -> Vec<Vec<u8>> {
     bytes.chunks(size).map(<[u8]>::to_vec).collect()
 }
 
