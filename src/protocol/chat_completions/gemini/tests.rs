@@ -302,3 +302,38 @@ fn the_corpus_gemini_streams_translate_to_the_chunks_written_for_them_cut_anywhe
     }
     assert_eq!(checked, 2);
 }
+
+proptest::proptest! {
+    /// Whatever Google reports (cached input inside the prompt, tool-use prompt tokens beside
+    /// it, thoughts beside the candidates, counts that are no counts), the call is billed by
+    /// it as a Gemini call is, and the chat client's usage reads back as the same report (one
+    /// not to be trusted passed on in Google's names, and not trusted again).
+    #[test]
+    fn the_translated_usage_reads_back_as_the_providers(
+        prompt in count(), cached in count(), tool_use in count(), candidates in count(),
+        thoughts in count(),
+    ) {
+        let mut usage = serde_json::Map::new();
+        put(&mut usage, "promptTokenCount", prompt);
+        put(&mut usage, "cachedContentTokenCount", cached);
+        put(&mut usage, "toolUsePromptTokenCount", tool_use);
+        put(&mut usage, "candidatesTokenCount", candidates);
+        put(&mut usage, "thoughtsTokenCount", thoughts);
+        let reply = json!({ "candidates": [{ "content": { "role": "model", "parts": [{ "text": "Hi" }] },
+            "finishReason": "STOP" }], "usageMetadata": usage }).to_string();
+        let Some(provider) = reply_usage(reply.as_bytes()) else {
+            return Ok(());
+        };
+        let translated = ChatAsGemini::from_slice_with(br#"{"messages":[]}"#, BuiltinTools::Refuse, None)
+            .expect("translates");
+        let (completion, billed) = translated
+            .reply(reply.as_bytes(), "c".into(), 0)
+            .expect("a response");
+        proptest::prop_assert_eq!(billed, provider);
+        if !provider.malformed {
+            proptest::prop_assert_eq!(reply_usage(&completion), Some(provider));
+        }
+    }
+}
+
+use crate::protocol::translate::usage_counts::{count, put};

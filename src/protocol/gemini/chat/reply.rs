@@ -36,21 +36,23 @@ pub(super) fn function_call(id: &str, name: &str, arguments: &str) -> Value {
 /// thoughts beside the candidates (read back as the same counts). Only the counts reported.
 pub(super) fn usage_metadata(read: &TokenUsage) -> Value {
     let mut usage = Map::new();
-    if let Some(prompt) = read.all_input_tokens() {
+    // The prompt with its cached part inside it, where an input count was given.
+    if let Some(prompt) = read.input_tokens.and(read.all_input_tokens()) {
         usage.insert("promptTokenCount".into(), Value::from(prompt));
     }
     if let Some(cached) = read.cache_read_tokens {
         usage.insert("cachedContentTokenCount".into(), Value::from(cached));
     }
-    let thoughts = read.reasoning_tokens.unwrap_or(0);
+    // Google's thoughts are output: without an output count there is none to split.
     if let Some(output) = read.output_tokens {
+        let thoughts = read.reasoning_tokens.unwrap_or(0);
         usage.insert(
             "candidatesTokenCount".into(),
             Value::from(output.saturating_sub(thoughts).max(0)),
         );
-    }
-    if let Some(thoughts) = read.reasoning_tokens {
-        usage.insert("thoughtsTokenCount".into(), Value::from(thoughts));
+        if let Some(thoughts) = read.reasoning_tokens {
+            usage.insert("thoughtsTokenCount".into(), Value::from(thoughts));
+        }
     }
     let total = read
         .all_input_tokens()

@@ -435,3 +435,48 @@ fn the_corpus_chat_streams_translate_to_the_events_written_for_them_cut_anywhere
     }
     assert_eq!(checked, 2);
 }
+
+proptest::proptest! {
+    /// Whatever a chat provider reports (cached input inside the prompt, reasoning inside the
+    /// completion, counts that are no counts), the call is billed by it as a chat call is, and
+    /// a report to trust reads back from the Gemini client's `usageMetadata` as the same kinds
+    /// and counts. (Cache writes, which Google has no name for, are not generated: they would
+    /// read back as input.)
+    #[test]
+    fn the_translated_usage_reads_back_as_the_providers(
+        prompt in count(), completion in count(), cached in count(), reasoning in count(),
+    ) {
+        let mut usage = serde_json::Map::new();
+        put(&mut usage, "prompt_tokens", prompt);
+        put(&mut usage, "completion_tokens", completion);
+        if let Some(cached) = cached {
+            usage.insert("prompt_tokens_details".into(), json!({ "cached_tokens": cached }));
+        }
+        if let Some(reasoning) = reasoning {
+            usage.insert("completion_tokens_details".into(), json!({ "reasoning_tokens": reasoning }));
+        }
+        let reply = json!({ "choices": [{ "index": 0, "message": { "content": "Hi" },
+            "finish_reason": "stop" }], "usage": usage }).to_string();
+        let Some(provider) = crate::protocol::reply_usage(reply.as_bytes()) else {
+            return Ok(());
+        };
+        let translated = GeminiAsChat::from_slice_with(br#"{"contents":[]}"#, "m", false, BuiltinTools::Refuse)
+            .expect("translates");
+        let (response, billed) = translated.reply(reply.as_bytes()).expect("a chat completion");
+        proptest::prop_assert_eq!(billed, provider);
+        // Reasoning beyond the output it is part of cannot be said in Google's names, where
+        // thoughts are added to the candidates: billed as reported, shown as it can be.
+        let said = provider.reasoning_tokens.unwrap_or(0) <= provider.output_tokens.unwrap_or(i64::MAX);
+        if !provider.malformed && said {
+            // Reasoning without an output count is no count Google's names can carry (its
+            // thoughts are output): left out.
+            let expected = TokenUsage {
+                reasoning_tokens: provider.reasoning_tokens.filter(|_| provider.output_tokens.is_some()),
+                ..provider
+            };
+            proptest::prop_assert_eq!(crate::protocol::reply_usage(&response), Some(expected));
+        }
+    }
+}
+
+use crate::protocol::translate::usage_counts::{count, put};
