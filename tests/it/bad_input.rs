@@ -1,4 +1,5 @@
-//! Arbitrary requests thrown at the gateway over HTTP: bodies, headers, methods and paths. Every
+//! Arbitrary requests thrown at the gateway over HTTP (on every protocol's paths, Google's
+//! Gemini API's too): bodies, headers, methods and paths. Every
 //! refusal is a 4xx with a JSON `detail`, nothing is charged for it, the server never answers
 //! 5xx, and the books still balance afterwards.
 
@@ -23,7 +24,16 @@ enum Auth {
     None,
     Bearer,
     XApiKey,
+    /// Google's header.
+    XGoogApiKey,
     Garbage(String),
+}
+
+/// The demo's Gemini model priced per call, and its call paths.
+const GEMINI_MODEL: &str = "gemini-3.5-flash-lite";
+
+fn gemini_call() -> String {
+    format!("/v1beta/models/{GEMINI_MODEL}:generateContent")
 }
 
 fn json_value() -> impl Strategy<Value = serde_json::Value> {
@@ -94,9 +104,20 @@ fn request_body() -> impl Strategy<Value = Vec<u8>> {
             }
             serde_json::Value::Object(object).to_string().into_bytes()
         });
+    let contents = prop_oneof![
+        Just(serde_json::json!([{ "role": "user", "parts": [{ "text": "hi" }] }])),
+        json_value(),
+    ];
+    let gemini = (contents, json_value()).prop_map(|(contents, config)| {
+        serde_json::json!({ "contents": contents, "generationConfig": config })
+            .to_string()
+            .into_bytes()
+    });
     prop_oneof![
         3 => Just(chat_body(CHAT_MODEL).into_bytes()),
         3 => Just(messages_body(MESSAGES_MODEL).into_bytes()),
+        2 => Just(br#"{"contents":[{"role":"user","parts":[{"text":"hi"}]}]}"#.to_vec()),
+        2 => gemini,
         4 => structured,
         1 => prop::collection::vec(any::<u8>(), 0..256),
         1 => json_value().prop_map(|v| v.to_string().into_bytes()),
@@ -114,6 +135,11 @@ fn attempt() -> impl Strategy<Value = Attempt> {
     let path = prop_oneof![
         4 => Just(CHAT.to_owned()),
         4 => Just(MESSAGES.to_owned()),
+        4 => Just(gemini_call()),
+        1 => Just(format!("/v1/models/{GEMINI_MODEL}:generateContent")),
+        1 => Just(format!("/v1beta/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse")),
+        1 => Just(format!("/v1beta/models/{CHAT_MODEL}:generateContent")),
+        1 => "/v1beta/models/[a-z0-9.:-]{0,24}",
         1 => Just("/v1/messages/".to_owned()),
         1 => Just("/v1//chat/completions".to_owned()),
         1 => Just("/v1/chat/completions?stream=true".to_owned()),
@@ -126,6 +152,9 @@ fn attempt() -> impl Strategy<Value = Attempt> {
             Just("/v1/balance".to_owned()),
             "/v1/calls\\?(limit|before)=-?[a-z0-9]{0,5}",
             Just("/v1/messages/count_tokens".to_owned()),
+            Just("/v1beta/models".to_owned()),
+            "/v1beta/models\\?(pageSize|pageToken)=[a-z0-9-]{0,6}",
+            Just(format!("/v1beta/models/{GEMINI_MODEL}:countTokens")),
             Just("/health".to_owned()),
             Just("/ready".to_owned()),
             Just("/".to_owned()),
@@ -135,6 +164,7 @@ fn attempt() -> impl Strategy<Value = Attempt> {
         1 => Just(Auth::None),
         3 => Just(Auth::Bearer),
         3 => Just(Auth::XApiKey),
+        2 => Just(Auth::XGoogApiKey),
         1 => "[ -~]{0,40}".prop_map(Auth::Garbage),
     ];
     let content_type = prop_oneof![
@@ -178,6 +208,7 @@ async fn arbitrary_requests_are_refused_with_a_4xx_detail_and_never_charged() {
                     Auth::None => request,
                     Auth::Bearer => request.bearer_auth(&key),
                     Auth::XApiKey => request.header("x-api-key", &key),
+                    Auth::XGoogApiKey => request.header("x-goog-api-key", &key),
                     Auth::Garbage(value) => request.header("authorization", value.as_str()),
                 };
                 if let Some(content_type) = &attempt.content_type {
@@ -191,7 +222,11 @@ async fn arbitrary_requests_are_refused_with_a_4xx_detail_and_never_charged() {
             "{attempt:?} -> {answer:?}"
         );
         let route = attempt.path.split('?').next().unwrap_or_default();
-        let a_call = attempt.method == "POST" && (route == CHAT || route == MESSAGES);
+        let a_call = attempt.method == "POST"
+            && (route == CHAT
+                || route == MESSAGES
+                || model_gateway::Protocol::from_path(route)
+                    == Some(model_gateway::Protocol::Gemini));
         if answer.status == 200 {
             if a_call {
                 successes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
