@@ -184,7 +184,9 @@ impl<S: Store + 'static> Gateway<S> {
             .layer(ErrorBodyLayer::new(error_body))
             .layer(AccessLogLayer::new())
             .layer(RequestIdLayer::new());
-        with_gemini_calls(calls.merge(rest), stack)
+        // The other endpoints behind the Gemini API's calls, which name their model in the
+        // path: the four call paths above are matched first, as they were.
+        calls.fallback_service(with_gemini_calls(rest, stack))
     }
 }
 
@@ -192,7 +194,18 @@ impl<S: Store + 'static> Gateway<S> {
 /// (`/v1beta/models/{model}:generateContent`, `:streamGenerateContent`, and the same under
 /// `/v1/models/`: whatever the method, the stack refuses all but `POST`), sent to the
 /// `stack`; the other requests on those paths (a model, `:countTokens`) stay the router's.
-fn with_gemini_calls(router: Router, stack: crate::GatewayStack<Upstream>) -> Router {
+fn with_gemini_calls(
+    router: Router,
+    stack: crate::GatewayStack<Upstream>,
+) -> impl tower::Service<
+    axum::extract::Request,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
++ Send
++ Sync
++ 'static {
     use tower::ServiceExt;
     let service = tower::service_fn(move |request: axum::extract::Request| {
         let uri = request.uri();
@@ -214,7 +227,7 @@ fn with_gemini_calls(router: Router, stack: crate::GatewayStack<Upstream>) -> Ro
             })
         }
     });
-    Router::new().fallback_service(service)
+    service
 }
 
 /// A Gemini event stream answered as Google's JSON array (see [`JsonArrayFraming`]) to a client

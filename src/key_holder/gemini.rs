@@ -21,13 +21,13 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{DEFAULT_PAGE, LARGEST_PAGE, Shared, refuse};
+use super::{DEFAULT_PAGE, LARGEST_PAGE, Shared, counted, refuse};
 use crate::call::{Caller, KeyRules};
 use crate::catalogue::{Catalogue, ModelRoute};
 use crate::error::GatewayError;
 use crate::protocol::Protocol;
 use crate::router::{read_beside_calls, route_named};
-use crate::store::{DEFAULT_LEDGER_TIMEOUT, Store};
+use crate::store::Store;
 
 /// The verb of a count request's path, after the model.
 const COUNT_TOKENS: &str = ":countTokens";
@@ -173,19 +173,5 @@ async fn count_tokens<S: Store + 'static>(
         Ok(routed) => routed,
         Err(refusal) => return refuse(refusal),
     };
-    // Free, but only for a key that could pay for a call of the model (as `count_tokens`).
-    let balance =
-        tokio::time::timeout(DEFAULT_LEDGER_TIMEOUT, shared.store.balance(caller.account));
-    match balance.await {
-        Ok(Ok(balance)) if balance.total() >= routed.model.least_charge() => {}
-        Ok(Ok(_)) => return refuse(GatewayError::InsufficientCredits),
-        Ok(Err(_)) | Err(_) => return refuse(GatewayError::StoreUnavailable),
-    }
-    match shared.upstream.count_tokens(&routed, &headers, &body).await {
-        Ok(answer) => answer.map(axum::body::Body::from).into_response(),
-        Err(error) => {
-            tracing::warn!(%error, "countTokens failed upstream");
-            refuse(GatewayError::UpstreamUnavailable)
-        }
-    }
+    counted(&shared, caller, &routed, &headers, &body).await
 }

@@ -554,8 +554,19 @@ async fn count_tokens<S: Store + 'static>(
     if let Err(refusal) = crate::router::check_translates(&routed, &body) {
         return refuse(refusal);
     }
-    // Free, but only for a key that could pay for a call of the model: a key without credits
-    // gets no free line to the provider (its requests per minute limit the rest).
+    counted(&shared, caller, &routed, &headers, &body).await
+}
+
+/// A count request's answer for `routed`'s model: free, but only for a key that could pay for
+/// a call of the model (a key without credits gets no free line to the provider; its requests
+/// per minute limit the rest), counted where [`Upstream::count_tokens`] says.
+async fn counted<S: Store>(
+    shared: &Shared<S>,
+    caller: Caller,
+    routed: &crate::call::RoutedCall,
+    headers: &HeaderMap,
+    body: &bytes::Bytes,
+) -> Response {
     let balance =
         tokio::time::timeout(DEFAULT_LEDGER_TIMEOUT, shared.store.balance(caller.account));
     match balance.await {
@@ -563,10 +574,10 @@ async fn count_tokens<S: Store + 'static>(
         Ok(Ok(_)) => return refuse(GatewayError::InsufficientCredits),
         Ok(Err(_)) | Err(_) => return refuse(GatewayError::StoreUnavailable),
     }
-    match shared.upstream.count_tokens(&routed, &headers, &body).await {
+    match shared.upstream.count_tokens(routed, headers, body).await {
         Ok(answer) => answer.map(axum::body::Body::from).into_response(),
         Err(error) => {
-            tracing::warn!(%error, "count_tokens failed upstream");
+            tracing::warn!(%error, "a token count failed upstream");
             refuse(GatewayError::UpstreamUnavailable)
         }
     }

@@ -166,6 +166,25 @@ pub(crate) trait UpstreamDialect: Sync {
     }
 }
 
+/// A call's headers before its key: the content type.
+pub(crate) fn json_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers
+}
+
+/// Copies the client's headers named in `passed` into `headers`.
+pub(crate) fn pass_headers(headers: &mut HeaderMap, client: &HeaderMap, passed: &[&'static str]) {
+    for name in passed {
+        for value in client.get_all(*name) {
+            headers.append(http::HeaderName::from_static(name), value.clone());
+        }
+    }
+}
+
 /// Where an upstream takes a protocol's calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct UpstreamRoute {

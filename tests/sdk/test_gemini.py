@@ -62,6 +62,26 @@ def test_generate_content_stream_reads_several_chunks_charged_once(gateway):
     assert [entry["status"] for entry in gateway.logs(key)] == ["ok"]
 
 
+def test_a_function_call_round_trip_is_answered_by_the_mock_and_charged_each_turn(gateway):
+    key = gateway.new_key(subscription=10)
+    gemini = client(gateway, key)
+    config = types.GenerateContentConfig(tools=[types.Tool(function_declarations=[WEATHER])])
+    call = types.FunctionCall(name="get_weather", args={"location": "Paris"})
+    conversation = [
+        types.Content(role="user", parts=[types.Part(text="Weather in Paris?")]),
+        types.Content(role="model", parts=[types.Part(function_call=call)]),
+        types.Content(
+            role="user",
+            parts=[types.Part(function_response=types.FunctionResponse(name="get_weather", response=WEATHER_REPORT))],
+        ),
+    ]
+    reply = gemini.models.generate_content(model=MOCK_MODEL, contents=conversation, config=config)
+    assert reply.text == MOCK_TEXT
+    chunks = list(gemini.models.generate_content_stream(model=MOCK_MODEL, contents=conversation, config=config))
+    assert "".join(chunk.text for chunk in chunks) == MOCK_TEXT
+    assert gateway.balance(key)["total"] == 10 - 2 * MOCK_PRICE
+
+
 def test_count_tokens_and_the_model_list_are_free(gateway):
     key = gateway.new_key(subscription=10)
     gemini = client(gateway, key)

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 
 use super::dialect::{
     Dialect, Envelope, Fields, Metering, MockCall, UpstreamDialect, UpstreamRoute, UsageAsk,
+    json_headers, pass_headers,
 };
 use super::sse::{Event, EventKind, StreamState};
 use super::translate::{Needs, Untranslatable};
@@ -166,25 +167,6 @@ impl UpstreamDialect for ChatCompletions {
         headers.insert(header::AUTHORIZATION, api_key);
         pass_headers(&mut headers, client_headers, PASSED_HEADERS);
         headers
-    }
-}
-
-/// A call's headers before its key: the content type.
-pub(crate) fn json_headers() -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers
-}
-
-/// Copies the client's headers named in `passed` into `headers`.
-pub(crate) fn pass_headers(headers: &mut HeaderMap, client: &HeaderMap, passed: &[&'static str]) {
-    for name in passed {
-        for value in client.get_all(*name) {
-            headers.append(http::HeaderName::from_static(name), value.clone());
-        }
     }
 }
 

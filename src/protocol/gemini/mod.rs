@@ -15,9 +15,9 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::chat_completions::{json_headers, pass_headers};
 use super::dialect::{
     Dialect, Envelope, Fields, Metering, MockCall, Model, UpstreamDialect, UpstreamRoute,
+    json_headers, pass_headers,
 };
 use super::sse::{Event, EventKind, StreamState};
 use super::translate::Needs;

@@ -11,8 +11,9 @@ pub use chat::{ChatToMessages, MessagesAsChat, NotAChatReply, local_input_tokens
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::chat_completions::{json_headers, pass_headers};
-use super::dialect::{Dialect, Envelope, Fields, MockCall, UpstreamDialect, UpstreamRoute};
+use super::dialect::{
+    Dialect, Envelope, Fields, MockCall, UpstreamDialect, UpstreamRoute, json_headers, pass_headers,
+};
 use super::sse::{Event, EventKind, StreamState};
 use super::translate::Needs;
 use super::translation::{ToChat, Translation};
