@@ -35,8 +35,11 @@ async fn the_metrics_count_known_traffic() {
     let db = local_db().await;
     let provider = FakeProvider::start().await;
     let ok = r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#;
-    let catalogue =
-        Catalogue::from_toml(&one_upstream_toml("prov", &provider.base, "K", "")).unwrap();
+    // Beside the chat model, one that Google's clients call (translated to chat completions).
+    let gemini_model = "[[models]]\nname = \"gemini-on-chat\"\nprotocol = \"chat_completions\"\n\
+                        endpoints = [\"gemini\"]\nprice = 1\nupstream = \"prov\"\n";
+    let toml = one_upstream_toml("prov", &provider.base, "K", "") + gemini_model;
+    let catalogue = Catalogue::from_toml(&toml).unwrap();
     let gateway = http_gateway(&db, catalogue).await;
     let key = db.funded_key(4 * CHAT_PRICE, 0).await;
 
@@ -119,6 +122,23 @@ async fn the_metrics_count_known_traffic() {
     // Four reservations, three settles and a refund went through the ledger's batches.
     assert!(value("mg_ledger_batch_writes_sum") >= 8.0, "{seen:#?}");
     assert!(value("mg_ledger_batch_seconds_count") >= 1.0);
+
+    // A Gemini call is counted under its own protocol.
+    provider.then(Fault::json(200, chat_reply));
+    let gemini = gateway
+        .post_bearer(
+            "/v1beta/models/gemini-on-chat:generateContent",
+            &key,
+            r#"{"contents":[{"parts":[{"text":"Hi"}]}]}"#,
+        )
+        .await;
+    assert_eq!(gemini.status, 200, "{gemini:?}");
+    let seen = samples(&metrics.render());
+    assert_eq!(
+        seen.get("mg_calls_total{model=\"gemini-on-chat\",outcome=\"ok\",protocol=\"gemini\"}"),
+        Some(&1.0),
+        "{seen:#?}"
+    );
 
     clients_leaving_at_any_moment_leave_the_metrics_equal_to_the_ledger(&metrics, &db).await;
     the_credits_counted_are_what_the_ledger_charged_and_the_shortfall_apart(&metrics, &db).await;
