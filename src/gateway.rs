@@ -207,7 +207,7 @@ fn with_gemini_calls(
 + Sync
 + 'static {
     use tower::ServiceExt;
-    let service = tower::service_fn(move |request: axum::extract::Request| {
+    tower::service_fn(move |request: axum::extract::Request| {
         let uri = request.uri();
         let call = gemini::path_call(uri.path());
         let is_call = call.is_some();
@@ -226,8 +226,7 @@ fn with_gemini_calls(
                 response
             })
         }
-    });
-    service
+    })
 }
 
 /// A Gemini event stream answered as Google's JSON array (see [`JsonArrayFraming`]) to a client

@@ -2,7 +2,15 @@
 //! `:streamGenerateContent` (the model and the verb in the path, not the body), at a
 //! Gemini-kind upstream's `{base_url}/v1beta/models/{model}:generateContent` or
 //! `:streamGenerateContent?alt=sse` with `x-goog-api-key`, the request and the reply passed byte
-//! for byte. Usage is Google's `usageMetadata` (read in [`usage`]).
+//! for byte. Usage is Google's `usageMetadata`: `promptTokenCount` with the cached
+//! `cachedContentTokenCount` inside it, `toolUsePromptTokenCount` beside it, and
+//! `thoughtsTokenCount` beside `candidatesTokenCount` (see
+//! [`TokenUsage`]).
+//!
+//! [`chat`] translates a Gemini request to chat completions for the other providers;
+//! [`framing`] answers a stream as Google's JSON array to a client that did not ask `alt=sse`.
+//!
+//! [`TokenUsage`]: crate::protocol::TokenUsage
 
 pub mod chat;
 pub mod framing;

@@ -16,7 +16,7 @@
 //!   the function call of its `id`, else the first unanswered one of its `name`;
 //! - model turns: text, and `functionCall` parts as `tool_calls` (given an id where Google's
 //!   gave none); earlier thoughts are left out (chat completions takes no reasoning back);
-//! - `tools.functionDeclarations` as function tools (`parameters`, Google's OpenAPI schema, as
+//! - `tools.functionDeclarations` as function tools (`parameters`, Google's `OpenAPI` schema, as
 //!   JSON Schema: lower-case types, `nullable` as a `null` type; `parametersJsonSchema` as it
 //!   is); `toolConfig.functionCallingConfig` as `tool_choice` (`AUTO` and `VALIDATED` `auto`,
 //!   `ANY` `required` or the one function `allowedFunctionNames` names, `NONE` `none`);

@@ -71,12 +71,11 @@ pub(super) fn chat_request(
             chat.insert("tools".into(), Value::Array(tools));
         }
     }
-    if let Some(config) = fields.get("toolConfig").filter(|v| !v.is_null()) {
-        if let Some(choice) = tool_choice(config)?
-            && (chat.contains_key("tools") || choice == "none")
-        {
-            chat.insert("tool_choice".into(), choice);
-        }
+    if let Some(config) = fields.get("toolConfig").filter(|v| !v.is_null())
+        && let Some(choice) = tool_choice(config)?
+        && (chat.contains_key("tools") || choice == "none")
+    {
+        chat.insert("tool_choice".into(), choice);
     }
     let mut include_thoughts = false;
     if let Some(config) = fields.get("generationConfig").filter(|v| !v.is_null()) {
@@ -286,7 +285,7 @@ fn file_part(file: &Value, path: &str) -> Result<Value, Untranslatable> {
     }
 }
 
-/// `tools`: each function declaration as a chat function tool (its OpenAPI schema as JSON
+/// `tools`: each function declaration as a chat function tool (its `OpenAPI` schema as JSON
 /// Schema); Google's own tools (search, code execution, URL context, ...) dropped or refused as
 /// `builtin` says.
 fn chat_tools(
@@ -353,7 +352,7 @@ fn function_tool(declaration: &Value, path: &str) -> Result<Value, Untranslatabl
     Ok(json!({ "type": "function", "function": function }))
 }
 
-/// Google's OpenAPI schema subset as JSON Schema: its upper-case `type` names in lower case,
+/// Google's `OpenAPI` schema subset as JSON Schema: its upper-case `type` names in lower case,
 /// `nullable` as a `null` type, `propertyOrdering` (Google's own) left out; the rest as it is.
 pub(super) fn json_schema(schema: &Value) -> Value {
     let Value::Object(fields) = schema else {
