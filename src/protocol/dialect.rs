@@ -227,11 +227,15 @@ pub(crate) struct Metering {
     pub(crate) replies: u64,
     /// Whether the gateway asks the provider for the stream's usage.
     pub(crate) usage: UsageAsk,
+    /// The field that names input the provider keeps (Google's `cachedContent`), which the
+    /// request's size does not bound: its reservation holds the model's whole context window.
+    pub(crate) kept_input: Option<&'static str>,
 }
 
 impl Default for Metering {
     fn default() -> Metering {
         Metering {
+            kept_input: None,
             output_limit: None,
             replies: 1,
             usage: UsageAsk::Asked,

@@ -434,6 +434,17 @@ pub fn route_at(
         routed.input_estimate = crate::pricing::estimated_input_tokens(body.len());
         routed.input_ceiling = crate::pricing::input_ceiling_tokens(body);
         let metering = dialect.metering(&envelope, body)?;
+        if let Some(field) = metering.kept_input {
+            // Input the provider keeps may be as large as the model takes: reserved for whole,
+            // so that its report is trusted and charged in full.
+            let Some(window) = routed.model.context_window else {
+                return Err(GatewayError::UnsupportedField {
+                    field: field.into(),
+                    reason: "this model's catalogue entry sets no context_window, so the input it names cannot be reserved for",
+                });
+            };
+            routed.input_ceiling = routed.input_ceiling.max(u64::from(window));
+        }
         routed.output_limit = metering.output_limit;
         routed.replies = metering.replies;
         match metering.usage {

@@ -816,3 +816,50 @@ async fn recorded_gemini_streams_reach_the_client_byte_for_byte_or_as_one_array(
     assert_eq!(db.balance(&key).await, balance(0, 1_000 - 12 * PRICE));
     db.assert_audit_holds().await;
 }
+
+/// A request naming Google's stored `cachedContent` brings input its size does not bound: on a
+/// token-priced model it reserves the model's whole context window and is charged its report in
+/// full; a model without `context_window` refuses it, naming the field, before any charge.
+#[tokio::test]
+async fn cached_content_reserves_the_context_window_or_is_refused() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let catalogue = Catalogue::from_toml(&format!(
+        "[[upstreams]]\nname = \"google\"\nkind = \"gemini\"\nbase_url = \"{base}\"\napi_key_env = \"K\"\n\
+         [[models]]\nname = \"{TOKEN_MODEL}\"\nprotocol = \"gemini\"\nupstream = \"google\"\nmax_output_tokens = 100\n\
+         [models.tokens]\ninput = 1000000\noutput = 2000000\ncache_read = 100000\n\
+         [[models]]\nname = \"windowed\"\nprotocol = \"gemini\"\nupstream = \"google\"\nmax_output_tokens = 100\n\
+         context_window = 200000\n\
+         [models.tokens]\ninput = 1000000\noutput = 2000000\ncache_read = 100000\n",
+        base = provider.base
+    ))
+    .unwrap();
+    let gateway = http_gateway(&db, catalogue).await;
+    let key = db.funded_key(0, 300_000).await;
+    let request = json!({
+        "cachedContent": "cachedContents/abc",
+        "contents": [{ "role": "user", "parts": [{ "text": "And the second chapter?" }] }],
+    })
+    .to_string();
+
+    let refused = gateway
+        .post_bearer(&call_path(TOKEN_MODEL), &key, request.clone())
+        .await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert!(refused.detail().contains("cachedContent"), "{refused:?}");
+    assert_eq!(provider.requests(), 0);
+
+    // 100,000 cached tokens at 0.1, 50 more at 1, 10 out at 2: 10,070 credits, far past what
+    // the request's bytes would have reserved.
+    let usage = r#"{"candidates":[{"content":{"role":"model","parts":[{"text":"It begins..."}]},"finishReason":"STOP","index":0}],"usageMetadata":{"promptTokenCount":100050,"cachedContentTokenCount":100000,"candidatesTokenCount":10,"totalTokenCount":100060}}"#;
+    provider.then(Fault::json(200, usage));
+    let answered = gateway
+        .post_bearer(&call_path("windowed"), &key, request)
+        .await;
+    assert_eq!(answered.status, 200, "{answered:?}");
+    let entry = db.calls(&key).await.remove(0);
+    assert!(!entry.usage_rejected);
+    assert_eq!(entry.price.get(), 10_070);
+    assert_eq!(db.balance(&key).await, balance(0, 300_000 - 10_070));
+    db.assert_audit_holds().await;
+}

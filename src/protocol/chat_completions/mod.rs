@@ -84,6 +84,7 @@ impl Dialect for ChatCompletions {
             output_limit: fields.output_limit(),
             replies: replies(fields.n)?,
             usage,
+            kept_input: None,
         })
     }
 

@@ -93,6 +93,8 @@ struct GeminiFields<'a> {
     contents: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "generationConfig")]
     generation_config: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "cachedContent")]
+    cached_content: Option<&'a RawValue>,
 }
 
 /// The output settings of `generationConfig` the ceiling reads.
@@ -172,8 +174,9 @@ impl Dialect for Gemini {
         })
     }
 
-    /// `generationConfig.maxOutputTokens` for each of its `candidateCount` candidates. A
-    /// stream reports its usage unasked.
+    /// `generationConfig.maxOutputTokens` for each of its `candidateCount` candidates, and
+    /// `cachedContent`, input the request's size does not bound. A stream reports its usage
+    /// unasked.
     fn metering(&self, _: &Envelope<'_>, body: &[u8]) -> Result<Metering, GatewayError> {
         let fields: GeminiFields<'_> =
             super::read_json(body).map_err(|_| GatewayError::InvalidJson)?;
@@ -202,9 +205,15 @@ impl Dialect for Gemini {
                 }
             },
         };
+        // Google's stored context, as large as the model takes, billed as cache reads.
+        let kept_input = fields
+            .cached_content
+            .filter(|raw| raw.get() != "null")
+            .map(|_| "cachedContent");
         Ok(Metering {
             output_limit,
             replies,
+            kept_input,
             ..Metering::default()
         })
     }
