@@ -307,6 +307,11 @@ pub enum CatalogueError {
         "invalid model catalogue: upstream `{0}` is of kind `anthropic`; `responses` applies to `openai` upstreams only"
     )]
     ResponsesOnAnthropic(String),
+    /// `responses` set on a Gemini-kind upstream.
+    #[error(
+        "invalid model catalogue: upstream `{0}` is of kind `gemini`; `responses` applies to `openai` upstreams only"
+    )]
+    ResponsesOnGemini(String),
     /// A model of protocol `responses`: the chat-completions models serve that endpoint.
     #[error(
         "invalid model catalogue: model `{0}` has protocol `responses`; `/v1/responses` is served by the `chat_completions` models"
@@ -593,6 +598,9 @@ impl Catalogue {
                 responses: match (entry.kind, entry.responses) {
                     (UpstreamKind::Anthropic, Some(_)) => {
                         return Err(CatalogueError::ResponsesOnAnthropic(name));
+                    }
+                    (UpstreamKind::Gemini, Some(_)) => {
+                        return Err(CatalogueError::ResponsesOnGemini(name));
                     }
                     (_, route) => route.unwrap_or_default(),
                 },

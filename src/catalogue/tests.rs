@@ -421,6 +421,15 @@ fn responses_is_refused_on_an_anthropic_upstream_and_as_a_models_protocol() {
         matches!(&error, CatalogueError::ResponsesOnAnthropic(name) if name == "claude"),
         "{error}"
     );
+    let gemini = anthropic
+        .replace("\"claude\"", "\"google\"")
+        .replace("kind = \"anthropic\"", "kind = \"gemini\"");
+    let error = Catalogue::from_toml(&gemini).unwrap_err();
+    assert!(
+        matches!(&error, CatalogueError::ResponsesOnGemini(name) if name == "google"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("kind `gemini`"), "{error}");
     let error = with_model(
         r#"name = "m"
         protocol = "responses"
