@@ -53,18 +53,23 @@ pub(super) fn asked_by_google(headers: &HeaderMap, uri: &Uri) -> bool {
         })
 }
 
-/// The model as Google's `Model` object.
+/// The model as Google's `Model` object (its token limits where the catalogue gives them).
 fn google_model(model: &ModelRoute) -> Value {
-    json!({
+    let mut item = json!({
         "name": format!("models/{}", model.name),
         "baseModelId": model.name,
         "version": "001",
         "displayName": model.name,
         "description": format!("{} on model-gateway", model.name),
-        "inputTokenLimit": model.context_window.unwrap_or(0),
-        "outputTokenLimit": model.max_output_tokens.unwrap_or(0),
         "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
-    })
+    });
+    if let Some(window) = model.context_window {
+        item["inputTokenLimit"] = json!(window);
+    }
+    if let Some(limit) = model.max_output_tokens {
+        item["outputTokenLimit"] = json!(limit);
+    }
+    item
 }
 
 /// The model `name` (with or without Google's `models/` prefix) names, if the key may call

@@ -863,3 +863,68 @@ async fn cached_content_reserves_the_context_window_or_is_refused() {
     assert_eq!(db.balance(&key).await, balance(0, 300_000 - 10_070));
     db.assert_audit_holds().await;
 }
+
+/// The model list in Google's shape: the demo's models on the Gemini API, by name, a page at a
+/// time; one model by name; on `/v1/models` too for a
+/// Google client, which OpenAI's clients still get in their own shape.
+#[tokio::test]
+async fn the_model_list_is_googles_a_page_at_a_time() {
+    let db = local_db().await;
+    let gateway = start_mock_gateway(&db).await;
+    let key = db.funded_key(10, 0).await;
+    let get = |path: &str, google: bool| {
+        let request = gateway.client.get(format!("{}{path}", gateway.base));
+        if google {
+            request.header("x-goog-api-key", &key)
+        } else {
+            request.bearer_auth(&key)
+        }
+    };
+    let first = gateway.send(get("/v1beta/models?pageSize=3", true)).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    let names = |answer: &Value| -> Vec<String> {
+        answer["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|model| model["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&first.body),
+        [
+            "models/claude-sonnet-5-5",
+            "models/deepseek-chat",
+            "models/gemini-2.5-flash"
+        ]
+    );
+    let token = first.body["nextPageToken"].as_str().unwrap().to_owned();
+    let rest = gateway
+        .send(get(
+            &format!("/v1beta/models?pageSize=3&pageToken={token}"),
+            true,
+        ))
+        .await;
+    assert_eq!(
+        names(&rest.body),
+        [
+            "models/gemini-3.1-pro-preview",
+            "models/gemini-3.5-flash-lite"
+        ]
+    );
+    assert!(rest.body.get("nextPageToken").is_none());
+    let on_v1 = gateway.send(get("/v1/models", true)).await;
+    assert_eq!(names(&on_v1.body).len(), 5);
+    let openai = gateway.send(get("/v1/models", false)).await;
+    assert_eq!(openai.body["object"], "list");
+
+    let one = gateway
+        .send(get("/v1beta/models/gemini-2.5-flash", true))
+        .await;
+    assert_eq!(one.status, 200, "{one:?}");
+    assert_eq!(one.body["outputTokenLimit"], 8192);
+    assert!(one.body.get("inputTokenLimit").is_none());
+    let chat_only = gateway.send(get("/v1beta/models/gpt-4o-mini", true)).await;
+    assert_eq!((chat_only.status, chat_only.detail()), (404, "模型不存在"));
+    assert!(db.calls(&key).await.is_empty());
+}
