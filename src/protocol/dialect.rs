@@ -127,6 +127,14 @@ pub(crate) trait Dialect: Sync {
         serde_json::json!({ "input_tokens": tokens })
     }
 
+    /// Whether the provider closing a stream in `state` is its normal end: for a protocol
+    /// whose streams have no end event of their own once its reply said it finished (Google's,
+    /// where each candidate finishes in its own time).
+    fn ends_when_closed(&self, state: &StreamState) -> bool {
+        let _ = state;
+        false
+    }
+
     /// Reads one stream event for billing, keeping its usage in `state`.
     fn read_event(&self, event: &Event<'_>, state: &mut StreamState) -> EventKind;
 

@@ -57,14 +57,7 @@ impl StreamReader {
         self.state.usage_only = false;
         let kind = self.dialect.read_event(&event, &mut self.state);
         match kind {
-            // The Gemini API's last chunk ends the stream and carries the last of the text.
-            EventKind::End => {
-                self.ended = true;
-                if let Some(counted) = &mut self.counted_output {
-                    let text = content_text(self.dialect, &event.data);
-                    *counted += super::tokens::counted_text_tokens(&text);
-                }
-            }
+            EventKind::End => self.ended = true,
             EventKind::Content => {
                 if let Some(counted) = &mut self.counted_output {
                     let text = content_text(self.dialect, &event.data);
@@ -97,6 +90,15 @@ impl StreamReader {
 
     /// Whether the stream's normal end was read.
     pub(crate) fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// The provider closed the stream: whether that is its normal end (see
+    /// [`Dialect::ends_when_closed`]), which is then taken as read.
+    pub(crate) fn closed(&mut self) -> bool {
+        if self.dialect.ends_when_closed(&self.state) {
+            self.ended = true;
+        }
         self.ended
     }
 

@@ -175,6 +175,12 @@ pub(crate) struct StreamState {
     pub(super) next_sequence: u64,
     /// The last event read was a chat chunk that carries only usage (no choices).
     pub(super) usage_only: bool,
+    /// For a reply of several parts that each say when they finish and no end event of its
+    /// own (Gemini's candidates and their `finishReason`): the parts seen that have not
+    /// finished, and whether any has (the provider closing the stream when every part seen has
+    /// finished is its normal end).
+    pub(super) unfinished: Vec<u64>,
+    pub(super) finished: Vec<u64>,
 }
 
 impl StreamState {

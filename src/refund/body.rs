@@ -301,6 +301,11 @@ impl BilledStream {
                     }
                 }
                 Ok(Poll::Ready(Some(Err(error)))) => self.fail(error_text(error)),
+                Ok(Poll::Ready(None)) if self.splitter.pending() == 0 && self.reader.closed() => {
+                    // Its normal end, for a protocol whose streams end when they close: settled
+                    // once the connection has taken what came before.
+                    self.upstream = None;
+                }
                 Ok(Poll::Ready(None)) => {
                     let cut = match self.splitter.pending() {
                         0 => "the stream ended before its final event".to_owned(),

@@ -928,3 +928,58 @@ async fn the_model_list_is_googles_a_page_at_a_time() {
     assert_eq!((chat_only.status, chat_only.detail()), (404, "模型不存在"));
     assert!(db.calls(&key).await.is_empty());
 }
+
+/// Google's streams have no end event of their own: with two candidates that finish in
+/// different chunks, the stream goes on to the second's finish and its close is its normal
+/// end: passed whole and billed, not refunded as a cut. A stream closed before its candidates
+/// finished is a cut.
+#[tokio::test]
+async fn a_stream_whose_candidates_finish_apart_ends_when_google_closes_it() {
+    let db = local_db().await;
+    let provider = FakeProvider::start().await;
+    let gateway = http_gateway(&db, provider_catalogue(&provider, "")).await;
+    let key = db.funded_key(10, 0).await;
+    let candidate = |index: u64, text: &str, finish: bool| {
+        let mut candidate = json!({
+            "content": { "role": "model", "parts": [{ "text": text }] }, "index": index,
+        });
+        if finish {
+            candidate["finishReason"] = json!("STOP");
+        }
+        candidate
+    };
+    let chunk = |candidates: Vec<Value>, usage: bool| {
+        let mut response = json!({ "candidates": candidates });
+        if usage {
+            response["usageMetadata"] =
+                json!({ "promptTokenCount": 5, "candidatesTokenCount": 8, "totalTokenCount": 13 });
+        }
+        format!("data: {response}\r\n\r\n")
+    };
+    // The first candidate's last chunk names it alone: every candidate in it has finished,
+    // but the second goes on.
+    let events = [
+        chunk(
+            vec![candidate(0, "One", false), candidate(1, "Two", false)],
+            false,
+        ),
+        chunk(vec![candidate(0, " done", true)], false),
+        chunk(vec![candidate(1, " more", false)], false),
+        chunk(vec![candidate(1, " done", true)], true),
+    ];
+    let body = json!({ "contents": [{ "parts": [{ "text": "Hi" }] }],
+                       "generationConfig": { "candidateCount": 2 } });
+    provider.then(Fault::sse(&events));
+    let answered = stream(&gateway, &stream_path(MODEL), &key, body.clone()).await;
+    assert_eq!(answered.text(), events.concat());
+    let entry = finished_call(&db, &key).await;
+    assert_eq!(entry.status, CallStatus::Ok, "{entry:?}");
+    assert_eq!(entry.output_tokens, Some(8));
+
+    provider.then(Fault::sse(&events[..1]));
+    let cut = stream(&gateway, &stream_path(MODEL), &key, body).await;
+    assert_eq!(cut.data().pop().unwrap()["error"]["status"], "UNAVAILABLE");
+    assert_eq!(finished_call(&db, &key).await.status, CallStatus::Refunded);
+    assert_eq!(db.balance(&key).await, balance(10 - PRICE, 0));
+    db.assert_audit_holds().await;
+}

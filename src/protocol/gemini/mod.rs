@@ -299,6 +299,13 @@ impl Dialect for Gemini {
         serde_json::json!({ "totalTokens": tokens })
     }
 
+    /// A stream ends when Google closes it once every candidate seen has finished (or the
+    /// prompt was blocked): no chunk says the whole reply is done, each candidate finishing in
+    /// its own time.
+    fn ends_when_closed(&self, state: &StreamState) -> bool {
+        !state.finished.is_empty() && state.unfinished.is_empty()
+    }
+
     fn read_event(&self, event: &Event<'_>, state: &mut StreamState) -> EventKind {
         stream::read_event(event, state)
     }

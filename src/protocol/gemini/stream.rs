@@ -26,6 +26,7 @@ struct Chunk {
 struct Candidate {
     content: Option<Content>,
     finish_reason: Option<String>,
+    index: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -69,8 +70,8 @@ struct GoogleError {
 }
 
 /// Reads one chunk: its `usageMetadata` (the whole count so far), content in a part with
-/// something in it, the end where every candidate has its `finishReason` (or the prompt was
-/// blocked), and an `error` object a failure.
+/// something in it, which candidates have finished (the stream's end is Google closing it once
+/// all have: see `Dialect::ends_when_closed`), and an `error` object a failure.
 pub(super) fn read_event(event: &Event<'_>, state: &mut StreamState) -> EventKind {
     let Ok(chunk) = serde_json::from_str::<Chunk>(&event.data) else {
         return EventKind::Other;
@@ -84,17 +85,24 @@ pub(super) fn read_event(event: &Event<'_>, state: &mut StreamState) -> EventKin
     if let Some(usage) = chunk.usage_metadata {
         state.merge(TokenUsage::from(usage));
     }
-    let finished = !chunk.candidates.is_empty()
-        && chunk
-            .candidates
-            .iter()
-            .all(|candidate| candidate.finish_reason.is_some());
-    let blocked = chunk.candidates.is_empty()
+    for candidate in &chunk.candidates {
+        let index = candidate.index.unwrap_or(0);
+        if candidate.finish_reason.is_some() {
+            state.unfinished.retain(|open| *open != index);
+            if !state.finished.contains(&index) {
+                state.finished.push(index);
+            }
+        } else if !state.finished.contains(&index) && !state.unfinished.contains(&index) {
+            state.unfinished.push(index);
+        }
+    }
+    if chunk.candidates.is_empty()
         && chunk
             .prompt_feedback
-            .is_some_and(|feedback| feedback.block_reason.is_some());
-    if finished || blocked {
-        return EventKind::End;
+            .is_some_and(|feedback| feedback.block_reason.is_some())
+    {
+        // A blocked prompt answers no candidate: that is the whole reply.
+        state.finished.push(0);
     }
     let content = chunk.candidates.iter().any(|candidate| {
         candidate

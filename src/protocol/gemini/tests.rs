@@ -99,7 +99,7 @@ fn read_all(events: &[&str]) -> (StreamReader, Vec<EventKind>) {
 
 #[test]
 fn a_stream_is_read_chunk_by_chunk_to_its_finish_reason() {
-    let (reader, kinds) = read_all(&[
+    let (mut reader, kinds) = read_all(&[
         r#"{"candidates":[{"content":{"role":"model","parts":[{"text":""}]},"index":0}],"usageMetadata":{"promptTokenCount":9}}"#,
         r#"{"candidates":[{"content":{"role":"model","parts":[{"text":"Hello"}]},"index":0}],"usageMetadata":{"promptTokenCount":9}}"#,
         r#"{"candidates":[{"content":{"role":"model","parts":[{"functionCall":{"name":"f","args":{"a":1}}}]},"index":0}]}"#,
@@ -111,10 +111,12 @@ fn a_stream_is_read_chunk_by_chunk_to_its_finish_reason() {
             EventKind::Other,
             EventKind::Content,
             EventKind::Content,
-            EventKind::End
+            EventKind::Content
         ]
     );
-    assert!(reader.ended());
+    // No chunk ends the stream: Google closing it, every candidate finished, does.
+    assert!(!reader.ended());
+    assert!(reader.closed());
     let reported = reader.reported();
     assert_eq!(
         (reported.input_tokens, reported.output_tokens),
@@ -126,6 +128,23 @@ fn a_stream_is_read_chunk_by_chunk_to_its_finish_reason() {
     assert_eq!(counted, expected);
 }
 
+/// Two candidates finishing in different chunks: the stream ends at its close only once both
+/// have; closed before, it was cut.
+#[test]
+fn a_stream_ends_at_its_close_once_every_candidate_seen_has_finished() {
+    let one = r#"{"candidates":[{"content":{"parts":[{"text":"a"}]},"index":0},{"content":{"parts":[{"text":"b"}]},"index":1}]}"#;
+    let first_done =
+        r#"{"candidates":[{"content":{"parts":[{"text":"."}]},"finishReason":"STOP","index":0}]}"#;
+    let second_done =
+        r#"{"candidates":[{"content":{"parts":[{"text":"!"}]},"finishReason":"STOP","index":1}]}"#;
+    let (mut cut, _) = read_all(&[one, first_done]);
+    assert!(!cut.closed(), "candidate 1 never finished");
+    let (mut whole, _) = read_all(&[one, first_done, second_done]);
+    assert!(whole.closed());
+    let (mut nothing, _) = read_all(&[one]);
+    assert!(!nothing.closed());
+}
+
 #[test]
 fn an_error_object_in_the_stream_is_a_failure_and_a_blocked_prompt_an_end() {
     let (_, kinds) =
@@ -134,10 +153,11 @@ fn an_error_object_in_the_stream_is_a_failure_and_a_blocked_prompt_an_end() {
         kinds,
         [EventKind::Error("INTERNAL: Internal error".to_owned())]
     );
-    let (reader, kinds) = read_all(&[
+    let (mut reader, kinds) = read_all(&[
         r#"{"promptFeedback":{"blockReason":"SAFETY"},"usageMetadata":{"promptTokenCount":5}}"#,
     ]);
-    assert_eq!(kinds, [EventKind::End]);
+    assert_eq!(kinds, [EventKind::Other]);
+    assert!(reader.closed(), "a blocked prompt is a whole reply");
     assert_eq!(reader.reported().input_tokens, Some(5));
 }
 

@@ -321,7 +321,7 @@ fn a_chat_stream_is_googles_responses_ending_with_the_calls_and_the_usage() {
 }
 
 /// A Gemini stream translated from chat completions is read by the Gemini dialect as its own:
-/// content, then the end with the usage.
+/// content, then the last response with the usage, after which its close is its end.
 #[test]
 fn the_translated_stream_reads_as_a_gemini_stream() {
     let body = br#"{"contents":[{"parts":[{"text":"Hi"}]}]}"#;
@@ -339,7 +339,8 @@ fn the_translated_stream_reads_as_a_gemini_stream() {
         .map(|event| reader.read(event.as_bytes()))
         .collect();
     use crate::protocol::sse::EventKind;
-    assert_eq!(kinds, [EventKind::Content, EventKind::End]);
+    assert_eq!(kinds, [EventKind::Content, EventKind::Other]);
+    assert!(reader.closed(), "its last response finished it");
     assert_eq!(
         (
             reader.reported().input_tokens,
