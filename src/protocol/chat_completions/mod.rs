@@ -171,6 +171,24 @@ impl UpstreamDialect for ChatCompletions {
     }
 }
 
+/// Hints of a chat request for `OpenAI`'s own servers that another provider's protocol has no
+/// use for: a translation drops them.
+pub(crate) const OPENAI_HINTS: &[&str] = &[
+    "store",
+    "metadata",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "verbosity",
+    "stream_options",
+    "parallel_tool_calls",
+];
+
+/// A `data:` URL's media type and base64 data.
+pub(crate) fn data_url(url: &str) -> Option<(&str, &str)> {
+    url.strip_prefix("data:")?.split_once(";base64,")
+}
+
 /// Whether a chat request's `stream_options` ask for the stream's usage (`include_usage: true`).
 fn asks_usage(options: &RawValue) -> bool {
     #[derive(Deserialize)]

@@ -3,21 +3,11 @@
 use serde_json::{Map, Value, json};
 
 use crate::protocol::BuiltinTools;
+use crate::protocol::chat_completions::{OPENAI_HINTS, data_url};
 use crate::protocol::translate::{Untranslatable, refuse};
 
-/// Hints a Gemini provider has no use for: dropped.
-const DROPPED: &[&str] = &[
-    "store",
-    "metadata",
-    "service_tier",
-    "prompt_cache_key",
-    "prompt_cache_retention",
-    "verbosity",
-    "stream_options",
-    "parallel_tool_calls",
-    "user",
-    "safety_identifier",
-];
+/// Hints a Gemini provider has no use for, beside `OpenAI`'s own: dropped.
+const DROPPED: &[&str] = &["user", "safety_identifier"];
 
 /// A chat-completions request in Gemini terms.
 pub(super) struct Translated {
@@ -40,7 +30,10 @@ pub(super) fn gemini_request(
     let mut config = Map::new();
     let mut dropped = Vec::new();
     for (key, value) in fields {
-        if value.is_null() || DROPPED.contains(&key.as_str()) {
+        if value.is_null()
+            || OPENAI_HINTS.contains(&key.as_str())
+            || DROPPED.contains(&key.as_str())
+        {
             continue;
         }
         let renamed = match key.as_str() {
@@ -353,11 +346,6 @@ fn model_parts(
         parts.push(json!({ "functionCall": { "name": name, "args": args } }));
     }
     Ok(parts)
-}
-
-/// A `data:` URL's media type and base64 data.
-fn data_url(url: &str) -> Option<(&str, &str)> {
-    url.strip_prefix("data:")?.split_once(";base64,")
 }
 
 /// Function tools as function declarations (their JSON Schema as `parametersJsonSchema`).

@@ -3,20 +3,11 @@
 use serde_json::{Map, Value, json};
 
 use crate::protocol::BuiltinTools;
+use crate::protocol::chat_completions::{OPENAI_HINTS, data_url};
 use crate::protocol::translate::{Untranslatable, refuse};
 
-/// Hints an Anthropic provider has no use for: dropped.
-const DROPPED: &[&str] = &[
-    "store",
-    "metadata",
-    "service_tier",
-    "prompt_cache_key",
-    "prompt_cache_retention",
-    "verbosity",
-    "stream_options",
-    "parallel_tool_calls",
-    "modalities",
-];
+/// Hints an Anthropic provider has no use for, beside `OpenAI`'s own: dropped.
+const DROPPED: &[&str] = &["modalities"];
 
 /// A chat-completions request in messages terms.
 pub(super) struct Translated {
@@ -39,7 +30,10 @@ pub(super) fn messages_request(
     let mut out = Map::new();
     let mut dropped = Vec::new();
     for (key, value) in fields {
-        if value.is_null() || DROPPED.contains(&key.as_str()) {
+        if value.is_null()
+            || OPENAI_HINTS.contains(&key.as_str())
+            || DROPPED.contains(&key.as_str())
+        {
             continue;
         }
         match key.as_str() {
@@ -333,13 +327,6 @@ fn user_blocks(content: &Value, path: &str) -> Result<Vec<Value>, Untranslatable
         }
     }
     Ok(blocks)
-}
-
-/// A `data:` URL's media type and base64 data.
-fn data_url(url: &str) -> Option<(&str, &str)> {
-    let rest = url.strip_prefix("data:")?;
-    let (media, data) = rest.split_once(";base64,")?;
-    Some((media, data))
 }
 
 /// An assistant message as blocks: its text (a refusal as text) and its tool calls as
