@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use super::{Admin, AdminError};
-use crate::catalogue::{Catalogue, ResponsesRoute, UpstreamKind};
+use crate::catalogue::{Catalogue, ResponsesRoute};
 use crate::error::{ErrorBody, GatewayError};
 use crate::store::Store;
 
@@ -49,11 +49,7 @@ pub fn catalogue_view(catalogue: &Catalogue) -> Value {
         .map(|upstream| {
             json!({
                 "name": upstream.name,
-                "kind": match upstream.kind {
-                    UpstreamKind::Openai => "openai",
-                    UpstreamKind::Anthropic => "anthropic",
-                    UpstreamKind::Gemini => "gemini",
-                },
+                "kind": upstream.kind_name(),
                 "base_url": upstream.base_url,
                 "api_key_env": upstream.api_key_env,
                 "responses": match upstream.responses {

@@ -113,6 +113,101 @@ pub struct UpstreamConfig {
     pub responses: ResponsesRoute,
     /// What a call it translates does with built-in tools.
     pub builtin_tools: BuiltinTools,
+    /// Where the provider's models run: its own API, or a cloud platform that hosts them under
+    /// its own paths and credentials (Amazon Bedrock, Google Vertex AI).
+    pub hosting: Hosting,
+}
+
+impl UpstreamConfig {
+    /// The `kind` the catalogue gave it: `openai`, `anthropic`, `gemini`, `bedrock` or
+    /// `vertex`.
+    pub fn kind_name(&self) -> &'static str {
+        match (&self.hosting, self.kind) {
+            (Hosting::Bedrock(_), _) => "bedrock",
+            (Hosting::Vertex(_), _) => "vertex",
+            (Hosting::Direct, UpstreamKind::Openai) => "openai",
+            (Hosting::Direct, UpstreamKind::Anthropic) => "anthropic",
+            (Hosting::Direct, UpstreamKind::Gemini) => "gemini",
+        }
+    }
+}
+
+/// Where an upstream's models run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Hosting {
+    /// The provider's own API (`openai`, `anthropic` and `gemini` kinds): a static key in a
+    /// header, the model in the body (or, for Gemini, the path).
+    #[default]
+    Direct,
+    /// Amazon Bedrock (`kind = "bedrock"`): Anthropic's models at
+    /// `{base_url}/model/{model id}/invoke` and `/invoke-with-response-stream`, signed with AWS
+    /// Signature Version 4, or with a Bedrock API key when its variable is set.
+    Bedrock(BedrockSettings),
+    /// Google Vertex AI (`kind = "vertex"`): Anthropic's or Google's models under
+    /// `{base_url}/v1/projects/{project}/locations/{region}/publishers/{publisher}/models/`,
+    /// with a service account's access tokens.
+    Vertex(VertexSettings),
+}
+
+impl Hosting {
+    /// The default base URL of a hosted upstream in its region; `None` for a direct one.
+    fn default_base_url(&self) -> Option<String> {
+        match self {
+            Hosting::Direct => None,
+            Hosting::Bedrock(bedrock) => Some(format!(
+                "https://bedrock-runtime.{}.amazonaws.com",
+                bedrock.region
+            )),
+            Hosting::Vertex(vertex) if vertex.region == "global" => {
+                Some("https://aiplatform.googleapis.com".to_owned())
+            }
+            Hosting::Vertex(vertex) => Some(format!(
+                "https://{}-aiplatform.googleapis.com",
+                vertex.region
+            )),
+        }
+    }
+}
+
+/// A Bedrock upstream's region and where its AWS credentials are read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BedrockSettings {
+    /// The AWS region (`us-east-1`), part of each request's signature.
+    pub region: String,
+    /// The variable holding the access key id (`AWS_ACCESS_KEY_ID` unless the catalogue
+    /// names another as `access_key_id_env`).
+    pub access_key_id_env: String,
+    /// The variable holding the secret access key (`AWS_SECRET_ACCESS_KEY`, or
+    /// `secret_access_key_env`).
+    pub secret_access_key_env: String,
+    /// The variable holding a session token of temporary credentials, when set
+    /// (`AWS_SESSION_TOKEN`, or `session_token_env`).
+    pub session_token_env: String,
+}
+
+/// A Vertex AI upstream's project, region, publisher and service account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VertexSettings {
+    /// The Google Cloud project.
+    pub project: String,
+    /// The region (`us-east5`), or `global`.
+    pub region: String,
+    /// Whose models it serves: `anthropic` (Claude, the messages protocol) or `google`
+    /// (Gemini).
+    pub publisher: VertexPublisher,
+    /// The service account's key file (`credentials_file`); `None`: the file
+    /// `GOOGLE_APPLICATION_CREDENTIALS` names.
+    pub credentials_file: Option<String>,
+}
+
+/// Whose models a Vertex AI upstream serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VertexPublisher {
+    /// Anthropic's Claude (`:rawPredict`, `:streamRawPredict`), on the messages protocol.
+    Anthropic,
+    /// Google's Gemini (`:generateContent`, `:streamGenerateContent`), on the Gemini protocol.
+    Google,
 }
 
 /// One model clients can call.
@@ -312,6 +407,43 @@ pub enum CatalogueError {
         "invalid model catalogue: upstream `{0}` is of kind `gemini`; `responses` applies to `openai` upstreams only"
     )]
     ResponsesOnGemini(String),
+    /// An upstream setting its kind needs, missing (`base_url` and `api_key_env` of a direct
+    /// kind; `region` of a hosted one; `project` and `publisher` of a Vertex one).
+    #[error("invalid model catalogue: upstream `{upstream}` of kind `{kind}` needs `{setting}`")]
+    MissingSetting {
+        /// The upstream.
+        upstream: String,
+        /// Its kind.
+        kind: &'static str,
+        /// The setting it needs.
+        setting: &'static str,
+    },
+    /// An upstream setting that applies to other kinds only.
+    #[error(
+        "invalid model catalogue: upstream `{upstream}` is of kind `{kind}`; `{setting}` applies to {applies} only"
+    )]
+    MisplacedSetting {
+        /// The upstream.
+        upstream: String,
+        /// Its kind.
+        kind: &'static str,
+        /// The setting given.
+        setting: &'static str,
+        /// The kinds it applies to.
+        applies: &'static str,
+    },
+    /// An upstream kind this build of the gateway leaves out.
+    #[error(
+        "invalid model catalogue: upstream `{upstream}` is of kind `{kind}`, which this gateway was built without (cargo feature `{feature}`)"
+    )]
+    NotBuilt {
+        /// The upstream.
+        upstream: String,
+        /// Its kind.
+        kind: &'static str,
+        /// The cargo feature that builds it.
+        feature: &'static str,
+    },
     /// A model of protocol `responses`: the chat-completions models serve that endpoint.
     #[error(
         "invalid model catalogue: model `{0}` has protocol `responses`; `/v1/responses` is served by the `chat_completions` models"
@@ -374,9 +506,16 @@ struct CatalogueFile {
 #[serde(deny_unknown_fields)]
 struct UpstreamEntry {
     name: String,
-    kind: UpstreamKind,
-    base_url: String,
-    api_key_env: String,
+    kind: KindEntry,
+    base_url: Option<String>,
+    api_key_env: Option<String>,
+    region: Option<String>,
+    project: Option<String>,
+    publisher: Option<VertexPublisher>,
+    credentials_file: Option<String>,
+    access_key_id_env: Option<String>,
+    secret_access_key_env: Option<String>,
+    session_token_env: Option<String>,
     timeout_secs: Option<u64>,
     connect_timeout_secs: Option<u64>,
     proxy: Option<String>,
@@ -387,6 +526,139 @@ struct UpstreamEntry {
     responses: Option<ResponsesRoute>,
     #[serde(default)]
     builtin_tools: BuiltinTools,
+}
+
+/// `kind` of an upstream: a wire format, or a platform hosting one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum KindEntry {
+    Openai,
+    Anthropic,
+    Gemini,
+    Bedrock,
+    Vertex,
+}
+
+impl KindEntry {
+    fn name(self) -> &'static str {
+        match self {
+            KindEntry::Openai => "openai",
+            KindEntry::Anthropic => "anthropic",
+            KindEntry::Gemini => "gemini",
+            KindEntry::Bedrock => "bedrock",
+            KindEntry::Vertex => "vertex",
+        }
+    }
+}
+
+impl UpstreamEntry {
+    /// The wire format, hosting and key variable its `kind` and settings give, checked: each
+    /// platform's settings on its kind only, and what each needs present.
+    fn hosting(&mut self) -> Result<(UpstreamKind, Hosting, String), CatalogueError> {
+        let name = &self.name;
+        let kind = self.kind;
+        let missing = |setting: &'static str| CatalogueError::MissingSetting {
+            upstream: name.clone(),
+            kind: kind.name(),
+            setting,
+        };
+        let misplaced =
+            |setting: &'static str, applies: &'static str| CatalogueError::MisplacedSetting {
+                upstream: name.clone(),
+                kind: kind.name(),
+                setting,
+                applies,
+            };
+        let not_built = |feature: &'static str| CatalogueError::NotBuilt {
+            upstream: name.clone(),
+            kind: kind.name(),
+            feature,
+        };
+        let bedrock_only = [
+            ("access_key_id_env", self.access_key_id_env.is_some()),
+            (
+                "secret_access_key_env",
+                self.secret_access_key_env.is_some(),
+            ),
+            ("session_token_env", self.session_token_env.is_some()),
+        ];
+        let vertex_only = [
+            ("project", self.project.is_some()),
+            ("publisher", self.publisher.is_some()),
+            ("credentials_file", self.credentials_file.is_some()),
+        ];
+        let hosted = [("region", self.region.is_some())];
+        let refuse = |settings: &[(&'static str, bool)], applies| match settings
+            .iter()
+            .find(|(_, given)| *given)
+        {
+            Some((setting, _)) => Err(misplaced(setting, applies)),
+            None => Ok(()),
+        };
+        if kind != KindEntry::Bedrock {
+            refuse(&bedrock_only, "`bedrock` upstreams")?;
+        }
+        if kind != KindEntry::Vertex {
+            refuse(&vertex_only, "`vertex` upstreams")?;
+        }
+        let direct = |wire| -> Result<(UpstreamKind, Hosting, String), CatalogueError> {
+            refuse(&hosted, "`bedrock` and `vertex` upstreams")?;
+            if self.base_url.is_none() {
+                return Err(missing("base_url"));
+            }
+            let key = self
+                .api_key_env
+                .clone()
+                .ok_or_else(|| missing("api_key_env"))?;
+            Ok((wire, Hosting::Direct, key))
+        };
+        match kind {
+            KindEntry::Openai => direct(UpstreamKind::Openai),
+            KindEntry::Anthropic => direct(UpstreamKind::Anthropic),
+            KindEntry::Gemini => direct(UpstreamKind::Gemini),
+            KindEntry::Bedrock => {
+                if !cfg!(feature = "bedrock") {
+                    return Err(not_built("bedrock"));
+                }
+                let region = self.region.clone().ok_or_else(|| missing("region"))?;
+                let env = |given: &Option<String>, standard: &str| {
+                    given.clone().unwrap_or_else(|| standard.to_owned())
+                };
+                let settings = BedrockSettings {
+                    region,
+                    access_key_id_env: env(&self.access_key_id_env, "AWS_ACCESS_KEY_ID"),
+                    secret_access_key_env: env(
+                        &self.secret_access_key_env,
+                        "AWS_SECRET_ACCESS_KEY",
+                    ),
+                    session_token_env: env(&self.session_token_env, "AWS_SESSION_TOKEN"),
+                };
+                // A Bedrock API key, used instead of signing when its variable is set.
+                let key = env(&self.api_key_env, "AWS_BEARER_TOKEN_BEDROCK");
+                Ok((UpstreamKind::Anthropic, Hosting::Bedrock(settings), key))
+            }
+            KindEntry::Vertex => {
+                if !cfg!(feature = "vertex") {
+                    return Err(not_built("vertex"));
+                }
+                if self.api_key_env.is_some() {
+                    return Err(misplaced("api_key_env", "upstreams that send a key"));
+                }
+                let publisher = self.publisher.ok_or_else(|| missing("publisher"))?;
+                let settings = VertexSettings {
+                    project: self.project.clone().ok_or_else(|| missing("project"))?,
+                    region: self.region.clone().ok_or_else(|| missing("region"))?,
+                    publisher,
+                    credentials_file: self.credentials_file.clone(),
+                };
+                let wire = match publisher {
+                    VertexPublisher::Anthropic => UpstreamKind::Anthropic,
+                    VertexPublisher::Google => UpstreamKind::Gemini,
+                };
+                Ok((wire, Hosting::Vertex(settings), String::new()))
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -558,7 +830,13 @@ impl Catalogue {
                 "max_event_bytes".to_owned()
             })?;
         let mut upstreams: HashMap<String, Arc<UpstreamConfig>> = HashMap::new();
-        for entry in file.upstreams {
+        for mut entry in file.upstreams {
+            let (kind, hosting, api_key_env) = entry.hosting()?;
+            let base_url = entry
+                .base_url
+                .clone()
+                .or_else(|| hosting.default_base_url())
+                .unwrap_or_default();
             let name = entry.name;
             let setting = |key: &str| format!("`{key}` of upstream `{name}`");
             for (header, value) in &entry.headers {
@@ -590,12 +868,20 @@ impl Catalogue {
                     || setting("breaker_cooldown_secs"),
                 )?,
                 breaker_failures,
-                base_url: entry.base_url.trim_end_matches('/').to_owned(),
-                kind: entry.kind,
-                api_key_env: entry.api_key_env,
+                base_url: base_url.trim_end_matches('/').to_owned(),
+                kind,
+                api_key_env,
                 proxy: entry.proxy,
                 headers: entry.headers.into_iter().collect(),
-                responses: match (entry.kind, entry.responses) {
+                responses: match (kind, entry.responses) {
+                    (_, Some(_)) if hosting != Hosting::Direct => {
+                        return Err(CatalogueError::MisplacedSetting {
+                            upstream: name,
+                            kind: entry.kind.name(),
+                            setting: "responses",
+                            applies: "`openai` upstreams",
+                        });
+                    }
                     (UpstreamKind::Anthropic, Some(_)) => {
                         return Err(CatalogueError::ResponsesOnAnthropic(name));
                     }
@@ -605,6 +891,7 @@ impl Catalogue {
                     (_, route) => route.unwrap_or_default(),
                 },
                 builtin_tools: entry.builtin_tools,
+                hosting,
                 name: name.clone(),
             };
             if upstreams.contains_key(&name) {

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use super::sse::{Event, EventKind, StreamState};
 use super::translate::Needs;
 use super::translation::Translation;
-use super::upstream_kind::{ResponsesRoute, UpstreamKind};
+use super::upstream_kind::{HostedOn, ResponsesRoute, UpstreamKind};
 use super::{Protocol, TokenUsage, json_string, responses};
 use crate::error::GatewayError;
 
@@ -171,6 +171,20 @@ pub(crate) trait UpstreamDialect: Sync {
     fn call_path(&self, path: &str, model: &str, stream: bool) -> Option<String> {
         let _ = (path, model, stream);
         None
+    }
+
+    /// The body of a call to this protocol's models where a platform hosts them (`on`), made
+    /// from the body the provider's own API takes; `None` where it is the same.
+    fn hosted_body(&self, body: &[u8], on: HostedOn, client_headers: &HeaderMap) -> Option<Bytes> {
+        let _ = (body, on, client_headers);
+        None
+    }
+
+    /// The headers of a call where a platform hosts this protocol's models: the content type
+    /// and the client's headers the platform takes; its credentials are added by the channel.
+    fn hosted_headers(&self, on: HostedOn, client_headers: &HeaderMap) -> HeaderMap {
+        let _ = (on, client_headers);
+        json_headers()
     }
 }
 

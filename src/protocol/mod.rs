@@ -20,6 +20,7 @@ mod upstream_kind;
 
 use dialect::Dialect;
 pub use translate::Untranslatable;
+pub(crate) use upstream_kind::HostedOn;
 pub use upstream_kind::{BuiltinTools, ResponsesRoute, UpstreamKind};
 
 /// Which API style a call uses; decided by the request path. More may come: match with a `_`

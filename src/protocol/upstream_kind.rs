@@ -35,6 +35,19 @@ impl UpstreamKind {
     }
 }
 
+/// A cloud platform hosting a provider's models under its own paths and credentials, where
+/// the body the provider's own API takes differs (the model named in the path, the API version
+/// in the body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostedOn {
+    /// Amazon Bedrock.
+    #[cfg_attr(not(feature = "bedrock"), allow(dead_code))]
+    Bedrock,
+    /// Google Vertex AI.
+    #[cfg_attr(not(feature = "vertex"), allow(dead_code))]
+    Vertex,
+}
+
 /// How an `OpenAI`-kind upstream serves `POST /v1/responses` (`responses` in its catalogue
 /// entry).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

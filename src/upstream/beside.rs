@@ -52,6 +52,10 @@ impl HttpUpstream {
         let order = attempt_order(&routed.model.channels);
         let path_at = |pick: &ModelChannel| {
             let channel = channels.get(&pick.upstream.name)?;
+            // A platform hosting the models counts at paths of its own: the gateway counts.
+            if channel.hosted.is_some() {
+                return None;
+            }
             let model = pick.upstream_model.as_deref().unwrap_or(&routed.model.name);
             dialect.count_tokens_path(channel.config.kind, model)
         };

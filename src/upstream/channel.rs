@@ -13,6 +13,7 @@ use http_body_util::BodyExt;
 
 use super::breaker::CircuitBreaker;
 use super::failover::AttemptError;
+use super::hosted::Hosted;
 use super::translated::TranslatedStream;
 use crate::call::{RoutedCall, ServedBy, Spoke};
 use crate::catalogue::{ModelChannel, UpstreamConfig};
@@ -49,6 +50,9 @@ pub(super) struct Channel {
     pub(super) limits: ReadLimits,
     /// Where each protocol's calls go, parsed once.
     pub(super) endpoints: Endpoints,
+    /// The platform hosting the provider's models, with its credentials; `None` for the
+    /// provider's own API.
+    pub(super) hosted: Option<Arc<Hosted>>,
 }
 
 /// The URL a call of each protocol goes to on one upstream, parsed when the channel is made:
@@ -137,6 +141,14 @@ impl Channel {
     /// dialect gives, with the model (the channel's name for it) and the stream in the path
     /// where the upstream's protocol puts them there (the Gemini API's).
     fn post(&self, channel: &ModelChannel, routed: &RoutedCall) -> reqwest::RequestBuilder {
+        if let Some(hosted) = &self.hosted {
+            let model = channel
+                .upstream_model
+                .as_deref()
+                .unwrap_or(&routed.model.name);
+            let path = hosted.call_path(model, routed.stream);
+            return self.client.post(format!("{}{path}", self.config.base_url));
+        }
         let protocol = routed.protocol;
         let route = protocol
             .dialect()
@@ -216,6 +228,43 @@ impl Channel {
         self.config.kind.speaks().headers(client_headers, api_key)
     }
 
+    /// A call's request, whole and with its credentials: the provider key in its header, or,
+    /// where a platform hosts the models, the platform's body and headers, signed or carrying
+    /// its token. A failure says why the channel cannot be called, without a secret.
+    async fn request(
+        &self,
+        channel: &ModelChannel,
+        routed: &RoutedCall,
+        client_headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<reqwest::Request, String> {
+        let Some(hosted) = &self.hosted else {
+            let api_key = self.api_key.clone().ok_or_else(|| {
+                format!(
+                    "provider key variable {} is not set",
+                    self.config.api_key_env
+                )
+            })?;
+            return (self.post(channel, routed))
+                .headers(self.headers(client_headers, api_key))
+                .body(body)
+                .build()
+                .map_err(transport_error);
+        };
+        let speaks = self.config.kind.speaks();
+        let on = hosted.on();
+        let body = speaks
+            .hosted_body(&body, on, client_headers)
+            .unwrap_or(body);
+        let mut request = (self.post(channel, routed))
+            .headers(speaks.hosted_headers(on, client_headers))
+            .body(body)
+            .build()
+            .map_err(transport_error)?;
+        hosted.authorize(&mut request).await?;
+        Ok(request)
+    }
+
     /// A 2xx answer to a streamed call: an event stream is handed on once its first event has
     /// arrived, so that a provider failing before that is still failed over; anything else is
     /// this channel's failure.
@@ -232,18 +281,31 @@ impl Channel {
             retry_after: None,
         };
         let content_type = reply.headers().get(header::CONTENT_TYPE).cloned();
+        let expected = self
+            .hosted
+            .as_ref()
+            .map_or("text/event-stream", |hosted| hosted.stream_content_type());
         let is_event_stream = content_type
             .as_ref()
             .and_then(|value| value.to_str().ok())
-            .is_some_and(|value| value.trim_start().starts_with("text/event-stream"));
+            .is_some_and(|value| value.trim_start().starts_with(expected));
         if !is_event_stream {
             return Err(failed(format!(
                 "answered {status} to a streamed call without an event stream ({content_type:?})"
             )));
         }
-        let mut body = http::Response::<reqwest::Body>::from(reply)
+        let body = http::Response::<reqwest::Body>::from(reply)
             .into_body()
             .map_err(|error| UpstreamError::transport(transport_error(error)));
+        let mut body = match &self.hosted {
+            // Bedrock's frames, as the events Anthropic's own API sends.
+            Some(hosted) => hosted.events(body.boxed_unsync(), self.limits.event),
+            None => body.boxed_unsync(),
+        };
+        let content_type = content_type.map(|value| match &self.hosted {
+            Some(_) => HeaderValue::from_static("text/event-stream"),
+            None => value,
+        });
         let mut received = Vec::new();
         let mut splitter = EventSplitter::new();
         let first = async {
@@ -322,12 +384,20 @@ impl Channel {
 
     /// Removes the provider key from text the provider sent back.
     pub(super) fn scrub(&self, text: String) -> String {
-        match &self.secret {
+        let mut text = match &self.secret {
             Some(secret) if text.contains(secret.as_str()) => {
                 text.replace(secret.as_str(), "[redacted]")
             }
             _ => text,
+        };
+        if let Some(hosted) = &self.hosted {
+            for secret in hosted.secrets() {
+                if !secret.is_empty() && text.contains(&secret) {
+                    text = text.replace(&secret, "[redacted]");
+                }
+            }
         }
+        text
     }
 
     pub(super) async fn attempt(
@@ -343,7 +413,7 @@ impl Channel {
             message,
             retry_after: None,
         };
-        let Some(api_key) = self.api_key.clone() else {
+        if self.api_key.is_none() && self.hosted.is_none() {
             return Err(retryable(
                 None,
                 format!(
@@ -351,24 +421,26 @@ impl Channel {
                     self.config.api_key_env
                 ),
             ));
-        };
-        let remaining = deadline.saturating_duration_since(Instant::now());
+        }
+        let (body, translated) = self.request_body(channel, routed, request.body())?;
         let mut sent = self
-            .post(channel, routed)
-            .headers(self.headers(request.headers(), api_key));
+            .request(channel, routed, request.headers(), body)
+            .await
+            .map_err(|message| retryable(None, message))?;
+        let remaining = deadline.saturating_duration_since(Instant::now());
         // A streamed reply's time limits (deadline, idle time-out) are kept by the billing layer
         // with one timer, which tells the client why; a reqwest time-out would poll a second
         // timer for every event. The wait for the answer and its first event is bounded below.
         if !routed.stream {
-            sent = sent.timeout(remaining.min(self.config.timeout));
+            *sent.timeout_mut() = Some(remaining.min(self.config.timeout));
         }
-        let (body, translated) = self.request_body(channel, routed, request.body())?;
+        let authorization = sent.headers().get(header::AUTHORIZATION).cloned();
         // The protocol this provider is asked in, for the call log.
         let spoke = match translated {
             Some(_) => self.config.kind.protocol(),
             None => routed.protocol,
         };
-        let sent = sent.body(body).send();
+        let sent = self.client.execute(sent);
         let reply = tokio::time::timeout(remaining.min(self.config.timeout), sent)
             .await
             .map_err(|_| retryable(None, "timed out waiting for the answer".to_owned()))?
@@ -454,7 +526,13 @@ impl Channel {
             return Ok(response);
         }
 
-        let message = self.scrub(format!("answered {status}: {}", excerpt(&body)));
+        let mut message = self.scrub(format!("answered {status}: {}", excerpt(&body)));
+        if let Some(hosted) = &self.hosted
+            && matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+        {
+            hosted.refused(authorization.as_ref());
+            message = format!("the platform refused this upstream's credentials ({message})");
+        }
         if is_retryable(status) {
             return Err(AttemptError::Retryable {
                 status: Some(status.as_u16()),

@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::breaker::CircuitBreaker;
 use super::channel::{Channel, Endpoints, ReadLimits};
+use super::hosted::Hosted;
 use crate::catalogue::{Catalogue, ModelChannel, UpstreamConfig};
 
 /// Where provider keys are read: the name of a variable to its value.
@@ -49,8 +50,17 @@ pub(super) fn build_channels(
             reply: catalogue.max_reply_bytes(),
             event: catalogue.max_event_bytes(),
         };
+        let client = build_client(config)?;
+        let hosted = Hosted::new(config, key_for, &client).map(Arc::new);
         let unchanged = old.get(&config.name).filter(|kept| {
-            *kept.config == **config && kept.secret == secret && kept.limits == limits
+            let same_credentials = match (&kept.hosted, &hosted) {
+                (Some(kept), Some(new)) => kept.same_credentials(new),
+                (kept, new) => kept.is_none() && new.is_none(),
+            };
+            *kept.config == **config
+                && kept.secret == secret
+                && kept.limits == limits
+                && same_credentials
         });
         if let Some(kept) = unchanged {
             // The same upstream: its connections and its breaker go on, under the new
@@ -63,17 +73,21 @@ pub(super) fn build_channels(
                 breaker: kept.breaker.clone(),
                 limits,
                 endpoints: kept.endpoints.clone(),
+                hosted: kept.hosted.clone(),
             };
             channels.insert(config.name.clone(), Arc::new(channel));
             continue;
         }
-        let api_key = secret.as_deref().and_then(|key| {
-            let value = config.kind.speaks().api_key_value(key);
-            let mut value = HeaderValue::try_from(value).ok()?;
-            value.set_sensitive(true);
-            Some(value)
-        });
-        if api_key.is_none() {
+        let api_key = secret
+            .as_deref()
+            .filter(|_| hosted.is_none())
+            .and_then(|key| {
+                let value = config.kind.speaks().api_key_value(key);
+                let mut value = HeaderValue::try_from(value).ok()?;
+                value.set_sensitive(true);
+                Some(value)
+            });
+        if api_key.is_none() && hosted.is_none() {
             tracing::warn!(
                 upstream = %config.name,
                 variable = %config.api_key_env,
@@ -81,7 +95,8 @@ pub(super) fn build_channels(
             );
         }
         let channel = Channel {
-            client: build_client(config)?,
+            client,
+            hosted,
             breaker: Arc::new(CircuitBreaker::new(
                 config.breaker_failures,
                 config.breaker_cooldown,

@@ -23,6 +23,7 @@ mod breaker;
 mod channel;
 mod channels;
 mod failover;
+mod hosted;
 mod http_client;
 pub(crate) mod mock;
 mod translated;

@@ -8,6 +8,8 @@
 #![allow(dead_code)]
 
 pub mod db_proxy;
+#[cfg(all(feature = "bedrock", feature = "vertex"))]
+pub mod fake_cloud;
 pub mod fake_provider;
 
 use std::sync::Arc;

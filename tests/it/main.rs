@@ -28,6 +28,8 @@ mod escrow;
 #[cfg(feature = "sqlite")]
 mod front_door;
 mod gemini;
+#[cfg(all(feature = "bedrock", feature = "vertex"))]
+mod hosted;
 mod idempotency;
 mod integrity;
 mod key_holder;

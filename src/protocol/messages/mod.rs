@@ -3,6 +3,7 @@
 //! completions for an `OpenAI`-kind upstream (see [`MessagesAsChat`]).
 
 pub(crate) mod chat;
+mod hosted;
 mod mock;
 mod stream;
 
@@ -17,7 +18,7 @@ use super::dialect::{
 use super::sse::{Event, EventKind, StreamState};
 use super::translate::Needs;
 use super::translation::{ToChat, Translation};
-use super::{BuiltinTools, Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
+use super::{BuiltinTools, HostedOn, Protocol, ResponsesRoute, TokenUsage, UpstreamKind};
 use crate::error::GatewayError;
 
 /// Messages' dialect.
@@ -150,6 +151,21 @@ impl UpstreamDialect for Messages {
             .unwrap_or(HeaderValue::from_static(DEFAULT_ANTHROPIC_VERSION));
         headers.insert(HeaderName::from_static("anthropic-version"), version);
         pass_headers(&mut headers, client_headers, PASSED_HEADERS);
+        headers
+    }
+
+    fn hosted_body(&self, body: &[u8], on: HostedOn, client_headers: &HeaderMap) -> Option<Bytes> {
+        hosted::body(body, on, client_headers)
+    }
+
+    fn hosted_headers(&self, on: HostedOn, client_headers: &HeaderMap) -> HeaderMap {
+        let mut headers = json_headers();
+        // Bedrock takes the beta flags in the body (see `hosted`); Vertex as Anthropic does.
+        let passed = match on {
+            HostedOn::Bedrock => &PASSED_HEADERS[1..],
+            HostedOn::Vertex => PASSED_HEADERS,
+        };
+        pass_headers(&mut headers, client_headers, passed);
         headers
     }
 }

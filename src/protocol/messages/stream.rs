@@ -21,6 +21,9 @@ pub(super) fn read_event(event: &Event<'_>, state: &mut StreamState) -> EventKin
         error: Option<ErrorObject>,
         content_block: Option<DeltaHasContent>,
         delta: Option<DeltaHasContent>,
+        /// Bedrock's own count, on its `message_stop`.
+        #[serde(rename = "amazon-bedrock-invocationMetrics")]
+        bedrock_metrics: Option<InvocationMetrics>,
     }
     #[derive(Deserialize)]
     struct Message {
@@ -54,12 +57,60 @@ pub(super) fn read_event(event: &Event<'_>, state: &mut StreamState) -> EventKin
                 EventKind::Other
             }
         }
-        "message_stop" => EventKind::End,
+        "message_stop" => {
+            if let Some(metrics) = data.and_then(|data| data.bedrock_metrics) {
+                metrics.keep(state);
+            }
+            EventKind::End
+        }
         "error" => EventKind::Error(
             data.and_then(|data| data.error)
                 .map_or_else(|| event.data.to_string(), ErrorObject::describe),
         ),
         _ => EventKind::Other,
+    }
+}
+
+/// Bedrock's count of a call's tokens (`amazon-bedrock-invocationMetrics`), on the last event
+/// of a stream it hosts: what Bedrock bills.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct InvocationMetrics {
+    input_token_count: Option<serde_json::Value>,
+    output_token_count: Option<serde_json::Value>,
+    cache_read_input_token_count: Option<serde_json::Value>,
+    cache_write_input_token_count: Option<serde_json::Value>,
+}
+
+impl InvocationMetrics {
+    /// Kept in `state`: its input and output counts are Bedrock's bill and replace the
+    /// events'; its cache counts only fill in what the events did not report (they split
+    /// cache writes by duration, these do not).
+    fn keep(self, state: &mut StreamState) {
+        let reported = state.usage;
+        let had_writes =
+            reported.cache_write_tokens.is_some() || reported.cache_write_1h_tokens.is_some();
+        let mut usage = serde_json::Map::new();
+        let mut put = |name: &str, count: Option<serde_json::Value>| {
+            if let Some(count) = count {
+                usage.insert(name.to_owned(), count);
+            }
+        };
+        put("input_tokens", self.input_token_count);
+        put("output_tokens", self.output_token_count);
+        if reported.cache_read_tokens.is_none() {
+            put("cache_read_input_tokens", self.cache_read_input_token_count);
+        }
+        if !had_writes {
+            put(
+                "cache_creation_input_tokens",
+                self.cache_write_input_token_count,
+            );
+        }
+        // Read as any usage object is, so that a count that is no count is judged the same.
+        if let Ok(usage) = serde_json::from_value::<TokenUsage>(serde_json::Value::Object(usage)) {
+            state.merge(usage);
+        }
     }
 }
 

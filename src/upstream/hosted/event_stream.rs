@@ -1,0 +1,160 @@
+//! Bedrock's streamed replies: AWS's binary event-stream framing (a length prelude, headers,
+//! the payload, and a CRC-32 over the prelude and over the whole frame, checked by the AWS
+//! SDK's own decoder), each `chunk` event carrying one of Anthropic's stream events as base64.
+//! Decoded into the server-sent events Anthropic's own API sends, so that everything above
+//! reads a Bedrock stream as it reads Anthropic's. An exception frame (throttling, a model
+//! error) is the stream's failure: before any event, the channel's (another may serve the
+//! call); after, a cut.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
+use aws_smithy_types::event_stream::Message;
+use base64::Engine as _;
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame};
+use serde::Deserialize;
+
+use crate::error::UpstreamError;
+use crate::reply::EventStream;
+
+/// Bedrock's stream in, Anthropic's events out.
+pub(super) struct Decoded {
+    frames: EventStream,
+    buffer: BytesMut,
+    decoder: MessageFrameDecoder,
+    /// The largest frame held unfinished.
+    max_frame: usize,
+}
+
+impl Decoded {
+    pub(super) fn new(frames: EventStream, max_event: usize) -> Decoded {
+        Decoded {
+            frames,
+            buffer: BytesMut::new(),
+            decoder: MessageFrameDecoder::new(),
+            // A frame carries an event as base64 in JSON: a third more, and its framing.
+            max_frame: max_event.saturating_mul(2),
+        }
+    }
+
+    /// Every complete frame in the buffer, as events.
+    fn decode(&mut self) -> Result<Vec<u8>, UpstreamError> {
+        let mut events = Vec::new();
+        loop {
+            match self.decoder.decode_frame(&mut self.buffer) {
+                Ok(DecodedFrame::Complete(message)) => event(&message, &mut events)?,
+                Ok(DecodedFrame::Incomplete) => break,
+                Err(error) => {
+                    return Err(UpstreamError::transport(format!(
+                        "Bedrock sent a frame that does not decode: {error}"
+                    )));
+                }
+            }
+        }
+        if self.buffer.len() > self.max_frame {
+            return Err(UpstreamError::transport(format!(
+                "Bedrock's frame passed the {} bytes a frame may have",
+                self.max_frame
+            )));
+        }
+        Ok(events)
+    }
+}
+
+/// A header's text value.
+fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
+    let header = message
+        .headers()
+        .iter()
+        .find(|header| header.name().as_str() == name)?;
+    Some(header.value().as_string().ok()?.as_str())
+}
+
+/// Appends the event `message` carries to `events`, or says why the stream failed.
+fn event(message: &Message, events: &mut Vec<u8>) -> Result<(), UpstreamError> {
+    #[derive(Deserialize)]
+    struct Chunk {
+        bytes: String,
+    }
+    #[derive(Deserialize)]
+    struct Kind {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    #[derive(Deserialize)]
+    struct Exception {
+        message: Option<String>,
+        #[serde(rename = "Message")]
+        capital: Option<String>,
+    }
+    let payload = message.payload();
+    match header(message, ":message-type") {
+        Some("event") => {}
+        Some("exception") => {
+            let kind = header(message, ":exception-type").unwrap_or("exception");
+            let text = serde_json::from_slice::<Exception>(payload)
+                .ok()
+                .and_then(|exception| exception.message.or(exception.capital))
+                .unwrap_or_default();
+            return Err(UpstreamError::transport(format!("Bedrock: {kind}: {text}")));
+        }
+        _ => {
+            let code = header(message, ":error-code").unwrap_or("error");
+            let text = header(message, ":error-message").unwrap_or_default();
+            return Err(UpstreamError::transport(format!("Bedrock: {code}: {text}")));
+        }
+    }
+    if header(message, ":event-type") != Some("chunk") {
+        return Ok(());
+    }
+    let unreadable = || UpstreamError::transport("Bedrock sent a chunk that is not an event");
+    let chunk: Chunk = serde_json::from_slice(payload).map_err(|_| unreadable())?;
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(chunk.bytes)
+        .map_err(|_| unreadable())?;
+    let kind: Kind = serde_json::from_slice(&data).map_err(|_| unreadable())?;
+    events.extend_from_slice(b"event: ");
+    events.extend_from_slice(kind.kind.as_bytes());
+    events.extend_from_slice(b"\ndata: ");
+    // Line breaks in JSON are white space between its tokens (never inside a string): an
+    // event's data stays on one line.
+    events.extend(data.iter().map(|&byte| match byte {
+        b'\n' | b'\r' => b' ',
+        other => other,
+    }));
+    events.extend_from_slice(b"\n\n");
+    Ok(())
+}
+
+impl Body for Decoded {
+    type Data = Bytes;
+    type Error = UpstreamError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        let this = self.get_mut();
+        loop {
+            let Some(frame) = ready!(Pin::new(&mut this.frames).poll_frame(cx)) else {
+                if this.buffer.is_empty() {
+                    return Poll::Ready(None);
+                }
+                this.buffer.clear();
+                return Poll::Ready(Some(Err(UpstreamError::transport(
+                    "Bedrock's stream ended inside a frame",
+                ))));
+            };
+            let Ok(data) = frame?.into_data() else {
+                continue;
+            };
+            this.buffer.extend_from_slice(&data);
+            let events = this.decode()?;
+            if !events.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(events)))));
+            }
+        }
+    }
+}
