@@ -679,3 +679,147 @@ fn the_demo_catalogue_serves_claude_codes_default_model_names() {
     assert!(chat.endpoints.contains(&Protocol::Messages));
     assert_eq!(chat.channels[0].upstream.kind, UpstreamKind::Openai);
 }
+
+/// A catalogue of one upstream, `entry` its settings, and a messages model on it.
+fn hosted(entry: &str) -> Result<Catalogue, CatalogueError> {
+    Catalogue::from_toml(&format!(
+        "[[upstreams]]\nname = \"cloud\"\n{entry}\n\
+         [[models]]\nname = \"claude\"\nprotocol = \"messages\"\nprice = 1\nupstream = \"cloud\"\n"
+    ))
+}
+
+#[cfg(feature = "bedrock")]
+#[test]
+fn a_bedrock_upstream_speaks_messages_at_its_regions_runtime_with_the_standard_variables() {
+    let catalogue = hosted("kind = \"bedrock\"\nregion = \"eu-west-3\"").unwrap();
+    let upstream = &catalogue.upstreams()[0];
+    assert_eq!(upstream.kind, UpstreamKind::Anthropic);
+    assert_eq!(upstream.kind_name(), "bedrock");
+    assert_eq!(
+        upstream.base_url,
+        "https://bedrock-runtime.eu-west-3.amazonaws.com"
+    );
+    assert_eq!(upstream.api_key_env, "AWS_BEARER_TOKEN_BEDROCK");
+    let Hosting::Bedrock(settings) = &upstream.hosting else {
+        panic!("{:?}", upstream.hosting);
+    };
+    assert_eq!(
+        (
+            settings.access_key_id_env.as_str(),
+            settings.secret_access_key_env.as_str(),
+            settings.session_token_env.as_str()
+        ),
+        (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN"
+        )
+    );
+    let named = hosted(
+        "kind = \"bedrock\"\nregion = \"us-east-1\"\naccess_key_id_env = \"A\"\nsecret_access_key_env = \"S\"",
+    )
+    .unwrap();
+    let Hosting::Bedrock(settings) = &named.upstreams()[0].hosting else {
+        panic!("bedrock");
+    };
+    assert_eq!(settings.access_key_id_env, "A");
+    let missing = hosted("kind = \"bedrock\"").unwrap_err().to_string();
+    assert!(missing.contains("needs `region`"), "{missing}");
+}
+
+#[cfg(feature = "vertex")]
+#[test]
+fn a_vertex_upstream_speaks_its_publishers_protocol_at_its_regions_endpoint() {
+    let claude = hosted(
+        "kind = \"vertex\"\npublisher = \"anthropic\"\nproject = \"p\"\nregion = \"us-east5\"",
+    )
+    .unwrap();
+    let upstream = &claude.upstreams()[0];
+    assert_eq!(
+        (upstream.kind, upstream.kind_name()),
+        (UpstreamKind::Anthropic, "vertex")
+    );
+    assert_eq!(
+        upstream.base_url,
+        "https://us-east5-aiplatform.googleapis.com"
+    );
+    let global = Catalogue::from_toml(
+        "[[upstreams]]\nname = \"g\"\nkind = \"vertex\"\npublisher = \"google\"\nproject = \"p\"\nregion = \"global\"\n\
+         [[models]]\nname = \"gemini\"\nprotocol = \"gemini\"\nprice = 1\nupstream = \"g\"\n",
+    )
+    .unwrap();
+    let upstream = &global.upstreams()[0];
+    assert_eq!(upstream.kind, UpstreamKind::Gemini);
+    assert_eq!(upstream.base_url, "https://aiplatform.googleapis.com");
+    let no_publisher = hosted("kind = \"vertex\"\nproject = \"p\"\nregion = \"r\"").unwrap_err();
+    assert!(
+        no_publisher.to_string().contains("needs `publisher`"),
+        "{no_publisher}"
+    );
+    // Neither publisher serves embeddings.
+    let mismatch = Catalogue::from_toml(
+        "[[upstreams]]\nname = \"v\"\nkind = \"vertex\"\npublisher = \"anthropic\"\nproject = \"p\"\nregion = \"r\"\n\
+         [[models]]\nname = \"e\"\nprotocol = \"embeddings\"\nprice = 1\nupstream = \"v\"\n",
+    )
+    .unwrap_err();
+    assert!(
+        mismatch.to_string().contains("does not serve"),
+        "{mismatch}"
+    );
+}
+
+#[test]
+fn a_platforms_settings_are_refused_on_the_other_kinds() {
+    for (entry, named) in [
+        (
+            "kind = \"anthropic\"\nbase_url = \"http://x\"\napi_key_env = \"K\"\nregion = \"r\"",
+            "`region`",
+        ),
+        (
+            "kind = \"anthropic\"\nbase_url = \"http://x\"\napi_key_env = \"K\"\nproject = \"p\"",
+            "`project`",
+        ),
+        (
+            "kind = \"openai\"\nbase_url = \"http://x\"\napi_key_env = \"K\"\naccess_key_id_env = \"A\"",
+            "`access_key_id_env`",
+        ),
+        (
+            "kind = \"anthropic\"\napi_key_env = \"K\"",
+            "needs `base_url`",
+        ),
+        (
+            "kind = \"anthropic\"\nbase_url = \"http://x\"",
+            "needs `api_key_env`",
+        ),
+    ] {
+        let refused = hosted(entry).unwrap_err().to_string();
+        assert!(refused.contains(named), "{entry}: {refused}");
+    }
+    #[cfg(all(feature = "bedrock", feature = "vertex"))]
+    for (entry, named) in [
+        (
+            "kind = \"bedrock\"\nregion = \"r\"\npublisher = \"anthropic\"",
+            "`publisher`",
+        ),
+        (
+            "kind = \"bedrock\"\nregion = \"r\"\nresponses = \"native\"",
+            "`responses`",
+        ),
+        (
+            "kind = \"vertex\"\npublisher = \"anthropic\"\nproject = \"p\"\nregion = \"r\"\napi_key_env = \"K\"",
+            "`api_key_env`",
+        ),
+    ] {
+        let refused = hosted(entry).unwrap_err().to_string();
+        assert!(refused.contains(named), "{entry}: {refused}");
+    }
+}
+
+#[cfg(not(feature = "bedrock"))]
+#[test]
+fn a_bedrock_upstream_in_a_build_without_it_names_the_feature() {
+    let refused = hosted("kind = \"bedrock\"\nregion = \"r\"")
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("cargo feature `bedrock`"), "{refused}");
+}

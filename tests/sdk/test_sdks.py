@@ -77,6 +77,11 @@ def start_gateway(tmp_path_factory, **settings):
             return json.loads(command("logs", "--key", key))
 
         @staticmethod
+        def log():
+            """What the server has logged so far."""
+            return log_path.read_text()
+
+        @staticmethod
         def access_lines(path, status):
             """The server's access-log lines so far for requests to `path` answered `status`."""
             return [

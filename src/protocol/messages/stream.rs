@@ -134,3 +134,55 @@ pub(super) fn error_event(error: &GatewayError) -> Bytes {
     );
     Bytes::from(event)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(state: &mut StreamState, name: &'static str, data: &str) -> EventKind {
+        read_event(
+            &Event {
+                name: Some(name),
+                data: data.into(),
+            },
+            state,
+        )
+    }
+
+    #[test]
+    fn bedrocks_metrics_are_its_bill_of_input_and_output_and_fill_in_the_cache() {
+        let mut state = StreamState::default();
+        let start = r#"{"type":"message_start","message":{"usage":{"input_tokens":10,"output_tokens":1,"cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":4},"cache_creation_input_tokens":4}}}"#;
+        read(&mut state, "message_start", start);
+        read(
+            &mut state,
+            "message_delta",
+            r#"{"type":"message_delta","usage":{"output_tokens":6}}"#,
+        );
+        let stop = r#"{"type":"message_stop","amazon-bedrock-invocationMetrics":{"inputTokenCount":11,"outputTokenCount":7,"cacheReadInputTokenCount":3,"cacheWriteInputTokenCount":4,"invocationLatency":5}}"#;
+        assert!(matches!(
+            read(&mut state, "message_stop", stop),
+            EventKind::End
+        ));
+        let usage = state.usage;
+        assert_eq!(
+            (usage.input_tokens, usage.output_tokens),
+            (Some(11), Some(7))
+        );
+        assert_eq!(usage.cache_read_tokens, Some(3), "filled in");
+        // The events split the writes by duration: kept, not counted again at 5 minutes.
+        assert_eq!(
+            (usage.cache_write_tokens, usage.cache_write_1h_tokens),
+            (Some(0), Some(4))
+        );
+        assert!(!usage.malformed);
+    }
+
+    #[test]
+    fn a_metric_that_is_no_count_makes_the_report_untrusted() {
+        let mut state = StreamState::default();
+        let stop = r#"{"type":"message_stop","amazon-bedrock-invocationMetrics":{"inputTokenCount":-1,"outputTokenCount":"7"}}"#;
+        read(&mut state, "message_stop", stop);
+        assert!(state.usage.malformed);
+    }
+}

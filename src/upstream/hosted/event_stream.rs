@@ -158,3 +158,93 @@ impl Body for Decoded {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use aws_smithy_eventstream::frame::write_message_to;
+    use aws_smithy_types::event_stream::{Header, HeaderValue};
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    fn message(headers: &[(&'static str, &'static str)], payload: &[u8]) -> Vec<u8> {
+        let headers = headers
+            .iter()
+            .map(|(name, value)| Header::new(*name, HeaderValue::String((*value).into())))
+            .collect();
+        let mut frame = Vec::new();
+        write_message_to(
+            &Message::new_from_parts(headers, payload.to_vec()),
+            &mut frame,
+        )
+        .expect("a frame");
+        frame
+    }
+
+    fn chunk(event: &str) -> Vec<u8> {
+        let bytes = base64::engine::general_purpose::STANDARD.encode(event);
+        let payload = serde_json::json!({ "bytes": bytes }).to_string();
+        message(
+            &[(":message-type", "event"), (":event-type", "chunk")],
+            payload.as_bytes(),
+        )
+    }
+
+    /// The frames `pieces` carry, in the pieces they arrive in, decoded to the end.
+    async fn decoded(pieces: Vec<Vec<u8>>) -> Result<String, String> {
+        let chunks: Vec<Result<Frame<Bytes>, UpstreamError>> = pieces
+            .into_iter()
+            .map(|piece| Ok(Frame::data(Bytes::from(piece))))
+            .collect();
+        let body = http_body_util::StreamBody::new(futures::stream::iter(chunks)).boxed_unsync();
+        let mut decoded = Decoded::new(body, 1 << 20);
+        let mut text = String::new();
+        while let Some(frame) = decoded.frame().await {
+            let frame = frame.map_err(|error| error.message)?;
+            text.push_str(&String::from_utf8_lossy(&frame.into_data().expect("data")));
+        }
+        Ok(text)
+    }
+
+    #[tokio::test]
+    async fn chunks_become_anthropics_events_however_the_frames_are_cut() {
+        let mut bytes = chunk(r#"{"type":"message_start","message":{}}"#);
+        bytes.extend(chunk("{\"type\":\"message_stop\",\n\"x\":1}"));
+        let expected = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{}}\n\n\
+                        event: message_stop\ndata: {\"type\":\"message_stop\", \"x\":1}\n\n";
+        for size in [1, 7, bytes.len()] {
+            let pieces = bytes.chunks(size).map(<[u8]>::to_vec).collect();
+            assert_eq!(decoded(pieces).await.as_deref(), Ok(expected), "{size}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_frame_whose_checksum_does_not_match_fails_the_stream() {
+        let mut bytes = chunk(r#"{"type":"ping"}"#);
+        let last = bytes.len() - 6;
+        bytes[last] ^= 1;
+        let error = decoded(vec![bytes]).await.expect_err("refused");
+        assert!(error.contains("does not decode"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn an_exception_frame_and_a_stream_ending_inside_a_frame_fail_it() {
+        let exception = message(
+            &[
+                (":message-type", "exception"),
+                (":exception-type", "throttlingException"),
+            ],
+            br#"{"message":"Too many requests"}"#,
+        );
+        assert_eq!(
+            decoded(vec![exception]).await,
+            Err("Bedrock: throttlingException: Too many requests".to_owned())
+        );
+        let whole = chunk(r#"{"type":"ping"}"#);
+        let error = decoded(vec![whole[..whole.len() - 1].to_vec()]).await;
+        assert_eq!(
+            error,
+            Err("Bedrock's stream ended inside a frame".to_owned())
+        );
+    }
+}
