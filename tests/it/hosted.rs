@@ -313,6 +313,31 @@ async fn a_bedrock_stream_reaches_the_client_as_anthropics_events_and_is_billed_
 }
 
 #[tokio::test]
+async fn cache_reads_and_writes_are_priced_as_bedrock_reports_them() {
+    let cloud = Cloud::start(Duration::from_secs(3600)).await;
+    let db = local_db().await;
+    let gateway = cloud.gateway(&db, cloud_keys).await;
+    let key = db.funded_key(100_000, 0).await;
+
+    let mut reply = anthropic_message("cached", 10, 5);
+    reply["usage"]["cache_read_input_tokens"] = json!(100);
+    reply["usage"]["cache_creation_input_tokens"] = json!(20);
+    cloud.bedrock.then(CloudReply::Json(reply));
+    let answer = gateway.messages(&key, "claude-bedrock-tokens").await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    let entry = db.calls(&key).await.remove(0);
+    assert_eq!(
+        (entry.cache_read_tokens, entry.cache_write_tokens),
+        (Some(100), Some(20))
+    );
+    // 10 input and 20 written at 1 (no cache-write price: input's), 100 read at 0.1, 5 out at 2.
+    assert_eq!(
+        db.balance(&key).await,
+        balance(100_000 - (10 + 20 + 10 + 10), 0)
+    );
+}
+
+#[tokio::test]
 async fn a_frame_whose_checksum_is_wrong_fails_the_channel() {
     let db = local_db().await;
     let key = db.funded_key(10, 0).await;
