@@ -7,9 +7,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Response, StatusCode, header};
 
-use super::channel::{Channel, read_capped, transport_error};
+use super::channel::{Channel, read_capped};
 use super::failover::attempt_order;
 use super::http_client::HttpUpstream;
+use super::transport::transport_error;
 use crate::call::RoutedCall;
 use crate::catalogue::ModelChannel;
 use crate::error::UpstreamError;

@@ -15,6 +15,7 @@ use super::breaker::CircuitBreaker;
 use super::failover::AttemptError;
 use super::hosted::Hosted;
 use super::translated::TranslatedStream;
+use super::transport::transport_error;
 use crate::call::{RoutedCall, ServedBy, Spoke};
 use crate::catalogue::{ModelChannel, UpstreamConfig};
 use crate::classify::{complete_reply, is_retryable, retry_after};
@@ -548,28 +549,6 @@ impl Channel {
             client_message: provider_message(&body).map(|text| self.scrub(text)),
         }))
     }
-}
-
-/// A transport failure, described without the URL (it may carry credentials in a query), with
-/// its causes (reqwest's own text alone, "error sending request", does not say what failed).
-pub(super) fn transport_error(error: reqwest::Error) -> String {
-    let what = if error.is_timeout() {
-        "timed out"
-    } else if error.is_connect() {
-        "connection failed"
-    } else if error.is_body() || error.is_decode() {
-        "reply body unreadable"
-    } else {
-        "request failed"
-    };
-    let error = error.without_url();
-    let mut text = format!("{what}: {error}");
-    let mut source = std::error::Error::source(&error);
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 /// The translation of a call of `protocol` with `body` that `needs` says, as the router would

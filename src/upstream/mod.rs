@@ -27,6 +27,7 @@ mod hosted;
 mod http_client;
 pub(crate) mod mock;
 mod translated;
+mod transport;
 
 pub use crate::call::ServedBy;
 pub use crate::error::UpstreamError;

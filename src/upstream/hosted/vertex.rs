@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalogue::{VertexPublisher, VertexSettings};
 use crate::error::excerpt;
+use crate::upstream::transport::transport_error;
 
 /// What the token is asked to allow.
 const SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
@@ -223,12 +224,12 @@ impl Vertex {
             .timeout(TOKEN_TIMEOUT)
             .send()
             .await
-            .map_err(|error| failed(super::super::channel::transport_error(error)))?;
+            .map_err(|error| failed(transport_error(error)))?;
         let status = reply.status();
         let body = reply
             .bytes()
             .await
-            .map_err(|error| failed(super::super::channel::transport_error(error)))?;
+            .map_err(|error| failed(transport_error(error)))?;
         if !status.is_success() {
             return Err(failed(format!(
                 "the token URI answered {status}: {}",
