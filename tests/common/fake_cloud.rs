@@ -165,6 +165,19 @@ fn json_response(status: u16, body: &Value) -> Response {
         .into_response()
 }
 
+/// An error with these headers.
+fn error_response(
+    status: u16,
+    headers: Vec<(&'static str, &'static str)>,
+    body: &Value,
+) -> Response {
+    let mut response = json_response(status, body);
+    for (name, value) in headers {
+        response.headers_mut().insert(name, value.parse().unwrap());
+    }
+    response
+}
+
 /// A streamed response of `chunks`, cut (the connection dropped mid-body) when `ending` says.
 fn streamed(content_type: &'static str, chunks: Vec<Vec<u8>>, ending: Ending) -> Response {
     use futures::StreamExt as _;
@@ -249,13 +262,7 @@ async fn bedrock_call(
         body: request,
     });
     match (script.next(), stream) {
-        (CloudReply::Error(status, extra, body), _) => {
-            let mut response = json_response(status, &body);
-            for (name, value) in extra {
-                response.headers_mut().insert(name, value.parse().unwrap());
-            }
-            response
-        }
+        (CloudReply::Error(status, extra, body), _) => error_response(status, extra, &body),
         (CloudReply::Json(reply), false) => json_response(200, &reply),
         (CloudReply::Events(events, ending), true) => {
             let frames = events.iter().map(chunk_frame).collect();
@@ -665,13 +672,7 @@ async fn vertex_call(
         body: request,
     });
     match (script.next(), stream) {
-        (CloudReply::Error(status, extra, body), _) => {
-            let mut response = json_response(status, &body);
-            for (name, value) in extra {
-                response.headers_mut().insert(name, value.parse().unwrap());
-            }
-            response
-        }
+        (CloudReply::Error(status, extra, body), _) => error_response(status, extra, &body),
         (CloudReply::Json(reply), false) => json_response(200, &reply),
         (CloudReply::Events(events, ending), true) => {
             let chunks = events

@@ -107,15 +107,7 @@ impl Cloud {
         db: &TestDb,
         keys: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
     ) -> Gateway {
-        let catalogue = self.catalogue();
-        let upstream = HttpUpstream::with_keys(&catalogue, keys).unwrap();
-        start_gateway(
-            db,
-            catalogue,
-            Upstream::Http(upstream),
-            model_gateway::router::DEFAULT_MAX_BODY_BYTES,
-        )
-        .await
+        gateway_on(db, self.catalogue(), keys).await
     }
 }
 
@@ -137,14 +129,50 @@ fn kinds(data: &[Value]) -> Vec<&str> {
         .collect()
 }
 
+/// The fakes (tokens living an hour), a database, the gateway in front of the fakes with the
+/// test credentials, and a key funded with `credits`.
+async fn started(credits: i64) -> (Cloud, TestDb, Gateway, String) {
+    let cloud = Cloud::start(Duration::from_secs(3600)).await;
+    let db = local_db().await;
+    let gateway = cloud.gateway(&db, cloud_keys).await;
+    let key = db.funded_key(credits, 0).await;
+    (cloud, db, gateway, key)
+}
+
+/// The gateway calling the upstreams of `catalogue`, its provider keys read from `keys`.
+async fn gateway_on(
+    db: &TestDb,
+    catalogue: Catalogue,
+    keys: impl Fn(&str) -> Option<String> + Send + Sync + 'static,
+) -> Gateway {
+    let upstream = HttpUpstream::with_keys(&catalogue, keys).unwrap();
+    start_gateway(
+        db,
+        catalogue,
+        Upstream::Http(upstream),
+        model_gateway::router::DEFAULT_MAX_BODY_BYTES,
+    )
+    .await
+}
+
+/// `key`'s last call was refunded (its balance `credits` again), the operator told why in
+/// words holding each of `says`.
+async fn assert_refunded(db: &TestDb, key: &str, credits: i64, says: &[&str]) {
+    let entry = db.calls(key).await.remove(0);
+    assert_eq!(entry.status, CallStatus::Refunded, "{entry:?}");
+    let error = entry.upstream_error.unwrap_or_default();
+    for words in says {
+        let (error, words) = (error.to_lowercase(), words.to_lowercase());
+        assert!(error.contains(&words), "{words}: {error}");
+    }
+    assert_eq!(db.balance(key).await, balance(credits, 0));
+}
+
 // --- Bedrock ----------------------------------------------------------------------------------
 
 #[tokio::test]
 async fn a_bedrock_call_is_signed_and_sent_as_bedrock_takes_anthropics_body() {
-    let cloud = Cloud::start(Duration::from_secs(3600)).await;
-    let db = local_db().await;
-    let gateway = cloud.gateway(&db, cloud_keys).await;
-    let key = db.funded_key(10, 0).await;
+    let (cloud, db, gateway, key) = started(10).await;
 
     let answer = gateway
         .send(
@@ -198,18 +226,16 @@ async fn a_request_signed_with_the_wrong_secret_is_refused_by_bedrock_and_fails_
     assert_eq!(answer.detail(), "上游服务暂时不可用");
     assert_eq!(cloud.bedrock.refused(), 1);
     assert!(cloud.bedrock.calls().is_empty());
-    let entry = db.calls(&key).await.remove(0);
-    assert_eq!(entry.status, CallStatus::Refunded);
-    let error = entry.upstream_error.unwrap();
-    assert!(
-        error.contains("refused this upstream's credentials"),
-        "{error}"
-    );
-    assert!(
-        error.contains("signature we calculated does not match"),
-        "{error}"
-    );
-    assert_eq!(db.balance(&key).await, balance(10, 0));
+    assert_refunded(
+        &db,
+        &key,
+        10,
+        &[
+            "refused this upstream's credentials",
+            "signature we calculated does not match",
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -258,10 +284,7 @@ async fn a_bedrock_without_credentials_fails_without_being_contacted() {
 #[tokio::test]
 async fn a_bedrock_stream_reaches_the_client_as_anthropics_events_and_is_billed_by_bedrocks_count()
 {
-    let cloud = Cloud::start(Duration::from_secs(3600)).await;
-    let db = local_db().await;
-    let gateway = cloud.gateway(&db, cloud_keys).await;
-    let key = db.funded_key(100_000, 0).await;
+    let (cloud, db, gateway, key) = started(100_000).await;
 
     // The output count is Bedrock's alone: the events report none.
     let mut events = anthropic_events(10, 0);
@@ -314,10 +337,7 @@ async fn a_bedrock_stream_reaches_the_client_as_anthropics_events_and_is_billed_
 
 #[tokio::test]
 async fn cache_reads_and_writes_are_priced_as_bedrock_reports_them() {
-    let cloud = Cloud::start(Duration::from_secs(3600)).await;
-    let db = local_db().await;
-    let gateway = cloud.gateway(&db, cloud_keys).await;
-    let key = db.funded_key(100_000, 0).await;
+    let (cloud, db, gateway, key) = started(100_000).await;
 
     let mut reply = anthropic_message("cached", 10, 5);
     reply["usage"]["cache_read_input_tokens"] = json!(100);
@@ -354,30 +374,15 @@ async fn a_frame_whose_checksum_is_wrong_fails_the_channel() {
         provider.base
     ))
     .unwrap();
-    let upstream = HttpUpstream::with_keys(&catalogue, cloud_keys).unwrap();
-    let gateway = start_gateway(
-        &db,
-        catalogue,
-        Upstream::Http(upstream),
-        model_gateway::router::DEFAULT_MAX_BODY_BYTES,
-    )
-    .await;
+    let gateway = gateway_on(&db, catalogue, cloud_keys).await;
     let received = stream(&gateway, MESSAGES, &key, streamed_messages("claude")).await;
     assert_eq!(received.status, 502, "{}", received.text());
-    let entry = db.calls(&key).await.remove(0);
-    assert_eq!(entry.status, CallStatus::Refunded);
-    let error = entry.upstream_error.unwrap();
-    assert!(error.contains("does not decode"), "{error}");
-    assert!(error.to_lowercase().contains("checksum"), "{error}");
-    assert_eq!(db.balance(&key).await, balance(10, 0));
+    assert_refunded(&db, &key, 10, &["does not decode", "checksum"]).await;
 }
 
 #[tokio::test]
 async fn bedrock_throttling_and_vertex_resource_exhausted_fail_over_to_the_next_channel() {
-    let cloud = Cloud::start(Duration::from_secs(3600)).await;
-    let db = local_db().await;
-    let gateway = cloud.gateway(&db, cloud_keys).await;
-    let key = db.funded_key(100, 0).await;
+    let (cloud, db, gateway, key) = started(100).await;
     cloud.anthropic.always(Fault::json(
         529,
         r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
@@ -434,22 +439,12 @@ async fn bedrock_throttling_and_vertex_resource_exhausted_fail_over_to_the_next_
     ));
     let answer = gateway.messages(&key, "claude-failover").await;
     assert_eq!(answer.status, 502);
-    let entry = db.calls(&key).await.remove(0);
-    assert_eq!(entry.status, CallStatus::Refunded);
-    let error = entry.upstream_error.unwrap();
-    assert!(
-        error.contains("RESOURCE_EXHAUSTED") && error.contains("503"),
-        "{error}"
-    );
-    assert_eq!(db.balance(&key).await, balance(100 - 2 * PRICE, 0));
+    assert_refunded(&db, &key, 100 - 2 * PRICE, &["RESOURCE_EXHAUSTED", "503"]).await;
 }
 
 #[tokio::test]
 async fn a_failing_anthropic_channel_fails_over_to_bedrock_and_the_call_is_charged_once() {
-    let cloud = Cloud::start(Duration::from_secs(3600)).await;
-    let db = local_db().await;
-    let gateway = cloud.gateway(&db, cloud_keys).await;
-    let key = db.funded_key(10, 0).await;
+    let (cloud, db, gateway, key) = started(10).await;
     cloud
         .anthropic
         .then(Fault::json(500, r#"{"error":"boom"}"#));
@@ -632,24 +627,15 @@ async fn vertex_calls_share_one_token_and_renew_it_before_it_expires() {
 
 #[tokio::test]
 async fn a_token_vertex_refuses_fails_the_channel_and_the_next_call_fetches_another() {
-    let cloud = Cloud::start(Duration::from_secs(3600)).await;
-    let db = local_db().await;
-    let gateway = cloud.gateway(&db, cloud_keys).await;
-    let key = db.funded_key(100, 0).await;
+    let (cloud, db, gateway, key) = started(100).await;
 
     assert_eq!(gateway.messages(&key, "claude-vertex").await.status, 200);
     cloud.vertex.expire_tokens();
     let answer = gateway.messages(&key, "claude-vertex").await;
     assert_eq!(answer.status, 502);
     assert_eq!(answer.detail(), "上游服务暂时不可用");
-    let entry = db.calls(&key).await.remove(0);
-    assert_eq!(entry.status, CallStatus::Refunded);
-    let error = entry.upstream_error.unwrap();
-    assert!(
-        error.contains("refused this upstream's credentials"),
-        "{error}"
-    );
-    assert!(error.contains("UNAUTHENTICATED"), "{error}");
+    let says = ["refused this upstream's credentials", "UNAUTHENTICATED"];
+    assert_refunded(&db, &key, 100 - PRICE, &says).await;
 
     assert_eq!(gateway.messages(&key, "claude-vertex").await.status, 200);
     assert_eq!(cloud.vertex.tokens_issued().len(), 2);
@@ -666,14 +652,7 @@ async fn a_service_account_whose_key_is_not_its_own_gets_no_token_and_the_channe
     let mut file: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     file["private_key"] = include_str!("../fixtures/vertex-other-key.pem").into();
     std::fs::write(&path, file.to_string()).unwrap();
-    let upstream = HttpUpstream::with_keys(&catalogue, cloud_keys).unwrap();
-    let gateway = start_gateway(
-        &db,
-        catalogue,
-        Upstream::Http(upstream),
-        model_gateway::router::DEFAULT_MAX_BODY_BYTES,
-    )
-    .await;
+    let gateway = gateway_on(&db, catalogue, cloud_keys).await;
     let key = db.funded_key(10, 0).await;
 
     let answer = gateway.messages(&key, "claude-vertex").await;
@@ -691,10 +670,7 @@ async fn a_service_account_whose_key_is_not_its_own_gets_no_token_and_the_channe
 
 #[tokio::test]
 async fn gemini_on_vertex_goes_to_googles_publisher_and_is_billed_by_its_usage() {
-    let cloud = Cloud::start(Duration::from_secs(3600)).await;
-    let db = local_db().await;
-    let gateway = cloud.gateway(&db, cloud_keys).await;
-    let key = db.funded_key(100, 0).await;
+    let (cloud, db, gateway, key) = started(100).await;
     let reply = json!({
         "candidates": [{"content": {"parts": [{"text": "Hi"}], "role": "model"},
             "finishReason": "STOP", "index": 0}],
@@ -739,10 +715,7 @@ async fn gemini_on_vertex_goes_to_googles_publisher_and_is_billed_by_its_usage()
 
 #[tokio::test]
 async fn chat_and_responses_clients_reach_claude_on_bedrock_and_vertex_through_translation() {
-    let cloud = Cloud::start(Duration::from_secs(3600)).await;
-    let db = local_db().await;
-    let gateway = cloud.gateway(&db, cloud_keys).await;
-    let key = db.funded_key(100, 0).await;
+    let (cloud, db, gateway, key) = started(100).await;
 
     for model in ["claude-bedrock", "claude-vertex"] {
         let answer = gateway.chat(&key, model).await;
@@ -812,10 +785,7 @@ async fn no_credential_reaches_a_log_an_error_body_or_the_call_log() {
         .finish();
     let _logging = tracing::subscriber::set_default(subscriber);
 
-    let cloud = Cloud::start(Duration::from_secs(3600)).await;
-    let db = local_db().await;
-    let gateway = cloud.gateway(&db, cloud_keys).await;
-    let key = db.funded_key(1000, 0).await;
+    let (cloud, db, gateway, key) = started(1000).await;
     let mut bodies = Vec::new();
 
     // Good calls, plain and streamed, on both platforms.

@@ -20,7 +20,7 @@ import struct
 import threading
 import time
 import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import jwt
 from botocore.auth import SigV4Auth
@@ -85,8 +85,7 @@ def signature_problem(method, url, headers, body):
     return None
 
 
-class _Cloud(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Cloud(fake_provider._Handler):
     calls = []
     refused = []
     tokens = {}
@@ -166,19 +165,6 @@ class _Cloud(BaseHTTPRequestHandler):
             self.wfile.write(chunk if isinstance(chunk, bytes) else chunk.encode())
             self.wfile.flush()
         self.close_connection = True
-
-    def _json(self, reply, status=200):
-        body = json.dumps(reply).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.send_header("connection", "close")
-        self.end_headers()
-        self.wfile.write(body)
-        self.close_connection = True
-
-    def log_message(self, *args):
-        pass
 
 
 def start():

@@ -325,9 +325,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", "0")
         self.end_headers()
 
-    def _json(self, reply):
+    def _json(self, reply, status=200):
         body = json.dumps(reply).encode()
-        self.send_response(200)
+        self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
         self.send_header("connection", "close")
