@@ -50,17 +50,18 @@ pub(super) fn build_channels(
             reply: catalogue.max_reply_bytes(),
             event: catalogue.max_event_bytes(),
         };
-        let client = build_client(config)?;
+        let same_settings = old.get(&config.name).filter(|kept| {
+            *kept.config == **config && kept.secret == secret && kept.limits == limits
+        });
+        // A client is made from the settings alone: the kept one serves equal settings.
+        let client = match same_settings {
+            Some(kept) => kept.client.clone(),
+            None => build_client(config)?,
+        };
         let hosted = Hosted::new(config, key_for, &client).map(Arc::new);
-        let unchanged = old.get(&config.name).filter(|kept| {
-            let same_credentials = match (&kept.hosted, &hosted) {
-                (Some(kept), Some(new)) => kept.same_credentials(new),
-                (kept, new) => kept.is_none() && new.is_none(),
-            };
-            *kept.config == **config
-                && kept.secret == secret
-                && kept.limits == limits
-                && same_credentials
+        let unchanged = same_settings.filter(|kept| match (&kept.hosted, &hosted) {
+            (Some(kept), Some(new)) => kept.same_credentials(new),
+            (kept, new) => kept.is_none() && new.is_none(),
         });
         if let Some(kept) = unchanged {
             // The same upstream: its connections and its breaker go on, under the new
