@@ -167,6 +167,7 @@ pub mod key_holder;
 pub mod keys;
 #[cfg(feature = "server")]
 mod ledger_deadline;
+pub mod money;
 pub mod pricing;
 pub mod protocol;
 pub mod rate_limit;

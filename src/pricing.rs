@@ -21,6 +21,8 @@
 use serde::Serialize;
 
 use crate::credits::Credits;
+use crate::money::Money;
+pub use crate::protocol::ServiceTier;
 use crate::protocol::TokenUsage;
 use crate::protocol::tokens::BYTES_PER_TOKEN;
 pub use crate::protocol::tokens::{counted_text_tokens, estimated_text_tokens};
@@ -128,15 +130,158 @@ impl TokenPrices {
             + self.cache_write.of(count(usage.cache_write_tokens))
             + self.cache_write_1h.of(count(usage.cache_write_1h_tokens))
     }
+
+    /// The most `input` tokens in (at the dearest input kind) and `output` out cost, exact.
+    fn ceiling(&self, input: u64, output: u64) -> u128 {
+        let dearest_input = self
+            .input
+            .max(self.cache_read)
+            .max(self.cache_write)
+            .max(self.cache_write_1h);
+        dearest_input.of(input) + self.output.of(output)
+    }
 }
 
-/// How a model is charged: a price per call, token prices, or a base per call plus tokens.
+/// Which service tiers a call could be served at, for its reservation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TierReach {
+    /// The client named no tier (or `auto`): the provider may serve it at any.
+    #[default]
+    Any,
+    /// The client asked for this tier: served at it, or at the standard tier.
+    Asked(ServiceTier),
+}
+
+/// Other prices for the whole of a call whose input passes a threshold, as providers price long
+/// context (Anthropic above 200k input tokens, `OpenAI` above 272k).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct LongContext {
+    /// Input tokens (every kind: cached, written and uncached together) a call may hold at
+    /// the table's own prices; one more and the whole call is priced at [`prices`](Self::prices).
+    pub above: u64,
+    /// The prices of such a call.
+    pub prices: TokenPrices,
+}
+
+/// One tier's token prices, and its long-context prices if it has them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct TokenTable {
+    /// The prices of a call whose input is within [`long_context`](Self::long_context)'s
+    /// threshold (or of every call, without one).
+    #[serde(flatten)]
+    pub prices: TokenPrices,
+    /// The prices of a call whose input passes a threshold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub long_context: Option<LongContext>,
+}
+
+impl TokenTable {
+    /// A table without long-context prices.
+    pub fn flat(prices: TokenPrices) -> TokenTable {
+        TokenTable {
+            prices,
+            long_context: None,
+        }
+    }
+
+    /// The prices of a call with `input` tokens in.
+    fn for_input(&self, input: u64) -> &TokenPrices {
+        match &self.long_context {
+            Some(long) if input > long.above => &long.prices,
+            _ => &self.prices,
+        }
+    }
+
+    /// The most a call of up to `input` tokens in and `output` out costs at this table, exact.
+    fn ceiling(&self, input: u64, output: u64) -> u128 {
+        let base = self.prices.ceiling(input, output);
+        match &self.long_context {
+            Some(long) if input > long.above => base.max(long.prices.ceiling(input, output)),
+            _ => base,
+        }
+    }
+}
+
+/// Token prices by service tier and context length: for a sale price in credits, for a cost
+/// price in the operator's currency (the unit is the owner's; the rules are the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct TieredPrices {
+    /// The standard tier's prices (what every call is priced at unless a tier below applies).
+    #[serde(flatten)]
+    pub standard: TokenTable,
+    /// Prices of a call served at priority; unset: the standard prices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<TokenTable>,
+    /// Prices of a call served at flex; unset: the standard prices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flex: Option<TokenTable>,
+}
+
+impl TieredPrices {
+    /// One flat table for every tier and length.
+    pub fn flat(prices: TokenPrices) -> TieredPrices {
+        TieredPrices {
+            standard: TokenTable::flat(prices),
+            priority: None,
+            flex: None,
+        }
+    }
+
+    /// The table of `tier`: its own, else the standard one.
+    pub fn table(&self, tier: ServiceTier) -> &TokenTable {
+        let own = match tier {
+            ServiceTier::Standard => None,
+            ServiceTier::Priority => self.priority.as_ref(),
+            ServiceTier::Flex => self.flex.as_ref(),
+        };
+        own.unwrap_or(&self.standard)
+    }
+
+    /// The prices `usage` is charged at: its tier's table ([`TokenUsage::service_tier`], else
+    /// standard), and in it the long-context prices when its input passes their threshold.
+    pub fn prices_for(&self, usage: &TokenUsage) -> &TokenPrices {
+        let input = u64::try_from(usage.all_input_tokens().unwrap_or(0)).unwrap_or(0);
+        self.table(usage.service_tier.unwrap_or_default())
+            .for_input(input)
+    }
+
+    /// What `usage` costs, exact, in millionths of the unit per million tokens.
+    fn of(&self, usage: &TokenUsage) -> u128 {
+        self.prices_for(usage).of(usage)
+    }
+
+    /// The most a call can cost at any tier in `reach`, exact.
+    fn ceiling(&self, input: u64, output: u64, reach: TierReach) -> u128 {
+        let tiers: &[ServiceTier] = match reach {
+            TierReach::Any => &[
+                ServiceTier::Standard,
+                ServiceTier::Priority,
+                ServiceTier::Flex,
+            ],
+            TierReach::Asked(ServiceTier::Standard) => &[ServiceTier::Standard],
+            TierReach::Asked(ServiceTier::Priority) => {
+                &[ServiceTier::Standard, ServiceTier::Priority]
+            }
+            TierReach::Asked(ServiceTier::Flex) => &[ServiceTier::Standard, ServiceTier::Flex],
+        };
+        tiers
+            .iter()
+            .map(|tier| self.table(*tier).ceiling(input, output))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// How a model is charged: a price per call, token prices, or a base per call plus tokens;
+/// tiers, long-context prices and a minimum charge besides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub struct Pricing {
     /// Credits per successful call (zero when the model is priced by tokens alone).
     pub per_call: Credits,
     /// Prices per million tokens, if the model is priced by tokens.
-    pub tokens: Option<TokenPrices>,
+    pub tokens: Option<TieredPrices>,
+    /// The least a successful call is charged (never below one credit).
+    pub minimum: Credits,
 }
 
 impl Pricing {
@@ -145,23 +290,34 @@ impl Pricing {
         Pricing {
             per_call: price,
             tokens: None,
+            minimum: MIN_CHARGE,
         }
     }
 
     /// Token prices alone.
     pub fn tokens(prices: TokenPrices) -> Pricing {
-        Pricing {
-            per_call: Credits::ZERO,
-            tokens: Some(prices),
-        }
+        Pricing::base_and_tokens(Credits::ZERO, prices)
     }
 
     /// A base per call plus token prices.
     pub fn base_and_tokens(per_call: Credits, prices: TokenPrices) -> Pricing {
+        Pricing::tiered(per_call, TieredPrices::flat(prices))
+    }
+
+    /// A base per call plus token prices by tier and length.
+    pub fn tiered(per_call: Credits, tokens: TieredPrices) -> Pricing {
         Pricing {
             per_call,
-            tokens: Some(prices),
+            tokens: Some(tokens),
+            minimum: MIN_CHARGE,
         }
+    }
+
+    /// With a minimum charge per call (at least one credit).
+    #[must_use]
+    pub fn with_minimum(mut self, minimum: Credits) -> Pricing {
+        self.minimum = minimum.max(MIN_CHARGE);
+        self
     }
 
     /// Whether what a call costs depends on what the provider reports.
@@ -169,30 +325,62 @@ impl Pricing {
         self.tokens.is_some()
     }
 
-    /// What a call with `usage` costs: the base plus the exact sum of its tokens' prices,
-    /// rounded up to a whole credit once; at least one credit (a successful call is never
-    /// free, and the ledger holds no empty charge).
+    /// What a call with `usage` costs: the base plus the exact sum of its tokens' prices (at
+    /// the tier and length its usage says), rounded up to a whole credit once; at least the
+    /// minimum, and at least one credit (a successful call is never free, and the ledger holds
+    /// no empty charge).
     pub fn cost(&self, usage: &TokenUsage) -> Credits {
         let tokens = self.tokens.map_or(0, |prices| prices.of(usage));
-        self.per_call.plus(whole_credits(tokens)).max(MIN_CHARGE)
+        self.per_call
+            .plus(whole_credits(tokens))
+            .max(self.minimum)
+            .max(MIN_CHARGE)
     }
 
     /// The most a call can cost with `input` tokens in and at most `output` tokens out, all
-    /// priced at the dearest input kind and the output price: what a reservation holds.
+    /// priced at the dearest input kind and the output price of the dearest tier and length it
+    /// could reach: what a reservation holds.
     pub fn ceiling(&self, input: u64, output: u64) -> Credits {
+        self.ceiling_reaching(input, output, TierReach::Any)
+    }
+
+    /// [`ceiling`](Self::ceiling) for a call that can reach the tiers of `reach`.
+    pub fn ceiling_reaching(&self, input: u64, output: u64, reach: TierReach) -> Credits {
         let Some(prices) = self.tokens else {
-            return self.per_call;
+            return self.per_call.max(self.minimum);
         };
-        let dearest_input = prices
-            .input
-            .max(prices.cache_read)
-            .max(prices.cache_write)
-            .max(prices.cache_write_1h);
         self.per_call
-            .plus(whole_credits(
-                dearest_input.of(input) + prices.output.of(output),
-            ))
+            .plus(whole_credits(prices.ceiling(input, output, reach)))
+            .max(self.minimum)
             .max(MIN_CHARGE)
+    }
+}
+
+/// What a call costs the operator at his provider, in his currency: a price per call, token
+/// prices (by tier and length, as sale prices), a minimum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct CostPrices {
+    /// Paid per successful call.
+    #[serde(rename = "call")]
+    pub per_call: Money,
+    /// Paid per million tokens, in millionths of the currency's unit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TieredPrices>,
+    /// The least a call costs.
+    pub minimum: Money,
+}
+
+impl CostPrices {
+    /// What a call with `usage` costs the operator: the per-call price plus the exact sum of
+    /// its tokens' prices, rounded half up to a billionth of the unit once; at least the
+    /// minimum.
+    pub fn cost(&self, usage: &TokenUsage) -> Money {
+        // Millionths of a unit per million tokens: a thousandth of a billionth each.
+        let exact = self.tokens.map_or(0, |prices| prices.of(usage));
+        let nanos = i128::try_from(exact.saturating_add(500) / 1_000).unwrap_or(i128::MAX);
+        self.per_call
+            .plus(Money::saturating(nanos))
+            .max(self.minimum)
     }
 }
 
@@ -213,6 +401,8 @@ pub struct Metered {
     /// The most output a report may claim: the call's output ceiling (its largest output limit,
     /// or the model's `max_output_tokens`, times the replies asked for).
     pub output_bound: u64,
+    /// The tier the client asked for: what a report that names no tier is priced at.
+    pub asked_tier: Option<ServiceTier>,
 }
 
 /// What a metered call is charged, and whether its provider's report was trusted (see
@@ -433,6 +623,7 @@ mod tests {
             reasoning_tokens: Some(500_000),
             estimated: false,
             malformed: false,
+            service_tier: None,
         };
         // 3 + 15 + 3 + 3.75 + 6 = 30.75: reasoning is inside output, not added again.
         assert_eq!(pricing.cost(&usage), Credits::new(31));
@@ -535,6 +726,156 @@ mod tests {
         );
     }
 
+    /// Sale prices of 300/1500 per million, the whole call at 600/2250 above 200,000 input
+    /// tokens; priority at 510/2550; flex at 150/750; a minimum of 2 credits.
+    fn tiered() -> Pricing {
+        let long = LongContext {
+            above: 200_000,
+            prices: TokenPrices::new(rate(600.0), rate(2_250.0)),
+        };
+        Pricing::tiered(
+            Credits::ZERO,
+            TieredPrices {
+                standard: TokenTable {
+                    prices: TokenPrices::new(rate(300.0), rate(1_500.0))
+                        .with_cache_read(rate(30.0)),
+                    long_context: Some(long),
+                },
+                priority: Some(TokenTable::flat(TokenPrices::new(
+                    rate(510.0),
+                    rate(2_550.0),
+                ))),
+                flex: Some(TokenTable::flat(TokenPrices::new(rate(150.0), rate(750.0)))),
+            },
+        )
+        .with_minimum(Credits::new(2))
+    }
+
+    #[test]
+    fn the_long_context_tier_prices_the_whole_call_from_one_token_past_its_threshold() {
+        let pricing = tiered();
+        // Input counts every kind: 150,000 uncached + 50,000 cached = 200,000, at the threshold.
+        let at = TokenUsage {
+            input_tokens: Some(150_000),
+            cache_read_tokens: Some(50_000),
+            output_tokens: Some(10_000),
+            ..TokenUsage::default()
+        };
+        // 150,000 × 300 + 50,000 × 30 + 10,000 × 1,500 = 61.5 credits: 62.
+        assert_eq!(pricing.cost(&at), Credits::new(62));
+        let below = TokenUsage {
+            input_tokens: Some(149_999),
+            ..at
+        };
+        assert_eq!(pricing.cost(&below), Credits::new(62), "61.4997: 62");
+        // One more: the whole call at 600/2250, cached input at the long table's input price.
+        let above = TokenUsage {
+            input_tokens: Some(150_001),
+            ..at
+        };
+        // 200,001 × 600 + 10,000 × 2,250 = 142.5006: 143.
+        assert_eq!(pricing.cost(&above), Credits::new(143));
+    }
+
+    #[test]
+    fn a_call_is_priced_at_the_tier_it_was_served_at_and_never_below_the_minimum() {
+        let pricing = tiered();
+        let usage = |tier| TokenUsage {
+            input_tokens: Some(100_000),
+            output_tokens: Some(10_000),
+            service_tier: tier,
+            ..TokenUsage::default()
+        };
+        // 30 + 15 = 45; priority 51 + 25.5 = 76.5; flex 15 + 7.5 = 22.5.
+        assert_eq!(pricing.cost(&usage(None)), Credits::new(45));
+        assert_eq!(
+            pricing.cost(&usage(Some(ServiceTier::Standard))),
+            Credits::new(45)
+        );
+        assert_eq!(
+            pricing.cost(&usage(Some(ServiceTier::Priority))),
+            Credits::new(77)
+        );
+        assert_eq!(
+            pricing.cost(&usage(Some(ServiceTier::Flex))),
+            Credits::new(23)
+        );
+        // A tier the model has no prices for is the standard tier.
+        let flat = Pricing::tokens(TokenPrices::new(rate(300.0), rate(1_500.0)));
+        assert_eq!(
+            flat.cost(&usage(Some(ServiceTier::Priority))),
+            Credits::new(45)
+        );
+        // A tiny call pays the minimum, not one credit.
+        assert_eq!(pricing.cost(&usage_of(1, 1)), Credits::new(2));
+        assert_eq!(pricing.ceiling(1, 1), Credits::new(2));
+    }
+
+    fn usage_of(input: i64, output: i64) -> TokenUsage {
+        usage(input, output)
+    }
+
+    #[test]
+    fn the_ceiling_takes_the_dearest_tier_the_call_can_reach() {
+        let pricing = tiered();
+        // 100,000 in, 10,000 out.
+        let any = pricing.ceiling_reaching(100_000, 10_000, TierReach::Any);
+        let flex = pricing.ceiling_reaching(100_000, 10_000, TierReach::Asked(ServiceTier::Flex));
+        let standard =
+            pricing.ceiling_reaching(100_000, 10_000, TierReach::Asked(ServiceTier::Standard));
+        assert_eq!(
+            any,
+            Credits::new(77),
+            "priority may answer a call that named no tier"
+        );
+        assert_eq!(
+            flex,
+            Credits::new(45),
+            "flex, or standard when flex is full"
+        );
+        assert_eq!(standard, Credits::new(45));
+        // An input ceiling past the threshold holds the long-context prices.
+        assert_eq!(
+            pricing.ceiling_reaching(200_001, 10_000, TierReach::Asked(ServiceTier::Standard)),
+            Credits::new(143)
+        );
+    }
+
+    #[test]
+    fn cost_prices_are_exact_to_the_billionth_rounded_once() {
+        let cost = CostPrices {
+            per_call: Money::from_nanos(1_000),
+            tokens: Some(TieredPrices::flat(
+                TokenPrices::new(rate(2.5), rate(10.0)).with_cache_read(rate(0.25)),
+            )),
+            minimum: Money::ZERO,
+        };
+        let usage = TokenUsage {
+            input_tokens: Some(1_234),
+            cache_read_tokens: Some(10_000),
+            output_tokens: Some(567),
+            ..TokenUsage::default()
+        };
+        // 1,234 × 2.5 + 10,000 × 0.25 + 567 × 10 = 11,255 millionths: 0.011255, plus 0.000001.
+        assert_eq!(cost.cost(&usage), Money::from_nanos(11_256_000));
+        // 0.3 of a billionth rounds to nothing; 0.6 rounds up.
+        let tiny = CostPrices {
+            per_call: Money::ZERO,
+            tokens: Some(TieredPrices::flat(TokenPrices::new(
+                rate(0.000_3),
+                rate(0.000_3),
+            ))),
+            minimum: Money::from_nanos(0),
+        };
+        assert_eq!(tiny.cost(&usage_of(1, 0)), Money::ZERO);
+        assert_eq!(tiny.cost(&usage_of(1, 1)), Money::from_nanos(1));
+        let floor = CostPrices {
+            minimum: Money::from_nanos(5),
+            ..tiny
+        };
+        assert_eq!(floor.cost(&usage_of(1, 1)), Money::from_nanos(5));
+    }
+
     proptest! {
         /// A cost is never below the exact sum, and less than a credit above it; the ceiling of
         /// a call is never below its cost when the usage stays within what it was given.
@@ -557,6 +898,7 @@ mod tests {
                 reasoning_tokens: None,
                 estimated: false,
                 malformed: false,
+                service_tier: None,
             };
             let exact = prices.of(&usage);
             let cost = pricing.cost(&usage).get();
@@ -570,6 +912,33 @@ mod tests {
             }
             let ceiling = pricing.ceiling(input + cached + written + written_1h, output);
             prop_assert!(ceiling >= pricing.cost(&usage));
+        }
+
+        /// Whatever tier and length a call reaches within its reach, its cost is within its
+        /// ceiling.
+        #[test]
+        fn the_ceiling_is_never_below_the_tier_reached(
+            input in 0u64..400_000, cached in 0u64..100_000, output in 0u64..20_000,
+            served in 0usize..4, asked in 0usize..4,
+        ) {
+            let pricing = tiered();
+            let tiers = [None, Some(ServiceTier::Standard), Some(ServiceTier::Priority), Some(ServiceTier::Flex)];
+            let asked = tiers[asked];
+            // Served at the tier asked, or standard; any tier when none was asked.
+            let served = match asked {
+                None => tiers[served],
+                Some(tier) => if served % 2 == 0 { Some(tier) } else { Some(ServiceTier::Standard) },
+            };
+            let usage = TokenUsage {
+                input_tokens: Some(input as i64),
+                cache_read_tokens: Some(cached as i64),
+                output_tokens: Some(output as i64),
+                service_tier: served,
+                ..TokenUsage::default()
+            };
+            let reach = asked.map_or(TierReach::Any, TierReach::Asked);
+            let ceiling = pricing.ceiling_reaching(input + cached, output, reach);
+            prop_assert!(ceiling >= pricing.cost(&usage), "{usage:?} {reach:?}");
         }
     }
 }

@@ -27,8 +27,9 @@ use serde::Serialize;
 
 use crate::catalogue::ModelRoute;
 use crate::credits::{Credits, Split};
-use crate::protocol::Protocol;
+use crate::pricing::TierReach;
 use crate::protocol::translation::Translation;
+use crate::protocol::{Protocol, ServiceTier};
 
 mod access;
 mod limit;
@@ -148,6 +149,9 @@ pub struct RoutedCall {
     pub output_limit: Option<u64>,
     /// How many replies the client asked for (`n`), each up to the output limit; 1 unless set.
     pub replies: u64,
+    /// The service tier the client asked for (the request's `service_tier`, or the header the
+    /// catalogue names in `service_tier_header`); `None`: the provider's choice, any tier.
+    pub asked_tier: Option<ServiceTier>,
     /// A chat stream of a token-priced model whose client did not ask for its usage: the
     /// gateway asks the provider for it (`stream_options.include_usage`), and the chunk that
     /// carries it is not passed on (a client that did not ask may not expect a chunk without
@@ -179,6 +183,7 @@ impl RoutedCall {
             input_ceiling: 0,
             output_limit: None,
             replies: 1,
+            asked_tier: None,
             gateway_asks_usage: false,
             client_stream_options: false,
             model_span: None,
@@ -188,11 +193,19 @@ impl RoutedCall {
     /// What the call's reservation holds: the model's price per call, or, for a model priced by
     /// tokens, the most the call can cost ([`Pricing::ceiling`](crate::pricing::Pricing::ceiling)):
     /// its [`input_ceiling`](Self::input_ceiling), and its
-    /// [`output_ceiling`](Self::output_ceiling).
+    /// [`output_ceiling`](Self::output_ceiling), at the dearest tier it can reach
+    /// ([`asked_tier`](Self::asked_tier), else any).
     pub fn reservation(&self) -> Credits {
-        self.model
-            .pricing
-            .ceiling(self.input_ceiling, self.output_ceiling())
+        self.model.pricing.ceiling_reaching(
+            self.input_ceiling,
+            self.output_ceiling(),
+            self.tier_reach(),
+        )
+    }
+
+    /// The tiers the call can be served at.
+    pub fn tier_reach(&self) -> TierReach {
+        self.asked_tier.map_or(TierReach::Any, TierReach::Asked)
     }
 
     /// The most output the call can bring: the client's largest output limit, or else the

@@ -39,6 +39,7 @@
 //! ```
 
 mod live;
+mod prices;
 
 pub use crate::protocol::{BuiltinTools, ResponsesRoute, UpstreamKind};
 pub use live::{LiveCatalogue, StartOnlySetting};
@@ -51,7 +52,8 @@ use serde::Deserialize;
 
 use crate::credits::Credits;
 use crate::error::ErrorBody;
-use crate::pricing::{Pricing, TokenPrices, TokenRate};
+use crate::money::Money;
+use crate::pricing::{CostPrices, Pricing};
 use crate::protocol::Protocol;
 
 /// The catalogue used when no file is given: two OpenAI-style vendors, one operator-own chat
@@ -236,6 +238,12 @@ pub struct ModelRoute {
     pub context_window: Option<u32>,
     /// Who can serve it; tried by ascending `priority`, spread by `weight` within a priority.
     pub channels: Vec<ModelChannel>,
+    /// What a call of it costs the operator (`[models.cost]`), unless its channel says
+    /// otherwise ([`ModelChannel::cost`]).
+    pub cost: Option<CostPrices>,
+    /// What one credit is worth in the operator's currency (the catalogue's `credit_value`):
+    /// what a call's margin is worked out with.
+    pub credit_value: Option<Money>,
 }
 
 impl ModelRoute {
@@ -257,6 +265,8 @@ pub struct ModelChannel {
     pub priority: u32,
     /// Share of calls among equals.
     pub weight: u32,
+    /// What a call served here costs the operator: the channel's own `cost`, else the model's.
+    pub cost: Option<CostPrices>,
 }
 
 /// A validated set of upstreams and models.
@@ -276,6 +286,10 @@ pub struct Catalogue {
     charge_beyond_ceiling: bool,
     /// [`Catalogue::cheapest_charge`], worked out once (every request with a large body asks).
     cheapest: std::sync::OnceLock<Option<Credits>>,
+    /// The operator's currency (`currency`), when he gives cost prices.
+    currency: Option<String>,
+    /// The request header a client may name its service tier in, when the operator names one.
+    service_tier_header: Option<http::HeaderName>,
 }
 
 impl Default for Catalogue {
@@ -294,6 +308,8 @@ impl Default for Catalogue {
             max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
             charge_beyond_ceiling: false,
             cheapest: std::sync::OnceLock::new(),
+            currency: None,
+            service_tier_header: None,
         }
     }
 }
@@ -364,6 +380,23 @@ pub enum CatalogueError {
         /// The highest price taken.
         max: f64,
     },
+    /// A price table that is not whole or not valid: a tier without `input` or `output`, a
+    /// long-context threshold of zero, a minimum that is no amount, a cost table without a price.
+    #[error("invalid model catalogue: model `{model}`: {problem}")]
+    InvalidPrices {
+        /// The model.
+        model: String,
+        /// What is wrong, naming the table and key.
+        problem: String,
+    },
+    /// Cost prices without the catalogue's `currency` and `credit_value`.
+    #[error(
+        "invalid model catalogue: model `{0}` gives cost prices; give `currency` (as \"USD\") and `credit_value` (what one credit is worth in it) at the top of the catalogue"
+    )]
+    NoCurrency(String),
+    /// A `currency` or `credit_value` that is not valid, or one without the other.
+    #[error("invalid model catalogue: {0}")]
+    InvalidCurrency(String),
     /// A token-priced model without `max_output_tokens`, which a call reserves for when its
     /// client sets no output limit.
     #[error(
@@ -496,6 +529,9 @@ struct CatalogueFile {
     max_event_bytes: Option<u64>,
     #[serde(default)]
     charge_beyond_ceiling: bool,
+    currency: Option<String>,
+    credit_value: Option<f64>,
+    service_tier_header: Option<String>,
     #[serde(default)]
     upstreams: Vec<UpstreamEntry>,
     #[serde(default)]
@@ -670,23 +706,13 @@ struct ModelEntry {
     protocol: Protocol,
     endpoints: Option<Vec<Protocol>>,
     price: Option<i64>,
-    tokens: Option<TokensEntry>,
+    tokens: Option<prices::PriceTableEntry>,
+    cost: Option<prices::PriceTableEntry>,
     max_output_tokens: Option<u32>,
     context_window: Option<u32>,
     upstream: Option<String>,
     upstreams: Option<Vec<ChannelEntry>>,
     upstream_model: Option<String>,
-}
-
-/// `[models.tokens]`: credits per million tokens.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TokensEntry {
-    input: f64,
-    output: f64,
-    cache_read: Option<f64>,
-    cache_write: Option<f64>,
-    cache_write_1h: Option<f64>,
 }
 
 impl ModelEntry {
@@ -707,30 +733,12 @@ impl ModelEntry {
                 None => Err(CatalogueError::NoPrice(self.name.clone())),
             };
         };
-        let rate = |kind: &'static str, value: f64| {
-            TokenRate::per_million(value).ok_or_else(|| CatalogueError::InvalidTokenPrice {
-                model: self.name.clone(),
-                kind,
-                value,
-                max: crate::pricing::MAX_TOKEN_RATE,
-            })
-        };
-        let mut prices =
-            TokenPrices::new(rate("input", tokens.input)?, rate("output", tokens.output)?);
-        if let Some(value) = tokens.cache_read {
-            prices = prices.with_cache_read(rate("cache_read", value)?);
-        }
-        if let Some(value) = tokens.cache_write {
-            prices = prices.with_cache_write(rate("cache_write", value)?);
-        }
-        if let Some(value) = tokens.cache_write_1h {
-            prices = prices.with_cache_write_1h(rate("cache_write_1h", value)?);
-        }
+        let pricing = prices::TableReader { model: &self.name }.sale(per_call, tokens)?;
         // Embeddings have no output to reserve for.
         if self.max_output_tokens.is_none() && self.protocol.dialect().has_output() {
             return Err(CatalogueError::NoOutputCeiling(self.name.clone()));
         }
-        Ok(Pricing::base_and_tokens(per_call, prices))
+        Ok(pricing)
     }
 }
 
@@ -749,6 +757,7 @@ struct ChannelTable {
     priority: Option<u32>,
     weight: Option<u32>,
     upstream_model: Option<String>,
+    cost: Option<prices::PriceTableEntry>,
 }
 
 impl ChannelEntry {
@@ -759,6 +768,7 @@ impl ChannelEntry {
                 priority: None,
                 weight: None,
                 upstream_model: None,
+                cost: None,
             },
             ChannelEntry::Table(table) => table,
         }
@@ -900,6 +910,15 @@ impl Catalogue {
             upstreams.insert(name, Arc::new(config));
         }
 
+        let (currency, credit_value) = currency(file.currency, file.credit_value)?;
+        let service_tier_header = match &file.service_tier_header {
+            None => None,
+            Some(name) => Some(http::HeaderName::try_from(name.as_str()).map_err(|_| {
+                CatalogueError::InvalidCurrency(format!(
+                    "`service_tier_header` = {name:?} is not a header name"
+                ))
+            })?),
+        };
         let mut models = HashMap::new();
         for entry in file.models {
             if entry.protocol.models_protocol() != entry.protocol {
@@ -918,7 +937,16 @@ impl Catalogue {
                     entry.name
                 )));
             }
-            let channels = model_channels(&entry, &upstreams)?;
+            let cost = match &entry.cost {
+                Some(cost) => {
+                    Some(prices::TableReader { model: &entry.name }.cost("[models.cost]", cost)?)
+                }
+                None => None,
+            };
+            let channels = model_channels(&entry, &upstreams, cost)?;
+            if credit_value.is_none() && channels.iter().any(|channel| channel.cost.is_some()) {
+                return Err(CatalogueError::NoCurrency(entry.name));
+            }
             let endpoints = model_endpoints(&entry, &channels)?;
             if models.contains_key(&entry.name) {
                 return Err(CatalogueError::DuplicateModel(entry.name));
@@ -932,6 +960,8 @@ impl Catalogue {
                 max_output_tokens: entry.max_output_tokens,
                 context_window: entry.context_window,
                 channels,
+                cost,
+                credit_value,
             };
             models.insert(entry.name, Arc::new(route));
         }
@@ -951,6 +981,8 @@ impl Catalogue {
             max_event_bytes,
             charge_beyond_ceiling: file.charge_beyond_ceiling,
             cheapest: std::sync::OnceLock::new(),
+            currency,
+            service_tier_header,
         })
     }
 
@@ -1041,10 +1073,22 @@ impl Catalogue {
             .get_or_init(|| self.models().map(|model| model.least_charge()).min())
     }
 
+    /// The operator's currency, when the catalogue gives cost prices (`currency`).
+    pub fn currency(&self) -> Option<&str> {
+        self.currency.as_deref()
+    }
+
+    /// The request header a client may name its service tier in (`service_tier_header`).
+    pub fn service_tier_header(&self) -> Option<&http::HeaderName> {
+        self.service_tier_header.as_ref()
+    }
+
     /// The first setting of the whole gateway (not of one model or upstream) that differs in
     /// `other`: those are read when the gateway starts, so a reload cannot change them.
     pub fn start_only_change(&self, other: &Catalogue) -> Option<&'static str> {
-        let settings: [(&'static str, bool); 8] = [
+        let settings: [(&'static str, bool); 9] = [
+            // The reports sum costs across entries: one currency for the ledger's life.
+            ("currency", self.currency != other.currency),
             ("error_body", self.error_body != other.error_body),
             (
                 "call_deadline_secs",
@@ -1111,10 +1155,40 @@ fn model_aliases(
     Ok(aliases)
 }
 
+/// The operator's `currency` and `credit_value`, checked: both or neither; a currency a code of
+/// letters (`USD`, `EUR`, `CNY`), a credit worth more than nothing.
+fn currency(
+    currency: Option<String>,
+    credit_value: Option<f64>,
+) -> Result<(Option<String>, Option<Money>), CatalogueError> {
+    let refuse = |problem: String| Err(CatalogueError::InvalidCurrency(problem));
+    match (currency, credit_value) {
+        (None, None) => Ok((None, None)),
+        (Some(code), Some(value)) => {
+            if code.is_empty() || code.len() > 8 || !code.bytes().all(|b| b.is_ascii_alphabetic()) {
+                return refuse(format!(
+                    "`currency` = {code:?} is not a currency code (as \"USD\")"
+                ));
+            }
+            match Money::from_units(value).filter(|money| *money > Money::ZERO) {
+                Some(money) => Ok((Some(code), Some(money))),
+                None => refuse(format!(
+                    "`credit_value` = {value}; one credit must be worth more than 0 (at least 0.000000001)"
+                )),
+            }
+        }
+        (Some(_), None) => {
+            refuse("`currency` needs `credit_value` (what one credit is worth in it)".into())
+        }
+        (None, Some(_)) => refuse("`credit_value` needs `currency` (the currency it is in)".into()),
+    }
+}
+
 /// The channels of one model entry, validated against the upstreams.
 fn model_channels(
     entry: &ModelEntry,
     upstreams: &HashMap<String, Arc<UpstreamConfig>>,
+    model_cost: Option<CostPrices>,
 ) -> Result<Vec<ModelChannel>, CatalogueError> {
     let model = &entry.name;
     let tables: Vec<ChannelTable> = match (&entry.upstream, &entry.upstreams) {
@@ -1128,6 +1202,7 @@ fn model_channels(
                     priority: table.priority,
                     weight: table.weight,
                     upstream_model: table.upstream_model.clone(),
+                    cost: table.cost.clone(),
                 },
             })
             .collect(),
@@ -1166,6 +1241,13 @@ fn model_channels(
                 table.name
             )));
         }
+        let cost = match &table.cost {
+            Some(cost) => Some(
+                prices::TableReader { model }
+                    .cost(&format!("the `cost` of upstream `{}`", table.name), cost)?,
+            ),
+            None => model_cost,
+        };
         channels.push(ModelChannel {
             upstream,
             upstream_model: table
@@ -1174,6 +1256,7 @@ fn model_channels(
             // Without explicit priorities, the list order is the order of preference.
             priority: table.priority.unwrap_or(position as u32),
             weight: table.weight.unwrap_or(1),
+            cost,
         });
     }
     channels.sort_by_key(|channel| channel.priority);

@@ -458,7 +458,7 @@ fn token_prices_load_with_decimals_and_cache_kinds_defaulting_to_input() {
     )
     .unwrap();
     let model = catalogue.model("gpt-4o").unwrap();
-    let tokens = model.pricing.tokens.expect("token prices");
+    let tokens = model.pricing.tokens.expect("token prices").standard.prices;
     assert_eq!(model.pricing.per_call, Credits(0));
     assert_eq!(tokens.input, TokenRate::per_million(2.5).unwrap());
     assert_eq!(tokens.output, TokenRate::per_million(10.0).unwrap());
@@ -483,7 +483,7 @@ fn a_base_price_and_token_prices_go_together() {
     let pricing = catalogue.model("claude").unwrap().pricing;
     assert_eq!(pricing.per_call, Credits(3));
     assert_eq!(
-        pricing.tokens.unwrap().cache_write_1h,
+        pricing.tokens.unwrap().standard.prices.cache_write_1h,
         TokenRate::per_million(6.0).unwrap()
     );
 }

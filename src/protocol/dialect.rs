@@ -301,6 +301,10 @@ pub(crate) struct Fields<'a> {
     pub(crate) input: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub(crate) previous_response_id: Option<&'a RawValue>,
+    /// The service tier the client asks for (`OpenAI`'s `default`, `flex`, `priority`;
+    /// Anthropic's `auto`, `standard_only`).
+    #[serde(borrow, default)]
+    pub(crate) service_tier: Option<&'a RawValue>,
     /// A Responses call's whole reading, when its fields came from it: translated from it,
     /// not read again. Boxed: inline, the reading (its items included) made every envelope, a
     /// chat call's too, a struct that reading one copied with `memcpy`.
@@ -309,6 +313,13 @@ pub(crate) struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    /// The tiers the request can be served at: the one its `service_tier` names (`None`: no
+    /// word, `auto`, or one the gateway does not know, which any tier may answer).
+    pub(crate) fn asked_tier(&self) -> Option<crate::protocol::ServiceTier> {
+        let raw = self.service_tier?;
+        crate::protocol::ServiceTier::asked(&super::json_string(raw)?).flatten()
+    }
+
     /// The fields of a body that must be a JSON object.
     pub(crate) fn read(body: &'a [u8]) -> Result<Fields<'a>, GatewayError> {
         // serde would also accept an array for a struct; requests are objects.

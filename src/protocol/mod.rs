@@ -12,6 +12,7 @@ pub mod messages;
 pub(crate) mod mock;
 pub(crate) mod reader;
 pub mod responses;
+mod service_tier;
 pub(crate) mod sse;
 pub(crate) mod tokens;
 pub(crate) mod translate;
@@ -19,6 +20,7 @@ pub(crate) mod translation;
 mod upstream_kind;
 
 use dialect::Dialect;
+pub use service_tier::ServiceTier;
 pub use translate::Untranslatable;
 pub(crate) use upstream_kind::HostedOn;
 pub use upstream_kind::{BuiltinTools, ResponsesRoute, UpstreamKind};
@@ -154,6 +156,10 @@ pub struct TokenUsage {
     /// [`store::rules::usage::charge`](crate::store::rules::usage::charge).
     #[serde(skip)]
     pub malformed: bool,
+    /// The service tier the provider says it served the call at (or, when it says none, the
+    /// tier the client asked for): which of a model's tier prices apply.
+    #[serde(skip)]
+    pub service_tier: Option<ServiceTier>,
 }
 
 impl TokenUsage {
@@ -183,6 +189,7 @@ impl TokenUsage {
             reasoning_tokens: later.reasoning_tokens.or(self.reasoning_tokens),
             estimated: self.estimated || later.estimated,
             malformed: self.malformed || later.malformed,
+            service_tier: later.service_tier.or(self.service_tier),
         }
     }
 }
@@ -206,6 +213,8 @@ struct ReportedUsage {
     cache_write_tokens: Option<Count>,
     cache_write_1h_tokens: Option<Count>,
     reasoning_tokens: Option<Count>,
+    /// Anthropic's: the tier the call was served at.
+    service_tier: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -361,6 +370,10 @@ impl From<ReportedUsage> for TokenUsage {
             reasoning_tokens,
             estimated: false,
             malformed: counts.malformed,
+            service_tier: reported
+                .service_tier
+                .as_deref()
+                .and_then(ServiceTier::served),
         }
     }
 }
@@ -394,17 +407,27 @@ pub fn reply_usage(body: &[u8]) -> Option<TokenUsage> {
         usage: Option<TokenUsage>,
         #[serde(default, rename = "usageMetadata")]
         usage_metadata: Option<gemini::usage::UsageMetadata>,
+        #[serde(default)]
+        service_tier: Option<String>,
     }
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
     let reply: Reply = read_json(body).ok()?;
-    Some(
-        reply
-            .usage
-            .or(reply.usage_metadata.map(TokenUsage::from))
-            .unwrap_or_default(),
-    )
+    let usage = reply
+        .usage
+        .or(reply.usage_metadata.map(TokenUsage::from))
+        .unwrap_or_default();
+    Some(served_at(usage, reply.service_tier.as_deref()))
+}
+
+/// `usage` with the tier a reply names beside it (`OpenAI`'s top-level `service_tier`), when its
+/// usage named none.
+pub(crate) fn served_at(mut usage: TokenUsage, tier: Option<&str>) -> TokenUsage {
+    if usage.service_tier.is_none() {
+        usage.service_tier = tier.and_then(ServiceTier::served);
+    }
+    usage
 }
 
 /// Longest provider message passed on to a client.
@@ -527,6 +550,7 @@ mod tests {
                 reasoning_tokens: None,
                 estimated: false,
                 malformed: false,
+                service_tier: None,
             })
         );
         // Without the split (older API versions), every write is a 5-minute one.
@@ -551,6 +575,7 @@ mod tests {
             reasoning_tokens: Some(1),
             estimated: false,
             malformed: false,
+            service_tier: None,
         };
         let json = serde_json::to_string(&usage).expect("serialises");
         assert_eq!(

@@ -154,6 +154,7 @@ where
                         reserved: reservation.taken.total(),
                         input_bound: routed.input_bound(),
                         output_bound: routed.output_ceiling(),
+                        asked_tier: routed.asked_tier,
                     });
                 UnsettledCall::new(
                     self.ledger.clone(),

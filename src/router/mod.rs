@@ -308,6 +308,17 @@ where
         return Err(GatewayError::ModelNotAllowed);
     }
     let mut routed = routed;
+    // The operator's header names the tier where the body does not (an upstream whose tier is
+    // chosen by header, a client that cannot set the field).
+    if let Some(header) = catalogue.service_tier_header()
+        && let Some(tier) = parts
+            .headers
+            .get(header)
+            .and_then(|value| value.to_str().ok())
+            .and_then(crate::protocol::ServiceTier::asked)
+    {
+        routed.asked_tier = tier.or(routed.asked_tier);
+    }
     if let Some(id) = routed.continues.take() {
         let caller = parts.extensions.get::<Caller>().copied();
         let upstream = find_stored_response(owners, caller, &routed, &id).await?;
@@ -447,6 +458,7 @@ pub fn route_at(
         }
         routed.output_limit = metering.output_limit;
         routed.replies = metering.replies;
+        routed.asked_tier = envelope.fields.asked_tier();
         match metering.usage {
             UsageAsk::Asked => {}
             UsageAsk::GatewayAsks => routed.gateway_asks_usage = true,

@@ -19,6 +19,7 @@ pub(crate) fn read_chat_event(event: &Event<'_>, state: &mut StreamState) -> Eve
         choices: ChoicesHaveContent,
         usage: Option<TokenUsage>,
         error: Option<ErrorObject>,
+        service_tier: Option<String>,
     }
     let data = event.data.trim();
     if data == "[DONE]" {
@@ -34,7 +35,10 @@ pub(crate) fn read_chat_event(event: &Event<'_>, state: &mut StreamState) -> Eve
         return EventKind::Error(error.describe());
     }
     if let Some(usage) = chunk.usage {
-        state.merge(usage);
+        state.merge(crate::protocol::served_at(
+            usage,
+            chunk.service_tier.as_deref(),
+        ));
         if chunk.choices.1 {
             state.usage_only();
         }

@@ -216,6 +216,7 @@ fn fields(body: &[u8]) -> Result<Fields<'_>, GatewayError> {
         stream: read.stream,
         stream_options: read.stream_options,
         previous_response_id: read.previous_response_id,
+        service_tier: read.service_tier,
         responses: Some(Box::new(read)),
         // Not fields of a Responses request, which the reading refuses; `input` is read into
         // items.
@@ -255,6 +256,7 @@ fn read_event(event: &Event<'_>, state: &mut StreamState) -> EventKind {
     struct Response {
         usage: Option<TokenUsage>,
         error: Option<ErrorObject>,
+        service_tier: Option<String>,
     }
     let data: Option<Data<'_>> = serde_json::from_str(&event.data).ok();
     let Some(data) = data else {
@@ -271,8 +273,13 @@ fn read_event(event: &Event<'_>, state: &mut StreamState) -> EventKind {
     }
     match name {
         "response.completed" | "response.incomplete" => {
-            if let Some(usage) = data.response.and_then(|response| response.usage) {
-                state.merge(usage);
+            if let Some(response) = data.response
+                && let Some(usage) = response.usage
+            {
+                state.merge(crate::protocol::served_at(
+                    usage,
+                    response.service_tier.as_deref(),
+                ));
             }
             EventKind::End
         }

@@ -198,13 +198,18 @@ pub(crate) fn reply_usage_and_id(reply: &[u8]) -> Option<(TokenUsage, Option<Str
         id: Option<&'a RawValue>,
         #[serde(borrow)]
         response: Option<&'a RawValue>,
+        #[serde(default)]
+        service_tier: Option<String>,
     }
     let read = (reply.trim_ascii_start().first() == Some(&b'{'))
         .then(|| crate::protocol::read_json::<Reply<'_>>(reply).ok())
         .flatten();
     match read {
         Some(read) => Some((
-            read.usage.unwrap_or_default(),
+            crate::protocol::served_at(
+                read.usage.unwrap_or_default(),
+                read.service_tier.as_deref(),
+            ),
             chosen_id(read.id, read.response),
         )),
         // Read apart, as each reading alone decides (a key given twice, say, fails only the

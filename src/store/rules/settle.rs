@@ -302,6 +302,7 @@ mod tests {
                 reserved,
                 input_bound: input_ceiling,
                 output_bound: output_ceiling,
+                asked_tier: None,
             };
             let usage = TokenUsage {
                 input_tokens: input,
@@ -312,6 +313,7 @@ mod tests {
                 reasoning_tokens: reasoning,
                 estimated: false,
                 malformed,
+                service_tier: None,
             };
             let charge = super::super::usage::charge(&metered, &usage);
             if charge.usage_rejected {

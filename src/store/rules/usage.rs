@@ -61,6 +61,8 @@ pub fn charge(metered: &Metered, usage: &TokenUsage) -> Charge {
         };
     }
     let mut usage = *usage;
+    // A provider that says nothing of its tier served the one asked for.
+    usage.service_tier = usage.service_tier.or(metered.asked_tier);
     if usage.all_input_tokens().is_none() {
         usage.input_tokens = Some(i64::try_from(metered.input_estimate).unwrap_or(i64::MAX));
         usage.estimated = true;
@@ -108,6 +110,7 @@ mod tests {
             reserved: Credits::new(reserved),
             input_bound: 100_000,
             output_bound: 10_000,
+            asked_tier: None,
         }
     }
 

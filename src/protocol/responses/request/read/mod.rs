@@ -51,7 +51,7 @@ pub(crate) struct Request<'a> {
     #[serde(borrow)]
     user: Option<&'a RawValue>,
     #[serde(borrow)]
-    service_tier: Option<&'a RawValue>,
+    pub(crate) service_tier: Option<&'a RawValue>,
     #[serde(borrow)]
     pub(crate) max_output_tokens: Option<&'a RawValue>,
     #[serde(borrow)]
