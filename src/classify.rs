@@ -9,18 +9,19 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
 use crate::error::UpstreamError;
-use crate::protocol::{TokenUsage, reply_usage};
+use crate::protocol::{TokenUsage, reply_usage_raw};
 
 /// Whether a complete reply is worth paying for: a 2xx whose body is a JSON object, with the
-/// usage it reports. Anything else is the upstream's failure, with its status kept.
+/// usage it reports (and its usage object as written). Anything else is the upstream's failure,
+/// with its status kept.
 pub(crate) fn complete_reply(
     status: StatusCode,
     body: &Bytes,
-) -> Result<TokenUsage, UpstreamError> {
+) -> Result<(TokenUsage, Option<String>), UpstreamError> {
     if !status.is_success() {
         return Err(UpstreamError::answered(status.as_u16(), body));
     }
-    reply_usage(body).ok_or_else(|| UpstreamError {
+    reply_usage_raw(body).ok_or_else(|| UpstreamError {
         status: Some(status.as_u16()),
         message: format!("answered {status} with a body that is not a JSON object"),
         client_message: None,
@@ -66,8 +67,13 @@ mod tests {
     #[test]
     fn a_2xx_json_object_is_billable_with_its_usage() {
         let body = Bytes::from_static(br#"{"usage":{"input_tokens":5,"output_tokens":6}}"#);
-        let usage = complete_reply(StatusCode::OK, &body).unwrap();
+        let (usage, raw) = complete_reply(StatusCode::OK, &body).unwrap();
         assert_eq!(usage.output_tokens, Some(6));
+        assert_eq!(
+            raw.as_deref(),
+            Some(r#"{"input_tokens":5,"output_tokens":6}"#),
+            "the usage object as the provider wrote it"
+        );
     }
 
     #[test]

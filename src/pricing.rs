@@ -413,6 +413,9 @@ pub struct Charge {
     pub cost: Credits,
     /// Whether the report failed the checks ([`Metered::check`]).
     pub usage_rejected: bool,
+    /// The usage as it was priced: the tier asked for where the report named none, the input
+    /// estimated where it gave none (then marked [`estimated`](TokenUsage::estimated)).
+    pub usage: TokenUsage,
 }
 
 /// Why a usage report is not trusted.

@@ -478,6 +478,12 @@ impl ClientWrites {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServedBy(pub String);
 
+/// The provider's usage object exactly as it reported it (JSON text), before any translation.
+/// Response extension added by [`HttpUpstream`](crate::upstream::HttpUpstream) for a complete
+/// reply, read by [`RefundOnUpstreamError`](crate::RefundOnUpstreamError) for the call log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawUsage(pub String);
+
 /// The protocol the upstream that served a call spoke: another than the call's endpoint when it
 /// translated the call. Response extension added by [`HttpUpstream`](crate::upstream::HttpUpstream)
 /// beside [`ServedBy`]; the call log keeps it.

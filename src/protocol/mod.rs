@@ -401,24 +401,37 @@ pub(crate) fn read_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> serde_json::R
 
 /// Token usage from a reply of any protocol; `None` if the body is not a JSON object.
 pub fn reply_usage(body: &[u8]) -> Option<TokenUsage> {
+    reply_usage_raw(body).map(|(usage, _)| usage)
+}
+
+/// [`reply_usage`], and the usage object as the reply wrote it (`usage`, or Gemini's
+/// `usageMetadata`), read in one pass.
+pub(crate) fn reply_usage_raw(body: &[u8]) -> Option<(TokenUsage, Option<String>)> {
     #[derive(Deserialize)]
-    struct Reply {
-        #[serde(default)]
-        usage: Option<TokenUsage>,
-        #[serde(default, rename = "usageMetadata")]
-        usage_metadata: Option<gemini::usage::UsageMetadata>,
+    struct Reply<'a> {
+        #[serde(borrow, default)]
+        usage: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow, default, rename = "usageMetadata")]
+        usage_metadata: Option<&'a serde_json::value::RawValue>,
         #[serde(default)]
         service_tier: Option<String>,
     }
     if body.trim_ascii_start().first() != Some(&b'{') {
         return None;
     }
-    let reply: Reply = read_json(body).ok()?;
-    let usage = reply
+    let reply: Reply<'_> = read_json(body).ok()?;
+    let usage = match (reply.usage, reply.usage_metadata) {
+        (Some(usage), _) => serde_json::from_str::<TokenUsage>(usage.get()).ok()?,
+        (None, Some(metadata)) => TokenUsage::from(
+            serde_json::from_str::<gemini::usage::UsageMetadata>(metadata.get()).ok()?,
+        ),
+        (None, None) => TokenUsage::default(),
+    };
+    let raw = reply
         .usage
-        .or(reply.usage_metadata.map(TokenUsage::from))
-        .unwrap_or_default();
-    Some(served_at(usage, reply.service_tier.as_deref()))
+        .or(reply.usage_metadata)
+        .map(|raw| raw.get().to_owned());
+    Some((served_at(usage, reply.service_tier.as_deref()), raw))
 }
 
 /// `usage` with the tier a reply names beside it (`OpenAI`'s top-level `service_tier`), when its

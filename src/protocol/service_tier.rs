@@ -42,6 +42,17 @@ impl ServiceTier {
         }
     }
 
+    /// Parses a name [`as_str`](Self::as_str) wrote.
+    pub fn parse(name: &str) -> Option<ServiceTier> {
+        [
+            ServiceTier::Standard,
+            ServiceTier::Priority,
+            ServiceTier::Flex,
+        ]
+        .into_iter()
+        .find(|tier| tier.as_str() == name)
+    }
+
     /// The tier's name in the catalogue and the call log.
     pub fn as_str(self) -> &'static str {
         match self {

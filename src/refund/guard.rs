@@ -9,11 +9,13 @@ use crate::catalogue::ModelRoute;
 use crate::credits::Credits;
 use crate::error::GatewayError;
 use crate::pricing::Metered;
-use crate::protocol::Protocol;
+use crate::protocol::{Protocol, ServiceTier, TokenUsage};
 pub(super) use crate::store::outcome::Outcome;
 use crate::store::outcome::{finish_later, within};
 use crate::store::rules;
-use crate::store::{CallFailure, CallId, CallStatus, CallSuccess, Ledger, SettleClaim};
+use crate::store::{
+    CallFailure, CallId, CallStatus, CallSuccess, Ledger, OperatorCost, SettleClaim,
+};
 
 /// How long a call whose ledger time-out ran out while a store was committing its settle waits
 /// for that commit to fail for certain ([`SettleClaim::release`]) before it treats the call as
@@ -46,6 +48,8 @@ pub(super) struct UnsettledCall {
     metered: Option<Metered>,
     /// Whether a metered call may be charged beyond its reservation (the operator's choice).
     beyond_reservation: bool,
+    /// The service tier the client asked for: what a report that names none was served at.
+    asked_tier: Option<ServiceTier>,
 }
 
 /// A call as the metrics and the log count it: its model, protocol, the credits it took and
@@ -126,7 +130,14 @@ impl UnsettledCall {
             timeout,
             metered: None,
             beyond_reservation: false,
+            asked_tier: None,
         }
+    }
+
+    /// The call asked for `tier` (see [`RoutedCall::asked_tier`](crate::call::RoutedCall::asked_tier)).
+    pub(super) fn asked_tier(mut self, tier: Option<ServiceTier>) -> UnsettledCall {
+        self.asked_tier = tier;
+        self
     }
 
     /// The call is of a model priced by tokens: each settle is charged what its usage costs
@@ -156,8 +167,13 @@ impl UnsettledCall {
     /// response header, the metrics) is what the settle rule charges: the cost up to the
     /// reservation, unless the call may be charged beyond it.
     fn priced(&mut self, mut success: CallSuccess) -> CallSuccess {
+        // A provider that says nothing of its tier served the one asked for.
+        success.usage.service_tier = success.usage.service_tier.or(self.asked_tier);
+        let mut priced_usage = success.usage;
         if let Some(metered) = &self.metered {
             let charge = rules::usage::charge(metered, &success.usage);
+            priced_usage = charge.usage;
+            success.usage.estimated = charge.usage.estimated;
             success.cost = Some(charge.cost);
             success.usage_rejected = charge.usage_rejected;
             success.beyond_reservation = self.beyond_reservation;
@@ -168,7 +184,25 @@ impl UnsettledCall {
             self.meter.shortfall = charge.cost.get() - charged.get();
             self.meter.usage_rejected = charge.usage_rejected;
         }
+        success.operator_cost = self.operator_cost(success.channel.as_deref(), &priced_usage);
         success
+    }
+
+    /// What a call served by `channel` with `usage` cost the operator: at the channel's cost
+    /// prices, when the catalogue gives them (and the value of a credit).
+    fn operator_cost(&self, channel: Option<&str>, usage: &TokenUsage) -> Option<OperatorCost> {
+        let model = self.meter.model.as_ref()?;
+        let credit_value = model.credit_value?;
+        let channel = channel?;
+        let prices = model
+            .channels
+            .iter()
+            .find(|served| served.upstream.name == channel)?
+            .cost?;
+        Some(OperatorCost {
+            cost: prices.cost(usage),
+            credit_value,
+        })
     }
 
     /// Chooses what is written if the call is dropped before [`settle`](Self::settle) or

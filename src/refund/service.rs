@@ -16,7 +16,7 @@ use super::body::{BilledStream, ResponseBody, StreamLimits};
 use super::guard::{Meter, UnsettledCall};
 use super::layer::RefundOnUpstreamErrorLayer;
 use crate::call::{
-    AccessEntry, ClientWrites, IdempotencyKey, Reservation, RoutedCall, ServedBy, Spoke,
+    AccessEntry, ClientWrites, IdempotencyKey, RawUsage, Reservation, RoutedCall, ServedBy, Spoke,
 };
 use crate::classify::complete_reply;
 use crate::error::{GatewayError, UpstreamError};
@@ -163,6 +163,7 @@ where
                     self.ledger_timeout,
                 )
                 .metered(metered, self.beyond_reservation)
+                .asked_tier(routed.and_then(|routed| routed.asked_tier))
             });
         // A keyed call's reply is kept with its settle, for the client's retries.
         let keep_reply = request.extensions().get::<IdempotencyKey>().is_some();
@@ -353,7 +354,8 @@ fn judge(
     let status = parts.status;
     let channel = parts.extensions.remove::<ServedBy>().map(|served| served.0);
     let upstream_protocol = parts.extensions.remove::<Spoke>().map(|spoke| spoke.0);
-    let success = |usage| CallSuccess {
+    let raw_usage = parts.extensions.remove::<RawUsage>().map(|raw| raw.0);
+    let success = |usage, raw_usage| CallSuccess {
         upstream_status: status.as_u16(),
         usage,
         channel,
@@ -363,17 +365,19 @@ fn judge(
         beyond_reservation: false,
         usage_rejected: false,
         claim: Default::default(),
+        operator_cost: None,
+        raw_usage,
     };
     match body.into_inner() {
         Inner::Complete(body) => {
             // An upstream that already parsed the reply says so; otherwise classify it here.
-            let usage = match parts.extensions.remove::<TokenUsage>() {
-                Some(usage) if status.is_success() => usage,
+            let (usage, raw_usage) = match parts.extensions.remove::<TokenUsage>() {
+                Some(usage) if status.is_success() => (usage, raw_usage),
                 _ => complete_reply(status, &body).map_err(failed)?,
             };
             Ok(Judged::Complete(
                 Response::from_parts(parts, body),
-                success(usage),
+                success(usage, raw_usage),
             ))
         }
         Inner::Events(_) if !status.is_success() => Err(failed(UpstreamError {
@@ -384,7 +388,7 @@ fn judge(
         Inner::Events(events) => Ok(Judged::Stream(
             parts,
             events,
-            success(TokenUsage::default()),
+            success(TokenUsage::default(), raw_usage),
         )),
     }
 }

@@ -64,7 +64,7 @@ pub use traits::{
 };
 pub use types::{
     ActiveKey, BalanceOverflow, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest,
-    IdempotencyKeyReused, KeptReply, LeaseId, MAX_KEPT_REPLY_BYTES, ReserveError, ResponseOwner,
-    SettleClaim, StoreError,
+    IdempotencyKeyReused, KeptReply, LeaseId, MAX_KEPT_REPLY_BYTES, OperatorCost, ReserveError,
+    ResponseOwner, SettleClaim, StoreError,
 };
 pub(crate) use types::{check_grant_amount, unknown_account};

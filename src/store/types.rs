@@ -9,7 +9,8 @@ use serde::Serialize;
 use crate::call::{AccountId, CallId, Caller, IdempotencyKey, KeyId, KeyRules};
 use crate::credits::{Bucket, Credits};
 use crate::error::UpstreamError;
-use crate::protocol::{Protocol, TokenUsage};
+use crate::money::Money;
+use crate::protocol::{Protocol, ServiceTier, TokenUsage};
 
 /// The largest reply kept for a retry, in bytes. A billed call with a larger reply keeps none,
 /// and a retry is told so (409) rather than billed again.
@@ -154,6 +155,36 @@ pub struct CallSuccess {
     /// Who decides first between the store committing this settle and its caller giving up on
     /// it (see [`SettleClaim`]).
     pub claim: SettleClaim,
+    /// What the call cost the operator at the channel that served it, when the catalogue gives
+    /// cost prices for it.
+    pub operator_cost: Option<OperatorCost>,
+    /// The provider's usage object exactly as it reported it (JSON text), when the gateway saw it.
+    pub raw_usage: Option<String>,
+}
+
+impl CallSuccess {
+    /// The columns of the operator's economics, as stored: the cost and the credit's value in
+    /// billionths, the tier's name, whether a count was estimated.
+    pub(crate) fn economics_columns(
+        &self,
+    ) -> (Option<i64>, Option<i64>, Option<&'static str>, bool) {
+        (
+            self.operator_cost.map(|cost| cost.cost.nanos()),
+            self.operator_cost.map(|cost| cost.credit_value.nanos()),
+            self.usage.service_tier.map(ServiceTier::as_str),
+            self.usage.estimated,
+        )
+    }
+}
+
+/// What a call cost the operator, in his currency, and what one credit was worth in it then:
+/// the entry's margin is what it was charged at that value, less the cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OperatorCost {
+    /// What the provider bills the operator for the call.
+    pub cost: Money,
+    /// What one credit was worth (the catalogue's `credit_value` at the call).
+    pub credit_value: Money,
 }
 
 /// Decides once between a settle's commit and its caller giving up on it, so that a client
@@ -332,12 +363,53 @@ pub struct CallRecord {
     /// charged its ceiling rather than what the report said (see
     /// [`CallSuccess::usage_rejected`]).
     pub usage_rejected: bool,
+    /// Whether a count the entry was charged by is the gateway's own (output counted from what
+    /// was passed on, input estimated from the request: a client that left, a stream without
+    /// usage) rather than the provider's report.
+    pub usage_estimated: bool,
+    /// The service tier the call was priced at, when its provider or its client named one.
+    pub service_tier: Option<ServiceTier>,
+    /// The provider's usage object exactly as it reported it, when the gateway saw it.
+    #[serde(serialize_with = "raw_json")]
+    pub raw_usage: Option<String>,
+    /// What the call cost the operator at the channel that served it, in his currency.
+    pub cost: Option<Money>,
+    /// What one credit was worth in that currency when the call was settled.
+    pub credit_value: Option<Money>,
+    /// What the call earned: what it was charged, at [`credit_value`](Self::credit_value), less
+    /// its [`cost`](Self::cost) (negative: sold at a loss). `None` without both.
+    pub margin: Option<Money>,
     /// When the credits were reserved.
     pub created_at: DateTime<Utc>,
     /// When the call was settled or refunded.
     pub finished_at: Option<DateTime<Utc>>,
     /// The request's id (`x-request-id`), as the client's answer carried it.
     pub request_id: Option<String>,
+}
+
+impl CallRecord {
+    /// What `price` credits earned at `credit_value` a credit, less `cost`: an entry's margin.
+    pub fn margin_of(
+        price: Credits,
+        cost: Option<Money>,
+        credit_value: Option<Money>,
+    ) -> Option<Money> {
+        Some(credit_value?.times(price).minus(cost?))
+    }
+}
+
+/// A JSON text kept as written, written into JSON as the value it is (a text that is not
+/// JSON, as a string).
+fn raw_json<S: serde::Serializer>(raw: &Option<String>, serializer: S) -> Result<S::Ok, S::Error> {
+    use serde::Serialize;
+    match raw
+        .as_deref()
+        .map(|text| serde_json::value::RawValue::from_string(text.to_owned()))
+    {
+        None => serializer.serialize_none(),
+        Some(Ok(value)) => value.serialize(serializer),
+        Some(Err(_)) => raw.serialize(serializer),
+    }
 }
 
 /// The store could not do what was asked. Callers match the kind: the refusals (the last

@@ -16,7 +16,7 @@ use super::failover::AttemptError;
 use super::hosted::Hosted;
 use super::translated::TranslatedStream;
 use super::transport::transport_error;
-use crate::call::{RoutedCall, ServedBy, Spoke};
+use crate::call::{RawUsage, RoutedCall, ServedBy, Spoke};
 use crate::catalogue::{ModelChannel, UpstreamConfig};
 use crate::classify::{complete_reply, is_retryable, retry_after};
 use crate::error::{UpstreamError, excerpt};
@@ -475,9 +475,10 @@ impl Channel {
                     format!("answered {status} with a body that is not a JSON object"),
                 )
             };
-            let (body, usage, id) = match &translated {
+            let (body, usage, id, raw) = match &translated {
                 // Read once, for the response and for its usage.
                 Some(translation) => {
+                    let raw = crate::protocol::reply_usage_raw(&body).and_then(|(_, raw)| raw);
                     let (reply, usage) = translation
                         .reply(self.config.kind, &body)
                         .map_err(|()| not_an_object())?;
@@ -492,19 +493,20 @@ impl Channel {
                         };
                         usage = unreported(usage, counted);
                     }
-                    (reply, usage, None)
+                    (reply, usage, None, raw)
                 }
                 // A native Responses reply whose maker is recorded is read once, for its
                 // usage and its id.
                 None if read_id => {
                     let (usage, id) =
                         responses::reply_usage_and_id(&body).ok_or_else(not_an_object)?;
-                    (body, usage, id)
+                    let raw = crate::protocol::reply_usage_raw(&body).and_then(|(_, raw)| raw);
+                    (body, usage, id, raw)
                 }
                 None => {
-                    let usage = complete_reply(status, &body)
+                    let (usage, raw) = complete_reply(status, &body)
                         .map_err(|error| retryable(error.status, error.message))?;
-                    (body, usage, None)
+                    (body, usage, None, raw)
                 }
             };
             let mut response = Response::new(UpstreamBody::complete(body));
@@ -517,6 +519,9 @@ impl Channel {
                 .headers_mut()
                 .insert(header::CONTENT_TYPE, content_type);
             response.extensions_mut().insert(usage);
+            if let Some(raw) = raw {
+                response.extensions_mut().insert(RawUsage(raw));
+            }
             response
                 .extensions_mut()
                 .insert(ServedBy(self.config.name.clone()));

@@ -1047,15 +1047,21 @@ async fn the_call_status_rule_is_checked_without_a_temporary_btree() {
     );
 
     // Back to the definition before, which builds the b-tree: what the test is there to catch.
-    // The migrations after it (`usage_rejected`, then a translated call's record) go down too,
-    // and their columns are put back by hand so that the store writes as it does today.
-    model_gateway::store::Migrator::down(connection, Some(3))
+    // The migrations after it (`usage_rejected`, a translated call's record, then the
+    // operator's economics) go down too, and their columns are put back by hand so that the
+    // store writes as it does today.
+    model_gateway::store::Migrator::down(connection, Some(4))
         .await
         .unwrap();
     for later_column in [
         "ALTER TABLE mg_calls ADD COLUMN usage_rejected boolean NOT NULL DEFAULT false",
         "ALTER TABLE mg_calls ADD COLUMN dropped_tools text NULL",
         "ALTER TABLE mg_calls ADD COLUMN upstream_protocol varchar(32) NULL",
+        "ALTER TABLE mg_calls ADD COLUMN cost bigint NULL",
+        "ALTER TABLE mg_calls ADD COLUMN credit_value bigint NULL",
+        "ALTER TABLE mg_calls ADD COLUMN raw_usage text NULL",
+        "ALTER TABLE mg_calls ADD COLUMN usage_estimated boolean NOT NULL DEFAULT false",
+        "ALTER TABLE mg_calls ADD COLUMN service_tier varchar(16) NULL",
     ] {
         connection.execute_unprepared(later_column).await.unwrap();
     }
@@ -1077,7 +1083,16 @@ async fn the_call_status_rule_is_checked_without_a_temporary_btree() {
         ["ok", "refunded", "pending"]
     );
 
-    for later_column in ["usage_rejected", "dropped_tools", "upstream_protocol"] {
+    for later_column in [
+        "usage_rejected",
+        "dropped_tools",
+        "upstream_protocol",
+        "cost",
+        "credit_value",
+        "raw_usage",
+        "usage_estimated",
+        "service_tier",
+    ] {
         connection
             .execute_unprepared(&format!("ALTER TABLE mg_calls DROP COLUMN {later_column}"))
             .await

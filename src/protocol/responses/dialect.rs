@@ -173,9 +173,11 @@ impl Dialect for Responses {
             ..ChatReply::default()
         };
         let reply = write_response(echoed, &chat, &mut Ids::random());
-        // The Responses usage says it has no reasoning tokens, rather than nothing.
+        // The Responses usage says it has no reasoning tokens, rather than nothing, and the
+        // reply names its tier (`default`).
         let usage = TokenUsage {
             reasoning_tokens: Some(0),
+            service_tier: Some(crate::protocol::ServiceTier::Standard),
             ..counted(call.input_tokens)
         };
         (Bytes::from(reply), Some(usage))

@@ -9,10 +9,11 @@ use crate::call::{KeyLimit, KeyRules, LimitPeriod};
 use crate::codes::NewCode;
 use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::NewApiKey;
-use crate::protocol::Protocol;
+use crate::money::Money;
+use crate::protocol::{Protocol, ServiceTier};
 use crate::store::{
     AccountId, CallFailure, CallId, CallStatus, CallSuccess, Caller, ChargeRequest, Grant,
-    IdempotencyKey, KeptReply, KeyId, NewCodeBatch, ReserveError, Store, StoreError,
+    IdempotencyKey, KeptReply, KeyId, NewCodeBatch, OperatorCost, ReserveError, Store, StoreError,
 };
 
 /// What the first key of each account may spend in all.
@@ -296,6 +297,19 @@ impl<'a> Side<'a> {
                     beyond_reservation: beyond,
                     // Some served by a channel that spoke another protocol.
                     upstream_protocol: index.is_multiple_of(2).then_some(Protocol::Messages),
+                    // Some with what they cost the operator (a margin read back from what the
+                    // settle charged), some with usage estimated, at a tier, as reported.
+                    operator_cost: index.is_multiple_of(3).then(|| OperatorCost {
+                        cost: Money::from_nanos(1_234_567 * (index as i64 + 1)),
+                        credit_value: Money::from_nanos(10_000_000),
+                    }),
+                    raw_usage: (index % 4 == 1)
+                        .then(|| format!(r#"{{"input_tokens":{index},"output_tokens":1}}"#)),
+                    usage: crate::protocol::TokenUsage {
+                        estimated: index % 5 == 2,
+                        service_tier: (index % 5 == 3).then_some(ServiceTier::Priority),
+                        ..Default::default()
+                    },
                     ..CallSuccess::default()
                 };
                 let settled = self
@@ -396,7 +410,8 @@ impl<'a> Side<'a> {
                 .filter(|call| call.status != CallStatus::Pending)
                 .map(|call| {
                     format!(
-                        "{} {} {:?} {}+{} short {} dropped {:?} spoke {:?}",
+                        "{} {} {:?} {}+{} short {} dropped {:?} spoke {:?} cost {:?} margin {:?} \
+                         raw {:?} estimated {} tier {:?}",
                         call.protocol.as_str(),
                         call.price,
                         call.status,
@@ -405,6 +420,11 @@ impl<'a> Side<'a> {
                         call.shortfall,
                         call.dropped_tools,
                         call.upstream_protocol,
+                        call.cost,
+                        call.margin,
+                        call.raw_usage,
+                        call.usage_estimated,
+                        call.service_tier,
                     )
                 })
                 .collect();

@@ -130,6 +130,12 @@ impl Ledger for MemoryStore {
             reasoning_tokens: None,
             shortfall: Credits::ZERO,
             usage_rejected: false,
+            usage_estimated: false,
+            service_tier: None,
+            raw_usage: None,
+            cost: None,
+            credit_value: None,
+            margin: None,
             created_at,
             finished_at: None,
             request_id: request.request_id.map(str::to_owned),
@@ -201,6 +207,12 @@ impl Ledger for MemoryStore {
         record.cache_write_tokens = usage.cache_write_tokens;
         record.cache_write_1h_tokens = usage.cache_write_1h_tokens;
         record.reasoning_tokens = usage.reasoning_tokens;
+        record.usage_estimated = usage.estimated;
+        record.service_tier = usage.service_tier;
+        record.raw_usage = success.raw_usage;
+        record.cost = success.operator_cost.map(|cost| cost.cost);
+        record.credit_value = success.operator_cost.map(|cost| cost.credit_value);
+        record.margin = CallRecord::margin_of(record.price, record.cost, record.credit_value);
         record.finished_at = Some(now);
         if let Some(name) = state.keyed_by_call.get(&call).cloned()
             && let Some(row) = state.keyed.get_mut(&name)

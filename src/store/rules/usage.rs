@@ -54,15 +54,16 @@ pub fn unreported(reported: TokenUsage, counted: Counted) -> TokenUsage {
 /// reservation, the call's ceiling, and marked rejected. A cost above the reservation is the
 /// settle's to bound ([`CallSuccess::beyond_reservation`](crate::store::CallSuccess::beyond_reservation)).
 pub fn charge(metered: &Metered, usage: &TokenUsage) -> Charge {
-    if metered.check(usage).is_err() {
-        return Charge {
-            cost: metered.reserved,
-            usage_rejected: true,
-        };
-    }
     let mut usage = *usage;
     // A provider that says nothing of its tier served the one asked for.
     usage.service_tier = usage.service_tier.or(metered.asked_tier);
+    if metered.check(&usage).is_err() {
+        return Charge {
+            cost: metered.reserved,
+            usage_rejected: true,
+            usage,
+        };
+    }
     if usage.all_input_tokens().is_none() {
         usage.input_tokens = Some(i64::try_from(metered.input_estimate).unwrap_or(i64::MAX));
         usage.estimated = true;
@@ -80,6 +81,7 @@ pub fn charge(metered: &Metered, usage: &TokenUsage) -> Charge {
     Charge {
         cost,
         usage_rejected: false,
+        usage,
     }
 }
 

@@ -106,7 +106,7 @@ pub(super) async fn settle(
 ) -> Result<bool, StoreError> {
     let reply = success.reply.take();
     let txn = begin_write(db).await?;
-    let write = Write::Settle(call, success);
+    let write = Write::Settle(call, Box::new(success));
     let settled = matches!(
         ledger_ops::apply_in(&txn, &[&write], holds, alerting)
             .await?

@@ -7,7 +7,8 @@ use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use crate::credits::Credits;
 use crate::keys::KeyHash;
-use crate::protocol::Protocol;
+use crate::money::Money;
+use crate::protocol::{Protocol, ServiceTier};
 use crate::store::{
     AccountId, ActiveKey, CallId, CallLog, CallQuery, CallRecord, CallStatus, Caller, DailyUsage,
     KeyId, KeyStore, StoreError,
@@ -74,6 +75,16 @@ fn call_record(row: call::Model) -> Result<CallRecord, StoreError> {
         reasoning_tokens: row.reasoning_tokens,
         shortfall: Credits(row.shortfall),
         usage_rejected: row.usage_rejected,
+        usage_estimated: row.usage_estimated,
+        service_tier: row.service_tier.as_deref().and_then(ServiceTier::parse),
+        raw_usage: row.raw_usage,
+        cost: row.cost.map(Money::from_nanos),
+        credit_value: row.credit_value.map(Money::from_nanos),
+        margin: CallRecord::margin_of(
+            Credits(row.price),
+            row.cost.map(Money::from_nanos),
+            row.credit_value.map(Money::from_nanos),
+        ),
         created_at: row.created_at,
         finished_at: row.finished_at,
         request_id: row.request_id,

@@ -55,7 +55,7 @@ impl From<ChargeRequest<'_>> for OwnedCharge {
 #[derive(Debug)]
 pub(super) enum Write {
     Reserve(OwnedCharge),
-    Settle(CallId, CallSuccess),
+    Settle(CallId, Box<CallSuccess>),
     Refund(CallId, CallFailure),
 }
 

@@ -156,7 +156,7 @@ mod tests {
     use crate::store::sea::commit::jobs::Reply;
     use crate::store::sea::writes::OwnedCharge;
     use crate::store::{AccountId, CallId, Caller, KeyId};
-    use crate::store::{CallFailure, CallSuccess, Reservation, ReserveError};
+    use crate::store::{CallFailure, Reservation, ReserveError};
     use oneshot::error::TryRecvError;
     use tokio::sync::oneshot;
 
@@ -198,7 +198,7 @@ mod tests {
             reply: Reply::Reserve(reserve_to),
         });
         batches.current.push(Job {
-            write: Write::Settle(CallId(call - 1), CallSuccess::default()),
+            write: Write::Settle(CallId(call - 1), Box::default()),
             reply: Reply::Finish(settle_to),
         });
         let outcomes = vec![

@@ -61,7 +61,7 @@ impl Asked<Reservation, ReserveError> {
 impl Asked<bool, StoreError> {
     pub(in crate::store::sea) fn settle(call: CallId, success: CallSuccess) -> Self {
         Asked {
-            write: Write::Settle(call, success),
+            write: Write::Settle(call, Box::new(success)),
             reply: Reply::Finish,
         }
     }

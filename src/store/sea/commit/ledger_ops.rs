@@ -295,6 +295,11 @@ async fn insert_entries<C: ConnectionTrait>(
         instance_id: Set(entry.charge.instance.map(|lease| lease.0)),
         dropped_tools: Set(entry.charge.dropped_tools.clone()),
         upstream_protocol: sea_orm::NotSet,
+        cost: sea_orm::NotSet,
+        credit_value: sea_orm::NotSet,
+        raw_usage: sea_orm::NotSet,
+        usage_estimated: sea_orm::NotSet,
+        service_tier: sea_orm::NotSet,
     };
     let Some(mut ids) = ids else {
         // No way to know a multi-row insert's ids here: one insert per entry.
@@ -390,7 +395,7 @@ async fn finish_entries<C: ConnectionTrait>(
         .col_expr(call::Column::FinishedAt, Expr::value(now))
         .filter(call::Column::Id.is_in(finished.iter().map(|(id, _)| *id)))
         .filter(call::Column::Status.eq(CallStatus::Pending.as_str()));
-    let columns: [(call::Column, FinishValue); 16] = [
+    let columns: [(call::Column, FinishValue); 21] = [
         (call::Column::Status, |finish| {
             Some(Expr::value(finish.status().as_str()))
         }),
@@ -409,6 +414,31 @@ async fn finish_entries<C: ConnectionTrait>(
         }),
         (call::Column::UpstreamError, |finish| {
             finish.error().map(|error| Expr::value(error.to_owned()))
+        }),
+        (call::Column::Cost, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.economics_columns().0))
+        }),
+        (call::Column::CreditValue, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.economics_columns().1))
+        }),
+        (call::Column::ServiceTier, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.economics_columns().2))
+        }),
+        (call::Column::UsageEstimated, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.usage.estimated))
+        }),
+        (call::Column::RawUsage, |finish| {
+            finish
+                .billed()
+                .map(|success| Expr::value(success.raw_usage.clone()))
         }),
         (call::Column::InputTokens, |finish| {
             finish

@@ -12,7 +12,7 @@ use crate::events::WebhookEvent;
 use crate::protocol::Protocol;
 use crate::store::records::DeliveryStatus;
 use crate::store::sea::writes::KeyChange;
-use crate::store::{AccountId, CallStatus, IdempotencyKey, StoreError};
+use crate::store::{AccountId, CallStatus, CallSuccess, IdempotencyKey, StoreError};
 
 /// A `SQLite` error as the store reports it.
 pub(in crate::store::sea) fn store_error(error: rusqlite::Error) -> StoreError {
@@ -116,8 +116,8 @@ pub(super) const CHARGE_COLUMNS: usize = 13;
 /// Binds how an entry ended from parameter `first` on, in this order: `upstream_status,
 /// upstream_channel, upstream_error, input_tokens, output_tokens, cache_read_tokens,
 /// cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall, usage_rejected,
-/// finished_at, upstream_protocol`. One place, so finishing an entry in place and inserting an
-/// ended hold's entry agree.
+/// finished_at, upstream_protocol, cost, credit_value, raw_usage, usage_estimated, service_tier`.
+/// One place, so finishing an entry in place and inserting an ended hold's entry agree.
 pub(super) fn bind_finish(
     statement: &mut Statement<'_>,
     first: usize,
@@ -126,6 +126,9 @@ pub(super) fn bind_finish(
 ) -> rusqlite::Result<()> {
     let usage = finish.billed().map(|success| success.usage);
     let shortfall = finish.charged().map_or(0, |(_, shortfall)| shortfall.0);
+    let (cost, credit_value, tier, estimated) = finish
+        .billed()
+        .map_or((None, None, None, false), CallSuccess::economics_columns);
     let columns: [&dyn ToSql; FINISH_COLUMNS] = [
         &finish.upstream_status(),
         &finish
@@ -147,12 +150,19 @@ pub(super) fn bind_finish(
             .billed()
             .and_then(|success| success.upstream_protocol)
             .map(Protocol::as_str),
+        &cost,
+        &credit_value,
+        &finish
+            .billed()
+            .and_then(|success| success.raw_usage.as_deref()),
+        &estimated,
+        &tier,
     ];
     bind_from(statement, first, &columns)
 }
 
 /// How many columns [`bind_finish`] binds.
-pub(super) const FINISH_COLUMNS: usize = 13;
+pub(super) const FINISH_COLUMNS: usize = 18;
 
 pub(super) fn bind_from(
     statement: &mut Statement<'_>,
@@ -180,9 +190,9 @@ pub(super) fn insert_ended_holds(
              requested_model, dropped_tools, upstream_status, upstream_channel, upstream_error, \
              input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, \
              cache_write_1h_tokens, reasoning_tokens, shortfall, usage_rejected, finished_at, \
-             upstream_protocol) \
+             upstream_protocol, cost, credit_value, raw_usage, usage_estimated, service_tier) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, \
-             ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)",
+             ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32)",
         )
         .map_err(store_error)?;
     let now = timestamp_now();
@@ -287,10 +297,12 @@ pub(super) fn finish_entries(
              reasoning_tokens = COALESCE(?11, reasoning_tokens), shortfall = ?12, \
              usage_rejected = ?13, finished_at = ?14, \
              upstream_protocol = COALESCE(?15, upstream_protocol), \
-             charged_subscription = COALESCE(?17, charged_subscription), \
-             charged_topup = COALESCE(?18, charged_topup), \
-             price = COALESCE(?17 + ?18, price) \
-             WHERE id = ?1 AND status = ?16",
+             cost = ?16, credit_value = ?17, raw_usage = ?18, usage_estimated = ?19, \
+             service_tier = ?20, \
+             charged_subscription = COALESCE(?22, charged_subscription), \
+             charged_topup = COALESCE(?23, charged_topup), \
+             price = COALESCE(?22 + ?23, price) \
+             WHERE id = ?1 AND status = ?21",
         )
         .map_err(store_error)?;
     let now = timestamp_now();

@@ -63,6 +63,16 @@ pub(crate) struct Model {
     pub dropped_tools: Option<String>,
     /// The protocol the channel that served the call spoke, when the upstream said.
     pub upstream_protocol: Option<String>,
+    /// What the call cost the operator, in billionths of his currency.
+    pub cost: Option<i64>,
+    /// What a credit was worth when the call was settled, in billionths of the currency.
+    pub credit_value: Option<i64>,
+    /// The provider's usage object as it reported it.
+    pub raw_usage: Option<String>,
+    /// Whether a count the call was charged by is the gateway's own.
+    pub usage_estimated: bool,
+    /// The service tier the call was priced at.
+    pub service_tier: Option<String>,
 }
 
 /// No relations are navigated through the ORM.

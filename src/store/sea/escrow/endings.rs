@@ -16,7 +16,7 @@ use crate::store::rules::holds;
 use crate::store::rules::settle::{Beyond, decide_settle};
 use crate::store::sea::commit::batch::{Finish, shortfall_event};
 use crate::store::sea::held::HeldCall;
-use crate::store::{AccountId, CallId, CallStatus, LeaseId, StoreError};
+use crate::store::{AccountId, CallId, CallStatus, CallSuccess, LeaseId, StoreError};
 
 /// The writer of endings: each batch inserts its entries, finished, and debits the escrow
 /// rows of its settles, in one transaction.
@@ -282,31 +282,35 @@ pub(super) async fn write_sql(
                upstream_error, input_tokens, output_tokens, created_at, finished_at, \
                request_id, instance_id, requested_model, cache_read_tokens, \
                cache_write_tokens, cache_write_1h_tokens, reasoning_tokens, shortfall, \
-               usage_rejected, dropped_tools, upstream_protocol) \
+               usage_rejected, dropped_tools, upstream_protocol, cost, credit_value, raw_usage, \
+               usage_estimated, service_tier) \
                SELECT u.id, u.account_id, u.key_id, u.protocol, u.model, u.price, u.cs, u.ct, \
                u.status, u.upstream_status, u.upstream_channel, u.upstream_error, \
                u.input_tokens, u.output_tokens, u.created_at, u.finished_at, u.request_id, \
                u.instance_id, u.requested_model, u.cache_read, u.cache_write, u.cache_write_1h, \
-               u.reasoning, u.shortfall, u.usage_rejected, u.dropped_tools, u.upstream_protocol \
+               u.reasoning, u.shortfall, u.usage_rejected, u.dropped_tools, u.upstream_protocol, \
+               u.cost, u.credit_value, u.raw_usage, u.usage_estimated, u.service_tier \
                FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::text[], $9::text[], \
                $10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::int[], \
                $15::text[], $16::text[], $17::bigint[], $18::bigint[], $19::timestamptz[], \
                $20::timestamptz[], $21::text[], $22::bigint[], $23::bool[], $24::text[], \
                $25::bigint[], $26::bigint[], $27::bigint[], $28::bigint[], $29::bigint[], \
-               $30::bool[], $31::text[], $32::text[]) \
+               $30::bool[], $31::text[], $32::text[], $33::bigint[], $34::bigint[], \
+               $35::text[], $36::bool[], $37::text[]) \
                AS u(id, account_id, key_id, protocol, model, price, cs, ct, status, \
                upstream_status, upstream_channel, upstream_error, input_tokens, \
                output_tokens, created_at, finished_at, request_id, instance_id, debits, \
                requested_model, cache_read, cache_write, cache_write_1h, reasoning, shortfall, \
-               usage_rejected, dropped_tools, upstream_protocol) \
+               usage_rejected, dropped_tools, upstream_protocol, cost, credit_value, raw_usage, \
+               usage_estimated, service_tier) \
                WHERE NOT u.debits OR EXISTS (SELECT 1 FROM debited d \
                  WHERE d.instance_id = u.instance_id AND d.account_id = u.account_id) \
                RETURNING id \
              ), told AS ( \
                INSERT INTO mg_webhook_events (event_id, event_type, body, status, attempts, \
                next_attempt_at, created_at) \
-               SELECT w.event_id, $37, w.body, $38, 0, $36, $36 \
-               FROM unnest($33::bigint[], $34::text[], $35::text[]) AS w(call, event_id, body) \
+               SELECT w.event_id, $42, w.body, $43, 0, $41, $41 \
+               FROM unnest($38::bigint[], $39::text[], $40::text[]) AS w(call, event_id, body) \
                WHERE w.call IN (SELECT id FROM entered) \
              ) \
              SELECT (SELECT array_agg(instance_id) FROM debited), \
@@ -344,6 +348,11 @@ pub(super) async fn write_sql(
         .bind(rows.usage_rejected)
         .bind(rows.dropped_tools)
         .bind(rows.upstream_protocol)
+        .bind(rows.cost)
+        .bind(rows.credit_value)
+        .bind(rows.raw_usage)
+        .bind(rows.usage_estimated)
+        .bind(rows.service_tier)
         .bind(told.call)
         .bind(told.event_id)
         .bind(told.body)
@@ -430,6 +439,11 @@ pub(super) struct Entries {
     usage_rejected: Vec<bool>,
     dropped_tools: Vec<Option<String>>,
     upstream_protocol: Vec<Option<&'static str>>,
+    cost: Vec<Option<i64>>,
+    credit_value: Vec<Option<i64>>,
+    raw_usage: Vec<Option<String>>,
+    usage_estimated: Vec<bool>,
+    service_tier: Vec<Option<&'static str>>,
 }
 impl Entries {
     fn push(&mut self, decided: &Decided<'_>, now: DateTime<Utc>) {
@@ -485,6 +499,14 @@ impl Entries {
                 .and_then(|success| success.upstream_protocol)
                 .map(crate::protocol::Protocol::as_str),
         );
+        let (cost, credit_value, tier, estimated) =
+            billed.map_or((None, None, None, false), CallSuccess::economics_columns);
+        self.cost.push(cost);
+        self.credit_value.push(credit_value);
+        self.raw_usage
+            .push(billed.and_then(|success| success.raw_usage.clone()));
+        self.usage_estimated.push(estimated);
+        self.service_tier.push(tier);
     }
 }
 

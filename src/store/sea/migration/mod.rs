@@ -25,6 +25,7 @@ mod m20261126_000007_alerts;
 mod m20261128_000001_call_status_check;
 mod m20261206_000001_call_usage_rejected;
 mod m20261207_000001_call_translation;
+mod m20261207_000002_call_economics;
 
 /// Applies the gateway's schema: `Migrator::up(&db, None)`. [`SeaOrmStore::connect`] runs it
 /// under a database lock, so that gateway instances starting together on an empty database do
@@ -57,6 +58,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261128_000001_call_status_check::Migration),
             Box::new(m20261206_000001_call_usage_rejected::Migration),
             Box::new(m20261207_000001_call_translation::Migration),
+            Box::new(m20261207_000002_call_economics::Migration),
         ]
     }
 

@@ -130,7 +130,7 @@ impl Owned {
         let answer = {
             let mut state = self.holds.lock();
             if success.reply.is_some() && state.holds.call(call).is_none() {
-                let write = Write::Settle(call, success);
+                let write = Write::Settle(call, Box::new(success));
                 let holds = state.holds.for_batch(&[&write]);
                 let Write::Settle(_, success) = write else {
                     unreachable!("built as a settle")
@@ -143,7 +143,7 @@ impl Owned {
         match answer {
             Ok(answer) => answer.wait().await,
             Err((success, holds)) => {
-                idempotent::settle(to.db, call, success, Some(&holds), to.alerting).await
+                idempotent::settle(to.db, call, *success, Some(&holds), to.alerting).await
             }
         }
     }
