@@ -757,7 +757,7 @@ struct ChannelTable {
     priority: Option<u32>,
     weight: Option<u32>,
     upstream_model: Option<String>,
-    cost: Option<prices::PriceTableEntry>,
+    cost: Option<Box<prices::PriceTableEntry>>,
 }
 
 impl ChannelEntry {

@@ -823,3 +823,146 @@ fn a_bedrock_upstream_in_a_build_without_it_names_the_feature() {
         .to_string();
     assert!(refused.contains("cargo feature `bedrock`"), "{refused}");
 }
+
+/// A catalogue with money: `currency`, `credit_value`, and `model` on two upstreams.
+fn with_money(settings: &str, model: &str) -> Result<Catalogue, CatalogueError> {
+    Catalogue::from_toml(&format!("{settings}\n{TWO_UPSTREAMS}\n[[models]]\n{model}"))
+}
+
+const PRICED: &str = r#"name = "m"
+protocol = "chat_completions"
+max_output_tokens = 100
+upstreams = ["primary", { name = "backup", cost = { input = 2.0, output = 8.0 } }]
+[models.tokens]
+input = 300
+output = 1200
+minimum = 2
+long_context = { above = 200000, input = 600, output = 1800 }
+priority = { input = 510, output = 2040 }
+[models.cost]
+call = 0.0001
+input = 2.5
+output = 10.0
+flex = { input = 1.25, output = 5.0 }"#;
+
+#[test]
+fn cost_prices_tiers_and_the_minimum_load_with_a_channels_own_cost() {
+    let catalogue = with_money("currency = \"USD\"\ncredit_value = 0.01", PRICED).unwrap();
+    assert_eq!(catalogue.currency(), Some("USD"));
+    let model = catalogue.model("m").unwrap();
+    assert_eq!(model.credit_value, Some(Money::from_nanos(10_000_000)));
+    assert_eq!(model.pricing.minimum, Credits(2));
+    let tokens = model.pricing.tokens.unwrap();
+    let long = tokens.standard.long_context.unwrap();
+    assert_eq!(long.above, 200_000);
+    assert_eq!(long.prices.output, TokenRate::per_million(1_800.0).unwrap());
+    assert_eq!(
+        tokens.priority.unwrap().prices.input,
+        TokenRate::per_million(510.0).unwrap()
+    );
+    assert_eq!(tokens.flex, None);
+    let model_cost = model.cost.unwrap();
+    assert_eq!(model_cost.per_call, Money::from_nanos(100_000));
+    assert!(model_cost.tokens.unwrap().flex.is_some());
+    // The first channel costs what the model does; the second, its own.
+    assert_eq!(model.channels[0].cost, Some(model_cost));
+    let own = model.channels[1].cost.unwrap();
+    assert_eq!(own.per_call, Money::ZERO);
+    assert_eq!(
+        own.tokens.unwrap().standard.prices.input,
+        TokenRate::per_million(2.0).unwrap()
+    );
+}
+
+#[test]
+fn money_settings_and_price_tables_that_cannot_be_used_are_refused_at_start() {
+    let money = "currency = \"USD\"\ncredit_value = 0.01";
+    let refused = |settings: &str, model: &str, says: &str| {
+        let error = with_money(settings, model).unwrap_err().to_string();
+        assert!(error.contains(says), "{error} (expected {says:?})");
+    };
+    refused("", PRICED, "give `currency`");
+    refused("currency = \"USD\"", PRICED, "needs `credit_value`");
+    refused("credit_value = 0.01", PRICED, "needs `currency`");
+    refused(
+        "currency = \"US D\"\ncredit_value = 0.01",
+        PRICED,
+        "not a currency code",
+    );
+    refused(
+        "currency = \"USD\"\ncredit_value = 0",
+        PRICED,
+        "worth more than 0",
+    );
+    refused(
+        money,
+        &PRICED.replace("above = 200000", "above = 0"),
+        "must be positive",
+    );
+    refused(
+        money,
+        &PRICED.replace(
+            "priority = { input = 510, output = 2040 }",
+            "priority = { input = 510 }",
+        ),
+        "needs both `input` and `output`",
+    );
+    refused(
+        money,
+        &PRICED.replace("minimum = 2", "minimum = 0"),
+        "at least 1",
+    );
+    refused(
+        money,
+        &PRICED.replace("minimum = 2", "minimum = 1.5"),
+        "whole number",
+    );
+    refused(
+        money,
+        &PRICED.replace("call = 0.0001", "call = -1"),
+        "at least 0",
+    );
+    refused(
+        money,
+        &PRICED.replace(
+            "flex = { input = 1.25, output = 5.0 }",
+            "scale = { input = 1 }",
+        ),
+        "unknown field `scale`",
+    );
+    refused(
+        money,
+        &PRICED.replace(
+            "cost = { input = 2.0, output = 8.0 }",
+            "cost = { priority = 1 }",
+        ),
+        // A channel's entry is a name or a table; serde says which part failed only so far.
+        "did not match any variant",
+    );
+    refused(
+        money,
+        &PRICED.replace("[models.tokens]\n", "[models.tokens]\ncall = 1\n"),
+        "takes no `call`",
+    );
+    refused(
+        money,
+        &PRICED.replace(
+            "call = 0.0001\ninput = 2.5\noutput = 10.0\nflex = { input = 1.25, output = 5.0 }",
+            "minimum = 0.5",
+        ),
+        "gives no price",
+    );
+}
+
+#[test]
+fn a_reload_cannot_change_the_currency() {
+    let usd = with_money("currency = \"USD\"\ncredit_value = 0.01", PRICED).unwrap();
+    let eur = with_money("currency = \"EUR\"\ncredit_value = 0.01", PRICED).unwrap();
+    let dearer = with_money("currency = \"USD\"\ncredit_value = 0.02", PRICED).unwrap();
+    assert_eq!(usd.start_only_change(&eur), Some("currency"));
+    assert_eq!(
+        usd.start_only_change(&dearer),
+        None,
+        "a credit's value may change"
+    );
+}

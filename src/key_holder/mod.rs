@@ -466,14 +466,23 @@ async fn calls<S: Store>(
 
 /// An entry as its key holder reads it: the operator's record of why a call was refunded (a
 /// provider's body, channel and variable names) is replaced by a reason the key holder can act
-/// on; the admin API keeps the whole text.
+/// on, and what the call cost the operator and earned him is left out; the admin API keeps
+/// both.
 fn for_key_holder(entry: &crate::store::CallRecord) -> Value {
     let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
     if let Some(error) = &entry.upstream_error {
         value["upstream_error"] = Value::from(refund_reason(error));
     }
+    if let Some(fields) = value.as_object_mut() {
+        for operators_own in OPERATORS_OWN {
+            fields.remove(*operators_own);
+        }
+    }
     value
 }
+
+/// The fields of a call-log entry that are the operator's business alone.
+pub const OPERATORS_OWN: &[&str] = &["cost", "credit_value", "margin"];
 
 /// Why a call was refunded, in the key holder's terms.
 fn refund_reason(error: &str) -> &'static str {

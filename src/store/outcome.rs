@@ -43,6 +43,8 @@ const LATER_PAUSES: [Duration; 4] = [
 const LATER_ATTEMPT: Duration = Duration::from_secs(30);
 
 /// An outcome to write.
+// Most calls settle: boxing the settle would allocate on every call to save space on refunds.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub(crate) enum Outcome {
     /// The call is billed.

@@ -23,6 +23,7 @@ mod codes;
 #[cfg(feature = "testing")]
 mod conformance;
 mod contract;
+mod economics;
 mod embeddings;
 mod escrow;
 #[cfg(feature = "sqlite")]

@@ -128,6 +128,8 @@ pub(super) struct KeyRead {
     pub(super) answer: oneshot::Sender<Result<Option<Seen>, StoreError>>,
 }
 
+// Most calls settle: boxing the settle would allocate on every call to save space on refunds.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Ending {
     Settle(CallSuccess),
     Refund(CallFailure),
