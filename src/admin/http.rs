@@ -208,16 +208,55 @@ pub fn router<S: Store + 'static>(admin: Admin<S>, token: AdminToken) -> Router 
         .route_layer(LedgerDeadlineLayer {
             timeout: DEFAULT_LEDGER_TIMEOUT,
         })
-        // The audit reads every account and entry: bounded, but longer.
+        // The audit reads every account and entry: bounded, but longer; a report sums a
+        // window of the call log in the database, as long at most.
         .route(
             "/admin/audit",
             get(audit::<S>).layer(LedgerDeadlineLayer {
                 timeout: AUDIT_DEADLINE,
             }),
         )
+        .route(
+            "/admin/reports/usage",
+            get(usage_report::<S>).layer(LedgerDeadlineLayer {
+                timeout: AUDIT_DEADLINE,
+            }),
+        )
         .method_not_allowed_fallback(crate::key_holder::method_not_allowed)
         .route_layer(middleware::from_fn_with_state(token, require_token))
         .with_state(admin)
+}
+
+/// `GET /admin/reports/usage?from=&to=&group_by=`: JSON, or CSV when the request accepts
+/// `text/csv`.
+async fn usage_report<S: Store>(
+    State(admin): State<Admin<S>>,
+    headers: http::HeaderMap,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let asked = super::report_query(
+        query.get("from").map(String::as_str),
+        query.get("to").map(String::as_str),
+        query.get("group_by").map(String::as_str),
+        chrono::Utc::now(),
+    );
+    let report = match asked {
+        Ok(asked) => admin.usage_report(asked).await,
+        Err(refusal) => return refuse(refusal),
+    };
+    let wants_csv = headers
+        .get(http::header::ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/csv"));
+    match report {
+        Ok(report) if wants_csv => (
+            StatusCode::OK,
+            [(http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
+            report.csv(),
+        )
+            .into_response(),
+        report => answer(StatusCode::OK, report),
+    }
 }
 
 async fn create_account<S: Store>(

@@ -49,12 +49,14 @@ mod catalogue;
 mod codes;
 #[cfg(feature = "api")]
 mod http;
+mod reports;
 mod requests;
 
 pub use catalogue::catalogue_view;
 pub use codes::{CodeBatchList, CodeBatchView, CreatedCodes, DeliveryList};
 #[cfg(feature = "api")]
 pub use http::{AdminToken, MIN_ADMIN_TOKEN_CHARS, metrics_router, router};
+pub use reports::{REPORT_COLUMNS, UsageReport, report_query};
 pub use requests::{
     AccountPatch, GrantRequest, KeyPatch, MAX_CODES_PER_BATCH, NewAccount, NewCodes,
 };

@@ -46,7 +46,7 @@ pub use outcome::DEFAULT_LEDGER_TIMEOUT;
 pub use records::{
     AccountAudit, AccountQuery, AccountSummary, Attempted, CallQuery, CodeBatch, DailyUsage,
     Delivery, DeliveryStatus, Grant, Granted, KeyInfo, KeyStatus, Lapse, NewCodeBatch, Overdue,
-    Redeemed, Sums,
+    Redeemed, ReportGroup, ReportQuery, ReportRow, Sums,
 };
 pub use rules::idempotency::DEFAULT_IDEMPOTENCY_WINDOW;
 

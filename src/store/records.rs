@@ -4,10 +4,11 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::types::CallStatus;
+use super::types::{CallRecord, CallStatus};
 use crate::call::{AccountId, CallId, KeyId, KeyRules};
 use crate::codes::CodeHash;
 use crate::credits::{Balance, Bucket, Credits};
+use crate::money::Money;
 
 /// An account as listed: who, and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,6 +184,178 @@ pub struct DailyUsage {
     pub cache_read_tokens: i64,
     /// Input tokens written to a cache, for 5 minutes or for an hour.
     pub cache_write_tokens: i64,
+}
+
+/// How a usage report groups the billed calls it sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReportGroup {
+    /// By UTC day (`YYYY-MM-DD`) the call was made.
+    Day,
+    /// By catalogue model name.
+    Model,
+    /// By the channel (catalogue upstream) that served the call.
+    Channel,
+    /// By paying account (its id).
+    Account,
+    /// By API key (its id).
+    Key,
+}
+
+impl ReportGroup {
+    /// Every grouping, in the order the API lists them.
+    pub const ALL: [ReportGroup; 5] = [
+        ReportGroup::Day,
+        ReportGroup::Model,
+        ReportGroup::Channel,
+        ReportGroup::Account,
+        ReportGroup::Key,
+    ];
+
+    /// The name the API takes (`group_by=`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReportGroup::Day => "day",
+            ReportGroup::Model => "model",
+            ReportGroup::Channel => "channel",
+            ReportGroup::Account => "account",
+            ReportGroup::Key => "key",
+        }
+    }
+
+    /// Parses [`as_str`](Self::as_str)'s name.
+    pub fn parse(name: &str) -> Option<ReportGroup> {
+        ReportGroup::ALL
+            .into_iter()
+            .find(|group| group.as_str() == name)
+    }
+
+    /// The group `call` falls in.
+    pub fn of(self, call: &CallRecord) -> String {
+        match self {
+            ReportGroup::Day => call.created_at.format("%Y-%m-%d").to_string(),
+            ReportGroup::Model => call.model.clone(),
+            ReportGroup::Channel => call.channel.clone().unwrap_or_default(),
+            ReportGroup::Account => call.account.0.to_string(),
+            ReportGroup::Key => call.key.0.to_string(),
+        }
+    }
+}
+
+/// What a usage report sums: the billed calls made from `from` (inclusive) to `to` (exclusive),
+/// grouped by `group_by`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportQuery {
+    /// The earliest time a call counted was made.
+    pub from: DateTime<Utc>,
+    /// The time from which calls no longer count.
+    pub to: DateTime<Utc>,
+    /// How the calls are grouped.
+    pub group_by: ReportGroup,
+}
+
+/// One group's sums in a usage report: billed (`ok`) calls only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReportRow {
+    /// The group (a day, a model or channel name, an account or key id; empty for calls whose
+    /// channel is unknown).
+    pub group: String,
+    /// How many calls were billed.
+    pub calls: i64,
+    /// Of them, those charged on a count the gateway made itself.
+    pub estimated_calls: i64,
+    /// Input tokens neither read from nor written to a cache.
+    pub input_tokens: i64,
+    /// Output tokens, reasoning included.
+    pub output_tokens: i64,
+    /// Input tokens read from a cache.
+    pub cache_read_tokens: i64,
+    /// Input tokens written to a cache for 5 minutes.
+    pub cache_write_tokens: i64,
+    /// Input tokens written to a cache for an hour.
+    pub cache_write_1h_tokens: i64,
+    /// Of the output tokens, those spent reasoning.
+    pub reasoning_tokens: i64,
+    /// The credits the calls were charged.
+    pub credits: i64,
+    /// Of the calls, those with a cost (a channel with cost prices).
+    pub costed_calls: i64,
+    /// What they cost the operator, in his currency.
+    pub cost: Money,
+    /// What the costed calls earned: their charge at the credit's value less their cost.
+    pub margin: Money,
+}
+
+impl ReportRow {
+    /// Adds a billed `call` to the sums.
+    pub fn add(&mut self, call: &CallRecord) {
+        let count = |tokens: Option<i64>| tokens.unwrap_or(0);
+        self.calls += 1;
+        self.estimated_calls += i64::from(call.usage_estimated);
+        self.input_tokens += count(call.input_tokens);
+        self.output_tokens += count(call.output_tokens);
+        self.cache_read_tokens += count(call.cache_read_tokens);
+        self.cache_write_tokens += count(call.cache_write_tokens);
+        self.cache_write_1h_tokens += count(call.cache_write_1h_tokens);
+        self.reasoning_tokens += count(call.reasoning_tokens);
+        self.credits += call.price.get();
+        if let Some(cost) = call.cost {
+            self.costed_calls += 1;
+            self.cost = self.cost.plus(cost);
+        }
+        if let Some(margin) = call.margin {
+            self.margin = self.margin.plus(margin);
+        }
+    }
+
+    /// The sums of `rows` together, under `group`.
+    pub fn total(group: &str, rows: &[ReportRow]) -> ReportRow {
+        let mut total = ReportRow {
+            group: group.to_owned(),
+            ..ReportRow::default()
+        };
+        for row in rows {
+            total.calls += row.calls;
+            total.estimated_calls += row.estimated_calls;
+            total.input_tokens += row.input_tokens;
+            total.output_tokens += row.output_tokens;
+            total.cache_read_tokens += row.cache_read_tokens;
+            total.cache_write_tokens += row.cache_write_tokens;
+            total.cache_write_1h_tokens += row.cache_write_1h_tokens;
+            total.reasoning_tokens += row.reasoning_tokens;
+            total.credits += row.credits;
+            total.costed_calls += row.costed_calls;
+            total.cost = total.cost.plus(row.cost);
+            total.margin = total.margin.plus(row.margin);
+        }
+        total
+    }
+
+    /// The report's rows from `calls` (any order, any status: billed ones are summed), by
+    /// group, in the group's order: what a backend without a query language of its own answers.
+    pub fn from_calls<'a>(
+        query: &ReportQuery,
+        calls: impl IntoIterator<Item = &'a CallRecord>,
+    ) -> Vec<ReportRow> {
+        let mut groups: std::collections::BTreeMap<String, ReportRow> = Default::default();
+        for call in calls {
+            if call.status != CallStatus::Ok
+                || call.created_at < query.from
+                || call.created_at >= query.to
+            {
+                continue;
+            }
+            let group = query.group_by.of(call);
+            groups
+                .entry(group.clone())
+                .or_insert_with(|| ReportRow {
+                    group,
+                    ..ReportRow::default()
+                })
+                .add(call);
+        }
+        groups.into_values().collect()
+    }
 }
 
 /// One account's audit: what was granted, what `ok` and `pending` calls took, what is left.

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use super::records::{
     AccountAudit, AccountQuery, AccountSummary, Attempted, CallQuery, CodeBatch, DailyUsage,
     Delivery, DeliveryStatus, Grant, Granted, KeyInfo, Lapse, NewCodeBatch, Overdue, Redeemed,
+    ReportQuery, ReportRow,
 };
 use super::types::{
     ActiveKey, CallFailure, CallRecord, CallStatus, CallSuccess, ChargeRequest, LeaseId,
@@ -187,6 +188,14 @@ pub trait CallLog: Send + Sync + std::fmt::Debug {
         account: AccountId,
         since: DateTime<Utc>,
     ) -> Result<Vec<DailyUsage>, StoreError>;
+
+    /// Every account's billed calls made in `query`'s window, summed by its group (tokens by
+    /// kind, credits, the operator's cost and margin), in the group's order: summed by the
+    /// database, not by reading every call.
+    async fn usage_report(&self, query: ReportQuery) -> Result<Vec<ReportRow>, StoreError> {
+        let _ = query;
+        Err(StoreError::Unsupported("usage reports"))
+    }
 
     /// The account's entries older than `before` (all of them when `None`), newest first, at
     /// most `limit`.

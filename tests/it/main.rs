@@ -43,6 +43,7 @@ mod ledger;
 mod ledger_properties;
 mod owned_file;
 mod reload;
+mod reports;
 mod responses;
 mod streaming;
 mod subscriptions;

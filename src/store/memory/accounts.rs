@@ -11,7 +11,7 @@ use crate::credits::{Balance, Bucket, Credits};
 use crate::keys::{KeyHash, NewApiKey};
 use crate::store::records::{
     AccountAudit, AccountQuery, AccountSummary, CallQuery, DailyUsage, Grant, Granted, KeyInfo,
-    Lapse, Overdue, Sums,
+    Lapse, Overdue, ReportQuery, ReportRow, Sums,
 };
 use crate::store::traits::{Accounts, CallLog};
 use crate::store::types::{
@@ -27,6 +27,10 @@ impl CallLog for MemoryStore {
         since: DateTime<Utc>,
     ) -> Result<Vec<DailyUsage>, StoreError> {
         Ok(self.daily_usage(account, since))
+    }
+
+    async fn usage_report(&self, query: ReportQuery) -> Result<Vec<ReportRow>, StoreError> {
+        Ok(ReportRow::from_calls(&query, &self.lock().calls))
     }
 
     async fn calls(

@@ -11,7 +11,7 @@ use crate::money::Money;
 use crate::protocol::{Protocol, ServiceTier};
 use crate::store::{
     AccountId, ActiveKey, CallId, CallLog, CallQuery, CallRecord, CallStatus, Caller, DailyUsage,
-    KeyId, KeyStore, StoreError,
+    KeyId, KeyStore, ReportGroup, ReportQuery, ReportRow, StoreError,
 };
 
 use super::accounts;
@@ -147,6 +147,98 @@ impl CallLog for SeaOrmStore {
                 },
             )
             .collect())
+    }
+
+    async fn usage_report(&self, query: ReportQuery) -> Result<Vec<ReportRow>, StoreError> {
+        let backend = self.db.get_database_backend();
+        let (day, integer, text) = match backend {
+            sea_orm::DbBackend::Postgres => (
+                "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
+                "BIGINT",
+                "TEXT",
+            ),
+            sea_orm::DbBackend::MySql => ("DATE_FORMAT(created_at, '%Y-%m-%d')", "SIGNED", "CHAR"),
+            _ => ("substr(created_at, 1, 10)", "BIGINT", "TEXT"),
+        };
+        let group = match query.group_by {
+            ReportGroup::Day => day.to_owned(),
+            ReportGroup::Model => "model".to_owned(),
+            ReportGroup::Channel => "COALESCE(upstream_channel, '')".to_owned(),
+            ReportGroup::Account => format!("CAST(account_id AS {text})"),
+            ReportGroup::Key => format!("CAST(key_id AS {text})"),
+        };
+        let sum = |of: &str| Expr::cust(format!("CAST(COALESCE(SUM({of}), 0) AS {integer})"));
+        let costed = "cost IS NOT NULL AND credit_value IS NOT NULL";
+        #[derive(sea_orm::FromQueryResult)]
+        struct Sums {
+            report_group: String,
+            calls: i64,
+            estimated_calls: i64,
+            input_tokens: i64,
+            output_tokens: i64,
+            cache_read_tokens: i64,
+            cache_write_tokens: i64,
+            cache_write_1h_tokens: i64,
+            reasoning_tokens: i64,
+            credits: i64,
+            costed_calls: i64,
+            cost: i64,
+            margin: i64,
+        }
+        let rows: Vec<Sums> = call::Entity::find()
+            .select_only()
+            .column_as(Expr::cust(group.clone()), "report_group")
+            .column_as(Expr::cust(format!("CAST(COUNT(*) AS {integer})")), "calls")
+            .column_as(
+                sum("CASE WHEN usage_estimated THEN 1 ELSE 0 END"),
+                "estimated_calls",
+            )
+            .column_as(sum("input_tokens"), "input_tokens")
+            .column_as(sum("output_tokens"), "output_tokens")
+            .column_as(sum("cache_read_tokens"), "cache_read_tokens")
+            .column_as(sum("cache_write_tokens"), "cache_write_tokens")
+            .column_as(sum("cache_write_1h_tokens"), "cache_write_1h_tokens")
+            .column_as(sum("reasoning_tokens"), "reasoning_tokens")
+            .column_as(sum("price"), "credits")
+            .column_as(
+                sum("CASE WHEN cost IS NOT NULL THEN 1 ELSE 0 END"),
+                "costed_calls",
+            )
+            .column_as(sum("cost"), "cost")
+            .column_as(
+                sum(&format!(
+                    "CASE WHEN {costed} THEN price * credit_value - cost ELSE 0 END"
+                )),
+                "margin",
+            )
+            .filter(call::Column::Status.eq(CallStatus::Ok.as_str()))
+            .filter(call::Column::CreatedAt.gte(query.from))
+            .filter(call::Column::CreatedAt.lt(query.to))
+            .group_by(Expr::cust(group))
+            .into_model::<Sums>()
+            .all(&self.db)
+            .await?;
+        let mut rows: Vec<ReportRow> = rows
+            .into_iter()
+            .map(|row| ReportRow {
+                group: row.report_group,
+                calls: row.calls,
+                estimated_calls: row.estimated_calls,
+                input_tokens: row.input_tokens,
+                output_tokens: row.output_tokens,
+                cache_read_tokens: row.cache_read_tokens,
+                cache_write_tokens: row.cache_write_tokens,
+                cache_write_1h_tokens: row.cache_write_1h_tokens,
+                reasoning_tokens: row.reasoning_tokens,
+                credits: row.credits,
+                costed_calls: row.costed_calls,
+                cost: Money::from_nanos(row.cost),
+                margin: Money::from_nanos(row.margin),
+            })
+            .collect();
+        // The group's order as Rust compares it, whatever the database's collation.
+        rows.sort_by(|a, b| a.group.cmp(&b.group));
+        Ok(rows)
     }
 
     async fn calls(
