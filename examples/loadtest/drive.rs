@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use model_gateway::store::GroupCommitStats;
 
-use crate::targets::{BODY, CLAUDE_CHAT_BODY, MESSAGES_BODY, METERED_BODY, RESPONSES_BODY, Target};
+use crate::targets::{
+    BODY, CLAUDE_CHAT_BODY, COSTED_BODY, MESSAGES_BODY, METERED_BODY, RESPONSES_BODY, Target,
+};
 
 #[derive(Clone, Copy)]
 pub struct Figures {
@@ -41,6 +43,9 @@ pub enum Load {
     ChatToMessages,
     /// The same paid call of a token-priced model ([`METERED_BODY`]), answered 200.
     Metered,
+    /// The same paid call of a token-priced model with cost prices and tiers
+    /// ([`COSTED_BODY`]), answered 200.
+    Costed,
     /// Requests the gateway refuses, in turn: a wrong key (401), a body that is not JSON (400),
     /// an unknown model (404). Counted as answered when refused as expected.
     Refusals,
@@ -151,6 +156,7 @@ pub async fn drive_load(target: &Target, concurrency: usize, requests: u64, load
         Load::Messages => ("/v1/messages", MESSAGES_BODY),
         Load::ChatToMessages => ("/v1/chat/completions", CLAUDE_CHAT_BODY),
         Load::Metered => ("/v1/chat/completions", METERED_BODY),
+        Load::Costed => ("/v1/chat/completions", COSTED_BODY),
         Load::Calls | Load::Refusals => ("/v1/chat/completions", BODY),
     };
     let client = Client::new(concurrency, format!("{}{path}", target.base));

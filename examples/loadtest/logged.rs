@@ -95,6 +95,7 @@ fn name(load: Load) -> &'static str {
         Load::Messages => "messages",
         Load::ChatToMessages => "chat to messages",
         Load::Metered => "metered",
+        Load::Costed => "costed",
         Load::Refusals => "refusals",
     }
 }

@@ -39,6 +39,9 @@
 //! `LOADTEST_ONLY=tokens` runs instead a token-priced model beside a per-call one, on the
 //! in-memory gateway and an owned `SQLite` file (see `tokens.rs`).
 //!
+//! `LOADTEST_ONLY=economics` runs instead a token-priced model with cost prices and tiers beside
+//! one without, through a provider in this process (see `economics.rs`).
+//!
 //! `LOADTEST_ONLY=rate` runs instead an open-loop load at fixed rates (2,000 and 5,000
 //! requests a second, `LOADTEST_RATES`, for `LOADTEST_SECONDS` each) against the floor and an
 //! owned `SQLite` file, and prints latency from when each request was due (see `rate.rs`).
@@ -68,6 +71,7 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod drive;
+mod economics;
 mod journal;
 mod logged;
 mod memory;
@@ -116,6 +120,10 @@ async fn main() {
     }
     if std::env::var("LOADTEST_ONLY").as_deref() == Ok("responses") {
         responses::run(requests, rounds).await;
+        return;
+    }
+    if std::env::var("LOADTEST_ONLY").as_deref() == Ok("economics") {
+        economics::run(requests, rounds).await;
         return;
     }
     if std::env::var("LOADTEST_ONLY").as_deref() == Ok("tokens") {

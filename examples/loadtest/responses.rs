@@ -32,7 +32,7 @@ const MESSAGE_REPLY: &str = r#"{"id":"msg_load","type":"message","role":"assista
 
 /// A provider that answers [`CHAT_REPLY`] to chat completions, [`RESPONSES_REPLY`] to the
 /// Responses API and [`MESSAGE_REPLY`] to Anthropic's messages, at once.
-async fn provider() -> String {
+pub async fn provider() -> String {
     let fixed = |reply: &'static str| {
         move || async move { ([(http::header::CONTENT_TYPE, "application/json")], reply) }
     };

@@ -19,6 +19,9 @@ pub const BODY: &str =
 /// [`BODY`]'s question to [`METERED_MODEL`].
 pub const METERED_BODY: &str = r#"{"model":"gpt-4o-mini-metered","messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
 
+/// [`BODY`]'s question to a token-priced model with cost prices and tiers (`economics.rs`).
+pub const COSTED_BODY: &str = r#"{"model":"gpt-4o-mini-costed","messages":[{"role":"user","content":"Hello, how are you today?"}]}"#;
+
 /// `gpt-4o-mini` priced by tokens, beside the demo catalogue's per-call models.
 pub const METERED_MODEL: &str = r#"
 [[models]]
@@ -262,6 +265,27 @@ pub async fn gateway(name: &'static str, store: SeaOrmStore) -> Target {
 
 /// [`gateway`] serving `catalogue`.
 pub async fn gateway_with(name: &'static str, store: SeaOrmStore, catalogue: Catalogue) -> Target {
+    gateway_on(name, store, catalogue, Upstream::Mock(MockUpstream::new())).await
+}
+
+/// The gateway on `store`, calling `catalogue`'s providers over HTTP.
+pub async fn owned_gateway_over_http(
+    name: &'static str,
+    store: SeaOrmStore,
+    catalogue: Catalogue,
+) -> Target {
+    let upstream =
+        model_gateway::upstream::HttpUpstream::with_keys(&catalogue, |_| Some("sk-load".into()))
+            .unwrap();
+    gateway_on(name, store, catalogue, Upstream::Http(upstream)).await
+}
+
+async fn gateway_on(
+    name: &'static str,
+    store: SeaOrmStore,
+    catalogue: Catalogue,
+    upstream: Upstream,
+) -> Target {
     let store = Arc::new(store);
     let new = model_gateway::admin::NewAccount {
         name: "load".into(),
@@ -273,13 +297,9 @@ pub async fn gateway_with(name: &'static str, store: SeaOrmStore, catalogue: Cat
         .await
         .unwrap()
         .key;
-    let router = model_gateway::Gateway::new(
-        store.clone(),
-        Arc::new(catalogue),
-        Upstream::Mock(MockUpstream::new()),
-    )
-    .body_limits(DEFAULT_MAX_BODY_BYTES)
-    .router();
+    let router = model_gateway::Gateway::new(store.clone(), Arc::new(catalogue), upstream)
+        .body_limits(DEFAULT_MAX_BODY_BYTES)
+        .router();
     Target {
         name,
         base: serve_gateway(router).await,
