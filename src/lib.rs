@@ -298,7 +298,8 @@ where
                 .stream_deadline(catalogue.stream_deadline())
                 .stream_idle_timeout(catalogue.stream_idle_timeout())
                 .stream_max_event_bytes(catalogue.max_event_bytes())
-                .charge_beyond_reservation(catalogue.charge_beyond_ceiling()),
+                .charge_beyond_reservation(catalogue.charge_beyond_ceiling())
+                .usage_cost(catalogue.usage_cost()),
         )
         .service(upstream)
 }

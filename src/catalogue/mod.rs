@@ -290,6 +290,8 @@ pub struct Catalogue {
     currency: Option<String>,
     /// The request header a client may name its service tier in, when the operator names one.
     service_tier_header: Option<http::HeaderName>,
+    /// Whether a complete reply's usage says what the call was charged (`usage_cost`).
+    usage_cost: bool,
 }
 
 impl Default for Catalogue {
@@ -310,6 +312,7 @@ impl Default for Catalogue {
             cheapest: std::sync::OnceLock::new(),
             currency: None,
             service_tier_header: None,
+            usage_cost: false,
         }
     }
 }
@@ -532,6 +535,8 @@ struct CatalogueFile {
     currency: Option<String>,
     credit_value: Option<f64>,
     service_tier_header: Option<String>,
+    #[serde(default)]
+    usage_cost: bool,
     #[serde(default)]
     upstreams: Vec<UpstreamEntry>,
     #[serde(default)]
@@ -983,6 +988,7 @@ impl Catalogue {
             cheapest: std::sync::OnceLock::new(),
             currency,
             service_tier_header,
+            usage_cost: file.usage_cost,
         })
     }
 
@@ -1078,6 +1084,14 @@ impl Catalogue {
         self.currency.as_deref()
     }
 
+    /// Whether a complete reply's usage object says what the call was charged: `cost` (credits)
+    /// and `cost_details` (the credits and the tokens by kind as billed), as `OpenRouter`'s
+    /// replies do (`usage_cost`; off by default, the contract's replies as the provider wrote
+    /// them).
+    pub fn usage_cost(&self) -> bool {
+        self.usage_cost
+    }
+
     /// The request header a client may name its service tier in (`service_tier_header`).
     pub fn service_tier_header(&self) -> Option<&http::HeaderName> {
         self.service_tier_header.as_ref()
@@ -1086,7 +1100,8 @@ impl Catalogue {
     /// The first setting of the whole gateway (not of one model or upstream) that differs in
     /// `other`: those are read when the gateway starts, so a reload cannot change them.
     pub fn start_only_change(&self, other: &Catalogue) -> Option<&'static str> {
-        let settings: [(&'static str, bool); 9] = [
+        let settings: [(&'static str, bool); 10] = [
+            ("usage_cost", self.usage_cost != other.usage_cost),
             // The reports sum costs across entries: one currency for the ledger's life.
             ("currency", self.currency != other.currency),
             ("error_body", self.error_body != other.error_body),

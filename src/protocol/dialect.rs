@@ -47,6 +47,12 @@ pub(crate) trait Dialect: Sync {
         true
     }
 
+    /// The key of a complete reply's usage object (where the operator's `usage_cost` adds
+    /// what the call cost).
+    fn usage_key(&self) -> &'static str {
+        "usage"
+    }
+
     /// Checks the fields of a request `body` the gateway reads, in the order the contract
     /// gives (a malformed request is a 400), and returns them. `stream: true` is refused
     /// unless `streaming` is on.

@@ -434,6 +434,41 @@ pub(crate) fn reply_usage_raw(body: &[u8]) -> Option<(TokenUsage, Option<String>
     Some((served_at(usage, reply.service_tier.as_deref()), raw))
 }
 
+/// `reply` (a complete reply of `protocol`) with what the call was charged in its usage object:
+/// `"cost"` the credits, `"cost_details"` the credits and the tokens by kind as they were
+/// billed (and whether a count was the gateway's own). Written into the object as it stands,
+/// every other byte kept; `None` when the reply has no usage object to write into.
+pub(crate) fn with_usage_cost(
+    protocol: Protocol,
+    reply: &[u8],
+    credits: i64,
+    usage: &TokenUsage,
+) -> Option<Vec<u8>> {
+    let key = protocol.dialect().usage_key();
+    let fields: std::collections::HashMap<&str, &serde_json::value::RawValue> =
+        read_json(reply).ok()?;
+    let object = fields.get(key)?.get();
+    if !object.starts_with('{') {
+        return None;
+    }
+    // Where the object ends in the reply: the raw value borrows from it.
+    let start = object.as_ptr() as usize - reply.as_ptr() as usize;
+    let close = start + object.len() - 1;
+    let mut details = serde_json::to_value(usage).ok()?;
+    details["credits"] = credits.into();
+    details["estimated"] = usage.estimated.into();
+    let empty = object[1..object.len() - 1].trim().is_empty();
+    let added = format!(
+        "{}\"cost\":{credits},\"cost_details\":{details}",
+        if empty { "" } else { "," }
+    );
+    let mut written = Vec::with_capacity(reply.len() + added.len());
+    written.extend_from_slice(&reply[..close]);
+    written.extend_from_slice(added.as_bytes());
+    written.extend_from_slice(&reply[close..]);
+    Some(written)
+}
+
 /// `usage` with the tier a reply names beside it (`OpenAI`'s top-level `service_tier`), when its
 /// usage named none.
 pub(crate) fn served_at(mut usage: TokenUsage, tier: Option<&str>) -> TokenUsage {
@@ -472,6 +507,34 @@ pub(crate) fn provider_message(body: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cost_is_written_into_the_usage_object_as_it_stands() {
+        let usage = TokenUsage {
+            input_tokens: Some(3),
+            output_tokens: Some(2),
+            ..TokenUsage::default()
+        };
+        let reply = br#"{"id":"x", "usage" : { "prompt_tokens": 3 } ,"z":[1]}"#;
+        let written = with_usage_cost(Protocol::ChatCompletions, reply, 7, &usage).unwrap();
+        let written = String::from_utf8(written).unwrap();
+        assert_eq!(
+            written,
+            r#"{"id":"x", "usage" : { "prompt_tokens": 3 ,"cost":7,"cost_details":{"credits":7,"estimated":false,"input_tokens":3,"output_tokens":2}} ,"z":[1]}"#
+        );
+        let empty = with_usage_cost(Protocol::Messages, br#"{"usage":{}}"#, 1, &usage).unwrap();
+        let empty: serde_json::Value = serde_json::from_slice(&empty).unwrap();
+        assert_eq!(empty["usage"]["cost"], 1);
+        // Gemini's usage is `usageMetadata`; a reply without a usage object is left alone.
+        let gemini = with_usage_cost(Protocol::Gemini, br#"{"usageMetadata":{"a":1}}"#, 2, &usage);
+        assert!(gemini.is_some());
+        for none in [&br#"{"usage":null}"#[..], br#"{"choices":[]}"#, b"not json"] {
+            assert_eq!(
+                with_usage_cost(Protocol::ChatCompletions, none, 1, &usage),
+                None
+            );
+        }
+    }
 
     /// A body checked as UTF-8 whole and read as text reads as its bytes do: the same value
     /// where it is UTF-8 (multi-byte characters and escapes included), refused where it is not.

@@ -50,6 +50,8 @@ pub(super) struct UnsettledCall {
     beyond_reservation: bool,
     /// The service tier the client asked for: what a report that names none was served at.
     asked_tier: Option<ServiceTier>,
+    /// The usage the last settle was priced by (the tier and any estimate filled in).
+    billed_usage: TokenUsage,
 }
 
 /// A call as the metrics and the log count it: its model, protocol, the credits it took and
@@ -131,6 +133,7 @@ impl UnsettledCall {
             metered: None,
             beyond_reservation: false,
             asked_tier: None,
+            billed_usage: TokenUsage::default(),
         }
     }
 
@@ -185,7 +188,14 @@ impl UnsettledCall {
             self.meter.usage_rejected = charge.usage_rejected;
         }
         success.operator_cost = self.operator_cost(success.channel.as_deref(), &priced_usage);
+        self.billed_usage = priced_usage;
         success
+    }
+
+    /// The usage the call was priced by, once settled: its tier, and the input estimated where
+    /// the provider reported none.
+    pub(super) fn billed_usage(&self) -> TokenUsage {
+        self.billed_usage
     }
 
     /// What a call served by `channel` with `usage` cost the operator: at the channel's cost

@@ -23,6 +23,7 @@ pub struct RefundOnUpstreamErrorLayer {
     stream_limits: StreamLimits,
     ledger_timeout: Duration,
     beyond_reservation: bool,
+    usage_cost: bool,
 }
 
 impl RefundOnUpstreamErrorLayer {
@@ -38,7 +39,16 @@ impl RefundOnUpstreamErrorLayer {
             },
             ledger_timeout: DEFAULT_LEDGER_TIMEOUT,
             beyond_reservation: false,
+            usage_cost: false,
         }
+    }
+
+    /// Whether a complete reply's usage object says what the call was charged (`cost`, in
+    /// credits, and `cost_details`: the credits and the tokens by kind as billed). Off by
+    /// default.
+    pub fn usage_cost(mut self, on: bool) -> RefundOnUpstreamErrorLayer {
+        self.usage_cost = on;
+        self
     }
 
     /// Whether a token-priced call whose cost exceeds its reservation (its ceiling) may be
@@ -105,5 +115,6 @@ impl<U> Layer<U> for RefundOnUpstreamErrorLayer {
             self.ledger_timeout,
             self.beyond_reservation,
         )
+        .with_usage_cost(self.usage_cost)
     }
 }

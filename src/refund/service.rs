@@ -35,6 +35,8 @@ pub struct RefundOnUpstreamError<U> {
     stream_limits: StreamLimits,
     ledger_timeout: Duration,
     beyond_reservation: bool,
+    /// Whether a complete reply's usage says what the call was charged.
+    usage_cost: bool,
     /// An upstream that failed `poll_ready` fails the next call (which is refunded) rather than
     /// the whole service: every service the router sees is infallible.
     not_ready: Option<UpstreamError>,
@@ -49,6 +51,7 @@ impl<U: Clone> Clone for RefundOnUpstreamError<U> {
             stream_limits: self.stream_limits,
             ledger_timeout: self.ledger_timeout,
             beyond_reservation: self.beyond_reservation,
+            usage_cost: self.usage_cost,
             not_ready: None,
         }
     }
@@ -77,8 +80,14 @@ impl<U> RefundOnUpstreamError<U> {
             stream_limits,
             ledger_timeout,
             beyond_reservation,
+            usage_cost: false,
             not_ready: None,
         }
+    }
+
+    pub(super) fn with_usage_cost(mut self, on: bool) -> Self {
+        self.usage_cost = on;
+        self
     }
 
     /// A [`RefundOnUpstreamErrorLayer`] over `ledger`.
@@ -171,6 +180,7 @@ where
         let not_ready = self.not_ready.take();
         let bound = self.upstream_bound;
         let limits = self.stream_limits;
+        let usage_cost = self.usage_cost.then_some(protocol).flatten();
         let mut upstream = crate::macros::take_ready(&mut self.upstream);
         ResponseFuture::new(async move {
             let Some(mut unsettled) = unsettled else {
@@ -211,9 +221,21 @@ where
                     }
                     match unsettled.settle(success).await {
                         Ok(()) => {
+                            let credits = unsettled.credits();
                             reply
                                 .headers_mut()
-                                .insert(CREDITS_HEADER, HeaderValue::from(unsettled.credits()));
+                                .insert(CREDITS_HEADER, HeaderValue::from(credits));
+                            if let Some(protocol) = usage_cost
+                                && let Some(written) = crate::protocol::with_usage_cost(
+                                    protocol,
+                                    reply.body(),
+                                    credits,
+                                    &unsettled.billed_usage(),
+                                )
+                            {
+                                reply.headers_mut().remove(http::header::CONTENT_LENGTH);
+                                *reply.body_mut() = Bytes::from(written);
+                            }
                             Ok(reply.map(ResponseBody::from))
                         }
                         // Not billed, so the reply is not handed out either.

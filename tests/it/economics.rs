@@ -24,6 +24,7 @@ const ADMIN_TOKEN: &str = "admin-token-for-economics-0123456789";
 /// Four providers (two OpenAI-style, one Anthropic, one Google) behind token-priced models
 /// with cost prices; `azure` has a cost of its own for `gpt-azure`.
 fn catalogue(
+    settings: &str,
     openai: &FakeProvider,
     azure: &FakeProvider,
     anthropic: &FakeProvider,
@@ -31,6 +32,7 @@ fn catalogue(
 ) -> Catalogue {
     Catalogue::from_toml(&format!(
         r#"
+        {settings}
         currency = "USD"
         credit_value = 0.01
         service_tier_header = "x-service-tier"
@@ -176,9 +178,14 @@ struct Rig {
 
 impl Rig {
     async fn on(db: TestDb) -> Rig {
+        Rig::with(db, "").await
+    }
+
+    /// With gateway-wide `settings` on top of the catalogue.
+    async fn with(db: TestDb, settings: &str) -> Rig {
         let (openai, azure) = (FakeProvider::start().await, FakeProvider::start().await);
         let (anthropic, google) = (FakeProvider::start().await, FakeProvider::start().await);
-        let catalogue = catalogue(&openai, &azure, &anthropic, &google);
+        let catalogue = catalogue(settings, &openai, &azure, &anthropic, &google);
         let upstream = model_gateway::upstream::HttpUpstream::with_keys(&catalogue, |_| {
             Some("sk-provider".into())
         })
@@ -615,4 +622,84 @@ async fn the_admin_call_log_shows_cost_and_margin_and_the_key_holder_does_not_se
     for operators_own in ["cost", "credit_value", "margin"] {
         assert!(mine.get(operators_own).is_none(), "{operators_own}: {mine}");
     }
+}
+
+/// With `usage_cost` on, a complete reply's usage says what the call was charged (`cost`, the
+/// credits of `x-gateway-credits`) and by what (`cost_details`), on each protocol; off (the
+/// default), the reply is the provider's.
+#[tokio::test]
+async fn usage_cost_writes_the_charge_into_each_protocols_reply_when_the_operator_asks() {
+    let rig = Rig::with(sqlite_db().await, "usage_cost = true").await;
+    let key = rig.db.funded_key(10_000, 0).await;
+    let usage = json!({
+        "prompt_tokens": 30000, "completion_tokens": 5000, "total_tokens": 35000,
+        "prompt_tokens_details": {"cached_tokens": 20000},
+        "completion_tokens_details": {"reasoning_tokens": 2000}
+    });
+    rig.openai.then(chat_reply(&usage, None));
+    let answer = rig
+        .call(&key, CHAT, &chat_of("gpt-cost", 30_000, 10_000), &[])
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.headers["x-gateway-credits"], "12");
+    let written = &answer.body["usage"];
+    assert_eq!(written["cost"], 12);
+    assert_eq!(
+        written["cost_details"],
+        json!({"credits": 12, "input_tokens": 10000, "cache_read_tokens": 20000,
+               "output_tokens": 5000, "reasoning_tokens": 2000, "estimated": false})
+    );
+    // The provider's own fields are all still there, as written.
+    assert_eq!(written["prompt_tokens"], 30000);
+    assert_eq!(answer.body["choices"][0]["message"]["content"], "hi");
+
+    let anthropic = json!({"input_tokens": 1000, "output_tokens": 3000,
+        "cache_read_input_tokens": 100000,
+        "cache_creation": {"ephemeral_5m_input_tokens": 2000, "ephemeral_1h_input_tokens": 4000}});
+    rig.anthropic.then(message_reply(&anthropic));
+    let body = json!({"model": "claude-cost", "max_tokens": 5000,
+        "messages": [{"role": "user", "content": "a".repeat(107_000)}]});
+    let answer = rig.call(&key, MESSAGES, &body, &[]).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["usage"]["cost"], 11);
+    assert_eq!(
+        answer.body["usage"]["cost_details"]["cache_write_1h_tokens"],
+        4000
+    );
+
+    let reply = json!({
+        "candidates": [{"content": {"parts": [{"text": "Hi"}], "role": "model"}, "finishReason": "STOP", "index": 0}],
+        "usageMetadata": {"promptTokenCount": 50000, "cachedContentTokenCount": 20000,
+            "candidatesTokenCount": 10000, "thoughtsTokenCount": 5000, "totalTokenCount": 65000}
+    });
+    rig.google.then(Fault::json(200, &reply.to_string()));
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "a".repeat(50_000)}]}],
+        "generationConfig": {"maxOutputTokens": 20000}});
+    let answer = rig
+        .call(
+            &key,
+            "/v1beta/models/gemini-cost:generateContent",
+            &body,
+            &[],
+        )
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["usageMetadata"]["cost"], 10);
+    assert_eq!(answer.body["usageMetadata"]["promptTokenCount"], 50000);
+
+    // Off by default: the provider's reply, byte for byte.
+    let plain = Rig::on(sqlite_db().await).await;
+    let key = plain.db.funded_key(1_000, 0).await;
+    let reply = chat_reply(&usage, None);
+    plain.openai.then(reply);
+    let answer = plain
+        .call(&key, CHAT, &chat_of("gpt-cost", 30_000, 10_000), &[])
+        .await;
+    assert_eq!(answer.status, 200);
+    assert!(
+        answer.body["usage"].get("cost").is_none(),
+        "{}",
+        answer.body
+    );
+    assert_eq!(answer.body["usage"], usage);
 }

@@ -110,6 +110,10 @@ struct GenerationConfig {
 const MAX_CANDIDATES: u64 = 8;
 
 impl Dialect for Gemini {
+    fn usage_key(&self) -> &'static str {
+        "usageMetadata"
+    }
+
     fn protocol(&self) -> Protocol {
         Protocol::Gemini
     }
