@@ -879,6 +879,59 @@ mod tests {
         assert_eq!(floor.cost(&usage_of(1, 1)), Money::from_nanos(5));
     }
 
+    /// docs/pricing.md's worked example with a cost, a tier and the margin.
+    #[test]
+    fn the_pricing_docs_worked_example_with_a_cost_a_tier_and_the_margin() {
+        let catalogue = crate::Catalogue::from_toml(
+            r#"
+            currency = "USD"
+            credit_value = 0.01
+            [[upstreams]]
+            name = "anthropic"
+            kind = "anthropic"
+            base_url = "https://api.anthropic.com"
+            api_key_env = "K"
+            [[models]]
+            name = "claude-sonnet"
+            protocol = "messages"
+            upstream = "anthropic"
+            max_output_tokens = 8192
+            [models.tokens]
+            input = 360
+            output = 1800
+            cache_read = 36
+            minimum = 1
+            long_context = { above = 200000, input = 720, output = 2700 }
+            priority = { input = 600, output = 3000 }
+            [models.cost]
+            input = 3.0
+            output = 15.0
+            cache_read = 0.3
+            cache_write = 3.75
+            cache_write_1h = 6.0
+            long_context = { above = 200000, input = 6.0, output = 22.5 }
+            "#,
+        )
+        .unwrap();
+        let model = catalogue.model("claude-sonnet").unwrap();
+        let cost = model.channels[0].cost.unwrap();
+        let call = |input: i64, cached: i64| TokenUsage {
+            input_tokens: Some(input),
+            cache_read_tokens: Some(cached),
+            output_tokens: Some(3_000),
+            ..TokenUsage::default()
+        };
+        let usage = call(1_000, 100_000);
+        let charged = model.pricing.cost(&usage);
+        assert_eq!(charged, Credits::new(10));
+        assert_eq!(cost.cost(&usage), "0.078".parse().unwrap());
+        let margin = model.credit_value.unwrap().times(charged).minus(cost.cost(&usage));
+        assert_eq!(margin, "0.022".parse().unwrap());
+        // 200,000 in all at the table's own prices; 200,001 at the long-context ones.
+        assert_eq!(model.pricing.cost(&call(100_000, 100_000)), Credits::new(45));
+        assert_eq!(model.pricing.cost(&call(100_001, 100_000)), Credits::new(153));
+    }
+
     proptest! {
         /// A cost is never below the exact sum, and less than a credit above it; the ceiling of
         /// a call is never below its cost when the usage stays within what it was given.
