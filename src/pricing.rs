@@ -925,11 +925,21 @@ mod tests {
         let charged = model.pricing.cost(&usage);
         assert_eq!(charged, Credits::new(10));
         assert_eq!(cost.cost(&usage), "0.078".parse().unwrap());
-        let margin = model.credit_value.unwrap().times(charged).minus(cost.cost(&usage));
+        let margin = model
+            .credit_value
+            .unwrap()
+            .times(charged)
+            .minus(cost.cost(&usage));
         assert_eq!(margin, "0.022".parse().unwrap());
         // 200,000 in all at the table's own prices; 200,001 at the long-context ones.
-        assert_eq!(model.pricing.cost(&call(100_000, 100_000)), Credits::new(45));
-        assert_eq!(model.pricing.cost(&call(100_001, 100_000)), Credits::new(153));
+        assert_eq!(
+            model.pricing.cost(&call(100_000, 100_000)),
+            Credits::new(45)
+        );
+        assert_eq!(
+            model.pricing.cost(&call(100_001, 100_000)),
+            Credits::new(153)
+        );
     }
 
     proptest! {

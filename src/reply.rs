@@ -159,23 +159,40 @@ where
 /// handed to the billing layer in the response's extensions.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ProviderUsage(
-    std::sync::Arc<std::sync::Mutex<Option<crate::protocol::TokenUsage>>>,
+    std::sync::Arc<std::sync::Mutex<(Option<crate::protocol::TokenUsage>, Option<String>)>>,
 );
 
 impl ProviderUsage {
     /// Records what the provider has reported so far.
     pub(crate) fn set(&self, usage: crate::protocol::TokenUsage) {
-        *self
-            .0
+        self.0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(usage);
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0 = Some(usage);
+    }
+
+    /// Records the provider's usage objects as it wrote them.
+    pub(crate) fn set_raw(&self, raw: Option<String>) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1 = raw;
     }
 
     /// What the provider has reported so far, once it has read an event.
     pub(crate) fn get(&self) -> Option<crate::protocol::TokenUsage> {
-        *self
-            .0
+        self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+    }
+
+    /// The provider's usage objects as it wrote them, when it has sent any.
+    pub(crate) fn raw(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
+            .clone()
     }
 }

@@ -20,6 +20,8 @@ pub(crate) struct StreamReader {
     counted_output: Option<u64>,
     /// The stream's normal end was read.
     ended: bool,
+    /// Each usage object the provider sent, as it wrote it, in order.
+    raw_usage: Vec<String>,
 }
 
 impl std::fmt::Debug for StreamReader {
@@ -41,6 +43,7 @@ impl StreamReader {
             state: StreamState::default(),
             counted_output: None,
             ended: false,
+            raw_usage: Vec::new(),
         }
     }
 
@@ -55,7 +58,13 @@ impl StreamReader {
         let text = event_text(event);
         let event = Event::parse(&text);
         self.state.usage_only = false;
+        let before = self.state.usage;
         let kind = self.dialect.read_event(&event, &mut self.state);
+        if self.state.usage != before
+            && let Some(raw) = usage_text(&event.data, self.dialect.usage_key())
+        {
+            self.raw_usage.push(raw);
+        }
         match kind {
             EventKind::End => self.ended = true,
             EventKind::Content => {
@@ -80,6 +89,22 @@ impl StreamReader {
     /// [`counted_output`](Self::counted_output) and [`ended`](Self::ended).
     pub(crate) fn reported(&self) -> TokenUsage {
         self.state.usage
+    }
+
+    /// How many usage objects the provider has sent (a number that changes when
+    /// [`raw_usage`](Self::raw_usage) does).
+    pub(crate) fn raw_usage_count(&self) -> usize {
+        self.raw_usage.len()
+    }
+
+    /// The usage the provider reported, as it wrote it: its one usage object, or each of them
+    /// in order as a JSON array (Anthropic reports in `message_start` and `message_delta`).
+    pub(crate) fn raw_usage(&self) -> Option<String> {
+        match self.raw_usage.as_slice() {
+            [] => None,
+            [one] => Some(one.clone()),
+            many => Some(format!("[{}]", many.join(","))),
+        }
     }
 
     /// Output tokens in the content read so far, when counted (see
@@ -110,6 +135,25 @@ impl StreamReader {
     }
 }
 
+/// The usage object an event's `data` carries, as written: under `key` at its top, or one level
+/// down (Anthropic's `message.usage`, the Responses API's `response.usage`).
+fn usage_text(data: &str, key: &str) -> Option<String> {
+    use serde_json::value::RawValue;
+    type Fields<'a> = std::collections::HashMap<String, &'a RawValue>;
+    let object = |raw: &RawValue| raw.get().starts_with('{');
+    let top: Fields<'_> = serde_json::from_str(data).ok()?;
+    if let Some(raw) = top.get(key).filter(|raw| object(raw)) {
+        return Some(raw.get().to_owned());
+    }
+    top.values().filter(|raw| object(raw)).find_map(|inner| {
+        let inner: Fields<'_> = serde_json::from_str(inner.get()).ok()?;
+        inner
+            .get(key)
+            .filter(|raw| object(raw))
+            .map(|raw| raw.get().to_owned())
+    })
+}
+
 /// The text a content event carries: what a client reads as output (text, reasoning, a
 /// refusal, a tool call's name and arguments or a custom tool's input), joined, for counting
 /// its tokens.
@@ -131,6 +175,40 @@ pub(crate) fn error_event(protocol: Protocol, error: &GatewayError, next_sequenc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_providers_usage_objects_are_kept_as_written_wherever_its_protocol_puts_them() {
+        let mut messages = StreamReader::new(Protocol::Messages);
+        messages.read(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":25,  \"output_tokens\":1}}}\n\n");
+        messages.read(b"event: ping\ndata: {\"type\":\"ping\"}\n\n");
+        messages.read(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"output_tokens\":15}}\n\n");
+        assert_eq!(
+            messages.raw_usage().as_deref(),
+            Some(r#"[{"input_tokens":25,  "output_tokens":1},{"output_tokens":15}]"#)
+        );
+        let mut chat = StreamReader::new(Protocol::ChatCompletions);
+        chat.read(b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n");
+        assert_eq!(chat.raw_usage(), None);
+        chat.read(
+            b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":3}}\n\n",
+        );
+        assert_eq!(
+            chat.raw_usage().as_deref(),
+            Some(r#"{"prompt_tokens":9,"completion_tokens":3}"#)
+        );
+        let mut responses = StreamReader::new(Protocol::Responses);
+        responses.read(b"event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":5,\"response\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":2}}}\n\n");
+        assert_eq!(
+            responses.raw_usage().as_deref(),
+            Some(r#"{"input_tokens":7,"output_tokens":2}"#)
+        );
+        let mut gemini = StreamReader::new(Protocol::Gemini);
+        gemini.read(b"data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hi\"}]},\"index\":0,\"finishReason\":\"STOP\"}],\"usageMetadata\":{\"promptTokenCount\":5,\"candidatesTokenCount\":1}}\r\n\r\n");
+        assert_eq!(
+            gemini.raw_usage().as_deref(),
+            Some(r#"{"promptTokenCount":5,"candidatesTokenCount":1}"#)
+        );
+    }
 
     #[test]
     fn chat_choices_without_content_are_not_content() {

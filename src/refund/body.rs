@@ -417,8 +417,14 @@ impl BilledStream {
     }
 
     fn success_so_far(&self) -> CallSuccess {
+        // A translated stream's raw usage is its provider's, not its translation's.
+        let raw_usage = match &self.provider_usage {
+            Some(provider) => provider.raw(),
+            None => self.reader.raw_usage(),
+        };
         CallSuccess {
             usage: self.usage(),
+            raw_usage,
             ..self.success.clone()
         }
     }

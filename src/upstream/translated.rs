@@ -66,10 +66,14 @@ impl Body for TranslatedStream {
             };
             // The provider's usage first, so that it is in when the client's last event goes.
             this.splitter.push(&data);
+            let raw_before = this.provider.raw_usage_count();
             while let Some(event) = this.splitter.next_event() {
                 this.provider.read(&event);
             }
             this.usage.set(this.provider.reported());
+            if this.provider.raw_usage_count() != raw_before {
+                this.usage.set_raw(this.provider.raw_usage());
+            }
             let events = this.translator.push(&data);
             if this.translator.pending() > this.max_event {
                 return Poll::Ready(Some(Err(UpstreamError::transport(format!(

@@ -114,6 +114,7 @@ fn catalogue(
         name = "claude-cost"
         protocol = "messages"
         upstream = "anthropic"
+        endpoints = ["messages", "chat_completions"]
         max_output_tokens = 10000
         context_window = 400000
         [models.tokens]
@@ -702,4 +703,57 @@ async fn usage_cost_writes_the_charge_into_each_protocols_reply_when_the_operato
         answer.body
     );
     assert_eq!(answer.body["usage"], usage);
+}
+
+/// A stream's entry keeps the provider's usage objects as it sent them (Anthropic's two, in
+/// order), also when the stream was translated for a chat client (its provider's, not the
+/// translation's), and its cost.
+#[tokio::test]
+async fn a_streams_entry_keeps_the_providers_usage_objects_as_it_sent_them() {
+    let rig = Rig::with(sqlite_db().await, "streaming = true").await;
+    let key = rig.db.funded_key(10_000, 0).await;
+    let start = r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":1000,"cache_read_input_tokens":100000,"output_tokens":1}}}"#;
+    let delta = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3000}}"#;
+    let events = [
+        format!("event: message_start\ndata: {start}\n\n"),
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n".to_owned(),
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n".to_owned(),
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n".to_owned(),
+        format!("event: message_delta\ndata: {delta}\n\n"),
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".to_owned(),
+    ];
+    let expected = r#"[{"input_tokens":1000,"cache_read_input_tokens":100000,"output_tokens":1},{"output_tokens":3000}]"#;
+    // 1,000 × 300 + 100,000 × 30 + 3,000 × 1,500 = 7.8 → 8 credits; cost 0.003 + 0.03 + 0.045.
+    for (path, body) in [
+        (
+            MESSAGES,
+            json!({"model": "claude-cost", "max_tokens": 5000, "stream": true,
+                   "messages": [{"role": "user", "content": "a".repeat(101_000)}]}),
+        ),
+        (
+            CHAT,
+            json!({"model": "claude-cost", "max_tokens": 5000, "stream": true,
+                   "messages": [{"role": "user", "content": "a".repeat(101_000)}]}),
+        ),
+    ] {
+        rig.anthropic
+            .then(Fault::sse(events.iter().map(String::as_bytes)));
+        let response = rig
+            .gateway
+            .client
+            .post(format!("{}{path}", rig.gateway.base))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+        let text = response.text().await.unwrap();
+        assert!(text.contains("Hi"), "{path}: {text}");
+        let call = crate::streaming::finished_call(&rig.db, &key).await;
+        assert_eq!(call.raw_usage.as_deref(), Some(expected), "{path}");
+        assert_billed(&call, 8, "0.078", "0.002");
+        // The next call's entry is the newest.
+        rig.db.assert_audit_holds().await;
+    }
 }
