@@ -47,6 +47,13 @@ pub(crate) trait Dialect: Sync {
         true
     }
 
+    /// Whether each usage report of a stream holds every count so far (Gemini's
+    /// `usageMetadata` on every chunk), so that only the last is the provider's report; else
+    /// the reports complement each other (Anthropic's `message_start` and `message_delta`).
+    fn usage_is_cumulative(&self) -> bool {
+        false
+    }
+
     /// The key of a complete reply's usage object (where the operator's `usage_cost` adds
     /// what the call cost).
     fn usage_key(&self) -> &'static str {

@@ -434,25 +434,33 @@ pub(crate) fn reply_usage_raw(body: &[u8]) -> Option<(TokenUsage, Option<String>
     Some((served_at(usage, reply.service_tier.as_deref()), raw))
 }
 
-/// `reply` (a complete reply of `protocol`) with what the call was charged in its usage object:
-/// `"cost"` the credits, `"cost_details"` the credits and the tokens by kind as they were
-/// billed (and whether a count was the gateway's own). Written into the object as it stands,
-/// every other byte kept; `None` when the reply has no usage object to write into.
-pub(crate) fn with_usage_cost(
-    protocol: Protocol,
-    reply: &[u8],
-    credits: i64,
-    usage: &TokenUsage,
-) -> Option<Vec<u8>> {
-    let key = protocol.dialect().usage_key();
-    let fields: std::collections::HashMap<&str, &serde_json::value::RawValue> =
-        read_json(reply).ok()?;
-    let object = fields.get(key)?.get();
-    if !object.starts_with('{') {
+/// The usage object (`key`: `usage`, Gemini's `usageMetadata`) a JSON object carries, as
+/// written: at its top, or one level down (Anthropic's `message.usage`, the Responses API's
+/// `response.usage`).
+pub(crate) fn usage_object_in<'a>(json: &'a str, key: &str) -> Option<&'a str> {
+    use serde_json::value::RawValue;
+    type Fields<'a> = std::collections::HashMap<String, &'a RawValue>;
+    fn object(raw: &&&RawValue) -> bool {
+        raw.get().starts_with('{')
+    }
+    let top: Fields<'a> = serde_json::from_str(json).ok()?;
+    if let Some(raw) = top.get(key).filter(object) {
+        return Some(raw.get());
+    }
+    top.values().filter(object).find_map(|inner| {
+        let inner: Fields<'a> = serde_json::from_str(inner.get()).ok()?;
+        inner.get(key).filter(object).map(|raw| raw.get())
+    })
+}
+
+/// `buffer` with what the call was charged written into `object` (a usage object that lies
+/// inside `buffer`): `"cost"` the credits, `"cost_details"` the credits and the tokens by kind as
+/// they were billed (and whether a count was the gateway's own); every other byte kept.
+fn with_cost_in(buffer: &[u8], object: &str, credits: i64, usage: &TokenUsage) -> Option<Vec<u8>> {
+    let start = (object.as_ptr() as usize).checked_sub(buffer.as_ptr() as usize)?;
+    if start + object.len() > buffer.len() || !object.ends_with('}') {
         return None;
     }
-    // Where the object ends in the reply: the raw value borrows from it.
-    let start = object.as_ptr() as usize - reply.as_ptr() as usize;
     let close = start + object.len() - 1;
     let mut details = serde_json::to_value(usage).ok()?;
     details["credits"] = credits.into();
@@ -462,11 +470,48 @@ pub(crate) fn with_usage_cost(
         "{}\"cost\":{credits},\"cost_details\":{details}",
         if empty { "" } else { "," }
     );
-    let mut written = Vec::with_capacity(reply.len() + added.len());
-    written.extend_from_slice(&reply[..close]);
+    let mut written = Vec::with_capacity(buffer.len() + added.len());
+    written.extend_from_slice(&buffer[..close]);
     written.extend_from_slice(added.as_bytes());
-    written.extend_from_slice(&reply[close..]);
+    written.extend_from_slice(&buffer[close..]);
     Some(written)
+}
+
+/// `reply` (a complete reply of `protocol`) with what the call was charged in its usage object
+/// (see [`with_cost_in`]); `None` when the reply has no usage object to write into.
+pub(crate) fn with_usage_cost(
+    protocol: Protocol,
+    reply: &[u8],
+    credits: i64,
+    usage: &TokenUsage,
+) -> Option<Vec<u8>> {
+    use serde_json::value::RawValue;
+    let key = protocol.dialect().usage_key();
+    let text = std::str::from_utf8(reply).ok()?;
+    let fields: std::collections::HashMap<String, &RawValue> = serde_json::from_str(text).ok()?;
+    let object = fields.get(key)?.get();
+    if !object.starts_with('{') {
+        return None;
+    }
+    with_cost_in(reply, object, credits, usage)
+}
+
+/// `event` (one whole server-sent event of `protocol`) with what the call was charged so far
+/// in the usage object its data carries (at the top or one level down); `None` when it carries
+/// none, or its data is not on one line.
+pub(crate) fn event_with_usage_cost(
+    protocol: Protocol,
+    event: &[u8],
+    credits: i64,
+    usage: &TokenUsage,
+) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(event).ok()?;
+    let parsed = sse::Event::parse(text);
+    let std::borrow::Cow::Borrowed(data) = parsed.data else {
+        return None;
+    };
+    let object = usage_object_in(data, protocol.dialect().usage_key())?;
+    with_cost_in(event, object, credits, usage)
 }
 
 /// `usage` with the tier a reply names beside it (`OpenAI`'s top-level `service_tier`), when its
@@ -528,6 +573,35 @@ mod tests {
         // Gemini's usage is `usageMetadata`; a reply without a usage object is left alone.
         let gemini = with_usage_cost(Protocol::Gemini, br#"{"usageMetadata":{"a":1}}"#, 2, &usage);
         assert!(gemini.is_some());
+        // In a stream's event: at the top, or one level down, every other byte kept.
+        let completed = b"event: response.completed\r\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":7}}}\r\n\r\n";
+        let written = event_with_usage_cost(Protocol::Responses, completed, 3, &usage).unwrap();
+        let written = String::from_utf8(written).unwrap();
+        assert!(
+            written.starts_with("event: response.completed\r\ndata: {"),
+            "{written}"
+        );
+        assert!(written.ends_with("}}\r\n\r\n"), "{written}");
+        assert!(
+            written.contains(r#"{"input_tokens":7,"cost":3,"cost_details":"#),
+            "{written}"
+        );
+        let chunk = b"data: {\"candidates\":[],\"usageMetadata\":{\"promptTokenCount\":5}}\n\n";
+        let written = event_with_usage_cost(Protocol::Gemini, chunk, 4, &usage).unwrap();
+        assert!(
+            String::from_utf8(written)
+                .unwrap()
+                .contains(r#"{"promptTokenCount":5,"cost":4,"#)
+        );
+        assert_eq!(
+            event_with_usage_cost(
+                Protocol::Messages,
+                b"event: ping\ndata: {\"type\":\"ping\"}\n\n",
+                1,
+                &usage
+            ),
+            None
+        );
         for none in [&br#"{"usage":null}"#[..], br#"{"choices":[]}"#, b"not json"] {
             assert_eq!(
                 with_usage_cost(Protocol::ChatCompletions, none, 1, &usage),

@@ -20,8 +20,11 @@ pub(crate) struct StreamReader {
     counted_output: Option<u64>,
     /// The stream's normal end was read.
     ended: bool,
-    /// Each usage object the provider sent, as it wrote it, in order.
+    /// Each usage object the provider sent, as it wrote it, in order (the last alone where
+    /// each holds every count so far).
     raw_usage: Vec<String>,
+    /// How many usage objects were read.
+    raw_usage_seen: usize,
 }
 
 impl std::fmt::Debug for StreamReader {
@@ -44,6 +47,7 @@ impl StreamReader {
             counted_output: None,
             ended: false,
             raw_usage: Vec::new(),
+            raw_usage_seen: 0,
         }
     }
 
@@ -61,9 +65,13 @@ impl StreamReader {
         let before = self.state.usage;
         let kind = self.dialect.read_event(&event, &mut self.state);
         if self.state.usage != before
-            && let Some(raw) = usage_text(&event.data, self.dialect.usage_key())
+            && let Some(raw) = super::usage_object_in(&event.data, self.dialect.usage_key())
         {
-            self.raw_usage.push(raw);
+            if self.dialect.usage_is_cumulative() {
+                self.raw_usage.clear();
+            }
+            self.raw_usage.push(raw.to_owned());
+            self.raw_usage_seen += 1;
         }
         match kind {
             EventKind::End => self.ended = true,
@@ -94,7 +102,7 @@ impl StreamReader {
     /// How many usage objects the provider has sent (a number that changes when
     /// [`raw_usage`](Self::raw_usage) does).
     pub(crate) fn raw_usage_count(&self) -> usize {
-        self.raw_usage.len()
+        self.raw_usage_seen
     }
 
     /// The usage the provider reported, as it wrote it: its one usage object, or each of them
@@ -133,25 +141,6 @@ impl StreamReader {
     pub(crate) fn error_event(&self, error: &GatewayError) -> Bytes {
         self.dialect.error_event(error, self.state.next_sequence)
     }
-}
-
-/// The usage object an event's `data` carries, as written: under `key` at its top, or one level
-/// down (Anthropic's `message.usage`, the Responses API's `response.usage`).
-fn usage_text(data: &str, key: &str) -> Option<String> {
-    use serde_json::value::RawValue;
-    type Fields<'a> = std::collections::HashMap<String, &'a RawValue>;
-    let object = |raw: &RawValue| raw.get().starts_with('{');
-    let top: Fields<'_> = serde_json::from_str(data).ok()?;
-    if let Some(raw) = top.get(key).filter(|raw| object(raw)) {
-        return Some(raw.get().to_owned());
-    }
-    top.values().filter(|raw| object(raw)).find_map(|inner| {
-        let inner: Fields<'_> = serde_json::from_str(inner.get()).ok()?;
-        inner
-            .get(key)
-            .filter(|raw| object(raw))
-            .map(|raw| raw.get().to_owned())
-    })
 }
 
 /// The text a content event carries: what a client reads as output (text, reasoning, a
@@ -203,6 +192,7 @@ mod tests {
             Some(r#"{"input_tokens":7,"output_tokens":2}"#)
         );
         let mut gemini = StreamReader::new(Protocol::Gemini);
+        gemini.read(b"data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"H\"}]},\"index\":0}],\"usageMetadata\":{\"promptTokenCount\":5}}\r\n\r\n");
         gemini.read(b"data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hi\"}]},\"index\":0,\"finishReason\":\"STOP\"}],\"usageMetadata\":{\"promptTokenCount\":5,\"candidatesTokenCount\":1}}\r\n\r\n");
         assert_eq!(
             gemini.raw_usage().as_deref(),

@@ -160,6 +160,11 @@ pub(super) struct BilledStream {
     /// A translated stream's usage as its provider reported it, which the stream is billed by
     /// instead of the usage its translation wrote for the client.
     provider_usage: Option<ProviderUsage>,
+    /// Whether each usage object the client is sent says what the call costs so far (the
+    /// operator's `usage_cost`): the last one, what it was charged.
+    usage_cost: bool,
+    /// The protocol of the client's events.
+    protocol: Protocol,
 }
 
 impl BilledStream {
@@ -207,7 +212,14 @@ impl BilledStream {
             kept: None,
             hide_usage_chunks: false,
             provider_usage: None,
+            usage_cost: false,
+            protocol,
         }
+    }
+
+    /// Writes what the call costs so far into each usage object the client is sent.
+    pub(super) fn write_usage_cost(&mut self) {
+        self.usage_cost = true;
     }
 
     /// Bills the stream by `usage`, its provider's report read in the provider's own dialect
@@ -357,11 +369,15 @@ impl BilledStream {
         let mut forward: Option<BytesMut> = None;
         let mut first: Option<Bytes> = None;
         let mut content = false;
-        while let Some(event) = self.splitter.next_event() {
+        while let Some(mut event) = self.splitter.next_event() {
             if first.is_none() {
                 self.last_event = Instant::now();
             }
+            let usage_objects = self.reader.raw_usage_count();
             let kind = self.reader.read(&event);
+            if self.usage_cost && self.reader.raw_usage_count() != usage_objects {
+                event = self.with_cost_so_far(event);
+            }
             match kind {
                 EventKind::Error(message) => {
                     self.fail(format!("the provider sent an error event: {message}"));
@@ -399,6 +415,22 @@ impl BilledStream {
             .map(BytesMut::freeze)
             .or(first)
             .map(|events| (events, content))
+    }
+
+    /// `event`, which carries a usage object, with what the call costs so far written into it.
+    fn with_cost_so_far(&self, event: Bytes) -> Bytes {
+        let usage = self.usage();
+        let priced = self
+            .call
+            .lock()
+            .guard
+            .as_ref()
+            .map(|guard| guard.charge_if_ended(&usage));
+        let Some((credits, usage)) = priced else {
+            return event;
+        };
+        crate::protocol::event_with_usage_cost(self.protocol, &event, credits, &usage)
+            .map_or(event, Bytes::from)
     }
 
     /// What the stream is charged for so far: the usage reported, completed with the output

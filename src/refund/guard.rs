@@ -192,6 +192,27 @@ impl UnsettledCall {
         success
     }
 
+    /// What the call is charged, in credits, if it ends with `usage` (a stream's usage so far):
+    /// for a call priced by tokens, the settle rule's charge within the reservation (beyond
+    /// it only when the operator allows, and then what the account can pay is the settle's to
+    /// say); otherwise the reservation. With the usage as it is priced.
+    pub(super) fn charge_if_ended(&self, usage: &TokenUsage) -> (i64, TokenUsage) {
+        let mut usage = *usage;
+        usage.service_tier = usage.service_tier.or(self.asked_tier);
+        match &self.metered {
+            Some(metered) => {
+                let charge = rules::usage::charge(metered, &usage);
+                let cost = if self.beyond_reservation {
+                    charge.cost
+                } else {
+                    charge.cost.min(metered.reserved)
+                };
+                (cost.get(), charge.usage)
+            }
+            None => (self.meter.credits, usage),
+        }
+    }
+
     /// The usage the call was priced by, once settled: its tier, and the input estimated where
     /// the provider reported none.
     pub(super) fn billed_usage(&self) -> TokenUsage {

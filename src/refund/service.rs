@@ -181,6 +181,7 @@ where
         let bound = self.upstream_bound;
         let limits = self.stream_limits;
         let usage_cost = self.usage_cost.then_some(protocol).flatten();
+        let stream_usage_cost = self.usage_cost;
         let mut upstream = crate::macros::take_ready(&mut self.upstream);
         ResponseFuture::new(async move {
             let Some(mut unsettled) = unsettled else {
@@ -269,6 +270,9 @@ where
                     }
                     if hide_usage_chunks {
                         stream.hide_usage_chunks();
+                    }
+                    if stream_usage_cost {
+                        stream.write_usage_cost();
                     }
                     Ok(Response::from_parts(parts, ResponseBody::stream(stream)))
                 }

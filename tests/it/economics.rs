@@ -710,7 +710,7 @@ async fn usage_cost_writes_the_charge_into_each_protocols_reply_when_the_operato
 /// translation's), and its cost.
 #[tokio::test]
 async fn a_streams_entry_keeps_the_providers_usage_objects_as_it_sent_them() {
-    let rig = Rig::with(sqlite_db().await, "streaming = true").await;
+    let rig = Rig::with(sqlite_db().await, "streaming = true\nusage_cost = true").await;
     let key = rig.db.funded_key(10_000, 0).await;
     let start = r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":1000,"cache_read_input_tokens":100000,"output_tokens":1}}}"#;
     let delta = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3000}}"#;
@@ -733,6 +733,7 @@ async fn a_streams_entry_keeps_the_providers_usage_objects_as_it_sent_them() {
         (
             CHAT,
             json!({"model": "claude-cost", "max_tokens": 5000, "stream": true,
+                   "stream_options": {"include_usage": true},
                    "messages": [{"role": "user", "content": "a".repeat(101_000)}]}),
         ),
     ] {
@@ -750,6 +751,19 @@ async fn a_streams_entry_keeps_the_providers_usage_objects_as_it_sent_them() {
         assert_eq!(response.status(), 200, "{path}");
         let text = response.text().await.unwrap();
         assert!(text.contains("Hi"), "{path}: {text}");
+        // With `usage_cost`, the last usage object the client reads says what it was charged.
+        let last_usage = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .filter_map(|event| {
+                let usage = event.get("usage").or(event.pointer("/message/usage"))?;
+                usage.get("cost").map(|_| usage.clone())
+            })
+            .last()
+            .unwrap_or_else(|| panic!("{path}: no usage with its cost: {text}"));
+        assert_eq!(last_usage["cost"], 8, "{path}: {last_usage}");
+        assert_eq!(last_usage["cost_details"]["cache_read_tokens"], 100000);
         let call = crate::streaming::finished_call(&rig.db, &key).await;
         assert_eq!(call.raw_usage.as_deref(), Some(expected), "{path}");
         assert_billed(&call, 8, "0.078", "0.002");

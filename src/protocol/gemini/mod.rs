@@ -114,6 +114,10 @@ impl Dialect for Gemini {
         "usageMetadata"
     }
 
+    fn usage_is_cumulative(&self) -> bool {
+        true
+    }
+
     fn protocol(&self) -> Protocol {
         Protocol::Gemini
     }
