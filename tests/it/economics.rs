@@ -760,7 +760,7 @@ async fn a_streams_entry_keeps_the_providers_usage_objects_as_it_sent_them() {
                 let usage = event.get("usage").or(event.pointer("/message/usage"))?;
                 usage.get("cost").map(|_| usage.clone())
             })
-            .last()
+            .next_back()
             .unwrap_or_else(|| panic!("{path}: no usage with its cost: {text}"));
         assert_eq!(last_usage["cost"], 8, "{path}: {last_usage}");
         assert_eq!(last_usage["cost_details"]["cache_read_tokens"], 100000);
