@@ -171,6 +171,7 @@ pub mod money;
 pub mod pricing;
 pub mod protocol;
 pub mod rate_limit;
+pub mod reconcile;
 pub mod recovery;
 pub mod refund;
 pub mod reload;
