@@ -15,7 +15,7 @@ use common::fake_provider::{FakeProvider, Fault};
 use common::*;
 use model_gateway::admin::AdminToken;
 use model_gateway::money::Money;
-use model_gateway::store::{CallRecord, CallStatus, Leases, SeaOrmStore};
+use model_gateway::store::{CallRecord, CallStatus};
 use model_gateway::{Catalogue, Gateway, Upstream};
 use serde_json::{Value, json};
 
@@ -252,20 +252,27 @@ impl Rig {
 /// Runs `test` in each charging mode this machine has: `SQLite` shared and owned, `PostgreSQL`
 /// shared and with escrow, `MariaDB`.
 async fn each_charging_mode(test: impl AsyncFn(Rig)) {
-    test(Rig::on(sqlite_db().await).await).await;
-    test(Rig::on(owned_sqlite_db().await).await).await;
+    #[cfg(feature = "sqlite")]
+    {
+        test(Rig::on(sqlite_db().await).await).await;
+        test(Rig::on(owned_sqlite_db().await).await).await;
+    }
+    #[cfg(feature = "postgres")]
     if let Some(db) = postgres_db().await {
         let schema = db.pg_schema().unwrap().to_owned();
         let escrow = postgres_store(&db.url, &schema)
             .await
             .with_escrow()
             .unwrap();
-        escrow
-            .take_lease(chrono::Utc::now(), std::time::Duration::from_secs(60))
-            .await
-            .unwrap()
-            .unwrap();
-        let escrow: Arc<SeaOrmStore> = Arc::new(escrow);
+        model_gateway::store::Leases::take_lease(
+            &escrow,
+            chrono::Utc::now(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let escrow: Arc<model_gateway::store::SeaOrmStore> = Arc::new(escrow);
         test(Rig::on(TestDb::sharing(&db, escrow)).await).await;
         test(Rig::on(db.second_instance().await).await).await;
         db.drop_schema().await;
@@ -528,8 +535,7 @@ async fn service_tiers_and_the_minimum_charge_price_sale_and_cost() {
 /// one that asks for the standard tier, only the standard one.
 #[tokio::test]
 async fn the_reservation_holds_the_dearest_tier_the_call_can_reach() {
-    let db = sqlite_db().await;
-    let rig = Rig::on(db).await;
+    let rig = Rig::on(local_db().await).await;
     let body = |tier: &str| {
         let mut body = chat_of("gpt-tiered", 10_000, 1_000);
         body["service_tier"] = json!(tier);
@@ -568,7 +574,7 @@ async fn the_reservation_holds_the_dearest_tier_the_call_can_reach() {
 /// A reply without usage is charged on the gateway's own count, and the entry says so.
 #[tokio::test]
 async fn a_call_charged_on_the_gateways_own_count_says_its_usage_was_estimated() {
-    let rig = Rig::on(sqlite_db().await).await;
+    let rig = Rig::on(local_db().await).await;
     let key = rig.db.funded_key(1_000, 0).await;
     let reply = json!({
         "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
@@ -588,7 +594,7 @@ async fn a_call_charged_on_the_gateways_own_count_says_its_usage_was_estimated()
 /// cost and margin out.
 #[tokio::test]
 async fn the_admin_call_log_shows_cost_and_margin_and_the_key_holder_does_not_see_them() {
-    let rig = Rig::on(sqlite_db().await).await;
+    let rig = Rig::on(local_db().await).await;
     let key = rig.db.funded_key(1_000, 0).await;
     let usage = json!({
         "prompt_tokens": 30000, "completion_tokens": 5000, "total_tokens": 35000,
@@ -630,7 +636,7 @@ async fn the_admin_call_log_shows_cost_and_margin_and_the_key_holder_does_not_se
 /// default), the reply is the provider's.
 #[tokio::test]
 async fn usage_cost_writes_the_charge_into_each_protocols_reply_when_the_operator_asks() {
-    let rig = Rig::with(sqlite_db().await, "usage_cost = true").await;
+    let rig = Rig::with(local_db().await, "usage_cost = true").await;
     let key = rig.db.funded_key(10_000, 0).await;
     let usage = json!({
         "prompt_tokens": 30000, "completion_tokens": 5000, "total_tokens": 35000,
@@ -689,7 +695,7 @@ async fn usage_cost_writes_the_charge_into_each_protocols_reply_when_the_operato
     assert_eq!(answer.body["usageMetadata"]["promptTokenCount"], 50000);
 
     // Off by default: the provider's reply, byte for byte.
-    let plain = Rig::on(sqlite_db().await).await;
+    let plain = Rig::on(local_db().await).await;
     let key = plain.db.funded_key(1_000, 0).await;
     let reply = chat_reply(&usage, None);
     plain.openai.then(reply);
@@ -710,7 +716,7 @@ async fn usage_cost_writes_the_charge_into_each_protocols_reply_when_the_operato
 /// translation's), and its cost.
 #[tokio::test]
 async fn a_streams_entry_keeps_the_providers_usage_objects_as_it_sent_them() {
-    let rig = Rig::with(sqlite_db().await, "streaming = true\nusage_cost = true").await;
+    let rig = Rig::with(local_db().await, "streaming = true\nusage_cost = true").await;
     let key = rig.db.funded_key(10_000, 0).await;
     let start = r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[],"stop_reason":null,"usage":{"input_tokens":1000,"cache_read_input_tokens":100000,"output_tokens":1}}}"#;
     let delta = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3000}}"#;
