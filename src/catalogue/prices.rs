@@ -13,84 +13,83 @@ use crate::pricing::{
     TokenTable,
 };
 
-/// The rates of one table, by kind of token: `input` and `output`, the cache kinds at the input
-/// price unless given.
-#[derive(Debug, Default, Clone, Copy)]
-struct Rates {
-    input: Option<f64>,
-    output: Option<f64>,
-    cache_read: Option<f64>,
-    cache_write: Option<f64>,
-    cache_write_1h: Option<f64>,
-}
-
-/// A long-context table: `above` input tokens, the whole call at these rates.
-#[derive(Deserialize, Clone)]
-#[serde(deny_unknown_fields)]
-pub(super) struct LongContextEntry {
-    above: u64,
-    input: Option<f64>,
-    output: Option<f64>,
-    cache_read: Option<f64>,
-    cache_write: Option<f64>,
-    cache_write_1h: Option<f64>,
-}
-
-/// A service tier's table (`priority`, `flex`), with its own long-context table if any.
-#[derive(Deserialize, Clone)]
-#[serde(deny_unknown_fields)]
-pub(super) struct TierEntry {
-    input: Option<f64>,
-    output: Option<f64>,
-    cache_read: Option<f64>,
-    cache_write: Option<f64>,
-    cache_write_1h: Option<f64>,
-    long_context: Option<LongContextEntry>,
-}
-
-/// `[models.tokens]` (credits per million tokens) or `[models.cost]` and a channel's `cost` (the
-/// operator's currency): rates by kind, a long-context table, `priority` and `flex` tables, a
-/// minimum per call, and (cost only) a price per call.
-#[derive(Deserialize, Clone)]
+/// A price table as written. One shape for every table, so that each key is read once: the
+/// top tables (`[models.tokens]`, `[models.cost]`, a channel's `cost`), a tier's (`priority`,
+/// `flex`) and a long-context one; a key in a table that does not take it is refused by name
+/// ([`TableReader`]).
+#[derive(Deserialize, Clone, Default)]
 #[serde(deny_unknown_fields)]
 pub(super) struct PriceTableEntry {
+    /// A long-context table's threshold, in input tokens.
+    above: Option<u64>,
+    /// A cost table's price per call.
     call: Option<f64>,
+    /// A top table's least charge per call.
     minimum: Option<f64>,
     input: Option<f64>,
     output: Option<f64>,
     cache_read: Option<f64>,
     cache_write: Option<f64>,
     cache_write_1h: Option<f64>,
-    long_context: Option<LongContextEntry>,
-    priority: Option<TierEntry>,
-    flex: Option<TierEntry>,
+    long_context: Option<Box<PriceTableEntry>>,
+    priority: Option<Box<PriceTableEntry>>,
+    flex: Option<Box<PriceTableEntry>>,
+}
+
+/// Where a table stands, which says the keys it takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// `[models.tokens]`.
+    Sale,
+    /// `[models.cost]` or a channel's `cost`.
+    Cost,
+    /// A `priority` or `flex` table.
+    Tier,
+    /// A `long_context` table.
+    LongContext,
 }
 
 impl PriceTableEntry {
-    fn rates(&self) -> Rates {
-        Rates {
-            input: self.input,
-            output: self.output,
-            cache_read: self.cache_read,
-            cache_write: self.cache_write,
-            cache_write_1h: self.cache_write_1h,
-        }
-    }
-
-    fn has_tokens(&self) -> bool {
-        let rates = self.rates();
+    fn has_rates(&self) -> bool {
         [
-            rates.input,
-            rates.output,
-            rates.cache_read,
-            rates.cache_write,
-            rates.cache_write_1h,
+            self.input,
+            self.output,
+            self.cache_read,
+            self.cache_write,
+            self.cache_write_1h,
         ]
         .iter()
         .any(Option::is_some)
+    }
+
+    fn has_tokens(&self) -> bool {
+        self.has_rates()
             || self.long_context.is_some()
             || self.priority.is_some()
             || self.flex.is_some()
+    }
+
+    /// The first key present that a table at `place` does not take.
+    fn misplaced(&self, place: Place) -> Option<&'static str> {
+        let tier_tables = self.priority.is_some() || self.flex.is_some();
+        [
+            ("above", self.above.is_some() && place != Place::LongContext),
+            ("call", self.call.is_some() && place != Place::Cost),
+            (
+                "minimum",
+                self.minimum.is_some() && !matches!(place, Place::Sale | Place::Cost),
+            ),
+            (
+                "long_context",
+                self.long_context.is_some() && place == Place::LongContext,
+            ),
+            (
+                "priority` or `flex",
+                tier_tables && matches!(place, Place::Tier | Place::LongContext),
+            ),
+        ]
+        .into_iter()
+        .find_map(|(key, present)| present.then_some(key))
     }
 }
 
@@ -116,79 +115,79 @@ impl TableReader<'_> {
         }
     }
 
+    /// `entry`, at `place`, takes every key it has.
+    fn check_keys(
+        &self,
+        table: &str,
+        entry: &PriceTableEntry,
+        place: Place,
+    ) -> Result<(), CatalogueError> {
+        match entry.misplaced(place) {
+            Some(key) => Err(self.refused(format!("{table} takes no `{key}`"))),
+            None => Ok(()),
+        }
+    }
+
     /// A table of rates: `input` and `output` both given (in `table`, named for the refusal);
     /// the cache kinds at the input rate unless given.
-    fn prices(&self, table: &str, rates: Rates) -> Result<TokenPrices, CatalogueError> {
-        let (Some(input), Some(output)) = (rates.input, rates.output) else {
+    fn prices(&self, table: &str, entry: &PriceTableEntry) -> Result<TokenPrices, CatalogueError> {
+        let (Some(input), Some(output)) = (entry.input, entry.output) else {
             return Err(self.refused(format!("{table} needs both `input` and `output`")));
         };
         let mut prices = TokenPrices::new(self.rate("input", input)?, self.rate("output", output)?);
-        if let Some(value) = rates.cache_read {
+        if let Some(value) = entry.cache_read {
             prices = prices.with_cache_read(self.rate("cache_read", value)?);
         }
-        if let Some(value) = rates.cache_write {
+        if let Some(value) = entry.cache_write {
             prices = prices.with_cache_write(self.rate("cache_write", value)?);
         }
-        if let Some(value) = rates.cache_write_1h {
+        if let Some(value) = entry.cache_write_1h {
             prices = prices.with_cache_write_1h(self.rate("cache_write_1h", value)?);
         }
         Ok(prices)
     }
 
-    fn long_context(
-        &self,
-        table: &str,
-        entry: Option<&LongContextEntry>,
-    ) -> Result<Option<LongContext>, CatalogueError> {
-        let Some(entry) = entry else {
-            return Ok(None);
+    /// A tier's (or the top's) rates and its long-context table.
+    fn table(&self, table: &str, entry: &PriceTableEntry) -> Result<TokenTable, CatalogueError> {
+        let long_context = match &entry.long_context {
+            None => None,
+            Some(long) => {
+                let name = format!("{table}.long_context");
+                self.check_keys(&name, long, Place::LongContext)?;
+                let above = match long.above {
+                    Some(above) if above > 0 => above,
+                    _ => {
+                        return Err(self.refused(format!(
+                            "{name} needs `above`, a positive number of input tokens"
+                        )));
+                    }
+                };
+                Some(LongContext {
+                    above,
+                    prices: self.prices(&name, long)?,
+                })
+            }
         };
-        if entry.above == 0 {
-            return Err(self.refused(format!("`above` of {table}.long_context must be positive")));
-        }
-        let rates = Rates {
-            input: entry.input,
-            output: entry.output,
-            cache_read: entry.cache_read,
-            cache_write: entry.cache_write,
-            cache_write_1h: entry.cache_write_1h,
-        };
-        Ok(Some(LongContext {
-            above: entry.above,
-            prices: self.prices(&format!("{table}.long_context"), rates)?,
-        }))
-    }
-
-    fn tier(
-        &self,
-        table: &str,
-        entry: Option<&TierEntry>,
-    ) -> Result<Option<TokenTable>, CatalogueError> {
-        let Some(entry) = entry else {
-            return Ok(None);
-        };
-        let rates = Rates {
-            input: entry.input,
-            output: entry.output,
-            cache_read: entry.cache_read,
-            cache_write: entry.cache_write,
-            cache_write_1h: entry.cache_write_1h,
-        };
-        Ok(Some(TokenTable {
-            prices: self.prices(table, rates)?,
-            long_context: self.long_context(table, entry.long_context.as_ref())?,
-        }))
+        Ok(TokenTable {
+            prices: self.prices(table, entry)?,
+            long_context,
+        })
     }
 
     /// The token tables of `entry` (`table` names it for a refusal).
     fn tiered(&self, table: &str, entry: &PriceTableEntry) -> Result<TieredPrices, CatalogueError> {
+        let tier = |name: &str, tier: &Option<Box<PriceTableEntry>>| match tier {
+            None => Ok(None),
+            Some(tier) => {
+                let name = format!("{table}.{name}");
+                self.check_keys(&name, tier, Place::Tier)?;
+                self.table(&name, tier).map(Some)
+            }
+        };
         Ok(TieredPrices {
-            standard: TokenTable {
-                prices: self.prices(table, entry.rates())?,
-                long_context: self.long_context(table, entry.long_context.as_ref())?,
-            },
-            priority: self.tier(&format!("{table}.priority"), entry.priority.as_ref())?,
-            flex: self.tier(&format!("{table}.flex"), entry.flex.as_ref())?,
+            standard: self.table(table, entry)?,
+            priority: tier("priority", &entry.priority)?,
+            flex: tier("flex", &entry.flex)?,
         })
     }
 
@@ -204,6 +203,7 @@ impl TableReader<'_> {
                 "{TABLE} takes no `call`; a price per call is the model's `price`"
             )));
         }
+        self.check_keys(TABLE, entry, Place::Sale)?;
         let pricing = Pricing::tiered(per_call, self.tiered(TABLE, entry)?);
         match entry.minimum {
             None => Ok(pricing),
@@ -222,6 +222,7 @@ impl TableReader<'_> {
         table: &str,
         entry: &PriceTableEntry,
     ) -> Result<CostPrices, CatalogueError> {
+        self.check_keys(table, entry, Place::Cost)?;
         let amount = |key: &str, value: Option<f64>| match value {
             None => Ok(Money::ZERO),
             Some(units) => Money::from_units(units)

@@ -897,8 +897,39 @@ fn money_settings_and_price_tables_that_cannot_be_used_are_refused_at_start() {
     refused(
         money,
         &PRICED.replace("above = 200000", "above = 0"),
-        "must be positive",
+        "needs `above`, a positive number",
     );
+    refused(
+        money,
+        &PRICED.replace("above = 200000, ", ""),
+        "needs `above`, a positive number",
+    );
+    // A key in a table that does not take it, named with its table.
+    for (from, to, says) in [
+        (
+            "minimum = 2\n",
+            "minimum = 2\nabove = 5\n",
+            "[models.tokens] takes no `above`",
+        ),
+        (
+            "priority = { input = 510, output = 2040 }",
+            "priority = { input = 510, output = 2040, minimum = 1 }",
+            "[models.tokens].priority takes no `minimum`",
+        ),
+        (
+            "flex = { input = 1.25, output = 5.0 }",
+            "flex = { input = 1.25, output = 5.0, call = 1 }",
+            "[models.cost].flex takes no `call`",
+        ),
+        (
+            "long_context = { above = 200000, input = 600, output = 1800 }",
+            "long_context = { above = 200000, input = 600, output = 1800, flex = { input = 1, output = 1 } }",
+            "[models.tokens].long_context takes no `priority` or `flex`",
+        ),
+    ] {
+        assert!(PRICED.contains(from), "{from}");
+        refused(money, &PRICED.replace(from, to), says);
+    }
     refused(
         money,
         &PRICED.replace(

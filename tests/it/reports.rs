@@ -185,57 +185,45 @@ fn expected(
     groups
 }
 
-fn money_nanos(value: &Value) -> i64 {
-    // Read from the number's own text: exact.
-    value.to_string().parse::<Money>().unwrap().nanos()
+/// A row's sums, each read by `int` (a count) or `money` (an amount, in billionths).
+fn sums_by(int: impl Fn(&str) -> i64, money: impl Fn(&str) -> i64) -> Sums {
+    Sums {
+        calls: int("calls"),
+        estimated_calls: int("estimated_calls"),
+        tokens: [
+            "input_tokens",
+            "output_tokens",
+            "cache_read_tokens",
+            "cache_write_tokens",
+            "cache_write_1h_tokens",
+            "reasoning_tokens",
+        ]
+        .map(&int),
+        credits: int("credits"),
+        costed_calls: int("costed_calls"),
+        cost: money("cost"),
+        margin: money("margin"),
+    }
 }
 
 fn sums_of_json(row: &Value) -> Sums {
-    let int = |name: &str| {
-        row[name]
-            .as_i64()
-            .unwrap_or_else(|| panic!("{name}: {row}"))
-    };
-    Sums {
-        calls: int("calls"),
-        estimated_calls: int("estimated_calls"),
-        tokens: [
-            int("input_tokens"),
-            int("output_tokens"),
-            int("cache_read_tokens"),
-            int("cache_write_tokens"),
-            int("cache_write_1h_tokens"),
-            int("reasoning_tokens"),
-        ],
-        credits: int("credits"),
-        costed_calls: int("costed_calls"),
-        cost: money_nanos(&row["cost"]),
-        margin: money_nanos(&row["margin"]),
-    }
+    sums_by(
+        |name| {
+            row[name]
+                .as_i64()
+                .unwrap_or_else(|| panic!("{name}: {row}"))
+        },
+        // Read from the number's own text: exact.
+        |name| row[name].to_string().parse::<Money>().unwrap().nanos(),
+    )
 }
 
 fn sums_of_csv(header: &[&str], cells: &[&str]) -> Sums {
-    let cell = |name: &str| {
-        let at = header.iter().position(|column| *column == name).unwrap();
-        cells[at]
-    };
-    let int = |name: &str| cell(name).parse::<i64>().unwrap();
-    Sums {
-        calls: int("calls"),
-        estimated_calls: int("estimated_calls"),
-        tokens: [
-            int("input_tokens"),
-            int("output_tokens"),
-            int("cache_read_tokens"),
-            int("cache_write_tokens"),
-            int("cache_write_1h_tokens"),
-            int("reasoning_tokens"),
-        ],
-        credits: int("credits"),
-        costed_calls: int("costed_calls"),
-        cost: cell("cost").parse::<Money>().unwrap().nanos(),
-        margin: cell("margin").parse::<Money>().unwrap().nanos(),
-    }
+    let cell = |name: &str| cells[header.iter().position(|column| *column == name).unwrap()];
+    sums_by(
+        |name| cell(name).parse().unwrap(),
+        |name| cell(name).parse::<Money>().unwrap().nanos(),
+    )
 }
 
 backends!(
