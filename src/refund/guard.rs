@@ -187,7 +187,12 @@ impl UnsettledCall {
             self.meter.shortfall = charge.cost.get() - charged.get();
             self.meter.usage_rejected = charge.usage_rejected;
         }
-        success.operator_cost = self.operator_cost(success.channel.as_deref(), &priced_usage);
+        // A report the gateway does not trust says nothing reliable of the provider's bill.
+        success.operator_cost = if success.usage_rejected {
+            None
+        } else {
+            self.operator_cost(success.channel.as_deref(), &priced_usage)
+        };
         self.billed_usage = priced_usage;
         success
     }

@@ -589,6 +589,22 @@ async fn a_call_charged_on_the_gateways_own_count_says_its_usage_was_estimated()
     assert_eq!(call.raw_usage, None, "the provider reported none");
 }
 
+/// A usage report the gateway does not trust (more output than the call allowed) is charged
+/// the call's ceiling, and its cost is not guessed from it: the entry has none, nor a margin.
+#[tokio::test]
+async fn a_rejected_usage_report_records_no_cost() {
+    let rig = Rig::on(local_db().await).await;
+    let key = rig.db.funded_key(1_000, 0).await;
+    let usage = json!({"prompt_tokens": 100, "completion_tokens": 999_999_999, "total_tokens": 1_000_000_099});
+    rig.openai.then(chat_reply(&usage, None));
+    let answer = rig.call(&key, CHAT, &chat("gpt-cost"), &[]).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let call = rig.last_call(&key).await;
+    assert!(call.usage_rejected, "{call:?}");
+    assert_eq!((call.cost, call.margin), (None, None), "{call:?}");
+    assert!(call.price.get() > 0);
+}
+
 /// The admin API's call log shows the channel, the provider's usage as an object and the cost
 /// and margin as exact decimal numbers; the key holder's own call log leaves the operator's
 /// cost and margin out.
