@@ -8,16 +8,7 @@
 use chrono::DateTime;
 use serde::Deserialize;
 
-pub use super::openai::Page;
-use super::{DayUsage, Tokens};
-
-#[derive(Deserialize)]
-struct Wire {
-    data: Vec<Bucket>,
-    #[serde(default)]
-    has_more: bool,
-    next_page: Option<String>,
-}
+use super::{DayUsage, Page, Tokens, read_page};
 
 #[derive(Deserialize)]
 struct Bucket {
@@ -48,31 +39,24 @@ struct CacheCreation {
 
 /// Reads one page of the messages usage report; `None` when it is not that shape.
 pub fn usage_page(body: &[u8]) -> Option<Page> {
-    let wire: Wire = serde_json::from_slice(body).ok()?;
-    let mut rows = Vec::new();
-    for bucket in wire.data {
+    read_page(body, |bucket: Bucket| {
         let day = DateTime::parse_from_rfc3339(&bucket.starting_at)
             .ok()?
             .with_timezone(&chrono::Utc)
             .date_naive();
-        for result in bucket.results {
-            rows.push(DayUsage {
-                day,
-                model: result.model.unwrap_or_default(),
-                tokens: Tokens {
-                    input: result.uncached_input_tokens,
-                    cache_read: result.cache_read_input_tokens,
-                    cache_write: result.cache_creation.ephemeral_5m_input_tokens,
-                    cache_write_1h: result.cache_creation.ephemeral_1h_input_tokens,
-                    output: result.output_tokens,
-                },
-                requests: None,
-            });
-        }
-    }
-    Some(Page {
-        rows,
-        next_page: wire.next_page.filter(|_| wire.has_more),
+        let rows = bucket.results.into_iter().map(|result| DayUsage {
+            day,
+            model: result.model.unwrap_or_default(),
+            tokens: Tokens {
+                input: result.uncached_input_tokens,
+                cache_read: result.cache_read_input_tokens,
+                cache_write: result.cache_creation.ephemeral_5m_input_tokens,
+                cache_write_1h: result.cache_creation.ephemeral_1h_input_tokens,
+                output: result.output_tokens,
+            },
+            requests: None,
+        });
+        Some(rows.collect())
     })
 }
 

@@ -38,6 +38,43 @@ use std::collections::BTreeMap;
 use chrono::NaiveDate;
 use serde::Serialize;
 
+/// One page of a provider's usage report: its rows, and the cursor of the next page if there is
+/// one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    /// A row per day and model.
+    pub rows: Vec<DayUsage>,
+    /// The `page` to ask for next.
+    pub next_page: Option<String>,
+}
+
+/// A report page as both providers wrap it: `data` a list of time buckets, `has_more` and
+/// `next_page` for the next page.
+#[derive(serde::Deserialize)]
+struct Wire<B> {
+    data: Vec<B>,
+    #[serde(default)]
+    has_more: bool,
+    next_page: Option<String>,
+}
+
+/// Reads a page whose buckets are `B`, each made rows by `rows`; `None` when it is not that
+/// shape (or a bucket is not).
+fn read_page<B: serde::de::DeserializeOwned>(
+    body: &[u8],
+    rows: impl Fn(B) -> Option<Vec<DayUsage>>,
+) -> Option<Page> {
+    let wire: Wire<B> = serde_json::from_slice(body).ok()?;
+    let mut read = Vec::new();
+    for bucket in wire.data {
+        read.extend(rows(bucket)?);
+    }
+    Some(Page {
+        rows: read,
+        next_page: wire.next_page.filter(|_| wire.has_more),
+    })
+}
+
 /// Tokens by kind, as a provider bills them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Tokens {

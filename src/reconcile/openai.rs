@@ -8,24 +8,7 @@
 use chrono::DateTime;
 use serde::Deserialize;
 
-use super::{DayUsage, Tokens};
-
-/// One page of the report: its rows, and the cursor of the next page if there is one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Page {
-    /// A row per day and model.
-    pub rows: Vec<DayUsage>,
-    /// The `page` to ask for next.
-    pub next_page: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Wire {
-    data: Vec<Bucket>,
-    #[serde(default)]
-    has_more: bool,
-    next_page: Option<String>,
-}
+use super::{DayUsage, Page, Tokens, read_page};
 
 #[derive(Deserialize)]
 struct Bucket {
@@ -47,28 +30,21 @@ struct Result {
 
 /// Reads one page of the completions usage report; `None` when it is not that shape.
 pub fn usage_page(body: &[u8]) -> Option<Page> {
-    let wire: Wire = serde_json::from_slice(body).ok()?;
-    let mut rows = Vec::new();
-    for bucket in wire.data {
+    read_page(body, |bucket: Bucket| {
         let day = DateTime::from_timestamp(bucket.start_time, 0)?.date_naive();
-        for result in bucket.results {
-            rows.push(DayUsage {
-                day,
-                model: result.model.unwrap_or_default(),
-                // Cached input is counted inside the input: moved out, as the gateway keeps it.
-                tokens: Tokens {
-                    input: result.input_tokens - result.input_cached_tokens,
-                    cache_read: result.input_cached_tokens,
-                    output: result.output_tokens,
-                    ..Tokens::default()
-                },
-                requests: result.num_model_requests,
-            });
-        }
-    }
-    Some(Page {
-        rows,
-        next_page: wire.next_page.filter(|_| wire.has_more),
+        let rows = bucket.results.into_iter().map(|result| DayUsage {
+            day,
+            model: result.model.unwrap_or_default(),
+            // Cached input is counted inside the input: moved out, as the gateway keeps it.
+            tokens: Tokens {
+                input: result.input_tokens - result.input_cached_tokens,
+                cache_read: result.input_cached_tokens,
+                output: result.output_tokens,
+                ..Tokens::default()
+            },
+            requests: result.num_model_requests,
+        });
+        Some(rows.collect())
     })
 }
 
